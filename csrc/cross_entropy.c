@@ -1,0 +1,70 @@
+/*
+ * cross_entropy.c — softmax cross-entropy from logits, mean over the targets not ignored.
+ *
+ *   logits [n, V], targets [n], lse [n] (saved), loss [1]
+ *   forward:  lse_i = log Σ_j exp(logits_ij)  (computed as max + log Σ exp(· − max))
+ *             loss  = (1/count) Σ_{i kept} (lse_i − logits_{i, t_i}),  count = #kept rows
+ *   backward: dlogits_ij = dloss/count · (exp(logits_ij − lse_i) − [j = t_i]), 0 if ignored
+ * With count = 0 the loss is 0 and the gradient is 0 (nothing to learn from).
+ */
+#include "internal.h"
+
+static int64_t count_kept(const int64_t *targets, int64_t n, int64_t ignore_index) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; i++) count += targets[i] != ignore_index;
+    return count;
+}
+
+pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *logits,
+                                         const int64_t *targets, int64_t n, int64_t V,
+                                         int64_t ignore_index) {
+    PYTFM_CHECK_MIN(n, 0);
+    PYTFM_CHECK_MIN(V, 1);
+    PYTFM_CHECK_PTR(loss, 1);
+    PYTFM_CHECK_PTR(lse, n);
+    PYTFM_CHECK_PTR(logits, n);
+    PYTFM_CHECK_PTR(targets, n);
+    pytfm_status st = pytfm__check_indices(__func__, "targets", targets, n, V, 1, ignore_index);
+    if (st != PYTFM_STATUS_OK) return st;
+    double total = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *row = logits + i * V;
+        float max = -INFINITY;
+        for (int64_t j = 0; j < V; j++) max = row[j] > max ? row[j] : max;
+        double sum = 0.0;
+        for (int64_t j = 0; j < V; j++) sum += expf(row[j] - max);
+        const double l = (double)max + log(sum);
+        lse[i] = (float)l;
+        if (targets[i] != ignore_index) total += l - row[targets[i]];
+    }
+    const int64_t count = count_kept(targets, n, ignore_index);
+    *loss = count ? (float)(total / (double)count) : 0.0f;
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float *logits,
+                                          const int64_t *targets, const float *lse, int64_t n,
+                                          int64_t V, int64_t ignore_index, float dloss) {
+    PYTFM_CHECK_MIN(n, 0);
+    PYTFM_CHECK_MIN(V, 1);
+    PYTFM_CHECK_FINITE(dloss);
+    PYTFM_CHECK_PTR(dlogits, n);
+    PYTFM_CHECK_PTR(logits, n);
+    PYTFM_CHECK_PTR(targets, n);
+    PYTFM_CHECK_PTR(lse, n);
+    pytfm_status st = pytfm__check_indices(__func__, "targets", targets, n, V, 1, ignore_index);
+    if (st != PYTFM_STATUS_OK) return st;
+    const int64_t count = count_kept(targets, n, ignore_index);
+    const float scale = count ? dloss / (float)count : 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float *row = logits + i * V;
+        float *drow = dlogits + i * V;
+        if (targets[i] == ignore_index) {
+            for (int64_t j = 0; j < V; j++) drow[j] = 0.0f;
+            continue;
+        }
+        for (int64_t j = 0; j < V; j++) drow[j] = scale * expf(row[j] - lse[i]);
+        drow[targets[i]] -= scale;
+    }
+    return PYTFM_STATUS_OK;
+}

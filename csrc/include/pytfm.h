@@ -1,0 +1,241 @@
+/*
+ * pytfm.h — the public C API of libpytfm: transformer kernels, forward and backward.
+ *
+ * Conventions (they hold for every function below):
+ *   - float32, row-major, contiguous. "[N, C]" means N rows of C floats.
+ *   - The caller allocates every buffer; no function allocates, keeps a pointer after it
+ *     returns, or touches global mutable state. Two threads may call any function at once on
+ *     disjoint buffers.
+ *   - Argument order: outputs, what the forward saves for the backward, const inputs, then
+ *     sizes (int64_t), then scalar options.
+ *   - Gradient rule: gradients of parameters (weights, biases, embedding tables) are
+ *     ACCUMULATED (+=) into the buffer, so zero it first; gradients of activations (dx) are
+ *     WRITTEN (=).
+ *   - Every function returns a pytfm_status. On failure nothing has been written to any output
+ *     (arguments, including index arrays, are validated before the first write), and
+ *     pytfm_last_error() describes the failure in this thread.
+ *   - Sizes must be >= 0; a size that makes the op meaningless (0 features, 0 classes) is an
+ *     error, a zero row count is a no-op. Pointers may be NULL only where a comment says so,
+ *     or where the buffer they point to has zero elements.
+ *   - Nothing here calls exit() or abort().
+ *
+ * Everything between the PYTFM_CDEF markers is read verbatim by the cffi builder
+ * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
+ */
+#ifndef PYTFM_H
+#define PYTFM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PYTFM_VERSION_MAJOR 0
+#define PYTFM_VERSION_MINOR 1
+#define PYTFM_VERSION_PATCH 0
+#define PYTFM_VERSION "0.1.0"
+
+#if defined(PYTFM_BUILDING) && defined(__GNUC__)
+#define PYTFM_API __attribute__((visibility("default")))
+#else
+#define PYTFM_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* PYTFM_CDEF_BEGIN */
+
+/* ---- Status, errors, version, build information ------------------------------------- */
+
+typedef enum pytfm_status {
+    PYTFM_STATUS_OK = 0,
+    PYTFM_STATUS_INVALID_ARGUMENT = 1, /* NULL pointer, bad size or bad scalar option */
+    PYTFM_STATUS_OUT_OF_RANGE = 2,     /* an index array holds a value outside its range */
+    PYTFM_STATUS_NOT_SUPPORTED = 3,    /* the operation is not available in this build */
+    PYTFM_STATUS_CUDA_ERROR = 4,       /* the CUDA runtime reported an error */
+    PYTFM_STATUS_INTERNAL = 5          /* a bug in pytfm: please report it */
+} pytfm_status;
+
+/* A static, human-readable name for a status, e.g. "invalid argument". Never NULL. */
+PYTFM_API const char *pytfm_status_string(pytfm_status status);
+
+/* The message of the most recent failure in the calling thread ("" if none yet), e.g.
+ * "pytfm_layernorm_forward: cols must be >= 1, got 0". Valid until the next pytfm call in this
+ * thread. Successful calls leave it unchanged. */
+PYTFM_API const char *pytfm_last_error(void);
+
+/* The library version, "MAJOR.MINOR.PATCH" (PYTFM_VERSION of the header it was built with). */
+PYTFM_API const char *pytfm_version(void);
+
+/* CPU features, as a bit mask in pytfm_build_info.cpu_features (detected at run time). */
+typedef enum pytfm_cpu_feature {
+    PYTFM_CPU_SSE2 = 1,
+    PYTFM_CPU_AVX = 2,
+    PYTFM_CPU_AVX2 = 4,
+    PYTFM_CPU_FMA = 8,
+    PYTFM_CPU_AVX512F = 16,
+    PYTFM_CPU_NEON = 32
+} pytfm_cpu_feature;
+
+typedef struct pytfm_build_info {
+    const char *version;   /* as pytfm_version() */
+    const char *compiler;  /* compiler that built the library, e.g. "gcc 12.2.0" */
+    const char *flags;     /* compile flags of the C kernels */
+    const char *arch;      /* target architecture, e.g. "x86_64" */
+    uint64_t cpu_features; /* pytfm_cpu_feature bits of the CPU running now */
+    int32_t cuda;          /* 1 if CUDA kernels were compiled in, else 0 */
+    int32_t cuda_version;  /* CUDA toolkit version as 1000*major + 10*minor, 0 without CUDA */
+} pytfm_build_info;
+
+/* Fill *info. The strings are static. */
+PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
+
+/* ---- Linear: y = x·Wᵀ + b ------------------------------------------------------------ */
+/* W is stored [out, in], as torch.nn.Linear.weight, so weights map one-to-one.
+ *   y  [n, out]  written
+ *   x  [n, in]
+ *   w  [out, in]
+ *   b  [out]     may be NULL: no bias
+ */
+PYTFM_API pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w,
+                                            const float *b, int64_t n, int64_t in, int64_t out);
+
+/*   dx [n, in]    written: dy·W; may be NULL when not needed
+ *   dw [out, in]  accumulated: += dyᵀ·x
+ *   db [out]      accumulated: += column sums of dy; may be NULL (no bias)
+ *   dy [n, out], x [n, in], w [out, in] as in the forward
+ */
+PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float *dy,
+                                             const float *x, const float *w, int64_t n,
+                                             int64_t in, int64_t out);
+
+/* ---- Softmax over the last axis ------------------------------------------------------ */
+/* y[r, :] = exp(x[r, :] - max(x[r, :])) / sum(...). Stable for any finite input; a row that
+ * is all -inf gives NaN (as PyTorch).
+ *   y [rows, cols] written, x [rows, cols]; cols >= 1
+ */
+PYTFM_API pytfm_status pytfm_softmax_forward(float *y, const float *x, int64_t rows,
+                                             int64_t cols);
+
+/* dx = y ∘ (dy − rowsum(dy ∘ y)).
+ *   dx [rows, cols] written, dy [rows, cols], y [rows, cols] the forward's output
+ */
+PYTFM_API pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const float *y,
+                                              int64_t rows, int64_t cols);
+
+/* ---- LayerNorm over the last axis ---------------------------------------------------- */
+/* y = (x − mean) · rstd · w + b, rstd = 1/sqrt(var + eps), var the biased variance.
+ *   y    [rows, cols] written
+ *   mean [rows]       written, saved for the backward
+ *   rstd [rows]       written, saved for the backward
+ *   x [rows, cols], w [cols], b [cols]; cols >= 1, eps >= 0 and finite
+ */
+PYTFM_API pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd,
+                                               const float *x, const float *w, const float *b,
+                                               int64_t rows, int64_t cols, float eps);
+
+/*   dx [rows, cols] written
+ *   dw [cols]       accumulated: += sum over rows of dy ∘ x̂
+ *   db [cols]       accumulated: += sum over rows of dy
+ *   dy, x [rows, cols]; w [cols]; mean, rstd [rows] from the forward
+ */
+PYTFM_API pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db,
+                                                const float *dy, const float *x, const float *w,
+                                                const float *mean, const float *rstd,
+                                                int64_t rows, int64_t cols);
+
+/* ---- RoPE: rotary position embedding, rotate-half (GPT-NeoX) pairing ---------------- */
+/* For each (b, t, h) and i in [0, D/2), with θ_i = pos[b, t] · base^(−2i/D), the pair
+ * (x[i], x[i + D/2]) is rotated by θ_i:
+ *   y[i]       = x[i] cos θ_i − x[i + D/2] sin θ_i
+ *   y[i + D/2] = x[i + D/2] cos θ_i + x[i] sin θ_i
+ * Angles are computed in double precision.
+ *   y   [B, T, H, D] written (may equal x: in place is allowed)
+ *   x   [B, T, H, D]; D even and >= 2
+ *   pos positions: pos[b * pos_stride + t] for batch b, time t; pos_stride = T for a [B, T]
+ *       array, 0 to share one [T] row across the batch. Any int64 value is allowed (decoding
+ *       at offset p passes p, p+1, ...).
+ *   base > 0 (10000 is the usual value)
+ */
+PYTFM_API pytfm_status pytfm_rope_forward(float *y, const float *x, const int64_t *pos,
+                                          int64_t B, int64_t T, int64_t H, int64_t D,
+                                          int64_t pos_stride, double base);
+
+/* The rotation by −θ_i (the transpose of the forward's rotation):
+ *   dx [B, T, H, D] written (may equal dy), dy [B, T, H, D]; other arguments as the forward
+ */
+PYTFM_API pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int64_t *pos,
+                                           int64_t B, int64_t T, int64_t H, int64_t D,
+                                           int64_t pos_stride, double base);
+
+/* ---- GELU, tanh approximation (as GPT-2) --------------------------------------------- */
+/* y = 0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))
+ *   y [n] written (may equal x), x [n]
+ */
+PYTFM_API pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t n);
+
+/*   dx [n] written: dy · gelu'(x) (may equal dy), dy [n], x [n] the forward's input */
+PYTFM_API pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x,
+                                           int64_t n);
+
+/* ---- Embedding lookup ---------------------------------------------------------------- */
+/* y[i, :] = table[ids[i], :]
+ *   y     [n, dim] written
+ *   ids   [n], each in [0, vocab); one outside gives PYTFM_STATUS_OUT_OF_RANGE
+ *   table [vocab, dim]; vocab >= 1, dim >= 1
+ */
+PYTFM_API pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *table,
+                                               int64_t n, int64_t vocab, int64_t dim);
+
+/*   dtable [vocab, dim] accumulated: dtable[ids[i], :] += dy[i, :] (repeated ids add up)
+ *   dy [n, dim], ids [n] as in the forward
+ */
+PYTFM_API pytfm_status pytfm_embedding_backward(float *dtable, const float *dy,
+                                                const int64_t *ids, int64_t n, int64_t vocab,
+                                                int64_t dim);
+
+/* ---- Softmax cross-entropy ----------------------------------------------------------- */
+/* loss = mean over rows i with targets[i] != ignore_index of (lse[i] − logits[i, targets[i]]),
+ * lse[i] = log sum_j exp(logits[i, j]). With no such row the loss is 0 (PyTorch gives NaN).
+ *   loss    [1] written
+ *   lse     [n] written, saved for the backward (also for ignored rows)
+ *   logits  [n, V]; V >= 1
+ *   targets [n], each in [0, V) or equal to ignore_index (else PYTFM_STATUS_OUT_OF_RANGE)
+ */
+PYTFM_API pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *logits,
+                                                   const int64_t *targets, int64_t n, int64_t V,
+                                                   int64_t ignore_index);
+
+/* dlogits[i, :] = dloss / count · (softmax(logits[i, :]) − onehot(targets[i])), zero for
+ * ignored rows; count is the number of rows not ignored. The softmax is recomputed as
+ * exp(logits − lse), so each probability carries an absolute error of about 6e-8·|lse| from
+ * lse's float32 rounding (negligible for the logits of a trained model, |lse| < 100).
+ *   dlogits [n, V] written; logits, targets as the forward; lse [n] from the forward
+ *   dloss   the gradient of the loss (1 for a loss that is minimised directly)
+ */
+PYTFM_API pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float *logits,
+                                                    const int64_t *targets, const float *lse,
+                                                    int64_t n, int64_t V, int64_t ignore_index,
+                                                    float dloss);
+
+/* ---- AdamW, one fused in-place step (as torch.optim.AdamW) -------------------------- */
+/* With t = step (the first step is 1):
+ *   param ← param · (1 − lr·weight_decay)
+ *   m ← β1 m + (1 − β1) g;     v ← β2 v + (1 − β2) g²
+ *   param ← param − lr · (m / (1 − β1ᵗ)) / (sqrt(v / (1 − β2ᵗ)) + eps)
+ *   param, m, v [n] updated in place; grad [n]
+ *   step >= 1; lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0, all finite
+ * The hyperparameters are double, as Python floats are: the bias corrections βᵗ are computed
+ * in double (float32 β would move 1 − 0.999¹⁰⁰⁰ by 1e-5), the per-element work in float32.
+ */
+PYTFM_API pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *grad,
+                                        int64_t n, int64_t step, double lr, double beta1,
+                                        double beta2, double eps, double weight_decay);
+
+/* PYTFM_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PYTFM_H */

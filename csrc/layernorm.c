@@ -1,0 +1,78 @@
+/*
+ * layernorm.c — LayerNorm over the last axis, with weight and bias.
+ *
+ *   x, y [rows, cols]; w, b [cols]; mean, rstd [rows] (saved for the backward)
+ *   forward:  μ = mean(x), σ² = mean((x − μ)²)  (biased), rstd = 1/sqrt(σ² + eps)
+ *             x̂ = (x − μ) · rstd,  y = x̂ ∘ w + b
+ *   backward: with g = dy ∘ w (the gradient reaching x̂),
+ *             dx = rstd · (g − mean(g) − x̂ · mean(g ∘ x̂))      (written)
+ *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy            (accumulated)
+ * Two passes over each row (mean, then centred variance) with double accumulators: no
+ * cancellation even when |μ| ≫ σ.
+ */
+#include "internal.h"
+
+pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
+                                     const float *w, const float *b, int64_t rows, int64_t cols,
+                                     float eps) {
+    PYTFM_CHECK_MIN(rows, 0);
+    PYTFM_CHECK_MIN(cols, 1);
+    PYTFM_CHECK_FINITE(eps);
+    PYTFM_CHECK(eps >= 0.0f, "%s: eps must be >= 0, got %g", __func__, (double)eps);
+    PYTFM_CHECK_PTR(y, rows);
+    PYTFM_CHECK_PTR(mean, rows);
+    PYTFM_CHECK_PTR(rstd, rows);
+    PYTFM_CHECK_PTR(x, rows);
+    PYTFM_CHECK_PTR(w, 1);
+    PYTFM_CHECK_PTR(b, 1);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        double sum = 0.0;
+        for (int64_t j = 0; j < cols; j++) sum += xr[j];
+        const double mu = sum / (double)cols;
+        double ss = 0.0;
+        for (int64_t j = 0; j < cols; j++) ss += (xr[j] - mu) * (xr[j] - mu);
+        const double rs = 1.0 / sqrt(ss / (double)cols + eps);
+        for (int64_t j = 0; j < cols; j++) yr[j] = (float)((xr[j] - mu) * rs) * w[j] + b[j];
+        mean[r] = (float)mu;
+        rstd[r] = (float)rs;
+    }
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db, const float *dy,
+                                      const float *x, const float *w, const float *mean,
+                                      const float *rstd, int64_t rows, int64_t cols) {
+    PYTFM_CHECK_MIN(rows, 0);
+    PYTFM_CHECK_MIN(cols, 1);
+    PYTFM_CHECK_PTR(dx, rows);
+    PYTFM_CHECK_PTR(dw, 1);
+    PYTFM_CHECK_PTR(db, 1);
+    PYTFM_CHECK_PTR(dy, rows);
+    PYTFM_CHECK_PTR(x, rows);
+    PYTFM_CHECK_PTR(w, 1);
+    PYTFM_CHECK_PTR(mean, rows);
+    PYTFM_CHECK_PTR(rstd, rows);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *dyr = dy + r * cols, *xr = x + r * cols;
+        float *dxr = dx + r * cols;
+        const float mu = mean[r], rs = rstd[r];
+        double g_sum = 0.0, gx_sum = 0.0;
+        for (int64_t j = 0; j < cols; j++) {
+            const float xhat = (xr[j] - mu) * rs;
+            const float g = dyr[j] * w[j];
+            g_sum += g;
+            gx_sum += (double)g * xhat;
+            dw[j] += dyr[j] * xhat;
+            db[j] += dyr[j];
+        }
+        const float g_mean = (float)(g_sum / (double)cols);
+        const float gx_mean = (float)(gx_sum / (double)cols);
+        for (int64_t j = 0; j < cols; j++) {
+            const float xhat = (xr[j] - mu) * rs;
+            dxr[j] = rs * (dyr[j] * w[j] - g_mean - xhat * gx_mean);
+        }
+    }
+    return PYTFM_STATUS_OK;
+}

@@ -1,0 +1,67 @@
+/*
+ * rope.c — rotary position embedding (RoPE), rotate-half (GPT-NeoX) pairing.
+ *
+ *   x, y [B, T, H, D], D even, half = D/2; pos[b·pos_stride + t] the position of token (b, t)
+ *   θ_i = pos · base^(−2i/D) for i in [0, half); the pair (x_i, x_{i+half}) is rotated by θ_i:
+ *     y_i = x_i cos θ_i − x_{i+half} sin θ_i,   y_{i+half} = x_{i+half} cos θ_i + x_i sin θ_i
+ *   backward: a rotation is orthogonal, so dx = R(θ)ᵀ dy = R(−θ) dy.
+ * Both directions are one function, rotate(), with the sign of the angle as argument. The
+ * angle of each (b, t, i) is computed once, in double precision, and applied to every head.
+ */
+#include "internal.h"
+
+static pytfm_status check(const char *func, float *out, const float *in, const int64_t *pos,
+                          int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos_stride,
+                          double base) {
+    PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0, "%s: B, T, H must be >= 0, got %lld, %lld, %lld",
+                func, (long long)B, (long long)T, (long long)H);
+    PYTFM_CHECK(D >= 2 && D % 2 == 0, "%s: D must be even and >= 2, got %lld", func,
+                (long long)D);
+    PYTFM_CHECK(pos_stride >= 0, "%s: pos_stride must be >= 0, got %lld", func,
+                (long long)pos_stride);
+    PYTFM_CHECK(isfinite(base) && base > 0.0, "%s: base must be finite and > 0, got %g", func,
+                base);
+    const int64_t count = B * T * H;
+    PYTFM_CHECK(out != NULL || count == 0, "%s: output must not be NULL", func);
+    PYTFM_CHECK(in != NULL || count == 0, "%s: input must not be NULL", func);
+    PYTFM_CHECK(pos != NULL || B * T == 0, "%s: pos must not be NULL", func);
+    return PYTFM_STATUS_OK;
+}
+
+static void rotate(float *out, const float *in, const int64_t *pos, int64_t B, int64_t T,
+                   int64_t H, int64_t D, int64_t pos_stride, double base, double sign) {
+    const int64_t half = D / 2;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < T; t++) {
+            const double p = (double)pos[b * pos_stride + t];
+            for (int64_t i = 0; i < half; i++) {
+                const double theta = sign * p * pow(base, -2.0 * (double)i / (double)D);
+                const float c = (float)cos(theta), s = (float)sin(theta);
+                for (int64_t h = 0; h < H; h++) {
+                    const int64_t off = ((b * T + t) * H + h) * D; // (b, t, h, :)
+                    const float x0 = in[off + i], x1 = in[off + i + half];
+                    out[off + i] = x0 * c - x1 * s;
+                    out[off + i + half] = x1 * c + x0 * s;
+                }
+            }
+        }
+    }
+}
+
+pytfm_status pytfm_rope_forward(float *y, const float *x, const int64_t *pos, int64_t B,
+                                int64_t T, int64_t H, int64_t D, int64_t pos_stride,
+                                double base) {
+    pytfm_status st = check(__func__, y, x, pos, B, T, H, D, pos_stride, base);
+    if (st != PYTFM_STATUS_OK) return st;
+    rotate(y, x, pos, B, T, H, D, pos_stride, base, +1.0);
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int64_t *pos, int64_t B,
+                                 int64_t T, int64_t H, int64_t D, int64_t pos_stride,
+                                 double base) {
+    pytfm_status st = check(__func__, dx, dy, pos, B, T, H, D, pos_stride, base);
+    if (st != PYTFM_STATUS_OK) return st;
+    rotate(dx, dy, pos, B, T, H, D, pos_stride, base, -1.0);
+    return PYTFM_STATUS_OK;
+}

@@ -1,0 +1,48 @@
+/*
+ * softmax.c — softmax over the last axis.
+ *
+ *   x, y [rows, cols]
+ *   forward:  y = exp(x − max x) / Σ exp(x − max x)      (subtracting the row max keeps every
+ *             exponent ≤ 0, so no overflow however large x is)
+ *   backward: with s = Σ_j dy_j y_j,  dx_i = y_i (dy_i − s)
+ * The forward's output y is what the backward needs; nothing else is cached.
+ */
+#include "internal.h"
+
+pytfm_status pytfm_softmax_forward(float *y, const float *x, int64_t rows, int64_t cols) {
+    PYTFM_CHECK_MIN(rows, 0);
+    PYTFM_CHECK_MIN(cols, 1);
+    PYTFM_CHECK_PTR(y, rows);
+    PYTFM_CHECK_PTR(x, rows);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        float max = -INFINITY;
+        for (int64_t j = 0; j < cols; j++) max = xr[j] > max ? xr[j] : max;
+        double sum = 0.0;
+        for (int64_t j = 0; j < cols; j++) {
+            yr[j] = expf(xr[j] - max);
+            sum += yr[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t j = 0; j < cols; j++) yr[j] *= inv;
+    }
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const float *y, int64_t rows,
+                                    int64_t cols) {
+    PYTFM_CHECK_MIN(rows, 0);
+    PYTFM_CHECK_MIN(cols, 1);
+    PYTFM_CHECK_PTR(dx, rows);
+    PYTFM_CHECK_PTR(dy, rows);
+    PYTFM_CHECK_PTR(y, rows);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *dyr = dy + r * cols, *yr = y + r * cols;
+        float *dxr = dx + r * cols;
+        double s = 0.0;
+        for (int64_t j = 0; j < cols; j++) s += (double)dyr[j] * yr[j];
+        for (int64_t j = 0; j < cols; j++) dxr[j] = yr[j] * (dyr[j] - (float)s);
+    }
+    return PYTFM_STATUS_OK;
+}
