@@ -1,0 +1,47 @@
+"""python -m pytfm [--cflags] [--libs | --static-libs] [--include-dir] [--lib-dir]
+
+Without flags: print the build information. With flags: print what a C compiler needs to
+build against this installation's libpytfm, e.g.
+
+    cc prog.c $(python -m pytfm --cflags --libs) -o prog
+"""
+
+import argparse
+import json
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INCLUDE_DIR = os.path.join(HERE, "include")
+LIB_DIR = os.path.join(HERE, "lib")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m pytfm", description=__doc__.splitlines()[2])
+    p.add_argument("--cflags", action="store_true", help="include flags for pytfm.h")
+    p.add_argument("--libs", action="store_true", help="link flags for the shared libpytfm")
+    p.add_argument("--static-libs", action="store_true", help="link flags for libpytfm.a")
+    p.add_argument("--include-dir", action="store_true", help="the folder holding pytfm.h")
+    p.add_argument("--lib-dir", action="store_true", help="the folder holding libpytfm")
+    args = p.parse_args(argv)
+
+    out = []
+    if args.include_dir:
+        out.append(INCLUDE_DIR)
+    if args.lib_dir:
+        out.append(LIB_DIR)
+    if args.cflags:
+        out.append(f"-I{INCLUDE_DIR}")
+    if args.libs:
+        out.append(f"-L{LIB_DIR} -Wl,-rpath,{LIB_DIR} -lpytfm -lm")
+    if args.static_libs:
+        out.append(f"{os.path.join(LIB_DIR, 'libpytfm.a')} -lm")
+    if out:
+        print(" ".join(out))
+    else:
+        from . import build_info
+
+        print(json.dumps(build_info(), indent=2))
+
+
+if __name__ == "__main__":
+    main()

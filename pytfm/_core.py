@@ -1,0 +1,59 @@
+"""The loaded library and the one place a C status becomes a Python exception."""
+
+import os
+
+try:
+    from ._pytfm_cffi import ffi, lib
+except ImportError as e:  # pragma: no cover - only for an unbuilt source tree
+    here = os.path.dirname(os.path.abspath(__file__))
+    raise ImportError(
+        f"pytfm's compiled module is missing from {here}. If that is the source checkout, "
+        "install it with `pip install .` and import pytfm from another folder (or use "
+        "`pip install -e .`)."
+    ) from e
+
+
+class PytfmError(RuntimeError):
+    """A failure inside libpytfm that is not a bad argument (CUDA error, unsupported op)."""
+
+
+def check(status):
+    """Raise for a failed call: ValueError for bad arguments, PytfmError otherwise."""
+    if status == lib.PYTFM_STATUS_OK:
+        return
+    message = ffi.string(lib.pytfm_last_error()).decode("utf-8", "replace")
+    if status in (lib.PYTFM_STATUS_INVALID_ARGUMENT, lib.PYTFM_STATUS_OUT_OF_RANGE):
+        raise ValueError(message)
+    kind = ffi.string(lib.pytfm_status_string(status)).decode()
+    raise PytfmError(f"{message} ({kind})")
+
+
+_CPU_FEATURES = {
+    "sse2": "PYTFM_CPU_SSE2",
+    "avx": "PYTFM_CPU_AVX",
+    "avx2": "PYTFM_CPU_AVX2",
+    "fma": "PYTFM_CPU_FMA",
+    "avx512f": "PYTFM_CPU_AVX512F",
+    "neon": "PYTFM_CPU_NEON",
+}
+
+
+def version():
+    """The version of the loaded libpytfm."""
+    return ffi.string(lib.pytfm_version()).decode()
+
+
+def build_info():
+    """How libpytfm was built and what this CPU offers, as a dict."""
+    info = ffi.new("pytfm_build_info *")
+    check(lib.pytfm_get_build_info(info))
+    features = info.cpu_features
+    return {
+        "version": ffi.string(info.version).decode(),
+        "compiler": ffi.string(info.compiler).decode(),
+        "flags": ffi.string(info.flags).decode(),
+        "arch": ffi.string(info.arch).decode(),
+        "cpu_features": [n for n, c in _CPU_FEATURES.items() if features & getattr(lib, c)],
+        "cuda": bool(info.cuda),
+        "cuda_version": info.cuda_version or None,
+    }

@@ -1,0 +1,351 @@
+"""pytfm.ops — one function per op direction, over libpytfm.
+
+Each function checks its arrays (type, dtype, C-contiguity, shapes), allocates its outputs and
+calls the C kernel; no maths happens here. Arrays are float32 (index arrays int64) NumPy arrays;
+leading dimensions are flattened into rows, so x may be [N, C] or [B, T, C].
+
+Gradient rule, as in the C library: activation gradients are returned fresh; parameter
+gradients (dw, db, dtable) are returned fresh too, unless an array is passed through the
+keyword of the same name, in which case they are ACCUMULATED into it (+=) and it is returned.
+
+Bad input raises TypeError (wrong type or dtype) or ValueError (shape, layout, value), with a
+message naming the argument; nothing is written when an exception is raised.
+"""
+
+import operator
+
+import numpy as np
+
+from ._core import check, ffi, lib
+
+_F32 = np.dtype(np.float32)
+_I64 = np.dtype(np.int64)
+_CTYPES = {_F32: "float[]", _I64: "int64_t[]"}
+
+
+# ---- argument checks ------------------------------------------------------------------------
+
+
+def _array(name, a, dtype=_F32, ndim=None, min_ndim=1):
+    """a itself, once it is a C-contiguous numpy array of dtype and rank."""
+    if not isinstance(a, np.ndarray):
+        if type(a).__module__.split(".")[0] == "cupy":
+            raise TypeError(
+                f"{name} is a CuPy array, but this build of pytfm has no CUDA backend yet; "
+                "pass a numpy.ndarray"
+            )
+        raise TypeError(f"{name} must be a numpy.ndarray of {dtype}, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {a.dtype}")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {a.shape}")
+    if a.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(
+            f"{name} must be C-contiguous (np.ascontiguousarray({name})), "
+            f"got strides {a.strides} for shape {a.shape}"
+        )
+    return a
+
+
+def _shape(name, a, expected, because):
+    expected = tuple(expected)
+    if a.shape != expected:
+        raise ValueError(f"{name} must have shape {expected} ({because}), got {a.shape}")
+
+
+def _last_dim(name, a, what):
+    """The size of a's last axis, which must be at least 1."""
+    if a.shape[-1] < 1:
+        raise ValueError(f"{name}.shape[-1] ({what}) must be >= 1, got shape {a.shape}")
+    return a.shape[-1]
+
+
+def _writable(name, a):
+    if not a.flags.writeable:
+        raise ValueError(f"{name} must be writable, got a read-only array")
+
+
+def _grad_out(name, given, shape):
+    """A zeroed fresh gradient, or the caller's array to accumulate into (checked)."""
+    if given is None:
+        return np.zeros(shape, _F32)
+    _array(name, given)
+    _shape(name, given, shape, "the parameter's shape")
+    _writable(name, given)
+    return given
+
+
+def _int(name, v):
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__}") from None
+
+
+def _float(name, v):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    return float(v)
+
+
+def _p(a):
+    """A cffi pointer to a's data (ffi.NULL for None); keeps a alive during the call."""
+    return ffi.NULL if a is None else ffi.from_buffer(_CTYPES[a.dtype], a)
+
+
+# ---- linear ---------------------------------------------------------------------------------
+
+
+def _linear_args(x, w):
+    w = _array("w", w, ndim=2)
+    out, inn = w.shape
+    if out < 1 or inn < 1:
+        raise ValueError(f"w must have shape (out, in) with out, in >= 1, got {w.shape}")
+    x = _array("x", x)
+    if x.shape[-1] != inn:
+        raise ValueError(
+            f"x.shape[-1] must equal w.shape[1] = {inn} (in features), got x.shape {x.shape}"
+        )
+    return x, w, x.size // inn, inn, out
+
+
+def linear_forward(x, w, b=None):
+    """y = x·wᵀ + b.  x [..., in], w [out, in], b [out] or None -> y [..., out]"""
+    x, w, n, inn, out = _linear_args(x, w)
+    if b is not None:
+        _shape("b", _array("b", b), (out,), "w.shape[0]")
+    y = np.empty(x.shape[:-1] + (out,), _F32)
+    check(lib.pytfm_linear_forward(_p(y), _p(x), _p(w), _p(b), n, inn, out))
+    return y
+
+
+def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None):
+    """-> (dx [..., in], dw [out, in], db [out] or None when has_bias is False)"""
+    x, w, n, inn, out = _linear_args(x, w)
+    _shape("dy", _array("dy", dy), x.shape[:-1] + (out,), "x.shape[:-1] + (w.shape[0],)")
+    if db is not None and not has_bias:
+        raise ValueError("db was given but has_bias is False")
+    dw = _grad_out("dw", dw, w.shape)
+    db = _grad_out("db", db, (out,)) if has_bias else None
+    dx = np.empty_like(x)
+    check(lib.pytfm_linear_backward(_p(dx), _p(dw), _p(db), _p(dy), _p(x), _p(w), n, inn, out))
+    return dx, dw, db
+
+
+# ---- softmax --------------------------------------------------------------------------------
+
+
+def softmax_forward(x):
+    """Softmax over the last axis.  x [..., C] -> y [..., C]"""
+    x = _array("x", x)
+    cols = _last_dim("x", x, "the softmax axis")
+    y = np.empty_like(x)
+    check(lib.pytfm_softmax_forward(_p(y), _p(x), x.size // cols, cols))
+    return y
+
+
+def softmax_backward(dy, y):
+    """dy, y [..., C] (y the forward's output) -> dx [..., C]"""
+    y = _array("y", y)
+    cols = _last_dim("y", y, "the softmax axis")
+    _shape("dy", _array("dy", dy), y.shape, "y.shape")
+    dx = np.empty_like(y)
+    check(lib.pytfm_softmax_backward(_p(dx), _p(dy), _p(y), y.size // cols, cols))
+    return dx
+
+
+# ---- layernorm ------------------------------------------------------------------------------
+
+
+def _layernorm_args(x, w):
+    x = _array("x", x)
+    cols = _last_dim("x", x, "the normalised axis")
+    _shape("w", _array("w", w), (cols,), "x.shape[-1]")
+    return x, cols, x.size // cols
+
+
+def layernorm_forward(x, w, b, eps=1e-5):
+    """x [..., C], w [C], b [C] -> (y [..., C], mean [...], rstd [...])"""
+    x, cols, rows = _layernorm_args(x, w)
+    _shape("b", _array("b", b), (cols,), "x.shape[-1]")
+    eps = _float("eps", eps)
+    y = np.empty_like(x)
+    mean = np.empty(x.shape[:-1], _F32)
+    rstd = np.empty(x.shape[:-1], _F32)
+    check(
+        lib.pytfm_layernorm_forward(
+            _p(y), _p(mean), _p(rstd), _p(x), _p(w), _p(b), rows, cols, eps
+        )
+    )
+    return y, mean, rstd
+
+
+def layernorm_backward(dy, x, w, mean, rstd, *, dw=None, db=None):
+    """dy, x [..., C], w [C], mean, rstd [...] -> (dx [..., C], dw [C], db [C])"""
+    x, cols, rows = _layernorm_args(x, w)
+    _shape("dy", _array("dy", dy), x.shape, "x.shape")
+    _shape("mean", _array("mean", mean, min_ndim=0), x.shape[:-1], "x.shape[:-1]")
+    _shape("rstd", _array("rstd", rstd, min_ndim=0), x.shape[:-1], "x.shape[:-1]")
+    dw = _grad_out("dw", dw, (cols,))
+    db = _grad_out("db", db, (cols,))
+    dx = np.empty_like(x)
+    check(
+        lib.pytfm_layernorm_backward(
+            _p(dx), _p(dw), _p(db), _p(dy), _p(x), _p(w), _p(mean), _p(rstd), rows, cols
+        )
+    )
+    return dx, dw, db
+
+
+# ---- rope -----------------------------------------------------------------------------------
+
+
+def _rope_call(fn, name, x, pos, base):
+    x = _array(name, x, ndim=4)
+    B, T, H, D = x.shape
+    if D < 2 or D % 2:
+        raise ValueError(f"{name}.shape[3] (head dim D) must be even and >= 2, got {x.shape}")
+    pos = _array("pos", pos, dtype=_I64)
+    if pos.shape not in ((T,), (B, T)):
+        raise ValueError(
+            f"pos must have shape (T,) = {(T,)} or (B, T) = {(B, T)} for {name} of shape "
+            f"{x.shape}, got {pos.shape}"
+        )
+    base = _float("base", base)
+    y = np.empty_like(x)
+    check(fn(_p(y), _p(x), _p(pos), B, T, H, D, T if pos.ndim == 2 else 0, base))
+    return y
+
+
+def rope_forward(x, pos, base=10000.0):
+    """Rotary embedding, rotate-half pairing.  x [B, T, H, D], pos int64 [T] or [B, T] -> y"""
+    return _rope_call(lib.pytfm_rope_forward, "x", x, pos, base)
+
+
+def rope_backward(dy, pos, base=10000.0):
+    """The inverse rotation.  dy [B, T, H, D], pos int64 [T] or [B, T] -> dx [B, T, H, D]"""
+    return _rope_call(lib.pytfm_rope_backward, "dy", dy, pos, base)
+
+
+# ---- gelu -----------------------------------------------------------------------------------
+
+
+def gelu_forward(x):
+    """GELU, tanh approximation.  x [...] -> y [...]"""
+    x = _array("x", x, min_ndim=0)
+    y = np.empty_like(x)
+    check(lib.pytfm_gelu_forward(_p(y), _p(x), x.size))
+    return y
+
+
+def gelu_backward(dy, x):
+    """dy, x [...] (x the forward's input) -> dx [...]"""
+    x = _array("x", x, min_ndim=0)
+    _shape("dy", _array("dy", dy, min_ndim=0), x.shape, "x.shape")
+    dx = np.empty_like(x)
+    check(lib.pytfm_gelu_backward(_p(dx), _p(dy), _p(x), x.size))
+    return dx
+
+
+# ---- embedding ------------------------------------------------------------------------------
+
+
+def embedding_forward(ids, table):
+    """ids int64 [...] in [0, vocab), table [vocab, dim] -> y [..., dim]"""
+    ids = _array("ids", ids, dtype=_I64, min_ndim=0)
+    table = _array("table", table, ndim=2)
+    vocab, dim = table.shape
+    if vocab < 1 or dim < 1:
+        raise ValueError(f"table must have shape (vocab, dim) with both >= 1, got {table.shape}")
+    y = np.empty(ids.shape + (dim,), _F32)
+    check(lib.pytfm_embedding_forward(_p(y), _p(ids), _p(table), ids.size, vocab, dim))
+    return y
+
+
+def embedding_backward(dy, ids, vocab_size, *, dtable=None):
+    """dy [..., dim], ids int64 [...] -> dtable [vocab_size, dim] (repeated ids add up)"""
+    ids = _array("ids", ids, dtype=_I64, min_ndim=0)
+    dy = _array("dy", dy)
+    dim = _last_dim("dy", dy, "the embedding dim")
+    _shape("dy", dy, ids.shape + (dim,), "ids.shape + (dim,)")
+    vocab_size = _int("vocab_size", vocab_size)
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    dtable = _grad_out("dtable", dtable, (vocab_size, dim))
+    check(lib.pytfm_embedding_backward(_p(dtable), _p(dy), _p(ids), ids.size, vocab_size, dim))
+    return dtable
+
+
+# ---- cross-entropy --------------------------------------------------------------------------
+
+
+def _cross_entropy_args(logits, targets, ignore_index):
+    logits = _array("logits", logits)
+    V = _last_dim("logits", logits, "the number of classes")
+    targets = _array("targets", targets, dtype=_I64, min_ndim=0)
+    _shape("targets", targets, logits.shape[:-1], "logits.shape[:-1]")
+    return logits, targets, V, targets.size, _int("ignore_index", ignore_index)
+
+
+def cross_entropy_forward(logits, targets, ignore_index=-1):
+    """Mean softmax cross-entropy over targets != ignore_index (0.0 if there are none).
+
+    logits [..., V], targets int64 [...] -> (loss: float, cache), where cache is the per-row
+    log-sum-exp [...] that cross_entropy_backward takes.
+    """
+    logits, targets, V, n, ignore_index = _cross_entropy_args(logits, targets, ignore_index)
+    loss = np.empty(1, _F32)
+    lse = np.empty(targets.shape, _F32)
+    check(
+        lib.pytfm_cross_entropy_forward(
+            _p(loss), _p(lse), _p(logits), _p(targets), n, V, ignore_index
+        )
+    )
+    return float(loss[0]), lse
+
+
+def cross_entropy_backward(logits, targets, cache, ignore_index=-1, dloss=1.0):
+    """-> dlogits [..., V], the gradient of dloss · loss; cache from cross_entropy_forward."""
+    logits, targets, V, n, ignore_index = _cross_entropy_args(logits, targets, ignore_index)
+    _shape("cache", _array("cache", cache, min_ndim=0), targets.shape, "logits.shape[:-1]")
+    dloss = _float("dloss", dloss)
+    dlogits = np.empty_like(logits)
+    check(
+        lib.pytfm_cross_entropy_backward(
+            _p(dlogits), _p(logits), _p(targets), _p(cache), n, V, ignore_index, dloss
+        )
+    )
+    return dlogits
+
+
+# ---- adamw ----------------------------------------------------------------------------------
+
+
+def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+    """One AdamW step (as torch.optim.AdamW), in place on param, m and v; returns None.
+
+    param, grad, m, v: float32 arrays of one shape; step: the 1-based step number.
+    """
+    arrays = {"param": param, "grad": grad, "m": m, "v": v}
+    for name, a in arrays.items():
+        _array(name, a, min_ndim=0)
+        _shape(name, a, param.shape, "param.shape")
+    for name in ("param", "m", "v"):
+        _writable(name, arrays[name])
+    names = list(arrays)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if np.may_share_memory(arrays[a], arrays[b]):
+                raise ValueError(f"{a} and {b} must not share memory")
+    step = _int("step", step)
+    scalars = {k: _float(k, x) for k, x in
+               dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay).items()}
+    check(
+        lib.pytfm_adamw_step(
+            _p(param), _p(m), _p(v), _p(grad), param.size, step,
+            scalars["lr"], scalars["beta1"], scalars["beta2"], scalars["eps"],
+            scalars["weight_decay"],
+        )
+    )

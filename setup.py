@@ -1,0 +1,71 @@
+"""Build pytfm: libpytfm (C kernels) into pytfm/lib, its header into pytfm/include, then the
+cffi extension pytfm._pytfm_cffi linked to that same library (rpath $ORIGIN/lib).
+
+Environment:
+  PYTFM_WERROR=1   compile the C kernels with -Werror (CI does)
+  CC, CFLAGS       as for any setuptools build
+CUDA kernels are not part of the build yet; they arrive with the CUDA backend issue.
+"""
+
+import os
+import re
+import shutil
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = "csrc"
+INCLUDE = os.path.join(CSRC, "include")
+HEADER = os.path.join(INCLUDE, "pytfm.h")
+C_FLAGS = ["-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wpedantic"]
+
+
+def read_version():
+    with open(os.path.join(ROOT, HEADER), encoding="utf-8") as f:
+        return re.search(r'#define PYTFM_VERSION "([^"]+)"', f.read()).group(1)
+
+
+class BuildExt(build_ext):
+    """Build libpytfm.so and libpytfm.a before the extensions that link to it."""
+
+    def build_extensions(self):
+        pkg_dir = os.path.join(ROOT, "pytfm") if self.inplace else os.path.join(self.build_lib, "pytfm")
+        lib_dir = os.path.join(pkg_dir, "lib")
+        self.build_libpytfm(lib_dir)
+        include_dir = os.path.join(pkg_dir, "include")
+        os.makedirs(include_dir, exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, HEADER), include_dir)
+        for ext in self.extensions:
+            ext.library_dirs.append(lib_dir)
+        super().build_extensions()
+
+    def build_libpytfm(self, lib_dir):
+        flags = C_FLAGS + (["-Werror"] if os.environ.get("PYTFM_WERROR") == "1" else [])
+        sources = sorted(
+            os.path.join(CSRC, f) for f in os.listdir(os.path.join(ROOT, CSRC)) if f.endswith(".c")
+        )
+        headers = [HEADER, os.path.join(CSRC, "internal.h")]
+        objects = self.compiler.compile(
+            sources,
+            output_dir=self.build_temp,
+            macros=[("PYTFM_BUILDING", None), ("PYTFM_BUILD_FLAGS", '"%s"' % " ".join(flags))],
+            include_dirs=[INCLUDE],
+            extra_postargs=flags,
+            depends=headers,
+        )
+        os.makedirs(lib_dir, exist_ok=True)
+        self.compiler.link_shared_object(
+            objects,
+            os.path.join(lib_dir, "libpytfm.so"),
+            libraries=["m"],
+            extra_postargs=["-Wl,-soname,libpytfm.so"],
+        )
+        self.compiler.create_static_lib(objects, "pytfm", output_dir=lib_dir)
+
+
+setup(
+    version=read_version(),
+    cffi_modules=["pytfm/_build_ffi.py:ffibuilder"],
+    cmdclass={"build_ext": BuildExt},
+)
