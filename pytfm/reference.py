@@ -1,0 +1,139 @@
+"""pytfm.reference — the NumPy float64 oracle of every op, forward and backward.
+
+Written to be read like the maths, not to be fast. Every backend is tested against these
+functions, and these backward functions are tested against finite differences. Production code
+never imports this module.
+
+Shapes use the names of the C API: n rows, C features, V classes, [B, T, H, D] for heads.
+Parameter gradients are returned, not accumulated.
+"""
+
+import numpy as np
+
+GELU_K = np.sqrt(2.0 / np.pi)
+GELU_A = 0.044715
+
+
+def _f64(*arrays):
+    return [None if a is None else np.asarray(a, dtype=np.float64) for a in arrays]
+
+
+def linear_forward(x, w, b=None):  # [..., in], [out, in], [out] -> [..., out]
+    x, w, b = _f64(x, w, b)
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+def linear_backward(dy, x, w):  # [..., out], [..., in], [out, in] -> dx, dw, db
+    dy, x, w = _f64(dy, x, w)
+    dy2, x2 = dy.reshape(-1, w.shape[0]), x.reshape(-1, w.shape[1])
+    return dy @ w, dy2.T @ x2, dy2.sum(axis=0)
+
+
+def softmax_forward(x):  # [..., C] -> [..., C]
+    (x,) = _f64(x)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_backward(dy, y):  # [..., C], [..., C] -> [..., C]
+    dy, y = _f64(dy, y)
+    return y * (dy - (dy * y).sum(axis=-1, keepdims=True))
+
+
+def layernorm_forward(x, w, b, eps=1e-5):  # [..., C], [C], [C] -> y, mean [...], rstd [...]
+    x, w, b = _f64(x, w, b)
+    mean = x.mean(axis=-1)
+    rstd = 1.0 / np.sqrt(((x - mean[..., None]) ** 2).mean(axis=-1) + eps)
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    return xhat * w + b, mean, rstd
+
+
+def layernorm_backward(dy, x, w, mean, rstd):  # [..., C], [..., C], [C], [...], [...] -> dx, dw, db
+    dy, x, w, mean, rstd = _f64(dy, x, w, mean, rstd)
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    g = dy * w
+    dx = rstd[..., None] * (
+        g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True)
+    )
+    C = x.shape[-1]
+    return dx, (dy * xhat).reshape(-1, C).sum(axis=0), dy.reshape(-1, C).sum(axis=0)
+
+
+def rope_angles(pos, D, base=10000.0):  # [T] or [B, T] -> [T, D/2] or [B, T, D/2]
+    inv_freq = base ** (-np.arange(0, D, 2, dtype=np.float64) / D)
+    return np.asarray(pos, dtype=np.float64)[..., None] * inv_freq
+
+
+def rope_forward(x, pos, base=10000.0):  # [B, T, H, D], [T] or [B, T] -> [B, T, H, D]
+    (x,) = _f64(x)
+    half = x.shape[-1] // 2
+    theta = rope_angles(pos, x.shape[-1], base)[..., None, :]  # (B|1, T, 1, D/2)
+    cos, sin = np.cos(theta), np.sin(theta)
+    x0, x1 = x[..., :half], x[..., half:]
+    return np.concatenate([x0 * cos - x1 * sin, x1 * cos + x0 * sin], axis=-1)
+
+
+def rope_backward(dy, pos, base=10000.0):  # [B, T, H, D], [T] or [B, T] -> [B, T, H, D]
+    (dy,) = _f64(dy)
+    half = dy.shape[-1] // 2
+    theta = rope_angles(pos, dy.shape[-1], base)[..., None, :]
+    cos, sin = np.cos(theta), np.sin(theta)
+    d0, d1 = dy[..., :half], dy[..., half:]
+    return np.concatenate([d0 * cos + d1 * sin, d1 * cos - d0 * sin], axis=-1)
+
+
+def gelu_forward(x):  # [...] -> [...]
+    (x,) = _f64(x)
+    return 0.5 * x * (1.0 + np.tanh(GELU_K * (x + GELU_A * x**3)))
+
+
+def gelu_backward(dy, x):  # [...], [...] -> [...]
+    dy, x = _f64(dy, x)
+    t = np.tanh(GELU_K * (x + GELU_A * x**3))
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * GELU_K * (1.0 + 3.0 * GELU_A * x**2))
+
+
+def embedding_forward(ids, table):  # int [...], [V, dim] -> [..., dim]
+    (table,) = _f64(table)
+    return table[np.asarray(ids)]
+
+
+def embedding_backward(dy, ids, vocab_size):  # [..., dim], int [...] -> [V, dim]
+    (dy,) = _f64(dy)
+    dtable = np.zeros((vocab_size, dy.shape[-1]))
+    np.add.at(dtable, np.asarray(ids).reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    return dtable
+
+
+def cross_entropy_forward(logits, targets, ignore_index=-1):  # [..., V], int [...] -> loss, lse
+    (logits,) = _f64(logits)
+    targets = np.asarray(targets)
+    m = logits.max(axis=-1)
+    lse = m + np.log(np.exp(logits - m[..., None]).sum(axis=-1))
+    keep = targets != ignore_index
+    picked = np.take_along_axis(logits, np.where(keep, targets, 0)[..., None], -1)[..., 0]
+    loss = (lse - picked)[keep].sum() / keep.sum() if keep.any() else 0.0
+    return loss, lse
+
+
+def cross_entropy_backward(logits, targets, ignore_index=-1, dloss=1.0):  # -> [..., V]
+    (logits,) = _f64(logits)
+    targets = np.asarray(targets)
+    keep = targets != ignore_index
+    if not keep.any():
+        return np.zeros_like(logits)
+    p = softmax_forward(logits)
+    onehot = np.eye(logits.shape[-1])[np.where(keep, targets, 0)]
+    return (p - onehot) * keep[..., None] * (dloss / keep.sum())
+
+
+def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+    """[...] x4 -> (param, m, v) after one step (new arrays; the inputs are not touched)."""
+    param, grad, m, v = _f64(param, grad, m, v)
+    param = param * (1.0 - lr * weight_decay)
+    m = beta1 * m + (1.0 - beta1) * grad
+    v = beta2 * v + (1.0 - beta2) * grad**2
+    mhat = m / (1.0 - beta1**step)
+    vhat = v / (1.0 - beta2**step)
+    return param - lr * mhat / (np.sqrt(vhat) + eps), m, v

@@ -1,0 +1,41 @@
+"""Test configuration: hypothesis profiles and a summary of the errors seen per op.
+
+Profiles (HYPOTHESIS_PROFILE=<name>, default "quick"):
+  quick     ~25 examples per property: the everyday run
+  ci        100 examples per property, derandomised: what .ci/run uses
+  thorough  1000 examples per property: before a release or after touching a kernel
+"""
+
+import glob
+import os
+import sys
+
+# `python -m pytest` puts the checkout first on sys.path, and there pytfm/ has no compiled
+# module (unless built in place): drop it so the tests import the installed package.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not glob.glob(os.path.join(_ROOT, "pytfm", "_pytfm_cffi*")):
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
+
+from hypothesis import HealthCheck, settings
+
+import helpers
+
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("quick", max_examples=25, **_common)
+settings.register_profile("ci", max_examples=100, derandomize=True, **_common)
+settings.register_profile("thorough", max_examples=1000, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print, per op and direction, how many comparisons ran and the worst error seen."""
+    if not helpers.RECORD:
+        return
+    tr = terminalreporter
+    tr.section("pytfm: C kernels vs the float64 reference")
+    tr.write_line(f"{'check':34s} {'compared':>9s} {'max rel err':>12s} {'max err/tol':>12s}")
+    for name in sorted(helpers.RECORD):
+        r = helpers.RECORD[name]
+        tr.write_line(f"{name:34s} {r.count:9d} {r.max_rel:12.2e} {r.max_ratio:12.3f}")
+    tr.write_line("max rel err = max|got - ref| / max|ref| per array (normwise; arrays whose")
+    tr.write_line("max|ref| is under 1000 x atol, i.e. near zero by cancellation, are left out)")

@@ -1,0 +1,78 @@
+"""Shared test helpers: the one comparison function, hypothesis strategies, finite differences."""
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+
+
+@dataclass
+class _Stats:
+    count: int = 0
+    max_rel: float = 0.0
+    max_ratio: float = 0.0
+
+
+RECORD = defaultdict(_Stats)
+
+
+def assert_close(name, got, ref, atol=0.0, rtol=1e-5):
+    """Assert |got - ref| <= atol + rtol*|ref| elementwise (atol may be an array) and record it.
+
+    `name` keys the summary printed at the end of the run, e.g. "layernorm.backward.dx".
+    """
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, f"{name}: shape {got.shape}, reference {ref.shape}"
+    assert np.all(np.isfinite(got) | ~np.isfinite(ref)), f"{name}: non-finite values {got}"
+    err = np.abs(got - ref)
+    tol = atol + rtol * np.abs(ref)
+    stats = RECORD[name]
+    stats.count += 1
+    if err.size:
+        # normwise relative error, for arrays whose reference stands well above the noise floor
+        scale = float(np.abs(ref).max())
+        if scale > 1e3 * float(np.max(atol)):
+            stats.max_rel = max(stats.max_rel, float(err.max()) / scale)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(err == 0, 0.0, err / tol)
+        stats.max_ratio = max(stats.max_ratio, float(ratio.max()))
+    bad = err > tol
+    if bad.any():
+        i = np.unravel_index(np.argmax(np.where(bad, err - tol, -np.inf)), err.shape)
+        tol_i = np.broadcast_to(tol, err.shape)[i]
+        raise AssertionError(
+            f"{name}: {int(bad.sum())} of {err.size} elements out of tolerance; worst at {i}: "
+            f"got {got[i]!r}, reference {ref[i]!r}, |err| {err[i]:.3g} > tol {tol_i:.3g}"
+        )
+
+
+# Sizes that break kernels: 1, small odd numbers, primes, powers of two and one past them.
+awkward = st.one_of(
+    st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 31, 32, 33, 61, 64, 67]),
+    st.integers(1, 67),
+)
+small = st.sampled_from([1, 2, 3, 4, 5, 7])
+seeds = st.integers(0, 2**32 - 1)
+scales = st.sampled_from([1e-3, 0.1, 1.0, 3.0, 30.0])
+
+
+def f32(rng, shape, scale=1.0, offset=0.0):
+    return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+
+
+def numerical_grad(f, x, eps=1e-6):
+    """Central differences of the scalar f() with respect to every element of x (in place)."""
+    g = np.zeros_like(x)
+    it = np.nditer(x, flags=["multi_index"])
+    for _ in it:
+        i = it.multi_index
+        old = x[i]
+        x[i] = old + eps
+        hi = f()
+        x[i] = old - eps
+        lo = f()
+        x[i] = old
+        g[i] = (hi - lo) / (2 * eps)
+    return g

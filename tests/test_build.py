@@ -1,0 +1,88 @@
+"""The installed package: header and binding agree, version and build info, the C example."""
+
+import ctypes
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pytfm
+from pytfm import reference as ref
+from pytfm._core import lib
+
+PKG = os.path.dirname(os.path.abspath(pytfm.__file__))
+INSTALLED_HEADER = os.path.join(PKG, "include", "pytfm.h")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCE_HEADER = os.path.join(ROOT, "csrc", "include", "pytfm.h")
+
+
+def declared_functions(path):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)  # comments mention function names too
+    return sorted(set(re.findall(r"\b(pytfm_\w+)\s*\(", text)))
+
+
+def test_every_declared_function_is_bound_and_exported():
+    names = declared_functions(INSTALLED_HEADER)
+    assert len(names) >= 19, names
+    missing = [n for n in names if not hasattr(lib, n)]
+    assert not missing, f"declared in pytfm.h but not bound by cffi: {missing}"
+    so = ctypes.CDLL(os.path.join(PKG, "lib", "libpytfm.so"))
+    unexported = [n for n in names if not hasattr(so, n)]
+    assert not unexported, f"declared in pytfm.h but not exported by libpytfm.so: {unexported}"
+    assert not hasattr(so, "pytfm__fail"), "internal helpers must not be exported"
+
+
+@pytest.mark.skipif(not os.path.exists(SOURCE_HEADER), reason="needs the source checkout")
+def test_installed_header_is_the_source_header():
+    with open(SOURCE_HEADER, "rb") as a, open(INSTALLED_HEADER, "rb") as b:
+        assert a.read() == b.read(), "reinstall: the installed pytfm.h differs from csrc/"
+
+
+def test_version_is_one_number_everywhere():
+    with open(INSTALLED_HEADER, encoding="utf-8") as f:
+        header_version = re.search(r'#define PYTFM_VERSION "([^"]+)"', f.read()).group(1)
+    assert pytfm.__version__ == header_version == importlib.metadata.version("pytfm")
+    assert pytfm.build_info()["version"] == header_version
+
+
+def test_build_info():
+    info = pytfm.build_info()
+    assert set(info) == {"version", "compiler", "flags", "arch", "cpu_features", "cuda",
+                         "cuda_version"}
+    assert info["compiler"] != "unknown" and "-std=c11" in info["flags"]
+    assert info["cuda"] is False and info["cuda_version"] is None  # no CUDA backend yet
+    if info["arch"] == "x86_64":
+        assert "sse2" in info["cpu_features"]
+    out = subprocess.run([sys.executable, "-m", "pytfm"], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0 and '"compiler"' in out.stdout
+
+
+def pytfm_flags(*flags):
+    out = subprocess.run([sys.executable, "-m", "pytfm", *flags], capture_output=True, text=True,
+                         cwd="/", check=True)
+    return out.stdout.split()
+
+
+@pytest.mark.parametrize("link", ["--libs", "--static-libs"])
+def test_c_example_builds_and_matches_the_reference(tmp_path, link):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to build pytfm itself"
+    exe = tmp_path / "layernorm"
+    src = os.path.join(ROOT, "examples", "layernorm.c")
+    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", src,
+                    *pytfm_flags("--cflags", link), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[0] == f"pytfm {pytfm.__version__}"
+    rows = [[float(v) for v in re.findall(r"-?\d+\.\d+", line)] for line in out.splitlines()[1:]]
+    got = np.array([r[2:] for r in rows])  # each row: mean, rstd, then y
+    x = np.array([[1.0, 2.0, 3.0, 4.0], [-1.0, 0.5, 0.0, 2.5]])
+    y, mean, rstd = ref.layernorm_forward(x, [1.0, 1.0, 2.0, 0.5], [0.0, 0.1, 0.0, -0.1])
+    np.testing.assert_allclose(got, y, atol=2e-6)
+    np.testing.assert_allclose([r[:2] for r in rows], np.c_[mean, rstd], atol=2e-6)
