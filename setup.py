@@ -30,7 +30,7 @@ class BuildExt(build_ext):
     """Build libpytfm.so and libpytfm.a before the extensions that link to it."""
 
     def build_extensions(self):
-        pkg_dir = os.path.join(ROOT, "pytfm") if self.inplace else os.path.join(self.build_lib, "pytfm")
+        pkg_dir = os.path.join(ROOT if self.inplace else self.build_lib, "pytfm")
         lib_dir = os.path.join(pkg_dir, "lib")
         self.build_libpytfm(lib_dir)
         include_dir = os.path.join(pkg_dir, "include")
@@ -39,6 +39,21 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.library_dirs.append(lib_dir)
         super().build_extensions()
+        if not self.inplace:
+            self.mirror_into_source(pkg_dir)
+
+    def mirror_into_source(self, pkg_dir):
+        """Copy what was built into the checkout's pytfm/ too (all of it git-ignored), so that
+        `import pytfm` also works from the checkout root, where the source package shadows the
+        installed one. It is the same build, so either import runs the same code."""
+        src_pkg = os.path.join(ROOT, "pytfm")
+        if os.path.abspath(pkg_dir) == src_pkg:
+            return
+        for sub in ("lib", "include"):
+            src, dst = os.path.join(pkg_dir, sub), os.path.join(src_pkg, sub)
+            shutil.copytree(src, dst, dirs_exist_ok=True)
+        for ext in self.extensions:
+            shutil.copy2(self.get_ext_fullpath(ext.name), src_pkg)
 
     def build_libpytfm(self, lib_dir):
         flags = C_FLAGS + (["-Werror"] if os.environ.get("PYTFM_WERROR") == "1" else [])

@@ -7,9 +7,8 @@ try:
 except ImportError as e:  # pragma: no cover - only for an unbuilt source tree
     here = os.path.dirname(os.path.abspath(__file__))
     raise ImportError(
-        f"pytfm's compiled module is missing from {here}. If that is the source checkout, "
-        "install it with `pip install .` and import pytfm from another folder (or use "
-        "`pip install -e .`)."
+        f"pytfm's compiled module is missing from {here}: build it with `pip install .` "
+        "(which also places the build in a source checkout)"
     ) from e
 
 

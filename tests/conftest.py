@@ -6,15 +6,7 @@ Profiles (HYPOTHESIS_PROFILE=<name>, default "quick"):
   thorough  1000 examples per property: before a release or after touching a kernel
 """
 
-import glob
 import os
-import sys
-
-# `python -m pytest` puts the checkout first on sys.path, and there pytfm/ has no compiled
-# module (unless built in place): drop it so the tests import the installed package.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if not glob.glob(os.path.join(_ROOT, "pytfm", "_pytfm_cffi*")):
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
 
 from hypothesis import HealthCheck, settings
 
