@@ -34,7 +34,9 @@ def _array(name, a, dtype=_F32, ndim=None, min_ndim=1):
                 f"{name} is a CuPy array, but this build of pytfm has no CUDA backend yet; "
                 "pass a numpy.ndarray"
             )
-        raise TypeError(f"{name} must be a numpy.ndarray of {dtype}, got {type(a).__name__}")
+        kind = type(a).__name__ if type(a).__module__ == "builtins" else type(a).__qualname__
+        kind = f"numpy.{kind} scalar" if isinstance(a, np.generic) else kind
+        raise TypeError(f"{name} must be a numpy.ndarray of {dtype}, got {kind}")
     if a.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {a.dtype}")
     if ndim is not None and a.ndim != ndim:

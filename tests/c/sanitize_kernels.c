@@ -1,0 +1,73 @@
+/*
+ * Every kernel, forward and backward, on exactly-sized heap buffers and awkward sizes. Built
+ * with -fsanitize=address,undefined by tests/test_sanitizers.py: a read or write one element
+ * past a buffer, or undefined behaviour in the index arithmetic, aborts the program there.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "pytfm.h"
+
+static uint32_t lcg = 12345u;
+
+static float *floats(int64_t n) { // exactly n floats (at least one byte, so malloc is not NULL)
+    float *p = malloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = (float)((lcg = lcg * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+    return p;
+}
+
+static int64_t *indices(int64_t n, int64_t limit) {
+    int64_t *p = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) p[i] = (int64_t)((lcg = lcg * 1664525u + 1013904223u) >> 8) % limit;
+    return p;
+}
+
+#define CHECK(call)                                                                            \
+    do {                                                                                       \
+        if ((call) != PYTFM_STATUS_OK) {                                                       \
+            fprintf(stderr, "%s failed: %s\n", #call, pytfm_last_error());                     \
+            return 1;                                                                          \
+        }                                                                                      \
+    } while (0)
+
+static int run(int64_t n, int64_t a, int64_t b) {
+    float *x = floats(n * a), *w = floats(b * a), *bias = floats(b), *y = floats(n * b);
+    float *dy = floats(n * b), *dx = floats(n * a), *dw = floats(b * a), *db = floats(b);
+    CHECK(pytfm_linear_forward(y, x, w, bias, n, a, b));
+    CHECK(pytfm_linear_backward(dx, dw, db, dy, x, w, n, a, b));
+    float *s = floats(n * a), *ds = floats(n * a), *mean = floats(n), *rstd = floats(n);
+    float *g = floats(a), *gb = floats(a), *dg = floats(a), *dgb = floats(a);
+    CHECK(pytfm_softmax_forward(s, x, n, a));
+    CHECK(pytfm_softmax_backward(ds, dx, s, n, a));
+    CHECK(pytfm_layernorm_forward(s, mean, rstd, x, g, gb, n, a, 1e-5f));
+    CHECK(pytfm_layernorm_backward(ds, dg, dgb, dx, x, g, mean, rstd, n, a));
+    CHECK(pytfm_gelu_forward(s, x, n * a));
+    CHECK(pytfm_gelu_backward(ds, dx, x, n * a));
+    int64_t *ids = indices(n, b), *pos = indices(n * 2, 1000);
+    float *table = floats(b * a), *dtable = floats(b * a), *lse = floats(n), loss;
+    CHECK(pytfm_embedding_forward(s, ids, table, n, b, a));
+    CHECK(pytfm_embedding_backward(dtable, dx, ids, n, b, a));
+    CHECK(pytfm_cross_entropy_forward(&loss, lse, y, ids, n, b, -1));
+    CHECK(pytfm_cross_entropy_backward(dy, y, ids, lse, n, b, -1, 1.0f));
+    CHECK(pytfm_adamw_step(w, dw, table, dtable, b * a, 3, 1e-3, 0.9, 0.999, 1e-8, 0.1));
+    // RoPE on [2, n, b, 2a]: batched positions [2, n], then one shared row
+    float *q = floats(2 * n * b * 2 * a), *rq = floats(2 * n * b * 2 * a);
+    CHECK(pytfm_rope_forward(rq, q, pos, 2, n, b, 2 * a, n, 10000.0));
+    CHECK(pytfm_rope_backward(q, rq, pos, 2, n, b, 2 * a, 0, 10000.0));
+    void *all[] = {x, w, bias, y, dy, dx, dw, db, s, ds, mean, rstd, g, gb, dg, dgb,
+                   ids, pos, table, dtable, lse, q, rq};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+    return 0;
+}
+
+int main(void) {
+    const int64_t sizes[] = {1, 2, 3, 7, 17, 33};
+    const int k = sizeof sizes / sizeof *sizes;
+    int runs = 0;
+    for (int i = 0; i < k; i++)
+        for (int j = 0; j < k; j++)
+            for (int l = 0; l < k; l++, runs++)
+                if (run(sizes[i] - (i == 0), sizes[j], sizes[l])) return 1; // n = 0 once
+    printf("%d size combinations ran clean\n", runs);
+    return 0;
+}
