@@ -3,6 +3,7 @@ cffi extension pytfm._pytfm_cffi linked to that same library (rpath $ORIGIN/lib)
 
 Environment:
   PYTFM_WERROR=1   compile the C kernels with -Werror (CI does)
+  PYTFM_OPENMP=0   build without OpenMP (by default it is used when the compiler has it)
   CC, CFLAGS       as for any setuptools build
 CUDA kernels are not part of the build yet; they arrive with the CUDA backend issue.
 """
@@ -10,6 +11,7 @@ CUDA kernels are not part of the build yet; they arrive with the CUDA backend is
 import os
 import re
 import shutil
+import tempfile
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
@@ -18,7 +20,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = "csrc"
 INCLUDE = os.path.join(CSRC, "include")
 HEADER = os.path.join(INCLUDE, "pytfm.h")
-C_FLAGS = ["-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wpedantic"]
+C_FLAGS = ["-std=c11", "-O3", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wpedantic"]
 
 
 def read_version():
@@ -55,12 +57,30 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             shutil.copy2(self.get_ext_fullpath(ext.name), src_pkg)
 
+    def has_openmp(self):
+        """Whether the C compiler can build and link an OpenMP program."""
+        if os.environ.get("PYTFM_OPENMP") == "0":
+            return False
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "omp.c")
+            with open(src, "w") as f:
+                f.write("#include <omp.h>\nint main(void) { return omp_get_max_threads() < 1; }\n")
+            try:
+                objs = self.compiler.compile([src], output_dir=tmp, extra_postargs=["-fopenmp"])
+                self.compiler.link_executable(objs, "omp", output_dir=tmp,
+                                              extra_postargs=["-fopenmp"])
+            except Exception:  # CompileError, LinkError: build without threads
+                return False
+        return True
+
     def build_libpytfm(self, lib_dir):
         flags = C_FLAGS + (["-Werror"] if os.environ.get("PYTFM_WERROR") == "1" else [])
+        threads = ["-fopenmp"] if self.has_openmp() else []
+        flags += threads
         sources = sorted(
             os.path.join(CSRC, f) for f in os.listdir(os.path.join(ROOT, CSRC)) if f.endswith(".c")
         )
-        headers = [HEADER, os.path.join(CSRC, "internal.h")]
+        headers = [HEADER, os.path.join(CSRC, "internal.h")]  # rebuild when they change
         objects = self.compiler.compile(
             sources,
             output_dir=self.build_temp,
@@ -74,7 +94,7 @@ class BuildExt(build_ext):
             objects,
             os.path.join(lib_dir, "libpytfm.so"),
             libraries=["m"],
-            extra_postargs=["-Wl,-soname,libpytfm.so"],
+            extra_postargs=["-Wl,-soname,libpytfm.so"] + threads,
         )
         self.compiler.create_static_lib(objects, "pytfm", output_dir=lib_dir)
 

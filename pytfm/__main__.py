@@ -34,7 +34,10 @@ def main(argv=None):
     if args.libs:
         out.append(f"-L{LIB_DIR} -Wl,-rpath,{LIB_DIR} -lpytfm -lm")
     if args.static_libs:
-        out.append(f"{os.path.join(LIB_DIR, 'libpytfm.a')} -lm")
+        from . import build_info
+
+        openmp = " -fopenmp" if "-fopenmp" in build_info()["flags"].split() else ""
+        out.append(f"{os.path.join(LIB_DIR, 'libpytfm.a')} -lm{openmp}")
     if out:
         print(" ".join(out))
     else:
