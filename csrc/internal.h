@@ -39,4 +39,29 @@ pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)
 pytfm_status pytfm__check_indices(const char *func, const char *name, const int64_t *ids,
                                   int64_t n, int64_t limit, int allow_ignore, int64_t ignore);
 
+/* A parallel for-loop when the library is built with OpenMP, a plain loop otherwise. Only
+ * loops whose iterations write disjoint memory use it, so results do not depend on the number
+ * of threads. */
+#if defined(_OPENMP)
+#define PYTFM_PARALLEL_FOR _Pragma("omp parallel for schedule(dynamic, 1)")
+#else
+#define PYTFM_PARALLEL_FOR
+#endif
+
+/* Σ a[i]·b[i] with eight independent partial sums (so the additions pipeline instead of
+ * waiting on each other), combined in a fixed order: the same inputs give the same bits. */
+static inline float pytfm__dot(const float *a, const float *b, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    for (; i < n; i++) s[i & 7] += a[i] * b[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* y[i] += alpha · x[i] */
+static inline void pytfm__axpy(float *y, float alpha, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
 #endif /* PYTFM_INTERNAL_H */

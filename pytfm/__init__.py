@@ -8,7 +8,8 @@ pytfm.ops holds one function per op direction; pytfm.reference the float64 NumPy
 
 from . import ops
 from ._core import PytfmError, build_info, version
+from .ops import KVCache
 
 __version__ = version()
 
-__all__ = ["ops", "build_info", "PytfmError", "__version__"]
+__all__ = ["ops", "build_info", "KVCache", "PytfmError", "__version__"]

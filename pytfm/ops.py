@@ -351,3 +351,123 @@ def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
             scalars["weight_decay"],
         )
     )
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+
+def _heads(name, a, like=None):
+    """a as a [B, T, H, D] float32 array with D >= 1 (and the shape of `like` when given)."""
+    a = _array(name, a, ndim=4)
+    if like is not None:
+        _shape(name, a, like[1].shape, f"{like[0]}.shape")
+    elif a.shape[3] < 1:
+        raise ValueError(f"{name}.shape[3] (head dim D) must be >= 1, got shape {a.shape}")
+    return a
+
+
+def _scale(scale, D):
+    return 1.0 / float(D) ** 0.5 if scale is None else _float("scale", scale)
+
+
+def attention_forward(q, k, v, causal=True, scale=None):
+    """Multi-head scaled dot-product attention, flash-style (no [T, T] matrix is stored).
+
+    q, k, v [B, T, H, D] -> (o [B, T, H, D], lse [B, H, T]); scale defaults to 1/sqrt(D).
+    """
+    q = _heads("q", q)
+    k, v = _heads("k", k, ("q", q)), _heads("v", v, ("q", q))
+    B, T, H, D = q.shape
+    o = np.empty_like(q)
+    lse = np.empty((B, H, T), _F32)
+    check(lib.pytfm_attention_forward(_p(o), _p(lse), _p(q), _p(k), _p(v), B, T, H, D,
+                                      _scale(scale, D), bool(causal)))
+    return o, lse
+
+
+def attention_backward(do, q, k, v, o, lse, causal=True, scale=None):
+    """-> (dq, dk, dv), each [B, T, H, D]; o and lse from attention_forward."""
+    q = _heads("q", q)
+    k, v = _heads("k", k, ("q", q)), _heads("v", v, ("q", q))
+    do, o = _heads("do", do, ("q", q)), _heads("o", o, ("q", q))
+    B, T, H, D = q.shape
+    _shape("lse", _array("lse", lse), (B, H, T), "(B, H, T) of q")
+    dq, dk, dv = np.empty_like(q), np.empty_like(q), np.empty_like(q)
+    check(lib.pytfm_attention_backward(_p(dq), _p(dk), _p(dv), _p(do), _p(q), _p(k), _p(v),
+                                       _p(o), _p(lse), B, T, H, D, _scale(scale, D),
+                                       bool(causal)))
+    return dq, dk, dv
+
+
+def _cache_args(q_name, q, k_cache, v_cache, start):
+    q = _heads(q_name, q)
+    k_cache = _heads("k_cache", k_cache)
+    v_cache = _heads("v_cache", v_cache, ("k_cache", k_cache))
+    B, n, H, D = q.shape
+    Bc, Tmax, Hc, Dc = k_cache.shape
+    if (Bc, Hc, Dc) != (B, H, D):
+        raise ValueError(
+            f"k_cache must have shape (B, Tmax, H, D) = ({B}, Tmax, {H}, {D}) to match "
+            f"{q_name} of shape {q.shape}, got {k_cache.shape}"
+        )
+    start = _int("start", start)
+    if start < 0 or start + n > Tmax:
+        raise ValueError(
+            f"cache overflow: positions [{start}, {start + n}) do not fit in a cache of "
+            f"Tmax = {Tmax} (start must be in [0, Tmax - n])"
+        )
+    return q, k_cache, v_cache, (B, n, H, D, Tmax, start)
+
+
+def attention_cache_append(k_cache, v_cache, k, v, start):
+    """Write k, v [B, n, H, D] into the caches [B, Tmax, H, D] at positions [start, start+n)."""
+    k, k_cache, v_cache, dims = _cache_args("k", k, k_cache, v_cache, start)
+    _heads("v", v, ("k", k))
+    for name, a in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _writable(name, a)
+    check(lib.pytfm_attention_cache_append(_p(k_cache), _p(v_cache), _p(k), _p(v), *dims))
+
+
+def attention_decode(q, k_cache, v_cache, start, scale=None):
+    """Causal attention of queries q [B, n, H, D] at positions [start, start + n) to the cached
+    keys and values at positions [0, start + n). -> (o [B, n, H, D], lse [B, H, n])"""
+    q, k_cache, v_cache, dims = _cache_args("q", q, k_cache, v_cache, start)
+    B, n, H, D = q.shape
+    o = np.empty_like(q)
+    lse = np.empty((B, H, n), _F32)
+    check(lib.pytfm_attention_decode(_p(o), _p(lse), _p(q), _p(k_cache), _p(v_cache), *dims,
+                                     _scale(scale, D)))
+    return o, lse
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, for decoding one (or a few) tokens at a time.
+
+        cache = KVCache(batch=1, max_len=128, n_head=4, head_dim=16)
+        o = cache.attend(q, k, v)   # q, k, v [B, n, H, D] of the n new tokens
+
+    attend() appends k and v at positions [len(cache), len(cache) + n) and returns the causal
+    attention of q to everything cached: the same result as attention_forward over the whole
+    sequence, at O(len·D) per new token.
+    """
+
+    def __init__(self, batch, max_len, n_head, head_dim):
+        shape = (_int("batch", batch), _int("max_len", max_len), _int("n_head", n_head),
+                 _int("head_dim", head_dim))
+        if min(shape) < 1:
+            raise ValueError(f"KVCache sizes must all be >= 1, got {shape}")
+        self.k = np.zeros(shape, _F32)  # (B, Tmax, H, D)
+        self.v = np.zeros(shape, _F32)
+        self.length = 0
+
+    def __len__(self):
+        return self.length
+
+    def attend(self, q, k, v, scale=None):
+        attention_cache_append(self.k, self.v, k, v, self.length)
+        start, self.length = self.length, self.length + k.shape[1]
+        o, _ = attention_decode(q, self.k, self.v, start, scale)
+        return o
+
+    def reset(self):
+        self.length = 0

@@ -137,3 +137,32 @@ def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
     mhat = m / (1.0 - beta1**step)
     vhat = v / (1.0 - beta2**step)
     return param - lr * mhat / (np.sqrt(vhat) + eps), m, v
+
+
+def attention_scores(q, k, causal, scale=None):  # [B, T, H, D] x2 -> S [B, H, T, T]
+    q, k = _f64(q, k)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    S = np.einsum("bthd,bshd->bhts", q, k) * scale
+    if causal:
+        T = q.shape[1]
+        S = np.where(np.tril(np.ones((T, T), bool)), S, -np.inf)
+    return S
+
+
+def attention_forward(q, k, v, causal=True, scale=None):  # [B, T, H, D] x3 -> o, lse [B, H, T]
+    S = attention_scores(q, k, causal, scale)
+    m = S.max(axis=-1, keepdims=True)
+    lse = (m + np.log(np.exp(S - m).sum(axis=-1, keepdims=True)))[..., 0]
+    P = np.exp(S - lse[..., None])  # (B, H, T, T), materialised: this is the naive version
+    return np.einsum("bhts,bshd->bthd", P, np.asarray(v, np.float64)), lse
+
+
+def attention_backward(do, q, k, v, causal=True, scale=None):  # -> dq, dk, dv [B, T, H, D]
+    do, q, k, v = _f64(do, q, k, v)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    S = attention_scores(q, k, causal, scale)
+    P = softmax_forward(S)
+    dv = np.einsum("bhts,bthd->bshd", P, do)
+    dP = np.einsum("bthd,bshd->bhts", do, v)
+    dS = softmax_backward(dP, P) * scale
+    return np.einsum("bhts,bshd->bthd", dS, k), np.einsum("bhts,bthd->bshd", dS, q), dv

@@ -98,3 +98,14 @@ def test_cross_entropy(n, V, ignore_index, dloss, seed):
     check_fd("cross_entropy",
              lambda: dloss * ref.cross_entropy_forward(a["logits"], targets, ignore_index)[0],
              a, dict(logits=grad))
+
+
+@fd_settings
+@given(T=dims, H=st.integers(1, 2), D=st.integers(1, 3), causal=st.booleans(), seed=seeds)
+def test_attention(T, H, D, causal, seed):
+    rng = np.random.default_rng(seed)
+    a = {name: rng.standard_normal((2, T, H, D)) for name in ("q", "k", "v")}
+    G = rng.standard_normal((2, T, H, D))
+    dq, dk, dv = ref.attention_backward(G, a["q"], a["k"], a["v"], causal, 0.7)
+    check_fd("attention", lambda: np.sum(ref.attention_forward(**a, causal=causal, scale=0.7)[0] * G),
+             a, dict(q=dq, k=dk, v=dv))

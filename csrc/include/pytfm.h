@@ -232,6 +232,53 @@ PYTFM_API pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const 
                                         int64_t n, int64_t step, double lr, double beta1,
                                         double beta2, double eps, double weight_decay);
 
+/* ---- Attention: multi-head scaled dot-product, flash-style ------------------------- */
+/* O = softmax(scale · q kᵀ [+ causal mask]) v for every batch b and head h, computed tile by
+ * tile with an online softmax: the [T, T] score matrix is never stored, and extra memory is a
+ * row of 32 scores per thread whatever T is. With causal != 0, position t attends to keys
+ * 0..t only, and tiles above the diagonal are skipped. Parallel over B·H when built with
+ * OpenMP; the result does not depend on the number of threads.
+ *   o     [B, T, H, D] written
+ *   lse   [B, H, T]    written: log Σ_s exp(scores[t, s]), saved for the backward
+ *   q, k, v [B, T, H, D] (the layout a fused QKV projection produces, no permute needed)
+ *   D >= 1; scale finite, usually 1/sqrt(D)
+ */
+PYTFM_API pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q,
+                                               const float *k, const float *v, int64_t B,
+                                               int64_t T, int64_t H, int64_t D, float scale,
+                                               int32_t causal);
+
+/* Recomputes the probabilities from q, k and lse, tile by tile; deterministic.
+ *   dq, dk, dv [B, T, H, D] written
+ *   dout [B, T, H, D] the gradient of o; q, k, v, o, lse, scale, causal as in the forward
+ */
+PYTFM_API pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv,
+                                                const float *dout, const float *q,
+                                                const float *k, const float *v, const float *o,
+                                                const float *lse, int64_t B, int64_t T,
+                                                int64_t H, int64_t D, float scale,
+                                                int32_t causal);
+
+/* Write n new keys and values into a KV cache at positions [start, start + n).
+ *   k_cache, v_cache [B, Tmax, H, D] updated; k, v [B, n, H, D]
+ *   start >= 0 and start + n <= Tmax (else PYTFM_STATUS_INVALID_ARGUMENT: cache overflow)
+ */
+PYTFM_API pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache,
+                                                    const float *k, const float *v, int64_t B,
+                                                    int64_t n, int64_t H, int64_t D,
+                                                    int64_t Tmax, int64_t start);
+
+/* Causal attention of n new queries at positions [start, start + n) to the cached keys and
+ * values at positions [0, start + n) (append them first): query start + i sees keys
+ * 0..start + i. Costs O((start + n)·D) per query: no [T, T] work.
+ *   o   [B, n, H, D] written;  lse [B, H, n] written
+ *   q   [B, n, H, D];  k_cache, v_cache [B, Tmax, H, D];  start + n <= Tmax
+ */
+PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q,
+                                              const float *k_cache, const float *v_cache,
+                                              int64_t B, int64_t n, int64_t H, int64_t D,
+                                              int64_t Tmax, int64_t start, float scale);
+
 /* PYTFM_CDEF_END */
 
 #ifdef __cplusplus

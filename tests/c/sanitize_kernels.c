@@ -54,8 +54,21 @@ static int run(int64_t n, int64_t a, int64_t b) {
     float *q = floats(2 * n * b * 2 * a), *rq = floats(2 * n * b * 2 * a);
     CHECK(pytfm_rope_forward(rq, q, pos, 2, n, b, 2 * a, n, 10000.0));
     CHECK(pytfm_rope_backward(q, rq, pos, 2, n, b, 2 * a, 0, 10000.0));
-    void *all[] = {x, w, bias, y, dy, dx, dw, db, s, ds, mean, rstd, g, gb, dg, dgb,
-                   ids, pos, table, dtable, lse, q, rq};
+    // attention on [2, n, b, a] (T = n, H = b, D = a), causal and not; decode through a cache
+    const int64_t hd = 2 * n * b * a;
+    float *aq = floats(hd), *k = floats(hd), *v = floats(hd), *o = floats(hd), *ado = floats(hd);
+    float *alse = floats(2 * b * n);
+    float *dq = floats(hd), *dk = floats(hd), *dv = floats(hd);
+    float *kc = floats(2 * (n + 1) * b * a), *vc = floats(2 * (n + 1) * b * a);
+    for (int causal = 0; causal < 2; causal++) {
+        CHECK(pytfm_attention_forward(o, alse, aq, k, v, 2, n, b, a, 0.5f, causal));
+        CHECK(pytfm_attention_backward(dq, dk, dv, ado, aq, k, v, o, alse, 2, n, b, a, 0.5f,
+                                       causal));
+    }
+    CHECK(pytfm_attention_cache_append(kc, vc, k, v, 2, n, b, a, n + 1, 1));
+    CHECK(pytfm_attention_decode(o, alse, aq, kc, vc, 2, n, b, a, n + 1, 1, 0.5f));
+    void *all[] = {x, w, bias, y, dy, dx, dw, db, s, ds, mean, rstd, g, gb, dg, dgb, ids, pos,
+                   table, dtable, lse, q, rq, aq, k, v, o, ado, alse, dq, dk, dv, kc, vc};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     return 0;
 }
