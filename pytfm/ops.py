@@ -464,9 +464,12 @@ class KVCache:
         return self.length
 
     def attend(self, q, k, v, scale=None):
-        attention_cache_append(self.k, self.v, k, v, self.length)
-        start, self.length = self.length, self.length + k.shape[1]
+        q = _heads("q", q)
+        _heads("k", k, ("q", q)), _heads("v", v, ("q", q))  # before anything is written
+        start = self.length
+        attention_cache_append(self.k, self.v, k, v, start)
         o, _ = attention_decode(q, self.k, self.v, start, scale)
+        self.length = start + q.shape[1]
         return o
 
     def reset(self):

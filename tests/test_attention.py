@@ -218,6 +218,9 @@ def test_a_full_kv_cache_refuses_more_and_keeps_its_contents():
     before = cache.k.copy(), cache.v.copy()
     with pytest.raises(ValueError, match=r"cache overflow: positions \[3, 5\)"):
         cache.attend(*qkv(rng, 1, 2, 2, 8))
+    q1, k1, v1 = qkv(rng, 1, 1, 2, 8)
+    with pytest.raises(ValueError, match=r"k must have shape \(1, 3, 2, 8\)"):
+        cache.attend(q, k1, v1)  # q and k of different lengths
     assert len(cache) == 3
     np.testing.assert_array_equal(cache.k, before[0])
     np.testing.assert_array_equal(cache.v, before[1])
