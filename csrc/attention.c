@@ -105,16 +105,10 @@ static pytfm_status check_sizes(const char *func, int64_t B, int64_t T, int64_t 
     return PYTFM_STATUS_OK;
 }
 
-#define CHECK_OK(call)                                                                         \
-    do {                                                                                       \
-        pytfm_status st_ = (call);                                                             \
-        if (st_ != PYTFM_STATUS_OK) return st_;                                                \
-    } while (0)
-
 pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const float *k,
                                      const float *v, int64_t B, int64_t T, int64_t H, int64_t D,
                                      float scale, int32_t causal) {
-    CHECK_OK(check_sizes(__func__, B, T, H, D, scale));
+    PYTFM_TRY(check_sizes(__func__, B, T, H, D, scale));
     const int64_t rows = B * T * H;
     PYTFM_CHECK_PTR(o, rows);
     PYTFM_CHECK_PTR(lse, rows);
@@ -167,7 +161,7 @@ pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const flo
                                       const float *q, const float *k, const float *v,
                                       const float *o, const float *lse, int64_t B, int64_t T,
                                       int64_t H, int64_t D, float scale, int32_t causal) {
-    CHECK_OK(check_sizes(__func__, B, T, H, D, scale));
+    PYTFM_TRY(check_sizes(__func__, B, T, H, D, scale));
     const int64_t rows = B * T * H;
     PYTFM_CHECK_PTR(dq, rows);
     PYTFM_CHECK_PTR(dk, rows);
@@ -200,8 +194,8 @@ static pytfm_status check_cache(const char *func, int64_t n, int64_t Tmax, int64
 pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache, const float *k,
                                           const float *v, int64_t B, int64_t n, int64_t H,
                                           int64_t D, int64_t Tmax, int64_t start) {
-    CHECK_OK(check_sizes(__func__, B, n, H, D, 1.0f));
-    CHECK_OK(check_cache(__func__, n, Tmax, start));
+    PYTFM_TRY(check_sizes(__func__, B, n, H, D, 1.0f));
+    PYTFM_TRY(check_cache(__func__, n, Tmax, start));
     PYTFM_CHECK_PTR(k_cache, B * H);
     PYTFM_CHECK_PTR(v_cache, B * H);
     PYTFM_CHECK_PTR(k, B * n * H);
@@ -217,8 +211,8 @@ pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache, const 
 pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const float *k_cache,
                                     const float *v_cache, int64_t B, int64_t n, int64_t H,
                                     int64_t D, int64_t Tmax, int64_t start, float scale) {
-    CHECK_OK(check_sizes(__func__, B, n, H, D, scale));
-    CHECK_OK(check_cache(__func__, n, Tmax, start));
+    PYTFM_TRY(check_sizes(__func__, B, n, H, D, scale));
+    PYTFM_TRY(check_cache(__func__, n, Tmax, start));
     PYTFM_CHECK_PTR(o, B * n * H);
     PYTFM_CHECK_PTR(lse, B * n * H);
     PYTFM_CHECK_PTR(q, B * n * H);

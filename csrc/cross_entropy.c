@@ -24,8 +24,7 @@ pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *l
     PYTFM_CHECK_PTR(lse, n);
     PYTFM_CHECK_PTR(logits, n);
     PYTFM_CHECK_PTR(targets, n);
-    pytfm_status st = pytfm__check_indices(__func__, "targets", targets, n, V, 1, ignore_index);
-    if (st != PYTFM_STATUS_OK) return st;
+    PYTFM_TRY(pytfm__check_indices(__func__, "targets", targets, n, V, 1, ignore_index));
     double total = 0.0;
     for (int64_t i = 0; i < n; i++) {
         const float *row = logits + i * V;
@@ -52,8 +51,7 @@ pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float *logits,
     PYTFM_CHECK_PTR(logits, n);
     PYTFM_CHECK_PTR(targets, n);
     PYTFM_CHECK_PTR(lse, n);
-    pytfm_status st = pytfm__check_indices(__func__, "targets", targets, n, V, 1, ignore_index);
-    if (st != PYTFM_STATUS_OK) return st;
+    PYTFM_TRY(pytfm__check_indices(__func__, "targets", targets, n, V, 1, ignore_index));
     const int64_t count = count_kept(targets, n, ignore_index);
     const float scale = count ? dloss / (float)count : 0.0f;
     for (int64_t i = 0; i < n; i++) {

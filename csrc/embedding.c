@@ -19,8 +19,7 @@ pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *
     PYTFM_CHECK_PTR(y, n);
     PYTFM_CHECK_PTR(ids, n);
     PYTFM_CHECK_PTR(table, 1);
-    pytfm_status st = pytfm__check_indices(__func__, "ids", ids, n, vocab, 0, 0);
-    if (st != PYTFM_STATUS_OK) return st;
+    PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, n, vocab, 0, 0));
     for (int64_t i = 0; i < n; i++)
         memcpy(y + i * dim, table + ids[i] * dim, (size_t)dim * sizeof(float));
     return PYTFM_STATUS_OK;
@@ -34,8 +33,7 @@ pytfm_status pytfm_embedding_backward(float *dtable, const float *dy, const int6
     PYTFM_CHECK_PTR(dtable, 1);
     PYTFM_CHECK_PTR(dy, n);
     PYTFM_CHECK_PTR(ids, n);
-    pytfm_status st = pytfm__check_indices(__func__, "ids", ids, n, vocab, 0, 0);
-    if (st != PYTFM_STATUS_OK) return st;
+    PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, n, vocab, 0, 0));
     for (int64_t i = 0; i < n; i++) {
         float *row = dtable + ids[i] * dim;
         const float *g = dy + i * dim;

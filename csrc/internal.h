@@ -23,6 +23,13 @@ pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)
         if (!(cond)) return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, __VA_ARGS__);          \
     } while (0)
 
+/* Return the status of call if it is not OK (for helpers that check arguments). */
+#define PYTFM_TRY(call)                                                                        \
+    do {                                                                                       \
+        pytfm_status st_ = (call);                                                             \
+        if (st_ != PYTFM_STATUS_OK) return st_;                                                \
+    } while (0)
+
 /* A pointer may be NULL only when its buffer holds no elements. */
 #define PYTFM_CHECK_PTR(p, count)                                                              \
     PYTFM_CHECK((p) != NULL || (count) == 0, "%s: %s must not be NULL", __func__, #p)

@@ -51,8 +51,7 @@ static void rotate(float *out, const float *in, const int64_t *pos, int64_t B, i
 pytfm_status pytfm_rope_forward(float *y, const float *x, const int64_t *pos, int64_t B,
                                 int64_t T, int64_t H, int64_t D, int64_t pos_stride,
                                 double base) {
-    pytfm_status st = check(__func__, y, x, pos, B, T, H, D, pos_stride, base);
-    if (st != PYTFM_STATUS_OK) return st;
+    PYTFM_TRY(check(__func__, y, x, pos, B, T, H, D, pos_stride, base));
     rotate(y, x, pos, B, T, H, D, pos_stride, base, +1.0);
     return PYTFM_STATUS_OK;
 }
@@ -60,8 +59,7 @@ pytfm_status pytfm_rope_forward(float *y, const float *x, const int64_t *pos, in
 pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int64_t *pos, int64_t B,
                                  int64_t T, int64_t H, int64_t D, int64_t pos_stride,
                                  double base) {
-    pytfm_status st = check(__func__, dx, dy, pos, B, T, H, D, pos_stride, base);
-    if (st != PYTFM_STATUS_OK) return st;
+    PYTFM_TRY(check(__func__, dx, dy, pos, B, T, H, D, pos_stride, base));
     rotate(dx, dy, pos, B, T, H, D, pos_stride, base, -1.0);
     return PYTFM_STATUS_OK;
 }
