@@ -7,8 +7,10 @@
  *             dW += dyᵀ·x        dW[o, i] += Σ_r dy[r, o] x[r, i]     (accumulated)
  *             db += Σ_r dy[r, :]                                       (accumulated)
  * Nothing is cached: the backward needs x and W, which the caller still has.
- * These are the plain loops, written so the innermost loop walks contiguous memory; the
- * blocked SGEMM is a later, separate kernel tested against these.
+ * These are plain loops, written so the innermost loop walks contiguous memory, with rows
+ * (or output features) spread over threads: each output element is computed by one thread in
+ * a fixed order, so the result does not depend on the thread count. The blocked SGEMM is a
+ * later, separate kernel tested against these.
  */
 #include "internal.h"
 
@@ -20,13 +22,12 @@ pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w, cons
     PYTFM_CHECK_PTR(y, n);
     PYTFM_CHECK_PTR(x, n);
     PYTFM_CHECK_PTR(w, 1);
+    PYTFM_PARALLEL_FOR
     for (int64_t r = 0; r < n; r++) {
         const float *xr = x + r * in; // (in)
         float *yr = y + r * out;      // (out)
         for (int64_t o = 0; o < out; o++) {
-            const float *wo = w + o * in; // (in)
-            float acc = 0.0f;
-            for (int64_t i = 0; i < in; i++) acc += xr[i] * wo[i];
+            const float acc = pytfm__dot(xr, w + o * in, in);
             yr[o] = b ? acc + b[o] : acc;
         }
     }
@@ -44,6 +45,7 @@ pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float 
     PYTFM_CHECK_PTR(x, n);
     PYTFM_CHECK_PTR(w, dx ? 1 : 0);
     if (dx) {
+        PYTFM_PARALLEL_FOR
         for (int64_t r = 0; r < n; r++) {
             float *dxr = dx + r * in;
             for (int64_t i = 0; i < in; i++) dxr[i] = 0.0f;
@@ -54,6 +56,7 @@ pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float 
             }
         }
     }
+    PYTFM_PARALLEL_FOR
     for (int64_t o = 0; o < out; o++) {
         float *dwo = dw + o * in;
         for (int64_t r = 0; r < n; r++) {
