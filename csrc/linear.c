@@ -44,25 +44,25 @@ pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float 
     PYTFM_CHECK_PTR(dy, n);
     PYTFM_CHECK_PTR(x, n);
     PYTFM_CHECK_PTR(w, dx ? 1 : 0);
+    // dx in blocks of RB rows, dW in blocks of OB output features: each row of W (of x) is
+    // read once per block rather than once per row (per feature)
+    enum { RB = 4, OB = 8 };
     if (dx) {
         PYTFM_PARALLEL_FOR
-        for (int64_t r = 0; r < n; r++) {
-            float *dxr = dx + r * in;
-            for (int64_t i = 0; i < in; i++) dxr[i] = 0.0f;
-            for (int64_t o = 0; o < out; o++) {
-                const float g = dy[r * out + o];
-                const float *wo = w + o * in;
-                for (int64_t i = 0; i < in; i++) dxr[i] += g * wo[i];
-            }
+        for (int64_t r0 = 0; r0 < n; r0 += RB) {
+            const int64_t nb = n - r0 < RB ? n - r0 : RB;
+            for (int64_t i = 0; i < nb * in; i++) dx[r0 * in + i] = 0.0f;
+            for (int64_t o = 0; o < out; o++)
+                for (int64_t j = 0; j < nb; j++)
+                    pytfm__axpy(dx + (r0 + j) * in, dy[(r0 + j) * out + o], w + o * in, in);
         }
     }
     PYTFM_PARALLEL_FOR
-    for (int64_t o = 0; o < out; o++) {
-        float *dwo = dw + o * in;
+    for (int64_t o0 = 0; o0 < out; o0 += OB) {
+        const int64_t nb = out - o0 < OB ? out - o0 : OB;
         for (int64_t r = 0; r < n; r++) {
-            const float g = dy[r * out + o];
-            const float *xr = x + r * in;
-            for (int64_t i = 0; i < in; i++) dwo[i] += g * xr[i];
+            const float *xr = x + r * in, *g = dy + r * out + o0;
+            for (int64_t j = 0; j < nb; j++) pytfm__axpy(dw + (o0 + j) * in, g[j], xr, in);
         }
     }
     if (db) {
