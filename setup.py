@@ -84,7 +84,7 @@ class BuildExt(build_ext):
         objects = self.compiler.compile(
             sources,
             output_dir=self.build_temp,
-            macros=[("PYTFM_BUILDING", None), ("PYTFM_BUILD_FLAGS", '"%s"' % " ".join(flags))],
+            macros=[("PYTFM_BUILDING", None), ("PYTFM_BUILD_FLAGS", f'"{" ".join(flags)}"')],
             include_dirs=[INCLUDE],
             extra_postargs=flags,
             depends=headers,

@@ -64,7 +64,8 @@ elif lib == "numpy":  # the textbook version: materialise S and P, [B, H, T, T]
 elif lib == "torch":
     import torch
     torch.set_num_threads(int(sys.argv[7]))
-    tq, tk, tv, tdo = (torch.from_numpy(a).transpose(1, 2) for a in (q, k, v, do))  # (B, H, T, D) views
+    # (B, H, T, D) views of the same memory
+    tq, tk, tv, tdo = (torch.from_numpy(a).transpose(1, 2) for a in (q, k, v, do))
     sdpa = torch.nn.functional.scaled_dot_product_attention
     def fwd():
         with torch.no_grad():
@@ -122,7 +123,7 @@ def main():
                     continue
                 inner = 3 if T <= 1024 else 1
                 results.setdefault((lib, T), []).append(run(lib, T, args.threads, inner))
-                print(f"round {rnd + 1}/{args.repeat} T={T} {lib} done", file=sys.stderr, flush=True)
+                print(f"round {rnd + 1}/{args.repeat} T={T} {lib} done", file=sys.stderr)
 
     def med(lib, T, key):
         runs = results.get((lib, T))
@@ -147,7 +148,8 @@ def main():
         for lib in libs:
             f, fb, mem = (med(lib, T, key) for key in ("fwd", "fwd_bwd", "extra_mb"))
             row[lib] = {"fwd_ms": f and f * 1e3, "fwd_bwd_ms": fb and fb * 1e3, "extra_mb": mem}
-            line += f" {cell(f and f * 1e3, '9.1f')} {cell(fb and fb * 1e3, '8.1f')} {cell(mem, '7.1f')} |"
+            ms_f, ms_fb = f and f * 1e3, fb and fb * 1e3
+            line += f" {cell(ms_f, '9.1f')} {cell(ms_fb, '8.1f')} {cell(mem, '7.1f')} |"
         if "torch" in libs:
             r_f = med("torch", T, "fwd") / med("pytfm", T, "fwd")
             r_fb = med("torch", T, "fwd_bwd") / med("pytfm", T, "fwd_bwd")
@@ -158,7 +160,8 @@ def main():
     base = [r for r in rows if r["T"] == 1024]
     if base:
         print("\npytfm extra memory relative to T=1024: " + ", ".join(
-            f"T={r['T']}: {r['pytfm']['extra_mb'] / base[0]['pytfm']['extra_mb']:.2f}x" for r in rows))
+            f"T={r['T']}: {r['pytfm']['extra_mb'] / base[0]['pytfm']['extra_mb']:.2f}x"
+            for r in rows))
     print("torch/pytfm > 1 means pytfm is faster.")
     if args.json:
         with open(args.json, "w") as f:

@@ -92,8 +92,10 @@ def main():
             sys.exit(f"{lib} failed:\n{r.stderr[-3000:]}")
         res[lib] = json.loads(r.stdout)
     a, b = res["pytfm"], res["torch"]
-    print(f"{args['steps']} steps, batch {args['batch']}x{args['context']}, {args['threads']} threads")
-    print(f"{'':8s} {'final train (mean last 10)':>27s} {'val':>7s} {'tokens/s':>9s} {'wall s':>7s}")
+    print(f"{args['steps']} steps, batch {args['batch']}x{args['context']}, "
+          f"{args['threads']} threads")
+    print(f"{'':8s} {'final train (mean last 10)':>27s} {'val':>7s} {'tokens/s':>9s} "
+          f"{'wall s':>7s}")
     for lib, r in res.items():
         print(f"{lib:8s} {sum(r['losses'][-10:]) / 10:27.4f} {r['val']:7.4f} "
               f"{r['tokens_per_s']:9.0f} {r['seconds']:7.1f}")

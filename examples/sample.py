@@ -18,7 +18,7 @@ def main():
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    model, step, _ = checkpoint.load(args.checkpoint)
+    model, _, _ = checkpoint.load(args.checkpoint)
     prompt = data.encode(args.prompt)[None, :]
     n = min(args.tokens, model.cfg.max_seq - prompt.shape[1])
     out = generate(model, prompt, n, args.temperature, args.top_k, args.seed)

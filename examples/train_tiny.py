@@ -1,6 +1,6 @@
 """Train a small byte-level GPT with pytfm's kernels and hand-written backprop, then sample.
 
-    python examples/train_tiny.py                  # ~0.8M parameters, context 128, ~3 min on 2 cores
+    python examples/train_tiny.py               # 0.83M parameters, context 128, ~3 min on 2 cores
     python examples/train_tiny.py --steps 1000 --text my.txt --out run1
     python examples/train_tiny.py --out run1 --resume          # continue an interrupted run
 
@@ -104,7 +104,12 @@ def main(argv=None, interrupt_at=None):
     opt = AdamW(model.params, model.grads, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     step, rows = 0, []
     if args.resume:
-        model, step, extra = checkpoint.load(ckpt, model, opt)
+        if not os.path.exists(ckpt):
+            sys.exit(f"--resume: there is no checkpoint at {ckpt}")
+        try:
+            model, step, extra = checkpoint.load(ckpt, model, opt)
+        except checkpoint.CheckpointError as e:
+            sys.exit(f"--resume: {e}")
         rows = [r for r in extra.get("log", []) if r[0] <= step]
         print(f"resumed {ckpt} at step {step}")
     print(f"pytfm {pytfm.__version__}: GPT with {model.num_params():,} parameters "
@@ -112,8 +117,16 @@ def main(argv=None, interrupt_at=None):
           f"pos={cfg.pos}); {len(tokens):,} bytes of "
           f"{'text from ' + args.text if args.text else 'Python stdlib source'}")
 
-    stop = []
-    signal.signal(signal.SIGINT, lambda *_: stop.append(True))  # finish the step, then save
+    stop = []  # Ctrl-C: finish the step, then save
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
+    try:
+        return train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at):
+    cfg = model.cfg
 
     def save():
         checkpoint.save(ckpt, model, step, opt, extra={"log": rows, "args": vars(args)})
@@ -142,11 +155,13 @@ def main(argv=None, interrupt_at=None):
             return 1
         if step == interrupt_at:
             stop.append(True)
-        rows.append([step, round(loss, 5), vl if vl == "" else round(vl, 5), lr, round(rate), round(elapsed, 2)])
+        rows.append([step, round(loss, 5), vl if vl == "" else round(vl, 5), lr, round(rate),
+                     round(elapsed, 2)])
         if step % args.log_every == 0 or vl != "" or step == 1:
             left = (args.steps - step) * elapsed / (step - first_step)
-            print(f"step {step:5d}/{args.steps} | loss {loss:.4f}" + (f" | val {vl:.4f}" if vl != "" else "")
-                  + f" | {rate:6.0f} tok/s | {clock(elapsed)} elapsed | {clock(left)} left", flush=True)
+            val = f" | val {vl:.4f}" if vl != "" else ""
+            print(f"step {step:5d}/{args.steps} | loss {loss:.4f}{val} | {rate:6.0f} tok/s | "
+                  f"{clock(elapsed)} elapsed | {clock(left)} left", flush=True)
         if vl != "":
             save()
     save()

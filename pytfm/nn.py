@@ -32,11 +32,13 @@ class GPTConfig:
     def __post_init__(self):
         for name in ("vocab", "d_model", "n_layer", "n_head", "max_seq"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive int, got {getattr(self, name)!r}")
+                value = getattr(self, name)
+                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
         if self.pos not in POSITIONS:
             raise ValueError(f"GPTConfig.pos must be one of {POSITIONS}, got {self.pos!r}")
         if self.d_model % self.n_head:
-            raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_head ({self.n_head})")
+            raise ValueError(
+                f"d_model ({self.d_model}) must be a multiple of n_head ({self.n_head})")
         if self.pos == "rope" and (self.d_model // self.n_head) % 2:
             raise ValueError(f"rope needs an even head dim, got {self.d_model // self.n_head}")
         if self.pos == "sinusoidal" and self.d_model % 2:
@@ -71,7 +73,8 @@ class Linear:
         return ops.linear_forward(x, self.w, self.b)
 
     def backward(self, dy):
-        dx, _, _ = ops.linear_backward(dy, self.x, self.w, self.b is not None, dw=self.dw, db=self.db)
+        has_bias = self.b is not None
+        dx, _, _ = ops.linear_backward(dy, self.x, self.w, has_bias, dw=self.dw, db=self.db)
         return dx
 
 
@@ -113,7 +116,7 @@ class CausalSelfAttention:
         self.c_proj = Linear(P, f"{name}.c_proj", cfg.d_model, cfg.d_model, std=proj_std)
 
     def _qkv(self, x, pos):  # (B, T, C) -> q, k, v (B, T, H, hd)
-        B, T, C = x.shape
+        B, T, _ = x.shape
         qkv = self.c_attn.forward(x).reshape(B, T, 3, self.H, self.hd)
         q, k, v = (np.ascontiguousarray(qkv[:, :, i]) for i in range(3))
         if self.rope:
@@ -191,7 +194,8 @@ class GPT:
         self.cfg = cfg
         P = Parameters(cfg.seed)
         self.wte = Embedding(P, "transformer.wte", cfg.vocab, cfg.d_model)
-        self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) if cfg.pos == "sinusoidal" else None
+        sinusoidal = cfg.pos == "sinusoidal"
+        self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) if sinusoidal else None
         self.blocks = [Block(P, f"transformer.h.{i}", cfg) for i in range(cfg.n_layer)]
         self.ln_f = LayerNorm(P, "transformer.ln_f", cfg.d_model)
         self.lm_head = None if cfg.tie_embeddings else Linear(
@@ -206,9 +210,10 @@ class GPT:
             g.fill(0.0)
 
     def _embed(self, idx, start):
-        B, T = idx.shape
+        T = idx.shape[1]
         if start + T > self.cfg.max_seq:
-            raise ValueError(f"sequence of {start + T} tokens is longer than max_seq = {self.cfg.max_seq}")
+            raise ValueError(
+                f"sequence of {start + T} tokens is longer than max_seq = {self.cfg.max_seq}")
         x = self.wte.forward(idx)
         if self.pe is not None:
             x += self.pe[start:start + T]
@@ -236,6 +241,8 @@ class GPT:
 
     def backward(self):
         """Accumulate d(loss)/d(parameter) into self.grads, for the last forward's loss."""
+        if getattr(self, "targets", None) is None:
+            raise RuntimeError("backward() needs a preceding forward(idx, targets) with targets")
         dlogits = ops.cross_entropy_backward(self.logits2d, self.targets.reshape(-1), self.lse)
         dlogits = dlogits.reshape(self.targets.shape + (self.cfg.vocab,))
         if self.lm_head is not None:

@@ -6,11 +6,11 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import assert_close, awkward, f32, seeds
 from hypothesis import given
 from hypothesis import strategies as st
 
 import pytfm
+from helpers import assert_close, awkward, f32, seeds
 from pytfm import ops
 from pytfm import reference as ref
 
@@ -137,7 +137,7 @@ def test_decoding_through_the_kv_cache_reproduces_the_full_forward(B, T, H, D, p
     assert_close("property.attention.decode", np.concatenate(outs, axis=1), o,
                  atol=1e-6 * amax(v), rtol=1e-6)
     # the lower-level call gives the log-sum-exp too
-    o_last, lse_last = ops.attention_decode(C(q[:, -1:]), cache.k, cache.v, start=T - 1)
+    _, lse_last = ops.attention_decode(C(q[:, -1:]), cache.k, cache.v, start=T - 1)
     assert_close("property.attention.decode_lse", lse_last[..., 0], lse[..., -1], atol=1e-6,
                  rtol=1e-6)
 
@@ -190,8 +190,10 @@ BAD = [
      r"q.shape\[3\] \(head dim D\) must be >= 1"),
     (lambda: ops.attention_forward(z(5, 3, 4), z(5, 3, 4), z(5, 3, 4)), r"q must have 4 dim"),
     (lambda: ops.attention_forward(q4, q4, q4, scale=float("nan")), r"scale must be finite"),
-    (lambda: ops.attention_backward(q4, q4, q4, q4, q4, z(2, 5, 3)), r"lse must have shape \(2, 3, 5\)"),
-    (lambda: ops.attention_backward(z(2, 5, 3, 5), q4, q4, q4, q4, z(2, 3, 5)), r"do must have shape"),
+    (lambda: ops.attention_backward(q4, q4, q4, q4, q4, z(2, 5, 3)),
+     r"lse must have shape \(2, 3, 5\)"),
+    (lambda: ops.attention_backward(z(2, 5, 3, 5), q4, q4, q4, q4, z(2, 3, 5)),
+     r"do must have shape"),
     (lambda: ops.attention_decode(q4, z(2, 8, 3, 4), z(2, 8, 3, 4), start=4),
      r"cache overflow: positions \[4, 9\) do not fit in a cache of Tmax = 8"),
     (lambda: ops.attention_decode(q4, z(2, 8, 2, 4), z(2, 8, 2, 4), start=0),
@@ -218,7 +220,7 @@ def test_a_full_kv_cache_refuses_more_and_keeps_its_contents():
     before = cache.k.copy(), cache.v.copy()
     with pytest.raises(ValueError, match=r"cache overflow: positions \[3, 5\)"):
         cache.attend(*qkv(rng, 1, 2, 2, 8))
-    q1, k1, v1 = qkv(rng, 1, 1, 2, 8)
+    _, k1, v1 = qkv(rng, 1, 1, 2, 8)
     with pytest.raises(ValueError, match=r"k must have shape \(1, 3, 2, 8\)"):
         cache.attend(q, k1, v1)  # q and k of different lengths
     assert len(cache) == 3

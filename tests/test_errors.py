@@ -37,10 +37,12 @@ CASES = [
     (lambda: ops.linear_forward([[1.0, 2.0, 3.0]], w43), TypeError,
      r"x must be a numpy.ndarray of float32, got list"),
     (lambda: ops.linear_forward(FakeCupyArray(), w43), TypeError, r"x is a CuPy array"),
-    (lambda: ops.linear_forward(x23, z(3)), ValueError, r"w must have 2 dimensions, got shape \(3,\)"),
+    (lambda: ops.linear_forward(x23, z(3)), ValueError,
+     r"w must have 2 dimensions, got shape \(3,\)"),
     (lambda: ops.linear_forward(z(2, 5), w43), ValueError,
      r"x.shape\[-1\] must equal w.shape\[1\] = 3 .*got x.shape \(2, 5\)"),
-    (lambda: ops.linear_forward(x23, w43, z(3)), ValueError, r"b must have shape \(4,\).*got \(3,\)"),
+    (lambda: ops.linear_forward(x23, w43, z(3)), ValueError,
+     r"b must have shape \(4,\).*got \(3,\)"),
     (lambda: ops.linear_forward(z(3, 2).T, w43), ValueError, r"x must be C-contiguous"),
     (lambda: ops.linear_forward(x23, z(0, 3)), ValueError, r"w must have shape \(out, in\) .*>= 1"),
     (lambda: ops.linear_backward(z(2, 5), x23, w43), ValueError, r"dy must have shape \(2, 4\)"),
@@ -86,7 +88,8 @@ CASES = [
     (lambda: ops.embedding_backward(z(2, 3), i64(0, 1), 0), ValueError, r"vocab_size must be >= 1"),
     (lambda: ops.embedding_backward(z(2, 3), i64(0, 1), 4.0), TypeError,
      r"vocab_size must be an integer"),
-    (lambda: ops.embedding_backward(z(3, 3), i64(0, 1), 4), ValueError, r"dy must have shape \(2, 3\)"),
+    (lambda: ops.embedding_backward(z(3, 3), i64(0, 1), 4), ValueError,
+     r"dy must have shape \(2, 3\)"),
     (lambda: ops.embedding_backward(z(2, 3), i64(0, 4), 4), ValueError, r"ids\[1\] = 4 is outside"),
     (lambda: ops.cross_entropy_forward(x23, i64(0, 7)), ValueError,
      r"targets\[1\] = 7 is outside \[0, 3\)"),
@@ -190,9 +193,10 @@ def test_the_interpreter_survives_a_run_of_bad_calls():
         """
         import numpy as np, pytfm
         from pytfm._core import ffi, lib
-        bad = [lambda: pytfm.ops.embedding_forward(np.array([10**12]), np.zeros((4, 3), np.float32)),
-               lambda: pytfm.ops.linear_forward(np.zeros((2, 3), np.float32)[:, ::2], np.zeros((4, 3), np.float32)),
-               lambda: pytfm.ops.cross_entropy_forward(np.zeros((1, 3), np.float32), np.array([-5]))]
+        z = lambda *shape: np.zeros(shape, np.float32)
+        bad = [lambda: pytfm.ops.embedding_forward(np.array([10**12]), z(4, 3)),
+               lambda: pytfm.ops.linear_forward(z(2, 3)[:, ::2], z(4, 3)),
+               lambda: pytfm.ops.cross_entropy_forward(z(1, 3), np.array([-5]))]
         for f in bad:
             try:
                 f()

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-
 from dataclasses import asdict
 
 import numpy as np
@@ -73,7 +72,8 @@ def test_model_gradients_match_finite_differences(pos, tie):
                 want = float(np.vdot(g, u))
             u32, h = u.astype(np.float32), 1e-2
             fd = (loss_at(p, u32, h) - loss_at(p, u32, -h)) / (2 * h)
-            assert abs(fd - want) <= 2e-2 * gnorm + 2e-4, f"{name}: d/du = {fd} by differences, {want} by backprop"
+            assert abs(fd - want) <= 2e-2 * gnorm + 2e-4, (
+                f"{name}: d/du = {fd} by differences, {want} by backprop")
 
 
 def _torch():
@@ -219,7 +219,8 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
         checkpoint.load(path, other)
     meta = {"format": "pytfm", "config": json.dumps(asdict(model.cfg)), "step": "0"}
     checkpoint.save_file(cut, {"transformer.wte.weight": np.zeros((3, 3), np.float32)}, meta)
-    with pytest.raises(checkpoint.CheckpointError, match=r"transformer.wte.weight is float32\[3, 3\]"):
+    wrong = r"transformer.wte.weight is float32\[3, 3\]"
+    with pytest.raises(checkpoint.CheckpointError, match=wrong):
         checkpoint.load(cut)
     with pytest.raises(checkpoint.CheckpointError, match="no optimizer state"):
         checkpoint.load(path, tiny(), AdamW(model.params, model.grads))
@@ -229,7 +230,8 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
 
 
 def load_train_tiny():
-    spec = importlib.util.spec_from_file_location("train_tiny", os.path.join(EXAMPLES, "train_tiny.py"))
+    path = os.path.join(EXAMPLES, "train_tiny.py")
+    spec = importlib.util.spec_from_file_location("train_tiny", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

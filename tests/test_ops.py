@@ -5,10 +5,10 @@ tolerance is atol + rtol*|ref|, with atol sized by what float32 can promise for 
 """
 
 import numpy as np
-from helpers import assert_close, awkward, f32, scales, seeds, small
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import assert_close, awkward, f32, scales, seeds, small
 from pytfm import ops
 from pytfm import reference as ref
 
@@ -86,7 +86,8 @@ def test_rope(B, T, H, half, start, batched, base, seed):
     if batched:
         pos = pos + rng.integers(0, 100, size=(B, 1))
     y = ops.rope_forward(x, pos, base)
-    assert_close("rope.forward", y, ref.rope_forward(x, pos, base), atol=4 * EPS32 * float(abs(x).max()))
+    assert_close("rope.forward", y, ref.rope_forward(x, pos, base),
+                 atol=4 * EPS32 * float(abs(x).max()))
     dy = f32(rng, x.shape)
     dx = ops.rope_backward(dy, pos, base)
     assert_close("rope.backward", dx, ref.rope_backward(dy, pos, base),

@@ -5,10 +5,10 @@ transposed weight, a wrong rotation pairing, a gradient written where it must ac
 """
 
 import numpy as np
-from helpers import assert_close, awkward, f32, seeds, small
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import assert_close, awkward, f32, seeds, small
 from pytfm import ops
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -107,7 +107,8 @@ def test_rope_is_a_rotation(T, H, half, start, seed):
     y = ops.rope_forward(x, pos)
     norm = lambda a: np.linalg.norm(a.astype(np.float64), axis=-1)  # noqa: E731
     assert_close("property.rope.norm", norm(y), norm(x), atol=1e-6, rtol=4 * EPS32)
-    assert_close("property.rope.inverse", ops.rope_backward(y, pos), x, atol=4 * EPS32 * abs(x).max())
+    assert_close("property.rope.inverse", ops.rope_backward(y, pos), x,
+                 atol=4 * EPS32 * abs(x).max())
 
 
 @given(m=st.integers(0, 4096), n=st.integers(0, 4096), c=st.integers(-4096, 10**5),
@@ -161,7 +162,8 @@ def test_first_adamw_step_equals_its_closed_form(n, lr, weight_decay, eps, seed)
     # with m = v = 0 at step 1: m̂ = g and v̂ = g², so p ← p(1 − lr·wd) − lr·g / (|g| + eps)
     rng = np.random.default_rng(seed)
     p, g = f32(rng, n), f32(rng, n)
-    want = p.astype(np.float64) * (1 - lr * weight_decay) - lr * g / (abs(g.astype(np.float64)) + eps)
+    p64, g64 = p.astype(np.float64), g.astype(np.float64)
+    want = p64 * (1 - lr * weight_decay) - lr * g64 / (abs(g64) + eps)
     m, v = np.zeros(n, np.float32), np.zeros(n, np.float32)
     ops.adamw_step(p, g, m, v, step=1, lr=lr, eps=eps, weight_decay=weight_decay)
     assert_close("property.adamw.closed_form", p, want, atol=4 * EPS32 * (1 + abs(want)))

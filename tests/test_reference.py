@@ -5,10 +5,10 @@ respect to each input must equal the reference backward applied to G.
 """
 
 import numpy as np
-from helpers import assert_close, numerical_grad, seeds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import assert_close, numerical_grad, seeds
 from pytfm import reference as ref
 
 dims = st.integers(1, 5)
@@ -107,5 +107,5 @@ def test_attention(T, H, D, causal, seed):
     a = {name: rng.standard_normal((2, T, H, D)) for name in ("q", "k", "v")}
     G = rng.standard_normal((2, T, H, D))
     dq, dk, dv = ref.attention_backward(G, a["q"], a["k"], a["v"], causal, 0.7)
-    check_fd("attention", lambda: np.sum(ref.attention_forward(**a, causal=causal, scale=0.7)[0] * G),
-             a, dict(q=dq, k=dk, v=dv))
+    loss = lambda: np.sum(ref.attention_forward(**a, causal=causal, scale=0.7)[0] * G)
+    check_fd("attention", loss, a, dict(q=dq, k=dk, v=dv))
