@@ -69,13 +69,13 @@ print(json.dumps({"losses": losses, "val": val, "seconds": elapsed,
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--context", type=int, default=128)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--pos", default="rope")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=20)
