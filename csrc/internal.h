@@ -71,4 +71,7 @@ static inline void pytfm__axpy(float *y, float alpha, const float *x, int64_t n)
     for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
+/* 1 when this CPU can run the AVX2+FMA SGEMM kernel (pytfm_sgemm falls back to plain) */
+int pytfm__sgemm_fast_available(void);
+
 #endif /* PYTFM_INTERNAL_H */

@@ -140,7 +140,8 @@ def train_reverse(pos, steps, seed=0):
     n, symbols = 8, 10
     model = GPT(GPTConfig(vocab=symbols + 1, d_model=64, n_layer=2, n_head=4, max_seq=2 * n,
                           pos=pos, seed=seed))
-    opt = AdamW(model.params, model.grads, lr=3e-3, betas=(0.9, 0.98), weight_decay=0.0)
+    # lr 3e-3 is faster but can stall with one of the eight positions unsolved (88.7%)
+    opt = AdamW(model.params, model.grads, lr=1e-3, betas=(0.9, 0.98), weight_decay=0.0)
     rng = np.random.default_rng(seed)
     for _ in range(steps):
         x, y = data.reverse_task(rng, 32, n, symbols)
@@ -156,12 +157,12 @@ def train_reverse(pos, steps, seed=0):
 
 
 def test_a_small_model_learns_to_reverse_and_needs_positions_to():
-    acc = train_reverse("rope", steps=600)  # deterministic: 99.7% here
+    acc = train_reverse("rope", steps=1000)  # deterministic: 99.6% here
     assert acc >= 0.95, f"reverse task: {acc:.1%} token accuracy with rope"
     # Without positions, attention itself is permutation-equivariant, but the causal mask is
     # not: a token can still count what precedes it, so the model learns some of the task
-    # (42% after 600 steps here, against 10% for chance), far from solving it.
-    acc_none = train_reverse("none", steps=600)
+    # (44% after 1000 steps here, against 10% for chance), far from solving it.
+    acc_none = train_reverse("none", steps=1000)
     assert acc_none <= 0.6, f"reverse task: {acc_none:.1%} without positions"
 
 

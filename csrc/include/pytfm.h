@@ -109,6 +109,23 @@ PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, co
                                              const float *x, const float *w, int64_t n,
                                              int64_t in, int64_t out);
 
+/* ---- SGEMM: C = β·C + op(A)·op(B) --------------------------------------------------- */
+/* Row-major float32 matrix product; the linear layer's three products go through it.
+ *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
+ *   a [m, k], or [k, m] with trans_a != 0 (then op(A) = Aᵀ)
+ *   b [k, n], or [n, k] with trans_b != 0
+ * pytfm_sgemm runs a packed, blocked AVX2+FMA kernel on CPUs that have it, on all threads,
+ * and falls back to pytfm_sgemm_plain elsewhere; pytfm_sgemm_plain is the plain loop, kept as
+ * the reference the fast one is tested against. Both give the same bits at any thread count.
+ */
+PYTFM_API pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m,
+                                   int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                                   float beta);
+
+PYTFM_API pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m,
+                                         int64_t n, int64_t k, int32_t trans_a,
+                                         int32_t trans_b, float beta);
+
 /* ---- Softmax over the last axis ------------------------------------------------------ */
 /* y[r, :] = exp(x[r, :] - max(x[r, :])) / sum(...). Stable for any finite input; a row that
  * is all -inf gives NaN (as PyTorch).

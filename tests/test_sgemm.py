@@ -1,0 +1,74 @@
+"""SGEMM: the fast (packed, AVX2) kernel against the plain one and a float64 product, on sizes
+around its block edges, every transpose combination and β in {0, 1, ½}."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import assert_close, seeds
+from pytfm._core import check, ffi, lib
+
+EPS32 = float(np.finfo(np.float32).eps)
+# 1, odd, and one either side of the micro-tile (6×16), the row block (48) and the k slice (256)
+edges = st.one_of(st.integers(1, 40), st.sampled_from([5, 6, 7, 15, 16, 17, 47, 48, 49, 97]))
+depths = st.one_of(st.integers(1, 40), st.sampled_from([255, 256, 257, 513]))
+
+
+def sgemm(fn, c, a, b, m, n, k, ta, tb, beta):
+    p = lambda x: ffi.from_buffer("float[]", x)  # noqa: E731
+    check(fn(p(c), p(a), p(b), m, n, k, ta, tb, beta))
+
+
+@given(m=edges, n=edges, k=depths, ta=st.booleans(), tb=st.booleans(),
+       beta=st.sampled_from([0.0, 1.0, 0.5]), seed=seeds)
+def test_fast_sgemm_matches_plain_and_float64(m, n, k, ta, tb, beta, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+    c0 = rng.standard_normal((m, n), dtype=np.float32)
+    if beta == 0.0:
+        c0[0, 0] = np.nan  # beta = 0 must not read C
+    A, B = (a.T if ta else a).astype(np.float64), (b.T if tb else b).astype(np.float64)
+    want = A @ B + (beta * c0.astype(np.float64) if beta else 0.0)
+    atol = 2 * k * EPS32 * (abs(A) @ abs(B) + abs(beta * np.nan_to_num(c0)))
+    fast, plain = c0.copy(), c0.copy()
+    sgemm(lib.pytfm_sgemm, fast, a, b, m, n, k, ta, tb, beta)
+    sgemm(lib.pytfm_sgemm_plain, plain, a, b, m, n, k, ta, tb, beta)
+    assert_close("sgemm.fast_vs_float64", fast, want, atol=atol)
+    assert_close("sgemm.plain_vs_float64", plain, want, atol=atol)
+    assert_close("sgemm.fast_vs_plain", fast, plain, atol=2 * atol)
+
+
+def test_sgemm_is_the_same_at_any_thread_count():
+    code = textwrap.dedent(
+        """
+        import hashlib, numpy as np
+        from pytfm._core import ffi, lib
+        rng = np.random.default_rng(1)
+        a = rng.standard_normal((300, 700), dtype=np.float32)
+        b = rng.standard_normal((700, 90), dtype=np.float32)
+        c = np.empty((300, 90), np.float32)
+        p = lambda x: ffi.from_buffer("float[]", x)
+        assert lib.pytfm_sgemm(p(c), p(a), p(b), 300, 90, 700, 0, 0, 0.0) == 0
+        print(hashlib.sha256(c.tobytes()).hexdigest())
+        """
+    )
+    digests = set()
+    for threads in ("1", "2", "3"):
+        env = {"OMP_NUM_THREADS": threads, "PATH": "/usr/bin:/bin"}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                           cwd="/", check=True)
+        digests.add(r.stdout.strip())
+    assert len(digests) == 1
+
+
+def test_sgemm_rejects_bad_arguments():
+    buf = ffi.new("float[4]")
+    assert lib.pytfm_sgemm(buf, buf, buf, -1, 2, 2, 0, 0, 0.0) == lib.PYTFM_STATUS_INVALID_ARGUMENT
+    st = lib.pytfm_sgemm(ffi.NULL, buf, buf, 2, 2, 1, 0, 0, 0.0)
+    assert st == lib.PYTFM_STATUS_INVALID_ARGUMENT
+    assert "c must not be NULL" in ffi.string(lib.pytfm_last_error()).decode()
