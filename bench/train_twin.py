@@ -69,7 +69,7 @@ print(json.dumps({"losses": losses, "val": val, "seconds": elapsed,
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=800)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layer", type=int, default=4)

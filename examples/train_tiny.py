@@ -31,7 +31,7 @@ from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=400, help="optimizer steps in all (default 400)")
+    p.add_argument("--steps", type=int, default=800, help="optimizer steps in all (default 800)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--text", help="train on this UTF-8 text file instead of the stdlib corpus")
     p.add_argument("--out", default="out", help="folder for checkpoint, loss log and plot")
@@ -45,7 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--pos", choices=["rope", "sinusoidal", "none"], default="rope")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--sample-tokens", type=int, default=100)
     return p.parse_args(argv)
