@@ -139,6 +139,7 @@ static void row_block(float *c, const float *a, const float *b, int64_t m, int64
 
 int pytfm__sgemm_fast_available(void) {
 #ifdef PYTFM_HAVE_AVX2_KERNEL
+    __builtin_cpu_init(); // idempotent; needed if we run before libgcc's own constructor
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
     return 0;
