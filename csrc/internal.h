@@ -46,11 +46,12 @@ pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)
 pytfm_status pytfm__check_indices(const char *func, const char *name, const int64_t *ids,
                                   int64_t n, int64_t limit, int allow_ignore, int64_t ignore);
 
-/* A parallel for-loop when the library is built with OpenMP, a plain loop otherwise. Only
- * loops whose iterations write disjoint memory use it, so results do not depend on the number
- * of threads. */
+/* A parallel for-loop on pytfm_get_num_threads() threads when the library is built with
+ * OpenMP, a plain loop otherwise. Only loops whose iterations write disjoint memory use it, so
+ * results do not depend on the number of threads. */
 #if defined(_OPENMP)
-#define PYTFM_PARALLEL_FOR _Pragma("omp parallel for schedule(dynamic, 1)")
+#define PYTFM_PARALLEL_FOR                                                                     \
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(pytfm_get_num_threads())")
 #else
 #define PYTFM_PARALLEL_FOR
 #endif

@@ -1,15 +1,21 @@
 /*
  * status.c — status names, the thread-local last error, version and build information.
  *
- * The error message lives in thread-local storage: each thread sees its own last failure, and
- * there is no other mutable state in the library.
+ * The error message lives in thread-local storage: each thread sees its own last failure. The
+ * thread count is the library's only process-wide setting (it changes speed, not results).
  */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include "internal.h"
 
 static _Thread_local char last_error[512];
+static atomic_int num_threads; /* 0: OpenMP's default */
 
 pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...) {
     va_list args;
@@ -47,6 +53,21 @@ const char *pytfm_status_string(pytfm_status status) {
 const char *pytfm_last_error(void) { return last_error; }
 
 const char *pytfm_version(void) { return PYTFM_VERSION; }
+
+pytfm_status pytfm_set_num_threads(int32_t n) {
+    PYTFM_CHECK(n >= 0, "%s: n must be >= 0 (0: the default), got %d", __func__, (int)n);
+    atomic_store(&num_threads, n);
+    return PYTFM_STATUS_OK;
+}
+
+int32_t pytfm_get_num_threads(void) {
+#if defined(_OPENMP)
+    const int n = atomic_load(&num_threads);
+    return n > 0 ? n : omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
 
 #ifndef PYTFM_BUILD_FLAGS
 #define PYTFM_BUILD_FLAGS "unknown"

@@ -37,6 +37,31 @@ _CPU_FEATURES = {
 }
 
 
+def set_num_threads(n):
+    """Threads for pytfm's kernels from now on (0: OpenMP's default, i.e. OMP_NUM_THREADS or
+    all available cores). Results are the same at any thread count; only speed changes.
+    The environment variable PYTFM_NUM_THREADS sets it when pytfm is imported."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if not 0 <= n < 2**31:
+        raise ValueError(f"n must be >= 0 (0: the default), got {n}")
+    check(lib.pytfm_set_num_threads(n))
+
+
+def get_num_threads():
+    """The number of threads the next kernel will use (1 in a build without OpenMP)."""
+    return lib.pytfm_get_num_threads()
+
+
+def _threads_from_environment():
+    value = os.environ.get("PYTFM_NUM_THREADS", "").strip()
+    if value:
+        try:
+            set_num_threads(int(value))
+        except ValueError as e:
+            raise ValueError(f"PYTFM_NUM_THREADS={value!r}: {e}") from None
+
+
 def version():
     """The version of the loaded libpytfm."""
     return ffi.string(lib.pytfm_version()).decode()

@@ -86,3 +86,43 @@ def test_c_example_builds_and_matches_the_reference(tmp_path, link):
     y, mean, rstd = ref.layernorm_forward(x, [1.0, 1.0, 2.0, 0.5], [0.0, 0.1, 0.0, -0.1])
     np.testing.assert_allclose(got, y, atol=2e-6)
     np.testing.assert_allclose([r[:2] for r in rows], np.c_[mean, rstd], atol=2e-6)
+
+
+def test_thread_count_setting_changes_speed_not_results():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 70, 3, 16), dtype=np.float32) for _ in range(3))
+    shapes = ((300, 200), (90, 200), (300, 90))
+    x, w, dy = (rng.standard_normal(s, dtype=np.float32) for s in shapes)
+    openmp = "-fopenmp" in pytfm.build_info()["flags"]
+    default = pytfm.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 2, 3):
+            pytfm.set_num_threads(n)
+            assert pytfm.get_num_threads() == (n if openmp else 1)
+            o, lse = pytfm.ops.attention_forward(q, k, v)
+            runs.append([o, lse, pytfm.ops.linear_forward(x, w),
+                         *pytfm.ops.linear_backward(dy, x, w),
+                         *pytfm.ops.attention_backward(o, q, k, v, o, lse)])
+        for other in runs[1:]:
+            for a, b in zip(runs[0], other):
+                np.testing.assert_array_equal(a, b)
+        with pytest.raises(ValueError, match="n must be >= 0"):
+            pytfm.set_num_threads(-1)
+        with pytest.raises(TypeError, match="n must be an int"):
+            pytfm.set_num_threads(2.0)
+    finally:
+        pytfm.set_num_threads(0)
+    assert pytfm.get_num_threads() == default
+
+
+def test_pytfm_num_threads_environment_variable():
+    code = "import pytfm; print(pytfm.get_num_threads())"
+    env = dict(os.environ, PYTFM_NUM_THREADS="3")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd="/", check=True).stdout.strip()
+    assert out == ("3" if "-fopenmp" in pytfm.build_info()["flags"] else "1")
+    env["PYTFM_NUM_THREADS"] = "many"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       cwd="/")
+    assert r.returncode != 0 and "PYTFM_NUM_THREADS='many'" in r.stderr

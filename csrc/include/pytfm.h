@@ -67,6 +67,16 @@ PYTFM_API const char *pytfm_last_error(void);
 /* The library version, "MAJOR.MINOR.PATCH" (PYTFM_VERSION of the header it was built with). */
 PYTFM_API const char *pytfm_version(void);
 
+/* Threads used by the kernels (when built with OpenMP). The default, and the value after
+ * pytfm_set_num_threads(0), is OpenMP's own (OMP_NUM_THREADS, else the available cores).
+ * This is the library's one piece of process-wide state, like a BLAS's thread setting: it
+ * changes speed only, never results, which are the same bits at any thread count.
+ * n must be >= 0. Without OpenMP the setting is accepted and the kernels run on one thread. */
+PYTFM_API pytfm_status pytfm_set_num_threads(int32_t n);
+
+/* The number of threads the next kernel will use (1 without OpenMP). */
+PYTFM_API int32_t pytfm_get_num_threads(void);
+
 /* CPU features, as a bit mask in pytfm_build_info.cpu_features (detected at run time). */
 typedef enum pytfm_cpu_feature {
     PYTFM_CPU_SSE2 = 1,
