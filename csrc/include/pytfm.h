@@ -17,7 +17,7 @@
  *   - Sizes must be >= 0; a size that makes the op meaningless (0 features, 0 classes) is an
  *     error, a zero row count is a no-op. Pointers may be NULL only where a comment says so,
  *     or where the buffer they point to has zero elements.
- *   - Nothing here calls exit() or abort().
+ *   - No function ends the process: failures are statuses, never a call to end the program.
  *
  * Everything between the PYTFM_CDEF markers is read verbatim by the cffi builder
  * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
