@@ -1,0 +1,96 @@
+"""Plant known bugs in the kernels, one at a time, and check that the test suite catches each.
+
+    python dev/mutate.py                      # every mutation below
+    python dev/mutate.py softmax_no_max ...   # some of them
+    python dev/mutate.py --list
+
+Each mutation is applied to a fresh copy of the committed tree (git archive HEAD), which is
+built in place (setup.py build_ext --inplace: needs setuptools and cffi, as any build does) and
+tested with the named test files under the derandomised `ci` hypothesis profile. A mutation the
+tests do not catch is a hole in the tests. Exit status 1 if any mutation survives.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name: (file, text to find, replacement, test files that must catch it)
+OPS = ["tests/test_ops.py", "tests/test_properties.py", "tests/test_errors.py"]
+ATT = ["tests/test_attention.py"]
+MUTATIONS = {
+    "softmax_no_max": ("csrc/softmax.c", "yr[j] = expf(xr[j] - max);", "yr[j] = expf(xr[j]);", OPS),
+    "layernorm_dx_no_rstd": ("csrc/layernorm.c", "dxr[j] = rs * (dyr[j]", "dxr[j] = (dyr[j]", OPS),
+    "layernorm_unbiased_var": ("csrc/layernorm.c", "ss / (double)cols + eps",
+                               "ss / (double)(cols > 1 ? cols - 1 : 1) + eps", OPS),
+    "linear_dw_written": ("csrc/linear.c", "PYTFM_TRY(pytfm_sgemm(dw, dy, x, out, in, n, 1, 0, 1.0f));",
+                          "PYTFM_TRY(pytfm_sgemm(dw, dy, x, out, in, n, 1, 0, 0.0f));", OPS),
+    "rope_backward_same_sign": ("csrc/rope.c", "base, -1.0);", "base, +1.0);", OPS),
+    "gelu_backward_missing_term": ("csrc/gelu.c", " + 2.0f * v * s * (1.0f - s) * du", "", OPS),
+    "embedding_backward_assign": ("csrc/embedding.c", "row[j] += g[j];", "row[j] = g[j];", OPS),
+    "ce_no_onehot": ("csrc/cross_entropy.c", "drow[targets[i]] -= scale;", "", OPS),
+    "adamw_no_bias_correction": ("csrc/adamw.c", "(float)(lr / (1.0 - pow(beta1, (double)step)))",
+                                 "(float)lr", OPS),
+    "sgemm_kernel_skips_last_p": ("csrc/sgemm.c", "p < kc; p++, pa += MR", "p + 1 < kc; p++, pa += MR",
+                                  ["tests/test_sgemm.py"]),
+    "sgemm_slices_overwrite": ("csrc/sgemm.c", "const float bt = p0 == 0 ? beta : 1.0f;",
+                               "const float bt = beta;", ["tests/test_sgemm.py"]),
+    "attn_no_rescale": ("csrc/attention.c", "for (int64_t d = 0; d < D; d++) orow[d] *= alpha;", "", ATT),
+    "attn_causal_sees_next": ("csrc/attention.c", "p->start + i0 + r - j0 + 1) : nk;",
+                              "p->start + i0 + r - j0 + 2) : nk;", ATT),
+    "attn_bwd_no_Dt": ("csrc/attention.c", " - Dt[r]) * scale;", ") * scale;", ATT),
+    "attn_decode_ignores_start": ("csrc/attention.c", "D, start, scale, 1};", "D, 0, scale, 1};", ATT),
+    "attn_no_max_shift": ("csrc/attention.c", "const float e = expf(s[c] - mx);",
+                          "const float e = expf(s[c]) * expf(-mx);", ATT),
+}
+
+
+def run(name, workdir):
+    path, old, new, tests = MUTATIONS[name]
+    tree = os.path.join(workdir, name)
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", "HEAD"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    src = os.path.join(tree, path)
+    with open(src) as f:
+        text = f.read()
+    if old not in text:
+        return "STALE (the text to replace is gone: update dev/mutate.py)"
+    with open(src, "w") as f:
+        f.write(text.replace(old, new, 1))
+    build = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree,
+                           capture_output=True, text=True)
+    if build.returncode:
+        return "BUILD FAILED: " + build.stderr[-300:]
+    env = dict(os.environ, HYPOTHESIS_PROFILE="ci", PYTHONPATH=tree)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                       cwd=tree, capture_output=True, text=True, env=env)
+    failed = [line.split(" - ")[0][7:] for line in r.stdout.splitlines() if line.startswith("FAILED")]
+    return f"caught by {', '.join(failed) or 'a crash'}" if r.returncode else "SURVIVED"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="mutations to run (default: all)")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args()
+    if args.list:
+        print("\n".join(MUTATIONS))
+        return 0
+    unknown = set(args.names) - set(MUTATIONS)
+    if unknown:
+        sys.exit(f"unknown mutations: {sorted(unknown)}; see --list")
+    survived = 0
+    with tempfile.TemporaryDirectory() as workdir:
+        for name in args.names or MUTATIONS:
+            verdict = run(name, workdir)
+            survived += not verdict.startswith("caught")
+            print(f"{name:28s} {verdict}", flush=True)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
