@@ -342,15 +342,9 @@ def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
             if np.may_share_memory(arrays[a], arrays[b]):
                 raise ValueError(f"{a} and {b} must not share memory")
     step = _int("step", step)
-    scalars = {k: _float(k, x) for k, x in
-               dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay).items()}
-    check(
-        lib.pytfm_adamw_step(
-            _p(param), _p(m), _p(v), _p(grad), param.size, step,
-            scalars["lr"], scalars["beta1"], scalars["beta2"], scalars["eps"],
-            scalars["weight_decay"],
-        )
-    )
+    hyper = [_float(name, x) for name, x in (("lr", lr), ("beta1", beta1), ("beta2", beta2),
+                                             ("eps", eps), ("weight_decay", weight_decay))]
+    check(lib.pytfm_adamw_step(_p(param), _p(m), _p(v), _p(grad), param.size, step, *hyper))
 
 
 # ---- attention ------------------------------------------------------------------------------
