@@ -72,7 +72,10 @@ static inline void pytfm__axpy(float *y, float alpha, const float *x, int64_t n)
     for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
-/* 1 when this CPU can run the AVX2+FMA SGEMM kernel (pytfm_sgemm falls back to plain) */
-int pytfm__sgemm_fast_available(void);
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* 1 when this CPU (and build) can run kernels written for isa; the best such isa */
+int pytfm__cpu_has(pytfm_isa isa);
+pytfm_isa pytfm__best_isa(void);
 
 #endif /* PYTFM_INTERNAL_H */

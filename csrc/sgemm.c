@@ -6,21 +6,33 @@
  *   C [m, n]; β = 0 writes C without reading it, β = 1 accumulates
  *   linear forward y = x·Wᵀ: (x, W, trans_b);  dx = dy·W: (dy, W);  dW += dyᵀ·x: (dy, x, trans_a, β=1)
  *
- * pytfm_sgemm_plain is the obviously-correct triple loop, kept as the oracle and as the path
- * for CPUs without AVX2. pytfm_sgemm is the fast one (BLIS's structure): for each block of MC
- * rows of C (one thread each), for each KC slice of k, copy ("pack") the A block and then
- * each NC-wide panel of B into the order the micro-kernel reads them, and let a 6×16 AVX2-FMA
- * micro-kernel keep a 6×16 tile of C in twelve registers for the whole KC slice. Packing turns
- * the transposes into copies, and zero-pads ragged edges so the micro-kernel never branches.
- * Every element of C is summed by one thread in one fixed order (k slices in turn), so the
- * result does not depend on the thread count. The packing buffers live on the stack (112 KiB).
+ * The plain kernel is the obviously-correct loop, kept as the oracle and as the path for CPUs
+ * without AVX2. The fast ones follow BLIS (Van Zee & van de Geijn, "BLIS: A Framework for
+ * Rapidly Instantiating BLAS Functionality", 2015): each thread owns a band of C's rows (or of
+ * its columns when there are too few rows to share), and for each NC-wide panel of B and each
+ * KC-deep slice of k it copies ("packs") the B panel once into micro-panels of NR columns, then
+ * for each MC-row block packs A into micro-panels of MR rows, and runs an MR×NR register
+ * micro-kernel over every (micro-panel of A, micro-panel of B) pair. The micro-kernel keeps its
+ * MR×NR tile of C in registers for the whole KC slice: MR·NR/8 (AVX2) or MR·NR/16 (AVX-512)
+ * accumulators, the broadcast A value fused into the FMA. Packing turns the transposes into
+ * copies and zero-pads ragged edges, so the micro-kernel's inner loop never branches; the
+ * tile's ragged edge is written through a mask (AVX-512) or a bounce buffer (AVX2).
+ * Sizes: a KC×NR micro-panel of B (32 KiB) stays in L1 while the MC×KC block of A (96 KiB)
+ * streams from L2; the KC×NC panel of B (≤ 1 MiB) sits in L2/L3.
+ * Every element of C is summed by one thread in one fixed order (the k slices in turn, each in
+ * p order), so the result does not depend on the thread count.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-#define PYTFM_HAVE_AVX2_KERNEL 1
+#define PYTFM_HAVE_X86_KERNELS 1
 #include <immintrin.h>
 #endif
 
@@ -39,9 +51,8 @@ static pytfm_status check(const char *func, float *c, const float *a, const floa
     return PYTFM_STATUS_OK;
 }
 
-pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m, int64_t n,
-                               int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
-    PYTFM_TRY(check(__func__, c, a, b, m, n, k, beta));
+static void sgemm_plain(float *c, const float *a, const float *b, int64_t m, int64_t n,
+                        int64_t k, int trans_a, int trans_b, float beta) {
     // one row of C per iteration (rows go to threads), the inner loop on contiguous memory
     PYTFM_PARALLEL_FOR
     for (int64_t i = 0; i < m; i++) {
@@ -57,109 +68,256 @@ pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t
             for (int64_t p = 0; p < k; p++) pytfm__axpy(ci, OPA(i, p), b + p * n, n);
         }
     }
-    return PYTFM_STATUS_OK;
 }
 
-#ifdef PYTFM_HAVE_AVX2_KERNEL
+/* ---- the blocked driver, shared by the micro-kernels ------------------------------------- */
 
-enum { MR = 6, NR = 16, MC = 8 * MR, KC = 256, NC = 4 * NR };
+enum { MC = 96, KC = 256, NC = 1024, MR_MAX = 8, NR_MAX = 32 };
 
-/* A block rows [i0, i0+mc) × k slice [p0, p0+kc) into micro-panels of MR rows: panel r holds,
- * for each p, the MR values op(A)[i0 + r·MR .. +MR, p0 + p] (zeros past mc). */
-static void pack_a(float *dst, const float *a, int64_t m, int64_t k, int trans_a, int64_t i0,
-                   int64_t mc, int64_t p0, int64_t kc) {
-    for (int64_t ir = 0; ir < mc; ir += MR)
-        for (int64_t p = 0; p < kc; p++)
-            for (int64_t r = 0; r < MR; r++)
-                *dst++ = ir + r < mc ? OPA(i0 + ir + r, p0 + p) : 0.0f;
-}
+/* c[0..rows)[0..cols) (row stride ldc) = bt·c + Σ_p pa[p][r]·pb[p][j] over one KC slice;
+ * bt = 0 writes without reading c. */
+typedef void (*micro_kernel_fn)(float *c, int64_t ldc, const float *pa, const float *pb,
+                                int64_t kc, int rows, int cols, float bt);
 
-/* B slice [p0, p0+kc) × columns [j0, j0+nc) into micro-panels of NR columns (zeros past nc) */
-static void pack_b(float *dst, const float *b, int64_t n, int64_t k, int trans_b, int64_t p0,
-                   int64_t kc, int64_t j0, int64_t nc) {
-    for (int64_t jr = 0; jr < nc; jr += NR)
-        for (int64_t p = 0; p < kc; p++)
-            for (int64_t j = 0; j < NR; j++)
-                *dst++ = jr + j < nc ? OPB(p0 + p, j0 + jr + j) : 0.0f;
-}
+typedef struct gemm {
+    float *c;
+    const float *a, *b;
+    int64_t m, n, k;
+    int trans_a, trans_b;
+    float beta;
+} gemm;
 
-/* tile[6][16] = Σ_p pa[p][0..6) ⊗ pb[p][0..16), over one KC slice */
-__attribute__((target("avx2,fma"))) static void micro_kernel(float *tile, const float *pa,
-                                                             const float *pb, int64_t kc) {
-    __m256 c[MR][2];
-    for (int r = 0; r < MR; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < kc; p++, pa += MR, pb += NR) {
-        const __m256 b0 = _mm256_loadu_ps(pb), b1 = _mm256_loadu_ps(pb + 8);
-        for (int r = 0; r < MR; r++) {
-            const __m256 ar = _mm256_broadcast_ss(pa + r);
-            c[r][0] = _mm256_fmadd_ps(ar, b0, c[r][0]);
-            c[r][1] = _mm256_fmadd_ps(ar, b1, c[r][1]);
-        }
+typedef struct micro_kernel {
+    int mr, nr;
+    micro_kernel_fn run;
+} micro_kernel;
+
+/* rows [i0, i0+mc) × k slice [p0, p0+kc) of op(A) into micro-panels of mr rows: panel q holds,
+ * for each p, the mr values op(A)[i0 + q·mr .. +mr, p0 + p] (zeros past mc). */
+static void pack_a(float *dst, const gemm *g, int mr, int64_t i0, int64_t mc, int64_t p0,
+                   int64_t kc) {
+    const float *a = g->a;
+    const int64_t m = g->m, k = g->k;
+    for (int64_t ir = 0; ir < mc; ir += mr, dst += mr * kc) {
+        const int rows = (int)MIN(mr, mc - ir);
+        if (g->trans_a) // the mr values for one p are contiguous in a
+            for (int64_t p = 0; p < kc; p++) {
+                const float *src = a + (p0 + p) * m + i0 + ir;
+                for (int r = 0; r < mr; r++) dst[p * mr + r] = r < rows ? src[r] : 0.0f;
+            }
+        else // each row of a is contiguous: read along it, write with stride mr
+            for (int r = 0; r < mr; r++) {
+                const float *src = a + (i0 + ir + r) * k + p0;
+                for (int64_t p = 0; p < kc; p++) dst[p * mr + r] = r < rows ? src[p] : 0.0f;
+            }
     }
-    for (int r = 0; r < MR; r++) {
-        _mm256_storeu_ps(tile + r * NR, c[r][0]);
-        _mm256_storeu_ps(tile + r * NR + 8, c[r][1]);
+}
+
+/* k slice [p0, p0+kc) × columns [j0, j0+nc) of op(B) into micro-panels of nr columns */
+static void pack_b(float *dst, const gemm *g, int nr, int64_t p0, int64_t kc, int64_t j0,
+                   int64_t nc) {
+    const float *b = g->b;
+    const int64_t n = g->n, k = g->k;
+    for (int64_t jr = 0; jr < nc; jr += nr, dst += nr * kc) {
+        const int cols = (int)MIN(nr, nc - jr);
+        if (g->trans_b) // column j of op(B) is row j of b
+            for (int j = 0; j < nr; j++) {
+                const float *src = b + (j0 + jr + j) * k + p0;
+                for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = j < cols ? src[p] : 0.0f;
+            }
+        else
+            for (int64_t p = 0; p < kc; p++) {
+                const float *src = b + (p0 + p) * n + j0 + jr;
+                for (int j = 0; j < nr; j++) dst[p * nr + j] = j < cols ? src[j] : 0.0f;
+            }
     }
 }
 
-/* rows [i0, i0+mc) of C: all of the work one thread does */
-static void row_block(float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k,
-                      int trans_a, int trans_b, float beta, int64_t i0, int64_t mc) {
-    _Alignas(32) float pa[MC * KC], pb[KC * NC], tile[MR * NR];
-    for (int64_t p0 = 0; p0 < k; p0 += KC) {
-        const int64_t kc = k - p0 < KC ? k - p0 : KC;
-        // the first slice applies beta; later slices add to what is there
-        const float bt = p0 == 0 ? beta : 1.0f;
-        pack_a(pa, a, m, k, trans_a, i0, mc, p0, kc);
-        for (int64_t j0 = 0; j0 < n; j0 += NC) {
-            const int64_t nc = n - j0 < NC ? n - j0 : NC;
-            pack_b(pb, b, n, k, trans_b, p0, kc, j0, nc);
-            for (int64_t jr = 0; jr < nc; jr += NR) {
-                for (int64_t ir = 0; ir < mc; ir += MR) {
-                    micro_kernel(tile, pa + ir * kc, pb + jr * kc, kc);
-                    const int64_t rows = mc - ir < MR ? mc - ir : MR;
-                    const int64_t cols = nc - jr < NR ? nc - jr : NR;
-                    for (int64_t r = 0; r < rows; r++) {
-                        float *cr = c + (i0 + ir + r) * n + j0 + jr;
-                        const float *t = tile + r * NR;
-                        if (bt == 0.0f)
-                            for (int64_t j = 0; j < cols; j++) cr[j] = t[j];
-                        else if (bt == 1.0f)
-                            for (int64_t j = 0; j < cols; j++) cr[j] += t[j];
-                        else
-                            for (int64_t j = 0; j < cols; j++) cr[j] = bt * cr[j] + t[j];
-                    }
-                }
+/* C[i0..i1) × [j0..j1): the part of the product one thread computes */
+static void gemm_band(const gemm *g, const micro_kernel *uk, float *pa, float *pb, int64_t i0,
+                      int64_t i1, int64_t j0, int64_t j1) {
+    const int mr = uk->mr, nr = uk->nr;
+    for (int64_t jc = j0; jc < j1; jc += NC) {
+        const int64_t nc = MIN(NC, j1 - jc);
+        for (int64_t pc = 0; pc < g->k; pc += KC) {
+            const int64_t kc = MIN(KC, g->k - pc);
+            const float bt = pc == 0 ? g->beta : 1.0f; // later slices add to what is there
+            pack_b(pb, g, nr, pc, kc, jc, nc);
+            for (int64_t ic = i0; ic < i1; ic += MC) {
+                const int64_t mc = MIN(MC, i1 - ic);
+                pack_a(pa, g, mr, ic, mc, pc, kc);
+                for (int64_t jr = 0; jr < nc; jr += nr)
+                    for (int64_t ir = 0; ir < mc; ir += mr)
+                        uk->run(g->c + (ic + ir) * g->n + jc + jr, g->n, pa + ir * kc,
+                                pb + jr * kc, kc, (int)MIN(mr, mc - ir), (int)MIN(nr, nc - jr),
+                                bt);
             }
         }
     }
 }
 
-#endif /* PYTFM_HAVE_AVX2_KERNEL */
-
-int pytfm__sgemm_fast_available(void) {
-#ifdef PYTFM_HAVE_AVX2_KERNEL
-    __builtin_cpu_init(); // idempotent; needed if we run before libgcc's own constructor
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+/* Split C among threads in whole micro-tiles, by rows when there are enough of them, else by
+ * columns; each thread packs into its own buffers (one allocation per call). */
+static pytfm_status gemm_blocked(const gemm *g, const micro_kernel *uk) {
+    const int64_t row_tiles = (g->m + uk->mr - 1) / uk->mr;
+    const int64_t col_tiles = (g->n + uk->nr - 1) / uk->nr;
+    int64_t threads = pytfm_get_num_threads();
+    const int by_rows = row_tiles >= threads || row_tiles >= col_tiles;
+    threads = MIN(threads, by_rows ? row_tiles : col_tiles);
+    const int64_t a_size = (int64_t)MC * KC, b_size = (int64_t)KC * MIN(NC, col_tiles * uk->nr);
+    float *buf = aligned_alloc(64, (size_t)(threads * (a_size + b_size)) * sizeof(float));
+    if (!buf)
+        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                           "pytfm_sgemm: cannot allocate %lld bytes of packing buffers",
+                           (long long)(threads * (a_size + b_size) * (int64_t)sizeof(float)));
+#if defined(_OPENMP)
+#pragma omp parallel num_threads((int)threads) if (threads > 1)
+#endif
+    {
+#if defined(_OPENMP)
+        const int64_t t = omp_get_thread_num();
 #else
-    return 0;
+        const int64_t t = 0;
+#endif
+        float *pa = buf + t * (a_size + b_size), *pb = pa + a_size;
+        const int64_t tiles = by_rows ? row_tiles : col_tiles;
+        const int64_t lo = tiles * t / threads, hi = tiles * (t + 1) / threads;
+        if (by_rows)
+            gemm_band(g, uk, pa, pb, lo * uk->mr, MIN(hi * uk->mr, g->m), 0, g->n);
+        else
+            gemm_band(g, uk, pa, pb, 0, g->m, lo * uk->nr, MIN(hi * uk->nr, g->n));
+    }
+    free(buf);
+    return PYTFM_STATUS_OK;
+}
+
+/* ---- micro-kernels ------------------------------------------------------------------------ */
+
+#ifdef PYTFM_HAVE_X86_KERNELS
+
+/* AVX2+FMA, 6×16: twelve ymm accumulators, two B loads and six broadcasts per p */
+enum { MR_AVX2 = 6, NR_AVX2 = 16 };
+
+__attribute__((target("avx2,fma"))) static void micro_avx2(float *c, int64_t ldc,
+                                                           const float *pa, const float *pb,
+                                                           int64_t kc, int rows, int cols,
+                                                           float bt) {
+    __m256 acc[MR_AVX2][2];
+    for (int r = 0; r < MR_AVX2; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < kc; p++, pa += MR_AVX2, pb += NR_AVX2) {
+        const __m256 b0 = _mm256_loadu_ps(pb), b1 = _mm256_loadu_ps(pb + 8);
+        for (int r = 0; r < MR_AVX2; r++) {
+            const __m256 ar = _mm256_broadcast_ss(pa + r);
+            acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
+        }
+    }
+    if (cols == NR_AVX2) {
+        const __m256 beta = _mm256_set1_ps(bt);
+        for (int r = 0; r < rows; r++, c += ldc) {
+            if (bt != 0.0f) {
+                acc[r][0] = _mm256_fmadd_ps(beta, _mm256_loadu_ps(c), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(beta, _mm256_loadu_ps(c + 8), acc[r][1]);
+            }
+            _mm256_storeu_ps(c, acc[r][0]);
+            _mm256_storeu_ps(c + 8, acc[r][1]);
+        }
+        return;
+    }
+    float tile[NR_AVX2]; // the ragged right edge goes through a bounce buffer
+    for (int r = 0; r < rows; r++, c += ldc) {
+        _mm256_storeu_ps(tile, acc[r][0]);
+        _mm256_storeu_ps(tile + 8, acc[r][1]);
+        for (int j = 0; j < cols; j++) c[j] = bt == 0.0f ? tile[j] : bt * c[j] + tile[j];
+    }
+}
+
+/* AVX-512, 8×32: sixteen zmm accumulators, two B loads and eight broadcasts per p */
+enum { MR_AVX512 = 8, NR_AVX512 = 32 };
+
+__attribute__((target("avx512f"))) static void micro_avx512(float *c, int64_t ldc,
+                                                            const float *pa, const float *pb,
+                                                            int64_t kc, int rows, int cols,
+                                                            float bt) {
+    __m512 acc[MR_AVX512][2];
+    for (int r = 0; r < MR_AVX512; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < kc; p++, pa += MR_AVX512, pb += NR_AVX512) {
+        const __m512 b0 = _mm512_loadu_ps(pb), b1 = _mm512_loadu_ps(pb + 16);
+        for (int r = 0; r < MR_AVX512; r++) {
+            const __m512 ar = _mm512_set1_ps(pa[r]);
+            acc[r][0] = _mm512_fmadd_ps(ar, b0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(ar, b1, acc[r][1]);
+        }
+    }
+    // lanes past cols are masked off: neither read nor written
+    const __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+    const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols > 16 ? (__mmask16)((1u << (cols - 16)) - 1) : 0;
+    const __m512 beta = _mm512_set1_ps(bt);
+    for (int r = 0; r < rows; r++, c += ldc) {
+        if (bt != 0.0f) {
+            acc[r][0] = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, c), acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, c + 16), acc[r][1]);
+        }
+        _mm512_mask_storeu_ps(c, m0, acc[r][0]);
+        _mm512_mask_storeu_ps(c + 16, m1, acc[r][1]);
+    }
+}
+
+#endif /* PYTFM_HAVE_X86_KERNELS */
+
+/* ---- dispatch ----------------------------------------------------------------------------- */
+
+int pytfm__cpu_has(pytfm_isa isa) {
+    switch (isa) {
+    case PYTFM_ISA_PLAIN: return 1;
+#ifdef PYTFM_HAVE_X86_KERNELS
+    case PYTFM_ISA_AVX2:
+        __builtin_cpu_init(); // idempotent; needed if we run before libgcc's own constructor
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case PYTFM_ISA_AVX512: __builtin_cpu_init(); return __builtin_cpu_supports("avx512f");
+#endif
+    default: return 0;
+    }
+}
+
+pytfm_isa pytfm__best_isa(void) {
+    return pytfm__cpu_has(PYTFM_ISA_AVX512) ? PYTFM_ISA_AVX512
+           : pytfm__cpu_has(PYTFM_ISA_AVX2) ? PYTFM_ISA_AVX2
+                                            : PYTFM_ISA_PLAIN;
+}
+
+pytfm_status pytfm_sgemm_isa(float *c, const float *a, const float *b, int64_t m, int64_t n,
+                             int64_t k, int32_t trans_a, int32_t trans_b, float beta,
+                             int32_t isa) {
+    PYTFM_TRY(check(__func__, c, a, b, m, n, k, beta));
+    PYTFM_CHECK(isa >= PYTFM_ISA_AUTO && isa <= PYTFM_ISA_AVX512,
+                "%s: isa must be a pytfm_isa value (0..3), got %d", __func__, (int)isa);
+    if (isa == PYTFM_ISA_AUTO) isa = pytfm__best_isa();
+    if (!pytfm__cpu_has((pytfm_isa)isa))
+        return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED, "%s: this CPU (or build) has no %s kernel",
+                           __func__, isa == PYTFM_ISA_AVX2 ? "AVX2+FMA" : "AVX-512");
+    if (m == 0 || n == 0) return PYTFM_STATUS_OK;
+    if (isa == PYTFM_ISA_PLAIN || k == 0) { // k = 0: no products, C = β·C
+        sgemm_plain(c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta);
+        return PYTFM_STATUS_OK;
+    }
+    const gemm g = {c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta};
+#ifdef PYTFM_HAVE_X86_KERNELS
+    static const micro_kernel avx2 = {MR_AVX2, NR_AVX2, micro_avx2};
+    static const micro_kernel avx512 = {MR_AVX512, NR_AVX512, micro_avx512};
+    return gemm_blocked(&g, isa == PYTFM_ISA_AVX512 ? &avx512 : &avx2);
+#else
+    (void)g;
+    return pytfm__fail(PYTFM_STATUS_INTERNAL, "%s: no kernel for isa %d", __func__, (int)isa);
 #endif
 }
 
 pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
                          int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
-    PYTFM_TRY(check(__func__, c, a, b, m, n, k, beta));
-    if (!pytfm__sgemm_fast_available())
-        return pytfm_sgemm_plain(c, a, b, m, n, k, trans_a, trans_b, beta);
-#ifdef PYTFM_HAVE_AVX2_KERNEL
-    if (k == 0) { // no products: C = β·C
-        for (int64_t i = 0; i < m * n; i++) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
-        return PYTFM_STATUS_OK;
-    }
-    PYTFM_PARALLEL_FOR
-    for (int64_t i0 = 0; i0 < m; i0 += MC)
-        row_block(c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta, i0,
-                  m - i0 < MC ? m - i0 : MC);
-#endif
-    return PYTFM_STATUS_OK;
+    return pytfm_sgemm_isa(c, a, b, m, n, k, trans_a, trans_b, beta, PYTFM_ISA_AUTO);
+}
+
+pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m, int64_t n,
+                               int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
+    return pytfm_sgemm_isa(c, a, b, m, n, k, trans_a, trans_b, beta, PYTFM_ISA_PLAIN);
 }

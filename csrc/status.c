@@ -46,6 +46,7 @@ const char *pytfm_status_string(pytfm_status status) {
     case PYTFM_STATUS_NOT_SUPPORTED: return "not supported in this build";
     case PYTFM_STATUS_CUDA_ERROR: return "CUDA error";
     case PYTFM_STATUS_INTERNAL: return "internal error";
+    case PYTFM_STATUS_OUT_OF_MEMORY: return "out of memory";
     }
     return "unknown status";
 }

@@ -17,12 +17,15 @@ class PytfmError(RuntimeError):
 
 
 def check(status):
-    """Raise for a failed call: ValueError for bad arguments, PytfmError otherwise."""
+    """Raise for a failed call: ValueError for bad arguments, MemoryError when a buffer could not
+    be allocated, PytfmError otherwise."""
     if status == lib.PYTFM_STATUS_OK:
         return
     message = ffi.string(lib.pytfm_last_error()).decode("utf-8", "replace")
     if status in (lib.PYTFM_STATUS_INVALID_ARGUMENT, lib.PYTFM_STATUS_OUT_OF_RANGE):
         raise ValueError(message)
+    if status == lib.PYTFM_STATUS_OUT_OF_MEMORY:
+        raise MemoryError(message)
     kind = ffi.string(lib.pytfm_status_string(status)).decode()
     raise PytfmError(f"{message} ({kind})")
 

@@ -1,11 +1,14 @@
-"""SGEMM: the fast (packed, AVX2) kernel against the plain one and a float64 product, on sizes
-around its block edges, every transpose combination and β in {0, 1, ½}."""
+"""SGEMM: each fast (packed) kernel this CPU can run — AVX2 (6×16 tiles) and AVX-512 (8×32) —
+against the plain one and a float64 product, on sizes around its block edges, every transpose
+combination and β in {0, 1, ½}."""
 
+import os
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,9 +16,25 @@ from helpers import assert_close, seeds
 from pytfm._core import check, ffi, lib
 
 EPS32 = float(np.finfo(np.float32).eps)
-# 1, odd, and one either side of the micro-tile (6×16), the row block (48) and the k slice (256)
-edges = st.one_of(st.integers(1, 40), st.sampled_from([5, 6, 7, 15, 16, 17, 47, 48, 49, 97]))
+# 1, odd, and one either side of the micro-tiles (6×16, 8×32), the row block (96), the column
+# panel (1024) and the k slice (256)
+edges = st.one_of(
+    st.integers(1, 40),
+    st.sampled_from([5, 6, 7, 8, 9, 15, 16, 17, 31, 32, 33, 95, 96, 97, 193]),
+)
+wide = st.one_of(edges, st.sampled_from([1023, 1024, 1025]))
 depths = st.one_of(st.integers(1, 40), st.sampled_from([255, 256, 257, 513]))
+ISAS = {"avx2": 2, "avx512": 3}
+
+
+def isa_param(name):
+    """The ISA's value, or a skip naming what this CPU lacks (the plain kernel always runs)."""
+    import pytfm
+
+    feature = {"avx2": "avx2", "avx512": "avx512f"}[name]
+    if feature not in pytfm.build_info()["cpu_features"]:
+        pytest.skip(f"this CPU has no {feature}: the {name} kernel cannot run here")
+    return ISAS[name]
 
 
 def sgemm(fn, c, a, b, m, n, k, ta, tb, beta):
@@ -23,9 +42,11 @@ def sgemm(fn, c, a, b, m, n, k, ta, tb, beta):
     check(fn(p(c), p(a), p(b), m, n, k, ta, tb, beta))
 
 
-@given(m=edges, n=edges, k=depths, ta=st.booleans(), tb=st.booleans(),
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@given(m=edges, n=wide, k=depths, ta=st.booleans(), tb=st.booleans(),
        beta=st.sampled_from([0.0, 1.0, 0.5]), seed=seeds)
-def test_fast_sgemm_matches_plain_and_float64(m, n, k, ta, tb, beta, seed):
+def test_fast_sgemm_matches_plain_and_float64(isa_name, m, n, k, ta, tb, beta, seed):
+    isa = isa_param(isa_name)
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
     b = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
@@ -36,7 +57,8 @@ def test_fast_sgemm_matches_plain_and_float64(m, n, k, ta, tb, beta, seed):
     want = A @ B + (beta * c0.astype(np.float64) if beta else 0.0)
     atol = 2 * k * EPS32 * (abs(A) @ abs(B) + abs(beta * np.nan_to_num(c0)))
     fast, plain = c0.copy(), c0.copy()
-    sgemm(lib.pytfm_sgemm, fast, a, b, m, n, k, ta, tb, beta)
+    p = lambda x: ffi.from_buffer("float[]", x)  # noqa: E731
+    check(lib.pytfm_sgemm_isa(p(fast), p(a), p(b), m, n, k, ta, tb, beta, isa))
     sgemm(lib.pytfm_sgemm_plain, plain, a, b, m, n, k, ta, tb, beta)
     assert_close("sgemm.fast_vs_float64", fast, want, atol=atol)
     assert_close("sgemm.plain_vs_float64", plain, want, atol=atol)
@@ -44,22 +66,32 @@ def test_fast_sgemm_matches_plain_and_float64(m, n, k, ta, tb, beta, seed):
 
 
 def test_sgemm_is_the_same_at_any_thread_count():
+    """Bit-identical at 1, 2 and 3 threads, for C split by rows (300×90) and by columns (5×700),
+    with every kernel this CPU has."""
+    import pytfm
+
     code = textwrap.dedent(
         """
         import hashlib, numpy as np
         from pytfm._core import ffi, lib
         rng = np.random.default_rng(1)
-        a = rng.standard_normal((300, 700), dtype=np.float32)
-        b = rng.standard_normal((700, 90), dtype=np.float32)
-        c = np.empty((300, 90), np.float32)
         p = lambda x: ffi.from_buffer("float[]", x)
-        assert lib.pytfm_sgemm(p(c), p(a), p(b), 300, 90, 700, 0, 0, 0.0) == 0
-        print(hashlib.sha256(c.tobytes()).hexdigest())
+        h = hashlib.sha256()
+        for m, n, k in ((300, 90, 700), (5, 700, 300)):
+            a = rng.standard_normal((m, k), dtype=np.float32)
+            b = rng.standard_normal((k, n), dtype=np.float32)
+            for isa in (1, 2, 3):
+                c = np.empty((m, n), np.float32)
+                st = lib.pytfm_sgemm_isa(p(c), p(a), p(b), m, n, k, 0, 0, 0.0, isa)
+                assert st in (0, lib.PYTFM_STATUS_NOT_SUPPORTED)
+                h.update(c.tobytes() if st == 0 else b"-")
+        print(h.hexdigest())
         """
     )
+    root = os.path.dirname(os.path.dirname(pytfm.__file__))  # the pytfm under test
     digests = set()
     for threads in ("1", "2", "3"):
-        env = {"OMP_NUM_THREADS": threads, "PATH": "/usr/bin:/bin"}
+        env = {"OMP_NUM_THREADS": threads, "PATH": "/usr/bin:/bin", "PYTHONPATH": root}
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                            cwd="/", check=True)
         digests.add(r.stdout.strip())
@@ -72,3 +104,10 @@ def test_sgemm_rejects_bad_arguments():
     st = lib.pytfm_sgemm(ffi.NULL, buf, buf, 2, 2, 1, 0, 0, 0.0)
     assert st == lib.PYTFM_STATUS_INVALID_ARGUMENT
     assert "c must not be NULL" in ffi.string(lib.pytfm_last_error()).decode()
+
+
+def test_sgemm_isa_names_what_it_cannot_run():
+    buf = ffi.new("float[4]")
+    st = lib.pytfm_sgemm_isa(buf, buf, buf, 2, 2, 1, 0, 0, 0.0, 7)
+    assert st == lib.PYTFM_STATUS_INVALID_ARGUMENT
+    assert "isa must be a pytfm_isa value" in ffi.string(lib.pytfm_last_error()).decode()

@@ -53,7 +53,8 @@ typedef enum pytfm_status {
     PYTFM_STATUS_OUT_OF_RANGE = 2,     /* an index array holds a value outside its range */
     PYTFM_STATUS_NOT_SUPPORTED = 3,    /* the operation is not available in this build */
     PYTFM_STATUS_CUDA_ERROR = 4,       /* the CUDA runtime reported an error */
-    PYTFM_STATUS_INTERNAL = 5          /* a bug in pytfm: please report it */
+    PYTFM_STATUS_INTERNAL = 5,         /* a bug in pytfm: please report it */
+    PYTFM_STATUS_OUT_OF_MEMORY = 6     /* a scratch buffer could not be allocated */
 } pytfm_status;
 
 /* A static, human-readable name for a status, e.g. "invalid argument". Never NULL. */
@@ -86,6 +87,15 @@ typedef enum pytfm_cpu_feature {
     PYTFM_CPU_AVX512F = 16,
     PYTFM_CPU_NEON = 32
 } pytfm_cpu_feature;
+
+/* Instruction sets a kernel can be written for; functions with an _isa twin take one to run a
+ * particular version (tests and benchmarks compare them). AUTO picks the best this CPU has. */
+typedef enum pytfm_isa {
+    PYTFM_ISA_AUTO = 0,
+    PYTFM_ISA_PLAIN = 1, /* portable C: the reference version of each kernel */
+    PYTFM_ISA_AVX2 = 2,  /* x86-64 AVX2 + FMA */
+    PYTFM_ISA_AVX512 = 3 /* x86-64 AVX-512F */
+} pytfm_isa;
 
 typedef struct pytfm_build_info {
     const char *version;   /* as pytfm_version() */
@@ -124,9 +134,12 @@ PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, co
  *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
  *   a [m, k], or [k, m] with trans_a != 0 (then op(A) = Aᵀ)
  *   b [k, n], or [n, k] with trans_b != 0
- * pytfm_sgemm runs a packed, blocked AVX2+FMA kernel on CPUs that have it, on all threads,
- * and falls back to pytfm_sgemm_plain elsewhere; pytfm_sgemm_plain is the plain loop, kept as
- * the reference the fast one is tested against. Both give the same bits at any thread count.
+ * pytfm_sgemm runs the best kernel this CPU has (packed and blocked, with an AVX-512 or
+ * AVX2+FMA register micro-kernel) on all threads; pytfm_sgemm_plain is the plain loop, kept as
+ * the reference the fast ones are tested against; pytfm_sgemm_isa runs the version for one
+ * pytfm_isa (PYTFM_STATUS_NOT_SUPPORTED if this CPU lacks it). Each gives the same bits at any
+ * thread count. The packed kernels allocate their packing buffers (about 1.3 MiB per thread)
+ * once per call: PYTFM_STATUS_OUT_OF_MEMORY if that fails.
  */
 PYTFM_API pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m,
                                    int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
@@ -135,6 +148,10 @@ PYTFM_API pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int
 PYTFM_API pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m,
                                          int64_t n, int64_t k, int32_t trans_a,
                                          int32_t trans_b, float beta);
+
+PYTFM_API pytfm_status pytfm_sgemm_isa(float *c, const float *a, const float *b, int64_t m,
+                                       int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                                       float beta, int32_t isa);
 
 /* ---- Softmax over the last axis ------------------------------------------------------ */
 /* y[r, :] = exp(x[r, :] - max(x[r, :])) / sum(...). Stable for any finite input; a row that
