@@ -8,7 +8,9 @@
  * The last line is torch's arrangement of the bias correction, so the two agree to rounding.
  * Scalars are computed once in double; the loop over elements is float32.
  */
-#include "internal.h"
+#include "fast.h"
+
+enum { CHUNK = 16384 };
 
 pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *grad, int64_t n,
                               int64_t step, double lr, double beta1, double beta2, double eps,
@@ -35,7 +37,15 @@ pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *gra
     const float b1 = (float)beta1, c1 = (float)(1.0 - beta1);
     const float b2 = (float)beta2, c2 = (float)(1.0 - beta2);
     const float e = (float)eps;
-    for (int64_t i = 0; i < n; i++) {
+    const pytfm__fast_kernels *k = pytfm__fast();
+    if (k) {
+        const pytfm__adamw_consts c = {decay, step_size, bc2_sqrt, b1, c1, b2, c2, e};
+        PYTFM_PARALLEL_FOR_IF(n > CHUNK)
+        for (int64_t i = 0; i < n; i += CHUNK)
+            k->adamw(param + i, m + i, v + i, grad + i, MIN(CHUNK, n - i), &c);
+        return PYTFM_STATUS_OK;
+    }
+    for (int64_t i = 0; i < n; i++) { // the plain reference
         const float g = grad[i];
         m[i] = b1 * m[i] + c1 * g;
         v[i] = b2 * v[i] + c2 * g * g;

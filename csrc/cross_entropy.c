@@ -7,7 +7,9 @@
  *   backward: dlogits_ij = dloss/count · (exp(logits_ij − lse_i) − [j = t_i]), 0 if ignored
  * With count = 0 the loss is 0 and the gradient is 0 (nothing to learn from).
  */
-#include "internal.h"
+#include <string.h>
+
+#include "fast.h"
 
 static int64_t count_kept(const int64_t *targets, int64_t n, int64_t ignore_index) {
     int64_t count = 0;
@@ -25,7 +27,20 @@ pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *l
     PYTFM_CHECK_PTR(logits, n);
     PYTFM_CHECK_PTR(targets, n);
     PYTFM_TRY(pytfm__check_indices(__func__, "targets", targets, n, V, 1, ignore_index));
-    double total = 0.0;
+    const int64_t count = count_kept(targets, n, ignore_index);
+    const pytfm__fast_kernels *k = pytfm__fast();
+    if (k) {
+        const int64_t per = pytfm__rows_per_task(V);
+        PYTFM_PARALLEL_FOR_IF(n > per)
+        for (int64_t r0 = 0; r0 < n; r0 += per)
+            for (int64_t i = r0; i < MIN(n, r0 + per); i++) lse[i] = k->logsumexp(logits + i * V, V);
+        double total = 0.0; // in row order, after the parallel part: the same at any thread count
+        for (int64_t i = 0; i < n; i++)
+            if (targets[i] != ignore_index) total += (double)lse[i] - logits[i * V + targets[i]];
+        *loss = count ? (float)(total / (double)count) : 0.0f;
+        return PYTFM_STATUS_OK;
+    }
+    double total = 0.0; // the plain reference
     for (int64_t i = 0; i < n; i++) {
         const float *row = logits + i * V;
         float max = -INFINITY;
@@ -36,7 +51,6 @@ pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *l
         lse[i] = (float)l;
         if (targets[i] != ignore_index) total += l - row[targets[i]];
     }
-    const int64_t count = count_kept(targets, n, ignore_index);
     *loss = count ? (float)(total / (double)count) : 0.0f;
     return PYTFM_STATUS_OK;
 }
@@ -54,7 +68,23 @@ pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float *logits,
     PYTFM_TRY(pytfm__check_indices(__func__, "targets", targets, n, V, 1, ignore_index));
     const int64_t count = count_kept(targets, n, ignore_index);
     const float scale = count ? dloss / (float)count : 0.0f;
-    for (int64_t i = 0; i < n; i++) {
+    const pytfm__fast_kernels *k = pytfm__fast();
+    if (k) {
+        const int64_t per = pytfm__rows_per_task(V);
+        PYTFM_PARALLEL_FOR_IF(n > per)
+        for (int64_t r0 = 0; r0 < n; r0 += per)
+            for (int64_t i = r0; i < MIN(n, r0 + per); i++) {
+                float *drow = dlogits + i * V;
+                if (targets[i] == ignore_index) {
+                    memset(drow, 0, (size_t)V * sizeof(float));
+                    continue;
+                }
+                k->scaled_exp(drow, logits + i * V, lse[i], scale, V);
+                drow[targets[i]] -= scale;
+            }
+        return PYTFM_STATUS_OK;
+    }
+    for (int64_t i = 0; i < n; i++) { // the plain reference
         const float *row = logits + i * V;
         float *drow = dlogits + i * V;
         if (targets[i] == ignore_index) {

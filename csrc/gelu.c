@@ -7,7 +7,7 @@
  * the much slower tanhf; then ½ (1 − tanh² u) = 2 s (1 − s). The backward recomputes s from
  * x; nothing is cached beyond the input. Blocks of CHUNK elements go to threads.
  */
-#include "internal.h"
+#include "fast.h"
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/π) */
 #define GELU_A 0.044715f
@@ -22,7 +22,13 @@ pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t n) {
     PYTFM_CHECK_MIN(n, 0);
     PYTFM_CHECK_PTR(y, n);
     PYTFM_CHECK_PTR(x, n);
-    PYTFM_PARALLEL_FOR
+    const pytfm__fast_kernels *k = pytfm__fast();
+    if (k) {
+        PYTFM_PARALLEL_FOR_IF(n > CHUNK)
+        for (int64_t c = 0; c < n; c += CHUNK) k->gelu_forward(y + c, x + c, MIN(CHUNK, n - c));
+        return PYTFM_STATUS_OK;
+    }
+    PYTFM_PARALLEL_FOR // the plain reference
     for (int64_t c = 0; c < n; c += CHUNK) {
         const int64_t end = n - c < CHUNK ? n : c + CHUNK;
         for (int64_t i = c; i < end; i++) y[i] = x[i] * half_one_plus_tanh(x[i]);
@@ -35,7 +41,14 @@ pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x, int
     PYTFM_CHECK_PTR(dx, n);
     PYTFM_CHECK_PTR(dy, n);
     PYTFM_CHECK_PTR(x, n);
-    PYTFM_PARALLEL_FOR
+    const pytfm__fast_kernels *k = pytfm__fast();
+    if (k) {
+        PYTFM_PARALLEL_FOR_IF(n > CHUNK)
+        for (int64_t c = 0; c < n; c += CHUNK)
+            k->gelu_backward(dx + c, dy + c, x + c, MIN(CHUNK, n - c));
+        return PYTFM_STATUS_OK;
+    }
+    PYTFM_PARALLEL_FOR // the plain reference
     for (int64_t c = 0; c < n; c += CHUNK) {
         const int64_t end = n - c < CHUNK ? n : c + CHUNK;
         for (int64_t i = c; i < end; i++) {

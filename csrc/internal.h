@@ -49,12 +49,24 @@ pytfm_status pytfm__check_indices(const char *func, const char *name, const int6
 /* A parallel for-loop on pytfm_get_num_threads() threads when the library is built with
  * OpenMP, a plain loop otherwise. Only loops whose iterations write disjoint memory use it, so
  * results do not depend on the number of threads. */
+#define PYTFM_PRAGMA(x) _Pragma(#x)
 #if defined(_OPENMP)
 #define PYTFM_PARALLEL_FOR                                                                     \
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(pytfm_get_num_threads())")
+/* the same, on one thread unless cond: small inputs skip the cost of waking the others */
+#define PYTFM_PARALLEL_FOR_IF(cond)                                                            \
+    PYTFM_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(pytfm_get_num_threads())   \
+                     if (cond))
 #else
 #define PYTFM_PARALLEL_FOR
+#define PYTFM_PARALLEL_FOR_IF(cond)
 #endif
+
+/* Rows per parallel task for row-wise ops: about PYTFM_TASK_ELEMS floats each */
+enum { PYTFM_TASK_ELEMS = 16384 };
+static inline int64_t pytfm__rows_per_task(int64_t cols) {
+    return cols >= PYTFM_TASK_ELEMS ? 1 : PYTFM_TASK_ELEMS / cols;
+}
 
 /* Σ a[i]·b[i] with eight independent partial sums (so the additions pipeline instead of
  * waiting on each other), combined in a fixed order: the same inputs give the same bits. */
@@ -74,8 +86,7 @@ static inline void pytfm__axpy(float *y, float alpha, const float *x, int64_t n)
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
-/* 1 when this CPU (and build) can run kernels written for isa; the best such isa */
+/* 1 when this CPU (and build) can run kernels written for isa */
 int pytfm__cpu_has(pytfm_isa isa);
-pytfm_isa pytfm__best_isa(void);
 
 #endif /* PYTFM_INTERNAL_H */

@@ -10,7 +10,9 @@
  * Two passes over each row (mean, then centred variance) with double accumulators: no
  * cancellation even when |μ| ≫ σ.
  */
-#include "internal.h"
+#include <stdlib.h>
+
+#include "fast.h"
 
 pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
                                      const float *w, const float *b, int64_t rows, int64_t cols,
@@ -25,7 +27,17 @@ pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const f
     PYTFM_CHECK_PTR(x, rows);
     PYTFM_CHECK_PTR(w, 1);
     PYTFM_CHECK_PTR(b, 1);
-    for (int64_t r = 0; r < rows; r++) {
+    const pytfm__fast_kernels *k = pytfm__fast();
+    if (k) {
+        const int64_t per = pytfm__rows_per_task(cols);
+        PYTFM_PARALLEL_FOR_IF(rows > per)
+        for (int64_t r0 = 0; r0 < rows; r0 += per)
+            for (int64_t r = r0; r < MIN(rows, r0 + per); r++)
+                k->layernorm_forward(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols,
+                                     eps);
+        return PYTFM_STATUS_OK;
+    }
+    for (int64_t r = 0; r < rows; r++) { // the plain reference
         const float *xr = x + r * cols;
         float *yr = y + r * cols;
         double sum = 0.0;
@@ -38,6 +50,37 @@ pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const f
         mean[r] = (float)mu;
         rstd[r] = (float)rs;
     }
+    return PYTFM_STATUS_OK;
+}
+
+/* The fast backward: rows split into LN_CHUNKS fixed chunks (not one per thread, so the sums
+ * do not depend on the thread count), each summing its own partial dw, db; the partials are
+ * then added into dw, db in chunk order. */
+enum { LN_CHUNKS = 16 };
+
+static pytfm_status backward_fast(const pytfm__fast_kernels *k, float *dx, float *dw, float *db,
+                                  const float *dy, const float *x, const float *w,
+                                  const float *mean, const float *rstd, int64_t rows,
+                                  int64_t cols) {
+    const int64_t chunks = MIN(rows, (int64_t)LN_CHUNKS);
+    float *part = calloc((size_t)(2 * chunks * cols), sizeof(float)); // (chunks, 2, cols)
+    if (!part && chunks > 0)
+        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                           "pytfm_layernorm_backward: cannot allocate %lld bytes of partial sums",
+                           (long long)(2 * chunks * cols * (int64_t)sizeof(float)));
+    PYTFM_PARALLEL_FOR_IF(rows * cols > PYTFM_TASK_ELEMS)
+    for (int64_t c = 0; c < chunks; c++) {
+        float *pdw = part + 2 * c * cols, *pdb = pdw + cols;
+        for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; r++)
+            k->layernorm_backward(dx + r * cols, pdw, pdb, dy + r * cols, x + r * cols, w,
+                                  mean[r], rstd[r], cols);
+    }
+    for (int64_t c = 0; c < chunks; c++)
+        for (int64_t j = 0; j < cols; j++) {
+            dw[j] += part[2 * c * cols + j];
+            db[j] += part[(2 * c + 1) * cols + j];
+        }
+    free(part);
     return PYTFM_STATUS_OK;
 }
 
@@ -54,7 +97,9 @@ pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db, const flo
     PYTFM_CHECK_PTR(w, 1);
     PYTFM_CHECK_PTR(mean, rows);
     PYTFM_CHECK_PTR(rstd, rows);
-    for (int64_t r = 0; r < rows; r++) {
+    const pytfm__fast_kernels *k = pytfm__fast();
+    if (k) return backward_fast(k, dx, dw, db, dy, x, w, mean, rstd, rows, cols);
+    for (int64_t r = 0; r < rows; r++) { // the plain reference
         const float *dyr = dy + r * cols, *xr = x + r * cols;
         float *dxr = dx + r * cols;
         const float mu = mean[r], rs = rstd[r];

@@ -267,37 +267,10 @@ __attribute__((target("avx512f"))) static void micro_avx512(float *c, int64_t ld
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
-int pytfm__cpu_has(pytfm_isa isa) {
-    switch (isa) {
-    case PYTFM_ISA_PLAIN: return 1;
-#ifdef PYTFM_HAVE_X86_KERNELS
-    case PYTFM_ISA_AVX2:
-        __builtin_cpu_init(); // idempotent; needed if we run before libgcc's own constructor
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case PYTFM_ISA_AVX512: __builtin_cpu_init(); return __builtin_cpu_supports("avx512f");
-#endif
-    default: return 0;
-    }
-}
-
-pytfm_isa pytfm__best_isa(void) {
-    return pytfm__cpu_has(PYTFM_ISA_AVX512) ? PYTFM_ISA_AVX512
-           : pytfm__cpu_has(PYTFM_ISA_AVX2) ? PYTFM_ISA_AVX2
-                                            : PYTFM_ISA_PLAIN;
-}
-
-pytfm_status pytfm_sgemm_isa(float *c, const float *a, const float *b, int64_t m, int64_t n,
-                             int64_t k, int32_t trans_a, int32_t trans_b, float beta,
-                             int32_t isa) {
-    PYTFM_TRY(check(__func__, c, a, b, m, n, k, beta));
-    PYTFM_CHECK(isa >= PYTFM_ISA_AUTO && isa <= PYTFM_ISA_AVX512,
-                "%s: isa must be a pytfm_isa value (0..3), got %d", __func__, (int)isa);
-    if (isa == PYTFM_ISA_AUTO) isa = pytfm__best_isa();
-    if (!pytfm__cpu_has((pytfm_isa)isa))
-        return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED, "%s: this CPU (or build) has no %s kernel",
-                           __func__, isa == PYTFM_ISA_AVX2 ? "AVX2+FMA" : "AVX-512");
+static pytfm_status sgemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
+                          int64_t k, int32_t trans_a, int32_t trans_b, float beta, int32_t isa) {
     if (m == 0 || n == 0) return PYTFM_STATUS_OK;
-    if (isa == PYTFM_ISA_PLAIN || k == 0) { // k = 0: no products, C = β·C
+    if (isa < PYTFM_ISA_AVX2 || k == 0) { // k = 0: no products, C = β·C
         sgemm_plain(c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta);
         return PYTFM_STATUS_OK;
     }
@@ -308,16 +281,18 @@ pytfm_status pytfm_sgemm_isa(float *c, const float *a, const float *b, int64_t m
     return gemm_blocked(&g, isa == PYTFM_ISA_AVX512 ? &avx512 : &avx2);
 #else
     (void)g;
-    return pytfm__fail(PYTFM_STATUS_INTERNAL, "%s: no kernel for isa %d", __func__, (int)isa);
+    return pytfm__fail(PYTFM_STATUS_INTERNAL, "pytfm_sgemm: no kernel for isa %d", (int)isa);
 #endif
 }
 
 pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
                          int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
-    return pytfm_sgemm_isa(c, a, b, m, n, k, trans_a, trans_b, beta, PYTFM_ISA_AUTO);
+    PYTFM_TRY(check(__func__, c, a, b, m, n, k, beta));
+    return sgemm(c, a, b, m, n, k, trans_a, trans_b, beta, pytfm_get_isa());
 }
 
 pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m, int64_t n,
                                int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
-    return pytfm_sgemm_isa(c, a, b, m, n, k, trans_a, trans_b, beta, PYTFM_ISA_PLAIN);
+    PYTFM_TRY(check(__func__, c, a, b, m, n, k, beta));
+    return sgemm(c, a, b, m, n, k, trans_a, trans_b, beta, PYTFM_ISA_PLAIN);
 }

@@ -7,14 +7,23 @@
  *   backward: with s = Σ_j dy_j y_j,  dx_i = y_i (dy_i − s)
  * The forward's output y is what the backward needs; nothing else is cached.
  */
-#include "internal.h"
+#include "fast.h"
 
 pytfm_status pytfm_softmax_forward(float *y, const float *x, int64_t rows, int64_t cols) {
     PYTFM_CHECK_MIN(rows, 0);
     PYTFM_CHECK_MIN(cols, 1);
     PYTFM_CHECK_PTR(y, rows);
     PYTFM_CHECK_PTR(x, rows);
-    for (int64_t r = 0; r < rows; r++) {
+    const pytfm__fast_kernels *k = pytfm__fast();
+    if (k) {
+        const int64_t per = pytfm__rows_per_task(cols);
+        PYTFM_PARALLEL_FOR_IF(rows > per)
+        for (int64_t r0 = 0; r0 < rows; r0 += per)
+            for (int64_t r = r0; r < MIN(rows, r0 + per); r++)
+                k->softmax_forward(y + r * cols, x + r * cols, cols);
+        return PYTFM_STATUS_OK;
+    }
+    for (int64_t r = 0; r < rows; r++) { // the plain reference
         const float *xr = x + r * cols;
         float *yr = y + r * cols;
         float max = -INFINITY;
@@ -37,7 +46,16 @@ pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const float *y, 
     PYTFM_CHECK_PTR(dx, rows);
     PYTFM_CHECK_PTR(dy, rows);
     PYTFM_CHECK_PTR(y, rows);
-    for (int64_t r = 0; r < rows; r++) {
+    const pytfm__fast_kernels *k = pytfm__fast();
+    if (k) {
+        const int64_t per = pytfm__rows_per_task(cols);
+        PYTFM_PARALLEL_FOR_IF(rows > per)
+        for (int64_t r0 = 0; r0 < rows; r0 += per)
+            for (int64_t r = r0; r < MIN(rows, r0 + per); r++)
+                k->softmax_backward(dx + r * cols, dy + r * cols, y + r * cols, cols);
+        return PYTFM_STATUS_OK;
+    }
+    for (int64_t r = 0; r < rows; r++) { // the plain reference
         const float *dyr = dy + r * cols, *yr = y + r * cols;
         float *dxr = dx + r * cols;
         double s = 0.0;

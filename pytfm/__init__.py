@@ -9,16 +9,18 @@ pytfm.ops holds one function per op direction; pytfm.reference the float64 NumPy
 from . import ops
 from ._core import (
     PytfmError,
-    _threads_from_environment,
+    _settings_from_environment,
     build_info,
+    get_isa,
     get_num_threads,
+    set_max_isa,
     set_num_threads,
     version,
 )
 from .ops import KVCache
 
 __version__ = version()
-_threads_from_environment()
+_settings_from_environment()
 
-__all__ = ["KVCache", "PytfmError", "__version__", "build_info", "get_num_threads", "ops",
-           "set_num_threads"]
+__all__ = ["KVCache", "PytfmError", "__version__", "build_info", "get_isa", "get_num_threads",
+           "ops", "set_max_isa", "set_num_threads"]

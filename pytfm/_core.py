@@ -56,13 +56,33 @@ def get_num_threads():
     return lib.pytfm_get_num_threads()
 
 
-def _threads_from_environment():
-    value = os.environ.get("PYTFM_NUM_THREADS", "").strip()
-    if value:
-        try:
-            set_num_threads(int(value))
-        except ValueError as e:
-            raise ValueError(f"PYTFM_NUM_THREADS={value!r}: {e}") from None
+ISAS = ("auto", "plain", "portable", "avx2", "avx512")  # pytfm_isa, in order
+
+
+def set_max_isa(name):
+    """Cap the instruction set the kernels use: "auto" (no cap: the best this CPU has),
+    "plain" (the plain reference loops), "portable" (vectorised for the baseline target),
+    "avx2" or "avx512". Results of different versions agree to float32 rounding, not bit for
+    bit. The environment variable PYTFM_MAX_ISA sets it when pytfm is imported."""
+    if name not in ISAS:
+        raise ValueError(f"name must be one of {', '.join(ISAS)}; got {name!r}")
+    check(lib.pytfm_set_max_isa(ISAS.index(name)))
+
+
+def get_isa():
+    """The instruction set the kernels use now, e.g. "avx512" (see set_max_isa)."""
+    return ISAS[lib.pytfm_get_isa()]
+
+
+def _settings_from_environment():
+    for var, setter, parse in (("PYTFM_NUM_THREADS", set_num_threads, int),
+                               ("PYTFM_MAX_ISA", set_max_isa, str)):
+        value = os.environ.get(var, "").strip()
+        if value:
+            try:
+                setter(parse(value))
+            except ValueError as e:
+                raise ValueError(f"{var}={value!r}: {e}") from None
 
 
 def version():
@@ -81,6 +101,7 @@ def build_info():
         "flags": ffi.string(info.flags).decode(),
         "arch": ffi.string(info.arch).decode(),
         "cpu_features": [n for n, c in _CPU_FEATURES.items() if features & getattr(lib, c)],
+        "isa": get_isa(),
         "cuda": bool(info.cuda),
         "cuda_version": info.cuda_version or None,
     }

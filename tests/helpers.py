@@ -1,9 +1,11 @@
 """Shared test helpers: the one comparison function, hypothesis strategies, finite differences."""
 
+import contextlib
 from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 
 
@@ -76,3 +78,18 @@ def numerical_grad(f, x, eps=1e-6):
         x[i] = old
         g[i] = (hi - lo) / (2 * eps)
     return g
+
+
+@contextlib.contextmanager
+def max_isa(name):
+    """Run the body with pytfm's kernels capped at instruction set `name` (see
+    pytfm.set_max_isa); skip, naming what is missing, when this CPU cannot run that version."""
+    import pytfm
+
+    pytfm.set_max_isa(name)
+    try:
+        if pytfm.get_isa() != name:
+            pytest.skip(f"this CPU cannot run the {name} kernels (best: {pytfm.get_isa()})")
+        yield
+    finally:
+        pytfm.set_max_isa("auto")

@@ -54,12 +54,16 @@ def test_version_is_one_number_everywhere():
 
 def test_build_info():
     info = pytfm.build_info()
-    assert set(info) == {"version", "compiler", "flags", "arch", "cpu_features", "cuda",
+    assert set(info) == {"version", "compiler", "flags", "arch", "cpu_features", "isa", "cuda",
                          "cuda_version"}
     assert info["compiler"] != "unknown" and "-std=c11" in info["flags"]
     assert info["cuda"] is False and info["cuda_version"] is None  # no CUDA backend yet
     if info["arch"] == "x86_64":
         assert "sse2" in info["cpu_features"]
+        # the kernels use the best instruction set the CPU reports
+        best = "avx512" if "avx512f" in info["cpu_features"] else (
+            "avx2" if {"avx2", "fma"} <= set(info["cpu_features"]) else "portable")
+        assert info["isa"] == best
     out = subprocess.run([sys.executable, "-m", "pytfm"], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0 and '"compiler"' in out.stdout
 

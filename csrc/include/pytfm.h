@@ -88,14 +88,25 @@ typedef enum pytfm_cpu_feature {
     PYTFM_CPU_NEON = 32
 } pytfm_cpu_feature;
 
-/* Instruction sets a kernel can be written for; functions with an _isa twin take one to run a
- * particular version (tests and benchmarks compare them). AUTO picks the best this CPU has. */
+/* Instruction sets the kernels are written for. By default every kernel runs the fastest
+ * version this CPU has; pytfm_set_max_isa caps that (tests compare the versions with it,
+ * benchmarks time them). PLAIN runs the plain reference loops (the obviously-correct version
+ * of each kernel); PORTABLE the vectorised kernels built for the baseline target (SSE2, NEON).
+ * Versions agree to float32 rounding, not bit for bit: the fast ones sum in other orders. */
 typedef enum pytfm_isa {
-    PYTFM_ISA_AUTO = 0,
-    PYTFM_ISA_PLAIN = 1, /* portable C: the reference version of each kernel */
-    PYTFM_ISA_AVX2 = 2,  /* x86-64 AVX2 + FMA */
-    PYTFM_ISA_AVX512 = 3 /* x86-64 AVX-512F */
+    PYTFM_ISA_AUTO = 0,     /* no cap: the best this CPU has */
+    PYTFM_ISA_PLAIN = 1,    /* reference loops */
+    PYTFM_ISA_PORTABLE = 2, /* vectorised for the baseline target */
+    PYTFM_ISA_AVX2 = 3,     /* x86-64 AVX2 + FMA */
+    PYTFM_ISA_AVX512 = 4    /* x86-64 AVX-512F */
 } pytfm_isa;
+
+/* Use no instruction set above isa (PYTFM_ISA_AUTO: no cap). Process-wide, like the thread
+ * count; it changes which kernel versions run, and so the last bits of results. */
+PYTFM_API pytfm_status pytfm_set_max_isa(int32_t isa);
+
+/* The pytfm_isa the kernels use now: the best this CPU has, under the cap. */
+PYTFM_API int32_t pytfm_get_isa(void);
 
 typedef struct pytfm_build_info {
     const char *version;   /* as pytfm_version() */
@@ -134,12 +145,12 @@ PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, co
  *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
  *   a [m, k], or [k, m] with trans_a != 0 (then op(A) = Aᵀ)
  *   b [k, n], or [n, k] with trans_b != 0
- * pytfm_sgemm runs the best kernel this CPU has (packed and blocked, with an AVX-512 or
- * AVX2+FMA register micro-kernel) on all threads; pytfm_sgemm_plain is the plain loop, kept as
- * the reference the fast ones are tested against; pytfm_sgemm_isa runs the version for one
- * pytfm_isa (PYTFM_STATUS_NOT_SUPPORTED if this CPU lacks it). Each gives the same bits at any
- * thread count. The packed kernels allocate their packing buffers (about 1.3 MiB per thread)
- * once per call: PYTFM_STATUS_OUT_OF_MEMORY if that fails.
+ * pytfm_sgemm runs, on all threads, a packed and blocked kernel with an AVX-512 or AVX2+FMA
+ * register micro-kernel (pytfm_get_isa() says which), or the plain loop below AVX2;
+ * pytfm_sgemm_plain is always the plain loop, kept as the reference the fast ones are tested
+ * against. Each gives the same bits at any thread count. The packed kernels allocate their
+ * packing buffers (about 1.1 MiB per thread) once per call: PYTFM_STATUS_OUT_OF_MEMORY if
+ * that fails.
  */
 PYTFM_API pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m,
                                    int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
@@ -148,10 +159,6 @@ PYTFM_API pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int
 PYTFM_API pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m,
                                          int64_t n, int64_t k, int32_t trans_a,
                                          int32_t trans_b, float beta);
-
-PYTFM_API pytfm_status pytfm_sgemm_isa(float *c, const float *a, const float *b, int64_t m,
-                                       int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
-                                       float beta, int32_t isa);
 
 /* ---- Softmax over the last axis ------------------------------------------------------ */
 /* y[r, :] = exp(x[r, :] - max(x[r, :])) / sum(...). Stable for any finite input; a row that

@@ -1,0 +1,188 @@
+"""pytfm's CPU benchmarks in one command: a table of ratios, each measured side by side.
+
+    python -m bench                       # (or python bench/run.py) every group, 1 and 2 threads
+    python -m bench --groups sgemm ew --threads 1 --rounds 5 --json results.json
+
+Groups and what each ratio is (> 1: pytfm is faster):
+  sgemm      C = op(A)·op(B) into a preallocated C: pytfm_sgemm vs `np.matmul(a, b, out=c)`
+             (OpenBLAS), square n = 128 ... 2048 and the three products of each linear layer of
+             the two training configs below; figures in GFLOP/s.
+  ew         each element-wise kernel's GB/s (the bytes it must read and write, over its time,
+             16 MiB arrays) against NumPy copying the same number of bytes (`np.copyto`).
+  attention  pytfm's attention vs torch's fused scaled_dot_product_attention, B=4, H=8, D=64,
+             T=1024, causal; forward and forward+backward.
+  train      one training step (forward, backward, gradient clipping, AdamW) of pytfm's GPT vs
+             its PyTorch twin (bench/torch_twin.py, same weights and maths), in tokens/s: the
+             train_tiny.py default (d=128, 4 layers, 4 heads, 8x128 tokens) and a 6-layer d=384
+             GPT (6 heads, 8x256 tokens).
+Every library runs in a process of its own (bench/worker.py) at the given thread count, so no
+two thread pools share a process; processes are interleaved over --rounds rounds (the order
+alternates) and each figure is the median over rounds of a per-round median. torch's parts are
+skipped, and say so, where torch is not installed. Targets (issue 5) are marked ok / MISS.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import worker  # noqa: E402  (the sizes and the bytes each op moves)
+
+GROUPS = worker.GROUPS
+NORMED = ("layernorm", "softmax", "gelu")  # element-wise ops with a bandwidth target
+PEER = {"sgemm": "numpy", "linear": "numpy", "ew": "numpy", "attention": "torch", "train": "torch"}
+
+
+def run_worker(lib, threads, groups):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    # OpenBLAS only computes in the numpy process; elsewhere its threads would only compete
+    env["OPENBLAS_NUM_THREADS"] = str(threads) if lib == "numpy" else "1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [os.path.dirname(HERE), env.get("PYTHONPATH")])
+    )
+    r = subprocess.run(
+        [sys.executable, os.path.join(HERE, "worker.py"), lib, str(threads), *groups],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if r.returncode:
+        sys.exit(f"bench worker {lib} ({threads} threads) failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout)
+
+
+def target(case, threads):
+    """The issue's target ratio for a case at a thread count, or None."""
+    group, name = case.split("/", 1)
+    if group == "sgemm":
+        n = int(name)
+        return None if n < 256 else (0.9 if threads == 1 else 0.85 if threads == 2 else None)
+    if group == "ew":
+        return 0.7 if name.split()[0] in NORMED else None
+    if threads != 2:
+        return None
+    if case == "attention/fwd+bwd":
+        return 1.0
+    if group == "train":
+        return 1.5 if name.startswith("tiny") else 1.0
+    return None
+
+
+def describe(case, t_pytfm, t_peer):
+    """(pytfm figure, peer figure, unit) for the table."""
+    group, name = case.split("/", 1)
+    if group == "sgemm":
+        flops = 2 * int(name) ** 3
+        return flops / t_pytfm / 1e9, flops / t_peer / 1e9, "GFLOP/s"
+    if group == "linear":
+        rows, rest = name.split()[1].split("x")
+        i, o = map(int, rest.split("->"))
+        flops = 2 * int(rows) * i * o
+        return flops / t_pytfm / 1e9, flops / t_peer / 1e9, "GFLOP/s"
+    if group == "ew":
+        nbytes = worker.EW_BYTES[name]
+        return nbytes / t_pytfm / 1e9, nbytes / t_peer / 1e9, "GB/s"
+    if group == "train":
+        b, t = re.search(r"\((\d+)x(\d+) tokens\)", name).groups()
+        tokens = int(b) * int(t)
+        return tokens / t_pytfm, tokens / t_peer, "tokens/s"
+    return t_pytfm * 1e3, t_peer * 1e3, "ms"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", nargs="+", choices=sorted(GROUPS), default=sorted(GROUPS))
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", metavar="PATH", help="also write every figure to PATH as JSON")
+    args = ap.parse_args(argv)
+
+    have_torch = importlib.util.find_spec("torch") is not None
+    libs = ["pytfm", "numpy"] + (["torch"] if have_torch else [])
+    times = {}  # (threads, lib, case) -> [seconds per round]
+    t0 = time.time()
+    for rnd in range(args.rounds):
+        for threads in args.threads:
+            order = libs if rnd % 2 == 0 else libs[::-1]
+            for lib in order:
+                groups = [g for g in args.groups if lib in GROUPS[g]]
+                if not groups:
+                    continue
+                for case, t in run_worker(lib, threads, groups).items():
+                    times.setdefault((threads, lib, case), []).append(t)
+        print(f"round {rnd + 1}/{args.rounds} done ({time.time() - t0:.0f} s)", file=sys.stderr)
+
+    rows = []
+    for (threads, lib, case), ts in sorted(times.items()):
+        if lib != "pytfm":
+            continue
+        peer = PEER[case.split("/")[0]]
+        peer_ts = times.get((threads, peer, case))
+        t_p = statistics.median(ts)
+        row = {"case": case, "threads": threads, "peer": peer, "pytfm_s": t_p}
+        if peer_ts:
+            t_q = statistics.median(peer_ts)
+            fp, fq, unit = describe(case, t_p, t_q)
+            tgt = target(case, threads)
+            row.update(
+                peer_s=t_q,
+                pytfm=fp,
+                peer_figure=fq,
+                unit=unit,
+                ratio=t_q / t_p,
+                target=tgt,
+                ok=None if tgt is None else t_q / t_p >= tgt,
+            )
+        rows.append(row)
+
+    print(
+        f"pytfm benchmarks: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, {args.rounds} rounds, medians; ratio = peer time / pytfm time"
+    )
+    if not have_torch:
+        print(
+            "torch is not installed: attention and training comparisons skipped "
+            "(pip install torch==2.13.0)"
+        )
+    head = f"{'case':44s} {'thr':>3s} {'pytfm':>9s} {'peer':>9s} {'unit':8s} {'ratio':>6s} {'target':>7s}"
+    print(head)
+    print("-" * len(head))
+    for r in sorted(rows, key=lambda r: (r["case"].split("/")[0], r["threads"], r["case"])):
+        if "ratio" not in r:
+            print(
+                f"{r['case']:44s} {r['threads']:3d} {r['pytfm_s'] * 1e3:8.2f}ms  (no {r['peer']})"
+            )
+            continue
+        mark = "" if r["target"] is None else f"{r['target']:.2f} {'ok' if r['ok'] else 'MISS'}"
+        print(
+            f"{r['case']:44s} {r['threads']:3d} {r['pytfm']:9.1f} {r['peer_figure']:9.1f} "
+            f"{r['unit']:8s} {r['ratio']:6.2f} {mark}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "rounds": args.rounds,
+                    "threads": args.threads,
+                    "torch": have_torch,
+                    "rows": rows,
+                    "raw": [
+                        {"threads": t, "lib": lib, "case": c, "seconds": ts}
+                        for (t, lib, c), ts in sorted(times.items())
+                    ],
+                },
+                f,
+                indent=1,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+/*
+ * fast.h — the vectorised row kernels behind the element-wise ops. fast_impl.h holds them once,
+ * in plain C loops that the compiler vectorises; fast_portable.c, fast_avx2.c and
+ * fast_avx512.c compile that same text for the baseline target, AVX2 and AVX-512, and
+ * pytfm__fast() picks the table for the ISA in use (NULL when it is PYTFM_ISA_PLAIN: the op
+ * then runs its plain reference loop). Each op file splits its rows among threads and calls
+ * one of these per row (or per chunk of a flat array).
+ */
+#ifndef PYTFM_FAST_H
+#define PYTFM_FAST_H
+
+#include "internal.h"
+
+typedef struct pytfm__adamw_consts {
+    float decay, step_size, bc2_sqrt, b1, c1, b2, c2, eps;
+} pytfm__adamw_consts;
+
+typedef struct pytfm__fast_kernels {
+    void (*softmax_forward)(float *y, const float *x, int64_t cols);
+    void (*softmax_backward)(float *dx, const float *dy, const float *y, int64_t cols);
+    void (*layernorm_forward)(float *y, float *mean, float *rstd, const float *x,
+                              const float *w, const float *b, int64_t cols, float eps);
+    /* dx written; dw, db accumulated (per-chunk partial sums) */
+    void (*layernorm_backward)(float *dx, float *dw, float *db, const float *dy, const float *x,
+                               const float *w, float mean, float rstd, int64_t cols);
+    void (*gelu_forward)(float *y, const float *x, int64_t n);
+    void (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t n);
+    float (*logsumexp)(const float *x, int64_t n);
+    /* d[j] = scale · exp(x[j] − lse) */
+    void (*scaled_exp)(float *d, const float *x, float lse, float scale, int64_t n);
+    void (*adamw)(float *p, float *m, float *v, const float *g, int64_t n,
+                  const pytfm__adamw_consts *k);
+} pytfm__fast_kernels;
+
+extern const pytfm__fast_kernels pytfm__fast_portable, pytfm__fast_avx2, pytfm__fast_avx512;
+
+/* the kernels for the ISA in use, or NULL for the plain reference loops */
+const pytfm__fast_kernels *pytfm__fast(void);
+
+#endif /* PYTFM_FAST_H */

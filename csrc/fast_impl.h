@@ -1,0 +1,168 @@
+/*
+ * fast_impl.h — the vectorised element-wise kernels, included (once each) by fast_portable.c,
+ * fast_avx2.c and fast_avx512.c, which set the target and PYTFM_FAST_TABLE. Each loop is
+ * written for the vectoriser: unit stride, no calls but the inline maths of vecmath.h, and sums
+ * over PYTFM_LANES partial results (see vecmath.h), so every build gives the same bits. The
+ * maths of each op is at the top of its own file (softmax.c, ...); these are the same
+ * formulas in float, where the plain versions sum in double.
+ */
+#include "fast.h"
+#include "vecmath.h"
+
+#define LANES PYTFM_LANES
+
+static float sum_(const float *x, int64_t n) {
+    float s[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) s[l] += x[j + l];
+    float tail = 0.0f;
+    for (; j < n; j++) tail += x[j];
+    return pytfm__lanes_sum(s) + tail;
+}
+
+static float max_(const float *x, int64_t n) {
+    float s[LANES];
+    for (int l = 0; l < LANES; l++) s[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) s[l] = x[j + l] > s[l] ? x[j + l] : s[l];
+    float m = pytfm__lanes_max(s);
+    for (; j < n; j++) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+/* y = e^(x − c), returning Σ y */
+static float exp_shifted_(float *y, const float *x, float c, int64_t n) {
+    float s[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            const float e = pytfm__expf(x[j + l] - c);
+            y[j + l] = e;
+            s[l] += e;
+        }
+    float tail = 0.0f;
+    for (; j < n; j++) {
+        y[j] = pytfm__expf(x[j] - c);
+        tail += y[j];
+    }
+    return pytfm__lanes_sum(s) + tail;
+}
+
+static void softmax_forward(float *y, const float *x, int64_t cols) {
+    const float sum = exp_shifted_(y, x, max_(x, cols), cols);
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < cols; j++) y[j] *= inv;
+}
+
+static void softmax_backward(float *dx, const float *dy,
+                             const float *y, int64_t cols) {
+    float s[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= cols; j += LANES)
+        for (int l = 0; l < LANES; l++) s[l] += dy[j + l] * y[j + l];
+    float tail = 0.0f;
+    for (; j < cols; j++) tail += dy[j] * y[j];
+    const float dot = pytfm__lanes_sum(s) + tail;
+    for (j = 0; j < cols; j++) dx[j] = y[j] * (dy[j] - dot);
+}
+
+static void layernorm_forward(float *y, float *mean, float *rstd,
+                              const float *x, const float *w,
+                              const float *b, int64_t cols, float eps) {
+    const float mu = sum_(x, cols) / (float)cols;
+    float s[LANES] = {0}; // two-pass variance: Σ (x − μ)²
+    int64_t j = 0;
+    for (; j + LANES <= cols; j += LANES)
+        for (int l = 0; l < LANES; l++) s[l] += (x[j + l] - mu) * (x[j + l] - mu);
+    float tail = 0.0f;
+    for (; j < cols; j++) tail += (x[j] - mu) * (x[j] - mu);
+    const float rs = 1.0f / sqrtf((pytfm__lanes_sum(s) + tail) / (float)cols + eps);
+    for (j = 0; j < cols; j++) y[j] = ((x[j] - mu) * rs) * w[j] + b[j];
+    *mean = mu;
+    *rstd = rs;
+}
+
+static void layernorm_backward(float *dx, float *dw, float *db,
+                               const float *dy, const float *x,
+                               const float *w, float mu, float rs, int64_t cols) {
+    float sg[LANES] = {0}, sgx[LANES] = {0}; // Σ g and Σ g·x̂, g = dy·w
+    int64_t j = 0;
+    for (; j + LANES <= cols; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            const float xhat = (x[j + l] - mu) * rs, g = dy[j + l] * w[j + l];
+            sg[l] += g;
+            sgx[l] += g * xhat;
+            dw[j + l] += dy[j + l] * xhat;
+            db[j + l] += dy[j + l];
+        }
+    float tg = 0.0f, tgx = 0.0f;
+    for (; j < cols; j++) {
+        const float xhat = (x[j] - mu) * rs, g = dy[j] * w[j];
+        tg += g;
+        tgx += g * xhat;
+        dw[j] += dy[j] * xhat;
+        db[j] += dy[j];
+    }
+    const float g_mean = (pytfm__lanes_sum(sg) + tg) / (float)cols;
+    const float gx_mean = (pytfm__lanes_sum(sgx) + tgx) / (float)cols;
+    for (j = 0; j < cols; j++) {
+        const float xhat = (x[j] - mu) * rs;
+        dx[j] = rs * (dy[j] * w[j] - g_mean - xhat * gx_mean);
+    }
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/π) */
+#define GELU_A 0.044715f
+
+/* e^(−2u), u = k(v + a·v³): ½(1 + tanh(u)) = 1 / (1 + e^(−2u)) */
+static inline float gelu_e_(float v) {
+    return pytfm__expf(-2.0f * GELU_K * (v + GELU_A * v * v * v));
+}
+
+static void gelu_forward(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + gelu_e_(x[i]));
+}
+
+static void gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) { // dx may alias dy: each element is read before written
+        const float v = x[i], s = 1.0f / (1.0f + gelu_e_(v));
+        const float du = GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+        dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+    }
+}
+
+/* log Σ e^x[j], shifted by the maximum */
+static float logsumexp(const float *x, int64_t n) {
+    const float mx = max_(x, n);
+    float s[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) s[l] += pytfm__expf(x[j + l] - mx);
+    float tail = 0.0f;
+    for (; j < n; j++) tail += pytfm__expf(x[j] - mx);
+    return mx + logf(pytfm__lanes_sum(s) + tail);
+}
+
+static void scaled_exp(float *d, const float *x, float lse, float scale,
+                       int64_t n) {
+    for (int64_t j = 0; j < n; j++) d[j] = scale * pytfm__expf(x[j] - lse);
+}
+
+static void adamw(float *p, float *m, float *v,
+                  const float *g, int64_t n, const pytfm__adamw_consts *k) {
+    const pytfm__adamw_consts c = *k;
+    for (int64_t i = 0; i < n; i++) {
+        const float mi = c.b1 * m[i] + c.c1 * g[i];
+        const float vi = c.b2 * v[i] + c.c2 * g[i] * g[i];
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * c.decay - c.step_size * mi / (sqrtf(vi) / c.bc2_sqrt + c.eps);
+    }
+}
+
+const pytfm__fast_kernels PYTFM_FAST_TABLE = {
+    softmax_forward, softmax_backward, layernorm_forward, layernorm_backward, gelu_forward,
+    gelu_backward, logsumexp, scaled_exp, adamw,
+};

@@ -1,0 +1,53 @@
+/*
+ * isa.c — which instruction set the kernels use: the best this CPU has (detected at run time),
+ * capped by pytfm_set_max_isa. The cap is process-wide, like the thread count.
+ */
+#include "fast.h"
+
+#if defined(__STDC_NO_ATOMICS__)
+static volatile int32_t max_isa = PYTFM_ISA_AUTO;
+#define LOAD(v) (v)
+#define STORE(v, x) ((v) = (x))
+#else
+#include <stdatomic.h>
+static _Atomic int32_t max_isa = PYTFM_ISA_AUTO;
+#define LOAD(v) atomic_load_explicit(&(v), memory_order_relaxed)
+#define STORE(v, x) atomic_store_explicit(&(v), (x), memory_order_relaxed)
+#endif
+
+int pytfm__cpu_has(pytfm_isa isa) {
+    switch (isa) {
+    case PYTFM_ISA_PLAIN:
+    case PYTFM_ISA_PORTABLE: return 1;
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    case PYTFM_ISA_AVX2:
+        __builtin_cpu_init(); // idempotent; needed if we run before libgcc's own constructor
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case PYTFM_ISA_AVX512: __builtin_cpu_init(); return __builtin_cpu_supports("avx512f");
+#endif
+    default: return 0;
+    }
+}
+
+pytfm_status pytfm_set_max_isa(int32_t isa) {
+    PYTFM_CHECK(isa >= PYTFM_ISA_AUTO && isa <= PYTFM_ISA_AVX512,
+                "%s: isa must be a pytfm_isa value (0..4), got %d", __func__, (int)isa);
+    STORE(max_isa, isa);
+    return PYTFM_STATUS_OK;
+}
+
+int32_t pytfm_get_isa(void) {
+    const int32_t cap = LOAD(max_isa);
+    for (int32_t isa = PYTFM_ISA_AVX512; isa > PYTFM_ISA_PLAIN; isa--)
+        if ((cap == PYTFM_ISA_AUTO || isa <= cap) && pytfm__cpu_has((pytfm_isa)isa)) return isa;
+    return PYTFM_ISA_PLAIN;
+}
+
+const pytfm__fast_kernels *pytfm__fast(void) {
+    switch (pytfm_get_isa()) {
+    case PYTFM_ISA_AVX512: return &pytfm__fast_avx512;
+    case PYTFM_ISA_AVX2: return &pytfm__fast_avx2;
+    case PYTFM_ISA_PORTABLE: return &pytfm__fast_portable;
+    default: return NULL;
+    }
+}

@@ -1,0 +1,60 @@
+/*
+ * vecmath.h — float maths written so that the compiler vectorises a loop that calls it: no
+ * branches (only selects), no library calls, a fixed order of operations. Compiled with
+ * -std=c11 (no FMA contraction), so each function gives the same bits in every build.
+ */
+#ifndef PYTFM_VECMATH_H
+#define PYTFM_VECMATH_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* 2^k for an integer-valued k in [-126, 127] (k = -127 gives 0), by building the float's
+ * exponent field */
+static inline float pytfm__exp2i(float k) {
+    const int32_t bits = ((int32_t)k + 127) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* e^x to about 1 ulp for results of at least 2^-126 (FLT_MIN): e^x = 2^n · e^r with
+ * n = round(x·log2 e) and |r| <= ln2/2, e^r by Cephes's polynomial, 2^n built in the exponent
+ * field. Results below 2^-126 (x < -87.34) flush to 0; x > 88.72 saturates at e^88.72
+ * (FLT_MAX) instead of +inf; NaN stays NaN. */
+static inline float pytfm__expf(float x) {
+    const float lo = -87.3365448f, hi = 88.7228394f;
+    const float xc = x < lo ? lo : (x > hi ? hi : x);
+    // round to nearest without a library call: adding 1.5·2^23 leaves no fraction bits
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // -126 ... 128
+    const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f; // x − n·ln2 in two parts
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    return p * pytfm__exp2i(n - 1.0f) * 2.0f; // 2^(n-1) is a normal float, or 0 for n = -126
+}
+
+/* Sums and maxima over a vector use PYTFM_LANES independent partial results, combined in a
+ * fixed tree: they vectorise, and give the same bits at any vector width. */
+#define PYTFM_LANES 16
+
+static inline float pytfm__lanes_sum(const float s[PYTFM_LANES]) {
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = s[l] + s[l + 8];
+    for (int l = 0; l < 4; l++) t[l] += t[l + 4];
+    return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+static inline float pytfm__lanes_max(const float s[PYTFM_LANES]) {
+    float m = s[0];
+    for (int l = 1; l < PYTFM_LANES; l++) m = s[l] > m ? s[l] : m;
+    return m;
+}
+
+#endif /* PYTFM_VECMATH_H */

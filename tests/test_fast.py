@@ -1,0 +1,111 @@
+"""The vectorised element-wise kernels (portable, AVX2 and AVX-512 builds of csrc/fast_impl.h)
+against the plain reference loops (PYTFM_ISA_PLAIN), on sizes around their vector and lane
+widths (16) and their task size (16384 elements). All three builds must agree bit for bit:
+they run the same operations in the same order (sums over 16 fixed partial results).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import assert_close, max_isa, seeds
+from pytfm import ops
+
+FAST = ["portable", "avx2", "avx512"]
+EPS32 = float(np.finfo(np.float32).eps)
+cols_ = st.one_of(st.integers(1, 40), st.sampled_from([47, 48, 49, 255, 256, 257, 1000, 16385]))
+rows_ = st.sampled_from([1, 2, 3, 7])
+
+
+def run_all(isa, fn):
+    with max_isa(isa):
+        return fn()
+
+
+def compare(name, isa, fn, tol):
+    """fn() under `isa` vs under "plain": within tol = (rtol, atol) of each other (one pair,
+    or one per output; atol may be an array), and the result of every fast build identical to
+    the portable one's."""
+    got = run_all(isa, fn)
+    plain = run_all("plain", fn)
+    portable = run_all("portable", fn)
+    tols = tol if isinstance(tol, list) else [tol] * len(got)
+    for i, (g, p, q, t) in enumerate(zip(got, plain, portable, tols, strict=True)):
+        assert_close(f"fast.{name}[{i}]", g, p, atol=t[1], rtol=t[0])
+        np.testing.assert_array_equal(g, q, err_msg=f"{name}[{i}]: {isa} and portable differ")
+
+
+@pytest.mark.parametrize("isa", FAST)
+@given(rows=rows_, cols=cols_, seed=seeds, scale=st.sampled_from([0.01, 1.0, 20.0]))
+def test_softmax(isa, rows, cols, seed, scale):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+    dy = rng.standard_normal((rows, cols)).astype(np.float32)
+    y = ops.softmax_forward(x)
+
+    # dx = y·(dy − Σ dy·y): the sum (float, in other order) carries cols·eps·Σ|dy·y|
+    dot_err = (cols * EPS32 * abs(dy * y).sum(axis=1, keepdims=True) + EPS32 * abs(dy)) * y
+    compare(
+        "softmax",
+        isa,
+        lambda: [ops.softmax_forward(x), ops.softmax_backward(dy, y)],
+        [(1e-5, 1e-7), (1e-5, 4 * dot_err)],
+    )
+
+
+@pytest.mark.parametrize("isa", FAST)
+@given(rows=rows_, cols=cols_, seed=seeds, offset=st.sampled_from([0.0, 3.0, -100.0]))
+def test_layernorm(isa, rows, cols, seed, offset):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, cols)) + offset).astype(np.float32)
+    w, b = (rng.standard_normal(cols).astype(np.float32) for _ in range(2))
+    dy = rng.standard_normal((rows, cols)).astype(np.float32)
+
+    def fn():
+        y, mean, rstd = ops.layernorm_forward(x, w, b)
+        dx, dw, db = ops.layernorm_backward(dy, x, w, mean, rstd)
+        return [y, mean, rstd, dx, dw, db]
+
+    # float sums (fast) vs double sums (plain): error grows with the row length and |offset|
+    compare("layernorm", isa, fn, (1e-4, 2e-4 * (1 + abs(offset)) * np.sqrt(cols) * rows))
+
+
+@pytest.mark.parametrize("isa", FAST)
+@given(n=cols_, seed=seeds, scale=st.sampled_from([0.1, 1.0, 5.0, 50.0]))
+def test_gelu(isa, n, seed, scale):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * scale).astype(np.float32)
+    dy = rng.standard_normal(n).astype(np.float32)
+    compare("gelu", isa, lambda: [ops.gelu_forward(x), ops.gelu_backward(dy, x)], (2e-6, 1e-7))
+
+
+@pytest.mark.parametrize("isa", FAST)
+@given(rows=rows_, cols=cols_, seed=seeds, offset=st.sampled_from([0.0, 1e3]))
+def test_cross_entropy(isa, rows, cols, seed, offset):
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((rows, cols)) * 3 + offset).astype(np.float32)
+    targets = rng.integers(0, cols, rows)
+    targets[0] = -1  # one ignored row
+
+    def fn():
+        loss, lse = ops.cross_entropy_forward(logits, targets)
+        return [np.float32(loss), lse, ops.cross_entropy_backward(logits, targets, lse)]
+
+    compare("cross_entropy", isa, fn, (2e-6, 4 * EPS32 * (1 + offset)))
+
+
+@pytest.mark.parametrize("isa", FAST)
+@given(n=cols_, seed=seeds, step=st.sampled_from([1, 2, 1000]))
+def test_adamw(isa, n, seed, step):
+    rng = np.random.default_rng(seed)
+    p0, g = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    m0 = rng.standard_normal(n).astype(np.float32) * 0.1
+    v0 = abs(rng.standard_normal(n).astype(np.float32)) * 0.01
+
+    def fn():
+        p, m, v = p0.copy(), m0.copy(), v0.copy()
+        ops.adamw_step(p, g, m, v, step=step, lr=1e-3, weight_decay=0.1)
+        return [p, m, v]
+
+    compare("adamw", isa, fn, (1e-6, 1e-7))
