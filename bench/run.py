@@ -152,7 +152,8 @@ def main(argv=None):
             "torch is not installed: attention and training comparisons skipped "
             "(pip install torch==2.13.0)"
         )
-    head = f"{'case':44s} {'thr':>3s} {'pytfm':>9s} {'peer':>9s} {'unit':8s} {'ratio':>6s} {'target':>7s}"
+    head = f"{'case':44s} {'thr':>3s} {'pytfm':>9s} {'peer':>9s} {'unit':8s} {'ratio':>6s}"
+    head += f" {'target':>7s}"
     print(head)
     print("-" * len(head))
     for r in sorted(rows, key=lambda r: (r["case"].split("/")[0], r["threads"], r["case"])):
