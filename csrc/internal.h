@@ -86,6 +86,21 @@ static inline void pytfm__axpy(float *y, float alpha, const float *x, int64_t n)
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
+/* An mr×nr register micro-kernel of sgemm.c, also used by attention.c:
+ *   C[0..rows)[0..cols) (row stride ldc) = bt·C + Σ_{p<kc} A(p, r)·B(p, j)
+ * with A(p, r) = a[p·a_sp + r·a_sr] and B(p, j) = b[p·ldb + j] (j < cols contiguous);
+ * bt = 0 writes C without reading it. rows <= mr, cols <= nr. */
+typedef void (*pytfm__micro_fn)(float *c, int64_t ldc, const float *a, int64_t a_sp,
+                                int64_t a_sr, const float *b, int64_t ldb, int64_t kc, int rows,
+                                int cols, float bt);
+typedef struct pytfm__micro {
+    int mr, nr;
+    pytfm__micro_fn run;
+} pytfm__micro;
+
+/* the micro-kernel for isa, or NULL where there is none (below AVX2) */
+const pytfm__micro *pytfm__micro_for(int32_t isa);
+
 /* 1 when this CPU (and build) can run kernels written for isa */
 int pytfm__cpu_has(pytfm_isa isa);
 

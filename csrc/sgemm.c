@@ -72,12 +72,7 @@ static void sgemm_plain(float *c, const float *a, const float *b, int64_t m, int
 
 /* ---- the blocked driver, shared by the micro-kernels ------------------------------------- */
 
-enum { MC = 96, KC = 256, NC = 1024, MR_MAX = 8, NR_MAX = 32 };
-
-/* c[0..rows)[0..cols) (row stride ldc) = bt·c + Σ_p pa[p][r]·pb[p][j] over one KC slice;
- * bt = 0 writes without reading c. */
-typedef void (*micro_kernel_fn)(float *c, int64_t ldc, const float *pa, const float *pb,
-                                int64_t kc, int rows, int cols, float bt);
+enum { MC = 96, KC = 256, NC = 1024 };
 
 typedef struct gemm {
     float *c;
@@ -86,11 +81,6 @@ typedef struct gemm {
     int trans_a, trans_b;
     float beta;
 } gemm;
-
-typedef struct micro_kernel {
-    int mr, nr;
-    micro_kernel_fn run;
-} micro_kernel;
 
 /* rows [i0, i0+mc) × k slice [p0, p0+kc) of op(A) into micro-panels of mr rows: panel q holds,
  * for each p, the mr values op(A)[i0 + q·mr .. +mr, p0 + p] (zeros past mc). */
@@ -134,7 +124,7 @@ static void pack_b(float *dst, const gemm *g, int nr, int64_t p0, int64_t kc, in
 }
 
 /* C[i0..i1) × [j0..j1): the part of the product one thread computes */
-static void gemm_band(const gemm *g, const micro_kernel *uk, float *pa, float *pb, int64_t i0,
+static void gemm_band(const gemm *g, const pytfm__micro *uk, float *pa, float *pb, int64_t i0,
                       int64_t i1, int64_t j0, int64_t j1) {
     const int mr = uk->mr, nr = uk->nr;
     for (int64_t jc = j0; jc < j1; jc += NC) {
@@ -148,9 +138,9 @@ static void gemm_band(const gemm *g, const micro_kernel *uk, float *pa, float *p
                 pack_a(pa, g, mr, ic, mc, pc, kc);
                 for (int64_t jr = 0; jr < nc; jr += nr)
                     for (int64_t ir = 0; ir < mc; ir += mr)
-                        uk->run(g->c + (ic + ir) * g->n + jc + jr, g->n, pa + ir * kc,
-                                pb + jr * kc, kc, (int)MIN(mr, mc - ir), (int)MIN(nr, nc - jr),
-                                bt);
+                        uk->run(g->c + (ic + ir) * g->n + jc + jr, g->n, pa + ir * kc, mr, 1,
+                                pb + jr * kc, nr, kc, (int)MIN(mr, mc - ir),
+                                (int)MIN(nr, nc - jr), bt);
             }
         }
     }
@@ -158,7 +148,7 @@ static void gemm_band(const gemm *g, const micro_kernel *uk, float *pa, float *p
 
 /* Split C among threads in whole micro-tiles, by rows when there are enough of them, else by
  * columns; each thread packs into its own buffers (one allocation per call). */
-static pytfm_status gemm_blocked(const gemm *g, const micro_kernel *uk) {
+static pytfm_status gemm_blocked(const gemm *g, const pytfm__micro *uk) {
     const int64_t row_tiles = (g->m + uk->mr - 1) / uk->mr;
     const int64_t col_tiles = (g->n + uk->nr - 1) / uk->nr;
     int64_t threads = pytfm_get_num_threads();
@@ -192,78 +182,117 @@ static pytfm_status gemm_blocked(const gemm *g, const micro_kernel *uk) {
 }
 
 /* ---- micro-kernels ------------------------------------------------------------------------ */
+/* Both take A and B through strides (see pytfm__micro_fn in internal.h): the packed panels of
+ * the driver above are the case a_sp = MR, a_sr = 1, ldb = NR; attention passes its tiles and
+ * the caller's rows as they lie. A's rows past `rows` re-read the last row (never memory
+ * past it); B's lanes past `cols` are masked off, as are C's. */
 
 #ifdef PYTFM_HAVE_X86_KERNELS
 
-/* AVX2+FMA, 6×16: twelve ymm accumulators, two B loads and six broadcasts per p */
+/* AVX2+FMA, 6×16: twelve ymm accumulators (named variables, as below), two B loads and six
+ * broadcasts per p; AVX2 masked loads are slow, so full-width tiles take a loop of their own */
 enum { MR_AVX2 = 6, NR_AVX2 = 16 };
 
-__attribute__((target("avx2,fma"))) static void micro_avx2(float *c, int64_t ldc,
-                                                           const float *pa, const float *pb,
+#define AVX2_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define AVX2_DECLARE(r)                                                                        \
+    __m256 acc##r##0 = _mm256_setzero_ps(), acc##r##1 = _mm256_setzero_ps();                   \
+    const int64_t off##r = (r < rows ? r : rows - 1) * a_sr;
+#define AVX2_STEP(r)                                                                           \
+    {                                                                                          \
+        const __m256 x = _mm256_broadcast_ss(a + off##r);                                      \
+        acc##r##0 = _mm256_fmadd_ps(x, b0, acc##r##0);                                         \
+        acc##r##1 = _mm256_fmadd_ps(x, b1, acc##r##1);                                         \
+    }
+#define AVX2_STORE(r)                                                                          \
+    if (r < rows) {                                                                            \
+        float *cr = c + r * ldc;                                                               \
+        if (bt != 0.0f) {                                                                      \
+            acc##r##0 = _mm256_fmadd_ps(beta, _mm256_maskload_ps(cr, m0), acc##r##0);          \
+            acc##r##1 = _mm256_fmadd_ps(beta, _mm256_maskload_ps(cr + 8, m1), acc##r##1);      \
+        }                                                                                      \
+        _mm256_maskstore_ps(cr, m0, acc##r##0);                                                \
+        _mm256_maskstore_ps(cr + 8, m1, acc##r##1);                                            \
+    }
+
+__attribute__((target("avx2,fma"))) static void micro_avx2(float *c, int64_t ldc, const float *a,
+                                                           int64_t a_sp, int64_t a_sr,
+                                                           const float *b, int64_t ldb,
                                                            int64_t kc, int rows, int cols,
                                                            float bt) {
-    __m256 acc[MR_AVX2][2];
-    for (int r = 0; r < MR_AVX2; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < kc; p++, pa += MR_AVX2, pb += NR_AVX2) {
-        const __m256 b0 = _mm256_loadu_ps(pb), b1 = _mm256_loadu_ps(pb + 8);
-        for (int r = 0; r < MR_AVX2; r++) {
-            const __m256 ar = _mm256_broadcast_ss(pa + r);
-            acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane);
+    const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane);
+    AVX2_ROWS(AVX2_DECLARE)
+    if (cols == NR_AVX2)
+        for (int64_t p = 0; p < kc; p++, a += a_sp, b += ldb) {
+            const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+            AVX2_ROWS(AVX2_STEP)
         }
-    }
-    if (cols == NR_AVX2) {
-        const __m256 beta = _mm256_set1_ps(bt);
-        for (int r = 0; r < rows; r++, c += ldc) {
-            if (bt != 0.0f) {
-                acc[r][0] = _mm256_fmadd_ps(beta, _mm256_loadu_ps(c), acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(beta, _mm256_loadu_ps(c + 8), acc[r][1]);
-            }
-            _mm256_storeu_ps(c, acc[r][0]);
-            _mm256_storeu_ps(c + 8, acc[r][1]);
+    else
+        for (int64_t p = 0; p < kc; p++, a += a_sp, b += ldb) {
+            const __m256 b0 = _mm256_maskload_ps(b, m0), b1 = _mm256_maskload_ps(b + 8, m1);
+            AVX2_ROWS(AVX2_STEP)
         }
-        return;
-    }
-    float tile[NR_AVX2]; // the ragged right edge goes through a bounce buffer
-    for (int r = 0; r < rows; r++, c += ldc) {
-        _mm256_storeu_ps(tile, acc[r][0]);
-        _mm256_storeu_ps(tile + 8, acc[r][1]);
-        for (int j = 0; j < cols; j++) c[j] = bt == 0.0f ? tile[j] : bt * c[j] + tile[j];
-    }
+    const __m256 beta = _mm256_set1_ps(bt);
+    AVX2_ROWS(AVX2_STORE)
 }
 
-/* AVX-512, 8×32: sixteen zmm accumulators, two B loads and eight broadcasts per p */
+/* AVX-512, 8×32: sixteen zmm accumulators, two B loads and eight broadcasts per p. The
+ * accumulators are sixteen named variables: as an array, GCC 12 spills them every iteration. */
 enum { MR_AVX512 = 8, NR_AVX512 = 32 };
 
-__attribute__((target("avx512f"))) static void micro_avx512(float *c, int64_t ldc,
-                                                            const float *pa, const float *pb,
-                                                            int64_t kc, int rows, int cols,
-                                                            float bt) {
-    __m512 acc[MR_AVX512][2];
-    for (int r = 0; r < MR_AVX512; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < kc; p++, pa += MR_AVX512, pb += NR_AVX512) {
-        const __m512 b0 = _mm512_loadu_ps(pb), b1 = _mm512_loadu_ps(pb + 16);
-        for (int r = 0; r < MR_AVX512; r++) {
-            const __m512 ar = _mm512_set1_ps(pa[r]);
-            acc[r][0] = _mm512_fmadd_ps(ar, b0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(ar, b1, acc[r][1]);
-        }
+#define AVX512_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define AVX512_DECLARE(r)                                                                      \
+    __m512 acc##r##0 = _mm512_setzero_ps(), acc##r##1 = _mm512_setzero_ps();                   \
+    const int64_t off##r = (r < rows ? r : rows - 1) * a_sr;
+#define AVX512_STEP(r)                                                                         \
+    {                                                                                          \
+        const __m512 x = _mm512_set1_ps(a[off##r]);                                            \
+        acc##r##0 = _mm512_fmadd_ps(x, b0, acc##r##0);                                         \
+        acc##r##1 = _mm512_fmadd_ps(x, b1, acc##r##1);                                         \
     }
+#define AVX512_STORE(r)                                                                        \
+    if (r < rows) {                                                                            \
+        float *cr = c + r * ldc;                                                               \
+        if (bt != 0.0f) {                                                                      \
+            acc##r##0 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, cr), acc##r##0);       \
+            acc##r##1 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, cr + 16), acc##r##1);  \
+        }                                                                                      \
+        _mm512_mask_storeu_ps(cr, m0, acc##r##0);                                              \
+        _mm512_mask_storeu_ps(cr + 16, m1, acc##r##1);                                         \
+    }
+
+__attribute__((target("avx512f"))) static void micro_avx512(float *c, int64_t ldc,
+                                                            const float *a, int64_t a_sp,
+                                                            int64_t a_sr, const float *b,
+                                                            int64_t ldb, int64_t kc, int rows,
+                                                            int cols, float bt) {
     // lanes past cols are masked off: neither read nor written
     const __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
     const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols > 16 ? (__mmask16)((1u << (cols - 16)) - 1) : 0;
-    const __m512 beta = _mm512_set1_ps(bt);
-    for (int r = 0; r < rows; r++, c += ldc) {
-        if (bt != 0.0f) {
-            acc[r][0] = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, c), acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, c + 16), acc[r][1]);
-        }
-        _mm512_mask_storeu_ps(c, m0, acc[r][0]);
-        _mm512_mask_storeu_ps(c + 16, m1, acc[r][1]);
+    AVX512_ROWS(AVX512_DECLARE)
+    for (int64_t p = 0; p < kc; p++, a += a_sp, b += ldb) {
+        const __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16);
+        AVX512_ROWS(AVX512_STEP)
     }
+    const __m512 beta = _mm512_set1_ps(bt);
+    AVX512_ROWS(AVX512_STORE)
 }
 
+static const pytfm__micro micro_for_avx2 = {MR_AVX2, NR_AVX2, micro_avx2};
+static const pytfm__micro micro_for_avx512 = {MR_AVX512, NR_AVX512, micro_avx512};
+
 #endif /* PYTFM_HAVE_X86_KERNELS */
+
+const pytfm__micro *pytfm__micro_for(int32_t isa) {
+#ifdef PYTFM_HAVE_X86_KERNELS
+    if (isa == PYTFM_ISA_AVX512) return &micro_for_avx512;
+    if (isa == PYTFM_ISA_AVX2) return &micro_for_avx2;
+#else
+    (void)isa;
+#endif
+    return NULL;
+}
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
@@ -275,14 +304,9 @@ static pytfm_status sgemm(float *c, const float *a, const float *b, int64_t m, i
         return PYTFM_STATUS_OK;
     }
     const gemm g = {c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta};
-#ifdef PYTFM_HAVE_X86_KERNELS
-    static const micro_kernel avx2 = {MR_AVX2, NR_AVX2, micro_avx2};
-    static const micro_kernel avx512 = {MR_AVX512, NR_AVX512, micro_avx512};
-    return gemm_blocked(&g, isa == PYTFM_ISA_AVX512 ? &avx512 : &avx2);
-#else
-    (void)g;
-    return pytfm__fail(PYTFM_STATUS_INTERNAL, "pytfm_sgemm: no kernel for isa %d", (int)isa);
-#endif
+    const pytfm__micro *uk = pytfm__micro_for(isa);
+    if (!uk) return pytfm__fail(PYTFM_STATUS_INTERNAL, "pytfm_sgemm: no kernel for isa %d", isa);
+    return gemm_blocked(&g, uk);
 }
 
 pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
