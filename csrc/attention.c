@@ -22,10 +22,21 @@
  * Decoding: queries at positions [start, start + n) attend to the keys [0, start + n) of a
  * cache [B, Tmax, H, D]; the same forward code runs with a query offset and the cache's stride,
  * so a new token costs O(start·D).
+ *
+ * The code above is the plain version: one query row and one key at a time. The fast version
+ * (below it; used where sgemm has a micro-kernel, for at least FAST_MIN_ROWS queries) runs the
+ * same algorithm on TQ×TK tiles, with every product a call of sgemm's register micro-kernels
+ * straight on the caller's rows (q, k, v, dO, dq, dk, dv, o through their row stride H·D) and on
+ * the tile of scores: S = Q Kᵀ, O += P V forward; S, then dV += Pᵀ dO, dP = dO Vᵀ,
+ * dK += dSᵀ Q, dQ += dS K backward (FlashAttention-2's loop order: key tiles outside, so dK
+ * and dV of a tile stay hot). Only Kᵀ (and Vᵀ for the backward) are copied, once per head, so
+ * that the micro-kernel reads them along contiguous rows; with the tiles that is the extra
+ * memory: (D·T + 2·TQ·TK) floats per thread (2·D·T + ... backward), linear in T.
  */
+#include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "fast.h"
 
 enum { BQ = 32, BK = 32 }; /* query rows and keys per tile */
 
@@ -96,6 +107,161 @@ static void forward_all(const problem *p) {
     for (int64_t bh = 0; bh < p->B * p->H; bh++) forward_head(p, bh / p->H, bh % p->H);
 }
 
+/* ---- the fast version: TQ×TK tiles through the sgemm micro-kernels ------------------------ */
+
+enum { TQ = 64, TK = 64, FAST_MIN_ROWS = 8 };
+
+/* C[m, n] (row stride ldc) = bt·C + A·B over kc, A(p, r) = a[p·a_sp + r·a_sr],
+ * B(p, j) = b[p·ldb + j]: every micro-tile of it */
+static void tile_gemm(const pytfm__micro *uk, float *c, int64_t ldc, const float *a, int64_t a_sp,
+                      int64_t a_sr, const float *b, int64_t ldb, int64_t m, int64_t n, int64_t kc,
+                      float bt) {
+    for (int64_t j = 0; j < n; j += uk->nr)
+        for (int64_t i = 0; i < m; i += uk->mr)
+            uk->run(c + i * ldc + j, ldc, a + i * a_sr, a_sp, a_sr, b + j, ldb, kc,
+                    (int)MIN(uk->mr, m - i), (int)MIN(uk->nr, n - j), bt);
+}
+
+/* dst [D, n] = the transpose of n rows of D floats, row stride HD */
+static void transpose_rows(float *dst, const float *src, int64_t n, int64_t D, int64_t HD) {
+    for (int64_t t0 = 0; t0 < n; t0 += 16) // 16 rows at a time: each is read once per block
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t t = t0; t < MIN(n, t0 + 16); t++) dst[d * n + t] = src[t * HD + d];
+}
+
+typedef struct {
+    const pytfm__micro *uk;
+    const pytfm__fast_kernels *fk;
+} fast_path;
+
+static int64_t forward_ws_floats(const problem *p) { return p->D * p->Tk + TQ * TK + 2 * TQ; }
+
+static void forward_head_fast(const problem *p, const fast_path *f, float *ws, int64_t b,
+                              int64_t h) {
+    const int64_t D = p->D, HD = p->H * D, Tk = p->Tk;
+    const float *qb = p->q + (b * p->Tq * p->H + h) * D; // row t at qb + t·HD
+    const float *kb = p->k + (b * p->Ts * p->H + h) * D;
+    const float *vb = p->v + (b * p->Ts * p->H + h) * D;
+    float *ob = p->o + (b * p->Tq * p->H + h) * D;
+    float *lse = p->lse + (b * p->H + h) * p->Tq;
+    float *kt = ws, *s = kt + D * Tk, *m = s + TQ * TK, *l = m + TQ; // kt [D, Tk], s [TQ, TK]
+    transpose_rows(kt, kb, Tk, D, HD);
+    for (int64_t i0 = 0; i0 < p->Tq; i0 += TQ) {
+        const int64_t nq = MIN(TQ, p->Tq - i0);
+        const int64_t kend = p->causal ? MIN(Tk, p->start + i0 + nq) : Tk;
+        for (int64_t r = 0; r < nq; r++) {
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+            memset(ob + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
+        }
+        for (int64_t j0 = 0; j0 < kend; j0 += TK) {
+            const int64_t nk = MIN(TK, kend - j0);
+            // S = Q_i K_jᵀ [nq, nk]
+            tile_gemm(f->uk, s, TK, qb + i0 * HD, 1, HD, kt + j0, Tk, nq, nk, D, 0.0f);
+            for (int64_t r = 0; r < nq; r++) {
+                float *sr = s + r * TK;
+                const int64_t vis = p->causal ? MIN(nk, p->start + i0 + r - j0 + 1) : nk;
+                if (vis <= 0) { // no key of this tile is visible: P = 0, nothing to rescale
+                    memset(sr, 0, (size_t)nk * sizeof(float));
+                    continue;
+                }
+                const float alpha = f->fk->attn_softmax_row(sr, vis, nk, p->scale, m + r, l + r);
+                if (alpha != 1.0f)
+                    for (int64_t d = 0; d < D; d++) ob[(i0 + r) * HD + d] *= alpha;
+            }
+            // O_i += P V_j
+            tile_gemm(f->uk, ob + i0 * HD, HD, s, 1, TK, vb + j0 * HD, HD, nq, D, nk, 1.0f);
+        }
+        for (int64_t r = 0; r < nq; r++) {
+            const float inv = 1.0f / l[r];
+            for (int64_t d = 0; d < D; d++) ob[(i0 + r) * HD + d] *= inv;
+            lse[i0 + r] = m[r] + logf(l[r]);
+        }
+    }
+}
+
+/* the fast path for p, or 0 where the plain one runs (no micro-kernel, or too few queries) */
+static int fast_path_for(fast_path *f, int64_t rows) {
+    f->uk = pytfm__micro_for(pytfm_get_isa());
+    f->fk = pytfm__fast();
+    return f->uk && f->fk && rows >= FAST_MIN_ROWS;
+}
+
+static pytfm_status forward_fast(const problem *p, const fast_path *f) {
+    const int64_t per = forward_ws_floats(p), threads = pytfm_get_num_threads();
+    float *ws = malloc((size_t)(threads * per) * sizeof(float));
+    if (!ws)
+        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                           "pytfm_attention_forward: cannot allocate %lld bytes of workspace",
+                           (long long)(threads * per * (int64_t)sizeof(float)));
+    PYTFM_PARALLEL_FOR
+    for (int64_t bh = 0; bh < p->B * p->H; bh++)
+        forward_head_fast(p, f, ws + pytfm__thread_id() * per, bh / p->H, bh % p->H);
+    free(ws);
+    return PYTFM_STATUS_OK;
+}
+
+static void backward_head_fast(const fast_path *f, float *ws, float *dq, float *dk, float *dv,
+                               const float *dout, const float *q, const float *k,
+                               const float *v, const float *o, const float *lse, int64_t T,
+                               int64_t H, int64_t D, float scale, int causal) {
+    // pointers already offset to (b, 0, h, 0) / (b, h, 0), as in backward_head
+    const int64_t HD = H * D;
+    float *kt = ws, *vt = kt + D * T, *s = vt + D * T, *dp = s + TQ * TK, *Dq = dp + TQ * TK;
+    transpose_rows(kt, k, T, D, HD);
+    transpose_rows(vt, v, T, D, HD);
+    for (int64_t t = 0; t < T; t++) {
+        Dq[t] = pytfm__dot(dout + t * HD, o + t * HD, D);
+        memset(dq + t * HD, 0, (size_t)D * sizeof(float));
+        memset(dk + t * HD, 0, (size_t)D * sizeof(float));
+        memset(dv + t * HD, 0, (size_t)D * sizeof(float));
+    }
+    for (int64_t j0 = 0; j0 < T; j0 += TK) {
+        const int64_t nk = MIN(TK, T - j0);
+        for (int64_t i0 = causal ? j0 / TQ * TQ : 0; i0 < T; i0 += TQ) {
+            const int64_t nq = MIN(TQ, T - i0);
+            // forward: S = scale · Q_i K_jᵀ, P = exp(S − lse)
+            tile_gemm(f->uk, s, TK, q + i0 * HD, 1, HD, kt + j0, T, nq, nk, D, 0.0f);
+            for (int64_t r = 0; r < nq; r++) {
+                const int64_t vis = causal ? MIN(nk, i0 + r - j0 + 1) : nk;
+                if (vis <= 0)
+                    memset(s + r * TK, 0, (size_t)nk * sizeof(float));
+                else
+                    f->fk->attn_p_row(s + r * TK, vis, nk, scale, lse[i0 + r]);
+            }
+            // dV_j += Pᵀ dO_i;  dP = dO_i V_jᵀ;  dS = P (dP − Dq) scale
+            tile_gemm(f->uk, dv + j0 * HD, HD, s, TK, 1, dout + i0 * HD, HD, nk, D, nq, 1.0f);
+            tile_gemm(f->uk, dp, TK, dout + i0 * HD, 1, HD, vt + j0, T, nq, nk, D, 0.0f);
+            for (int64_t r = 0; r < nq; r++)
+                f->fk->attn_ds_row(dp + r * TK, s + r * TK, nk, Dq[i0 + r], scale);
+            // dK_j += dSᵀ Q_i;  dQ_i += dS K_j
+            tile_gemm(f->uk, dk + j0 * HD, HD, dp, TK, 1, q + i0 * HD, HD, nk, D, nq, 1.0f);
+            tile_gemm(f->uk, dq + i0 * HD, HD, dp, 1, TK, k + j0 * HD, HD, nq, D, nk, 1.0f);
+        }
+    }
+}
+
+static pytfm_status backward_fast(const fast_path *f, float *dq, float *dk, float *dv,
+                                  const float *dout, const float *q, const float *k,
+                                  const float *v, const float *o, const float *lse, int64_t B,
+                                  int64_t T, int64_t H, int64_t D, float scale, int causal) {
+    const int64_t per = 2 * D * T + 2 * TQ * TK + T, threads = pytfm_get_num_threads();
+    float *ws = malloc((size_t)(threads * per) * sizeof(float));
+    if (!ws)
+        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                           "pytfm_attention_backward: cannot allocate %lld bytes of workspace",
+                           (long long)(threads * per * (int64_t)sizeof(float)));
+    PYTFM_PARALLEL_FOR
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        const int64_t off = (bh / H * T * H + bh % H) * D; // (b, 0, h, 0)
+        backward_head_fast(f, ws + pytfm__thread_id() * per, dq + off, dk + off, dv + off,
+                           dout + off, q + off, k + off, v + off, o + off, lse + bh * T, T, H, D,
+                           scale, causal);
+    }
+    free(ws);
+    return PYTFM_STATUS_OK;
+}
+
 static pytfm_status check_sizes(const char *func, int64_t B, int64_t T, int64_t H, int64_t D,
                                 float scale) {
     PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0, "%s: B, T, H must be >= 0, got %lld, %lld, %lld",
@@ -116,6 +282,8 @@ pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const
     PYTFM_CHECK_PTR(k, rows);
     PYTFM_CHECK_PTR(v, rows);
     const problem p = {o, lse, q, k, v, B, T, T, T, H, D, 0, scale, causal != 0};
+    fast_path f;
+    if (fast_path_for(&f, T)) return forward_fast(&p, &f);
     forward_all(&p);
     return PYTFM_STATUS_OK;
 }
@@ -172,6 +340,10 @@ pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const flo
     PYTFM_CHECK_PTR(v, rows);
     PYTFM_CHECK_PTR(o, rows);
     PYTFM_CHECK_PTR(lse, rows);
+    fast_path f;
+    if (fast_path_for(&f, T))
+        return backward_fast(&f, dq, dk, dv, dout, q, k, v, o, lse, B, T, H, D, scale,
+                             causal != 0);
     PYTFM_PARALLEL_FOR
     for (int64_t bh = 0; bh < B * H; bh++) {
         const int64_t b = bh / H, h = bh % H;
@@ -219,6 +391,9 @@ pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const 
     PYTFM_CHECK_PTR(k_cache, B * H);
     PYTFM_CHECK_PTR(v_cache, B * H);
     const problem p = {o, lse, q, k_cache, v_cache, B, n, start + n, Tmax, H, D, start, scale, 1};
+    fast_path f;
+    if (fast_path_for(&f, n)) return forward_fast(&p, &f);
     forward_all(&p);
     return PYTFM_STATUS_OK;
 }
+

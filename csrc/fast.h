@@ -30,6 +30,15 @@ typedef struct pytfm__fast_kernels {
     void (*scaled_exp)(float *d, const float *x, float lse, float scale, int64_t n);
     void (*adamw)(float *p, float *m, float *v, const float *g, int64_t n,
                   const pytfm__adamw_consts *k);
+    /* Attention, one query row of a key tile of n keys of which the first vis are visible:
+     * the forward's online-softmax step turns s (raw scores q·k) into P = e^(scale·s − m')
+     * (0 past vis), updates the running max m and sum l, and returns e^(m − m'), the factor
+     * the row's output so far must be scaled by. */
+    float (*attn_softmax_row)(float *s, int64_t vis, int64_t n, float scale, float *m, float *l);
+    /* backward: s (raw scores) -> P = e^(scale·s − lse), 0 past vis */
+    void (*attn_p_row)(float *s, int64_t vis, int64_t n, float scale, float lse);
+    /* backward: dp -> dS = P·(dP − Dq)·scale */
+    void (*attn_ds_row)(float *dp, const float *p, int64_t n, float dq, float scale);
 } pytfm__fast_kernels;
 
 extern const pytfm__fast_kernels pytfm__fast_portable, pytfm__fast_avx2, pytfm__fast_avx512;

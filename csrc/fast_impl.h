@@ -162,7 +162,28 @@ static void adamw(float *p, float *m, float *v,
     }
 }
 
+static float attn_softmax_row(float *s, int64_t vis, int64_t n, float scale, float *m,
+                              float *l) {
+    for (int64_t j = 0; j < vis; j++) s[j] *= scale;
+    const float mx_tile = max_(s, vis), mx = mx_tile > *m ? mx_tile : *m;
+    const float alpha = pytfm__expf(*m - mx); // 0 on a row's first tile (m = -inf)
+    const float sum = exp_shifted_(s, s, mx, vis);
+    for (int64_t j = vis; j < n; j++) s[j] = 0.0f;
+    *l = *l * alpha + sum;
+    *m = mx;
+    return alpha;
+}
+
+static void attn_p_row(float *s, int64_t vis, int64_t n, float scale, float lse) {
+    for (int64_t j = 0; j < vis; j++) s[j] = pytfm__expf(scale * s[j] - lse);
+    for (int64_t j = vis; j < n; j++) s[j] = 0.0f;
+}
+
+static void attn_ds_row(float *dp, const float *p, int64_t n, float dq, float scale) {
+    for (int64_t j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - dq) * scale;
+}
+
 const pytfm__fast_kernels PYTFM_FAST_TABLE = {
     softmax_forward, softmax_backward, layernorm_forward, layernorm_backward, gelu_forward,
-    gelu_backward, logsumexp, scaled_exp, adamw,
+    gelu_backward, logsumexp, scaled_exp, adamw, attn_softmax_row, attn_p_row, attn_ds_row,
 };

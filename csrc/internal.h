@@ -62,6 +62,15 @@ pytfm_status pytfm__check_indices(const char *func, const char *name, const int6
 #define PYTFM_PARALLEL_FOR_IF(cond)
 #endif
 
+/* The calling thread's index in the current parallel loop (0 outside one): per-thread
+ * workspaces are indexed by it; a loop's team never has more than pytfm_get_num_threads(). */
+#if defined(_OPENMP)
+#include <omp.h>
+static inline int64_t pytfm__thread_id(void) { return omp_get_thread_num(); }
+#else
+static inline int64_t pytfm__thread_id(void) { return 0; }
+#endif
+
 /* Rows per parallel task for row-wise ops: about PYTFM_TASK_ELEMS floats each */
 enum { PYTFM_TASK_ELEMS = 16384 };
 static inline int64_t pytfm__rows_per_task(int64_t cols) {

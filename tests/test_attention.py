@@ -1,5 +1,6 @@
 """Attention: the flash-style C kernel vs the naive float64 reference, and its properties."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -170,9 +171,10 @@ def test_results_do_not_depend_on_the_thread_count():
         print(hashlib.sha256(b"".join(a.tobytes() for a in out)).hexdigest())
         """
     )
+    root = os.path.dirname(os.path.dirname(ops.__file__))  # the pytfm under test
     digests = set()
     for threads in ("1", "2", "3", "5"):
-        env = {"OMP_NUM_THREADS": threads, "PATH": "/usr/bin:/bin"}
+        env = {"OMP_NUM_THREADS": threads, "PATH": "/usr/bin:/bin", "PYTHONPATH": root}
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=env, cwd="/", check=True)
         digests.add(r.stdout.strip())

@@ -109,3 +109,45 @@ def test_adamw(isa, n, seed, step):
         return [p, m, v]
 
     compare("adamw", isa, fn, (1e-6, 1e-7))
+
+
+# ---- attention: the tiled version on sgemm's micro-kernels vs the plain one ----------------
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@given(B=st.sampled_from([1, 2]), T=st.sampled_from([8, 9, 31, 63, 64, 65, 129, 200]),
+       H=st.sampled_from([1, 3]), D=st.sampled_from([1, 5, 16, 33, 64, 80]),
+       causal=st.booleans(), seed=seeds)
+def test_attention(isa, B, T, H, D, causal, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, do = (rng.standard_normal((B, T, H, D)).astype(np.float32) for _ in range(4))
+
+    def fn():
+        o, lse = ops.attention_forward(q, k, v, causal=causal)
+        return [o, lse, *ops.attention_backward(do, q, k, v, o, lse, causal=causal)]
+
+    got, plain = run_all(isa, fn), run_all("plain", fn)
+    # both micro-kernels sum each product in the same order, with FMA: the same bits
+    other = run_all("avx512" if isa == "avx2" else "avx2", fn)
+    bound = np.sqrt(D) * T * EPS32  # dot products of length D, sums over up to T keys
+    for name, g, p, o in zip(["o", "lse", "dq", "dk", "dv"], got, plain, other, strict=True):
+        assert_close(f"fast.attention.{name}", g, p, atol=4 * bound * max(1.0, abs(p).max()),
+                     rtol=1e-5)
+        np.testing.assert_array_equal(g, o, err_msg=f"attention {name}: avx2 and avx512 differ")
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@given(T=st.sampled_from([8, 40, 100]), prompt=st.sampled_from([0, 1, 50]), seed=seeds)
+def test_attention_decode(isa, T, prompt, seed):
+    """n >= 8 new queries at once through the cache (a prompt) takes the tiled path too."""
+    rng = np.random.default_rng(seed)
+    B, H, D, Tmax = 2, 3, 16, 200
+    kc, vc = (rng.standard_normal((B, Tmax, H, D)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((B, T, H, D)).astype(np.float32)
+
+    def fn():
+        return list(ops.attention_decode(q, kc, vc, start=prompt))
+
+    got, plain = run_all(isa, fn), run_all("plain", fn)
+    for name, g, p in zip(["o", "lse"], got, plain, strict=True):
+        assert_close(f"fast.attention_decode.{name}", g, p, atol=1e-5, rtol=1e-5)
