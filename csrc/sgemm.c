@@ -10,13 +10,13 @@
  * without AVX2. The fast ones follow BLIS (Van Zee & van de Geijn, "BLIS: A Framework for
  * Rapidly Instantiating BLAS Functionality", 2015): each thread owns a band of C's rows (or of
  * its columns when there are too few rows to share), and for each NC-wide panel of B and each
- * KC-deep slice of k it copies ("packs") the B panel once into micro-panels of NR columns, then
- * for each MC-row block packs A into micro-panels of MR rows, and runs an MR×NR register
- * micro-kernel over every (micro-panel of A, micro-panel of B) pair. The micro-kernel keeps its
- * MR×NR tile of C in registers for the whole KC slice: MR·NR/8 (AVX2) or MR·NR/16 (AVX-512)
- * accumulators, the broadcast A value fused into the FMA. Packing turns the transposes into
- * copies and zero-pads ragged edges, so the micro-kernel's inner loop never branches; the
- * tile's ragged edge is written through a mask (AVX-512) or a bounce buffer (AVX2).
+ * KC-deep slice of k it copies ("packs") that part of op(B) once into micro-panels of NR
+ * columns, then for each MC-row block of op(A) (packed into micro-panels of MR rows when that
+ * pays, see pack_a_pays; else read in place) runs an MR×NR register micro-kernel over every
+ * (rows of A, micro-panel of B) pair. The micro-kernel keeps its MR×NR tile of C in registers
+ * for the whole KC slice: MR·NR/8 (AVX2) or MR·NR/16 (AVX-512) accumulators, the broadcast A
+ * value fused into the FMA. Packing turns the transposes into copies and zero-pads ragged
+ * edges; the tile's ragged edge is written through a mask.
  * Sizes: a KC×NR micro-panel of B (32 KiB) stays in L1 while the MC×KC block of A (96 KiB)
  * streams from L2; the KC×NC panel of B (≤ 1 MiB) sits in L2/L3.
  * Every element of C is summed by one thread in one fixed order (the k slices in turn, each in
@@ -97,11 +97,18 @@ static void pack_a(float *dst, const gemm *g, int mr, int64_t i0, int64_t mc, in
             }
         else // each row of a is contiguous: read along it, write with stride mr
             for (int r = 0; r < mr; r++) {
-                const float *src = a + (i0 + ir + r) * k + p0;
-                for (int64_t p = 0; p < kc; p++) dst[p * mr + r] = r < rows ? src[p] : 0.0f;
+                const float *src = a + (i0 + ir + MIN(r, rows - 1)) * k + p0;
+                for (int64_t p = 0; p < kc; p++) dst[p * mr + r] = src[p];
             }
     }
 }
+
+/* Whether to pack op(A). The micro-kernel can read A's rows in place, which saves the copy
+ * (up to a quarter of the time at n = 128, where each packed panel serves only n/nr
+ * micro-tiles); but a transposed A would be read with a stride of m floats per step, and at
+ * m = 1024 those all fall into one L1 set: pack it, and whenever n is wide enough to pay for
+ * the copy. B is always packed: its panel serves every row of the thread's band. */
+static int pack_a_pays(const gemm *g) { return g->trans_a || g->n >= 512; }
 
 /* k slice [p0, p0+kc) × columns [j0, j0+nc) of op(B) into micro-panels of nr columns */
 static void pack_b(float *dst, const gemm *g, int nr, int64_t p0, int64_t kc, int64_t j0,
@@ -135,12 +142,19 @@ static void gemm_band(const gemm *g, const pytfm__micro *uk, float *pa, float *p
             pack_b(pb, g, nr, pc, kc, jc, nc);
             for (int64_t ic = i0; ic < i1; ic += MC) {
                 const int64_t mc = MIN(MC, i1 - ic);
-                pack_a(pa, g, mr, ic, mc, pc, kc);
+                // op(A) element (i, p) at a[i·a_sr + p·a_sp]: A's own rows, or packed panels
+                const float *a = g->a + ic * g->k + pc;
+                int64_t a_sp = 1, a_sr = g->k, a_panel = 0;
+                if (pa) {
+                    pack_a(pa, g, mr, ic, mc, pc, kc);
+                    a = pa, a_sp = mr, a_sr = 1, a_panel = mr * kc;
+                }
                 for (int64_t jr = 0; jr < nc; jr += nr)
                     for (int64_t ir = 0; ir < mc; ir += mr)
-                        uk->run(g->c + (ic + ir) * g->n + jc + jr, g->n, pa + ir * kc, mr, 1,
-                                pb + jr * kc, nr, kc, (int)MIN(mr, mc - ir),
-                                (int)MIN(nr, nc - jr), bt);
+                        uk->run(g->c + (ic + ir) * g->n + jc + jr, g->n,
+                                a + (a_panel ? ir / mr * a_panel : ir * a_sr), a_sp, a_sr,
+                                pb + jr * kc, nr, kc,
+                                (int)MIN(mr, mc - ir), (int)MIN(nr, nc - jr), bt);
             }
         }
     }
@@ -154,12 +168,14 @@ static pytfm_status gemm_blocked(const gemm *g, const pytfm__micro *uk) {
     int64_t threads = pytfm_get_num_threads();
     const int by_rows = row_tiles >= threads || row_tiles >= col_tiles;
     threads = MIN(threads, by_rows ? row_tiles : col_tiles);
-    const int64_t a_size = (int64_t)MC * KC, b_size = (int64_t)KC * MIN(NC, col_tiles * uk->nr);
-    float *buf = aligned_alloc(64, (size_t)(threads * (a_size + b_size)) * sizeof(float));
+    const int64_t a_size = pack_a_pays(g) ? (int64_t)MC * KC : 0;
+    const int64_t b_size = (int64_t)KC * MIN(NC, col_tiles * uk->nr);
+    const int64_t per = a_size + b_size;
+    float *buf = aligned_alloc(64, (size_t)(threads * per) * sizeof(float));
     if (!buf)
         return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
                            "pytfm_sgemm: cannot allocate %lld bytes of packing buffers",
-                           (long long)(threads * (a_size + b_size) * (int64_t)sizeof(float)));
+                           (long long)(threads * per * (int64_t)sizeof(float)));
 #if defined(_OPENMP)
 #pragma omp parallel num_threads((int)threads) if (threads > 1)
 #endif
@@ -169,7 +185,7 @@ static pytfm_status gemm_blocked(const gemm *g, const pytfm__micro *uk) {
 #else
         const int64_t t = 0;
 #endif
-        float *pa = buf + t * (a_size + b_size), *pb = pa + a_size;
+        float *pa = a_size ? buf + t * per : NULL, *pb = buf + t * per + a_size;
         const int64_t tiles = by_rows ? row_tiles : col_tiles;
         const int64_t lo = tiles * t / threads, hi = tiles * (t + 1) / threads;
         if (by_rows)
