@@ -20,6 +20,7 @@ pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *
     PYTFM_CHECK_PTR(ids, n);
     PYTFM_CHECK_PTR(table, 1);
     PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, n, vocab, 0, 0));
+    PYTFM_PARALLEL_FOR_IF(n * dim > PYTFM_TASK_ELEMS)
     for (int64_t i = 0; i < n; i++)
         memcpy(y + i * dim, table + ids[i] * dim, (size_t)dim * sizeof(float));
     return PYTFM_STATUS_OK;
@@ -34,10 +35,15 @@ pytfm_status pytfm_embedding_backward(float *dtable, const float *dy, const int6
     PYTFM_CHECK_PTR(dy, n);
     PYTFM_CHECK_PTR(ids, n);
     PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, n, vocab, 0, 0));
-    for (int64_t i = 0; i < n; i++) {
-        float *row = dtable + ids[i] * dim;
-        const float *g = dy + i * dim;
-        for (int64_t j = 0; j < dim; j++) row[j] += g[j];
-    }
+    // threads own column blocks and scan every id in order: repeated ids add up in the same
+    // order as on one thread, with no two threads writing one element
+    enum { COLS = 64 };
+    PYTFM_PARALLEL_FOR_IF(n * dim > PYTFM_TASK_ELEMS && dim > COLS)
+    for (int64_t j0 = 0; j0 < dim; j0 += COLS)
+        for (int64_t i = 0; i < n; i++) {
+            float *row = dtable + ids[i] * dim;
+            const float *g = dy + i * dim;
+            for (int64_t j = j0; j < MIN(dim, j0 + COLS); j++) row[j] += g[j];
+        }
     return PYTFM_STATUS_OK;
 }

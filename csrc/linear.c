@@ -20,9 +20,11 @@ pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w, cons
     PYTFM_CHECK_PTR(x, n);
     PYTFM_CHECK_PTR(w, 1);
     PYTFM_TRY(pytfm_sgemm(y, x, w, n, out, in, 0, 1, 0.0f));
-    if (b)
+    if (b) {
+        PYTFM_PARALLEL_FOR_IF(n * out > PYTFM_TASK_ELEMS)
         for (int64_t r = 0; r < n; r++)
             for (int64_t o = 0; o < out; o++) y[r * out + o] += b[o];
+    }
     return PYTFM_STATUS_OK;
 }
 
@@ -38,8 +40,12 @@ pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float 
     PYTFM_CHECK_PTR(w, dx ? 1 : 0);
     if (dx) PYTFM_TRY(pytfm_sgemm(dx, dy, w, n, in, out, 0, 0, 0.0f));
     PYTFM_TRY(pytfm_sgemm(dw, dy, x, out, in, n, 1, 0, 1.0f)); // dy stored [n, out] = op(A)ᵀ
-    if (db)
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t o = 0; o < out; o++) db[o] += dy[r * out + o];
+    if (db) { // column blocks to threads; each column summed over the rows in order
+        enum { COLS = 64 };
+        PYTFM_PARALLEL_FOR_IF(n * out > PYTFM_TASK_ELEMS && out > COLS)
+        for (int64_t o0 = 0; o0 < out; o0 += COLS)
+            for (int64_t r = 0; r < n; r++)
+                for (int64_t o = o0; o < MIN(out, o0 + COLS); o++) db[o] += dy[r * out + o];
+    }
     return PYTFM_STATUS_OK;
 }

@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name: (file, text to find, replacement, test files that must catch it)
 OPS = ["tests/test_ops.py", "tests/test_properties.py", "tests/test_errors.py"]
 ATT = ["tests/test_attention.py"]
+FAST = ["tests/test_fast.py"]
 MUTATIONS = {
     "softmax_no_max": ("csrc/softmax.c", "yr[j] = expf(xr[j] - max);", "yr[j] = expf(xr[j]);", OPS),
     "layernorm_dx_no_rstd": ("csrc/layernorm.c", "dxr[j] = rs * (dyr[j]", "dxr[j] = (dyr[j]", OPS),
@@ -42,6 +43,13 @@ MUTATIONS = {
                                "const float bt = g->beta;", ["tests/test_sgemm.py"]),
     "sgemm_avx512_mask_one_wide": ("csrc/sgemm.c", "(__mmask16)((1u << (cols - 16)) - 1)",
                                    "(__mmask16)((1u << (cols - 15)) - 1)", ["tests/test_sgemm.py"]),
+    "fast_ln_partials_per_thread": ("csrc/layernorm.c", "const int64_t chunks = MIN(rows, (int64_t)LN_CHUNKS);",
+                                    "const int64_t chunks = MIN(rows, (int64_t)pytfm_get_num_threads());", FAST),
+    "fast_exp_coefficient": ("csrc/vecmath.h", "p = p * r + 1.6666665459e-1f;", "p = p * r + 1.6e-1f;", FAST),
+    "fast_softmax_tail_dropped": ("csrc/fast_impl.h", "for (; j < cols; j++) tail += dy[j] * y[j];", "", FAST),
+    "attn_fast_no_rescale": ("csrc/attention.c", "if (alpha != 1.0f)", "if (0)", FAST),
+    "attn_fast_dq_overwrites": ("csrc/attention.c", "k + j0 * HD, HD, nq, D, nk, 1.0f);",
+                                "k + j0 * HD, HD, nq, D, nk, 0.0f);", FAST),
     "attn_no_rescale": ("csrc/attention.c", "for (int64_t d = 0; d < D; d++) orow[d] *= alpha;", "", ATT),
     "attn_causal_sees_next": ("csrc/attention.c", "p->start + i0 + r - j0 + 1) : nk;",
                               "p->start + i0 + r - j0 + 2) : nk;", ATT),

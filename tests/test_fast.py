@@ -4,6 +4,11 @@ widths (16) and their task size (16384 elements). All three builds must agree bi
 they run the same operations in the same order (sums over 16 fixed partial results).
 """
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -164,3 +169,41 @@ def test_rope(isa, B, T, H, D, per_batch, seed):
     fn = lambda: [ops.rope_forward(x, pos), ops.rope_backward(x, pos)]  # noqa: E731
     for g, p in zip(run_all(isa, fn), run_all("plain", fn), strict=True):
         np.testing.assert_array_equal(g, p)
+
+
+def test_every_op_gives_the_same_bits_at_any_thread_count():
+    """Sizes large enough that each op splits its work among threads (> 16384 elements)."""
+    code = textwrap.dedent(
+        """
+        import hashlib, numpy as np
+        from pytfm import ops
+        rng = np.random.default_rng(3)
+        x, dy = (rng.standard_normal((300, 257)).astype(np.float32) for _ in range(2))
+        w, b = (rng.standard_normal(257).astype(np.float32) for _ in range(2))
+        W = rng.standard_normal((130, 257)).astype(np.float32)
+        ids = rng.integers(0, 50, 300)
+        table = rng.standard_normal((50, 257)).astype(np.float32)
+        q = rng.standard_normal((2, 100, 3, 16)).astype(np.float32)
+        y, mean, rstd = ops.layernorm_forward(x, w, b)
+        sm = ops.softmax_forward(x)
+        loss, lse = ops.cross_entropy_forward(x, ids)
+        lin = ops.linear_forward(x, W, b[:130])
+        p, m, v = x.copy(), np.zeros_like(x), np.zeros_like(x)
+        ops.adamw_step(p, dy, m, v, step=1, lr=1e-3, weight_decay=0.1)
+        out = [y, mean, rstd, *ops.layernorm_backward(dy, x, w, mean, rstd), sm,
+               ops.softmax_backward(dy, sm), np.float32(loss), lse,
+               ops.cross_entropy_backward(x, ids, lse), ops.gelu_forward(x),
+               ops.gelu_backward(dy, x), lin, *ops.linear_backward(lin, x, W),
+               ops.embedding_forward(ids, table), ops.embedding_backward(dy, ids, 50),
+               ops.rope_forward(q, np.arange(100)), p, m, v]
+        print(hashlib.sha256(b"".join(np.asarray(a).tobytes() for a in out)).hexdigest())
+        """
+    )
+    root = os.path.dirname(os.path.dirname(ops.__file__))  # the pytfm under test
+    digests = set()
+    for threads in ("1", "2", "3"):
+        env = {"OMP_NUM_THREADS": threads, "PATH": "/usr/bin:/bin", "PYTHONPATH": root}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, cwd="/", check=True)
+        digests.add(r.stdout.strip())
+    assert len(digests) == 1, digests
