@@ -9,6 +9,9 @@
 #ifndef PYTFM_FAST_H
 #define PYTFM_FAST_H
 
+#include <stdint.h>
+#include <string.h>
+
 #include "internal.h"
 
 typedef struct pytfm__adamw_consts {

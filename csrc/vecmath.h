@@ -1,7 +1,8 @@
 /*
  * vecmath.h — float maths written so that the compiler vectorises a loop that calls it: no
- * branches (only selects), no library calls, a fixed order of operations. Compiled with
- * -std=c11 (no FMA contraction), so each function gives the same bits in every build.
+ * branches (only selects), no library calls, a fixed order of operations. -std=c11 means no
+ * implicit FMA contraction; PYTFM_FMA(a, b, c) = a·b + c is one fused operation in builds for
+ * CPUs with FMA (the AVX2 and AVX-512 ones: they give the same bits) and two elsewhere.
  */
 #ifndef PYTFM_VECMATH_H
 #define PYTFM_VECMATH_H
@@ -10,6 +11,12 @@
 #include <string.h>
 
 #include "internal.h"
+
+#if defined(__FMA__)
+#define PYTFM_FMA(a, b, c) __builtin_fmaf((a), (b), (c))
+#else
+#define PYTFM_FMA(a, b, c) ((a) * (b) + (c))
+#endif
 
 /* 2^k for an integer-valued k in [-126, 127] (k = -127 gives 0), by building the float's
  * exponent field */
@@ -20,24 +27,24 @@ static inline float pytfm__exp2i(float k) {
     return f;
 }
 
-/* e^x to about 1 ulp for results of at least 2^-126 (FLT_MIN): e^x = 2^n · e^r with
- * n = round(x·log2 e) and |r| <= ln2/2, e^r by Cephes's polynomial, 2^n built in the exponent
- * field. Results below 2^-126 (x < -87.34) flush to 0; x > 88.72 saturates at e^88.72
- * (FLT_MAX) instead of +inf; NaN stays NaN. */
+/* e^x to about 2 ulp for results of at least 2^-126 (FLT_MIN): e^x = 2^n · e^r with
+ * n = round(x·log2 e) and |r| <= ln2/2, e^r by a degree-5 polynomial (Cephes's expf
+ * coefficients less the last), 2^n built in the exponent field. Results below 2^-126
+ * (x < -87.34) flush to 0 (e^-inf = 0, as a mask needs), x > 88.37 saturates at e^88.37
+ * (≈ 2.4e38) instead of reaching FLT_MAX or +inf; NaN stays NaN. */
 static inline float pytfm__expf(float x) {
-    const float lo = -87.3365448f, hi = 88.7228394f;
+    const float lo = -87.3365448f, hi = 88.37f;
     const float xc = x < lo ? lo : (x > hi ? hi : x);
     // round to nearest without a library call: adding 1.5·2^23 leaves no fraction bits
-    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // -126 ... 128
-    const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f; // x − n·ln2 in two parts
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    return p * pytfm__exp2i(n - 1.0f) * 2.0f; // 2^(n-1) is a normal float, or 0 for n = -126
+    const float n = PYTFM_FMA(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+    const float r = PYTFM_FMA(n, 2.12194440e-4f, PYTFM_FMA(n, -0.693359375f, xc)); // x − n·ln2
+    float p = 1.3981999507e-3f;
+    p = PYTFM_FMA(p, r, 8.3334519073e-3f);
+    p = PYTFM_FMA(p, r, 4.1665795894e-2f);
+    p = PYTFM_FMA(p, r, 1.6666665459e-1f);
+    p = PYTFM_FMA(p, r, 5.0000001201e-1f);
+    p = PYTFM_FMA(p * r, r, r) + 1.0f;
+    return x < lo ? 0.0f : p * pytfm__exp2i(n); // n in [-126, 127]: 2^n a normal float
 }
 
 /* Sums and maxima over a vector use PYTFM_LANES independent partial results, combined in a
