@@ -134,7 +134,7 @@ def ew_cases(lib):
     )
     mean, rstd, loss, lse = (np.empty(R, np.float32) for _ in range(4))
     C.pytfm_layernorm_forward(p(y), p(mean), p(rstd), p(x), p(w), p(b), R, Cc, 1e-5)
-    # RoPE: R rows = batch 8 × T 64 × 8 heads of dim 1024/8 = 128
+    # RoPE on the same [R, C] floats: [B = R / 64, T = 64, H = 8, D = C / 8]
     T, H = 64, 8
     pos = np.arange(T, dtype=np.int64)
     targets = np.random.default_rng(5).integers(0, Cc, R).astype(np.int64)
@@ -154,10 +154,10 @@ def ew_cases(lib):
         "gelu fwd": lambda: C.pytfm_gelu_forward(p(out), p(x), N_EW),
         "gelu bwd": lambda: C.pytfm_gelu_backward(p(out), p(dy), p(x), N_EW),
         "rope fwd": lambda: C.pytfm_rope_forward(
-            p(out), p(x), p(pos), R // (T * H), T, H, Cc // H, 0, 10000.0
+            p(out), p(x), p(pos), R // T, T, H, Cc // H, 0, 10000.0
         ),
         "rope bwd": lambda: C.pytfm_rope_backward(
-            p(out), p(dy), p(pos), R // (T * H), T, H, Cc // H, 0, 10000.0
+            p(out), p(dy), p(pos), R // T, T, H, Cc // H, 0, 10000.0
         ),
         "cross_entropy fwd": lambda: C.pytfm_cross_entropy_forward(
             p(loss), p(lse), p(x), p(targets), R, Cc, -100
