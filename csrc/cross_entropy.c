@@ -33,7 +33,8 @@ pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *l
         const int64_t per = pytfm__rows_per_task(V);
         PYTFM_PARALLEL_FOR_IF(n > per)
         for (int64_t r0 = 0; r0 < n; r0 += per)
-            for (int64_t i = r0; i < MIN(n, r0 + per); i++) lse[i] = k->logsumexp(logits + i * V, V);
+            for (int64_t i = r0; i < MIN(n, r0 + per); i++)
+                lse[i] = k->logsumexp(logits + i * V, V);
         double total = 0.0; // in row order, after the parallel part: the same at any thread count
         for (int64_t i = 0; i < n; i++)
             if (targets[i] != ignore_index) total += (double)lse[i] - logits[i * V + targets[i]];

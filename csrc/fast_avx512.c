@@ -1,5 +1,5 @@
-/* fast_avx512.c — the element-wise kernels of fast_impl.h compiled for AVX-512 (16 floats a vector).
- * Only called on CPUs that have it; elsewhere the table points at the portable build. */
+/* fast_avx512.c — the element-wise kernels of fast_impl.h compiled for AVX-512 (16 floats a
+ * vector). Only called on CPUs that have it; elsewhere the table points at the portable build. */
 #include "fast.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
