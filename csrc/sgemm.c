@@ -131,67 +131,92 @@ static void pack_b(float *dst, const gemm *g, int nr, int64_t p0, int64_t kc, in
 }
 
 /* C[i0..i1) × [j0..j1): the part of the product one thread computes */
-static void gemm_band(const gemm *g, const pytfm__micro *uk, float *pa, float *pb, int64_t i0,
-                      int64_t i1, int64_t j0, int64_t j1) {
+/* rows [i0, i1) of C against the packed slice pb of op(B) (columns [jc, jc+nc), k slice
+ * [pc, pc+kc)); pa is this thread's buffer for packed panels of op(A), NULL to read A in place */
+static void rows_times_panel(const gemm *g, const pytfm__micro *uk, float *pa, const float *pb,
+                             int64_t i0, int64_t i1, int64_t jc, int64_t nc, int64_t pc,
+                             int64_t kc) {
     const int mr = uk->mr, nr = uk->nr;
-    for (int64_t jc = j0; jc < j1; jc += NC) {
-        const int64_t nc = MIN(NC, j1 - jc);
-        for (int64_t pc = 0; pc < g->k; pc += KC) {
-            const int64_t kc = MIN(KC, g->k - pc);
-            const float bt = pc == 0 ? g->beta : 1.0f; // later slices add to what is there
-            pack_b(pb, g, nr, pc, kc, jc, nc);
-            for (int64_t ic = i0; ic < i1; ic += MC) {
-                const int64_t mc = MIN(MC, i1 - ic);
-                // op(A) element (i, p) at a[i·a_sr + p·a_sp]: A's own rows, or packed panels
-                const float *a = g->a + ic * g->k + pc;
-                int64_t a_sp = 1, a_sr = g->k, a_panel = 0;
-                if (pa) {
-                    pack_a(pa, g, mr, ic, mc, pc, kc);
-                    a = pa, a_sp = mr, a_sr = 1, a_panel = mr * kc;
-                }
-                for (int64_t jr = 0; jr < nc; jr += nr)
-                    for (int64_t ir = 0; ir < mc; ir += mr)
-                        uk->run(g->c + (ic + ir) * g->n + jc + jr, g->n,
-                                a + (a_panel ? ir / mr * a_panel : ir * a_sr), a_sp, a_sr,
-                                pb + jr * kc, nr, kc,
-                                (int)MIN(mr, mc - ir), (int)MIN(nr, nc - jr), bt);
-            }
+    const float bt = pc == 0 ? g->beta : 1.0f; // later slices add to what is there
+    for (int64_t ic = i0; ic < i1; ic += MC) {
+        const int64_t mc = MIN(MC, i1 - ic);
+        // op(A) element (i, p) at a[i·a_sr + p·a_sp]: A's own rows, or packed panels
+        const float *a = g->a + ic * g->k + pc;
+        int64_t a_sp = 1, a_sr = g->k, a_panel = 0;
+        if (pa) {
+            pack_a(pa, g, mr, ic, mc, pc, kc);
+            a = pa, a_sp = mr, a_sr = 1, a_panel = mr * kc;
         }
+        for (int64_t jr = 0; jr < nc; jr += nr)
+            for (int64_t ir = 0; ir < mc; ir += mr)
+                uk->run(g->c + (ic + ir) * g->n + jc + jr, g->n,
+                        a + (a_panel ? ir / mr * a_panel : ir * a_sr), a_sp, a_sr, pb + jr * kc,
+                        nr, kc, (int)MIN(mr, mc - ir), (int)MIN(nr, nc - jr), bt);
     }
 }
 
-/* Split C among threads in whole micro-tiles, by rows when there are enough of them, else by
- * columns; each thread packs into its own buffers (one allocation per call). */
+/* Split C among threads in whole micro-tiles: by rows when there are enough of them, the
+ * threads then sharing each packed slice of B (each packs a share of its micro-panels, then
+ * all wait at a barrier); else by columns, each thread packing its own. One allocation per
+ * call holds the packing buffers. */
 static pytfm_status gemm_blocked(const gemm *g, const pytfm__micro *uk) {
-    const int64_t row_tiles = (g->m + uk->mr - 1) / uk->mr;
-    const int64_t col_tiles = (g->n + uk->nr - 1) / uk->nr;
+    const int64_t nr = uk->nr, row_tiles = (g->m + uk->mr - 1) / uk->mr;
+    const int64_t col_tiles = (g->n + nr - 1) / nr;
     int64_t threads = pytfm_get_num_threads();
     const int by_rows = row_tiles >= threads || row_tiles >= col_tiles;
     threads = MIN(threads, by_rows ? row_tiles : col_tiles);
     const int64_t a_size = pack_a_pays(g) ? (int64_t)MC * KC : 0;
-    const int64_t b_size = (int64_t)KC * MIN(NC, col_tiles * uk->nr);
-    const int64_t per = a_size + b_size;
-    float *buf = aligned_alloc(64, (size_t)(threads * per) * sizeof(float));
+    const int64_t b_size = (int64_t)KC * MIN(NC, col_tiles * nr);
+    const int64_t b_count = by_rows ? 1 : threads; // shared, or one per thread
+    float *buf = aligned_alloc(64, (size_t)(threads * a_size + b_count * b_size) * sizeof(float));
     if (!buf)
         return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
                            "pytfm_sgemm: cannot allocate %lld bytes of packing buffers",
-                           (long long)(threads * per * (int64_t)sizeof(float)));
+                           (long long)((threads * a_size + b_count * b_size) *
+                                       (int64_t)sizeof(float)));
 #if defined(_OPENMP)
 #pragma omp parallel num_threads((int)threads) if (threads > 1)
 #endif
     {
 #if defined(_OPENMP)
-        const int64_t t = omp_get_thread_num();
+        const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
 #else
-        const int64_t t = 0;
+        const int64_t t = 0, team = 1;
 #endif
-        float *pa = a_size ? buf + t * per : NULL, *pb = buf + t * per + a_size;
+        float *pa = a_size ? buf + t * a_size : NULL;
+        float *pb = buf + threads * a_size + (by_rows ? 0 : t * b_size);
         const int64_t tiles = by_rows ? row_tiles : col_tiles;
-        const int64_t lo = tiles * t / threads, hi = tiles * (t + 1) / threads;
-        if (by_rows)
-            gemm_band(g, uk, pa, pb, lo * uk->mr, MIN(hi * uk->mr, g->m), 0, g->n);
-        else
-            gemm_band(g, uk, pa, pb, 0, g->m, lo * uk->nr, MIN(hi * uk->nr, g->n));
+        const int64_t lo = tiles * t / team, hi = tiles * (t + 1) / team;
+        if (by_rows) {
+            const int64_t i0 = lo * uk->mr, i1 = MIN(hi * uk->mr, g->m);
+            for (int64_t jc = 0; jc < g->n; jc += NC) {
+                const int64_t nc = MIN(NC, g->n - jc), panels = (nc + nr - 1) / nr;
+                for (int64_t pc = 0; pc < g->k; pc += KC) {
+                    const int64_t kc = MIN(KC, g->k - pc);
+                    const int64_t q0 = panels * t / team, q1 = panels * (t + 1) / team;
+                    if (q1 > q0) // this thread's share of the slice's micro-panels
+                        pack_b(pb + q0 * nr * kc, g, (int)nr, pc, kc, jc + q0 * nr,
+                               MIN(nc, q1 * nr) - q0 * nr);
+#if defined(_OPENMP)
+#pragma omp barrier
+#endif
+                    rows_times_panel(g, uk, pa, pb, i0, i1, jc, nc, pc, kc);
+#if defined(_OPENMP)
+#pragma omp barrier
+#endif
+                }
+            }
+        } else {
+            const int64_t j0 = lo * nr, j1 = MIN(hi * nr, g->n);
+            for (int64_t jc = j0; jc < j1; jc += NC) {
+                const int64_t nc = MIN(NC, j1 - jc);
+                for (int64_t pc = 0; pc < g->k; pc += KC) {
+                    const int64_t kc = MIN(KC, g->k - pc);
+                    pack_b(pb, g, (int)nr, pc, kc, jc, nc);
+                    rows_times_panel(g, uk, pa, pb, 0, g->m, jc, nc, pc, kc);
+                }
+            }
+        }
     }
     free(buf);
     return PYTFM_STATUS_OK;
