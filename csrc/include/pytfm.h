@@ -149,7 +149,7 @@ PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, co
  * register micro-kernel (pytfm_get_isa() says which), or the plain loop below AVX2;
  * pytfm_sgemm_plain is always the plain loop, kept as the reference the fast ones are tested
  * against. Each gives the same bits at any thread count. The packed kernels allocate their
- * packing buffers (about 1.1 MiB per thread) once per call: PYTFM_STATUS_OUT_OF_MEMORY if
+ * packing buffers (under 1 MiB per thread) once per call: PYTFM_STATUS_OUT_OF_MEMORY if
  * that fails.
  */
 PYTFM_API pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m,
