@@ -67,6 +67,8 @@ extern "C" pytfm_status pytfm_cross_entropy_forward_cuda(float *loss, float *lse
                         loss, lse, logits, targets, n, V, ignore_index);
 }
 
+enum { BACKWARD_BLOCKS = PYTFM_MAX_BLOCKS < 256 ? PYTFM_MAX_BLOCKS : 256 };
+
 template <bool kWarp>
 static __global__ void cross_entropy_backward_kernel(float *dlogits, const float *logits,
                                                      const int64_t *targets, const float *lse,
@@ -102,6 +104,6 @@ extern "C" pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const 
     PYTFM_CHECK_PTR(lse, n);
     if (n == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH_ROWS(cross_entropy_backward_kernel<true>,
-                             cross_entropy_backward_kernel<false>, n, V, 256, stream, dlogits,
+                             cross_entropy_backward_kernel<false>, n, V, BACKWARD_BLOCKS, stream, dlogits,
                              logits, targets, lse, n, V, ignore_index, dloss);
 }

@@ -11,8 +11,13 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <mutex>
 #include <string>
 #include <vector>
+
+/* the bounds of the __shared__ section (emu.h), provided by the linker */
+extern "C" char __start_pytfm_emu_shared[], __stop_pytfm_emu_shared[];
+static __attribute__((section("pytfm_emu_shared"), used)) char pytfm_emu_shared_anchor[16];
 
 namespace pytfm_emu {
 
@@ -43,6 +48,7 @@ struct Launch {
 };
 
 static thread_local Launch *active;
+static int reverse_order; // run the fibers of a block last to first (pytfm_emu_set_order)
 static thread_local cudaError_t last_error = cudaSuccess;
 static thread_local std::string last_message;
 
@@ -230,9 +236,11 @@ static void run_block(Launch &l, char *stacks, size_t stack_size) {
         makecontext(&f.ctx, fiber_main, 0);
     }
     memset(l.shmem.data(), 0xff, l.shmem.size());
+    memset(__start_pytfm_emu_shared, 0xff, __stop_pytfm_emu_shared - __start_pytfm_emu_shared);
     size_t exited = 0;
     while (exited < n) {
-        for (Fiber &f : l.fibers) {
+        for (size_t k = 0; k < n; k++) {
+            Fiber &f = l.fibers[reverse_order ? n - 1 - k : k];
             if (f.state != RUNNABLE) continue;
             l.current = &f;
             swapcontext(&l.scheduler, &f.ctx);
@@ -269,6 +277,8 @@ void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &bo
         last_message = "emulator: no memory for the fiber stacks";
         return;
     }
+    static std::mutex one_at_a_time; // the __shared__ section is one for the process
+    std::lock_guard<std::mutex> lock(one_at_a_time);
     Launch l;
     l.grid = grid;
     l.block = block;
@@ -291,6 +301,13 @@ void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &bo
 }
 
 } // namespace pytfm_emu
+
+/* The order in which the fibers of a block run between barriers: 0 first to last, 1 last to
+ * first. Code that reads shared memory another thread writes, without a barrier between, reads
+ * stale data in one of the two orders; the tests run each kernel in both. */
+extern "C" __attribute__((visibility("default"))) void pytfm_emu_set_order(int reverse) {
+    pytfm_emu::reverse_order = reverse;
+}
 
 cudaError_t cudaGetLastError(void) {
     const cudaError_t e = pytfm_emu::last_error;

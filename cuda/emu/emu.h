@@ -11,9 +11,10 @@
  *     deposited, as on the GPU;
  *   - a thread that exits, or waits at another barrier, while others wait for it is reported
  *     as a launch error (cudaGetLastError) that names the threads: never a hang;
- *   - __shared__ variables are static thread_local, so all fibers of a block share them; the
- *     dynamic shared memory is refilled with NaN bytes (0xff) before every block, so a kernel
- *     that reads it before writing sees garbage, as it would on a GPU.
+ *   - __shared__ variables are statics in one section, so all fibers of a block share them;
+ *     that section and the dynamic shared memory are refilled with 0xff bytes (NaN, -1) before
+ *     every block, so a kernel that reads shared memory before writing it sees garbage, as it
+ *     could on a GPU. One launch runs at a time in a process (a mutex serialises them).
  * "Device pointers" are host pointers; streams are ignored. Atomics are plain read-modify-
  * writes (one fiber runs at a time). Launch configurations are checked as the GPU would:
  * at most 1024 threads per block, no empty grid, 48 KiB of dynamic shared memory.
@@ -90,7 +91,10 @@ template <class T> T shfl(WarpOp op, unsigned mask, T v, int arg, int width) {
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static thread_local
+/* __shared__ variables are placed in one section, which the emulator refills with 0xff bytes
+ * (NaN for floats, -1 for integers) before every block, as the GPU leaves shared memory
+ * undefined: a kernel that reads a value no thread of this block wrote sees garbage. */
+#define __shared__ static __attribute__((section("pytfm_emu_shared"), aligned(16)))
 #define __launch_bounds__(...)
 
 inline void __syncthreads() { pytfm_emu::syncthreads(); }
