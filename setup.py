@@ -180,7 +180,8 @@ class BuildExt(build_ext):
 
     def build_cuda(self, cuda, lib_dir, werror):
         """nvcc -c each cuda/*.cu; its -Xptxas -v report goes to lib_dir/cuda_build.log."""
-        host = ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"] + (["-Werror"] if werror else [])
+        host = ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
+        host += ["-Werror"] if werror else []
         flags = ["-std=c++17", "-O3", "-Xcompiler", ",".join(host), "-Xptxas", "-v",
                  "-DPYTFM_BUILDING", f"-I{INCLUDE}", f"-I{CSRC}", f"-I{CUDA_DIR}", *cuda.gencode]
         if werror:

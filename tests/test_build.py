@@ -92,9 +92,9 @@ def test_pytfm_cuda_1_without_nvcc_is_a_clear_build_error(tmp_path):
                            if d and not os.path.exists(os.path.join(d, "nvcc")))
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
     env.update(PATH=path, PYTFM_CUDA="1")
-    r = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-temp", str(tmp_path / "t"),
-                        "--build-lib", str(tmp_path / "l")], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-temp",
+                        str(tmp_path / "t"), "--build-lib", str(tmp_path / "l")], cwd=ROOT,
+                       env=env, capture_output=True, text=True)
     assert r.returncode != 0
     assert "PYTFM_CUDA=1 asks for the CUDA kernels, but nvcc was found neither" in r.stderr
 

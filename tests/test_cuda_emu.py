@@ -14,8 +14,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from cuda_emu import CUDA, Emu, EmuError, Guarded, build, compilers
+
 from helpers import assert_close
 from pytfm import ops
 from pytfm import reference as ref
@@ -68,7 +68,6 @@ def test_emulator_warp_primitives_follow_their_definitions(emu, width):
                                                        lane))
     x = lane ^ lane_mask
     np.testing.assert_array_equal(out[3], v + np.where(x < base + width, x, lane))
-    ballot = sum(1 << b for b in range(32) if b % 3 == (0 - 0) % 3 and True) & 0
     for w in (0, 1):
         votes = sum(1 << b for b in range(32) if (w * 32 + b) % 3 == 0)
         ballot = np.array(votes, np.uint32).view(np.int32)
@@ -136,7 +135,8 @@ def test_sgemm(emu, order, m, n, k, trans_a, trans_b):
     g = Guarded()
     a = f32(rng, (k, m) if trans_a else (m, k))
     b = f32(rng, (n, k) if trans_b else (k, n))
-    opa, opb = (a.T if trans_a else a).astype(np.float64), (b.T if trans_b else b).astype(np.float64)
+    opa = (a.T if trans_a else a).astype(np.float64)
+    opb = (b.T if trans_b else b).astype(np.float64)
     bound = np.abs(opa) @ np.abs(opb)
     for beta in (0.0, 1.0):
         c0 = f32(rng, (m, n))
@@ -281,7 +281,8 @@ def test_embedding(emu, order, n, vocab, dim):
     emu.call("pytfm_embedding_backward_cuda", dtable, g(dy), g(ids, np.int64), n, vocab, dim)
     want_c = ops.embedding_backward(dy, ids, vocab, dtable=dt0.copy())
     np.testing.assert_array_equal(dtable, want_c)  # same order of additions: same bits
-    assert_close("cuda-emu.embedding.backward", dtable, dt0 + ref.embedding_backward(dy, ids, vocab),
+    assert_close("cuda-emu.embedding.backward", dtable,
+                 dt0 + ref.embedding_backward(dy, ids, vocab),
                  atol=2 * n * EPS32 * (float(abs(dy).max()) + abs(dt0)))
     g.check()
 
