@@ -76,12 +76,12 @@ def _array(name, a, dtype=_F32, ndim=None, min_ndim=1, gpu=False):
     cupy.ndarray when gpu (the backend _on_gpu chose)."""
     if gpu and not (_is_cupy(a) and type(a).__name__ == "ndarray"):
         raise TypeError(f"{name} must be a cupy.ndarray of {dtype}, got {type(a).__qualname__}")
+    if not gpu and _is_cupy(a):
+        raise TypeError(
+            f"{name} is a CuPy array, but this operation runs on NumPy arrays only "
+            "(it has no CUDA kernel yet); pass a numpy.ndarray"
+        )
     if not gpu and not isinstance(a, np.ndarray):
-        if _is_cupy(a):
-            raise TypeError(
-                f"{name} is a CuPy array, but this operation runs on NumPy arrays only "
-                "(it has no CUDA kernel yet); pass a numpy.ndarray"
-            )
         kind = type(a).__name__ if type(a).__module__ == "builtins" else type(a).__qualname__
         kind = f"numpy.{kind} scalar" if isinstance(a, np.generic) else kind
         raise TypeError(f"{name} must be a numpy.ndarray of {dtype}, got {kind}")

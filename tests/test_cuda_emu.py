@@ -10,12 +10,11 @@ so the grid-stride loops are walked too.
 """
 
 import os
-import shutil
 
 import numpy as np
 import pytest
-from cuda_emu import CUDA, Emu, EmuError, Guarded, build, compilers
 
+from cuda_emu import CUDA, EmuError, Guarded
 from helpers import assert_close
 from pytfm import ops
 from pytfm import reference as ref
@@ -23,14 +22,6 @@ from pytfm import reference as ref
 EPS32 = float(np.finfo(np.float32).eps)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(CUDA), reason="needs the source checkout")
-
-
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory):
-    cc, cxx = compilers()
-    if not (cc and cxx and shutil.which(cxx) or os.path.exists(str(cxx))):
-        pytest.fail("a C++ compiler (g++) is needed to run the CUDA kernels under the emulator")
-    return Emu(build(str(tmp_path_factory.mktemp("emu"))))
 
 
 @pytest.fixture(params=["forward", "reverse"])
