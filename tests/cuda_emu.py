@@ -7,6 +7,7 @@ functions of pytfm.h; "device" pointers are host pointers, so NumPy arrays are p
 """
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -26,6 +27,15 @@ pytfm_status emu_shuffle_exit(float *out);
 pytfm_status emu_block_sum(float *out, const float *in, int blocks, int threads,
                            int shared_bytes);
 """
+
+
+def read_cdef():
+    """The checkout's pytfm.h between its PYTFM_CDEF markers, as pytfm/_build_ffi.py reads it
+    (from the checkout: the installed package may be another build)."""
+    with open(os.path.join(ROOT, "csrc", "include", "pytfm.h"), encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r"/\* PYTFM_CDEF_BEGIN \*/(.*)/\* PYTFM_CDEF_END \*/", text, re.S)
+    return re.sub(r"\bPYTFM_API\s+", "", m.group(1))
 
 
 def compilers():
@@ -73,10 +83,8 @@ class Emu:
     """The emulator library through cffi's ABI mode, with the cdef of pytfm.h."""
 
     def __init__(self, path):
-        from pytfm._build_ffi import read_cdef
-
         self.ffi = cffi.FFI()
-        self.ffi.cdef(read_cdef(os.path.join(ROOT, "csrc", "include", "pytfm.h")) + SELFTEST_CDEF)
+        self.ffi.cdef(read_cdef() + SELFTEST_CDEF)
         self.lib = self.ffi.dlopen(path)
 
     def p(self, a):
