@@ -205,17 +205,21 @@ class BuildExt(build_ext):
                 obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
                 objects.append(obj)
                 log.write(f"\n## {src}\n")
-                if os.path.exists(obj) and os.path.getmtime(obj) > max(
+                # an object newer than its sources is reused, with the report kept beside it
+                if not os.path.exists(obj + ".log") or os.path.getmtime(obj) <= max(
                     newest_header, os.path.getmtime(os.path.join(ROOT, src))
                 ):
-                    log.write("(up to date)\n")
-                    continue
-                print(f"nvcc {src}", flush=True)
-                r = subprocess.run([cuda.nvcc, *flags, "-c", src, "-o", obj], cwd=ROOT,
-                                   capture_output=True, text=True)
-                log.write(r.stdout + r.stderr)
-                if r.returncode:
-                    raise SetupError(f"nvcc failed on {src} (log: {log_path}):\n{r.stderr[-4000:]}")
+                    print(f"nvcc {src}", flush=True)
+                    r = subprocess.run([cuda.nvcc, *flags, "-c", src, "-o", obj], cwd=ROOT,
+                                       capture_output=True, text=True)
+                    if r.returncode:
+                        log.write(r.stdout + r.stderr)
+                        raise SetupError(f"nvcc failed on {src} (log: {log_path}):\n"
+                                         f"{r.stderr[-4000:]}")
+                    with open(obj + ".log", "w") as f:
+                        f.write(r.stdout + r.stderr)
+                with open(obj + ".log") as f:
+                    log.write(f.read())
         return objects
 
 
