@@ -1,20 +1,31 @@
-"""Build pytfm: libpytfm (C kernels) into pytfm/lib, its header into pytfm/include, then the
-cffi extension pytfm._pytfm_cffi linked to that same library (rpath $ORIGIN/lib).
+"""Build pytfm: libpytfm (C kernels, and the CUDA kernels when nvcc is found) into pytfm/lib,
+its header into pytfm/include, then the cffi extension pytfm._pytfm_cffi linked to that same
+library (rpath $ORIGIN/lib).
 
 Environment:
-  PYTFM_WERROR=1   compile the C kernels with -Werror (CI does)
-  PYTFM_OPENMP=0   build without OpenMP (by default it is used when the compiler has it)
-  CC, CFLAGS       as for any setuptools build
-CUDA kernels are not part of the build yet; they arrive with the CUDA backend issue.
+  PYTFM_WERROR=1      compile the C and CUDA kernels with warnings as errors (CI does)
+  PYTFM_OPENMP=0      build without OpenMP (by default it is used when the compiler has it)
+  PYTFM_CUDA=0 / =1   never / always build the CUDA kernels (=1 fails when nvcc is missing);
+                      unset: build them when nvcc is on PATH or in $CUDA_HOME/bin, $CUDA_PATH/bin
+  PYTFM_CUDA_ARCH     compute capabilities to compile for, e.g. "90" or "80;90" (default
+                      "80;90"), plus PTX of the newest for the GPUs after it
+  NVCC_CCBIN          host compiler for nvcc (default: nvcc's own choice)
+  CC, CFLAGS          as for any setuptools build
+With CUDA, nvcc's per-kernel register and shared-memory report (-Xptxas -v) is written to
+pytfm/lib/cuda_build.log, and the CUDA runtime is linked statically (libcudart_static), so the
+library needs only the NVIDIA driver at run time, and loads without one.
 """
 
+import hashlib
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import SetupError
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = "csrc"
@@ -25,6 +36,63 @@ HEADER = os.path.join(INCLUDE, "pytfm.h")
 # -ffast-math: the kernels rely on IEEE semantics and a fixed order of operations.
 C_FLAGS = ["-std=c11", "-O3", "-fPIC", "-fvisibility=hidden", "-fno-math-errno",
            "-fno-trapping-math", "-Wall", "-Wextra", "-Wpedantic"]
+CUDA_DIR = "cuda"
+CUDA_STUB = os.path.join(CSRC, "cuda_stub.c")  # the CUDA entry points of a CPU-only build
+CUDA_SYSTEM_LIBS = ["-lcudart_static", "-lstdc++", "-lrt", "-ldl", "-lpthread"]
+
+
+class Cuda:
+    """Where nvcc is, what it is, and the flags it gets; None from find() when not used."""
+
+    def __init__(self, nvcc):
+        self.nvcc = nvcc
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True)
+        major, minor = re.search(r"release (\d+)\.(\d+)", out.stdout).groups()
+        self.version = 1000 * int(major) + 10 * int(minor)
+        self.home = self.toolkit_root()
+        self.lib_dir = next(
+            (d for d in (os.path.join(self.home, "lib64"), os.path.join(self.home, "lib"),
+                         os.path.join(self.home, "targets", "x86_64-linux", "lib"))
+             if os.path.exists(os.path.join(d, "libcudart_static.a"))),
+            None,
+        )
+        if self.lib_dir is None:
+            raise SetupError(f"libcudart_static.a not found under {self.home} (from {nvcc})")
+        archs = os.environ.get("PYTFM_CUDA_ARCH", "80;90").replace(",", ";").split(";")
+        archs = sorted({a.strip().removeprefix("sm_") for a in archs if a.strip()}, key=int)
+        self.archs = archs
+        self.gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+        self.gencode.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
+
+    def toolkit_root(self):
+        """The toolkit folder: nvcc may be a wrapper script, so ask nvcc where it lives."""
+        for var in ("CUDA_HOME", "CUDA_PATH"):
+            if os.environ.get(var) and os.path.isdir(os.environ[var]):
+                return os.environ[var]
+        out = subprocess.run([self.nvcc, "--dryrun", "-c", "pytfm-probe.cu"], capture_output=True,
+                             text=True)
+        m = re.search(r"^#\$ _HERE_=(.*)$", out.stdout + out.stderr, re.M)
+        here = m.group(1).strip() if m else os.path.dirname(os.path.realpath(self.nvcc))
+        return os.path.dirname(here)
+
+    @staticmethod
+    def find():
+        mode = os.environ.get("PYTFM_CUDA", "").strip()
+        if mode not in ("", "0", "1"):
+            raise SetupError(f"PYTFM_CUDA must be 0, 1 or unset, got {mode!r}")
+        if mode == "0":
+            return None
+        nvcc = shutil.which("nvcc")
+        for var in ("CUDA_HOME", "CUDA_PATH"):
+            candidate = os.path.join(os.environ.get(var) or "/nonexistent", "bin", "nvcc")
+            if nvcc is None and os.access(candidate, os.X_OK):
+                nvcc = candidate
+        if nvcc is None and mode == "1":
+            raise SetupError(
+                "PYTFM_CUDA=1 asks for the CUDA kernels, but nvcc was found neither on PATH nor "
+                "in $CUDA_HOME/bin or $CUDA_PATH/bin; install the CUDA toolkit or unset PYTFM_CUDA"
+            )
+        return Cuda(nvcc) if nvcc else None
 
 
 def read_version():
@@ -78,29 +146,85 @@ class BuildExt(build_ext):
         return True
 
     def build_libpytfm(self, lib_dir):
-        flags = C_FLAGS + (["-Werror"] if os.environ.get("PYTFM_WERROR") == "1" else [])
+        werror = os.environ.get("PYTFM_WERROR") == "1"
+        flags = C_FLAGS + (["-Werror"] if werror else [])
         threads = ["-fopenmp"] if self.has_openmp() else []
         flags += threads
+        cuda = Cuda.find()
         sources = sorted(
             os.path.join(CSRC, f) for f in os.listdir(os.path.join(ROOT, CSRC)) if f.endswith(".c")
         )
+        macros = [("PYTFM_BUILDING", None), ("PYTFM_BUILD_FLAGS", f'"{" ".join(flags)}"')]
+        if cuda:
+            sources.remove(CUDA_STUB)
+            macros += [("PYTFM_CUDA", "1"), ("PYTFM_CUDA_VERSION", str(cuda.version))]
         headers = [HEADER, os.path.join(CSRC, "internal.h")]  # rebuild when they change
         objects = self.compiler.compile(
             sources,
             output_dir=self.build_temp,
-            macros=[("PYTFM_BUILDING", None), ("PYTFM_BUILD_FLAGS", f'"{" ".join(flags)}"')],
+            macros=macros,
             include_dirs=[INCLUDE],
             extra_postargs=flags,
             depends=headers,
         )
         os.makedirs(lib_dir, exist_ok=True)
+        link = ["-Wl,-soname,libpytfm.so"] + threads
+        static_link = []  # what a C program linking libpytfm.a needs besides -lm
+        if cuda:
+            objects += self.build_cuda(cuda, lib_dir, werror)
+            static_link = [f"-L{cuda.lib_dir}"] + CUDA_SYSTEM_LIBS
+            # cudart's symbols stay inside libpytfm.so: no clash with another CUDA runtime
+            link += static_link + ["-Wl,--exclude-libs,ALL"]
         self.compiler.link_shared_object(
-            objects,
-            os.path.join(lib_dir, "libpytfm.so"),
-            libraries=["m"],
-            extra_postargs=["-Wl,-soname,libpytfm.so"] + threads,
+            objects, os.path.join(lib_dir, "libpytfm.so"), libraries=["m"], extra_postargs=link
         )
         self.compiler.create_static_lib(objects, "pytfm", output_dir=lib_dir)
+        with open(os.path.join(lib_dir, "static_link.txt"), "w") as f:
+            f.write(" ".join(static_link) + "\n")
+
+    def build_cuda(self, cuda, lib_dir, werror):
+        """nvcc -c each cuda/*.cu; its -Xptxas -v report goes to lib_dir/cuda_build.log."""
+        host = ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
+        host += ["-Werror"] if werror else []
+        flags = ["-std=c++17", "-O3", "-Xcompiler", ",".join(host), "-Xptxas", "-v",
+                 "-DPYTFM_BUILDING", f"-I{INCLUDE}", f"-I{CSRC}", f"-I{CUDA_DIR}", *cuda.gencode]
+        if werror:
+            flags += ["-Werror", "all-warnings"]
+        if os.environ.get("NVCC_CCBIN"):
+            flags += ["-ccbin", os.environ["NVCC_CCBIN"]]
+        cu_dir = os.path.join(ROOT, CUDA_DIR)
+        sources = sorted(os.path.join(CUDA_DIR, f) for f in os.listdir(cu_dir) if f.endswith(".cu"))
+        headers = [HEADER, os.path.join(CSRC, "internal.h"),
+                   *(os.path.join(CUDA_DIR, f) for f in os.listdir(cu_dir) if f.endswith(".cuh"))]
+        # the flags are part of the object folder's name: a change of arch or flags rebuilds
+        tag = hashlib.sha1(" ".join([cuda.nvcc, *flags]).encode()).hexdigest()[:10]
+        obj_dir = os.path.join(self.build_temp, f"cuda-{tag}")
+        os.makedirs(obj_dir, exist_ok=True)
+        log_path = os.path.join(lib_dir, "cuda_build.log")
+        newest_header = max(os.path.getmtime(os.path.join(ROOT, h)) for h in headers)
+        objects = []
+        with open(log_path, "w") as log:
+            log.write(f"# {cuda.nvcc} (CUDA {cuda.version}) {' '.join(flags)}\n")
+            for src in sources:
+                obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
+                objects.append(obj)
+                log.write(f"\n## {src}\n")
+                # an object newer than its sources is reused, with the report kept beside it
+                if not os.path.exists(obj + ".log") or os.path.getmtime(obj) <= max(
+                    newest_header, os.path.getmtime(os.path.join(ROOT, src))
+                ):
+                    print(f"nvcc {src}", flush=True)
+                    r = subprocess.run([cuda.nvcc, *flags, "-c", src, "-o", obj], cwd=ROOT,
+                                       capture_output=True, text=True)
+                    if r.returncode:
+                        log.write(r.stdout + r.stderr)
+                        raise SetupError(f"nvcc failed on {src} (log: {log_path}):\n"
+                                         f"{r.stderr[-4000:]}")
+                    with open(obj + ".log", "w") as f:
+                        f.write(r.stdout + r.stderr)
+                with open(obj + ".log") as f:
+                    log.write(f.read())
+        return objects
 
 
 setup(

@@ -70,6 +70,14 @@ int32_t pytfm_get_num_threads(void) {
 #endif
 }
 
+/* set by setup.py when it compiles the kernels in cuda/ with nvcc */
+#ifndef PYTFM_CUDA
+#define PYTFM_CUDA 0
+#endif
+#ifndef PYTFM_CUDA_VERSION
+#define PYTFM_CUDA_VERSION 0
+#endif
+
 #ifndef PYTFM_BUILD_FLAGS
 #define PYTFM_BUILD_FLAGS "unknown"
 #endif
@@ -114,7 +122,7 @@ pytfm_status pytfm_get_build_info(pytfm_build_info *info) {
     info->flags = PYTFM_BUILD_FLAGS;
     info->arch = PYTFM_ARCH;
     info->cpu_features = cpu_features();
-    info->cuda = 0; /* the CUDA backend arrives with the CUDA issues */
-    info->cuda_version = 0;
+    info->cuda = PYTFM_CUDA;
+    info->cuda_version = PYTFM_CUDA_VERSION;
     return PYTFM_STATUS_OK;
 }

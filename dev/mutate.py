@@ -7,7 +7,8 @@
 Each mutation is applied to a fresh copy of the committed tree (git archive HEAD), which is
 built in place (setup.py build_ext --inplace: needs setuptools and cffi, as any build does) and
 tested with the named test files under the derandomised `ci` hypothesis profile. A mutation the
-tests do not catch is a hole in the tests. Exit status 1 if any mutation survives.
+tests do not catch is a hole in the tests. The build is CPU-only (PYTFM_CUDA=0): the cuda_*
+mutations are caught by tests/test_cuda_emu.py, which runs the CUDA kernels on the emulator. Exit status 1 if any mutation survives.
 """
 
 import argparse
@@ -22,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = ["tests/test_ops.py", "tests/test_properties.py", "tests/test_errors.py"]
 ATT = ["tests/test_attention.py"]
 FAST = ["tests/test_fast.py"]
+EMU = ["tests/test_cuda_emu.py"]  # the CUDA kernels, run on the CPU by cuda/emu
 MUTATIONS = {
     "softmax_no_max": ("csrc/softmax.c", "yr[j] = expf(xr[j] - max);", "yr[j] = expf(xr[j]);", OPS),
     "layernorm_dx_no_rstd": ("csrc/layernorm.c", "dxr[j] = rs * (dyr[j]", "dxr[j] = (dyr[j]", OPS),
@@ -58,6 +60,26 @@ MUTATIONS = {
     "attn_decode_ignores_start": ("csrc/attention.c", "D, start, scale, 1};", "D, 0, scale, 1};", ATT),
     "attn_no_max_shift": ("csrc/attention.c", "const float e = expf(s[c] - mx);",
                           "const float e = expf(s[c]) * expf(-mx);", ATT),
+    "cuda_sgemm_no_barrier_before_compute": ("cuda/sgemm.cu", "        __syncthreads();\n        for (int p = 0; p < BK; p++) {",
+                                             "        for (int p = 0; p < BK; p++) {", EMU),
+    "cuda_sgemm_no_barrier_after_compute": ("cuda/sgemm.cu", "        __syncthreads(); // the tiles are overwritten next slice", "", EMU),
+    "cuda_sgemm_k_edge_off_by_one": ("cuda/sgemm.cu", "Bs[p][j] = gj < n && gp < k ?", "Bs[p][j] = gj < n && gp <= k ?", EMU),
+    "cuda_sgemm_store_off_by_one": ("cuda/sgemm.cu", "if (gi < m && gj < n) {", "if (gi <= m && gj < n) {", EMU),
+    "cuda_block_sum_no_barrier": ("cuda/pytfm_cuda.cuh", "    if (lane == 0) scratch[warp] = v;\n    __syncthreads();\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;",
+                                  "    if (lane == 0) scratch[warp] = v;\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;", EMU),
+    "cuda_softmax_row_off_by_one": ("cuda/softmax.cu", "for (int64_t j = team.rank; j < cols; j += team.size) yr[j] *= inv;",
+                                    "for (int64_t j = team.rank; j <= cols; j += team.size) yr[j] *= inv;", EMU),
+    "cuda_layernorm_dwdb_no_barrier": ("cuda/layernorm.cu", "    part_b[threadIdx.y][threadIdx.x] = sb;\n    __syncthreads();",
+                                       "    part_b[threadIdx.y][threadIdx.x] = sb;", EMU),
+    "cuda_layernorm_early_return": ("cuda/layernorm.cu", "    float sw = 0.0f, sb = 0.0f;\n    if (j < cols)",
+                                    "    float sw = 0.0f, sb = 0.0f;\n    if (j >= cols) return;\n    if (j < cols)", EMU),
+    "cuda_rope_pair_index": ("cuda/rope.cu", "const int64_t i = e % half, bth = e / half;",
+                             "const int64_t i = e % half, bth = (e + 1) / half;", EMU),
+    "cuda_ce_count_ignores_ignore_index": ("cuda/cross_entropy.cu", "count += targets[i] != ignore_index;", "count += 1;", EMU),
+    "cuda_gelu_no_grid_stride": ("cuda/gelu.cu", "        y[i] = x[i] * half_one_plus_tanh(x[i]);", "        y[i] = x[i] * half_one_plus_tanh(x[i]), i = n;", EMU),
+    "cuda_embedding_backward_assign": ("cuda/embedding.cu", "dtable[id * dim + j] += dy[i * dim + j];",
+                                       "dtable[id * dim + j] = dy[i * dim + j];", EMU),
+    "cuda_adamw_no_bias_correction": ("cuda/adamw.cu", "(float)(lr / (1.0 - pow(beta1, (double)step)))", "(float)lr", EMU),
 }
 
 
@@ -74,8 +96,10 @@ def run(name, workdir):
         return "STALE (the text to replace is gone: update dev/mutate.py)"
     with open(src, "w") as f:
         f.write(text.replace(old, new, 1))
+    # PYTFM_CUDA=0: the CUDA mutations are caught by the emulator tests, which compile cuda/
+    # themselves; nvcc would only add minutes to every build
     build = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree,
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env=dict(os.environ, PYTFM_CUDA="0"))
     if build.returncode:
         return "BUILD FAILED: " + build.stderr[-300:]
     env = dict(os.environ, HYPOTHESIS_PROFILE="ci", PYTHONPATH=tree)

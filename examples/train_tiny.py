@@ -91,7 +91,7 @@ def main(argv=None, interrupt_at=None):
     """Returns the exit status. interrupt_at=k acts as a Ctrl-C after step k (for tests)."""
     args = parse_args(argv)
     if args.device == "cuda":
-        sys.exit("--device cuda: this build of pytfm has no CUDA backend yet "
+        sys.exit("--device cuda: the model has no CUDA backend yet (no CUDA attention) "
                  f"(build_info()['cuda'] is {pytfm.build_info()['cuda']}); use --device cpu")
     os.makedirs(args.out, exist_ok=True)
     ckpt, log_path = os.path.join(args.out, "model.safetensors"), os.path.join(args.out, "loss.csv")

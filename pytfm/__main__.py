@@ -15,6 +15,16 @@ INCLUDE_DIR = os.path.join(HERE, "include")
 LIB_DIR = os.path.join(HERE, "lib")
 
 
+def _static_extras():
+    """What libpytfm.a needs besides libm: the static CUDA runtime in a CUDA build."""
+    try:
+        with open(os.path.join(LIB_DIR, "static_link.txt"), encoding="utf-8") as f:
+            extra = f.read().strip()
+    except FileNotFoundError:
+        return ""
+    return f" {extra}" if extra else ""
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m pytfm", description=__doc__.splitlines()[2])
     p.add_argument("--cflags", action="store_true", help="include flags for pytfm.h")
@@ -37,7 +47,7 @@ def main(argv=None):
         from . import build_info
 
         openmp = " -fopenmp" if "-fopenmp" in build_info()["flags"].split() else ""
-        out.append(f"{os.path.join(LIB_DIR, 'libpytfm.a')} -lm{openmp}")
+        out.append(f"{os.path.join(LIB_DIR, 'libpytfm.a')} -lm{openmp}{_static_extras()}")
     if out:
         print(" ".join(out))
     else:

@@ -7,7 +7,9 @@ Profiles (HYPOTHESIS_PROFILE=<name>, default "quick"):
 """
 
 import os
+import shutil
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 import helpers
@@ -31,3 +33,16 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_line(f"{name:34s} {r.count:9d} {r.max_rel:12.2e} {r.max_ratio:12.3f}")
     tr.write_line("max rel err = max|got - ref| / max|ref| per array (normwise; arrays whose")
     tr.write_line("max|ref| is under 1000 x atol, i.e. near zero by cancellation, are left out)")
+
+
+@pytest.fixture(scope="session")
+def emu(tmp_path_factory):
+    """The CUDA kernels of cuda/ built for the CPU emulator (tests/cuda_emu.py), once a run."""
+    import cuda_emu
+
+    if not os.path.isdir(cuda_emu.CUDA):
+        pytest.skip("needs the source checkout (cuda/)")
+    cc, cxx = cuda_emu.compilers()
+    if not (cc and cxx and (shutil.which(cxx) or os.path.exists(cxx))):
+        pytest.fail("a C++ compiler (g++) is needed to run the CUDA kernels under the emulator")
+    return cuda_emu.Emu(cuda_emu.build(str(tmp_path_factory.mktemp("emu"))))

@@ -13,7 +13,7 @@ import pytest
 
 import pytfm
 from pytfm import reference as ref
-from pytfm._core import lib
+from pytfm._core import ffi, lib
 
 PKG = os.path.dirname(os.path.abspath(pytfm.__file__))
 INSTALLED_HEADER = os.path.join(PKG, "include", "pytfm.h")
@@ -57,7 +57,13 @@ def test_build_info():
     assert set(info) == {"version", "compiler", "flags", "arch", "cpu_features", "isa", "cuda",
                          "cuda_version"}
     assert info["compiler"] != "unknown" and "-std=c11" in info["flags"]
-    assert info["cuda"] is False and info["cuda_version"] is None  # no CUDA backend yet
+    log = os.path.join(PKG, "lib", "cuda_build.log")
+    if info["cuda"]:  # built with nvcc: the ptxas report of every kernel is kept
+        assert info["cuda_version"] >= 11000
+        with open(log, encoding="utf-8") as f:
+            assert "ptxas info" in f.read()
+    else:
+        assert info["cuda_version"] is None
     if info["arch"] == "x86_64":
         assert "sse2" in info["cpu_features"]
         # the kernels use the best instruction set the CPU reports
@@ -66,6 +72,35 @@ def test_build_info():
         assert info["isa"] == best
     out = subprocess.run([sys.executable, "-m", "pytfm"], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0 and '"compiler"' in out.stdout
+
+
+def test_cuda_entry_points_answer_with_or_without_cuda_and_a_gpu():
+    count = ffi.new("int32_t *")
+    assert lib.pytfm_cuda_device_count(count) == lib.PYTFM_STATUS_OK and count[0] >= 0
+    status = lib.pytfm_softmax_forward_cuda(ffi.NULL, ffi.NULL, 0, 1, ffi.NULL)
+    message = ffi.string(lib.pytfm_last_error()).decode()
+    if not pytfm.build_info()["cuda"]:
+        assert status == lib.PYTFM_STATUS_NOT_SUPPORTED and "built without CUDA" in message
+        return
+    assert status == lib.PYTFM_STATUS_OK  # zero rows: nothing to launch, even without a GPU
+    status = lib.pytfm_softmax_forward_cuda(ffi.NULL, ffi.NULL, 1, 0, ffi.NULL)
+    assert status == lib.PYTFM_STATUS_INVALID_ARGUMENT  # arguments are checked on the host
+    if count[0] == 0:  # a CUDA build on a machine without a GPU or driver: a status, no crash
+        assert lib.pytfm_cuda_stream_synchronize(ffi.NULL) == lib.PYTFM_STATUS_CUDA_ERROR
+        assert "pytfm_cuda_stream_synchronize: " in ffi.string(lib.pytfm_last_error()).decode()
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "setup.py")), reason="needs the checkout")
+def test_pytfm_cuda_1_without_nvcc_is_a_clear_build_error(tmp_path):
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not os.path.exists(os.path.join(d, "nvcc")))
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    env.update(PATH=path, PYTFM_CUDA="1")
+    r = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-temp",
+                        str(tmp_path / "t"), "--build-lib", str(tmp_path / "l")], cwd=ROOT,
+                       env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "PYTFM_CUDA=1 asks for the CUDA kernels, but nvcc was found neither" in r.stderr
 
 
 def pytfm_flags(*flags):

@@ -330,6 +330,105 @@ PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float 
                                               int64_t B, int64_t n, int64_t H, int64_t D,
                                               int64_t Tmax, int64_t start, float scale);
 
+/* ---- CUDA: the GPU twins of the kernels above ---------------------------------------- */
+/* Each pytfm_<op>_<direction>_cuda takes the arguments of its CPU twin, in the same order and
+ * with the same shapes and rules, as DEVICE pointers, plus `stream` last: a cudaStream_t
+ * (NULL: the legacy default stream), passed as void * so that this header needs no CUDA
+ * headers. They are asynchronous: they return once the work is queued on the stream. The
+ * status covers the arguments and the launch; a fault while the kernel runs surfaces at the
+ * next synchronisation (pytfm_cuda_stream_synchronize). Differences from the CPU twins:
+ *   - index arrays (ids, targets) live on the device and are not checked: checking would need
+ *     a copy to the host. An id outside [0, vocab) makes its row of y NaN and is skipped by
+ *     the backward; a target outside [0, V) (and not ignore_index) makes the loss NaN.
+ *   - results agree with the CPU kernels to float32 rounding, not bit for bit (sums are
+ *     combined in another order); each CUDA kernel gives the same bits on every run.
+ * In a build without CUDA (nvcc was not found) every _cuda function returns
+ * PYTFM_STATUS_NOT_SUPPORTED and says so in pytfm_last_error(); pytfm_get_build_info() tells
+ * which build this is.
+ */
+
+/* The number of CUDA devices this process can use: 0, not an error, where there is no device
+ * or no driver, and in a build without CUDA. */
+PYTFM_API pytfm_status pytfm_cuda_device_count(int32_t *count);
+
+/* Wait for the work queued on stream (NULL: the default stream); a fault raised by a kernel
+ * comes back here as PYTFM_STATUS_CUDA_ERROR with the CUDA runtime's message. */
+PYTFM_API pytfm_status pytfm_cuda_stream_synchronize(void *stream);
+
+/* As pytfm_sgemm: a tiled shared-memory SGEMM, each thread a 4×4 block of C in registers. */
+PYTFM_API pytfm_status pytfm_sgemm_cuda(float *c, const float *a, const float *b, int64_t m,
+                                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                                        float beta, void *stream);
+
+PYTFM_API pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, const float *w,
+                                                 const float *b, int64_t n, int64_t in,
+                                                 int64_t out, void *stream);
+
+PYTFM_API pytfm_status pytfm_linear_backward_cuda(float *dx, float *dw, float *db,
+                                                  const float *dy, const float *x,
+                                                  const float *w, int64_t n, int64_t in,
+                                                  int64_t out, void *stream);
+
+PYTFM_API pytfm_status pytfm_softmax_forward_cuda(float *y, const float *x, int64_t rows,
+                                                  int64_t cols, void *stream);
+
+PYTFM_API pytfm_status pytfm_softmax_backward_cuda(float *dx, const float *dy, const float *y,
+                                                   int64_t rows, int64_t cols, void *stream);
+
+PYTFM_API pytfm_status pytfm_layernorm_forward_cuda(float *y, float *mean, float *rstd,
+                                                    const float *x, const float *w,
+                                                    const float *b, int64_t rows, int64_t cols,
+                                                    float eps, void *stream);
+
+/* dw and db are accumulated by a column reduction in a fixed order: no atomics, same bits on
+ * every run. */
+PYTFM_API pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, float *db,
+                                                     const float *dy, const float *x,
+                                                     const float *w, const float *mean,
+                                                     const float *rstd, int64_t rows,
+                                                     int64_t cols, void *stream);
+
+PYTFM_API pytfm_status pytfm_rope_forward_cuda(float *y, const float *x, const int64_t *pos,
+                                               int64_t B, int64_t T, int64_t H, int64_t D,
+                                               int64_t pos_stride, double base, void *stream);
+
+PYTFM_API pytfm_status pytfm_rope_backward_cuda(float *dx, const float *dy, const int64_t *pos,
+                                                int64_t B, int64_t T, int64_t H, int64_t D,
+                                                int64_t pos_stride, double base, void *stream);
+
+PYTFM_API pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_t n,
+                                               void *stream);
+
+PYTFM_API pytfm_status pytfm_gelu_backward_cuda(float *dx, const float *dy, const float *x,
+                                                int64_t n, void *stream);
+
+PYTFM_API pytfm_status pytfm_embedding_forward_cuda(float *y, const int64_t *ids,
+                                                    const float *table, int64_t n,
+                                                    int64_t vocab, int64_t dim, void *stream);
+
+/* Repeated ids add up in order of i, as on the CPU (one thread per column walks the ids). */
+PYTFM_API pytfm_status pytfm_embedding_backward_cuda(float *dtable, const float *dy,
+                                                     const int64_t *ids, int64_t n,
+                                                     int64_t vocab, int64_t dim, void *stream);
+
+/* loss is written on the device. */
+PYTFM_API pytfm_status pytfm_cross_entropy_forward_cuda(float *loss, float *lse,
+                                                        const float *logits,
+                                                        const int64_t *targets, int64_t n,
+                                                        int64_t V, int64_t ignore_index,
+                                                        void *stream);
+
+PYTFM_API pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const float *logits,
+                                                         const int64_t *targets,
+                                                         const float *lse, int64_t n, int64_t V,
+                                                         int64_t ignore_index, float dloss,
+                                                         void *stream);
+
+PYTFM_API pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, const float *grad,
+                                             int64_t n, int64_t step, double lr, double beta1,
+                                             double beta2, double eps, double weight_decay,
+                                             void *stream);
+
 /* PYTFM_CDEF_END */
 
 #ifdef __cplusplus

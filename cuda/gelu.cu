@@ -1,0 +1,52 @@
+/*
+ * gelu.cu — GELU, tanh approximation, on the GPU; the twin of csrc/gelu.c.
+ *
+ *   forward:  u = k (x + a x³), k = sqrt(2/π), a = 0.044715;  y = ½ x (1 + tanh u)
+ *   backward: dx = dy · (s + 2 x s (1 − s) · k (1 + 3 a x²)),  s = ½ (1 + tanh u) = 1/(1 + e^(−2u))
+ * One thread per element in a grid-stride loop; in place (y == x, dx == dy) is allowed.
+ */
+#include "pytfm_cuda.cuh"
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/π) */
+#define GELU_A 0.044715f
+
+static __device__ __forceinline__ float half_one_plus_tanh(float v) { // ½ (1 + tanh(k (v + a v³)))
+    return 1.0f / (1.0f + expf(-2.0f * GELU_K * (v + GELU_A * v * v * v)));
+}
+
+static __global__ void gelu_forward_kernel(float *y, const float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = x[i] * half_one_plus_tanh(x[i]);
+}
+
+extern "C" pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_t n,
+                                                void *stream) {
+    PYTFM_CHECK_MIN(n, 0);
+    PYTFM_CHECK_PTR(y, n);
+    PYTFM_CHECK_PTR(x, n);
+    if (n == 0) return PYTFM_STATUS_OK;
+    return PYTFM_LAUNCH(gelu_forward_kernel, dim3(pytfm__blocks(n, 256, PYTFM_MAX_BLOCKS)),
+                        dim3(256), 0, stream, y, x, n);
+}
+
+static __global__ void gelu_backward_kernel(float *dx, const float *dy, const float *x,
+                                            int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = x[i], s = half_one_plus_tanh(v);
+        const float du = GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+        dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+    }
+}
+
+extern "C" pytfm_status pytfm_gelu_backward_cuda(float *dx, const float *dy, const float *x,
+                                                 int64_t n, void *stream) {
+    PYTFM_CHECK_MIN(n, 0);
+    PYTFM_CHECK_PTR(dx, n);
+    PYTFM_CHECK_PTR(dy, n);
+    PYTFM_CHECK_PTR(x, n);
+    if (n == 0) return PYTFM_STATUS_OK;
+    return PYTFM_LAUNCH(gelu_backward_kernel, dim3(pytfm__blocks(n, 256, PYTFM_MAX_BLOCKS)),
+                        dim3(256), 0, stream, dx, dy, x, n);
+}

@@ -1,0 +1,133 @@
+/*
+ * layernorm.cu — LayerNorm over the last axis on the GPU; the twin of csrc/layernorm.c.
+ *
+ *   x, y [rows, cols]; w, b [cols]; mean, rstd [rows] (saved for the backward)
+ *   forward:  μ = mean(x), σ² = mean((x − μ)²), rstd = 1/sqrt(σ² + eps), y = (x − μ)·rstd·w + b
+ *   backward: g = dy ∘ w;  dx = rstd · (g − mean(g) − x̂ · mean(g ∘ x̂))   (written)
+ *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy                      (accumulated)
+ * Rows: a warp per row up to 1024 columns, a block per row beyond; two passes (mean, then the
+ * centred variance), so no cancellation when |μ| ≫ σ. The dw/db column sums are a second
+ * kernel: a block takes 32 columns, its 8 thread rows walk the rows in a fixed stride and are
+ * combined in a fixed order — no atomics, the same bits on every run.
+ */
+#include "pytfm_cuda.cuh"
+
+template <bool kWarp>
+static __global__ void layernorm_forward_kernel(float *y, float *mean, float *rstd,
+                                                const float *x, const float *w, const float *b,
+                                                int64_t rows, int64_t cols, float eps) {
+    __shared__ float scratch[32];
+    const pytfm__row_team<kWarp> team;
+    for (int64_t r = team.first; r < rows; r += team.step) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        float sum = 0.0f;
+        for (int64_t j = team.rank; j < cols; j += team.size) sum += xr[j];
+        const float mu = team.sum(sum, scratch) / (float)cols;
+        float ss = 0.0f;
+        for (int64_t j = team.rank; j < cols; j += team.size) ss += (xr[j] - mu) * (xr[j] - mu);
+        const float rs = rsqrtf(team.sum(ss, scratch) / (float)cols + eps);
+        for (int64_t j = team.rank; j < cols; j += team.size)
+            yr[j] = (xr[j] - mu) * rs * w[j] + b[j];
+        if (team.rank == 0) {
+            mean[r] = mu;
+            rstd[r] = rs;
+        }
+    }
+}
+
+extern "C" pytfm_status pytfm_layernorm_forward_cuda(float *y, float *mean, float *rstd,
+                                                     const float *x, const float *w,
+                                                     const float *b, int64_t rows, int64_t cols,
+                                                     float eps, void *stream) {
+    PYTFM_CHECK_MIN(rows, 0);
+    PYTFM_CHECK_MIN(cols, 1);
+    PYTFM_CHECK_FINITE(eps);
+    PYTFM_CHECK(eps >= 0.0f, "%s: eps must be >= 0, got %g", __func__, (double)eps);
+    PYTFM_CHECK_PTR(y, rows);
+    PYTFM_CHECK_PTR(mean, rows);
+    PYTFM_CHECK_PTR(rstd, rows);
+    PYTFM_CHECK_PTR(x, rows);
+    PYTFM_CHECK_PTR(w, 1);
+    PYTFM_CHECK_PTR(b, 1);
+    if (rows == 0) return PYTFM_STATUS_OK;
+    return PYTFM_LAUNCH_ROWS(layernorm_forward_kernel<true>, layernorm_forward_kernel<false>,
+                             rows, cols, PYTFM_MAX_BLOCKS, stream, y, mean, rstd, x, w, b, rows,
+                             cols, eps);
+}
+
+template <bool kWarp>
+static __global__ void layernorm_dx_kernel(float *dx, const float *dy, const float *x,
+                                           const float *w, const float *mean, const float *rstd,
+                                           int64_t rows, int64_t cols) {
+    __shared__ float scratch[32];
+    const pytfm__row_team<kWarp> team;
+    for (int64_t r = team.first; r < rows; r += team.step) {
+        const float *dyr = dy + r * cols, *xr = x + r * cols;
+        float *dxr = dx + r * cols;
+        const float mu = mean[r], rs = rstd[r];
+        float g_sum = 0.0f, gx_sum = 0.0f;
+        for (int64_t j = team.rank; j < cols; j += team.size) {
+            const float g = dyr[j] * w[j];
+            g_sum += g;
+            gx_sum += g * (xr[j] - mu) * rs;
+        }
+        const float g_mean = team.sum(g_sum, scratch) / (float)cols;
+        const float gx_mean = team.sum(gx_sum, scratch) / (float)cols;
+        for (int64_t j = team.rank; j < cols; j += team.size)
+            dxr[j] = rs * (dyr[j] * w[j] - g_mean - (xr[j] - mu) * rs * gx_mean);
+    }
+}
+
+enum { COLS_PER_BLOCK = 32, ROW_LANES = 8 };
+
+/* dw[j] += Σ_r dy[r, j] x̂[r, j], db[j] += Σ_r dy[r, j]: block (32, 8), 32 columns a block */
+static __global__ void layernorm_dwdb_kernel(float *dw, float *db, const float *dy,
+                                             const float *x, const float *mean,
+                                             const float *rstd, int64_t rows, int64_t cols) {
+    __shared__ float part_w[ROW_LANES][COLS_PER_BLOCK], part_b[ROW_LANES][COLS_PER_BLOCK];
+    const int64_t j = (int64_t)blockIdx.x * COLS_PER_BLOCK + threadIdx.x;
+    float sw = 0.0f, sb = 0.0f;
+    if (j < cols)
+        for (int64_t r = threadIdx.y; r < rows; r += ROW_LANES) {
+            const float g = dy[r * cols + j];
+            sw += g * (x[r * cols + j] - mean[r]) * rstd[r];
+            sb += g;
+        }
+    part_w[threadIdx.y][threadIdx.x] = sw;
+    part_b[threadIdx.y][threadIdx.x] = sb;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < cols) {
+        for (int i = 1; i < ROW_LANES; i++) {
+            sw += part_w[i][threadIdx.x];
+            sb += part_b[i][threadIdx.x];
+        }
+        dw[j] += sw;
+        db[j] += sb;
+    }
+}
+
+extern "C" pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, float *db,
+                                                      const float *dy, const float *x,
+                                                      const float *w, const float *mean,
+                                                      const float *rstd, int64_t rows,
+                                                      int64_t cols, void *stream) {
+    PYTFM_CHECK_MIN(rows, 0);
+    PYTFM_CHECK_MIN(cols, 1);
+    PYTFM_CHECK_PTR(dx, rows);
+    PYTFM_CHECK_PTR(dw, 1);
+    PYTFM_CHECK_PTR(db, 1);
+    PYTFM_CHECK_PTR(dy, rows);
+    PYTFM_CHECK_PTR(x, rows);
+    PYTFM_CHECK_PTR(w, 1);
+    PYTFM_CHECK_PTR(mean, rows);
+    PYTFM_CHECK_PTR(rstd, rows);
+    if (rows == 0) return PYTFM_STATUS_OK;
+    PYTFM_TRY(PYTFM_LAUNCH_ROWS(layernorm_dx_kernel<true>, layernorm_dx_kernel<false>, rows,
+                                cols, PYTFM_MAX_BLOCKS, stream, dx, dy, x, w, mean, rstd, rows,
+                                cols));
+    static_assert(COLS_PER_BLOCK * ROW_LANES <= 1024, "one block");
+    return PYTFM_LAUNCH(layernorm_dwdb_kernel, dim3(pytfm__blocks(cols, COLS_PER_BLOCK, 1u << 30)),
+                        dim3(COLS_PER_BLOCK, ROW_LANES), 0, stream, dw, db, dy, x, mean, rstd,
+                        rows, cols);
+}

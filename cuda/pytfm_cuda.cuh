@@ -1,0 +1,145 @@
+/*
+ * pytfm_cuda.cuh — what every .cu file in cuda/ includes: the CUDA runtime under nvcc, the CPU
+ * emulator (cuda/emu/emu.h) under a host C++ compiler, and between them one way to launch a
+ * kernel and turn its error into a pytfm_status, so both compilers see the same source.
+ *
+ *   PYTFM_TRY(PYTFM_LAUNCH(kernel, grid, block, shared_bytes, stream, args...));
+ *
+ * launches kernel<<<grid, block, shared_bytes, stream>>>(args...) (the emulator: runs it) and
+ * returns PYTFM_STATUS_CUDA_ERROR, with cudaGetErrorString() in pytfm_last_error(), if the
+ * launch failed. Errors raised later by the kernel itself surface at the next synchronisation.
+ */
+#ifndef PYTFM_CUDA_CUH
+#define PYTFM_CUDA_CUH
+
+#include <math.h> /* before internal.h's extern "C" block: <math.h> is C++ under g++ */
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#define PYTFM_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#else
+#include "emu/emu.h"
+#define PYTFM_DYNAMIC_SHARED(type, name) type *name = (type *)::pytfm_emu::dynamic_shared()
+#endif
+
+extern "C" {
+#include "internal.h"
+}
+
+/* The status of the last launch (or runtime call) on this thread, named after func. */
+static inline pytfm_status pytfm__cuda_status(const char *func, cudaError_t err) {
+    if (err == cudaSuccess) return PYTFM_STATUS_OK;
+    return pytfm__fail(PYTFM_STATUS_CUDA_ERROR, "%s: %s (%s)", func, cudaGetErrorString(err),
+                       cudaGetErrorName(err));
+}
+
+template <typename... P, typename... A>
+static pytfm_status pytfm__launch(const char *func, void (*kernel)(P...), dim3 grid, dim3 block,
+                                  size_t shared_bytes, void *stream, A... args) {
+#ifdef __CUDACC__
+    kernel<<<grid, block, shared_bytes, (cudaStream_t)stream>>>(args...);
+#else
+    (void)stream;
+    pytfm_emu::launch(grid, block, shared_bytes, [=] { kernel(args...); });
+#endif
+    return pytfm__cuda_status(func, cudaGetLastError());
+}
+
+#define PYTFM_LAUNCH(...) pytfm__launch(__func__, __VA_ARGS__)
+
+/* Blocks for n work items of `per_block` each, capped (kernels loop over the rest). */
+static inline unsigned pytfm__blocks(int64_t n, int64_t per_block, int64_t cap) {
+    const int64_t b = (n + per_block - 1) / per_block;
+    return (unsigned)(b < cap ? b : cap);
+}
+
+enum { PYTFM_WARP = 32, PYTFM_ROW_THREADS = 256 };
+
+/* ---- reductions ---------------------------------------------------------------------- */
+
+template <class T> static __device__ __forceinline__ T pytfm__warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float pytfm__warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Every thread of the block gets the block's total; blockDim.x is a multiple of 32, scratch
+ * holds 32 values in shared memory. The order of the additions is fixed: deterministic. */
+template <class T> static __device__ T pytfm__block_sum(T v, T *scratch) {
+    const unsigned lane = threadIdx.x % PYTFM_WARP, warp = threadIdx.x / PYTFM_WARP;
+    v = pytfm__warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;
+    v = pytfm__warp_sum(v);
+    __syncthreads(); // scratch is free again
+    return v;
+}
+
+static __device__ float pytfm__block_max(float v, float *scratch) {
+    const unsigned lane = threadIdx.x % PYTFM_WARP, warp = threadIdx.x / PYTFM_WARP;
+    v = pytfm__warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : -INFINITY;
+    v = pytfm__warp_max(v);
+    __syncthreads();
+    return v;
+}
+
+/* ---- rows: a warp per row when rows are short, a block per row when they are long ------ */
+
+/* The team of threads that handles one row at a time: with kWarp a warp (rows of up to
+ * PYTFM_WARP_ROW_MAX columns), otherwise the whole block. first/step walk the rows. */
+enum { PYTFM_WARP_ROW_MAX = 1024 };
+
+template <bool kWarp> struct pytfm__row_team {
+    int64_t first, step;
+    unsigned rank, size;
+    __device__ pytfm__row_team()
+        : first(kWarp ? (int64_t)blockIdx.x * (blockDim.x / PYTFM_WARP) + threadIdx.x / PYTFM_WARP
+                      : (int64_t)blockIdx.x),
+          step(kWarp ? (int64_t)gridDim.x * (blockDim.x / PYTFM_WARP) : (int64_t)gridDim.x),
+          rank(kWarp ? threadIdx.x % PYTFM_WARP : threadIdx.x),
+          size(kWarp ? (unsigned)PYTFM_WARP : blockDim.x) {}
+    template <class T> __device__ T sum(T v, T *scratch) const {
+        if constexpr (kWarp) return pytfm__warp_sum(v);
+        else return pytfm__block_sum(v, scratch);
+    }
+    __device__ float max(float v, float *scratch) const {
+        if constexpr (kWarp) return pytfm__warp_max(v);
+        else return pytfm__block_max(v, scratch);
+    }
+};
+
+/* Launch kernel<true> (a warp per row) or kernel<false> (a block per row) over rows of cols;
+ * at most max_blocks blocks (each then walks several rows). */
+template <typename... P, typename... A>
+static pytfm_status pytfm__launch_rows(const char *func, void (*warp_kernel)(P...),
+                                       void (*block_kernel)(P...), int64_t rows, int64_t cols,
+                                       int64_t max_blocks, void *stream, A... args) {
+    const int64_t rows_per_block = PYTFM_ROW_THREADS / PYTFM_WARP;
+    if (cols <= PYTFM_WARP_ROW_MAX)
+        return pytfm__launch(func, warp_kernel, dim3(pytfm__blocks(rows, rows_per_block, max_blocks)),
+                             dim3(PYTFM_ROW_THREADS), 0, stream, args...);
+    return pytfm__launch(func, block_kernel, dim3(pytfm__blocks(rows, 1, max_blocks)),
+                         dim3(PYTFM_ROW_THREADS), 0, stream, args...);
+}
+
+#define PYTFM_LAUNCH_ROWS(...) pytfm__launch_rows(__func__, __VA_ARGS__)
+
+/* The most blocks an elementwise or row kernel launches; each then walks its share in a
+ * grid-stride loop. The emulator caps at 3, so that the tests' small inputs walk those loops
+ * too (on the GPU they are walked only by inputs of millions of elements). */
+#ifdef PYTFM_EMULATE
+enum { PYTFM_MAX_BLOCKS = 3 };
+#else
+enum { PYTFM_MAX_BLOCKS = 65535 };
+#endif
+
+#endif /* PYTFM_CUDA_CUH */

@@ -1,0 +1,71 @@
+/*
+ * softmax.cu — softmax over the last axis on the GPU; the twin of csrc/softmax.c.
+ *
+ *   x, y [rows, cols]
+ *   forward:  y = exp(x − max x) / Σ exp(x − max x)
+ *   backward: with s = Σ_j dy_j y_j,  dx_i = y_i (dy_i − s)
+ * A warp per row for rows of up to 1024 columns (8 rows per block, reductions by shuffles), a
+ * block of 256 threads per row beyond (reductions through shared memory). Each pass re-reads
+ * the row from global memory (L1/L2 hold it); sums are float, combined in a fixed order.
+ */
+#include "pytfm_cuda.cuh"
+
+template <bool kWarp>
+static __global__ void softmax_forward_kernel(float *y, const float *x, int64_t rows,
+                                              int64_t cols) {
+    __shared__ float scratch[32];
+    const pytfm__row_team<kWarp> team;
+    for (int64_t r = team.first; r < rows; r += team.step) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        float max = -INFINITY;
+        for (int64_t j = team.rank; j < cols; j += team.size) max = fmaxf(max, xr[j]);
+        max = team.max(max, scratch);
+        float sum = 0.0f;
+        for (int64_t j = team.rank; j < cols; j += team.size) {
+            const float e = expf(xr[j] - max);
+            yr[j] = e;
+            sum += e;
+        }
+        const float inv = 1.0f / team.sum(sum, scratch);
+        for (int64_t j = team.rank; j < cols; j += team.size) yr[j] *= inv;
+    }
+}
+
+extern "C" pytfm_status pytfm_softmax_forward_cuda(float *y, const float *x, int64_t rows,
+                                                   int64_t cols, void *stream) {
+    PYTFM_CHECK_MIN(rows, 0);
+    PYTFM_CHECK_MIN(cols, 1);
+    PYTFM_CHECK_PTR(y, rows);
+    PYTFM_CHECK_PTR(x, rows);
+    if (rows == 0) return PYTFM_STATUS_OK;
+    return PYTFM_LAUNCH_ROWS(softmax_forward_kernel<true>, softmax_forward_kernel<false>, rows,
+                             cols, PYTFM_MAX_BLOCKS, stream, y, x, rows, cols);
+}
+
+template <bool kWarp>
+static __global__ void softmax_backward_kernel(float *dx, const float *dy, const float *y,
+                                               int64_t rows, int64_t cols) {
+    __shared__ float scratch[32];
+    const pytfm__row_team<kWarp> team;
+    for (int64_t r = team.first; r < rows; r += team.step) {
+        const float *dyr = dy + r * cols, *yr = y + r * cols;
+        float *dxr = dx + r * cols;
+        float s = 0.0f;
+        for (int64_t j = team.rank; j < cols; j += team.size) s += dyr[j] * yr[j];
+        s = team.sum(s, scratch);
+        for (int64_t j = team.rank; j < cols; j += team.size) dxr[j] = yr[j] * (dyr[j] - s);
+    }
+}
+
+extern "C" pytfm_status pytfm_softmax_backward_cuda(float *dx, const float *dy, const float *y,
+                                                    int64_t rows, int64_t cols, void *stream) {
+    PYTFM_CHECK_MIN(rows, 0);
+    PYTFM_CHECK_MIN(cols, 1);
+    PYTFM_CHECK_PTR(dx, rows);
+    PYTFM_CHECK_PTR(dy, rows);
+    PYTFM_CHECK_PTR(y, rows);
+    if (rows == 0) return PYTFM_STATUS_OK;
+    return PYTFM_LAUNCH_ROWS(softmax_backward_kernel<true>, softmax_backward_kernel<false>, rows,
+                             cols, PYTFM_MAX_BLOCKS, stream, dx, dy, y, rows, cols);
+}

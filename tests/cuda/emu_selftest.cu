@@ -1,0 +1,72 @@
+/*
+ * emu_selftest.cu — kernels that check the CUDA emulator itself (tests/test_cuda_emu.py):
+ * warp primitives against their definitions, a missing barrier, a barrier that not every
+ * thread reaches, a warp primitive waiting for a lane that left, a bad launch configuration.
+ * Built only into the emulator's test library, never into libpytfm.
+ */
+#include "pytfm_cuda.cuh"
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+/* out[5][n]: per thread, shfl idx(src), up(delta), down(delta), xor(lane_mask), ballot */
+static __global__ void shuffles_kernel(int *out, int n, int src, int delta, int lane_mask,
+                                       int width) {
+    const int t = threadIdx.x, v = 1000 + t;
+    out[0 * n + t] = __shfl_sync(0xffffffffu, v, src, width);
+    out[1 * n + t] = __shfl_up_sync(0xffffffffu, v, (unsigned)delta, width);
+    out[2 * n + t] = __shfl_down_sync(0xffffffffu, v, (unsigned)delta, width);
+    out[3 * n + t] = __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
+    out[4 * n + t] = (int)__ballot_sync(0xffffffffu, t % 3 == 0);
+}
+
+EXPORT pytfm_status emu_shuffles(int *out, int n, int src, int delta, int lane_mask, int width) {
+    return PYTFM_LAUNCH(shuffles_kernel, dim3(1), dim3(n), 0, nullptr, out, n, src, delta,
+                        lane_mask, width);
+}
+
+/* out[i] = in[n − 1 − i] through shared memory; with_barrier = 0 leaves out __syncthreads() */
+static __global__ void reverse_kernel(float *out, const float *in, int with_barrier) {
+    __shared__ float s[256];
+    s[threadIdx.x] = in[threadIdx.x];
+    if (with_barrier) __syncthreads();
+    out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
+}
+
+EXPORT pytfm_status emu_reverse(float *out, const float *in, int n, int with_barrier) {
+    return PYTFM_LAUNCH(reverse_kernel, dim3(1), dim3(n), 0, nullptr, out, in, with_barrier);
+}
+
+/* threads at or past `stop` return before the block's barrier */
+static __global__ void early_exit_kernel(float *out, int stop) {
+    __shared__ float s[256];
+    if ((int)threadIdx.x >= stop) return;
+    s[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = s[0];
+}
+
+EXPORT pytfm_status emu_early_exit(float *out, int n, int stop) {
+    return PYTFM_LAUNCH(early_exit_kernel, dim3(2), dim3(n), 0, nullptr, out, stop);
+}
+
+/* lane 31 leaves before the warp's shuffle */
+static __global__ void shuffle_exit_kernel(float *out) {
+    if (threadIdx.x == 31) return;
+    out[threadIdx.x] = pytfm__warp_sum(1.0f);
+}
+
+EXPORT pytfm_status emu_shuffle_exit(float *out) {
+    return PYTFM_LAUNCH(shuffle_exit_kernel, dim3(1), dim3(32), 0, nullptr, out);
+}
+
+/* dynamic shared memory, and the block sum of the reductions header */
+static __global__ void block_sum_kernel(float *out, const float *in) {
+    PYTFM_DYNAMIC_SHARED(float, scratch);
+    out[blockIdx.x] = pytfm__block_sum(in[blockIdx.x * blockDim.x + threadIdx.x], scratch);
+}
+
+EXPORT pytfm_status emu_block_sum(float *out, const float *in, int blocks, int threads,
+                                  int shared_bytes) {
+    return PYTFM_LAUNCH(block_sum_kernel, dim3(blocks), dim3(threads), (size_t)shared_bytes,
+                        nullptr, out, in);
+}

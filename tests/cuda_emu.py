@@ -1,0 +1,137 @@
+"""Build and load the CUDA kernels of cuda/ compiled for the CPU emulator (cuda/emu).
+
+The same .cu files nvcc compiles for the GPU are compiled here by the host C++ compiler against
+cuda/emu/emu.h into one shared library, libpytfm_emu.so, with csrc/status.c (errors) and the
+emulator's self-test kernels (tests/cuda/emu_selftest.cu). It exports the pytfm_*_cuda
+functions of pytfm.h; "device" pointers are host pointers, so NumPy arrays are passed as-is.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+
+import cffi
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CUDA = os.path.join(ROOT, "cuda")
+INCLUDES = [f"-I{ROOT}/csrc/include", f"-I{ROOT}/csrc", f"-I{CUDA}"]
+SELFTEST = os.path.join(ROOT, "tests", "cuda", "emu_selftest.cu")
+SELFTEST_CDEF = """
+void pytfm_emu_set_order(int reverse);
+pytfm_status emu_shuffles(int *out, int n, int src, int delta, int lane_mask, int width);
+pytfm_status emu_reverse(float *out, const float *in, int n, int with_barrier);
+pytfm_status emu_early_exit(float *out, int n, int stop);
+pytfm_status emu_shuffle_exit(float *out);
+pytfm_status emu_block_sum(float *out, const float *in, int blocks, int threads,
+                           int shared_bytes);
+"""
+
+
+def read_cdef():
+    """The checkout's pytfm.h between its PYTFM_CDEF markers, as pytfm/_build_ffi.py reads it
+    (from the checkout: the installed package may be another build)."""
+    with open(os.path.join(ROOT, "csrc", "include", "pytfm.h"), encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r"/\* PYTFM_CDEF_BEGIN \*/(.*)/\* PYTFM_CDEF_END \*/", text, re.S)
+    return re.sub(r"\bPYTFM_API\s+", "", m.group(1))
+
+
+def compilers():
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    return cc, cxx
+
+
+def build(out_dir, root=ROOT):
+    """Compile the emulator library into out_dir; return its path (raises on a failure)."""
+    cc, cxx = compilers()
+    cuda = os.path.join(root, "cuda")
+    includes = [f"-I{root}/csrc/include", f"-I{root}/csrc", f"-I{cuda}"]
+    sources = sorted(os.path.join(cuda, f) for f in os.listdir(cuda) if f.endswith(".cu"))
+    sources += [os.path.join(root, "tests", "cuda", "emu_selftest.cu")]
+    flags = ["-O1", "-g", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+             "-DPYTFM_BUILDING", *includes]
+    objects = []
+    for src in [*sources, os.path.join(cuda, "emu", "emu.cpp")]:
+        obj = os.path.join(out_dir, os.path.basename(src) + ".o")
+        run([cxx, "-std=c++17", *flags, "-x", "c++", "-c", src, "-o", obj])
+        objects.append(obj)
+    status = os.path.join(out_dir, "status.o")
+    run([cc, "-std=c11", *flags, "-c", os.path.join(root, "csrc", "status.c"), "-o", status])
+    lib = os.path.join(out_dir, "libpytfm_emu.so")
+    run([cxx, "-shared", "-o", lib, *objects, status, "-lm"])
+    return lib
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}\n{r.stderr[-4000:]}")
+
+
+class EmuError(RuntimeError):
+    pass
+
+
+_CTYPES = {np.dtype(np.float32): "float *", np.dtype(np.int64): "int64_t *",
+           np.dtype(np.int32): "int *"}
+
+
+class Emu:
+    """The emulator library through cffi's ABI mode, with the cdef of pytfm.h."""
+
+    def __init__(self, path):
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(read_cdef() + SELFTEST_CDEF)
+        self.lib = self.ffi.dlopen(path)
+
+    def p(self, a):
+        return self.ffi.NULL if a is None else self.ffi.cast(_CTYPES[a.dtype], a.ctypes.data)
+
+    def error(self):
+        return self.ffi.string(self.lib.pytfm_last_error()).decode()
+
+    def call(self, name, *args, stream=True):
+        """Call name(*args[, stream=NULL]) with arrays as pointers; raise EmuError on failure."""
+        conv = [self.p(a) if isinstance(a, np.ndarray) or a is None else a for a in args]
+        if stream:
+            conv.append(self.ffi.NULL)
+        status = getattr(self.lib, name)(*conv)
+        if status != 0:
+            raise EmuError(f"status {status}: {self.error()}")
+
+
+# Guarded buffers: every array handed to a kernel sits in the middle of a larger one whose
+# margins hold a marker (a NaN with a payload of its own for floats, -7 for indices). A kernel
+# that reads past an edge reads NaN or a bad index, which spoils its result; one that writes
+# past an edge changes a marker, which check() reports.
+MARGIN = 41
+_F32_MARK = np.array([0x7FE5A5A5], np.uint32).view(np.float32)[0]
+
+
+class Guarded:
+    def __init__(self):
+        self.buffers = []
+
+    def __call__(self, a, dtype=np.float32):
+        a = np.asarray(a, dtype)
+        mark = _F32_MARK if a.dtype == np.float32 else -7
+        big = np.full(a.size + 2 * MARGIN, mark, a.dtype)
+        big[MARGIN:MARGIN + a.size] = a.ravel()
+        self.buffers.append(big)
+        return big[MARGIN:MARGIN + a.size].reshape(a.shape)
+
+    def empty(self, shape, dtype=np.float32):
+        """An output whose contents are a NaN until the kernel writes them."""
+        return self(np.full(shape, np.nan, dtype) if dtype == np.float32 else
+                    np.full(shape, -1, dtype), dtype)
+
+    def check(self):
+        for big in self.buffers:
+            bits = big.view(np.uint32 if big.dtype == np.float32 else np.int64)
+            mark = (np.array([_F32_MARK]).view(np.uint32)[0] if big.dtype == np.float32
+                    else -7)
+            for side in (bits[:MARGIN], bits[-MARGIN:]):
+                assert (side == mark).all(), "a kernel wrote outside its buffer"

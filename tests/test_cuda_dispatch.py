@@ -1,0 +1,162 @@
+"""pytfm.ops' CuPy path, without CuPy or a GPU: a stand-in `cupy` module whose arrays are NumPy
+arrays in disguise (their .data.ptr is host memory), and the library's _cuda functions answered
+by the emulator build of cuda/ (tests/cuda_emu.py). So the dispatch (which backend, the shape
+checks, outputs allocated by the array module, pointers from .data.ptr, the current stream, the
+index checks done in Python for device arrays) runs end to end here and must give what the
+NumPy path gives. tests/test_cuda_gpu.py runs the same path with real CuPy on a GPU.
+"""
+
+import types
+
+import numpy as np
+import pytest
+
+import pytfm
+from pytfm import ops
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+class ndarray(np.ndarray):  # noqa: N801 - stands in for cupy.ndarray
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+    @property
+    def device(self):
+        return types.SimpleNamespace(id=0)
+
+
+ndarray.__module__ = "cupy"
+
+
+def fake_cupy():
+    streams = []
+    cp = types.ModuleType("cupy")
+    cp.ndarray = ndarray
+    cp.asarray = lambda a: np.ascontiguousarray(a).view(ndarray)
+    cp.empty = lambda shape, dtype: np.empty(shape, dtype).view(ndarray)
+    cp.zeros = lambda shape, dtype: np.zeros(shape, dtype).view(ndarray)
+    cp.empty_like = lambda a: np.empty_like(a).view(ndarray)
+    cp.may_share_memory = np.may_share_memory
+
+    def current_stream():
+        streams.append(0)
+        return types.SimpleNamespace(ptr=0)
+
+    cp.cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0),
+                                    get_current_stream=current_stream)
+    cp.streams_asked = streams
+    return cp
+
+
+class EmulatedLib:
+    """pytfm's lib, with every _cuda function answered by the emulator library instead."""
+
+    def __init__(self, emu):
+        self.emu = emu
+
+    def __getattr__(self, name):
+        if not name.endswith("_cuda"):
+            return getattr(pytfm._core.lib, name)
+        core, emu = pytfm._core.ffi, self.emu.ffi
+        fn = getattr(self.emu.lib, name)
+
+        def call(*args):
+            conv = []
+            for a in args:
+                if isinstance(a, core.CData):  # a pointer made by pytfm's own ffi
+                    a = emu.cast(core.getctype(core.typeof(a)), int(core.cast("uintptr_t", a)))
+                conv.append(a)
+            return fn(*conv)
+
+        return call
+
+
+@pytest.fixture
+def cp(emu, monkeypatch):
+    fake = fake_cupy()
+    monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
+    monkeypatch.setattr(ops, "lib", EmulatedLib(emu))
+
+    def check(status):  # as pytfm._core.check, with the emulator library's message
+        if status == 0:
+            return
+        message = emu.error()
+        raise (ValueError if status in (1, 2) else pytfm.PytfmError)(message)
+
+    monkeypatch.setattr(ops, "check", check)
+    return fake
+
+
+def test_cupy_arrays_run_the_cuda_kernels_and_match_numpy(cp):
+    rng = np.random.default_rng(0)
+    r = lambda *s: rng.standard_normal(s).astype(np.float32)
+    x, w, b, dy = r(5, 33), r(7, 33), r(7), r(5, 7)
+    y = ops.linear_forward(cp.asarray(x), cp.asarray(w), cp.asarray(b))
+    assert type(y) is ndarray and y.shape == (5, 7)
+    np.testing.assert_allclose(y, ops.linear_forward(x, w, b), rtol=1e-5, atol=1e-5)
+    got = ops.linear_backward(cp.asarray(dy), cp.asarray(x), cp.asarray(w))
+    for g, c in zip(got, ops.linear_backward(dy, x, w)):
+        assert type(g) is ndarray
+        np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-5)
+
+    x3 = r(2, 3, 1030)  # leading axes flattened; the block-per-row kernels
+    np.testing.assert_allclose(ops.softmax_forward(cp.asarray(x3)), ops.softmax_forward(x3),
+                               rtol=1e-5, atol=1e-8)
+    lw, lb = r(1030), r(1030)
+    for g, c in zip(ops.layernorm_forward(cp.asarray(x3), cp.asarray(lw), cp.asarray(lb)),
+                    ops.layernorm_forward(x3, lw, lb)):
+        assert g.shape == c.shape
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-5)
+
+    q, pos = r(2, 3, 2, 8), np.arange(3, dtype=np.int64)
+    np.testing.assert_allclose(ops.rope_forward(cp.asarray(q), cp.asarray(pos)),
+                               ops.rope_forward(q, pos), atol=1e-6)
+    np.testing.assert_allclose(ops.gelu_backward(cp.asarray(q), cp.asarray(q)),
+                               ops.gelu_backward(q, q), atol=1e-6)
+
+    table, ids = r(6, 4), rng.integers(0, 6, size=(3, 5))
+    np.testing.assert_array_equal(ops.embedding_forward(cp.asarray(ids), cp.asarray(table)),
+                                  ops.embedding_forward(ids, table))
+    gy = r(3, 5, 4)
+    acc = cp.asarray(np.ones((6, 4), np.float32))
+    out = ops.embedding_backward(cp.asarray(gy), cp.asarray(ids), 6, dtable=acc)
+    assert out is acc  # accumulated into the caller's array
+    np.testing.assert_array_equal(out, ops.embedding_backward(gy, ids, 6,
+                                                              dtable=np.ones((6, 4), np.float32)))
+
+    logits, targets = r(9, 11), rng.integers(0, 11, size=9)
+    targets[2] = -1
+    loss, lse = ops.cross_entropy_forward(cp.asarray(logits), cp.asarray(targets))
+    closs, clse = ops.cross_entropy_forward(logits, targets)
+    assert isinstance(loss, float) and abs(loss - closs) <= 1e-5 * abs(closs)
+    np.testing.assert_allclose(
+        ops.cross_entropy_backward(cp.asarray(logits), cp.asarray(targets), lse, dloss=2.0),
+        ops.cross_entropy_backward(logits, targets, clse, dloss=2.0), atol=1e-7, rtol=1e-5)
+
+    p, g, m, v = r(50), r(50), r(50), abs(r(50))
+    gp, gg, gm, gv = (cp.asarray(a.copy()) for a in (p, g, m, v))
+    ops.adamw_step(gp, gg, gm, gv, 3, 1e-3, weight_decay=0.1)
+    ops.adamw_step(p, g, m, v, 3, 1e-3, weight_decay=0.1)
+    for a, c in ((gp, p), (gm, m), (gv, v)):
+        np.testing.assert_allclose(a, c, rtol=1e-6, atol=1e-7)
+    assert len(cp.streams_asked) == 11  # each of the 11 calls above asked for the stream
+
+
+def test_cupy_arguments_are_checked_like_numpy_ones(cp):
+    x = cp.asarray(np.ones((2, 3), np.float32))
+    with pytest.raises(TypeError, match="x is a CuPy array but w is a NumPy array"):
+        ops.linear_forward(x, np.ones((4, 3), np.float32))
+    with pytest.raises(ValueError, match=r"x.shape\[-1\] must equal w.shape\[1\] = 4"):
+        ops.linear_forward(x, cp.asarray(np.ones((5, 4), np.float32)))
+    with pytest.raises(TypeError, match="x must have dtype float32, got float64"):
+        ops.softmax_forward(cp.asarray(np.ones((2, 3))))
+    table = cp.asarray(np.ones((3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"ids\[1\] = 3 is outside \[0, 3\)"):
+        ops.embedding_forward(cp.asarray(np.array([0, 3, 1])), table)
+    with pytest.raises(ValueError, match=r"targets\[0\] = -5 is outside \[0, 4\)"):
+        ops.cross_entropy_forward(cp.asarray(np.ones((2, 4), np.float32)),
+                                  cp.asarray(np.array([-5, -1])))
+    with pytest.raises(TypeError, match="q is a CuPy array, but this operation runs on NumPy"):
+        ops.attention_forward(cp.asarray(np.ones((1, 2, 1, 4), np.float32)), None, None)

@@ -1,0 +1,333 @@
+"""Every CUDA kernel of cuda/, run on the CPU by the emulator (cuda/emu), against the float64
+reference and the C kernels, at sizes that break kernels: 1, odd, one past a warp (33) or a
+tile (65), rows short enough for a warp per row and long enough for a block per row (> 1024).
+
+Each case runs twice, with the threads of every block scheduled first-to-last and then
+last-to-first between barriers, so that a missing __syncthreads() reads stale shared memory in
+at least one of the two orders. Every buffer is guarded (tests/cuda_emu.py): reading past an
+edge spoils the result, writing past one fails the test. The emulator caps grids at 3 blocks,
+so the grid-stride loops are walked too.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from cuda_emu import CUDA, EmuError, Guarded
+from helpers import assert_close
+from pytfm import ops
+from pytfm import reference as ref
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(CUDA), reason="needs the source checkout")
+
+
+@pytest.fixture(params=["forward", "reverse"])
+def order(request, emu):
+    emu.lib.pytfm_emu_set_order(request.param == "reverse")
+    yield request.param
+    emu.lib.pytfm_emu_set_order(0)
+
+
+def close(name, got, want_ref, want_c, atol, rtol=1e-5):
+    """Compare a CUDA result with the reference and with the C kernel's, at one tolerance."""
+    assert_close(f"cuda-emu.{name}", got, want_ref, atol=atol, rtol=rtol)
+    assert_close(f"cuda-emu.{name}.vs-c", got, want_c, atol=2 * np.asarray(atol), rtol=2 * rtol)
+
+
+def f32(rng, shape, scale=1.0, offset=0.0):
+    return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+
+
+# ---- the emulator itself ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [32, 16, 8])
+def test_emulator_warp_primitives_follow_their_definitions(emu, width):
+    n, src, delta, lane_mask = 64, 5, 3, 6
+    out = np.zeros((5, n), np.int32)
+    emu.call("emu_shuffles", out, n, src, delta, lane_mask, width, stream=False)
+    lane = np.arange(n) % 32
+    base = lane & ~(width - 1)
+    warp0 = np.arange(n) - lane  # thread id of lane 0 of the warp
+    v = 1000 + warp0
+    np.testing.assert_array_equal(out[0], v + base + src % width)
+    np.testing.assert_array_equal(out[1], v + np.where(lane - delta >= base, lane - delta, lane))
+    np.testing.assert_array_equal(out[2], v + np.where(lane + delta < base + width, lane + delta,
+                                                       lane))
+    x = lane ^ lane_mask
+    np.testing.assert_array_equal(out[3], v + np.where(x < base + width, x, lane))
+    for w in (0, 1):
+        votes = sum(1 << b for b in range(32) if (w * 32 + b) % 3 == 0)
+        ballot = np.array(votes, np.uint32).view(np.int32)
+        assert (out[4][w * 32:(w + 1) * 32] == ballot).all()
+
+
+def test_emulator_catches_a_missing_barrier(emu):
+    x = np.arange(256, dtype=np.float32)
+    for reverse in (0, 1):
+        emu.lib.pytfm_emu_set_order(reverse)
+        good, bad = np.zeros_like(x), np.zeros_like(x)
+        emu.call("emu_reverse", good, x, 256, 1, stream=False)
+        emu.call("emu_reverse", bad, x, 256, 0, stream=False)
+        np.testing.assert_array_equal(good, x[::-1])
+        assert (bad != x[::-1]).any(), "a missing __syncthreads went unseen"
+    emu.lib.pytfm_emu_set_order(0)
+
+
+def test_emulator_reports_a_barrier_not_every_thread_reaches(emu):
+    out = np.zeros(64, np.float32)
+    emu.call("emu_early_exit", out, 64, 64, stream=False)  # everyone reaches it: fine
+    assert (out == 1).all()
+    with pytest.raises(EmuError, match=r"status 4: .*block \(0,0,0\).*thread \(40,0,0\).*exited "
+                                       r"while 40 threads wait at __syncthreads"):
+        emu.call("emu_early_exit", out, 64, 40, stream=False)
+    emu.call("emu_early_exit", out, 64, 64, stream=False)  # the error does not stick
+
+
+def test_emulator_reports_a_shuffle_with_a_lane_gone(emu):
+    with pytest.raises(EmuError, match=r"thread \(31,0,0\) exited while thread \(0,0,0\) waits "
+                                       r"for it at __shfl_xor_sync"):
+        emu.call("emu_shuffle_exit", np.zeros(32, np.float32), stream=False)
+
+
+def test_emulator_block_sum_dynamic_shared_memory_and_launch_checks(emu):
+    x = np.arange(3 * 96, dtype=np.float32).reshape(3, 96)
+    out = np.zeros(3, np.float32)
+    emu.call("emu_block_sum", out, x, 3, 96, 128, stream=False)
+    np.testing.assert_array_equal(out, x.sum(axis=1))
+    with pytest.raises(EmuError, match="invalid configuration argument"):
+        emu.call("emu_block_sum", out, x, 1, 1056, 128, stream=False)  # > 1024 threads
+    with pytest.raises(EmuError, match="invalid configuration argument"):
+        emu.call("emu_block_sum", out, x, 0, 96, 128, stream=False)  # an empty grid
+
+
+def test_cuda_entry_points_check_their_arguments(emu):
+    with pytest.raises(EmuError, match="status 1: pytfm_softmax_forward_cuda: cols must be >= 1"):
+        emu.call("pytfm_softmax_forward_cuda", None, None, 3, 0)
+    with pytest.raises(EmuError, match="pytfm_layernorm_forward_cuda: eps must be >= 0"):
+        emu.call("pytfm_layernorm_forward_cuda", None, None, None, None, None, None, 0, 4, -1.0)
+    count = emu.ffi.new("int32_t *")
+    assert emu.lib.pytfm_cuda_device_count(count) == 0 and count[0] == 1  # "the emulator"
+    emu.call("pytfm_softmax_forward_cuda", None, None, 0, 5)  # zero rows: nothing to launch
+
+
+# ---- the kernels --------------------------------------------------------------------------
+
+GEMM_SIZES = [(1, 1, 1), (3, 5, 7), (64, 64, 16), (65, 63, 17), (33, 70, 129), (2, 1, 65)]
+
+
+@pytest.mark.parametrize("m,n,k", GEMM_SIZES)
+@pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_sgemm(emu, order, m, n, k, trans_a, trans_b):
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    g = Guarded()
+    a = f32(rng, (k, m) if trans_a else (m, k))
+    b = f32(rng, (n, k) if trans_b else (k, n))
+    opa = (a.T if trans_a else a).astype(np.float64)
+    opb = (b.T if trans_b else b).astype(np.float64)
+    bound = np.abs(opa) @ np.abs(opb)
+    for beta in (0.0, 1.0):
+        c0 = f32(rng, (m, n))
+        c = g(c0) if beta else g.empty((m, n))  # beta 0: NaN in c must not leak
+        emu.call("pytfm_sgemm_cuda", c, g(a), g(b), m, n, k, trans_a, trans_b, beta)
+        want = opa @ opb + (beta * c0 if beta else 0)
+        assert_close("cuda-emu.sgemm", c, want, atol=2 * k * EPS32 * (bound + abs(c0)))
+    g.check()
+
+
+@pytest.mark.parametrize("n,inn,out", [(1, 1, 1), (3, 5, 7), (65, 17, 63), (33, 64, 65)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear(emu, order, n, inn, out, bias):
+    rng = np.random.default_rng(n + inn + out)
+    g = Guarded()
+    x, w = f32(rng, (n, inn)), f32(rng, (out, inn))
+    b = f32(rng, out) if bias else None
+    y = g.empty((n, out))
+    emu.call("pytfm_linear_forward_cuda", y, g(x), g(w), g(b) if bias else None, n, inn, out)
+    bound = ref.linear_forward(abs(x), abs(w), None if b is None else abs(b))
+    close("linear.forward", y, ref.linear_forward(x, w, b), ops.linear_forward(x, w, b),
+          atol=2 * inn * EPS32 * bound)
+
+    dy = f32(rng, (n, out))
+    dw0, db0 = f32(rng, (out, inn)), f32(rng, out)  # accumulated into
+    dx, dw, db = g.empty((n, inn)), g(dw0), g(db0) if bias else None
+    emu.call("pytfm_linear_backward_cuda", dx, dw, db, g(dy), g(x), g(w), n, inn, out)
+    rdx, rdw, rdb = ref.linear_backward(dy, x, w)
+    adx, adw, adb = ref.linear_backward(abs(dy), abs(x), abs(w))
+    cdx, cdw, cdb = ops.linear_backward(dy, x, w, has_bias=bias, dw=dw0.copy(),
+                                        db=db0.copy() if bias else None)
+    close("linear.backward.dx", dx, rdx, cdx, atol=2 * out * EPS32 * adx)
+    close("linear.backward.dw", dw, dw0 + rdw, cdw, atol=2 * n * EPS32 * (adw + abs(dw0)))
+    if bias:
+        close("linear.backward.db", db, db0 + rdb, cdb, atol=2 * n * EPS32 * (adb + abs(db0)))
+    g.check()
+
+
+ROWS = [(1, 1), (3, 7), (9, 32), (2, 33), (70, 67), (3, 1024), (2, 1025), (4, 1500)]
+
+
+@pytest.mark.parametrize("rows,cols", ROWS)
+def test_softmax(emu, order, rows, cols):
+    rng = np.random.default_rng(rows * cols)
+    g = Guarded()
+    x = f32(rng, (rows, cols), 3.0, -20.0)
+    y = g.empty(x.shape)
+    emu.call("pytfm_softmax_forward_cuda", y, g(x), rows, cols)
+    close("softmax.forward", y, ref.softmax_forward(x), ops.softmax_forward(x), atol=1e-7,
+          rtol=1e-5 + 4 * EPS32 * float(abs(x - x.max(-1, keepdims=True)).max()))
+    dy = f32(rng, x.shape)
+    dx = g.empty(x.shape)
+    emu.call("pytfm_softmax_backward_cuda", dx, g(dy), g(y), rows, cols)
+    close("softmax.backward", dx, ref.softmax_backward(dy, y), ops.softmax_backward(dy, y),
+          atol=4 * cols * EPS32 * float(abs(dy).max()), rtol=1e-5)
+    g.check()
+
+
+@pytest.mark.parametrize("rows,cols", ROWS)
+def test_layernorm(emu, order, rows, cols):
+    rng = np.random.default_rng(rows + cols)
+    g = Guarded()
+    x = f32(rng, (rows, cols), 2.0, 3.0)
+    w, b = f32(rng, cols), f32(rng, cols)
+    y, mean, rstd = g.empty(x.shape), g.empty(rows), g.empty(rows)
+    emu.call("pytfm_layernorm_forward_cuda", y, mean, rstd, g(x), g(w), g(b), rows, cols, 1e-5)
+    ry, rmean, rrstd = ref.layernorm_forward(x, w, b, 1e-5)
+    cy, cmean, crstd = ops.layernorm_forward(x, w, b, 1e-5)
+    tol = 8 * np.sqrt(cols) * EPS32
+    close("layernorm.forward.mean", mean, rmean, cmean, atol=tol * 5, rtol=tol)
+    close("layernorm.forward.rstd", rstd, rrstd, crstd, atol=0, rtol=tol * 10)
+    close("layernorm.forward.y", y, ry, cy, atol=tol * 10 * (abs(w) * 4 + abs(b)), rtol=1e-5)
+
+    dy = f32(rng, x.shape)
+    dw0, db0 = f32(rng, cols), f32(rng, cols)
+    dx, dw, db = g.empty(x.shape), g(dw0), g(db0)
+    emu.call("pytfm_layernorm_backward_cuda", dx, dw, db, g(dy), g(x), g(w), g(mean), g(rstd),
+             rows, cols)
+    rdx, rdw, rdb = ref.layernorm_backward(dy, x, w, mean, rstd)
+    cdx, cdw, cdb = ops.layernorm_backward(dy, x, w, mean, rstd, dw=dw0.copy(), db=db0.copy())
+    gmax = float(abs(dy * w).max() * rstd.max())
+    close("layernorm.backward.dx", dx, rdx, cdx, atol=8 * cols * EPS32 * gmax, rtol=1e-4)
+    big = 4 * rows * EPS32 * float(abs(dy).max()) * (1 + float(abs(x - mean[:, None]).max()
+                                                          * rstd.max()))
+    close("layernorm.backward.dw", dw, dw0 + rdw, cdw, atol=big + 2 * EPS32 * abs(dw0))
+    close("layernorm.backward.db", db, db0 + rdb, cdb, atol=big + 2 * EPS32 * abs(db0))
+    g.check()
+
+
+@pytest.mark.parametrize("B,T,H,D", [(1, 1, 1, 2), (2, 3, 5, 6), (1, 33, 2, 64), (3, 7, 1, 10)])
+@pytest.mark.parametrize("batched", [False, True])
+def test_rope(emu, order, B, T, H, D, batched):
+    rng = np.random.default_rng(B * T * H * D)
+    g = Guarded()
+    x = f32(rng, (B, T, H, D))
+    pos = 1000 + np.arange(T, dtype=np.int64)
+    if batched:
+        pos = pos + rng.integers(0, 100, size=(B, 1))
+    stride = T if batched else 0
+    y = g.empty(x.shape)
+    emu.call("pytfm_rope_forward_cuda", y, g(x), g(pos, np.int64), B, T, H, D, stride, 10000.0)
+    close("rope.forward", y, ref.rope_forward(x, pos, 10000.0), ops.rope_forward(x, pos),
+          atol=4 * EPS32 * float(abs(x).max()))
+    dx = g(y)  # in place: dx == dy
+    emu.call("pytfm_rope_backward_cuda", dx, dx, g(pos, np.int64), B, T, H, D, stride, 10000.0)
+    close("rope.backward", dx, ref.rope_backward(y, pos, 10000.0), ops.rope_backward(y, pos),
+          atol=4 * EPS32 * float(abs(y).max()))
+    g.check()
+
+
+@pytest.mark.parametrize("n", [1, 7, 255, 257, 1000])
+def test_gelu(emu, order, n):
+    rng = np.random.default_rng(n)
+    g = Guarded()
+    x = f32(rng, n, 3.0)
+    y = g.empty(n)
+    emu.call("pytfm_gelu_forward_cuda", y, g(x), n)
+    close("gelu.forward", y, ref.gelu_forward(x), ops.gelu_forward(x),
+          atol=4 * EPS32 * (1.0 + abs(x)))
+    dy = f32(rng, n)
+    dx = g.empty(n)
+    emu.call("pytfm_gelu_backward_cuda", dx, g(dy), g(x), n)
+    close("gelu.backward", dx, ref.gelu_backward(dy, x), ops.gelu_backward(dy, x),
+          atol=8 * EPS32 * (1.0 + abs(x)) * abs(dy))
+    g.check()
+
+
+@pytest.mark.parametrize("n,vocab,dim", [(1, 1, 1), (7, 3, 5), (40, 2, 65), (3, 1, 33),
+                                         (100, 7, 70)])
+def test_embedding(emu, order, n, vocab, dim):
+    rng = np.random.default_rng(n * vocab * dim)
+    g = Guarded()
+    table = f32(rng, (vocab, dim))
+    ids = rng.integers(0, vocab, size=n)  # few rows, many ids: repeats are common
+    y = g.empty((n, dim))
+    emu.call("pytfm_embedding_forward_cuda", y, g(ids, np.int64), g(table), n, vocab, dim)
+    close("embedding.forward", y, ref.embedding_forward(ids, table),
+          ops.embedding_forward(ids, table), atol=0, rtol=0)
+    dy = f32(rng, (n, dim))
+    dt0 = f32(rng, (vocab, dim))
+    dtable = g(dt0)
+    emu.call("pytfm_embedding_backward_cuda", dtable, g(dy), g(ids, np.int64), n, vocab, dim)
+    want_c = ops.embedding_backward(dy, ids, vocab, dtable=dt0.copy())
+    np.testing.assert_array_equal(dtable, want_c)  # same order of additions: same bits
+    assert_close("cuda-emu.embedding.backward", dtable,
+                 dt0 + ref.embedding_backward(dy, ids, vocab),
+                 atol=2 * n * EPS32 * (float(abs(dy).max()) + abs(dt0)))
+    g.check()
+
+
+def test_embedding_bad_id_gives_a_nan_row(emu):
+    table = np.ones((3, 4), np.float32)
+    ids = np.array([0, 3, -1, 2])
+    y = np.zeros((4, 4), np.float32)
+    emu.call("pytfm_embedding_forward_cuda", y, ids, table, 4, 3, 4)
+    assert np.isnan(y[1:3]).all() and (y[[0, 3]] == 1).all()
+
+
+@pytest.mark.parametrize("n,V", [(1, 1), (5, 7), (9, 33), (3, 1025), (70, 5), (30, 1100)])
+@pytest.mark.parametrize("ignore_index,ignored", [(-1, 0.0), (-100, 0.3), (0, 0.5), (-1, 1.0)])
+def test_cross_entropy(emu, order, n, V, ignore_index, ignored):
+    rng = np.random.default_rng(n * V)
+    g = Guarded()
+    logits = f32(rng, (n, V), 3.0, -30.0)
+    targets = rng.integers(0, V, size=n)
+    targets[rng.random(n) < ignored] = ignore_index
+    loss, lse = g.empty(1), g.empty(n)
+    emu.call("pytfm_cross_entropy_forward_cuda", loss, lse, g(logits), g(targets, np.int64), n, V,
+             ignore_index)
+    rloss, rlse = ref.cross_entropy_forward(logits, targets, ignore_index)
+    closs, clse = ops.cross_entropy_forward(logits, targets, ignore_index)
+    mag = EPS32 * float(abs(logits).max())
+    close("cross_entropy.forward.lse", lse, rlse, clse, atol=1e-6 + 4 * mag, rtol=1e-6)
+    close("cross_entropy.forward.loss", loss[0], rloss, closs, atol=1e-6 + 4 * mag, rtol=1e-5)
+    dlogits = g.empty((n, V))
+    emu.call("pytfm_cross_entropy_backward_cuda", dlogits, g(logits), g(targets, np.int64), g(lse),
+             n, V, ignore_index, -3.0)
+    kept = max(int((targets != ignore_index).sum()), 1)
+    close("cross_entropy.backward", dlogits,
+          ref.cross_entropy_backward(logits, targets, ignore_index, -3.0),
+          ops.cross_entropy_backward(logits, targets, lse, ignore_index, -3.0),
+          atol=(1e-6 + 4 * mag) * 3.0 / kept, rtol=1e-5)
+    g.check()
+
+
+@pytest.mark.parametrize("n", [1, 7, 257, 1000])
+@pytest.mark.parametrize("step,weight_decay", [(1, 0.0), (1000, 0.1)])
+def test_adamw(emu, order, n, step, weight_decay):
+    rng = np.random.default_rng(n + step)
+    g = Guarded()
+    param, grad = f32(rng, n), f32(rng, n)
+    m, v = f32(rng, n, 0.1), abs(f32(rng, n, 0.1))
+    want = ref.adamw_step(param, grad, m, v, step, 1e-3, 0.9, 0.999, 1e-8, weight_decay)
+    cp, cm, cv = param.copy(), m.copy(), v.copy()
+    ops.adamw_step(cp, grad, cm, cv, step, 1e-3, 0.9, 0.999, 1e-8, weight_decay)
+    gp, gm, gv = g(param), g(m), g(v)
+    emu.call("pytfm_adamw_step_cuda", gp, gm, gv, g(grad), n, step, 1e-3, 0.9, 0.999, 1e-8,
+             weight_decay)
+    for name, got, before, r, c in zip(("param", "m", "v"), (gp, gm, gv), (param, m, v), want,
+                                       (cp, cm, cv)):
+        scale = abs(before) + abs(r - before) + abs(grad) * 0.1 * (name == "m")
+        close(f"adamw.{name}", got, r, c, atol=8 * EPS32 * scale + 1e-12)
+    g.check()
