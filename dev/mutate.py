@@ -20,8 +20,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name: (file, text to find, replacement, test files that must catch it)
-OPS = ["tests/test_ops.py", "tests/test_properties.py", "tests/test_errors.py"]
-ATT = ["tests/test_attention.py"]
+# the plain kernels run where the fast ones cannot (and under PYTFM_MAX_ISA=plain):
+# tests/test_fast.py is what compares them
+OPS = ["tests/test_ops.py", "tests/test_properties.py", "tests/test_errors.py", "tests/test_fast.py"]
+ATT = ["tests/test_attention.py", "tests/test_fast.py"]
 FAST = ["tests/test_fast.py"]
 EMU = ["tests/test_cuda_emu.py"]  # the CUDA kernels, run on the CPU by cuda/emu
 MUTATIONS = {
