@@ -91,7 +91,10 @@ static void pack_a(float *dst, const gemm *g, int mr, int64_t i0, int64_t mc, in
     const int64_t m = g->m, k = g->k;
     for (int64_t ir = 0; ir < mc; ir += mr, dst += mr * kc) {
         const int rows = (int)MIN(mr, mc - ir);
-        if (g->trans_a) // the mr values for one p are contiguous in a
+        if (g->trans_a && rows == mr) // the mr values for one p are contiguous in a
+            for (int64_t p = 0; p < kc; p++)
+                memcpy(dst + p * mr, a + (p0 + p) * m + i0 + ir, (size_t)mr * sizeof(float));
+        else if (g->trans_a)
             for (int64_t p = 0; p < kc; p++) {
                 const float *src = a + (p0 + p) * m + i0 + ir;
                 for (int r = 0; r < mr; r++) dst[p * mr + r] = r < rows ? src[r] : 0.0f;
@@ -123,6 +126,9 @@ static void pack_b(float *dst, const gemm *g, int nr, int64_t p0, int64_t kc, in
                 const float *src = b + (j0 + jr + j) * k + p0;
                 for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = j < cols ? src[p] : 0.0f;
             }
+        else if (cols == nr) // a row of the panel is nr contiguous floats of b
+            for (int64_t p = 0; p < kc; p++)
+                memcpy(dst + p * nr, b + (p0 + p) * n + j0 + jr, (size_t)nr * sizeof(float));
         else
             for (int64_t p = 0; p < kc; p++) {
                 const float *src = b + (p0 + p) * n + j0 + jr;
