@@ -30,11 +30,7 @@ pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *l
     const int64_t count = count_kept(targets, n, ignore_index);
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
-        const int64_t per = pytfm__rows_per_task(V);
-        PYTFM_PARALLEL_FOR_IF(n > per)
-        for (int64_t r0 = 0; r0 < n; r0 += per)
-            for (int64_t i = r0; i < MIN(n, r0 + per); i++)
-                lse[i] = k->logsumexp(logits + i * V, V);
+        PYTFM_PARALLEL_ROWS(i, n, V) lse[i] = k->logsumexp(logits + i * V, V);
         double total = 0.0; // in row order, after the parallel part: the same at any thread count
         for (int64_t i = 0; i < n; i++)
             if (targets[i] != ignore_index) total += (double)lse[i] - logits[i * V + targets[i]];
@@ -71,18 +67,15 @@ pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float *logits,
     const float scale = count ? dloss / (float)count : 0.0f;
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
-        const int64_t per = pytfm__rows_per_task(V);
-        PYTFM_PARALLEL_FOR_IF(n > per)
-        for (int64_t r0 = 0; r0 < n; r0 += per)
-            for (int64_t i = r0; i < MIN(n, r0 + per); i++) {
-                float *drow = dlogits + i * V;
-                if (targets[i] == ignore_index) {
-                    memset(drow, 0, (size_t)V * sizeof(float));
-                    continue;
-                }
-                k->scaled_exp(drow, logits + i * V, lse[i], scale, V);
-                drow[targets[i]] -= scale;
+        PYTFM_PARALLEL_ROWS(i, n, V) {
+            float *drow = dlogits + i * V;
+            if (targets[i] == ignore_index) {
+                memset(drow, 0, (size_t)V * sizeof(float));
+                continue;
             }
+            k->scaled_exp(drow, logits + i * V, lse[i], scale, V);
+            drow[targets[i]] -= scale;
+        }
         return PYTFM_STATUS_OK;
     }
     for (int64_t i = 0; i < n; i++) { // the plain reference

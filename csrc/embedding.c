@@ -20,11 +20,8 @@ pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *
     PYTFM_CHECK_PTR(ids, n);
     PYTFM_CHECK_PTR(table, 1);
     PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, n, vocab, 0, 0));
-    const int64_t per = pytfm__rows_per_task(dim);
-    PYTFM_PARALLEL_FOR_IF(n > per)
-    for (int64_t i0 = 0; i0 < n; i0 += per)
-        for (int64_t i = i0; i < MIN(n, i0 + per); i++)
-            memcpy(y + i * dim, table + ids[i] * dim, (size_t)dim * sizeof(float));
+    PYTFM_PARALLEL_ROWS(i, n, dim)
+    memcpy(y + i * dim, table + ids[i] * dim, (size_t)dim * sizeof(float));
     return PYTFM_STATUS_OK;
 }
 

@@ -74,8 +74,15 @@ static inline int64_t pytfm__thread_id(void) { return 0; }
 /* Rows per parallel task for row-wise ops: about PYTFM_TASK_ELEMS floats each */
 enum { PYTFM_TASK_ELEMS = 16384 };
 static inline int64_t pytfm__rows_per_task(int64_t cols) {
-    return cols >= PYTFM_TASK_ELEMS ? 1 : PYTFM_TASK_ELEMS / cols;
+    return cols >= PYTFM_TASK_ELEMS ? 1 : PYTFM_TASK_ELEMS / (cols > 0 ? cols : 1);
 }
+
+/* for (int64_t r = 0; r < rows; r++), with the rows (of cols floats each) handed to threads in
+ * blocks of pytfm__rows_per_task(cols); a single block runs on the calling thread alone */
+#define PYTFM_PARALLEL_ROWS(r, rows, cols)                                                     \
+    PYTFM_PARALLEL_FOR_IF((rows) > pytfm__rows_per_task(cols))                                 \
+    for (int64_t r##_block = 0; r##_block < (rows); r##_block += pytfm__rows_per_task(cols))   \
+        for (int64_t r = r##_block; r < MIN((rows), r##_block + pytfm__rows_per_task(cols)); r++)
 
 /* Σ a[i]·b[i] with eight independent partial sums (so the additions pipeline instead of
  * waiting on each other), combined in a fixed order: the same inputs give the same bits. */

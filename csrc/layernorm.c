@@ -29,12 +29,8 @@ pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const f
     PYTFM_CHECK_PTR(b, 1);
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
-        const int64_t per = pytfm__rows_per_task(cols);
-        PYTFM_PARALLEL_FOR_IF(rows > per)
-        for (int64_t r0 = 0; r0 < rows; r0 += per)
-            for (int64_t r = r0; r < MIN(rows, r0 + per); r++)
-                k->layernorm_forward(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols,
-                                     eps);
+        PYTFM_PARALLEL_ROWS(r, rows, cols)
+        k->layernorm_forward(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols, eps);
         return PYTFM_STATUS_OK;
     }
     for (int64_t r = 0; r < rows; r++) { // the plain reference

@@ -21,11 +21,8 @@ pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w, cons
     PYTFM_CHECK_PTR(w, 1);
     PYTFM_TRY(pytfm_sgemm(y, x, w, n, out, in, 0, 1, 0.0f));
     if (b) {
-        const int64_t per = pytfm__rows_per_task(out);
-        PYTFM_PARALLEL_FOR_IF(n > per)
-        for (int64_t r0 = 0; r0 < n; r0 += per)
-            for (int64_t r = r0; r < MIN(n, r0 + per); r++)
-                for (int64_t o = 0; o < out; o++) y[r * out + o] += b[o];
+        PYTFM_PARALLEL_ROWS(r, n, out)
+        for (int64_t o = 0; o < out; o++) y[r * out + o] += b[o];
     }
     return PYTFM_STATUS_OK;
 }

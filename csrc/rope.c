@@ -78,21 +78,18 @@ static pytfm_status rotate_tabled(const char *func, float *out, const float *in,
         return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes", func,
                            (long long)(2 * rows * half * (int64_t)sizeof(float)));
     angle_table(cs, sn, pos, rows, T, pos_stride, D, base, sign);
-    const int64_t per = H * D > 0 ? pytfm__rows_per_task(H * D) : 1; // (b, t) rows per task
-    PYTFM_PARALLEL_FOR_IF(B * T > per)
-    for (int64_t bt0 = 0; bt0 < B * T; bt0 += per)
-        for (int64_t bt = bt0; bt < MIN(B * T, bt0 + per); bt++) {
-            const float *c = cs + (pos_stride == 0 ? bt % T : bt) * half, *s = sn + (c - cs);
-            for (int64_t h = 0; h < H; h++) {
-                const float *x = in + (bt * H + h) * D; // (b, t, h, :)
-                float *y = out + (bt * H + h) * D;
-                for (int64_t i = 0; i < half; i++) {
-                    const float x0 = x[i], x1 = x[i + half];
-                    y[i] = x0 * c[i] - x1 * s[i];
-                    y[i + half] = x1 * c[i] + x0 * s[i];
-                }
+    PYTFM_PARALLEL_ROWS(bt, B * T, H * D) { // the (b, t) rows of H·D floats
+        const float *c = cs + (pos_stride == 0 ? bt % T : bt) * half, *s = sn + (c - cs);
+        for (int64_t h = 0; h < H; h++) {
+            const float *x = in + (bt * H + h) * D; // (b, t, h, :)
+            float *y = out + (bt * H + h) * D;
+            for (int64_t i = 0; i < half; i++) {
+                const float x0 = x[i], x1 = x[i + half];
+                y[i] = x0 * c[i] - x1 * s[i];
+                y[i + half] = x1 * c[i] + x0 * s[i];
             }
         }
+    }
     free(cs);
     return PYTFM_STATUS_OK;
 }

@@ -16,11 +16,7 @@ pytfm_status pytfm_softmax_forward(float *y, const float *x, int64_t rows, int64
     PYTFM_CHECK_PTR(x, rows);
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
-        const int64_t per = pytfm__rows_per_task(cols);
-        PYTFM_PARALLEL_FOR_IF(rows > per)
-        for (int64_t r0 = 0; r0 < rows; r0 += per)
-            for (int64_t r = r0; r < MIN(rows, r0 + per); r++)
-                k->softmax_forward(y + r * cols, x + r * cols, cols);
+        PYTFM_PARALLEL_ROWS(r, rows, cols) k->softmax_forward(y + r * cols, x + r * cols, cols);
         return PYTFM_STATUS_OK;
     }
     for (int64_t r = 0; r < rows; r++) { // the plain reference
@@ -48,11 +44,8 @@ pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const float *y, 
     PYTFM_CHECK_PTR(y, rows);
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
-        const int64_t per = pytfm__rows_per_task(cols);
-        PYTFM_PARALLEL_FOR_IF(rows > per)
-        for (int64_t r0 = 0; r0 < rows; r0 += per)
-            for (int64_t r = r0; r < MIN(rows, r0 + per); r++)
-                k->softmax_backward(dx + r * cols, dy + r * cols, y + r * cols, cols);
+        PYTFM_PARALLEL_ROWS(r, rows, cols)
+        k->softmax_backward(dx + r * cols, dy + r * cols, y + r * cols, cols);
         return PYTFM_STATUS_OK;
     }
     for (int64_t r = 0; r < rows; r++) { // the plain reference
