@@ -95,6 +95,14 @@ class Cuda:
         return Cuda(nvcc) if nvcc else None
 
 
+def c_headers():
+    """The public header and every csrc/*.h (internal.h, checks.h, fast.h, ...): an object is
+    rebuilt when one of them is newer."""
+    return [HEADER] + sorted(
+        os.path.join(CSRC, f) for f in os.listdir(os.path.join(ROOT, CSRC)) if f.endswith(".h")
+    )
+
+
 def read_version():
     with open(os.path.join(ROOT, HEADER), encoding="utf-8") as f:
         return re.search(r'#define PYTFM_VERSION "([^"]+)"', f.read()).group(1)
@@ -158,7 +166,7 @@ class BuildExt(build_ext):
         if cuda:
             sources.remove(CUDA_STUB)
             macros += [("PYTFM_CUDA", "1"), ("PYTFM_CUDA_VERSION", str(cuda.version))]
-        headers = [HEADER, os.path.join(CSRC, "internal.h")]  # rebuild when they change
+        headers = c_headers()  # rebuild when they change
         objects = self.compiler.compile(
             sources,
             output_dir=self.build_temp,
@@ -194,7 +202,7 @@ class BuildExt(build_ext):
             flags += ["-ccbin", os.environ["NVCC_CCBIN"]]
         cu_dir = os.path.join(ROOT, CUDA_DIR)
         sources = sorted(os.path.join(CUDA_DIR, f) for f in os.listdir(cu_dir) if f.endswith(".cu"))
-        headers = [HEADER, os.path.join(CSRC, "internal.h"),
+        headers = [*c_headers(),
                    *(os.path.join(CUDA_DIR, f) for f in os.listdir(cu_dir) if f.endswith(".cuh"))]
         # the flags are part of the object folder's name: a change of arch or flags rebuilds
         tag = hashlib.sha1(" ".join([cuda.nvcc, *flags]).encode()).hexdigest()[:10]

@@ -9,6 +9,7 @@
  */
 #include <string.h>
 
+#include "checks.h"
 #include "fast.h"
 
 static int64_t count_kept(const int64_t *targets, int64_t n, int64_t ignore_index) {
@@ -20,12 +21,7 @@ static int64_t count_kept(const int64_t *targets, int64_t n, int64_t ignore_inde
 pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *logits,
                                          const int64_t *targets, int64_t n, int64_t V,
                                          int64_t ignore_index) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(V, 1);
-    PYTFM_CHECK_PTR(loss, 1);
-    PYTFM_CHECK_PTR(lse, n);
-    PYTFM_CHECK_PTR(logits, n);
-    PYTFM_CHECK_PTR(targets, n);
+    PYTFM_TRY(pytfm__check_cross_entropy_forward(__func__, loss, lse, logits, targets, n, V));
     PYTFM_TRY(pytfm__check_indices(__func__, "targets", targets, n, V, 1, ignore_index));
     const int64_t count = count_kept(targets, n, ignore_index);
     const pytfm__fast_kernels *k = pytfm__fast();
@@ -55,13 +51,8 @@ pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *l
 pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float *logits,
                                           const int64_t *targets, const float *lse, int64_t n,
                                           int64_t V, int64_t ignore_index, float dloss) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(V, 1);
-    PYTFM_CHECK_FINITE(dloss);
-    PYTFM_CHECK_PTR(dlogits, n);
-    PYTFM_CHECK_PTR(logits, n);
-    PYTFM_CHECK_PTR(targets, n);
-    PYTFM_CHECK_PTR(lse, n);
+    PYTFM_TRY(pytfm__check_cross_entropy_backward(__func__, dlogits, logits, targets, lse, n, V,
+                                                  dloss));
     PYTFM_TRY(pytfm__check_indices(__func__, "targets", targets, n, V, 1, ignore_index));
     const int64_t count = count_kept(targets, n, ignore_index);
     const float scale = count ? dloss / (float)count : 0.0f;

@@ -9,16 +9,11 @@
  */
 #include <string.h>
 
-#include "internal.h"
+#include "checks.h"
 
 pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *table,
                                      int64_t n, int64_t vocab, int64_t dim) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(vocab, 1);
-    PYTFM_CHECK_MIN(dim, 1);
-    PYTFM_CHECK_PTR(y, n);
-    PYTFM_CHECK_PTR(ids, n);
-    PYTFM_CHECK_PTR(table, 1);
+    PYTFM_TRY(pytfm__check_embedding_forward(__func__, y, ids, table, n, vocab, dim));
     PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, n, vocab, 0, 0));
     PYTFM_PARALLEL_ROWS(i, n, dim)
     memcpy(y + i * dim, table + ids[i] * dim, (size_t)dim * sizeof(float));
@@ -27,12 +22,7 @@ pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *
 
 pytfm_status pytfm_embedding_backward(float *dtable, const float *dy, const int64_t *ids,
                                       int64_t n, int64_t vocab, int64_t dim) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(vocab, 1);
-    PYTFM_CHECK_MIN(dim, 1);
-    PYTFM_CHECK_PTR(dtable, 1);
-    PYTFM_CHECK_PTR(dy, n);
-    PYTFM_CHECK_PTR(ids, n);
+    PYTFM_TRY(pytfm__check_embedding_backward(__func__, dtable, dy, ids, n, vocab, dim));
     PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, n, vocab, 0, 0));
     // threads own column blocks and scan every id in order: repeated ids add up in the same
     // order as on one thread, with no two threads writing one element

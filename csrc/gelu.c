@@ -7,6 +7,7 @@
  * the much slower tanhf; then ½ (1 − tanh² u) = 2 s (1 − s). The backward recomputes s from
  * x; nothing is cached beyond the input. Blocks of CHUNK elements go to threads.
  */
+#include "checks.h"
 #include "fast.h"
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/π) */
@@ -19,9 +20,7 @@ static inline float half_one_plus_tanh(float v) { // ½ (1 + tanh(k (v + a v³))
 }
 
 pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t n) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_PTR(y, n);
-    PYTFM_CHECK_PTR(x, n);
+    PYTFM_TRY(pytfm__check_gelu_forward(__func__, y, x, n));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
         PYTFM_PARALLEL_FOR_IF(n > CHUNK)
@@ -37,10 +36,7 @@ pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t n) {
 }
 
 pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_PTR(dx, n);
-    PYTFM_CHECK_PTR(dy, n);
-    PYTFM_CHECK_PTR(x, n);
+    PYTFM_TRY(pytfm__check_gelu_backward(__func__, dx, dy, x, n));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
         PYTFM_PARALLEL_FOR_IF(n > CHUNK)

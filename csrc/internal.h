@@ -31,15 +31,18 @@ pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)
     } while (0)
 
 /* A pointer may be NULL only when its buffer holds no elements. */
-#define PYTFM_CHECK_PTR(p, count)                                                              \
-    PYTFM_CHECK((p) != NULL || (count) == 0, "%s: %s must not be NULL", __func__, #p)
+#define PYTFM_CHECK_PTR(p, count) PYTFM_CHECK_PTR_IN(__func__, p, count)
+#define PYTFM_CHECK_PTR_IN(func, p, count)                                                     \
+    PYTFM_CHECK((p) != NULL || (count) == 0, "%s: %s must not be NULL", func, #p)
 
-#define PYTFM_CHECK_MIN(v, lo)                                                                 \
-    PYTFM_CHECK((v) >= (lo), "%s: %s must be >= %lld, got %lld", __func__, #v,               \
-                (long long)(lo), (long long)(v))
+#define PYTFM_CHECK_MIN(v, lo) PYTFM_CHECK_MIN_IN(__func__, v, lo)
+#define PYTFM_CHECK_MIN_IN(func, v, lo)                                                        \
+    PYTFM_CHECK((v) >= (lo), "%s: %s must be >= %lld, got %lld", func, #v, (long long)(lo),  \
+                (long long)(v))
 
-#define PYTFM_CHECK_FINITE(v)                                                                  \
-    PYTFM_CHECK(isfinite(v), "%s: %s must be finite, got %g", __func__, #v, (double)(v))
+#define PYTFM_CHECK_FINITE(v) PYTFM_CHECK_FINITE_IN(__func__, v)
+#define PYTFM_CHECK_FINITE_IN(func, v)                                                         \
+    PYTFM_CHECK(isfinite(v), "%s: %s must be finite, got %g", func, #v, (double)(v))
 
 /* Check that every index in ids[0..n) is in [0, limit), allowing `ignore` when allow_ignore.
  * Returns PYTFM_STATUS_OUT_OF_RANGE naming the first bad one. */

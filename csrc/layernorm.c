@@ -12,21 +12,13 @@
  */
 #include <stdlib.h>
 
+#include "checks.h"
 #include "fast.h"
 
 pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
                                      const float *w, const float *b, int64_t rows, int64_t cols,
                                      float eps) {
-    PYTFM_CHECK_MIN(rows, 0);
-    PYTFM_CHECK_MIN(cols, 1);
-    PYTFM_CHECK_FINITE(eps);
-    PYTFM_CHECK(eps >= 0.0f, "%s: eps must be >= 0, got %g", __func__, (double)eps);
-    PYTFM_CHECK_PTR(y, rows);
-    PYTFM_CHECK_PTR(mean, rows);
-    PYTFM_CHECK_PTR(rstd, rows);
-    PYTFM_CHECK_PTR(x, rows);
-    PYTFM_CHECK_PTR(w, 1);
-    PYTFM_CHECK_PTR(b, 1);
+    PYTFM_TRY(pytfm__check_layernorm_forward(__func__, y, mean, rstd, x, w, b, rows, cols, eps));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
         PYTFM_PARALLEL_ROWS(r, rows, cols)
@@ -83,16 +75,8 @@ static pytfm_status backward_fast(const pytfm__fast_kernels *k, float *dx, float
 pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db, const float *dy,
                                       const float *x, const float *w, const float *mean,
                                       const float *rstd, int64_t rows, int64_t cols) {
-    PYTFM_CHECK_MIN(rows, 0);
-    PYTFM_CHECK_MIN(cols, 1);
-    PYTFM_CHECK_PTR(dx, rows);
-    PYTFM_CHECK_PTR(dw, 1);
-    PYTFM_CHECK_PTR(db, 1);
-    PYTFM_CHECK_PTR(dy, rows);
-    PYTFM_CHECK_PTR(x, rows);
-    PYTFM_CHECK_PTR(w, 1);
-    PYTFM_CHECK_PTR(mean, rows);
-    PYTFM_CHECK_PTR(rstd, rows);
+    PYTFM_TRY(pytfm__check_layernorm_backward(__func__, dx, dw, db, dy, x, w, mean, rstd, rows,
+                                              cols));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) return backward_fast(k, dx, dw, db, dy, x, w, mean, rstd, rows, cols);
     for (int64_t r = 0; r < rows; r++) { // the plain reference

@@ -9,16 +9,11 @@
  * Nothing is cached: the backward needs x and W, which the caller still has. The three
  * products are pytfm_sgemm calls (transposes are handled by its packing, not by copies).
  */
-#include "internal.h"
+#include "checks.h"
 
 pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w, const float *b,
                                   int64_t n, int64_t in, int64_t out) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(in, 1);
-    PYTFM_CHECK_MIN(out, 1);
-    PYTFM_CHECK_PTR(y, n);
-    PYTFM_CHECK_PTR(x, n);
-    PYTFM_CHECK_PTR(w, 1);
+    PYTFM_TRY(pytfm__check_linear_forward(__func__, y, x, w, n, in, out));
     PYTFM_TRY(pytfm_sgemm(y, x, w, n, out, in, 0, 1, 0.0f));
     if (b) {
         PYTFM_PARALLEL_ROWS(r, n, out)
@@ -30,13 +25,7 @@ pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w, cons
 pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float *dy,
                                    const float *x, const float *w, int64_t n, int64_t in,
                                    int64_t out) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(in, 1);
-    PYTFM_CHECK_MIN(out, 1);
-    PYTFM_CHECK_PTR(dw, 1);
-    PYTFM_CHECK_PTR(dy, n);
-    PYTFM_CHECK_PTR(x, n);
-    PYTFM_CHECK_PTR(w, dx ? 1 : 0);
+    PYTFM_TRY(pytfm__check_linear_backward(__func__, dx, dw, dy, x, w, n, in, out));
     if (dx) PYTFM_TRY(pytfm_sgemm(dx, dy, w, n, in, out, 0, 0, 0.0f));
     PYTFM_TRY(pytfm_sgemm(dw, dy, x, out, in, n, 1, 0, 1.0f)); // dy stored [n, out] = op(A)ᵀ
     if (db) { // column blocks to threads; each column summed over the rows in order

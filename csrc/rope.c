@@ -14,25 +14,7 @@
  */
 #include <stdlib.h>
 
-#include "internal.h"
-
-static pytfm_status check(const char *func, float *out, const float *in, const int64_t *pos,
-                          int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos_stride,
-                          double base) {
-    PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0, "%s: B, T, H must be >= 0, got %lld, %lld, %lld",
-                func, (long long)B, (long long)T, (long long)H);
-    PYTFM_CHECK(D >= 2 && D % 2 == 0, "%s: D must be even and >= 2, got %lld", func,
-                (long long)D);
-    PYTFM_CHECK(pos_stride >= 0, "%s: pos_stride must be >= 0, got %lld", func,
-                (long long)pos_stride);
-    PYTFM_CHECK(isfinite(base) && base > 0.0, "%s: base must be finite and > 0, got %g", func,
-                base);
-    const int64_t count = B * T * H;
-    PYTFM_CHECK(out != NULL || count == 0, "%s: output must not be NULL", func);
-    PYTFM_CHECK(in != NULL || count == 0, "%s: input must not be NULL", func);
-    PYTFM_CHECK(pos != NULL || B * T == 0, "%s: pos must not be NULL", func);
-    return PYTFM_STATUS_OK;
-}
+#include "checks.h"
 
 static void rotate(float *out, const float *in, const int64_t *pos, int64_t B, int64_t T,
                    int64_t H, int64_t D, int64_t pos_stride, double base, double sign) {
@@ -97,7 +79,7 @@ static pytfm_status rotate_tabled(const char *func, float *out, const float *in,
 pytfm_status pytfm_rope_forward(float *y, const float *x, const int64_t *pos, int64_t B,
                                 int64_t T, int64_t H, int64_t D, int64_t pos_stride,
                                 double base) {
-    PYTFM_TRY(check(__func__, y, x, pos, B, T, H, D, pos_stride, base));
+    PYTFM_TRY(pytfm__check_rope(__func__, y, x, pos, B, T, H, D, pos_stride, base));
     if (pytfm_get_isa() != PYTFM_ISA_PLAIN)
         return rotate_tabled(__func__, y, x, pos, B, T, H, D, pos_stride, base, +1.0);
     rotate(y, x, pos, B, T, H, D, pos_stride, base, +1.0);
@@ -107,7 +89,7 @@ pytfm_status pytfm_rope_forward(float *y, const float *x, const int64_t *pos, in
 pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int64_t *pos, int64_t B,
                                  int64_t T, int64_t H, int64_t D, int64_t pos_stride,
                                  double base) {
-    PYTFM_TRY(check(__func__, dx, dy, pos, B, T, H, D, pos_stride, base));
+    PYTFM_TRY(pytfm__check_rope(__func__, dx, dy, pos, B, T, H, D, pos_stride, base));
     if (pytfm_get_isa() != PYTFM_ISA_PLAIN)
         return rotate_tabled(__func__, dx, dy, pos, B, T, H, D, pos_stride, base, -1.0);
     rotate(dx, dy, pos, B, T, H, D, pos_stride, base, -1.0);

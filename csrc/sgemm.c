@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "checks.h"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -40,17 +40,6 @@
 /* element (i, p) of op(A) and (p, j) of op(B) */
 #define OPA(i, p) (trans_a ? a[(p) * m + (i)] : a[(i) * k + (p)])
 #define OPB(p, j) (trans_b ? b[(j) * k + (p)] : b[(p) * n + (j)])
-
-static pytfm_status check(const char *func, float *c, const float *a, const float *b, int64_t m,
-                          int64_t n, int64_t k, float beta) {
-    PYTFM_CHECK(m >= 0 && n >= 0 && k >= 0, "%s: m, n, k must be >= 0, got %lld, %lld, %lld",
-                func, (long long)m, (long long)n, (long long)k);
-    PYTFM_CHECK(isfinite(beta), "%s: beta must be finite, got %g", func, (double)beta);
-    PYTFM_CHECK(c != NULL || m * n == 0, "%s: c must not be NULL", func);
-    PYTFM_CHECK(a != NULL || m * k == 0, "%s: a must not be NULL", func);
-    PYTFM_CHECK(b != NULL || k * n == 0, "%s: b must not be NULL", func);
-    return PYTFM_STATUS_OK;
-}
 
 static void sgemm_plain(float *c, const float *a, const float *b, int64_t m, int64_t n,
                         int64_t k, int trans_a, int trans_b, float beta) {
@@ -359,12 +348,12 @@ static pytfm_status sgemm(float *c, const float *a, const float *b, int64_t m, i
 
 pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
                          int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
-    PYTFM_TRY(check(__func__, c, a, b, m, n, k, beta));
+    PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
     return sgemm(c, a, b, m, n, k, trans_a, trans_b, beta, pytfm_get_isa());
 }
 
 pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m, int64_t n,
                                int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
-    PYTFM_TRY(check(__func__, c, a, b, m, n, k, beta));
+    PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
     return sgemm(c, a, b, m, n, k, trans_a, trans_b, beta, PYTFM_ISA_PLAIN);
 }

@@ -7,13 +7,11 @@
  *   backward: with s = Σ_j dy_j y_j,  dx_i = y_i (dy_i − s)
  * The forward's output y is what the backward needs; nothing else is cached.
  */
+#include "checks.h"
 #include "fast.h"
 
 pytfm_status pytfm_softmax_forward(float *y, const float *x, int64_t rows, int64_t cols) {
-    PYTFM_CHECK_MIN(rows, 0);
-    PYTFM_CHECK_MIN(cols, 1);
-    PYTFM_CHECK_PTR(y, rows);
-    PYTFM_CHECK_PTR(x, rows);
+    PYTFM_TRY(pytfm__check_softmax_forward(__func__, y, x, rows, cols));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
         PYTFM_PARALLEL_ROWS(r, rows, cols) k->softmax_forward(y + r * cols, x + r * cols, cols);
@@ -37,11 +35,7 @@ pytfm_status pytfm_softmax_forward(float *y, const float *x, int64_t rows, int64
 
 pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const float *y, int64_t rows,
                                     int64_t cols) {
-    PYTFM_CHECK_MIN(rows, 0);
-    PYTFM_CHECK_MIN(cols, 1);
-    PYTFM_CHECK_PTR(dx, rows);
-    PYTFM_CHECK_PTR(dy, rows);
-    PYTFM_CHECK_PTR(y, rows);
+    PYTFM_TRY(pytfm__check_softmax_backward(__func__, dx, dy, y, rows, cols));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
         PYTFM_PARALLEL_ROWS(r, rows, cols)

@@ -29,21 +29,8 @@ extern "C" pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, 
                                               int64_t n, int64_t step, double lr, double beta1,
                                               double beta2, double eps, double weight_decay,
                                               void *stream) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(step, 1);
-    PYTFM_CHECK(isfinite(lr) && lr >= 0.0, "%s: lr must be finite and >= 0, got %g", __func__, lr);
-    PYTFM_CHECK(beta1 >= 0.0 && beta1 < 1.0, "%s: beta1 must be in [0, 1), got %g", __func__,
-                beta1);
-    PYTFM_CHECK(beta2 >= 0.0 && beta2 < 1.0, "%s: beta2 must be in [0, 1), got %g", __func__,
-                beta2);
-    PYTFM_CHECK(isfinite(eps) && eps > 0.0, "%s: eps must be finite and > 0, got %g", __func__,
-                eps);
-    PYTFM_CHECK(isfinite(weight_decay) && weight_decay >= 0.0,
-                "%s: weight_decay must be finite and >= 0, got %g", __func__, weight_decay);
-    PYTFM_CHECK_PTR(param, n);
-    PYTFM_CHECK_PTR(m, n);
-    PYTFM_CHECK_PTR(v, n);
-    PYTFM_CHECK_PTR(grad, n);
+    PYTFM_TRY(pytfm__check_adamw(__func__, param, m, v, grad, n, step, lr, beta1, beta2, eps,
+                                 weight_decay));
     if (n == 0) return PYTFM_STATUS_OK;
     adamw_scalars s;
     s.decay = (float)(1.0 - lr * weight_decay);

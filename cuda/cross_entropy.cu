@@ -53,12 +53,7 @@ extern "C" pytfm_status pytfm_cross_entropy_forward_cuda(float *loss, float *lse
                                                          const int64_t *targets, int64_t n,
                                                          int64_t V, int64_t ignore_index,
                                                          void *stream) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(V, 1);
-    PYTFM_CHECK_PTR(loss, 1);
-    PYTFM_CHECK_PTR(lse, n);
-    PYTFM_CHECK_PTR(logits, n);
-    PYTFM_CHECK_PTR(targets, n);
+    PYTFM_TRY(pytfm__check_cross_entropy_forward(__func__, loss, lse, logits, targets, n, V));
     if (n > 0)
         PYTFM_TRY(PYTFM_LAUNCH_ROWS(cross_entropy_lse_kernel<true>,
                                     cross_entropy_lse_kernel<false>, n, V, PYTFM_MAX_BLOCKS,
@@ -95,13 +90,8 @@ extern "C" pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const 
                                                           const float *lse, int64_t n,
                                                           int64_t V, int64_t ignore_index,
                                                           float dloss, void *stream) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(V, 1);
-    PYTFM_CHECK_FINITE(dloss);
-    PYTFM_CHECK_PTR(dlogits, n);
-    PYTFM_CHECK_PTR(logits, n);
-    PYTFM_CHECK_PTR(targets, n);
-    PYTFM_CHECK_PTR(lse, n);
+    PYTFM_TRY(pytfm__check_cross_entropy_backward(__func__, dlogits, logits, targets, lse, n, V,
+                                                  dloss));
     if (n == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH_ROWS(cross_entropy_backward_kernel<true>,
                              cross_entropy_backward_kernel<false>, n, V, BACKWARD_BLOCKS, stream, dlogits,

@@ -23,12 +23,7 @@ static __global__ void embedding_forward_kernel(float *y, const int64_t *ids, co
 extern "C" pytfm_status pytfm_embedding_forward_cuda(float *y, const int64_t *ids,
                                                      const float *table, int64_t n,
                                                      int64_t vocab, int64_t dim, void *stream) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(vocab, 1);
-    PYTFM_CHECK_MIN(dim, 1);
-    PYTFM_CHECK_PTR(y, n);
-    PYTFM_CHECK_PTR(ids, n);
-    PYTFM_CHECK_PTR(table, 1);
+    PYTFM_TRY(pytfm__check_embedding_forward(__func__, y, ids, table, n, vocab, dim));
     if (n == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(embedding_forward_kernel,
                         dim3(pytfm__blocks(n * dim, 256, PYTFM_MAX_BLOCKS)), dim3(256), 0, stream,
@@ -49,12 +44,7 @@ static __global__ void embedding_backward_kernel(float *dtable, const float *dy,
 extern "C" pytfm_status pytfm_embedding_backward_cuda(float *dtable, const float *dy,
                                                       const int64_t *ids, int64_t n,
                                                       int64_t vocab, int64_t dim, void *stream) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(vocab, 1);
-    PYTFM_CHECK_MIN(dim, 1);
-    PYTFM_CHECK_PTR(dtable, 1);
-    PYTFM_CHECK_PTR(dy, n);
-    PYTFM_CHECK_PTR(ids, n);
+    PYTFM_TRY(pytfm__check_embedding_backward(__func__, dtable, dy, ids, n, vocab, dim));
     if (n == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(embedding_backward_kernel, dim3(pytfm__blocks(dim, 64, PYTFM_MAX_BLOCKS)),
                         dim3(64), 0, stream, dtable, dy, ids, n, vocab, dim);

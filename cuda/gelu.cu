@@ -22,9 +22,7 @@ static __global__ void gelu_forward_kernel(float *y, const float *x, int64_t n) 
 
 extern "C" pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_t n,
                                                 void *stream) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_PTR(y, n);
-    PYTFM_CHECK_PTR(x, n);
+    PYTFM_TRY(pytfm__check_gelu_forward(__func__, y, x, n));
     if (n == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(gelu_forward_kernel, dim3(pytfm__blocks(n, 256, PYTFM_MAX_BLOCKS)),
                         dim3(256), 0, stream, y, x, n);
@@ -42,10 +40,7 @@ static __global__ void gelu_backward_kernel(float *dx, const float *dy, const fl
 
 extern "C" pytfm_status pytfm_gelu_backward_cuda(float *dx, const float *dy, const float *x,
                                                  int64_t n, void *stream) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_PTR(dx, n);
-    PYTFM_CHECK_PTR(dy, n);
-    PYTFM_CHECK_PTR(x, n);
+    PYTFM_TRY(pytfm__check_gelu_backward(__func__, dx, dy, x, n));
     if (n == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(gelu_backward_kernel, dim3(pytfm__blocks(n, 256, PYTFM_MAX_BLOCKS)),
                         dim3(256), 0, stream, dx, dy, x, n);

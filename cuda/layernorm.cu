@@ -40,16 +40,7 @@ extern "C" pytfm_status pytfm_layernorm_forward_cuda(float *y, float *mean, floa
                                                      const float *x, const float *w,
                                                      const float *b, int64_t rows, int64_t cols,
                                                      float eps, void *stream) {
-    PYTFM_CHECK_MIN(rows, 0);
-    PYTFM_CHECK_MIN(cols, 1);
-    PYTFM_CHECK_FINITE(eps);
-    PYTFM_CHECK(eps >= 0.0f, "%s: eps must be >= 0, got %g", __func__, (double)eps);
-    PYTFM_CHECK_PTR(y, rows);
-    PYTFM_CHECK_PTR(mean, rows);
-    PYTFM_CHECK_PTR(rstd, rows);
-    PYTFM_CHECK_PTR(x, rows);
-    PYTFM_CHECK_PTR(w, 1);
-    PYTFM_CHECK_PTR(b, 1);
+    PYTFM_TRY(pytfm__check_layernorm_forward(__func__, y, mean, rstd, x, w, b, rows, cols, eps));
     if (rows == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH_ROWS(layernorm_forward_kernel<true>, layernorm_forward_kernel<false>,
                              rows, cols, PYTFM_MAX_BLOCKS, stream, y, mean, rstd, x, w, b, rows,
@@ -112,16 +103,8 @@ extern "C" pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, floa
                                                       const float *w, const float *mean,
                                                       const float *rstd, int64_t rows,
                                                       int64_t cols, void *stream) {
-    PYTFM_CHECK_MIN(rows, 0);
-    PYTFM_CHECK_MIN(cols, 1);
-    PYTFM_CHECK_PTR(dx, rows);
-    PYTFM_CHECK_PTR(dw, 1);
-    PYTFM_CHECK_PTR(db, 1);
-    PYTFM_CHECK_PTR(dy, rows);
-    PYTFM_CHECK_PTR(x, rows);
-    PYTFM_CHECK_PTR(w, 1);
-    PYTFM_CHECK_PTR(mean, rows);
-    PYTFM_CHECK_PTR(rstd, rows);
+    PYTFM_TRY(pytfm__check_layernorm_backward(__func__, dx, dw, db, dy, x, w, mean, rstd, rows,
+                                              cols));
     if (rows == 0) return PYTFM_STATUS_OK;
     PYTFM_TRY(PYTFM_LAUNCH_ROWS(layernorm_dx_kernel<true>, layernorm_dx_kernel<false>, rows,
                                 cols, PYTFM_MAX_BLOCKS, stream, dx, dy, x, w, mean, rstd, rows,

@@ -18,12 +18,7 @@ static __global__ void add_bias_kernel(float *y, const float *b, int64_t n, int6
 extern "C" pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, const float *w,
                                                   const float *b, int64_t n, int64_t in,
                                                   int64_t out, void *stream) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(in, 1);
-    PYTFM_CHECK_MIN(out, 1);
-    PYTFM_CHECK_PTR(y, n);
-    PYTFM_CHECK_PTR(x, n);
-    PYTFM_CHECK_PTR(w, 1);
+    PYTFM_TRY(pytfm__check_linear_forward(__func__, y, x, w, n, in, out));
     PYTFM_TRY(pytfm_sgemm_cuda(y, x, w, n, out, in, 0, 1, 0.0f, stream));
     if (!b || n == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(add_bias_kernel, dim3(pytfm__blocks(n * out, 256, PYTFM_MAX_BLOCKS)),
@@ -51,13 +46,7 @@ extern "C" pytfm_status pytfm_linear_backward_cuda(float *dx, float *dw, float *
                                                    const float *dy, const float *x,
                                                    const float *w, int64_t n, int64_t in,
                                                    int64_t out, void *stream) {
-    PYTFM_CHECK_MIN(n, 0);
-    PYTFM_CHECK_MIN(in, 1);
-    PYTFM_CHECK_MIN(out, 1);
-    PYTFM_CHECK_PTR(dw, 1);
-    PYTFM_CHECK_PTR(dy, n);
-    PYTFM_CHECK_PTR(x, n);
-    PYTFM_CHECK_PTR(w, dx ? 1 : 0);
+    PYTFM_TRY(pytfm__check_linear_backward(__func__, dx, dw, dy, x, w, n, in, out));
     if (dx) PYTFM_TRY(pytfm_sgemm_cuda(dx, dy, w, n, in, out, 0, 0, 0.0f, stream));
     PYTFM_TRY(pytfm_sgemm_cuda(dw, dy, x, out, in, n, 1, 0, 1.0f, stream)); // dy is op(A)ᵀ
     if (!db || n == 0) return PYTFM_STATUS_OK;

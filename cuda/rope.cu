@@ -32,18 +32,8 @@ static __global__ void rope_kernel(float *out, const float *in, const int64_t *p
 static pytfm_status rope(const char *func, float *out, const float *in, const int64_t *pos,
                          int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos_stride,
                          double base, double sign, void *stream) {
-    PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0, "%s: B, T, H must be >= 0, got %lld, %lld, %lld",
-                func, (long long)B, (long long)T, (long long)H);
-    PYTFM_CHECK(D >= 2 && D % 2 == 0, "%s: D must be even and >= 2, got %lld", func,
-                (long long)D);
-    PYTFM_CHECK(pos_stride >= 0, "%s: pos_stride must be >= 0, got %lld", func,
-                (long long)pos_stride);
-    PYTFM_CHECK(isfinite(base) && base > 0.0, "%s: base must be finite and > 0, got %g", func,
-                base);
+    PYTFM_TRY(pytfm__check_rope(func, out, in, pos, B, T, H, D, pos_stride, base));
     const int64_t pairs = B * T * H * (D / 2);
-    PYTFM_CHECK(out != NULL || pairs == 0, "%s: output must not be NULL", func);
-    PYTFM_CHECK(in != NULL || pairs == 0, "%s: input must not be NULL", func);
-    PYTFM_CHECK(pos != NULL || B * T == 0, "%s: pos must not be NULL", func);
     if (pairs == 0) return PYTFM_STATUS_OK;
     return pytfm__launch(func, rope_kernel, dim3(pytfm__blocks(pairs, 256, PYTFM_MAX_BLOCKS)),
                          dim3(256), 0, stream, out, in, pos, B, T, H, D, pos_stride, base, sign);

@@ -60,12 +60,7 @@ sgemm_kernel(float *c, const float *a, const float *b, int64_t m, int64_t n, int
 extern "C" pytfm_status pytfm_sgemm_cuda(float *c, const float *a, const float *b, int64_t m,
                                          int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
                                          float beta, void *stream) {
-    PYTFM_CHECK(m >= 0 && n >= 0 && k >= 0, "%s: m, n, k must be >= 0, got %lld, %lld, %lld",
-                __func__, (long long)m, (long long)n, (long long)k);
-    PYTFM_CHECK(isfinite(beta), "%s: beta must be finite, got %g", __func__, (double)beta);
-    PYTFM_CHECK(c != NULL || m * n == 0, "%s: c must not be NULL", __func__);
-    PYTFM_CHECK(a != NULL || m * k == 0, "%s: a must not be NULL", __func__);
-    PYTFM_CHECK(b != NULL || k * n == 0, "%s: b must not be NULL", __func__);
+    PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
     PYTFM_CHECK((n + BN - 1) / BN <= 65535, "%s: n must be <= %d, got %lld", __func__,
                 65535 * BN, (long long)n);
     static_assert(THREADS == 256 && BM * BK % THREADS == 0 && BK * BN % THREADS == 0,

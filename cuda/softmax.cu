@@ -34,10 +34,7 @@ static __global__ void softmax_forward_kernel(float *y, const float *x, int64_t 
 
 extern "C" pytfm_status pytfm_softmax_forward_cuda(float *y, const float *x, int64_t rows,
                                                    int64_t cols, void *stream) {
-    PYTFM_CHECK_MIN(rows, 0);
-    PYTFM_CHECK_MIN(cols, 1);
-    PYTFM_CHECK_PTR(y, rows);
-    PYTFM_CHECK_PTR(x, rows);
+    PYTFM_TRY(pytfm__check_softmax_forward(__func__, y, x, rows, cols));
     if (rows == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH_ROWS(softmax_forward_kernel<true>, softmax_forward_kernel<false>, rows,
                              cols, PYTFM_MAX_BLOCKS, stream, y, x, rows, cols);
@@ -60,11 +57,7 @@ static __global__ void softmax_backward_kernel(float *dx, const float *dy, const
 
 extern "C" pytfm_status pytfm_softmax_backward_cuda(float *dx, const float *dy, const float *y,
                                                     int64_t rows, int64_t cols, void *stream) {
-    PYTFM_CHECK_MIN(rows, 0);
-    PYTFM_CHECK_MIN(cols, 1);
-    PYTFM_CHECK_PTR(dx, rows);
-    PYTFM_CHECK_PTR(dy, rows);
-    PYTFM_CHECK_PTR(y, rows);
+    PYTFM_TRY(pytfm__check_softmax_backward(__func__, dx, dy, y, rows, cols));
     if (rows == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH_ROWS(softmax_backward_kernel<true>, softmax_backward_kernel<false>, rows,
                              cols, PYTFM_MAX_BLOCKS, stream, dx, dy, y, rows, cols);
