@@ -2,7 +2,8 @@
  * fast_impl.h — the vectorised element-wise kernels, included (once each) by fast_portable.c,
  * fast_avx2.c and fast_avx512.c, which set the target and PYTFM_FAST_TABLE. Each loop is
  * written for the vectoriser: unit stride, no calls but the inline maths of vecmath.h, and sums
- * over PYTFM_LANES partial results (see vecmath.h), so every build gives the same bits. The
+ * over PYTFM_LANES partial results (see vecmath.h), so the AVX2 and AVX-512 builds give the
+ * same bits (the portable one differs in rounding only: it has no fused multiply-add). The
  * maths of each op is at the top of its own file (softmax.c, ...); these are the same
  * formulas in float, where the plain versions sum in double.
  */

@@ -120,6 +120,9 @@ typedef struct pytfm__micro {
 /* the micro-kernel for isa, or NULL where there is none (below AVX2) */
 const pytfm__micro *pytfm__micro_for(int32_t isa);
 
+/* the pytfm_cpu_feature bits of the CPU running now */
+uint64_t pytfm__cpu_features(void);
+
 /* 1 when this CPU (and build) can run kernels written for isa */
 int pytfm__cpu_has(pytfm_isa isa);
 

@@ -16,15 +16,12 @@ static _Atomic int32_t max_isa = PYTFM_ISA_AUTO;
 #endif
 
 int pytfm__cpu_has(pytfm_isa isa) {
+    const uint64_t f = pytfm__cpu_features(), avx2 = PYTFM_CPU_AVX2 | PYTFM_CPU_FMA;
     switch (isa) {
     case PYTFM_ISA_PLAIN:
     case PYTFM_ISA_PORTABLE: return 1;
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-    case PYTFM_ISA_AVX2:
-        __builtin_cpu_init(); // idempotent; needed if we run before libgcc's own constructor
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case PYTFM_ISA_AVX512: __builtin_cpu_init(); return __builtin_cpu_supports("avx512f");
-#endif
+    case PYTFM_ISA_AVX2: return (f & avx2) == avx2;
+    case PYTFM_ISA_AVX512: return (f & PYTFM_CPU_AVX512F) != 0;
     default: return 0;
     }
 }

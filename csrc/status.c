@@ -100,7 +100,7 @@ int32_t pytfm_get_num_threads(void) {
 #define PYTFM_ARCH "unknown"
 #endif
 
-static uint64_t cpu_features(void) {
+uint64_t pytfm__cpu_features(void) {
     uint64_t f = 0;
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
     __builtin_cpu_init();
@@ -121,7 +121,7 @@ pytfm_status pytfm_get_build_info(pytfm_build_info *info) {
     info->compiler = PYTFM_COMPILER;
     info->flags = PYTFM_BUILD_FLAGS;
     info->arch = PYTFM_ARCH;
-    info->cpu_features = cpu_features();
+    info->cpu_features = pytfm__cpu_features();
     info->cuda = PYTFM_CUDA;
     info->cuda_version = PYTFM_CUDA_VERSION;
     return PYTFM_STATUS_OK;
