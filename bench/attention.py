@@ -18,6 +18,9 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import worker_env  # noqa: E402
+
 B, H, D = 4, 8, 64
 
 WORKER = r"""
@@ -95,8 +98,7 @@ def have_torch():
 
 
 def run(lib, T, threads, inner):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads))
+    env = worker_env(threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
     args = [sys.executable, "-c", WORKER, lib, str(T), str(B), str(H), str(D), str(inner),
             str(threads)]
     r = subprocess.run(args, capture_output=True, text=True, env=env, cwd="/")

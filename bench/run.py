@@ -35,6 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import worker  # noqa: E402  (the sizes and the bytes each op moves)
+from common import worker_env  # noqa: E402
 
 GROUPS = worker.GROUPS
 NORMED = ("layernorm", "softmax", "gelu")  # element-wise ops with a bandwidth target
@@ -42,12 +43,8 @@ PEER = {"sgemm": "numpy", "linear": "numpy", "ew": "numpy", "attention": "torch"
 
 
 def run_worker(lib, threads, groups):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     # OpenBLAS only computes in the numpy process; elsewhere its threads would only compete
-    env["OPENBLAS_NUM_THREADS"] = str(threads) if lib == "numpy" else "1"
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [os.path.dirname(HERE), env.get("PYTHONPATH")])
-    )
+    env = worker_env(threads, OPENBLAS_NUM_THREADS=threads if lib == "numpy" else 1)
     r = subprocess.run(
         [sys.executable, os.path.join(HERE, "worker.py"), lib, str(threads), *groups],
         capture_output=True,

@@ -15,6 +15,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import worker_env  # noqa: E402
 
 WORKER = r"""
 import json, sys, time
@@ -82,8 +84,7 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     args = vars(p.parse_args())
     args["bench"] = HERE
-    env = dict(os.environ, OMP_NUM_THREADS=str(args["threads"]),
-               OPENBLAS_NUM_THREADS=str(args["threads"]))
+    env = worker_env(args["threads"], OPENBLAS_NUM_THREADS=args["threads"])
     res = {}
     for lib in ("pytfm", "torch"):
         r = subprocess.run([sys.executable, "-c", WORKER, lib, json.dumps(args)],
