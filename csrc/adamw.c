@@ -30,7 +30,7 @@ pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *gra
         const pytfm__adamw_consts c = {decay, step_size, bc2_sqrt, b1, c1, b2, c2, e};
         PYTFM_PARALLEL_FOR_IF(n > CHUNK)
         for (int64_t i = 0; i < n; i += CHUNK)
-            k->adamw(param + i, m + i, v + i, grad + i, MIN(CHUNK, n - i), &c);
+            k->adamw(param + i, m + i, v + i, grad + i, PYTFM_MIN(CHUNK, n - i), &c);
         return PYTFM_STATUS_OK;
     }
     for (int64_t i = 0; i < n; i++) { // the plain reference

@@ -50,8 +50,6 @@ typedef struct {
     int causal;
 } problem;
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 static void forward_head(const problem *p, int64_t b, int64_t h) {
     const int64_t D = p->D, HD = p->H * D;
     const float *qb = p->q + (b * p->Tq * p->H + h) * D; // row t at qb + t·HD
@@ -62,18 +60,18 @@ static void forward_head(const problem *p, int64_t b, int64_t h) {
     float s[BK], m[BQ], l[BQ];
 
     for (int64_t i0 = 0; i0 < p->Tq; i0 += BQ) {
-        const int64_t nq = min64(BQ, p->Tq - i0);
-        const int64_t kend = p->causal ? min64(p->Tk, p->start + i0 + nq) : p->Tk;
+        const int64_t nq = PYTFM_MIN(BQ, p->Tq - i0);
+        const int64_t kend = p->causal ? PYTFM_MIN(p->Tk, p->start + i0 + nq) : p->Tk;
         for (int64_t r = 0; r < nq; r++) {
             m[r] = -INFINITY;
             l[r] = 0.0f;
             memset(ob + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
         }
         for (int64_t j0 = 0; j0 < kend; j0 += BK) {
-            const int64_t nk = min64(BK, kend - j0);
+            const int64_t nk = PYTFM_MIN(BK, kend - j0);
             for (int64_t r = 0; r < nq; r++) {
                 // keys of this tile row r may see: all, or those at positions <= its own
-                const int64_t vis = p->causal ? min64(nk, p->start + i0 + r - j0 + 1) : nk;
+                const int64_t vis = p->causal ? PYTFM_MIN(nk, p->start + i0 + r - j0 + 1) : nk;
                 if (vis <= 0) continue;
                 const float *qr = qb + (i0 + r) * HD;
                 float *orow = ob + (i0 + r) * HD;
@@ -119,14 +117,14 @@ static void tile_gemm(const pytfm__micro *uk, float *c, int64_t ldc, const float
     for (int64_t j = 0; j < n; j += uk->nr)
         for (int64_t i = 0; i < m; i += uk->mr)
             uk->run(c + i * ldc + j, ldc, a + i * a_sr, a_sp, a_sr, b + j, ldb, kc,
-                    (int)MIN(uk->mr, m - i), (int)MIN(uk->nr, n - j), bt);
+                    (int)PYTFM_MIN(uk->mr, m - i), (int)PYTFM_MIN(uk->nr, n - j), bt);
 }
 
 /* dst [D, n] = the transpose of n rows of D floats, row stride HD */
 static void transpose_rows(float *dst, const float *src, int64_t n, int64_t D, int64_t HD) {
     for (int64_t t0 = 0; t0 < n; t0 += 16) // 16 rows at a time: each is read once per block
         for (int64_t d = 0; d < D; d++)
-            for (int64_t t = t0; t < MIN(n, t0 + 16); t++) dst[d * n + t] = src[t * HD + d];
+            for (int64_t t = t0; t < PYTFM_MIN(n, t0 + 16); t++) dst[d * n + t] = src[t * HD + d];
 }
 
 typedef struct {
@@ -147,20 +145,20 @@ static void forward_head_fast(const problem *p, const fast_path *f, float *ws, i
     float *kt = ws, *s = kt + D * Tk, *m = s + TQ * TK, *l = m + TQ; // kt [D, Tk], s [TQ, TK]
     transpose_rows(kt, kb, Tk, D, HD);
     for (int64_t i0 = 0; i0 < p->Tq; i0 += TQ) {
-        const int64_t nq = MIN(TQ, p->Tq - i0);
-        const int64_t kend = p->causal ? MIN(Tk, p->start + i0 + nq) : Tk;
+        const int64_t nq = PYTFM_MIN(TQ, p->Tq - i0);
+        const int64_t kend = p->causal ? PYTFM_MIN(Tk, p->start + i0 + nq) : Tk;
         for (int64_t r = 0; r < nq; r++) {
             m[r] = -INFINITY;
             l[r] = 0.0f;
             memset(ob + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
         }
         for (int64_t j0 = 0; j0 < kend; j0 += TK) {
-            const int64_t nk = MIN(TK, kend - j0);
+            const int64_t nk = PYTFM_MIN(TK, kend - j0);
             // S = Q_i K_jᵀ [nq, nk]
             tile_gemm(f->uk, s, TK, qb + i0 * HD, 1, HD, kt + j0, Tk, nq, nk, D, 0.0f);
             for (int64_t r = 0; r < nq; r++) {
                 float *sr = s + r * TK;
-                const int64_t vis = p->causal ? MIN(nk, p->start + i0 + r - j0 + 1) : nk;
+                const int64_t vis = p->causal ? PYTFM_MIN(nk, p->start + i0 + r - j0 + 1) : nk;
                 if (vis <= 0) { // no key of this tile is visible: P = 0, nothing to rescale
                     memset(sr, 0, (size_t)nk * sizeof(float));
                     continue;
@@ -217,13 +215,13 @@ static void backward_head_fast(const fast_path *f, float *ws, float *dq, float *
         memset(dv + t * HD, 0, (size_t)D * sizeof(float));
     }
     for (int64_t j0 = 0; j0 < T; j0 += TK) {
-        const int64_t nk = MIN(TK, T - j0);
+        const int64_t nk = PYTFM_MIN(TK, T - j0);
         for (int64_t i0 = causal ? j0 / TQ * TQ : 0; i0 < T; i0 += TQ) {
-            const int64_t nq = MIN(TQ, T - i0);
+            const int64_t nq = PYTFM_MIN(TQ, T - i0);
             // forward: S = scale · Q_i K_jᵀ, P = exp(S − lse)
             tile_gemm(f->uk, s, TK, q + i0 * HD, 1, HD, kt + j0, T, nq, nk, D, 0.0f);
             for (int64_t r = 0; r < nq; r++) {
-                const int64_t vis = causal ? MIN(nk, i0 + r - j0 + 1) : nk;
+                const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
                 if (vis <= 0)
                     memset(s + r * TK, 0, (size_t)nk * sizeof(float));
                 else
@@ -299,16 +297,16 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout, co
         memset(dv + t * HD, 0, (size_t)D * sizeof(float));
     }
     for (int64_t i0 = 0; i0 < T; i0 += BQ) {
-        const int64_t nq = min64(BQ, T - i0);
+        const int64_t nq = PYTFM_MIN(BQ, T - i0);
         const int64_t kend = causal ? i0 + nq : T;
         for (int64_t r = 0; r < nq; r++) {
             Dt[r] = pytfm__dot(dout + (i0 + r) * HD, o + (i0 + r) * HD, D);
             memset(dq + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
         }
         for (int64_t j0 = 0; j0 < kend; j0 += BK) {
-            const int64_t nk = min64(BK, kend - j0);
+            const int64_t nk = PYTFM_MIN(BK, kend - j0);
             for (int64_t r = 0; r < nq; r++) {
-                const int64_t vis = causal ? min64(nk, i0 + r - j0 + 1) : nk;
+                const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
                 const int64_t t = i0 + r;
                 const float *qt = q + t * HD, *dOt = dout + t * HD;
                 for (int64_t c = 0; c < vis; c++) {

@@ -32,7 +32,7 @@ pytfm_status pytfm_embedding_backward(float *dtable, const float *dy, const int6
         for (int64_t i = 0; i < n; i++) {
             float *row = dtable + ids[i] * dim;
             const float *g = dy + i * dim;
-            for (int64_t j = j0; j < MIN(dim, j0 + COLS); j++) row[j] += g[j];
+            for (int64_t j = j0; j < PYTFM_MIN(dim, j0 + COLS); j++) row[j] += g[j];
         }
     return PYTFM_STATUS_OK;
 }

@@ -114,12 +114,9 @@ static void layernorm_backward(float *dx, float *dw, float *db,
     }
 }
 
-#define GELU_K 0.7978845608028654f /* sqrt(2/π) */
-#define GELU_A 0.044715f
-
 /* e^(−2u), u = k(v + a·v³): ½(1 + tanh(u)) = 1 / (1 + e^(−2u)) */
 static inline float gelu_e_(float v) {
-    return pytfm__expf(-2.0f * GELU_K * (v + GELU_A * v * v * v));
+    return pytfm__expf(-2.0f * PYTFM_GELU_K * (v + PYTFM_GELU_A * v * v * v));
 }
 
 static void gelu_forward(float *y, const float *x, int64_t n) {
@@ -129,7 +126,7 @@ static void gelu_forward(float *y, const float *x, int64_t n) {
 static void gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) { // dx may alias dy: each element is read before written
         const float v = x[i], s = 1.0f / (1.0f + gelu_e_(v));
-        const float du = GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+        const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * v * v);
         dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
     }
 }

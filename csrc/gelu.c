@@ -10,13 +10,10 @@
 #include "checks.h"
 #include "fast.h"
 
-#define GELU_K 0.7978845608028654f /* sqrt(2/π) */
-#define GELU_A 0.044715f
-
 enum { CHUNK = 16384 };
 
 static inline float half_one_plus_tanh(float v) { // ½ (1 + tanh(k (v + a v³)))
-    return 1.0f / (1.0f + expf(-2.0f * GELU_K * (v + GELU_A * v * v * v)));
+    return 1.0f / (1.0f + expf(-2.0f * PYTFM_GELU_K * (v + PYTFM_GELU_A * v * v * v)));
 }
 
 pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t n) {
@@ -24,7 +21,7 @@ pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t n) {
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
         PYTFM_PARALLEL_FOR_IF(n > CHUNK)
-        for (int64_t c = 0; c < n; c += CHUNK) k->gelu_forward(y + c, x + c, MIN(CHUNK, n - c));
+        for (int64_t c = 0; c < n; c += CHUNK) k->gelu_forward(y + c, x + c, PYTFM_MIN(CHUNK, n - c));
         return PYTFM_STATUS_OK;
     }
     PYTFM_PARALLEL_FOR // the plain reference
@@ -41,7 +38,7 @@ pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x, int
     if (k) {
         PYTFM_PARALLEL_FOR_IF(n > CHUNK)
         for (int64_t c = 0; c < n; c += CHUNK)
-            k->gelu_backward(dx + c, dy + c, x + c, MIN(CHUNK, n - c));
+            k->gelu_backward(dx + c, dy + c, x + c, PYTFM_MIN(CHUNK, n - c));
         return PYTFM_STATUS_OK;
     }
     PYTFM_PARALLEL_FOR // the plain reference
@@ -49,7 +46,7 @@ pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x, int
         const int64_t end = n - c < CHUNK ? n : c + CHUNK;
         for (int64_t i = c; i < end; i++) {
             const float v = x[i], s = half_one_plus_tanh(v);
-            const float du = GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+            const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * v * v);
             dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
         }
     }

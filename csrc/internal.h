@@ -9,6 +9,15 @@
 
 #include "pytfm.h"
 
+/* The smaller of a and b (each evaluated twice: pass plain expressions). */
+#define PYTFM_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* GELU's tanh approximation, y = ½ x (1 + tanh(K (x + A x³))): the constants of GPT-2 and of
+ * torch's approximate="tanh", shared by the plain (gelu.c), vectorised (fast_impl.h) and CUDA
+ * (cuda/gelu.cu) kernels. */
+#define PYTFM_GELU_K 0.7978845608028654f /* sqrt(2/π) */
+#define PYTFM_GELU_A 0.044715f
+
 /* Record a formatted message as this thread's last error and return status. */
 pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -85,7 +94,7 @@ static inline int64_t pytfm__rows_per_task(int64_t cols) {
 #define PYTFM_PARALLEL_ROWS(r, rows, cols)                                                     \
     PYTFM_PARALLEL_FOR_IF((rows) > pytfm__rows_per_task(cols))                                 \
     for (int64_t r##_block = 0; r##_block < (rows); r##_block += pytfm__rows_per_task(cols))   \
-        for (int64_t r = r##_block; r < MIN((rows), r##_block + pytfm__rows_per_task(cols)); r++)
+        for (int64_t r = r##_block; r < PYTFM_MIN((rows), r##_block + pytfm__rows_per_task(cols)); r++)
 
 /* Σ a[i]·b[i] with eight independent partial sums (so the additions pipeline instead of
  * waiting on each other), combined in a fixed order: the same inputs give the same bits. */
@@ -102,8 +111,6 @@ static inline float pytfm__dot(const float *a, const float *b, int64_t n) {
 static inline void pytfm__axpy(float *y, float alpha, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
-
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
 
 /* An mr×nr register micro-kernel of sgemm.c, also used by attention.c:
  *   C[0..rows)[0..cols) (row stride ldc) = bt·C + Σ_{p<kc} A(p, r)·B(p, j)

@@ -50,7 +50,7 @@ static pytfm_status backward_fast(const pytfm__fast_kernels *k, float *dx, float
                                   const float *dy, const float *x, const float *w,
                                   const float *mean, const float *rstd, int64_t rows,
                                   int64_t cols) {
-    const int64_t chunks = MIN(rows, (int64_t)LN_CHUNKS);
+    const int64_t chunks = PYTFM_MIN(rows, (int64_t)LN_CHUNKS);
     float *part = calloc((size_t)(2 * chunks * cols), sizeof(float)); // (chunks, 2, cols)
     if (!part && chunks > 0)
         return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,

@@ -33,7 +33,7 @@ pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float 
         PYTFM_PARALLEL_FOR_IF(n * out > PYTFM_TASK_ELEMS && out > COLS)
         for (int64_t o0 = 0; o0 < out; o0 += COLS)
             for (int64_t r = 0; r < n; r++)
-                for (int64_t o = o0; o < MIN(out, o0 + COLS); o++) db[o] += dy[r * out + o];
+                for (int64_t o = o0; o < PYTFM_MIN(out, o0 + COLS); o++) db[o] += dy[r * out + o];
     }
     return PYTFM_STATUS_OK;
 }

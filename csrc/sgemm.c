@@ -79,7 +79,7 @@ static void pack_a(float *dst, const gemm *g, int mr, int64_t i0, int64_t mc, in
     const float *a = g->a;
     const int64_t m = g->m, k = g->k;
     for (int64_t ir = 0; ir < mc; ir += mr, dst += mr * kc) {
-        const int rows = (int)MIN(mr, mc - ir);
+        const int rows = (int)PYTFM_MIN(mr, mc - ir);
         if (g->trans_a && rows == mr) // the mr values for one p are contiguous in a
             for (int64_t p = 0; p < kc; p++)
                 memcpy(dst + p * mr, a + (p0 + p) * m + i0 + ir, (size_t)mr * sizeof(float));
@@ -90,7 +90,7 @@ static void pack_a(float *dst, const gemm *g, int mr, int64_t i0, int64_t mc, in
             }
         else // each row of a is contiguous: read along it, write with stride mr
             for (int r = 0; r < mr; r++) {
-                const float *src = a + (i0 + ir + MIN(r, rows - 1)) * k + p0;
+                const float *src = a + (i0 + ir + PYTFM_MIN(r, rows - 1)) * k + p0;
                 for (int64_t p = 0; p < kc; p++) dst[p * mr + r] = src[p];
             }
     }
@@ -109,7 +109,7 @@ static void pack_b(float *dst, const gemm *g, int nr, int64_t p0, int64_t kc, in
     const float *b = g->b;
     const int64_t n = g->n, k = g->k;
     for (int64_t jr = 0; jr < nc; jr += nr, dst += nr * kc) {
-        const int cols = (int)MIN(nr, nc - jr);
+        const int cols = (int)PYTFM_MIN(nr, nc - jr);
         if (g->trans_b) // column j of op(B) is row j of b
             for (int j = 0; j < nr; j++) {
                 const float *src = b + (j0 + jr + j) * k + p0;
@@ -135,7 +135,7 @@ static void rows_times_panel(const gemm *g, const pytfm__micro *uk, float *pa, c
     const int mr = uk->mr, nr = uk->nr;
     const float bt = pc == 0 ? g->beta : 1.0f; // later slices add to what is there
     for (int64_t ic = i0; ic < i1; ic += MC) {
-        const int64_t mc = MIN(MC, i1 - ic);
+        const int64_t mc = PYTFM_MIN(MC, i1 - ic);
         // op(A) element (i, p) at a[i·a_sr + p·a_sp]: A's own rows, or packed panels
         const float *a = g->a + ic * g->k + pc;
         int64_t a_sp = 1, a_sr = g->k, a_panel = 0;
@@ -147,7 +147,7 @@ static void rows_times_panel(const gemm *g, const pytfm__micro *uk, float *pa, c
             for (int64_t ir = 0; ir < mc; ir += mr)
                 uk->run(g->c + (ic + ir) * g->n + jc + jr, g->n,
                         a + (a_panel ? ir / mr * a_panel : ir * a_sr), a_sp, a_sr, pb + jr * kc,
-                        nr, kc, (int)MIN(mr, mc - ir), (int)MIN(nr, nc - jr), bt);
+                        nr, kc, (int)PYTFM_MIN(mr, mc - ir), (int)PYTFM_MIN(nr, nc - jr), bt);
     }
 }
 
@@ -160,9 +160,9 @@ static pytfm_status gemm_blocked(const gemm *g, const pytfm__micro *uk) {
     const int64_t col_tiles = (g->n + nr - 1) / nr;
     int64_t threads = pytfm_get_num_threads();
     const int by_rows = row_tiles >= threads || row_tiles >= col_tiles;
-    threads = MIN(threads, by_rows ? row_tiles : col_tiles);
+    threads = PYTFM_MIN(threads, by_rows ? row_tiles : col_tiles);
     const int64_t a_size = pack_a_pays(g) ? (int64_t)MC * KC : 0;
-    const int64_t b_size = (int64_t)KC * MIN(NC, col_tiles * nr);
+    const int64_t b_size = (int64_t)KC * PYTFM_MIN(NC, col_tiles * nr);
     const int64_t b_count = by_rows ? 1 : threads; // shared, or one per thread
     float *buf = aligned_alloc(64, (size_t)(threads * a_size + b_count * b_size) * sizeof(float));
     if (!buf)
@@ -184,15 +184,15 @@ static pytfm_status gemm_blocked(const gemm *g, const pytfm__micro *uk) {
         const int64_t tiles = by_rows ? row_tiles : col_tiles;
         const int64_t lo = tiles * t / team, hi = tiles * (t + 1) / team;
         if (by_rows) {
-            const int64_t i0 = lo * uk->mr, i1 = MIN(hi * uk->mr, g->m);
+            const int64_t i0 = lo * uk->mr, i1 = PYTFM_MIN(hi * uk->mr, g->m);
             for (int64_t jc = 0; jc < g->n; jc += NC) {
-                const int64_t nc = MIN(NC, g->n - jc), panels = (nc + nr - 1) / nr;
+                const int64_t nc = PYTFM_MIN(NC, g->n - jc), panels = (nc + nr - 1) / nr;
                 for (int64_t pc = 0; pc < g->k; pc += KC) {
-                    const int64_t kc = MIN(KC, g->k - pc);
+                    const int64_t kc = PYTFM_MIN(KC, g->k - pc);
                     const int64_t q0 = panels * t / team, q1 = panels * (t + 1) / team;
                     if (q1 > q0) // this thread's share of the slice's micro-panels
                         pack_b(pb + q0 * nr * kc, g, (int)nr, pc, kc, jc + q0 * nr,
-                               MIN(nc, q1 * nr) - q0 * nr);
+                               PYTFM_MIN(nc, q1 * nr) - q0 * nr);
 #if defined(_OPENMP)
 #pragma omp barrier
 #endif
@@ -203,11 +203,11 @@ static pytfm_status gemm_blocked(const gemm *g, const pytfm__micro *uk) {
                 }
             }
         } else {
-            const int64_t j0 = lo * nr, j1 = MIN(hi * nr, g->n);
+            const int64_t j0 = lo * nr, j1 = PYTFM_MIN(hi * nr, g->n);
             for (int64_t jc = j0; jc < j1; jc += NC) {
-                const int64_t nc = MIN(NC, j1 - jc);
+                const int64_t nc = PYTFM_MIN(NC, j1 - jc);
                 for (int64_t pc = 0; pc < g->k; pc += KC) {
-                    const int64_t kc = MIN(KC, g->k - pc);
+                    const int64_t kc = PYTFM_MIN(KC, g->k - pc);
                     pack_b(pb, g, (int)nr, pc, kc, jc, nc);
                     rows_times_panel(g, uk, pa, pb, 0, g->m, jc, nc, pc, kc);
                 }

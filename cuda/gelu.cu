@@ -7,11 +7,8 @@
  */
 #include "pytfm_cuda.cuh"
 
-#define GELU_K 0.7978845608028654f /* sqrt(2/π) */
-#define GELU_A 0.044715f
-
 static __device__ __forceinline__ float half_one_plus_tanh(float v) { // ½ (1 + tanh(k (v + a v³)))
-    return 1.0f / (1.0f + expf(-2.0f * GELU_K * (v + GELU_A * v * v * v)));
+    return 1.0f / (1.0f + expf(-2.0f * PYTFM_GELU_K * (v + PYTFM_GELU_A * v * v * v)));
 }
 
 static __global__ void gelu_forward_kernel(float *y, const float *x, int64_t n) {
@@ -33,7 +30,7 @@ static __global__ void gelu_backward_kernel(float *dx, const float *dy, const fl
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float v = x[i], s = half_one_plus_tanh(v);
-        const float du = GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+        const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * v * v);
         dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
     }
 }

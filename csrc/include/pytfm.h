@@ -2,10 +2,12 @@
  * pytfm.h — the public C API of libpytfm: transformer kernels, forward and backward.
  *
  * Conventions (they hold for every function below):
- *   - float32, row-major, contiguous. "[N, C]" means N rows of C floats.
- *   - The caller allocates every buffer; no function allocates, keeps a pointer after it
- *     returns, or touches global mutable state. Two threads may call any function at once on
- *     disjoint buffers.
+ *   - float32, row-major, contiguous. "[rows, cols]" means rows of cols floats each.
+ *   - The caller allocates every input and output; no function keeps a pointer after it
+ *     returns. A few functions allocate scratch space for the length of one call (their
+ *     entries say "Scratch:", with its size); when that fails they return
+ *     PYTFM_STATUS_OUT_OF_MEMORY and have written nothing. Two threads may call any function at
+ *     once on disjoint buffers.
  *   - Argument order: outputs, what the forward saves for the backward, const inputs, then
  *     sizes (int64_t), then scalar options.
  *   - Gradient rule: gradients of parameters (weights, biases, embedding tables) are
@@ -18,6 +20,29 @@
  *     error, a zero row count is a no-op. Pointers may be NULL only where a comment says so,
  *     or where the buffer they point to has zero elements.
  *   - No function ends the process: failures are statuses, never a call to end the program.
+ *   - Process-wide settings: two, the thread count (pytfm_set_num_threads) and the
+ *     instruction-set cap (pytfm_set_max_isa). Both change speed; the cap also changes the last
+ *     bits of results. Besides them and each thread's last error message, nothing is kept between
+ *     calls.
+ *
+ * Vocabulary (one word per thing, in C, CUDA, Python and the README alike):
+ *   rows, cols   a row-wise op sees its input as [rows, cols]: softmax, LayerNorm,
+ *                cross-entropy (cols = vocab) and the linear layer ([rows, in] -> [rows, out])
+ *                act on each row; every leading dimension of a Python array is folded into rows
+ *   in, out      the linear layer's input and output features
+ *   count        the number of elements of a flat array (GELU, AdamW)
+ *   vocab        the vocabulary size: rows of the embedding table, classes of cross-entropy
+ *   dim          the width of an embedding row
+ *   B, T, H, D   batch, time (sequence length), heads, head dim: attention and RoPE tensors
+ *                are [B, T, H, D]
+ *   Tmax, start, n_new
+ *                a KV cache holds Tmax positions; decoding appends n_new tokens at positions
+ *                [start, start + n_new)
+ *   m, n, k      the matrix product only, as in BLAS: C [m, n] += A [m, k] · B [k, n]
+ *   dy           the gradient arriving from above: of the op's output, whatever the output is
+ *                called (y, o); dloss when that output is the scalar loss
+ *   d<name>      the gradient of <name> (dx, dw, db, dq, dtable, dlogits)
+ *   lse          a saved log-sum-exp (attention's per query row, cross-entropy's per row)
  *
  * Everything between the PYTFM_CDEF markers is read verbatim by the cffi builder
  * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
