@@ -83,6 +83,11 @@ MUTATIONS = {
     "cuda_embedding_backward_assign": ("cuda/embedding.cu", "dtable[id * dim + j] += dy[i * dim + j];",
                                        "dtable[id * dim + j] = dy[i * dim + j];", EMU),
     "cuda_adamw_no_bias_correction": ("cuda/adamw.cu", "(float)(lr / (1.0 - pow(beta1, (double)step)))", "(float)lr", EMU),
+    # tests that can fail (issue 11, tests/bench): per-output tolerances in tests/test_fast.py;
+    # the centred square expanded as x² − 2xμ + μ² cancels when |μ| ≫ σ: rstd off by ~1e-4 at
+    # offset −100, which the old one-for-all tolerance (≈ 0.02 there) let through
+    "fast_ln_variance_expanded": ("csrc/fast_impl.h", "s[l] += (x[j + l] - mu) * (x[j + l] - mu);",
+                                  "s[l] += x[j + l] * x[j + l] - 2.0f * x[j + l] * mu + mu * mu;", FAST),
 }
 
 
