@@ -5,17 +5,12 @@ AVX-512 builds must agree bit for bit: they run the same operations in the same 
 over 16 fixed partial results, the same fused multiply-adds).
 """
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import assert_close, max_isa, seeds
+from helpers import assert_close, assert_same_bits_at_any_thread_count, max_isa, seeds
 from pytfm import ops
 
 FAST = ["portable", "avx2", "avx512"]
@@ -271,9 +266,9 @@ def test_rope(isa, B, T, H, D, per_batch, seed):
 
 def test_every_op_gives_the_same_bits_at_any_thread_count():
     """Sizes large enough that each op splits its work among threads (> 16384 elements)."""
-    code = textwrap.dedent(
+    assert_same_bits_at_any_thread_count(
         """
-        import hashlib, numpy as np
+        import numpy as np
         from pytfm import ops
         rng = np.random.default_rng(3)
         x, dy = (rng.standard_normal((300, 257)).astype(np.float32) for _ in range(2))
@@ -294,14 +289,5 @@ def test_every_op_gives_the_same_bits_at_any_thread_count():
                ops.gelu_backward(dy, x), lin, *ops.linear_backward(lin, x, W),
                ops.embedding_forward(ids, table), ops.embedding_backward(dy, ids, 50),
                ops.rope_forward(q, np.arange(100)), p, m, v]
-        print(hashlib.sha256(b"".join(np.asarray(a).tobytes() for a in out)).hexdigest())
         """
     )
-    root = os.path.dirname(os.path.dirname(ops.__file__))  # the pytfm under test
-    digests = set()
-    for threads in ("1", "2", "3"):
-        env = {"OMP_NUM_THREADS": threads, "PATH": "/usr/bin:/bin", "PYTHONPATH": root}
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env=env, cwd="/", check=True)
-        digests.add(r.stdout.strip())
-    assert len(digests) == 1, digests
