@@ -88,6 +88,10 @@ MUTATIONS = {
     # offset −100, which the old one-for-all tolerance (≈ 0.02 there) let through
     "fast_ln_variance_expanded": ("csrc/fast_impl.h", "s[l] += (x[j + l] - mu) * (x[j + l] - mu);",
                                   "s[l] += x[j + l] * x[j + l] - 2.0f * x[j + l] * mu + mu * mu;", FAST),
+    # the out-of-memory path (tests/test_memory.py): attention's forward writes through a NULL
+    # workspace (written against attention.c's text of fe75b4e)
+    "attn_fast_no_alloc_check": ("csrc/attention.c", 'if (!ws)\n        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,\n                           "pytfm_attention_forward',
+                                 'if (0)\n        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,\n                           "pytfm_attention_forward', ["tests/test_memory.py"]),
 }
 
 
