@@ -31,10 +31,9 @@ model = GPT(cfg)
 batches = data.Batches(data.stdlib_corpus(), a["context"], a["batch"], seed=a["seed"])
 if lib == "torch":
     import torch
-    sys.path.insert(0, a["bench"])
-    from torch_twin import TorchGPT
+    from bench.common import torch_twin  # the checkout's root is on PYTHONPATH
     torch.set_num_threads(a["threads"])
-    twin = TorchGPT.from_pytfm(model)
+    twin = torch_twin().TorchGPT.from_pytfm(model)
     opt = twin.optimizer(lr=a["lr"])
 else:
     opt = AdamW(model.params, model.grads, lr=a["lr"], betas=(0.9, 0.95), weight_decay=0.1)
@@ -83,7 +82,6 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     args = vars(p.parse_args())
-    args["bench"] = HERE
     env = worker_env(args["threads"], OPENBLAS_NUM_THREADS=args["threads"])
     res = {}
     for lib in ("pytfm", "torch"):
