@@ -40,13 +40,12 @@ rng = np.random.default_rng(0)
 q, k, v, do = (rng.standard_normal((B, T, H, D), dtype=np.float32) for _ in range(4))
 scale = 1.0 / np.sqrt(D)
 
-if lib == "pytfm":
-    from pytfm import ops
-    def fwd():
-        return ops.attention_forward(q, k, v, causal=True)
-    def fwd_bwd():
-        o, lse = ops.attention_forward(q, k, v, causal=True)
-        return ops.attention_backward(do, q, k, v, o, lse, causal=True)
+if lib in ("pytfm", "torch"):
+    if lib == "torch":
+        import torch
+        torch.set_num_threads(int(sys.argv[7]))
+    from bench.common import attention_calls  # the checkout's root is on PYTHONPATH
+    fwd, fwd_bwd = attention_calls(lib, q, k, v, do)
 elif lib == "numpy":  # the textbook version: materialise S and P, [B, H, T, T]
     qh, kh, vh, doh = (np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (q, k, v, do))
     mask = np.triu(np.ones((T, T), bool), 1)
@@ -64,19 +63,6 @@ elif lib == "numpy":  # the textbook version: materialise S and P, [B, H, T, T]
         dP = doh @ vh.transpose(0, 1, 3, 2)
         dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True)) * np.float32(scale)
         return dS @ kh, dS.transpose(0, 1, 3, 2) @ qh, dv
-elif lib == "torch":
-    import torch
-    torch.set_num_threads(int(sys.argv[7]))
-    # (B, H, T, D) views of the same memory
-    tq, tk, tv, tdo = (torch.from_numpy(a).transpose(1, 2) for a in (q, k, v, do))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    def fwd():
-        with torch.no_grad():
-            return sdpa(tq, tk, tv, is_causal=True)
-    def fwd_bwd():
-        a, b, c = (t.detach().requires_grad_() for t in (tq, tk, tv))
-        sdpa(a, b, c, is_causal=True).backward(tdo)
-        return a.grad, b.grad, c.grad
 
 before = rss_kib()
 out = fwd_bwd()  # the first run: its peak is the memory figure

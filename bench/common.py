@@ -1,8 +1,11 @@
-"""What the benchmarks' worker processes share."""
+"""What the benchmarks share: their worker processes' environment, the attention calls they
+time, and the model's PyTorch twin (tests/torch_twin.py)."""
 
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")  # where the PyTorch twin lives: it is the tests' oracle
 
 
 def worker_env(threads, **extra):
@@ -12,3 +15,44 @@ def worker_env(threads, **extra):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), **{k: str(v) for k, v in extra.items()})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     return env
+
+
+def torch_twin():
+    """The module tests/torch_twin.py (needs torch)."""
+    if TESTS not in sys.path:
+        sys.path.insert(0, TESTS)
+    import torch_twin
+
+    return torch_twin
+
+
+def attention_calls(lib, q, k, v, do):
+    """(forward, forward + backward) of causal attention on q, k, v, do [B, T, H, D] float32,
+    by "pytfm" (pytfm.ops) or "torch" (its fused scaled_dot_product_attention, on [B, H, T, D]
+    views of the same memory; backward from the gradient do), each a function to time."""
+    if lib == "pytfm":
+        from pytfm import ops
+
+        def fwd():
+            return ops.attention_forward(q, k, v, causal=True)
+
+        def fwd_bwd():
+            o, lse = ops.attention_forward(q, k, v, causal=True)
+            return ops.attention_backward(do, q, k, v, o, lse, causal=True)
+
+        return fwd, fwd_bwd
+    import torch
+
+    tq, tk, tv, tdo = (torch.from_numpy(a).transpose(1, 2) for a in (q, k, v, do))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def fwd():
+        with torch.no_grad():
+            return sdpa(tq, tk, tv, is_causal=True)
+
+    def fwd_bwd():
+        a, b, c = (t.detach().requires_grad_() for t in (tq, tk, tv))
+        sdpa(a, b, c, is_causal=True).backward(tdo)
+        return a.grad, b.grad, c.grad
+
+    return fwd, fwd_bwd

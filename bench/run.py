@@ -12,7 +12,7 @@ Groups and what each ratio is (> 1: pytfm is faster):
   attention  pytfm's attention vs torch's fused scaled_dot_product_attention, B=4, H=8, D=64,
              T=1024, causal; forward and forward+backward.
   train      one training step (forward, backward, gradient clipping, AdamW) of pytfm's GPT vs
-             its PyTorch twin (bench/torch_twin.py, same weights and maths), in tokens/s: the
+             its PyTorch twin (tests/torch_twin.py, same weights and maths), in tokens/s: the
              train_tiny.py default (d=128, 4 layers, 4 heads, 8x128 tokens) and a 6-layer d=384
              GPT (6 heads, 8x256 tokens).
 Every library runs in a process of its own (bench/worker.py) at the given thread count, so no

@@ -4,19 +4,19 @@ clipping and steps) and compare losses and speed.
     python bench/train_twin.py                 # train_tiny's default config and steps
     python bench/train_twin.py --steps 50 --threads 2
 
-Each library trains in its own process (no two thread pools in one process), at --threads.
-Needs torch (`pip install torch==2.13.0`); pytfm never does.
+The model and schedule options are examples/train_tiny.py's own (its add_model_args), with its
+defaults. Each library trains in its own process (no two thread pools in one process), at
+--threads. Needs torch (`pip install torch==2.13.0`); pytfm never does.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from common import worker_env  # noqa: E402
+from common import ROOT, worker_env  # bench/ is this script's folder
 
 WORKER = r"""
 import json, sys, time
@@ -31,10 +31,9 @@ model = GPT(cfg)
 batches = data.Batches(data.stdlib_corpus(), a["context"], a["batch"], seed=a["seed"])
 if lib == "torch":
     import torch
-    sys.path.insert(0, a["bench"])
-    from torch_twin import TorchGPT
+    from bench.common import torch_twin  # the checkout's root is on PYTHONPATH
     torch.set_num_threads(a["threads"])
-    twin = TorchGPT.from_pytfm(model)
+    twin = torch_twin().TorchGPT.from_pytfm(model)
     opt = twin.optimizer(lr=a["lr"])
 else:
     opt = AdamW(model.params, model.grads, lr=a["lr"], betas=(0.9, 0.95), weight_decay=0.1)
@@ -69,21 +68,24 @@ print(json.dumps({"losses": losses, "val": val, "seconds": elapsed,
 """
 
 
+def train_tiny():
+    """examples/train_tiny.py as a module (it imports this checkout's pytfm)."""
+    sys.path.insert(0, ROOT)
+    spec = importlib.util.spec_from_file_location(
+        "train_tiny", os.path.join(ROOT, "examples", "train_tiny.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main():
+    tiny = train_tiny()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--steps", type=int, default=tiny.parse_args([]).steps,
+                   help="optimizer steps (default: train_tiny's)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--context", type=int, default=128)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--pos", default="rope")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
+    tiny.add_model_args(p)
     args = vars(p.parse_args())
-    args["bench"] = HERE
     env = worker_env(args["threads"], OPENBLAS_NUM_THREADS=args["threads"])
     res = {}
     for lib in ("pytfm", "torch"):

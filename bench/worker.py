@@ -15,6 +15,7 @@ import sys
 import time
 
 import numpy as np
+from common import attention_calls, torch_twin  # bench/ is this script's folder
 
 # the sizes every library is measured at (bench/run.py reads them too)
 SQUARE = (128, 256, 512, 1024, 2048)
@@ -178,31 +179,7 @@ def ew_cases(lib):
 def attention_cases(lib):
     B, H, D, T = ATT["B"], ATT["H"], ATT["D"], ATT["T"]
     q, k, v, do = (randn(B, T, H, D, seed=s) for s in range(4))
-    if lib == "pytfm":
-        from pytfm import ops
-
-        def fwd_bwd():
-            o, lse = ops.attention_forward(q, k, v, causal=True)
-            return ops.attention_backward(do, q, k, v, o, lse, causal=True)
-
-        return [
-            ("attention/fwd", lambda: ops.attention_forward(q, k, v, causal=True)),
-            ("attention/fwd+bwd", fwd_bwd),
-        ]
-    import torch
-
-    tq, tk, tv, tdo = (torch.from_numpy(a).transpose(1, 2) for a in (q, k, v, do))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def fwd():
-        with torch.no_grad():
-            return sdpa(tq, tk, tv, is_causal=True)
-
-    def fwd_bwd():
-        a, b, c = (t.detach().requires_grad_() for t in (tq, tk, tv))
-        sdpa(a, b, c, is_causal=True).backward(tdo)
-        return a.grad, b.grad, c.grad
-
+    fwd, fwd_bwd = attention_calls(lib, q, k, v, do)
     return [("attention/fwd", fwd), ("attention/fwd+bwd", fwd_bwd)]
 
 
@@ -210,8 +187,6 @@ def attention_cases(lib):
 
 
 def train_cases(lib, threads):
-    import os
-
     from pytfm import data
     from pytfm.nn import GPT, GPTConfig
     from pytfm.optim import AdamW, clip_grad_norm
@@ -233,10 +208,7 @@ def train_cases(lib, threads):
         else:
             import torch
 
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            from torch_twin import TorchGPT
-
-            twin = TorchGPT.from_pytfm(model)
+            twin = torch_twin().TorchGPT.from_pytfm(model)
             topt = twin.optimizer(lr=1e-4)
             tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 

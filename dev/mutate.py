@@ -83,6 +83,19 @@ MUTATIONS = {
     "cuda_embedding_backward_assign": ("cuda/embedding.cu", "dtable[id * dim + j] += dy[i * dim + j];",
                                        "dtable[id * dim + j] = dy[i * dim + j];", EMU),
     "cuda_adamw_no_bias_correction": ("cuda/adamw.cu", "(float)(lr / (1.0 - pow(beta1, (double)step)))", "(float)lr", EMU),
+    # tests that can fail (issue 11, tests/bench): per-output tolerances in tests/test_fast.py;
+    # the centred square expanded as x² − 2xμ + μ² cancels when |μ| ≫ σ: rstd off by ~1e-4 at
+    # offset −100, which the old one-for-all tolerance (≈ 0.02 there) let through
+    "fast_ln_variance_expanded": ("csrc/fast_impl.h", "s[l] += (x[j + l] - mu) * (x[j + l] - mu);",
+                                  "s[l] += x[j + l] * x[j + l] - 2.0f * x[j + l] * mu + mu * mu;", FAST),
+    # e^x flushed to 0 below e^-17 instead of FLT_MIN: probabilities under 3e-8 vanish, under
+    # the old absolute tolerances of softmax (1e-7) and cross-entropy's gradient (4.8e-7)
+    "fast_exp_flushes_early": ("csrc/vecmath.h", "const float lo = -87.3365448f, hi = 88.37f;",
+                               "const float lo = -17.3365448f, hi = 88.37f;", FAST),
+    # the out-of-memory path (tests/test_memory.py): attention's forward writes through a NULL
+    # workspace (written against attention.c's text of fe75b4e)
+    "attn_fast_no_alloc_check": ("csrc/attention.c", 'if (!ws)\n        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,\n                           "pytfm_attention_forward',
+                                 'if (0)\n        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,\n                           "pytfm_attention_forward', ["tests/test_memory.py"]),
 }
 
 

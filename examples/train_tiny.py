@@ -29,13 +29,8 @@ from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=800, help="optimizer steps in all (default 800)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--text", help="train on this UTF-8 text file instead of the stdlib corpus")
-    p.add_argument("--out", default="out", help="folder for checkpoint, loss log and plot")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/model.safetensors")
+def add_model_args(p):
+    """The model's and the schedule's options (bench/train_twin.py trains with the same ones)."""
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layer", type=int, default=4)
@@ -45,6 +40,16 @@ def parse_args(argv=None):
     p.add_argument("--pos", choices=["rope", "sinusoidal", "none"], default="rope")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=20)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=800, help="optimizer steps in all (default 800)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--text", help="train on this UTF-8 text file instead of the stdlib corpus")
+    p.add_argument("--out", default="out", help="folder for checkpoint, loss log and plot")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/model.safetensors")
+    add_model_args(p)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--sample-tokens", type=int, default=100)

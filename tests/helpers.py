@@ -1,6 +1,11 @@
-"""Shared test helpers: the one comparison function, hypothesis strategies, finite differences."""
+"""Shared test helpers: the one comparison function, hypothesis strategies, finite differences,
+snippets run in a fresh interpreter."""
 
 import contextlib
+import os
+import subprocess
+import sys
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -93,3 +98,34 @@ def max_isa(name):
         yield
     finally:
         pytfm.set_max_isa("auto")
+
+
+def run_python(code, threads=None, **env):
+    """Run the snippet `code` in a fresh interpreter that imports the pytfm under test and sees
+    none of this environment (no PYTFM_NUM_THREADS, no hypothesis profile): only `env`, and
+    OMP_NUM_THREADS=`threads` when given. Returns the CompletedProcess (text output)."""
+    import pytfm
+
+    root = os.path.dirname(os.path.dirname(pytfm.__file__))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": root, **{k: str(v) for k, v in env.items()}}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=env, cwd="/")
+
+
+_DIGEST = """
+import hashlib as _hashlib, numpy as _np
+print(_hashlib.sha256(b"".join(_np.asarray(a).tobytes() for a in out)).hexdigest())
+"""
+
+
+def assert_same_bits_at_any_thread_count(code, threads=(1, 2, 3)):
+    """Run `code`, a snippet that leaves its results in a list of arrays `out`, at each thread
+    count (a process each) and assert that `out` holds the same bytes every time."""
+    digests = {}
+    for t in threads:
+        r = run_python(textwrap.dedent(code) + _DIGEST, threads=t)
+        assert r.returncode == 0, f"at {t} threads the snippet failed:\n{r.stderr[-3000:]}"
+        digests[t] = r.stdout.strip()
+    assert len(set(digests.values())) == 1, f"digests per thread count: {digests}"

@@ -81,8 +81,7 @@ def _torch():
         import torch
     except ImportError:
         pytest.skip("torch is not installed (the twin tests run in CI, which installs it)")
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import torch_twin
+    import torch_twin  # tests/torch_twin.py
 
     torch.manual_seed(0)
     return torch, torch_twin

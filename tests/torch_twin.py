@@ -1,7 +1,8 @@
 """A PyTorch twin of pytfm.nn.GPT: the same architecture, parameter names and maths, so pytfm's
-weights load into it one-to-one. Used by the tests (when torch is installed) to check logits,
-loss and every gradient, and by bench/train_twin.py to compare training. PyTorch is only an
-oracle and a benchmark peer here, never a dependency of pytfm.
+weights load into it one-to-one. The tests' oracle (tests/test_model.py, when torch is
+installed: logits, loss, every gradient and the AdamW trajectory); the benchmarks import it from
+here to compare training (bench/train_twin.py) and a training step (bench/worker.py's train
+group). PyTorch is only an oracle and a benchmark peer, never a dependency of pytfm.
 """
 
 import torch
