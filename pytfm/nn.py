@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import ops
+from .kvcache import KVCache
 
 POSITIONS = ("rope", "sinusoidal", "none")
 
@@ -257,7 +258,7 @@ class GPT:
     def new_caches(self, batch):
         """One KV cache per layer, for decode()."""
         c = self.cfg
-        return [ops.KVCache(batch, c.max_seq, c.n_head, c.d_model // c.n_head)
+        return [KVCache(batch, c.max_seq, c.n_head, c.d_model // c.n_head)
                 for _ in range(c.n_layer)]
 
     def decode(self, idx, caches):
