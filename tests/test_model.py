@@ -166,6 +166,29 @@ def test_a_small_model_learns_to_reverse_and_needs_positions_to():
     assert acc_none <= 0.6, f"reverse task: {acc_none:.1%} without positions"
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_decoding_between_forward_and_backward_leaves_the_gradients_alone(tie):
+    model = tiny("sinusoidal", tie, max_seq=24)
+    rng = np.random.default_rng(0)
+    x, y = batch(rng)
+    model.zero_grad()
+    model.forward(x, y)
+    model.backward()
+    want = {name: g.copy() for name, g in model.grads.items()}
+
+    model.zero_grad()
+    model.forward(x, y)
+    caches = model.new_caches(3)  # another batch size and length than the forward's
+    model.decode(rng.integers(0, 32, size=(3, 5)), caches)
+    for _ in range(3):
+        model.decode(rng.integers(0, 32, size=(3, 1)), caches)
+    model.forward(np.ascontiguousarray(x[:, :7]))  # an evaluation: no targets
+    model.forward(x[1:], y[1:], save=False)  # an evaluation of the loss
+    model.backward()
+    for name, g in model.grads.items():
+        assert g.tobytes() == want[name].tobytes(), name
+
+
 @pytest.mark.parametrize("pos", ["rope", "sinusoidal", "none"])
 def test_greedy_generation_through_the_kv_cache_equals_full_recomputation(pos):
     model = tiny(pos, max_seq=24)
