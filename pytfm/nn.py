@@ -246,7 +246,7 @@ class GPT:
             x = block.forward(x, pos, save, cache)
         return self.lm_head.forward(self.ln_f.forward(x, save), save)
 
-    def forward(self, idx, targets=None, save=None):
+    def forward(self, idx, targets=None, *, save=None):
         """idx int64 (B, T) -> logits (B, T, vocab), and the mean cross-entropy loss of the
         targets (B, T) when given (-1 marks a position to ignore), else None.
 
