@@ -96,6 +96,16 @@ MUTATIONS = {
     # workspace (written against attention.c's text of fe75b4e)
     "attn_fast_no_alloc_check": ("csrc/attention.c", 'if (!ws)\n        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,\n                           "pytfm_attention_forward',
                                  'if (0)\n        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,\n                           "pytfm_attention_forward', ["tests/test_memory.py"]),
+    # issue 11: model tests, each named with the test that must catch it (the old finite-difference bound, 2% of |g|,
+    # let the first two through; the old 1000-step reversal test the third; the fourth: no test decoded between forward and backward)
+    "nn_attn_backward_scale_off": ("pytfm/nn.py", "dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True)",
+                                   "dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True, scale=1.005 / math.sqrt(self.hd))", ["tests/test_model.py::test_model_gradients_match_finite_differences"]),
+    "nn_mlp_grad_one_percent": ("pytfm/nn.py", "return self.c_fc.backward(ops.gelu_backward(self.c_proj.backward(dy), h))",
+                                "return self.c_fc.backward(ops.gelu_backward(1.01 * self.c_proj.backward(dy), h))", ["tests/test_model.py::test_model_gradients_match_finite_differences"]),
+    "nn_none_leaks_positions": ("pytfm/nn.py", "self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) if sinusoidal else None",
+                                "self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) * (1 if sinusoidal else 1e-3) if cfg.pos != \"rope\" else None", ["tests/test_model.py::test_without_positions_one_layer_cannot_see_the_order_of_what_came_before"]),
+    "nn_decode_writes_saved": ("pytfm/nn.py", "h = x + self.attn.forward(self.ln_1.forward(x, save), pos, save, cache)",
+                               "h = x + self.attn.forward(self.ln_1.forward(x), pos, save, cache)", ["tests/test_model.py::test_decoding_between_forward_and_backward_leaves_the_gradients_alone"]),
 }
 
 

@@ -3,7 +3,9 @@
     import numpy as np, pytfm
     y, mean, rstd = pytfm.ops.layernorm_forward(x, w, b)
 
-pytfm.ops holds one function per op direction; pytfm.reference the float64 NumPy oracle.
+pytfm.ops holds one function per op direction (stateless); pytfm.KVCache the keys and values
+of a decoding run; pytfm.nn a GPT with hand-written backward passes; pytfm.reference the float64
+NumPy oracle.
 """
 
 from . import ops
@@ -17,7 +19,7 @@ from ._core import (
     set_num_threads,
     version,
 )
-from .ops import KVCache
+from .kvcache import KVCache
 
 __version__ = version()
 _settings_from_environment()

@@ -46,7 +46,8 @@ def text_corpus(path):
 
 
 class Batches:
-    """Random windows of a token array, split into train and validation (the last val_frac).
+    """Random windows of a token array, split into train and validation (the last val_frac of
+    the tokens, and at least one window's worth).
 
     batch(split, step) depends only on (seed, split, step), so a resumed run sees the same
     batches as an uninterrupted one.

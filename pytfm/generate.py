@@ -8,7 +8,7 @@ import numpy as np
 
 
 def sample_next(logits, rng, temperature=1.0, top_k=None):
-    """logits (B, V) -> int64 (B,): greedy when temperature == 0, else sampled from
+    """logits (B, vocab) -> int64 (B,): greedy when temperature == 0, else sampled from
     softmax(logits / temperature) restricted to the top_k largest logits."""
     if temperature == 0:
         return logits.argmax(axis=-1).astype(np.int64)

@@ -1,11 +1,16 @@
 """pytfm.nn — a GPT built from pytfm's kernels, with hand-written backward passes.
 
-Each layer is a small class: forward() keeps on self what backward() needs, and backward(dout),
-right below it, returns the gradient of its input and ACCUMULATES the gradients of its
-parameters. There is no autograd. All parameters live in one dict, model.params, and their
-gradients in model.grads, keyed by the names a PyTorch GPT-2 (nanoGPT) state dict uses:
-transformer.wte.weight, transformer.h.0.attn.c_attn.weight, ... Layers hold references to those
-arrays, which are only ever updated in place.
+Each layer is a small class: forward() keeps what backward() needs in one attribute,
+self.saved, and backward(dy), right below it, reads it, returns the gradient of its input and
+ACCUMULATES the gradients of its parameters. There is no autograd. forward(..., save=False)
+runs the same code without writing self.saved; decoding through KV caches (GPT.decode) and
+evaluation (GPT.forward without targets, or with save=False) run that way, so they may come
+between a forward() and its backward() without changing the gradients.
+
+All parameters live in one dict, model.params, and their gradients in model.grads, keyed by
+the names a PyTorch GPT-2 (nanoGPT) state dict uses: transformer.wte.weight,
+transformer.h.0.attn.c_attn.weight, ... Layers hold references to those arrays, which are only
+ever updated in place.
 """
 
 import math
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import ops
+from .kvcache import KVCache
 
 POSITIONS = ("rope", "sinusoidal", "none")
 
@@ -64,45 +70,59 @@ class Parameters:
 
 
 class Linear:
-    def __init__(self, P, name, n_in, n_out, std=0.02, bias=True):
-        self.w, self.dw = P.add(f"{name}.weight", (n_out, n_in), std)
-        self.b, self.db = P.add(f"{name}.bias", (n_out,)) if bias else (None, None)
+    """y = x·wᵀ + b, w [out, in] as torch.nn.Linear.weight. tied: an Embedding whose table
+    (and its gradient) is w, as in a tied LM head, logits = x · tableᵀ."""
 
-    def forward(self, x):  # (..., in) -> (..., out)
-        self.x = x
+    def __init__(self, P, name, n_in, n_out, std=0.02, bias=True, tied=None):
+        if tied is None:
+            self.w, self.dw = P.add(f"{name}.weight", (n_out, n_in), std)
+        else:
+            self.w, self.dw = tied.w, tied.dw
+        self.b, self.db = P.add(f"{name}.bias", (n_out,)) if bias else (None, None)
+        self.saved = None
+
+    def forward(self, x, save=True):  # (..., in) -> (..., out)
+        if save:
+            self.saved = x
         return ops.linear_forward(x, self.w, self.b)
 
-    def backward(self, dy):
+    def backward(self, dy):  # (..., out) -> (..., in)
+        x = self.saved
         has_bias = self.b is not None
-        dx, _, _ = ops.linear_backward(dy, self.x, self.w, has_bias, dw=self.dw, db=self.db)
+        dx, _, _ = ops.linear_backward(dy, x, self.w, has_bias, dw=self.dw, db=self.db)
         return dx
 
 
 class Embedding:
     def __init__(self, P, name, vocab, dim):
         self.w, self.dw = P.add(f"{name}.weight", (vocab, dim), 0.02)
+        self.saved = None
 
-    def forward(self, ids):  # int64 (B, T) -> (B, T, dim)
-        self.ids = ids
+    def forward(self, ids, save=True):  # int64 (B, T) -> (B, T, dim)
+        if save:
+            self.saved = ids
         return ops.embedding_forward(ids, self.w)
 
-    def backward(self, dy):
-        ops.embedding_backward(dy, self.ids, self.w.shape[0], dtable=self.dw)
+    def backward(self, dy):  # (B, T, dim) -> None (the ids have no gradient)
+        ids = self.saved
+        ops.embedding_backward(dy, ids, self.w.shape[0], dtable=self.dw)
 
 
 class LayerNorm:
     def __init__(self, P, name, dim):
         self.w, self.dw = P.add(f"{name}.weight", (dim,))
         self.b, self.db = P.add(f"{name}.bias", (dim,))
+        self.saved = None
 
-    def forward(self, x):
-        self.x = x
-        y, self.mean, self.rstd = ops.layernorm_forward(x, self.w, self.b)
+    def forward(self, x, save=True):  # (..., dim) -> (..., dim)
+        y, mean, rstd = ops.layernorm_forward(x, self.w, self.b)
+        if save:
+            self.saved = (x, mean, rstd)
         return y
 
-    def backward(self, dy):
-        dx, _, _ = ops.layernorm_backward(dy, self.x, self.w, self.mean, self.rstd, dw=self.dw,
-                                          db=self.db)
+    def backward(self, dy):  # (..., dim) -> (..., dim)
+        x, mean, rstd = self.saved
+        dx, _, _ = ops.layernorm_backward(dy, x, self.w, mean, rstd, dw=self.dw, db=self.db)
         return dx
 
 
@@ -114,50 +134,55 @@ class CausalSelfAttention:
         self.H, self.hd, self.rope = cfg.n_head, cfg.d_model // cfg.n_head, cfg.pos == "rope"
         self.c_attn = Linear(P, f"{name}.c_attn", cfg.d_model, 3 * cfg.d_model)
         self.c_proj = Linear(P, f"{name}.c_proj", cfg.d_model, cfg.d_model, std=proj_std)
+        self.saved = None
 
-    def _qkv(self, x, pos):  # (B, T, C) -> q, k, v (B, T, H, hd)
-        B, T, _ = x.shape
-        qkv = self.c_attn.forward(x).reshape(B, T, 3, self.H, self.hd)
-        q, k, v = (np.ascontiguousarray(qkv[:, :, i]) for i in range(3))
+    def forward(self, x, pos, save=True, cache=None):  # (B, T, C), int64 (T,) -> (B, T, C)
+        """With a KV cache, x holds the new tokens only (at positions pos): they attend to
+        themselves and to the earlier tokens whose keys and values the cache keeps, and their
+        own are appended to it. Nothing is saved then: decoding has no backward."""
+        B, T, C = x.shape
+        qkv = self.c_attn.forward(x, save).reshape(B, T, 3, self.H, self.hd)
+        q, k, v = (np.ascontiguousarray(qkv[:, :, i]) for i in range(3))  # (B, T, H, hd)
         if self.rope:
             q, k = ops.rope_forward(q, pos), ops.rope_forward(k, pos)
-        return q, k, v
+        if cache is not None:
+            o = cache.attend(q, k, v)
+        else:
+            o, lse = ops.attention_forward(q, k, v, causal=True)  # (B, T, H, hd), (B, H, T)
+            if save:
+                self.saved = (q, k, v, o, lse, pos)
+        return self.c_proj.forward(o.reshape(B, T, C), save)
 
-    def forward(self, x, pos):
-        q, k, v = self._qkv(x, pos)
-        o, lse = ops.attention_forward(q, k, v, causal=True)
-        self.saved = (q, k, v, o, lse, pos)
-        return self.c_proj.forward(o.reshape(x.shape))
-
-    def backward(self, dy):
+    def backward(self, dy):  # (B, T, C) -> (B, T, C)
         q, k, v, o, lse, pos = self.saved
-        do = self.c_proj.backward(dy).reshape(o.shape)
+        do = self.c_proj.backward(dy).reshape(o.shape)  # (B, T, H, hd)
         dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True)
         if self.rope:
             dq, dk = ops.rope_backward(dq, pos), ops.rope_backward(dk, pos)
         B, T = dy.shape[:2]
         return self.c_attn.backward(np.stack([dq, dk, dv], axis=2).reshape(B, T, -1))
 
-    def decode(self, x, cache, pos):  # new tokens only; earlier keys/values come from cache
-        q, k, v = self._qkv(x, pos)
-        return self.c_proj.forward(cache.attend(q, k, v).reshape(x.shape))
-
 
 class MLP:
     def __init__(self, P, name, cfg, proj_std):
         self.c_fc = Linear(P, f"{name}.c_fc", cfg.d_model, 4 * cfg.d_model)
         self.c_proj = Linear(P, f"{name}.c_proj", 4 * cfg.d_model, cfg.d_model, std=proj_std)
+        self.saved = None
 
-    def forward(self, x):
-        self.h = self.c_fc.forward(x)
-        return self.c_proj.forward(ops.gelu_forward(self.h))
+    def forward(self, x, save=True):  # (B, T, C) -> (B, T, C)
+        h = self.c_fc.forward(x, save)  # (B, T, 4C), GELU's input
+        if save:
+            self.saved = h
+        return self.c_proj.forward(ops.gelu_forward(h), save)
 
-    def backward(self, dy):
-        return self.c_fc.backward(ops.gelu_backward(self.c_proj.backward(dy), self.h))
+    def backward(self, dy):  # (B, T, C) -> (B, T, C)
+        h = self.saved
+        return self.c_fc.backward(ops.gelu_backward(self.c_proj.backward(dy), h))
 
 
 class Block:
-    """Pre-norm residual block: x + attn(ln_1(x)), then + mlp(ln_2(.))."""
+    """Pre-norm residual block: x + attn(ln_1(x)), then + mlp(ln_2(.)). It saves nothing of
+    its own (the residual adds need nothing); its four layers save theirs."""
 
     def __init__(self, P, name, cfg):
         proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale residual projections
@@ -166,17 +191,13 @@ class Block:
         self.ln_2 = LayerNorm(P, f"{name}.ln_2", cfg.d_model)
         self.mlp = MLP(P, f"{name}.mlp", cfg, proj_std)
 
-    def forward(self, x, pos):
-        h = x + self.attn.forward(self.ln_1.forward(x), pos)
-        return h + self.mlp.forward(self.ln_2.forward(h))
+    def forward(self, x, pos, save=True, cache=None):  # (B, T, C) -> (B, T, C)
+        h = x + self.attn.forward(self.ln_1.forward(x, save), pos, save, cache)
+        return h + self.mlp.forward(self.ln_2.forward(h, save), save)
 
-    def backward(self, dout):
-        dh = dout + self.ln_2.backward(self.mlp.backward(dout))
+    def backward(self, dy):  # (B, T, C) -> (B, T, C)
+        dh = dy + self.ln_2.backward(self.mlp.backward(dy))
         return dh + self.ln_1.backward(self.attn.backward(dh))
-
-    def decode(self, x, cache, pos):
-        h = x + self.attn.decode(self.ln_1.forward(x), cache, pos)
-        return h + self.mlp.forward(self.ln_2.forward(h))
 
 
 def sinusoidal_positions(n, d):  # (n, d): sin on even features, cos on odd (Vaswani et al.)
@@ -198,9 +219,10 @@ class GPT:
         self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) if sinusoidal else None
         self.blocks = [Block(P, f"transformer.h.{i}", cfg) for i in range(cfg.n_layer)]
         self.ln_f = LayerNorm(P, "transformer.ln_f", cfg.d_model)
-        self.lm_head = None if cfg.tie_embeddings else Linear(
-            P, "lm_head", cfg.d_model, cfg.vocab, bias=False)
+        self.lm_head = Linear(P, "lm_head", cfg.d_model, cfg.vocab, bias=False,
+                              tied=self.wte if cfg.tie_embeddings else None)
         self.params, self.grads = P.params, P.grads
+        self.saved = None
 
     def num_params(self):
         return sum(p.size for p in self.params.values())
@@ -209,61 +231,58 @@ class GPT:
         for g in self.grads.values():
             g.fill(0.0)
 
-    def _embed(self, idx, start):
+    def _logits(self, idx, start, save, caches):  # int64 (B, T) -> (B, T, vocab)
+        """The tokens idx at positions [start, start + T): the whole sequence (start 0, no
+        caches) or new tokens decoded through one KV cache per block."""
         T = idx.shape[1]
         if start + T > self.cfg.max_seq:
             raise ValueError(
                 f"sequence of {start + T} tokens is longer than max_seq = {self.cfg.max_seq}")
-        x = self.wte.forward(idx)
+        x = self.wte.forward(idx, save)  # (B, T, C)
         if self.pe is not None:
             x += self.pe[start:start + T]
-        return x, np.arange(start, start + T, dtype=np.int64)
+        pos = np.arange(start, start + T, dtype=np.int64)
+        for block, cache in zip(self.blocks, caches):
+            x = block.forward(x, pos, save, cache)
+        return self.lm_head.forward(self.ln_f.forward(x, save), save)
 
-    def _head(self, x):
-        x = self.ln_f.forward(x)
-        if self.lm_head is not None:
-            return self.lm_head.forward(x)
-        self.x_head = x
-        return ops.linear_forward(x, self.wte.w)  # tied: logits = x · wteᵀ
-
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, *, save=None):
         """idx int64 (B, T) -> logits (B, T, vocab), and the mean cross-entropy loss of the
-        targets (B, T) when given (-1 marks a position to ignore), else None."""
-        x, pos = self._embed(idx, 0)
-        for block in self.blocks:
-            x = block.forward(x, pos)
-        logits = self._head(x)
-        self.targets, loss = targets, None
+        targets (B, T) when given (-1 marks a position to ignore), else None.
+
+        save: keep what backward() needs (the default when targets are given); pass
+        save=False to evaluate a loss without touching the state of a pending backward()."""
+        save = targets is not None if save is None else save
+        if save and targets is None:
+            raise ValueError("forward(save=True) needs targets: backward() starts at the loss")
+        logits = self._logits(idx, 0, save, [None] * self.cfg.n_layer)
+        loss = lse = None
         if targets is not None:
-            self.logits2d = logits.reshape(-1, self.cfg.vocab)
-            loss, self.lse = ops.cross_entropy_forward(self.logits2d, targets.reshape(-1))
+            loss, lse = ops.cross_entropy_forward(logits, targets)  # lse (B, T)
+        if save:
+            self.saved = (logits, targets, lse)
         return logits, loss
 
     def backward(self):
-        """Accumulate d(loss)/d(parameter) into self.grads, for the last forward's loss."""
-        if getattr(self, "targets", None) is None:
+        """Accumulate d(loss)/d(parameter) into self.grads, for the loss of the last
+        forward() that saved."""
+        if self.saved is None:
             raise RuntimeError("backward() needs a preceding forward(idx, targets) with targets")
-        dlogits = ops.cross_entropy_backward(self.logits2d, self.targets.reshape(-1), self.lse)
-        dlogits = dlogits.reshape(self.targets.shape + (self.cfg.vocab,))
-        if self.lm_head is not None:
-            dx = self.lm_head.backward(dlogits)
-        else:
-            dx, _, _ = ops.linear_backward(dlogits, self.x_head, self.wte.w, False, dw=self.wte.dw)
-        dx = self.ln_f.backward(dx)
+        logits, targets, lse = self.saved
+        dlogits = ops.cross_entropy_backward(logits, targets, lse)  # (B, T, vocab)
+        dx = self.ln_f.backward(self.lm_head.backward(dlogits))  # (B, T, C)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
         self.wte.backward(dx)  # the positional table, if any, is fixed
 
     def new_caches(self, batch):
-        """One KV cache per layer, for decode()."""
+        """One KV cache per block, for decode()."""
         c = self.cfg
-        return [ops.KVCache(batch, c.max_seq, c.n_head, c.d_model // c.n_head)
+        return [KVCache(batch, c.max_seq, c.n_head, c.d_model // c.n_head)
                 for _ in range(c.n_layer)]
 
     def decode(self, idx, caches):
-        """Logits (B, n, vocab) of n new tokens idx (B, n), which follow the len(caches[0])
-        tokens already decoded; appends their keys and values to the caches."""
-        x, pos = self._embed(idx, len(caches[0]))
-        for block, cache in zip(self.blocks, caches):
-            x = block.decode(x, cache, pos)
-        return self._head(x)
+        """Logits (B, n_new, vocab) of n_new new tokens idx (B, n_new), which follow the
+        len(caches[0]) tokens already decoded; appends their keys and values to the caches.
+        Saves nothing: a forward() and its backward() may be on either side of it."""
+        return self._logits(idx, len(caches[0]), False, caches)

@@ -2,12 +2,13 @@
 
 Each function checks its arrays (type, dtype, C-contiguity, shapes), allocates its outputs and
 calls the C kernel; no maths happens here. Arrays are float32 (index arrays int64); leading
-dimensions are flattened into rows, so x may be [N, C] or [B, T, C].
+dimensions are folded into rows, so x may be [rows, cols] or [B, T, cols]. Sizes are named as
+in pytfm.h: rows and cols, count (a flat array's elements), vocab, B, T, H, D, n_new.
 
 Backends: NumPy arrays run the C kernels; CuPy arrays run their CUDA twins (pytfm_*_cuda) on
 CuPy's current stream and return CuPy arrays (cupy is imported only when one arrives). All the
-arrays of one call must be of one kind and, for CuPy, on the current device. Attention and
-KVCache take NumPy arrays only (no CUDA kernels yet).
+arrays of one call must be of one kind and, for CuPy, on the current device. An op whose kernel
+has no CUDA twin (attention, so far) takes NumPy arrays only.
 
 Gradient rule, as in the C library: activation gradients are returned fresh; parameter
 gradients (dw, db, dtable) are returned fresh too, unless an array is passed through the
@@ -17,6 +18,7 @@ Bad input raises TypeError (wrong type or dtype) or ValueError (shape, layout, v
 message naming the argument; nothing is written when an exception is raised.
 """
 
+import math
 import operator
 
 import numpy as np
@@ -25,106 +27,19 @@ from ._core import check, ffi, lib
 
 _F32 = np.dtype(np.float32)
 _I64 = np.dtype(np.int64)
-_CTYPES = {_F32: "float[]", _I64: "int64_t[]"}
+_CTYPES = {_F32: "float[]", _I64: "int64_t[]"}  # host buffers
+_CPTRS = {_F32: "float *", _I64: "int64_t *"}  # device pointers
 
 
-# ---- argument checks ------------------------------------------------------------------------
+# ---- the one dispatch path ------------------------------------------------------------------
 
 
 def _is_cupy(a):
     return type(a).__module__.split(".")[0] == "cupy"
 
 
-def _on_gpu(*named):
-    """Whether a call runs on the GPU: (name, array) pairs, None arrays skipped, all NumPy
-    (False) or all CuPy (True) on the current device; a mix raises naming the odd one out."""
-    named = [(n, a) for n, a in named if a is not None]
-    if not named:
-        return False
-    first, gpu = named[0][0], _is_cupy(named[0][1])
-    kind = {False: "NumPy", True: "CuPy"}
-    for n, a in named[1:]:
-        if _is_cupy(a) != gpu:
-            raise TypeError(
-                f"{first} is a {kind[gpu]} array but {n} is a {kind[not gpu]} array: pass the "
-                "arrays of one call on one device (NumPy: the CPU kernels, CuPy: the CUDA ones)"
-            )
-    if gpu:
-        import cupy
-
-        current = cupy.cuda.Device().id
-        for n, a in named:
-            if isinstance(a, cupy.ndarray) and a.device.id != current:
-                raise ValueError(
-                    f"{n} is on GPU {a.device.id} but the current device is GPU {current}: "
-                    f"call inside `with cupy.cuda.Device({a.device.id}):`"
-                )
-    return gpu
-
-
-def _xp(gpu):
-    """The array module of a backend: numpy, or cupy (imported on first use)."""
-    if not gpu:
-        return np
-    import cupy
-
-    return cupy
-
-
-def _array(name, a, dtype=_F32, ndim=None, min_ndim=1, gpu=False):
-    """a itself, once it is a C-contiguous array of dtype and rank: a numpy.ndarray, or a
-    cupy.ndarray when gpu (the backend _on_gpu chose)."""
-    if gpu and not (_is_cupy(a) and type(a).__name__ == "ndarray"):
-        raise TypeError(f"{name} must be a cupy.ndarray of {dtype}, got {type(a).__qualname__}")
-    if not gpu and _is_cupy(a):
-        raise TypeError(
-            f"{name} is a CuPy array, but this operation runs on NumPy arrays only "
-            "(it has no CUDA kernel yet); pass a numpy.ndarray"
-        )
-    if not gpu and not isinstance(a, np.ndarray):
-        kind = type(a).__name__ if type(a).__module__ == "builtins" else type(a).__qualname__
-        kind = f"numpy.{kind} scalar" if isinstance(a, np.generic) else kind
-        raise TypeError(f"{name} must be a numpy.ndarray of {dtype}, got {kind}")
-    if a.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype}, got {a.dtype}")
-    if ndim is not None and a.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {a.shape}")
-    if a.ndim < min_ndim:
-        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {a.shape}")
-    if not a.flags.c_contiguous:
-        raise ValueError(
-            f"{name} must be C-contiguous (np.ascontiguousarray({name})), "
-            f"got strides {a.strides} for shape {a.shape}"
-        )
-    return a
-
-
-def _shape(name, a, expected, because):
-    expected = tuple(expected)
-    if a.shape != expected:
-        raise ValueError(f"{name} must have shape {expected} ({because}), got {a.shape}")
-
-
-def _last_dim(name, a, what):
-    """The size of a's last axis, which must be at least 1."""
-    if a.shape[-1] < 1:
-        raise ValueError(f"{name}.shape[-1] ({what}) must be >= 1, got shape {a.shape}")
-    return a.shape[-1]
-
-
-def _writable(name, a):
-    if isinstance(a, np.ndarray) and not a.flags.writeable:
-        raise ValueError(f"{name} must be writable, got a read-only array")
-
-
-def _grad_out(name, given, shape, gpu=False):
-    """A zeroed fresh gradient, or the caller's array to accumulate into (checked)."""
-    if given is None:
-        return _xp(gpu).zeros(shape, _F32)
-    _array(name, given, gpu=gpu)
-    _shape(name, given, shape, "the parameter's shape")
-    _writable(name, given)
-    return given
+def _is_array(a):
+    return isinstance(a, np.ndarray) or _is_cupy(a)
 
 
 def _int(name, v):
@@ -140,7 +55,138 @@ def _float(name, v):
     return float(v)
 
 
-def _p(a):
+class _Args:
+    """The arguments of one call to the C function `kernel`, by name (an op's locals()).
+
+    It picks the backend once, from every array among them: NumPy runs lib.<kernel>, CuPy runs
+    lib.<kernel>_cuda on CuPy's current stream. Each check below names the argument it reads,
+    and .call() makes the pointers, so an op writes each argument's name once, where it checks
+    it.
+    """
+
+    def __init__(self, kernel, named):
+        self.kernel, self.named = kernel, named
+        arrays = [(n, a) for n, a in named.items() if _is_array(a)]
+        self.gpu = bool(arrays) and _is_cupy(arrays[0][1])
+        kind = {False: "NumPy", True: "CuPy"}
+        for n, a in arrays[1:]:
+            if _is_cupy(a) != self.gpu:
+                raise TypeError(
+                    f"{arrays[0][0]} is a {kind[self.gpu]} array but {n} is a "
+                    f"{kind[not self.gpu]} array: pass the arrays of one call on one device "
+                    "(NumPy: the CPU kernels, CuPy: the CUDA ones)"
+                )
+        if not self.gpu:
+            self.xp = np
+            return
+        if not hasattr(lib, kernel + "_cuda"):
+            raise TypeError(
+                f"{arrays[0][0]} is a CuPy array, but this operation runs on NumPy arrays only "
+                "(it has no CUDA kernel yet); pass a numpy.ndarray"
+            )
+        import cupy
+
+        self.xp = cupy
+        current = cupy.cuda.Device().id
+        for n, a in arrays:
+            if isinstance(a, cupy.ndarray) and a.device.id != current:
+                raise ValueError(
+                    f"{n} is on GPU {a.device.id} but the current device is GPU {current}: "
+                    f"call inside `with cupy.cuda.Device({a.device.id}):`"
+                )
+
+    # -- checks: each returns the checked value --
+
+    def array(self, name, dtype=_F32, ndim=None, min_ndim=1, last=None, shape=None,
+              because=None, writable=False, optional=False):
+        """The argument `name`, once it is a C-contiguous array of the backend, of dtype, of
+        rank ndim (or at least min_ndim), whose last axis (what `last` says it is) is not
+        empty, of `shape` (`because` says why) and writable when asked; None if optional."""
+        a = self.named[name]
+        if a is None and optional:
+            return None
+        if self.gpu and not (_is_cupy(a) and type(a).__name__ == "ndarray"):
+            raise TypeError(f"{name} must be a cupy.ndarray of {dtype}, got {type(a).__qualname__}")
+        if not self.gpu and not isinstance(a, np.ndarray):
+            kind = type(a).__name__ if type(a).__module__ == "builtins" else type(a).__qualname__
+            kind = f"numpy.{kind} scalar" if isinstance(a, np.generic) else kind
+            raise TypeError(f"{name} must be a numpy.ndarray of {dtype}, got {kind}")
+        if a.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {dtype}, got {a.dtype}")
+        if ndim is not None and a.ndim != ndim:
+            raise ValueError(f"{name} must have {ndim} dimensions, got shape {a.shape}")
+        if a.ndim < min_ndim:
+            raise ValueError(
+                f"{name} must have at least {min_ndim} dimension(s), got shape {a.shape}")
+        if not a.flags.c_contiguous:
+            raise ValueError(
+                f"{name} must be C-contiguous (np.ascontiguousarray({name})), "
+                f"got strides {a.strides} for shape {a.shape}"
+            )
+        if last is not None and a.shape[-1] < 1:
+            axis = -1 if ndim is None else ndim - 1
+            raise ValueError(f"{name}.shape[{axis}] ({last}) must be >= 1, got shape {a.shape}")
+        if shape is not None and a.shape != tuple(shape):
+            raise ValueError(f"{name} must have shape {tuple(shape)} ({because}), got {a.shape}")
+        if writable and isinstance(a, np.ndarray) and not a.flags.writeable:
+            raise ValueError(f"{name} must be writable, got a read-only array")
+        return a
+
+    def grad(self, name, shape):
+        """A zeroed fresh parameter gradient, or the caller's array to accumulate into."""
+        if self.named[name] is None:
+            return self.xp.zeros(shape, _F32)
+        return self.array(name, shape=shape, because="the parameter's shape", writable=True)
+
+    def int(self, name):
+        return _int(name, self.named[name])
+
+    def float(self, name, default=None):
+        """A real number; `default` when the argument is None and a default is given."""
+        v = self.named[name]
+        if v is None and default is not None:
+            return default
+        return _float(name, v)
+
+    def ids(self, name, limit, ignore=None):
+        """Device index arrays are not checked by the CUDA kernels (that needs a copy to the
+        host): check them here, as the C kernels do, before anything is written."""
+        ids = self.named[name]
+        if not self.gpu or ids.size == 0:
+            return
+        bad = (ids < 0) | (ids >= limit)
+        if ignore is not None:
+            bad &= ids != ignore
+        if bool(bad.any()):
+            i = int(bad.ravel().argmax())
+            raise ValueError(f"{name}[{i}] = {int(ids.ravel()[i])} is outside [0, {limit})")
+
+    def disjoint(self, *names):
+        """The arrays `names` must not share memory (an in-place update reads them all)."""
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                if self.xp.may_share_memory(self.named[a], self.named[b]):
+                    raise ValueError(f"{a} and {b} must not share memory")
+
+    # -- outputs and the call --
+
+    def empty(self, shape):
+        return self.xp.empty(shape, _F32)
+
+    def empty_like(self, a):
+        return self.xp.empty_like(a)
+
+    def call(self, *args):
+        """lib.<kernel>(*args) on the CPU, or lib.<kernel>_cuda(*args, stream) on CuPy's
+        current stream; arrays become pointers (None: NULL); raise for a failed status."""
+        args = [_pointer(a) if a is None or _is_array(a) else a for a in args]
+        if not self.gpu:
+            return check(getattr(lib, self.kernel)(*args))
+        stream = ffi.cast("void *", self.xp.cuda.get_current_stream().ptr)
+        check(getattr(lib, self.kernel + "_cuda")(*args, stream))
+
+
+def _pointer(a):
     """A cffi pointer to a's data (ffi.NULL for None): host memory for NumPy (which keeps a
     alive during the call), device memory for CuPy (the caller keeps a alive)."""
     if a is None:
@@ -150,42 +196,16 @@ def _p(a):
     return ffi.from_buffer(_CTYPES[a.dtype], a)
 
 
-_CPTRS = {_F32: "float *", _I64: "int64_t *"}
-
-
-def _call(gpu, name, *args):
-    """lib.<name>(*args) on the CPU, or lib.<name>_cuda(*args, stream) on CuPy's current
-    stream; raise for a failed status."""
-    if not gpu:
-        return check(getattr(lib, name)(*args))
-    import cupy
-
-    stream = ffi.cast("void *", cupy.cuda.get_current_stream().ptr)
-    check(getattr(lib, name + "_cuda")(*args, stream))
-
-
-def _check_ids_on_gpu(gpu, name, ids, limit, ignore=None):
-    """Device index arrays are not checked by the CUDA kernels (that needs a copy to the host):
-    check them here, as the C kernels do, before anything is written."""
-    if not gpu or ids.size == 0:
-        return
-    bad = (ids < 0) | (ids >= limit)
-    if ignore is not None:
-        bad &= ids != ignore
-    if bool(bad.any()):
-        i = int(bad.ravel().argmax())
-        raise ValueError(f"{name}[{i}] = {int(ids.ravel()[i])} is outside [0, {limit})")
-
-
 # ---- linear ---------------------------------------------------------------------------------
 
 
-def _linear_args(x, w, gpu):
-    w = _array("w", w, ndim=2, gpu=gpu)
+def _linear_dims(a):
+    """x [..., in] and w [out, in] -> x, w, rows, in, out"""
+    w = a.array("w", ndim=2)
     out, inn = w.shape
     if out < 1 or inn < 1:
         raise ValueError(f"w must have shape (out, in) with out, in >= 1, got {w.shape}")
-    x = _array("x", x, gpu=gpu)
+    x = a.array("x")
     if x.shape[-1] != inn:
         raise ValueError(
             f"x.shape[-1] must equal w.shape[1] = {inn} (in features), got x.shape {x.shape}"
@@ -195,27 +215,26 @@ def _linear_args(x, w, gpu):
 
 def linear_forward(x, w, b=None):
     """y = x·wᵀ + b.  x [..., in], w [out, in], b [out] or None -> y [..., out]"""
-    gpu = _on_gpu(("x", x), ("w", w), ("b", b))
-    x, w, n, inn, out = _linear_args(x, w, gpu)
-    if b is not None:
-        _shape("b", _array("b", b, gpu=gpu), (out,), "w.shape[0]")
-    y = _xp(gpu).empty(x.shape[:-1] + (out,), _F32)
-    _call(gpu, "pytfm_linear_forward", _p(y), _p(x), _p(w), _p(b), n, inn, out)
+    a = _Args("pytfm_linear_forward", locals())
+    x, w, rows, inn, out = _linear_dims(a)
+    b = a.array("b", shape=(out,), because="w.shape[0]", optional=True)
+    y = a.empty(x.shape[:-1] + (out,))
+    a.call(y, x, w, b, rows, inn, out)
     return y
 
 
 def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None):
-    """-> (dx [..., in], dw [out, in], db [out] or None when has_bias is False)"""
-    gpu = _on_gpu(("dy", dy), ("x", x), ("w", w), ("dw", dw), ("db", db))
-    x, w, n, inn, out = _linear_args(x, w, gpu)
-    _shape("dy", _array("dy", dy, gpu=gpu), x.shape[:-1] + (out,), "x.shape[:-1] + (w.shape[0],)")
+    """dy [..., out], x [..., in], w [out, in] -> (dx [..., in], dw [out, in], db [out] or None
+    when has_bias is False)"""
+    a = _Args("pytfm_linear_backward", locals())
+    x, w, rows, inn, out = _linear_dims(a)
+    dy = a.array("dy", shape=x.shape[:-1] + (out,), because="x.shape[:-1] + (w.shape[0],)")
     if db is not None and not has_bias:
         raise ValueError("db was given but has_bias is False")
-    dw = _grad_out("dw", dw, w.shape, gpu)
-    db = _grad_out("db", db, (out,), gpu) if has_bias else None
-    dx = _xp(gpu).empty_like(x)
-    _call(gpu, "pytfm_linear_backward", _p(dx), _p(dw), _p(db), _p(dy), _p(x), _p(w), n, inn,
-          out)
+    dw = a.grad("dw", w.shape)
+    db = a.grad("db", (out,)) if has_bias else None
+    dx = a.empty_like(x)
+    a.call(dx, dw, db, dy, x, w, rows, inn, out)
     return dx, dw, db
 
 
@@ -223,96 +242,88 @@ def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None):
 
 
 def softmax_forward(x):
-    """Softmax over the last axis.  x [..., C] -> y [..., C]"""
-    gpu = _on_gpu(("x", x))
-    x = _array("x", x, gpu=gpu)
-    cols = _last_dim("x", x, "the softmax axis")
-    y = _xp(gpu).empty_like(x)
-    _call(gpu, "pytfm_softmax_forward", _p(y), _p(x), x.size // cols, cols)
+    """Softmax over the last axis.  x [..., cols] -> y [..., cols]"""
+    a = _Args("pytfm_softmax_forward", locals())
+    x = a.array("x", last="the softmax axis")
+    y = a.empty_like(x)
+    a.call(y, x, x.size // x.shape[-1], x.shape[-1])
     return y
 
 
 def softmax_backward(dy, y):
-    """dy, y [..., C] (y the forward's output) -> dx [..., C]"""
-    gpu = _on_gpu(("dy", dy), ("y", y))
-    y = _array("y", y, gpu=gpu)
-    cols = _last_dim("y", y, "the softmax axis")
-    _shape("dy", _array("dy", dy, gpu=gpu), y.shape, "y.shape")
-    dx = _xp(gpu).empty_like(y)
-    _call(gpu, "pytfm_softmax_backward", _p(dx), _p(dy), _p(y), y.size // cols, cols)
+    """dy, y [..., cols] (y the forward's output) -> dx [..., cols]"""
+    a = _Args("pytfm_softmax_backward", locals())
+    y = a.array("y", last="the softmax axis")
+    dy = a.array("dy", shape=y.shape, because="y.shape")
+    dx = a.empty_like(y)
+    a.call(dx, dy, y, y.size // y.shape[-1], y.shape[-1])
     return dx
 
 
 # ---- layernorm ------------------------------------------------------------------------------
 
 
-def _layernorm_args(x, w, gpu):
-    x = _array("x", x, gpu=gpu)
-    cols = _last_dim("x", x, "the normalised axis")
-    _shape("w", _array("w", w, gpu=gpu), (cols,), "x.shape[-1]")
-    return x, cols, x.size // cols
+def _layernorm_dims(a):
+    """x [..., cols] and w [cols] -> x, w, rows, cols"""
+    x = a.array("x", last="the normalised axis")
+    cols = x.shape[-1]
+    w = a.array("w", shape=(cols,), because="x.shape[-1]")
+    return x, w, x.size // cols, cols
 
 
 def layernorm_forward(x, w, b, eps=1e-5):
-    """x [..., C], w [C], b [C] -> (y [..., C], mean [...], rstd [...])"""
-    gpu = _on_gpu(("x", x), ("w", w), ("b", b))
-    x, cols, rows = _layernorm_args(x, w, gpu)
-    _shape("b", _array("b", b, gpu=gpu), (cols,), "x.shape[-1]")
-    eps = _float("eps", eps)
-    xp = _xp(gpu)
-    y = xp.empty_like(x)
-    mean = xp.empty(x.shape[:-1], _F32)
-    rstd = xp.empty(x.shape[:-1], _F32)
-    _call(gpu, "pytfm_layernorm_forward", _p(y), _p(mean), _p(rstd), _p(x), _p(w), _p(b), rows,
-          cols, eps)
+    """x [..., cols], w [cols], b [cols] -> (y [..., cols], mean [...], rstd [...])"""
+    a = _Args("pytfm_layernorm_forward", locals())
+    x, w, rows, cols = _layernorm_dims(a)
+    b = a.array("b", shape=(cols,), because="x.shape[-1]")
+    eps = a.float("eps")
+    y, mean, rstd = a.empty_like(x), a.empty(x.shape[:-1]), a.empty(x.shape[:-1])
+    a.call(y, mean, rstd, x, w, b, rows, cols, eps)
     return y, mean, rstd
 
 
 def layernorm_backward(dy, x, w, mean, rstd, *, dw=None, db=None):
-    """dy, x [..., C], w [C], mean, rstd [...] -> (dx [..., C], dw [C], db [C])"""
-    gpu = _on_gpu(("dy", dy), ("x", x), ("w", w), ("mean", mean), ("rstd", rstd), ("dw", dw),
-                  ("db", db))
-    x, cols, rows = _layernorm_args(x, w, gpu)
-    _shape("dy", _array("dy", dy, gpu=gpu), x.shape, "x.shape")
-    _shape("mean", _array("mean", mean, min_ndim=0, gpu=gpu), x.shape[:-1], "x.shape[:-1]")
-    _shape("rstd", _array("rstd", rstd, min_ndim=0, gpu=gpu), x.shape[:-1], "x.shape[:-1]")
-    dw = _grad_out("dw", dw, (cols,), gpu)
-    db = _grad_out("db", db, (cols,), gpu)
-    dx = _xp(gpu).empty_like(x)
-    _call(gpu, "pytfm_layernorm_backward", _p(dx), _p(dw), _p(db), _p(dy), _p(x), _p(w),
-          _p(mean), _p(rstd), rows, cols)
+    """dy, x [..., cols], w [cols], mean, rstd [...] -> (dx [..., cols], dw [cols], db [cols])"""
+    a = _Args("pytfm_layernorm_backward", locals())
+    x, w, rows, cols = _layernorm_dims(a)
+    dy = a.array("dy", shape=x.shape, because="x.shape")
+    mean = a.array("mean", min_ndim=0, shape=x.shape[:-1], because="x.shape[:-1]")
+    rstd = a.array("rstd", min_ndim=0, shape=x.shape[:-1], because="x.shape[:-1]")
+    dw, db = a.grad("dw", (cols,)), a.grad("db", (cols,))
+    dx = a.empty_like(x)
+    a.call(dx, dw, db, dy, x, w, mean, rstd, rows, cols)
     return dx, dw, db
 
 
 # ---- rope -----------------------------------------------------------------------------------
 
 
-def _rope_call(fn, name, x, pos, base):
-    gpu = _on_gpu((name, x), ("pos", pos))
-    x = _array(name, x, ndim=4, gpu=gpu)
+def _rope(a, name):
+    """Rotate the [B, T, H, D] argument `name` by the angles of pos (forward or backward)."""
+    x = a.array(name, ndim=4)
     B, T, H, D = x.shape
     if D < 2 or D % 2:
         raise ValueError(f"{name}.shape[3] (head dim D) must be even and >= 2, got {x.shape}")
-    pos = _array("pos", pos, dtype=_I64, gpu=gpu)
+    pos = a.array("pos", dtype=_I64)
     if pos.shape not in ((T,), (B, T)):
         raise ValueError(
             f"pos must have shape (T,) = {(T,)} or (B, T) = {(B, T)} for {name} of shape "
             f"{x.shape}, got {pos.shape}"
         )
-    base = _float("base", base)
-    y = _xp(gpu).empty_like(x)
-    _call(gpu, fn, _p(y), _p(x), _p(pos), B, T, H, D, T if pos.ndim == 2 else 0, base)
+    base = a.float("base")
+    y = a.empty_like(x)
+    a.call(y, x, pos, B, T, H, D, T if pos.ndim == 2 else 0, base)
     return y
 
 
 def rope_forward(x, pos, base=10000.0):
     """Rotary embedding, rotate-half pairing.  x [B, T, H, D], pos int64 [T] or [B, T] -> y"""
-    return _rope_call("pytfm_rope_forward", "x", x, pos, base)
+    return _rope(_Args("pytfm_rope_forward", locals()), "x")
 
 
 def rope_backward(dy, pos, base=10000.0):
     """The inverse rotation.  dy [B, T, H, D], pos int64 [T] or [B, T] -> dx [B, T, H, D]"""
-    return _rope_call("pytfm_rope_backward", "dy", dy, pos, base)
+    return _rope(_Args("pytfm_rope_backward", locals()), "dy")
 
 
 # ---- gelu -----------------------------------------------------------------------------------
@@ -320,20 +331,20 @@ def rope_backward(dy, pos, base=10000.0):
 
 def gelu_forward(x):
     """GELU, tanh approximation.  x [...] -> y [...]"""
-    gpu = _on_gpu(("x", x))
-    x = _array("x", x, min_ndim=0, gpu=gpu)
-    y = _xp(gpu).empty_like(x)
-    _call(gpu, "pytfm_gelu_forward", _p(y), _p(x), x.size)
+    a = _Args("pytfm_gelu_forward", locals())
+    x = a.array("x", min_ndim=0)
+    y = a.empty_like(x)
+    a.call(y, x, x.size)
     return y
 
 
 def gelu_backward(dy, x):
     """dy, x [...] (x the forward's input) -> dx [...]"""
-    gpu = _on_gpu(("dy", dy), ("x", x))
-    x = _array("x", x, min_ndim=0, gpu=gpu)
-    _shape("dy", _array("dy", dy, min_ndim=0, gpu=gpu), x.shape, "x.shape")
-    dx = _xp(gpu).empty_like(x)
-    _call(gpu, "pytfm_gelu_backward", _p(dx), _p(dy), _p(x), x.size)
+    a = _Args("pytfm_gelu_backward", locals())
+    x = a.array("x", min_ndim=0)
+    dy = a.array("dy", min_ndim=0, shape=x.shape, because="x.shape")
+    dx = a.empty_like(x)
+    a.call(dx, dy, x, x.size)
     return dx
 
 
@@ -342,74 +353,67 @@ def gelu_backward(dy, x):
 
 def embedding_forward(ids, table):
     """ids int64 [...] in [0, vocab), table [vocab, dim] -> y [..., dim]"""
-    gpu = _on_gpu(("ids", ids), ("table", table))
-    ids = _array("ids", ids, dtype=_I64, min_ndim=0, gpu=gpu)
-    table = _array("table", table, ndim=2, gpu=gpu)
+    a = _Args("pytfm_embedding_forward", locals())
+    ids = a.array("ids", dtype=_I64, min_ndim=0)
+    table = a.array("table", ndim=2)
     vocab, dim = table.shape
     if vocab < 1 or dim < 1:
         raise ValueError(f"table must have shape (vocab, dim) with both >= 1, got {table.shape}")
-    _check_ids_on_gpu(gpu, "ids", ids, vocab)
-    y = _xp(gpu).empty(ids.shape + (dim,), _F32)
-    _call(gpu, "pytfm_embedding_forward", _p(y), _p(ids), _p(table), ids.size, vocab, dim)
+    a.ids("ids", vocab)
+    y = a.empty(ids.shape + (dim,))
+    a.call(y, ids, table, ids.size, vocab, dim)
     return y
 
 
-def embedding_backward(dy, ids, vocab_size, *, dtable=None):
-    """dy [..., dim], ids int64 [...] -> dtable [vocab_size, dim] (repeated ids add up)"""
-    gpu = _on_gpu(("dy", dy), ("ids", ids), ("dtable", dtable))
-    ids = _array("ids", ids, dtype=_I64, min_ndim=0, gpu=gpu)
-    dy = _array("dy", dy, gpu=gpu)
-    dim = _last_dim("dy", dy, "the embedding dim")
-    _shape("dy", dy, ids.shape + (dim,), "ids.shape + (dim,)")
-    vocab_size = _int("vocab_size", vocab_size)
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-    dtable = _grad_out("dtable", dtable, (vocab_size, dim), gpu)
-    _check_ids_on_gpu(gpu, "ids", ids, vocab_size)
-    _call(gpu, "pytfm_embedding_backward", _p(dtable), _p(dy), _p(ids), ids.size, vocab_size,
-          dim)
+def embedding_backward(dy, ids, vocab, *, dtable=None):
+    """dy [..., dim], ids int64 [...] -> dtable [vocab, dim] (repeated ids add up)"""
+    a = _Args("pytfm_embedding_backward", locals())
+    ids = a.array("ids", dtype=_I64, min_ndim=0)
+    dim = a.array("dy", last="the embedding dim").shape[-1]
+    dy = a.array("dy", shape=ids.shape + (dim,), because="ids.shape + (dim,)")
+    vocab = a.int("vocab")
+    if vocab < 1:
+        raise ValueError(f"vocab must be >= 1, got {vocab}")
+    dtable = a.grad("dtable", (vocab, dim))
+    a.ids("ids", vocab)
+    a.call(dtable, dy, ids, ids.size, vocab, dim)
     return dtable
 
 
 # ---- cross-entropy --------------------------------------------------------------------------
 
 
-def _cross_entropy_args(logits, targets, ignore_index, gpu):
-    logits = _array("logits", logits, gpu=gpu)
-    V = _last_dim("logits", logits, "the number of classes")
-    targets = _array("targets", targets, dtype=_I64, min_ndim=0, gpu=gpu)
-    _shape("targets", targets, logits.shape[:-1], "logits.shape[:-1]")
-    ignore_index = _int("ignore_index", ignore_index)
-    _check_ids_on_gpu(gpu, "targets", targets, V, ignore_index)
-    return logits, targets, V, targets.size, ignore_index
+def _cross_entropy_dims(a):
+    """logits [..., vocab], targets int64 [...] -> logits, targets, vocab, ignore_index"""
+    logits = a.array("logits", last="vocab, the number of classes")
+    targets = a.array("targets", dtype=_I64, min_ndim=0, shape=logits.shape[:-1],
+                      because="logits.shape[:-1]")
+    ignore_index = a.int("ignore_index")
+    a.ids("targets", logits.shape[-1], ignore_index)
+    return logits, targets, logits.shape[-1], ignore_index
 
 
 def cross_entropy_forward(logits, targets, ignore_index=-1):
     """Mean softmax cross-entropy over targets != ignore_index (0.0 if there are none).
 
-    logits [..., V], targets int64 [...] -> (loss: float, cache), where cache is the per-row
-    log-sum-exp [...] that cross_entropy_backward takes.
+    logits [..., vocab], targets int64 [...] -> (loss: float, lse [...]), lse the per-row
+    log-sum-exp that cross_entropy_backward takes.
     """
-    gpu = _on_gpu(("logits", logits), ("targets", targets))
-    logits, targets, V, n, ignore_index = _cross_entropy_args(logits, targets, ignore_index, gpu)
-    xp = _xp(gpu)
-    loss = xp.empty(1, _F32)
-    lse = xp.empty(targets.shape, _F32)
-    _call(gpu, "pytfm_cross_entropy_forward", _p(loss), _p(lse), _p(logits), _p(targets), n, V,
-          ignore_index)
+    a = _Args("pytfm_cross_entropy_forward", locals())
+    logits, targets, vocab, ignore_index = _cross_entropy_dims(a)
+    loss, lse = a.empty(1), a.empty(targets.shape)
+    a.call(loss, lse, logits, targets, targets.size, vocab, ignore_index)
     return float(loss[0]), lse
 
 
-def cross_entropy_backward(logits, targets, cache, ignore_index=-1, dloss=1.0):
-    """-> dlogits [..., V], the gradient of dloss · loss; cache from cross_entropy_forward."""
-    gpu = _on_gpu(("logits", logits), ("targets", targets), ("cache", cache))
-    logits, targets, V, n, ignore_index = _cross_entropy_args(logits, targets, ignore_index, gpu)
-    _shape("cache", _array("cache", cache, min_ndim=0, gpu=gpu), targets.shape,
-           "logits.shape[:-1]")
-    dloss = _float("dloss", dloss)
-    dlogits = _xp(gpu).empty_like(logits)
-    _call(gpu, "pytfm_cross_entropy_backward", _p(dlogits), _p(logits), _p(targets), _p(cache),
-          n, V, ignore_index, dloss)
+def cross_entropy_backward(logits, targets, lse, ignore_index=-1, dloss=1.0):
+    """-> dlogits [..., vocab], the gradient of dloss · loss; lse from cross_entropy_forward."""
+    a = _Args("pytfm_cross_entropy_backward", locals())
+    logits, targets, vocab, ignore_index = _cross_entropy_dims(a)
+    lse = a.array("lse", min_ndim=0, shape=targets.shape, because="logits.shape[:-1]")
+    dloss = a.float("dloss")
+    dlogits = a.empty_like(logits)
+    a.call(dlogits, logits, targets, lse, targets.size, vocab, ignore_index, dloss)
     return dlogits
 
 
@@ -421,39 +425,25 @@ def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
 
     param, grad, m, v: float32 arrays of one shape; step: the 1-based step number.
     """
-    arrays = {"param": param, "grad": grad, "m": m, "v": v}
-    gpu = _on_gpu(*arrays.items())
-    for name, a in arrays.items():
-        _array(name, a, min_ndim=0, gpu=gpu)
-        _shape(name, a, param.shape, "param.shape")
-    for name in ("param", "m", "v"):
-        _writable(name, arrays[name])
-    names = list(arrays)
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            if _xp(gpu).may_share_memory(arrays[a], arrays[b]):
-                raise ValueError(f"{a} and {b} must not share memory")
-    step = _int("step", step)
-    hyper = [_float(name, x) for name, x in (("lr", lr), ("beta1", beta1), ("beta2", beta2),
-                                             ("eps", eps), ("weight_decay", weight_decay))]
-    _call(gpu, "pytfm_adamw_step", _p(param), _p(m), _p(v), _p(grad), param.size, step, *hyper)
+    a = _Args("pytfm_adamw_step", locals())
+    param = a.array("param", min_ndim=0, writable=True)
+    same = dict(min_ndim=0, shape=param.shape, because="param.shape")
+    grad = a.array("grad", **same)
+    m, v = a.array("m", writable=True, **same), a.array("v", writable=True, **same)
+    a.disjoint("param", "grad", "m", "v")
+    step = a.int("step")
+    hyper = [a.float(name) for name in ("lr", "beta1", "beta2", "eps", "weight_decay")]
+    a.call(param, m, v, grad, param.size, step, *hyper)
 
 
 # ---- attention ------------------------------------------------------------------------------
 
 
-def _heads(name, a, like=None):
-    """a as a [B, T, H, D] float32 array with D >= 1 (and the shape of `like` when given)."""
-    a = _array(name, a, ndim=4)
-    if like is not None:
-        _shape(name, a, like[1].shape, f"{like[0]}.shape")
-    elif a.shape[3] < 1:
-        raise ValueError(f"{name}.shape[3] (head dim D) must be >= 1, got shape {a.shape}")
-    return a
-
-
-def _scale(scale, D):
-    return 1.0 / float(D) ** 0.5 if scale is None else _float("scale", scale)
+def _heads(a, *names, writable=False):
+    """The [B, T, H, D] arrays `names` (D >= 1), all of the first one's shape."""
+    first = a.array(names[0], ndim=4, last="head dim D", writable=writable)
+    like = dict(ndim=4, shape=first.shape, because=f"{names[0]}.shape", writable=writable)
+    return [first] + [a.array(name, **like) for name in names[1:]]
 
 
 def attention_forward(q, k, v, causal=True, scale=None):
@@ -461,102 +451,66 @@ def attention_forward(q, k, v, causal=True, scale=None):
 
     q, k, v [B, T, H, D] -> (o [B, T, H, D], lse [B, H, T]); scale defaults to 1/sqrt(D).
     """
-    q = _heads("q", q)
-    k, v = _heads("k", k, ("q", q)), _heads("v", v, ("q", q))
+    a = _Args("pytfm_attention_forward", locals())
+    q, k, v = _heads(a, "q", "k", "v")
     B, T, H, D = q.shape
-    o = np.empty_like(q)
-    lse = np.empty((B, H, T), _F32)
-    check(lib.pytfm_attention_forward(_p(o), _p(lse), _p(q), _p(k), _p(v), B, T, H, D,
-                                      _scale(scale, D), bool(causal)))
+    scale = a.float("scale", default=1.0 / math.sqrt(D))
+    o, lse = a.empty_like(q), a.empty((B, H, T))
+    a.call(o, lse, q, k, v, B, T, H, D, scale, bool(causal))
     return o, lse
 
 
-def attention_backward(do, q, k, v, o, lse, causal=True, scale=None):
-    """-> (dq, dk, dv), each [B, T, H, D]; o and lse from attention_forward."""
-    q = _heads("q", q)
-    k, v = _heads("k", k, ("q", q)), _heads("v", v, ("q", q))
-    do, o = _heads("do", do, ("q", q)), _heads("o", o, ("q", q))
+def attention_backward(dy, q, k, v, o, lse, causal=True, scale=None):
+    """dy [B, T, H, D], the gradient of o -> (dq, dk, dv), each [B, T, H, D]; o and lse from
+    attention_forward."""
+    a = _Args("pytfm_attention_backward", locals())
+    q, k, v, dy, o = _heads(a, "q", "k", "v", "dy", "o")
     B, T, H, D = q.shape
-    _shape("lse", _array("lse", lse), (B, H, T), "(B, H, T) of q")
-    dq, dk, dv = np.empty_like(q), np.empty_like(q), np.empty_like(q)
-    check(lib.pytfm_attention_backward(_p(dq), _p(dk), _p(dv), _p(do), _p(q), _p(k), _p(v),
-                                       _p(o), _p(lse), B, T, H, D, _scale(scale, D),
-                                       bool(causal)))
+    lse = a.array("lse", shape=(B, H, T), because="(B, H, T) of q")
+    scale = a.float("scale", default=1.0 / math.sqrt(D))
+    dq, dk, dv = a.empty_like(q), a.empty_like(q), a.empty_like(q)
+    a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale, bool(causal))
     return dq, dk, dv
 
 
-def _cache_args(q_name, q, k_cache, v_cache, start):
-    q = _heads(q_name, q)
-    k_cache = _heads("k_cache", k_cache)
-    v_cache = _heads("v_cache", v_cache, ("k_cache", k_cache))
-    B, n, H, D = q.shape
+def _cache_dims(a, new, writable=False):
+    """The new tokens' [B, n_new, H, D] array `new` and the caches [B, Tmax, H, D] they go
+    with (writable: for an append) -> new, k_cache, v_cache, (B, n_new, H, D, Tmax, start)"""
+    x = a.array(new, ndim=4, last="head dim D")
+    k_cache, v_cache = _heads(a, "k_cache", "v_cache", writable=writable)
+    B, n_new, H, D = x.shape
     Bc, Tmax, Hc, Dc = k_cache.shape
     if (Bc, Hc, Dc) != (B, H, D):
         raise ValueError(
             f"k_cache must have shape (B, Tmax, H, D) = ({B}, Tmax, {H}, {D}) to match "
-            f"{q_name} of shape {q.shape}, got {k_cache.shape}"
+            f"{new} of shape {x.shape}, got {k_cache.shape}"
         )
-    start = _int("start", start)
-    if start < 0 or start + n > Tmax:
+    start = a.int("start")
+    if start < 0 or start + n_new > Tmax:
         raise ValueError(
-            f"cache overflow: positions [{start}, {start + n}) do not fit in a cache of "
-            f"Tmax = {Tmax} (start must be in [0, Tmax - n])"
+            f"cache overflow: positions [{start}, {start + n_new}) do not fit in a cache of "
+            f"Tmax = {Tmax} (start must be in [0, Tmax - n_new])"
         )
-    return q, k_cache, v_cache, (B, n, H, D, Tmax, start)
+    return x, k_cache, v_cache, (B, n_new, H, D, Tmax, start)
 
 
 def attention_cache_append(k_cache, v_cache, k, v, start):
-    """Write k, v [B, n, H, D] into the caches [B, Tmax, H, D] at positions [start, start+n)."""
-    k, k_cache, v_cache, dims = _cache_args("k", k, k_cache, v_cache, start)
-    _heads("v", v, ("k", k))
-    for name, a in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _writable(name, a)
-    check(lib.pytfm_attention_cache_append(_p(k_cache), _p(v_cache), _p(k), _p(v), *dims))
+    """Write k, v [B, n_new, H, D] into the caches [B, Tmax, H, D] at positions
+    [start, start + n_new)."""
+    a = _Args("pytfm_attention_cache_append", locals())
+    k, k_cache, v_cache, dims = _cache_dims(a, "k", writable=True)
+    v = a.array("v", ndim=4, shape=k.shape, because="k.shape")
+    a.call(k_cache, v_cache, k, v, *dims)
 
 
 def attention_decode(q, k_cache, v_cache, start, scale=None):
-    """Causal attention of queries q [B, n, H, D] at positions [start, start + n) to the cached
-    keys and values at positions [0, start + n). -> (o [B, n, H, D], lse [B, H, n])"""
-    q, k_cache, v_cache, dims = _cache_args("q", q, k_cache, v_cache, start)
-    B, n, H, D = q.shape
-    o = np.empty_like(q)
-    lse = np.empty((B, H, n), _F32)
-    check(lib.pytfm_attention_decode(_p(o), _p(lse), _p(q), _p(k_cache), _p(v_cache), *dims,
-                                     _scale(scale, D)))
+    """Causal attention of queries q [B, n_new, H, D] at positions [start, start + n_new) to
+    the cached keys and values at positions [0, start + n_new).
+    -> (o [B, n_new, H, D], lse [B, H, n_new])"""
+    a = _Args("pytfm_attention_decode", locals())
+    q, k_cache, v_cache, dims = _cache_dims(a, "q")
+    B, n_new, H, D = q.shape
+    scale = a.float("scale", default=1.0 / math.sqrt(D))
+    o, lse = a.empty_like(q), a.empty((B, H, n_new))
+    a.call(o, lse, q, k_cache, v_cache, *dims, scale)
     return o, lse
-
-
-class KVCache:
-    """Keys and values of the tokens seen so far, for decoding one (or a few) tokens at a time.
-
-        cache = KVCache(batch=1, max_len=128, n_head=4, head_dim=16)
-        o = cache.attend(q, k, v)   # q, k, v [B, n, H, D] of the n new tokens
-
-    attend() appends k and v at positions [len(cache), len(cache) + n) and returns the causal
-    attention of q to everything cached: the same result as attention_forward over the whole
-    sequence, at O(len·D) per new token.
-    """
-
-    def __init__(self, batch, max_len, n_head, head_dim):
-        shape = (_int("batch", batch), _int("max_len", max_len), _int("n_head", n_head),
-                 _int("head_dim", head_dim))
-        if min(shape) < 1:
-            raise ValueError(f"KVCache sizes must all be >= 1, got {shape}")
-        self.k = np.zeros(shape, _F32)  # (B, Tmax, H, D)
-        self.v = np.zeros(shape, _F32)
-        self.length = 0
-
-    def __len__(self):
-        return self.length
-
-    def attend(self, q, k, v, scale=None):
-        q = _heads("q", q)
-        _heads("k", k, ("q", q)), _heads("v", v, ("q", q))  # before anything is written
-        start = self.length
-        attention_cache_append(self.k, self.v, k, v, start)
-        o, _ = attention_decode(q, self.k, self.v, start, scale)
-        self.length = start + q.shape[1]
-        return o
-
-    def reset(self):
-        self.length = 0

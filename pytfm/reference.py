@@ -4,7 +4,9 @@ Written to be read like the maths, not to be fast. Every backend is tested again
 functions, and these backward functions are tested against finite differences. Production code
 never imports this module.
 
-Shapes use the names of the C API: n rows, C features, V classes, [B, T, H, D] for heads.
+Shapes use the words of pytfm.h: [rows, cols] for row-wise ops (every leading dimension is a
+row), in and out features, vocab (embedding rows, cross-entropy classes), dim, [B, T, H, D] for
+heads; dy is the gradient arriving from above, lse a saved log-sum-exp.
 Parameter gradients are returned, not accumulated.
 """
 
@@ -30,18 +32,18 @@ def linear_backward(dy, x, w):  # [..., out], [..., in], [out, in] -> dx, dw, db
     return dy @ w, dy2.T @ x2, dy2.sum(axis=0)
 
 
-def softmax_forward(x):  # [..., C] -> [..., C]
+def softmax_forward(x):  # [..., cols] -> [..., cols]
     (x,) = _f64(x)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def softmax_backward(dy, y):  # [..., C], [..., C] -> [..., C]
+def softmax_backward(dy, y):  # [..., cols], [..., cols] -> [..., cols]
     dy, y = _f64(dy, y)
     return y * (dy - (dy * y).sum(axis=-1, keepdims=True))
 
 
-def layernorm_forward(x, w, b, eps=1e-5):  # [..., C], [C], [C] -> y, mean [...], rstd [...]
+def layernorm_forward(x, w, b, eps=1e-5):  # [..., cols], [cols], [cols] -> y, mean, rstd [...]
     x, w, b = _f64(x, w, b)
     mean = x.mean(axis=-1)
     rstd = 1.0 / np.sqrt(((x - mean[..., None]) ** 2).mean(axis=-1) + eps)
@@ -49,15 +51,15 @@ def layernorm_forward(x, w, b, eps=1e-5):  # [..., C], [C], [C] -> y, mean [...]
     return xhat * w + b, mean, rstd
 
 
-def layernorm_backward(dy, x, w, mean, rstd):  # [..., C], [..., C], [C], [...], [...] -> dx, dw, db
+def layernorm_backward(dy, x, w, mean, rstd):  # [..., cols] x2, [cols], [...] x2 -> dx, dw, db
     dy, x, w, mean, rstd = _f64(dy, x, w, mean, rstd)
     xhat = (x - mean[..., None]) * rstd[..., None]
     g = dy * w
     dx = rstd[..., None] * (
         g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True)
     )
-    C = x.shape[-1]
-    return dx, (dy * xhat).reshape(-1, C).sum(axis=0), dy.reshape(-1, C).sum(axis=0)
+    cols = x.shape[-1]
+    return dx, (dy * xhat).reshape(-1, cols).sum(axis=0), dy.reshape(-1, cols).sum(axis=0)
 
 
 def rope_angles(pos, D, base=10000.0):  # [T] or [B, T] -> [T, D/2] or [B, T, D/2]
@@ -94,19 +96,19 @@ def gelu_backward(dy, x):  # [...], [...] -> [...]
     return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * GELU_K * (1.0 + 3.0 * GELU_A * x**2))
 
 
-def embedding_forward(ids, table):  # int [...], [V, dim] -> [..., dim]
+def embedding_forward(ids, table):  # int [...], [vocab, dim] -> [..., dim]
     (table,) = _f64(table)
     return table[np.asarray(ids)]
 
 
-def embedding_backward(dy, ids, vocab_size):  # [..., dim], int [...] -> [V, dim]
+def embedding_backward(dy, ids, vocab):  # [..., dim], int [...] -> [vocab, dim]
     (dy,) = _f64(dy)
-    dtable = np.zeros((vocab_size, dy.shape[-1]))
+    dtable = np.zeros((vocab, dy.shape[-1]))
     np.add.at(dtable, np.asarray(ids).reshape(-1), dy.reshape(-1, dy.shape[-1]))
     return dtable
 
 
-def cross_entropy_forward(logits, targets, ignore_index=-1):  # [..., V], int [...] -> loss, lse
+def cross_entropy_forward(logits, targets, ignore_index=-1):  # [..., vocab], int [...] -> loss, lse
     (logits,) = _f64(logits)
     targets = np.asarray(targets)
     m = logits.max(axis=-1)
@@ -117,7 +119,7 @@ def cross_entropy_forward(logits, targets, ignore_index=-1):  # [..., V], int [.
     return loss, lse
 
 
-def cross_entropy_backward(logits, targets, ignore_index=-1, dloss=1.0):  # -> [..., V]
+def cross_entropy_backward(logits, targets, ignore_index=-1, dloss=1.0):  # -> [..., vocab]
     (logits,) = _f64(logits)
     targets = np.asarray(targets)
     keep = targets != ignore_index
@@ -157,12 +159,12 @@ def attention_forward(q, k, v, causal=True, scale=None):  # [B, T, H, D] x3 -> o
     return np.einsum("bhts,bshd->bthd", P, np.asarray(v, np.float64)), lse
 
 
-def attention_backward(do, q, k, v, causal=True, scale=None):  # -> dq, dk, dv [B, T, H, D]
-    do, q, k, v = _f64(do, q, k, v)
+def attention_backward(dy, q, k, v, causal=True, scale=None):  # dy [B, T, H, D] -> dq, dk, dv
+    dy, q, k, v = _f64(dy, q, k, v)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     S = attention_scores(q, k, causal, scale)
     P = softmax_forward(S)
-    dv = np.einsum("bhts,bthd->bshd", P, do)
-    dP = np.einsum("bthd,bshd->bhts", do, v)
+    dv = np.einsum("bhts,bthd->bshd", P, dy)
+    dP = np.einsum("bthd,bshd->bhts", dy, v)
     dS = softmax_backward(dP, P) * scale
     return np.einsum("bhts,bshd->bthd", dS, k), np.einsum("bhts,bthd->bshd", dS, q), dv

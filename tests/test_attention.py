@@ -55,12 +55,12 @@ def test_attention_matches_the_reference(B, T, H, D, causal, scale, seed):
     assert_close("attention.forward.o", o, ro, atol=rel * amax(v))
     assert_close("attention.forward.lse", lse, rlse, atol=rel + EPS32 * amax(rlse))
 
-    do = f32(rng, q.shape)
-    grads = ops.attention_backward(do, q, k, v, o, lse, causal, scale)
-    want = ref.attention_backward(do, q, k, v, causal, scale)
+    dy = f32(rng, q.shape)
+    grads = ops.attention_backward(dy, q, k, v, o, lse, causal, scale)
+    want = ref.attention_backward(dy, q, k, v, causal, scale)
     # dS = P·(dO·v − rowsum(dO∘O)) cancels: its noise is about rel·|dO||v|·sqrt(D)
-    noise = rel * s * D**0.5 * amax(do) * amax(v)
-    floors = (noise * amax(k), noise * amax(q), rel * amax(do))
+    noise = rel * s * D**0.5 * amax(dy) * amax(v)
+    floors = (noise * amax(k), noise * amax(q), rel * amax(dy))
     for name, g, r, floor in zip(("dq", "dk", "dv"), grads, want, floors):
         assert_close(f"attention.backward.{name}", g, r, atol=4 * rel * amax(r) + floor)
 
@@ -98,9 +98,9 @@ def test_causal_attention_ignores_the_future(T, t, D, seed):
     np.testing.assert_array_equal(lse2[:, :, : t + 1], lse[:, :, : t + 1])
     assert not np.array_equal(o2[:, t + 1:], o[:, t + 1:])
     # and backwards: a loss on outputs <= t sends no gradient to keys or values after t
-    do = f32(rng, o.shape)
-    do[:, t + 1:] = 0.0
-    _, dk, dv = ops.attention_backward(do, q, k, v, o, lse)
+    dy = f32(rng, o.shape)
+    dy[:, t + 1:] = 0.0
+    _, dk, dv = ops.attention_backward(dy, q, k, v, o, lse)
     assert not dk[:, t + 1:].any() and not dv[:, t + 1:].any()
 
 
@@ -187,7 +187,7 @@ BAD = [
     (lambda: ops.attention_backward(q4, q4, q4, q4, q4, z(2, 5, 3)),
      r"lse must have shape \(2, 3, 5\)"),
     (lambda: ops.attention_backward(z(2, 5, 3, 5), q4, q4, q4, q4, z(2, 3, 5)),
-     r"do must have shape"),
+     r"dy must have shape"),
     (lambda: ops.attention_decode(q4, z(2, 8, 3, 4), z(2, 8, 3, 4), start=4),
      r"cache overflow: positions \[4, 9\) do not fit in a cache of Tmax = 8"),
     (lambda: ops.attention_decode(q4, z(2, 8, 2, 4), z(2, 8, 2, 4), start=0),
@@ -238,12 +238,12 @@ def test_attention_memory_does_not_grow_with_t_squared():
         import resource, numpy as np
         from pytfm import ops
         B, T, H, D = 1, 4096, 2, 16
-        q, k, v, do = (np.ones((B, T, H, D), np.float32) for _ in range(4))
+        q, k, v, dy = (np.ones((B, T, H, D), np.float32) for _ in range(4))
         o, lse = ops.attention_forward(q, k, v)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         for _ in range(2):
             o, lse = ops.attention_forward(q, k, v)
-            grads = ops.attention_backward(do, q, k, v, o, lse)
+            grads = ops.attention_backward(dy, q, k, v, o, lse)
         print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
         """
     )

@@ -160,3 +160,47 @@ def test_cupy_arguments_are_checked_like_numpy_ones(cp):
                                   cp.asarray(np.array([-5, -1])))
     with pytest.raises(TypeError, match="q is a CuPy array, but this operation runs on NumPy"):
         ops.attention_forward(cp.asarray(np.ones((1, 2, 1, 4), np.float32)), None, None)
+
+
+def test_one_dispatch_path_decides_the_backend_from_the_kernel_it_calls(cp, monkeypatch):
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((3, 5)).astype(np.float32), np.ones((2, 5), np.float32)
+    # None becomes a NULL device pointer: no bias
+    np.testing.assert_allclose(ops.linear_forward(cp.asarray(x), cp.asarray(w)),
+                               ops.linear_forward(x, w), rtol=1e-6, atol=1e-6)
+    # an array on another GPU than the current one
+    with monkeypatch.context() as m:
+        m.setattr(ndarray, "device", property(lambda a: types.SimpleNamespace(id=1)))
+        with pytest.raises(ValueError, match=r"x is on GPU 1 but the current device is GPU 0"):
+            ops.softmax_forward(cp.asarray(x))
+
+
+def test_an_op_runs_on_cupy_once_its_kernel_has_a_cuda_twin(cp, monkeypatch):
+    """Attention has no pytfm_attention_forward_cuda yet: CuPy input is a TypeError, decided
+    by that symbol alone (KVCache too). Give lib the symbol and the same call reaches it, with
+    device pointers and the current stream, and nothing else in ops changes."""
+    q = cp.asarray(np.ones((1, 3, 2, 4), np.float32))
+    with pytest.raises(TypeError, match="q is a CuPy array, but this operation runs on NumPy"):
+        ops.attention_forward(q, q, q)
+    with pytest.raises(TypeError, match="q is a CuPy array, but this operation runs on NumPy"):
+        pytfm.KVCache(1, 4, 2, 4).attend(q, q, q)
+
+    calls = []
+
+    def attention_forward_cuda(o, lse, q_, k, v, B, T, H, D, scale, causal, stream):
+        calls.append((int(pytfm._core.ffi.cast("uintptr_t", q_)), (B, T, H, D), scale, causal,
+                      stream))
+        return 0
+
+    class WithAttention(type(ops.lib)):
+        pass
+
+    lib = WithAttention(ops.lib.emu)
+    lib.pytfm_attention_forward_cuda = attention_forward_cuda
+    monkeypatch.setattr(ops, "lib", lib)
+    o, lse = ops.attention_forward(q, q, q, causal=False)
+    assert type(o) is ndarray and o.shape == (1, 3, 2, 4) and lse.shape == (1, 2, 3)
+    assert len(calls) == 1
+    ptr, dims, scale, causal, stream = calls[0]
+    assert ptr == q.data.ptr and dims == (1, 3, 2, 4) and scale == 0.5 and causal is False
+    assert pytfm._core.ffi.typeof(stream).cname == "void *"

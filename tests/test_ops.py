@@ -118,21 +118,21 @@ def test_embedding(n, vocab, dim, batch, seed):
                  atol=2 * batch * n * EPS32 * float(abs(dy).max()))
 
 
-@given(n=awkward, V=awkward, scale=scales, offset=st.sampled_from([0.0, -30.0, 1e4]),
+@given(rows=awkward, vocab=awkward, scale=scales, offset=st.sampled_from([0.0, -30.0, 1e4]),
        ignore_index=st.sampled_from([-1, -100, 0]), ignored=st.floats(0.0, 1.0),
        dloss=st.sampled_from([1.0, 0.5, -3.0]), seed=seeds)
-def test_cross_entropy(n, V, scale, offset, ignore_index, ignored, dloss, seed):
+def test_cross_entropy(rows, vocab, scale, offset, ignore_index, ignored, dloss, seed):
     rng = np.random.default_rng(seed)
-    logits = f32(rng, (n, V), scale, offset)
-    targets = rng.integers(0, V, size=n)
-    targets[rng.random(n) < ignored] = ignore_index
-    loss, cache = ops.cross_entropy_forward(logits, targets, ignore_index)
+    logits = f32(rng, (rows, vocab), scale, offset)
+    targets = rng.integers(0, vocab, size=rows)
+    targets[rng.random(rows) < ignored] = ignore_index
+    loss, lse = ops.cross_entropy_forward(logits, targets, ignore_index)
     rloss, rlse = ref.cross_entropy_forward(logits, targets, ignore_index)
     # float32 inputs of size |logits| are known to half an ulp; lse is stored in float32
     mag = EPS32 * float(abs(logits).max())
     assert_close("cross_entropy.forward.loss", loss, rloss, atol=1e-6 + mag, rtol=1e-5)
-    assert_close("cross_entropy.forward.lse", cache, rlse, atol=1e-6 + mag, rtol=1e-6)
-    dlogits = ops.cross_entropy_backward(logits, targets, cache, ignore_index, dloss)
+    assert_close("cross_entropy.forward.lse", lse, rlse, atol=1e-6 + mag, rtol=1e-6)
+    dlogits = ops.cross_entropy_backward(logits, targets, lse, ignore_index, dloss)
     rd = ref.cross_entropy_backward(logits, targets, ignore_index, dloss)
     kept = max(int((targets != ignore_index).sum()), 1)
     # softmax is recomputed as exp(logits - lse) with lse rounded to float32: an absolute

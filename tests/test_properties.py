@@ -130,16 +130,16 @@ def test_rope_dot_product_depends_only_on_relative_position(m, n, c, half, seed)
 # ---- cross-entropy, embedding, adamw --------------------------------------------------------
 
 
-@given(n=awkward, V=awkward, scale=st.sampled_from([0.1, 1.0, 10.0]), seed=seeds)
-def test_cross_entropy_is_nonnegative_and_dlogits_rows_sum_to_zero(n, V, scale, seed):
+@given(rows=awkward, vocab=awkward, scale=st.sampled_from([0.1, 1.0, 10.0]), seed=seeds)
+def test_cross_entropy_is_nonnegative_and_dlogits_rows_sum_to_zero(rows, vocab, scale, seed):
     rng = np.random.default_rng(seed)
-    logits = f32(rng, (n, V), scale)
-    targets = rng.integers(-1, V, size=n)  # -1: ignored
-    loss, cache = ops.cross_entropy_forward(logits, targets)
+    logits = f32(rng, (rows, vocab), scale)
+    targets = rng.integers(-1, vocab, size=rows)  # -1: ignored
+    loss, lse = ops.cross_entropy_forward(logits, targets)
     assert loss >= 0.0
-    d = ops.cross_entropy_backward(logits, targets, cache)
+    d = ops.cross_entropy_backward(logits, targets, lse)
     assert_close("property.cross_entropy.row_sum", d.sum(axis=-1, dtype=np.float64),
-                 np.zeros(n), atol=4 * V * EPS32)
+                 np.zeros(rows), atol=4 * vocab * EPS32)
     assert np.all(d[targets == -1] == 0.0)
 
 

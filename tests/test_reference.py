@@ -87,13 +87,13 @@ def test_embedding(n, vocab, dim, seed):
 
 
 @fd_settings
-@given(n=dims, V=dims, ignore_index=st.sampled_from([-1, 0]), dloss=st.floats(-2, 2),
+@given(rows=dims, vocab=dims, ignore_index=st.sampled_from([-1, 0]), dloss=st.floats(-2, 2),
        seed=seeds)
-def test_cross_entropy(n, V, ignore_index, dloss, seed):
+def test_cross_entropy(rows, vocab, ignore_index, dloss, seed):
     rng = np.random.default_rng(seed)
-    a = dict(logits=rng.standard_normal((n, V)) * 2)
-    targets = rng.integers(0, V, size=n)
-    targets[rng.random(n) < 0.3] = ignore_index
+    a = dict(logits=rng.standard_normal((rows, vocab)) * 2)
+    targets = rng.integers(0, vocab, size=rows)
+    targets[rng.random(rows) < 0.3] = ignore_index
     grad = ref.cross_entropy_backward(a["logits"], targets, ignore_index, dloss)
     check_fd("cross_entropy",
              lambda: dloss * ref.cross_entropy_forward(a["logits"], targets, ignore_index)[0],
