@@ -39,6 +39,6 @@ extern "C" pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, 
     s.b1 = (float)beta1, s.c1 = (float)(1.0 - beta1); // 1 − β in double, then rounded
     s.b2 = (float)beta2, s.c2 = (float)(1.0 - beta2);
     s.eps = (float)eps;
-    return PYTFM_LAUNCH(adamw_kernel, dim3(pytfm__blocks(n, 256, PYTFM_MAX_BLOCKS)), dim3(256), 0,
+    return PYTFM_LAUNCH(adamw_kernel, dim3(pytfm__blocks(n, 256, PYTFM_MAX_BLOCKS)), dim3(256),
                         stream, param, m, v, grad, n, s);
 }

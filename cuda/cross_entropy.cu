@@ -58,7 +58,7 @@ extern "C" pytfm_status pytfm_cross_entropy_forward_cuda(float *loss, float *lse
         PYTFM_TRY(PYTFM_LAUNCH_ROWS(cross_entropy_lse_kernel<true>,
                                     cross_entropy_lse_kernel<false>, n, V, PYTFM_MAX_BLOCKS,
                                     stream, lse, logits, n, V));
-    return PYTFM_LAUNCH(cross_entropy_loss_kernel, dim3(1), dim3(PYTFM_ROW_THREADS), 0, stream,
+    return PYTFM_LAUNCH(cross_entropy_loss_kernel, dim3(1), dim3(PYTFM_ROW_THREADS), stream,
                         loss, lse, logits, targets, n, V, ignore_index);
 }
 

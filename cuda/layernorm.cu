@@ -111,6 +111,6 @@ extern "C" pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, floa
                                 cols));
     static_assert(COLS_PER_BLOCK * ROW_LANES <= 1024, "one block");
     return PYTFM_LAUNCH(layernorm_dwdb_kernel, dim3(pytfm__blocks(cols, COLS_PER_BLOCK, 1u << 30)),
-                        dim3(COLS_PER_BLOCK, ROW_LANES), 0, stream, dw, db, dy, x, mean, rstd,
+                        dim3(COLS_PER_BLOCK, ROW_LANES), stream, dw, db, dy, x, mean, rstd,
                         rows, cols);
 }

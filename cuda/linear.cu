@@ -22,7 +22,7 @@ extern "C" pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, cons
     PYTFM_TRY(pytfm_sgemm_cuda(y, x, w, n, out, in, 0, 1, 0.0f, stream));
     if (!b || n == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(add_bias_kernel, dim3(pytfm__blocks(n * out, 256, PYTFM_MAX_BLOCKS)),
-                        dim3(256), 0, stream, y, b, n, out);
+                        dim3(256), stream, y, b, n, out);
 }
 
 enum { COLS_PER_BLOCK = 32, ROW_LANES = 8 };
@@ -51,5 +51,5 @@ extern "C" pytfm_status pytfm_linear_backward_cuda(float *dx, float *dw, float *
     PYTFM_TRY(pytfm_sgemm_cuda(dw, dy, x, out, in, n, 1, 0, 1.0f, stream)); // dy is op(A)ᵀ
     if (!db || n == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(column_sum_kernel, dim3(pytfm__blocks(out, COLS_PER_BLOCK, 1u << 30)),
-                        dim3(COLS_PER_BLOCK, ROW_LANES), 0, stream, db, dy, n, out);
+                        dim3(COLS_PER_BLOCK, ROW_LANES), stream, db, dy, n, out);
 }

@@ -3,9 +3,9 @@
  * emulator (cuda/emu/emu.h) under a host C++ compiler, and between them one way to launch a
  * kernel and turn its error into a pytfm_status, so both compilers see the same source.
  *
- *   PYTFM_TRY(PYTFM_LAUNCH(kernel, grid, block, shared_bytes, stream, args...));
+ *   PYTFM_TRY(PYTFM_LAUNCH(kernel, grid, block, stream, args...));
  *
- * launches kernel<<<grid, block, shared_bytes, stream>>>(args...) (the emulator: runs it) and
+ * launches kernel<<<grid, block, 0, stream>>>(args...) (the emulator: runs it) and
  * returns PYTFM_STATUS_CUDA_ERROR, with cudaGetErrorString() in pytfm_last_error(), if the
  * launch failed. Errors raised later by the kernel itself surface at the next synchronisation.
  */
@@ -17,10 +17,8 @@
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
-#define PYTFM_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #else
 #include "emu/emu.h"
-#define PYTFM_DYNAMIC_SHARED(type, name) type *name = (type *)::pytfm_emu::dynamic_shared()
 #endif
 
 extern "C" {
@@ -36,12 +34,12 @@ static inline pytfm_status pytfm__cuda_status(const char *func, cudaError_t err)
 
 template <typename... P, typename... A>
 static pytfm_status pytfm__launch(const char *func, void (*kernel)(P...), dim3 grid, dim3 block,
-                                  size_t shared_bytes, void *stream, A... args) {
+                                  void *stream, A... args) {
 #ifdef __CUDACC__
-    kernel<<<grid, block, shared_bytes, (cudaStream_t)stream>>>(args...);
+    kernel<<<grid, block, 0, (cudaStream_t)stream>>>(args...); // no dynamic shared memory
 #else
     (void)stream;
-    pytfm_emu::launch(grid, block, shared_bytes, [=] { kernel(args...); });
+    pytfm_emu::launch(grid, block, [=] { kernel(args...); });
 #endif
     return pytfm__cuda_status(func, cudaGetLastError());
 }
@@ -125,10 +123,11 @@ static pytfm_status pytfm__launch_rows(const char *func, void (*warp_kernel)(P..
                                        int64_t max_blocks, void *stream, A... args) {
     const int64_t rows_per_block = PYTFM_ROW_THREADS / PYTFM_WARP;
     if (cols <= PYTFM_WARP_ROW_MAX)
-        return pytfm__launch(func, warp_kernel, dim3(pytfm__blocks(rows, rows_per_block, max_blocks)),
-                             dim3(PYTFM_ROW_THREADS), 0, stream, args...);
+        return pytfm__launch(func, warp_kernel,
+                             dim3(pytfm__blocks(rows, rows_per_block, max_blocks)),
+                             dim3(PYTFM_ROW_THREADS), stream, args...);
     return pytfm__launch(func, block_kernel, dim3(pytfm__blocks(rows, 1, max_blocks)),
-                         dim3(PYTFM_ROW_THREADS), 0, stream, args...);
+                         dim3(PYTFM_ROW_THREADS), stream, args...);
 }
 
 #define PYTFM_LAUNCH_ROWS(...) pytfm__launch_rows(__func__, __VA_ARGS__)
