@@ -46,9 +46,9 @@ static pytfm_status pytfm__launch(const char *func, void (*kernel)(P...), dim3 g
 
 #define PYTFM_LAUNCH(...) pytfm__launch(__func__, __VA_ARGS__)
 
-/* Blocks for n work items of `per_block` each, capped (kernels loop over the rest). */
-static inline unsigned pytfm__blocks(int64_t n, int64_t per_block, int64_t cap) {
-    const int64_t b = (n + per_block - 1) / per_block;
+/* Blocks for `items` work items of `per_block` each, capped (kernels loop over the rest). */
+static inline unsigned pytfm__blocks(int64_t items, int64_t per_block, int64_t cap) {
+    const int64_t b = (items + per_block - 1) / per_block;
     return (unsigned)(b < cap ? b : cap);
 }
 
