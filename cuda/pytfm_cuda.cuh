@@ -132,6 +132,53 @@ static pytfm_status pytfm__launch_rows(const char *func, void (*warp_kernel)(P..
 
 #define PYTFM_LAUNCH_ROWS(...) pytfm__launch_rows(__func__, __VA_ARGS__)
 
+/* ---- columns: sums[j] += Σ_r term(r, j), the same bits on every run ------------------ */
+
+/* One kernel for every column sum (the linear layer's db, LayerNorm's dw and db): a block
+ * takes PYTFM_COLUMNS columns; its PYTFM_COLUMN_LANES rows of threads ("lanes") walk the rows
+ * r = lane, lane + PYTFM_COLUMN_LANES, ..., and lane 0 then adds the others' partial sums in
+ * lane order. No atomics: a fixed order, the same bits on every run. A block per 32 columns,
+ * up to 2^30 blocks (no loop over columns). Term says what is summed:
+ *
+ *   struct term {
+ *       enum { K = 2 };  // how many sums (outputs) at once
+ *       float *sums[K];  // accumulated into: sums[k][j] += Σ_r t[k]
+ *       __device__ void operator()(float *t, int64_t r, int64_t j) const; // t[0..K) of (r, j)
+ *   };
+ */
+enum { PYTFM_COLUMNS = 32, PYTFM_COLUMN_LANES = 8 };
+
+template <class Term>
+static __global__ void pytfm__column_sum_kernel(Term term, int64_t rows, int64_t cols) {
+    __shared__ float part[Term::K][PYTFM_COLUMN_LANES][PYTFM_COLUMNS];
+    const int64_t j = (int64_t)blockIdx.x * PYTFM_COLUMNS + threadIdx.x;
+    float s[Term::K] = {}, t[Term::K];
+    if (j < cols)
+        for (int64_t r = threadIdx.y; r < rows; r += PYTFM_COLUMN_LANES) {
+            term(t, r, j);
+            for (int k = 0; k < Term::K; k++) s[k] += t[k];
+        }
+    for (int k = 0; k < Term::K; k++) part[k][threadIdx.y][threadIdx.x] = s[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && j < cols)
+        for (int k = 0; k < Term::K; k++) {
+            for (int i = 1; i < PYTFM_COLUMN_LANES; i++) s[k] += part[k][i][threadIdx.x];
+            term.sums[k][j] += s[k];
+        }
+}
+
+/* Launch the column sum of term over [rows, cols] (a block per PYTFM_COLUMNS columns). */
+template <class Term>
+static pytfm_status pytfm__launch_column_sum(const char *func, Term term, int64_t rows,
+                                             int64_t cols, void *stream) {
+    static_assert(PYTFM_COLUMNS * PYTFM_COLUMN_LANES <= 1024, "one block");
+    return pytfm__launch(func, pytfm__column_sum_kernel<Term>,
+                         dim3(pytfm__blocks(cols, PYTFM_COLUMNS, 1u << 30)),
+                         dim3(PYTFM_COLUMNS, PYTFM_COLUMN_LANES), stream, term, rows, cols);
+}
+
+#define PYTFM_LAUNCH_COLUMN_SUM(...) pytfm__launch_column_sum(__func__, __VA_ARGS__)
+
 /* The most blocks an elementwise or row kernel launches; each then walks its share in a
  * grid-stride loop. The emulator caps at 3, so that the tests' small inputs walk those loops
  * too (on the GPU they are walked only by inputs of millions of elements). */
