@@ -20,14 +20,9 @@ static __global__ void cross_entropy_lse_kernel(float *lse, const float *logits,
     __shared__ float scratch[32];
     const pytfm__row_team<kWarp> team;
     for (int64_t r = team.first; r < rows; r += team.step) {
-        const float *row = logits + r * vocab;
-        float max = -INFINITY;
-        for (int64_t j = team.rank; j < vocab; j += team.size) max = fmaxf(max, row[j]);
-        max = team.max(max, scratch);
-        float sum = 0.0f;
-        for (int64_t j = team.rank; j < vocab; j += team.size) sum += expf(row[j] - max);
-        sum = team.sum(sum, scratch);
-        if (team.rank == 0) lse[r] = max + logf(sum);
+        const pytfm__max_sumexp row = pytfm__row_max_sumexp(team, logits + r * vocab, vocab,
+                                                            scratch);
+        if (team.rank == 0) lse[r] = row.max + logf(row.sumexp);
     }
 }
 

@@ -132,6 +132,24 @@ static pytfm_status pytfm__launch_rows(const char *func, void (*warp_kernel)(P..
 
 #define PYTFM_LAUNCH_ROWS(...) pytfm__launch_rows(__func__, __VA_ARGS__)
 
+/* A row's max m and Σ_j exp(x_j − m), both for every thread of the team (softmax, the
+ * cross-entropy's log-sum-exp m + log Σ). */
+struct pytfm__max_sumexp {
+    float max, sumexp;
+};
+
+template <bool kWarp>
+static __device__ pytfm__max_sumexp pytfm__row_max_sumexp(const pytfm__row_team<kWarp> &team,
+                                                           const float *x, int64_t cols,
+                                                           float *scratch) {
+    float max = -INFINITY;
+    for (int64_t j = team.rank; j < cols; j += team.size) max = fmaxf(max, x[j]);
+    max = team.max(max, scratch);
+    float sum = 0.0f;
+    for (int64_t j = team.rank; j < cols; j += team.size) sum += expf(x[j] - max);
+    return {max, team.sum(sum, scratch)};
+}
+
 /* ---- columns: sums[j] += Σ_r term(r, j), the same bits on every run ------------------ */
 
 /* One kernel for every column sum (the linear layer's db, LayerNorm's dw and db): a block

@@ -70,8 +70,8 @@ MUTATIONS = {
     "cuda_sgemm_store_off_by_one": ("cuda/sgemm.cu", "if (gi < m && gj < n) {", "if (gi <= m && gj < n) {", EMU),
     "cuda_block_sum_no_barrier": ("cuda/pytfm_cuda.cuh", "    if (lane == 0) scratch[warp] = v;\n    __syncthreads();\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;",
                                   "    if (lane == 0) scratch[warp] = v;\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;", EMU),
-    "cuda_softmax_row_off_by_one": ("cuda/softmax.cu", "for (int64_t j = team.rank; j < cols; j += team.size) yr[j] *= inv;",
-                                    "for (int64_t j = team.rank; j <= cols; j += team.size) yr[j] *= inv;", EMU),
+    "cuda_softmax_row_off_by_one": ("cuda/softmax.cu", "for (int64_t j = team.rank; j < cols; j += team.size) yr[j] = expf(",
+                                    "for (int64_t j = team.rank; j <= cols; j += team.size) yr[j] = expf(", EMU),
     "cuda_column_sum_no_barrier": ("cuda/pytfm_cuda.cuh", "part[k][threadIdx.y][threadIdx.x] = s[k];\n    __syncthreads();",
                                    "part[k][threadIdx.y][threadIdx.x] = s[k];", EMU),
     "cuda_column_sum_early_return": ("cuda/pytfm_cuda.cuh", "    float s[Term::K] = {}, t[Term::K];\n    if (j < cols)",
@@ -83,6 +83,8 @@ MUTATIONS = {
     "cuda_embedding_backward_assign": ("cuda/embedding.cu", "dtable[id * dim + j] += dy[i * dim + j];",
                                        "dtable[id * dim + j] = dy[i * dim + j];", EMU),
     "cuda_adamw_no_bias_correction": ("cuda/adamw.cu", "(float)(lr / (1.0 - pow(beta1, (double)step)))", "(float)lr", EMU),
+    # issue 11, CUDA: the row max and Σexp that softmax and the cross-entropy's lse now share
+    "cuda_row_max_not_shared": ("cuda/pytfm_cuda.cuh", "    max = team.max(max, scratch);\n", "", EMU),
 }
 
 
