@@ -40,5 +40,5 @@ extern "C" pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, 
     s.b2 = (float)beta2, s.c2 = (float)(1.0 - beta2);
     s.eps = (float)eps;
     return PYTFM_LAUNCH(adamw_kernel, dim3(pytfm__blocks(count, 256, PYTFM_MAX_BLOCKS)),
-                        dim3(256), stream, param, m, v, grad, count, s);
+                        dim3(256), 0, stream, param, m, v, grad, count, s);
 }

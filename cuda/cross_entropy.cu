@@ -56,8 +56,8 @@ extern "C" pytfm_status pytfm_cross_entropy_forward_cuda(float *loss, float *lse
         PYTFM_TRY(PYTFM_LAUNCH_ROWS(cross_entropy_lse_kernel<true>,
                                     cross_entropy_lse_kernel<false>, rows, vocab,
                                     PYTFM_MAX_BLOCKS, stream, lse, logits, rows, vocab));
-    return PYTFM_LAUNCH(cross_entropy_loss_kernel, dim3(1), dim3(PYTFM_ROW_THREADS), stream, loss,
-                        lse, logits, targets, rows, vocab, ignore_index);
+    return PYTFM_LAUNCH(cross_entropy_loss_kernel, dim3(1), dim3(PYTFM_ROW_THREADS), 0, stream,
+                        loss, lse, logits, targets, rows, vocab, ignore_index);
 }
 
 enum { BACKWARD_BLOCKS = PYTFM_MAX_BLOCKS < 256 ? PYTFM_MAX_BLOCKS : 256 };

@@ -26,8 +26,8 @@ extern "C" pytfm_status pytfm_embedding_forward_cuda(float *y, const int64_t *id
     PYTFM_TRY(pytfm__check_embedding_forward(__func__, y, ids, table, rows, vocab, dim));
     if (rows == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(embedding_forward_kernel,
-                        dim3(pytfm__blocks(rows * dim, 256, PYTFM_MAX_BLOCKS)), dim3(256), stream,
-                        y, ids, table, rows, vocab, dim);
+                        dim3(pytfm__blocks(rows * dim, 256, PYTFM_MAX_BLOCKS)), dim3(256), 0,
+                        stream, y, ids, table, rows, vocab, dim);
 }
 
 static __global__ void embedding_backward_kernel(float *dtable, const float *dy,
@@ -47,5 +47,5 @@ extern "C" pytfm_status pytfm_embedding_backward_cuda(float *dtable, const float
     PYTFM_TRY(pytfm__check_embedding_backward(__func__, dtable, dy, ids, rows, vocab, dim));
     if (rows == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(embedding_backward_kernel, dim3(pytfm__blocks(dim, 64, PYTFM_MAX_BLOCKS)),
-                        dim3(64), stream, dtable, dy, ids, rows, vocab, dim);
+                        dim3(64), 0, stream, dtable, dy, ids, rows, vocab, dim);
 }

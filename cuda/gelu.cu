@@ -22,7 +22,7 @@ extern "C" pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_
     PYTFM_TRY(pytfm__check_gelu_forward(__func__, y, x, count));
     if (count == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(gelu_forward_kernel, dim3(pytfm__blocks(count, 256, PYTFM_MAX_BLOCKS)),
-                        dim3(256), stream, y, x, count);
+                        dim3(256), 0, stream, y, x, count);
 }
 
 static __global__ void gelu_backward_kernel(float *dx, const float *dy, const float *x,
@@ -40,5 +40,5 @@ extern "C" pytfm_status pytfm_gelu_backward_cuda(float *dx, const float *dy, con
     PYTFM_TRY(pytfm__check_gelu_backward(__func__, dx, dy, x, count));
     if (count == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(gelu_backward_kernel, dim3(pytfm__blocks(count, 256, PYTFM_MAX_BLOCKS)),
-                        dim3(256), stream, dx, dy, x, count);
+                        dim3(256), 0, stream, dx, dy, x, count);
 }

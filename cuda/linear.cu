@@ -22,7 +22,7 @@ extern "C" pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, cons
     PYTFM_TRY(pytfm_sgemm_cuda(y, x, w, rows, out, in, 0, 1, 0.0f, stream));
     if (!b || rows == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(add_bias_kernel, dim3(pytfm__blocks(rows * out, 256, PYTFM_MAX_BLOCKS)),
-                        dim3(256), stream, y, b, rows, out);
+                        dim3(256), 0, stream, y, b, rows, out);
 }
 
 /* db[j] += Σ_r dy[r, j] */

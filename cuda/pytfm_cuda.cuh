@@ -3,9 +3,9 @@
  * emulator (cuda/emu/emu.h) under a host C++ compiler, and between them one way to launch a
  * kernel and turn its error into a pytfm_status, so both compilers see the same source.
  *
- *   PYTFM_TRY(PYTFM_LAUNCH(kernel, grid, block, stream, args...));
+ *   PYTFM_TRY(PYTFM_LAUNCH(kernel, grid, block, shared_bytes, stream, args...));
  *
- * launches kernel<<<grid, block, 0, stream>>>(args...) (the emulator: runs it) and
+ * launches kernel<<<grid, block, shared_bytes, stream>>>(args...) (the emulator: runs it) and
  * returns PYTFM_STATUS_CUDA_ERROR, with cudaGetErrorString() in pytfm_last_error(), if the
  * launch failed. Errors raised later by the kernel itself surface at the next synchronisation.
  */
@@ -17,8 +17,10 @@
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
+#define PYTFM_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #else
 #include "emu/emu.h"
+#define PYTFM_DYNAMIC_SHARED(type, name) type *name = (type *)::pytfm_emu::dynamic_shared()
 #endif
 
 extern "C" {
@@ -34,12 +36,12 @@ static inline pytfm_status pytfm__cuda_status(const char *func, cudaError_t err)
 
 template <typename... P, typename... A>
 static pytfm_status pytfm__launch(const char *func, void (*kernel)(P...), dim3 grid, dim3 block,
-                                  void *stream, A... args) {
+                                  size_t shared_bytes, void *stream, A... args) {
 #ifdef __CUDACC__
-    kernel<<<grid, block, 0, (cudaStream_t)stream>>>(args...); // no dynamic shared memory
+    kernel<<<grid, block, shared_bytes, (cudaStream_t)stream>>>(args...);
 #else
     (void)stream;
-    pytfm_emu::launch(grid, block, [=] { kernel(args...); });
+    pytfm_emu::launch(grid, block, shared_bytes, [=] { kernel(args...); });
 #endif
     return pytfm__cuda_status(func, cudaGetLastError());
 }
@@ -125,9 +127,9 @@ static pytfm_status pytfm__launch_rows(const char *func, void (*warp_kernel)(P..
     if (cols <= PYTFM_WARP_ROW_MAX)
         return pytfm__launch(func, warp_kernel,
                              dim3(pytfm__blocks(rows, rows_per_block, max_blocks)),
-                             dim3(PYTFM_ROW_THREADS), stream, args...);
+                             dim3(PYTFM_ROW_THREADS), 0, stream, args...);
     return pytfm__launch(func, block_kernel, dim3(pytfm__blocks(rows, 1, max_blocks)),
-                         dim3(PYTFM_ROW_THREADS), stream, args...);
+                         dim3(PYTFM_ROW_THREADS), 0, stream, args...);
 }
 
 #define PYTFM_LAUNCH_ROWS(...) pytfm__launch_rows(__func__, __VA_ARGS__)
@@ -192,7 +194,7 @@ static pytfm_status pytfm__launch_column_sum(const char *func, Term term, int64_
     static_assert(PYTFM_COLUMNS * PYTFM_COLUMN_LANES <= 1024, "one block");
     return pytfm__launch(func, pytfm__column_sum_kernel<Term>,
                          dim3(pytfm__blocks(cols, PYTFM_COLUMNS, 1u << 30)),
-                         dim3(PYTFM_COLUMNS, PYTFM_COLUMN_LANES), stream, term, rows, cols);
+                         dim3(PYTFM_COLUMNS, PYTFM_COLUMN_LANES), 0, stream, term, rows, cols);
 }
 
 #define PYTFM_LAUNCH_COLUMN_SUM(...) pytfm__launch_column_sum(__func__, __VA_ARGS__)

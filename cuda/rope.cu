@@ -36,7 +36,7 @@ static pytfm_status rope(const char *func, float *out, const float *in, const in
     const int64_t pairs = B * T * H * (D / 2);
     if (pairs == 0) return PYTFM_STATUS_OK;
     return pytfm__launch(func, rope_kernel, dim3(pytfm__blocks(pairs, 256, PYTFM_MAX_BLOCKS)),
-                         dim3(256), stream, out, in, pos, B, T, H, D, pos_stride, base, sign);
+                         dim3(256), 0, stream, out, in, pos, B, T, H, D, pos_stride, base, sign);
 }
 
 extern "C" pytfm_status pytfm_rope_forward_cuda(float *y, const float *x, const int64_t *pos,

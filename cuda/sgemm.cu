@@ -67,6 +67,6 @@ extern "C" pytfm_status pytfm_sgemm_cuda(float *c, const float *a, const float *
                   "each thread copies whole tiles' worth");
     if (m == 0 || n == 0) return PYTFM_STATUS_OK;
     const dim3 grid(pytfm__blocks(m, BM, 2147483647), pytfm__blocks(n, BN, 65535));
-    return PYTFM_LAUNCH(sgemm_kernel, grid, dim3(THREADS), stream, c, a, b, m, n, k, trans_a,
+    return PYTFM_LAUNCH(sgemm_kernel, grid, dim3(THREADS), 0, stream, c, a, b, m, n, k, trans_a,
                         trans_b, beta);
 }

@@ -45,27 +45,39 @@ def f32(rng, shape, scale=1.0, offset=0.0):
 
 
 @pytest.mark.parametrize("width", [32, 16, 8])
-@pytest.mark.parametrize("lane_mask", [1, 6, 16, 31])
-def test_emulator_shfl_xor_follows_its_definition(emu, width, lane_mask):
+@pytest.mark.parametrize("src,delta,lane_mask", [(5, 3, 6), (0, 1, 1), (31, 16, 16),
+                                                 (12, 31, 31)])
+def test_emulator_shuffles_follow_their_definitions(emu, width, src, delta, lane_mask):
     threads = 64  # two warps
-    out = np.zeros(threads, np.int32)
-    emu.call("emu_shfl_xor", out, threads, lane_mask, width, stream=False)
+    out = np.zeros((4, threads), np.int32)
+    emu.call("emu_shuffles", out, threads, src, delta, lane_mask, width, stream=False)
     lane = np.arange(threads) % 32
     base = lane & ~(width - 1)  # the first lane of this lane's group of `width`
-    warp0 = np.arange(threads) - lane  # thread id of lane 0 of the warp
-    src = lane ^ lane_mask  # a lane of a later group reads its own value
-    np.testing.assert_array_equal(out, 1000 + warp0 + np.where(src < base + width, src, lane))
+    v = 1000 + np.arange(threads) - lane  # + lane: the value of that lane of the warp
+    # a lane that would read outside its group of `width` reads its own value
+    np.testing.assert_array_equal(out[0], v + base + src % width)  # __shfl_sync
+    np.testing.assert_array_equal(out[1], v + np.where(lane - delta >= base, lane - delta, lane))
+    np.testing.assert_array_equal(out[2], v + np.where(lane + delta < base + width, lane + delta,
+                                                       lane))
+    x = lane ^ lane_mask
+    np.testing.assert_array_equal(out[3], v + np.where(x < base + width, x, lane))
 
 
-def test_emulator_catches_a_missing_barrier(emu):
+@pytest.mark.parametrize("dynamic", [0, 1], ids=["static", "dynamic"])
+def test_emulator_catches_a_missing_barrier(emu, dynamic):
+    """Without the barrier, a thread reads the slot of a thread that has not run yet: the NaN
+    the emulator fills shared memory with, static or dynamic, not the last launch's value."""
     x = np.arange(256, dtype=np.float32)
+    first_half = np.arange(256) < 128  # thread i reads the slot thread 255 − i writes
     for reverse in (0, 1):
         emu.lib.pytfm_emu_set_order(reverse)
         good, bad = np.zeros_like(x), np.zeros_like(x)
-        emu.call("emu_reverse", good, x, 256, 1, stream=False)
-        emu.call("emu_reverse", bad, x, 256, 0, stream=False)
+        emu.call("emu_reverse", good, x, 256, dynamic, 1, stream=False)
+        emu.call("emu_reverse", bad, x, 256, dynamic, 0, stream=False)
         np.testing.assert_array_equal(good, x[::-1])
-        assert (bad != x[::-1]).any(), "a missing __syncthreads went unseen"
+        unwritten = first_half if not reverse else ~first_half
+        assert np.isnan(bad[unwritten]).all(), "a missing __syncthreads went unseen"
+        np.testing.assert_array_equal(bad[~unwritten], x[::-1][~unwritten])
     emu.lib.pytfm_emu_set_order(0)
 
 
@@ -85,15 +97,18 @@ def test_emulator_reports_a_shuffle_with_a_lane_gone(emu):
         emu.call("emu_shuffle_exit", np.zeros(32, np.float32), stream=False)
 
 
-def test_emulator_block_sum_and_launch_checks(emu):
+def test_emulator_block_sum_dynamic_shared_memory_and_launch_checks(emu):
     x = np.arange(3 * 96, dtype=np.float32).reshape(3, 96)
-    out = np.zeros(3, np.float32)
-    emu.call("emu_block_sum", out, x, 3, 96, stream=False)
-    np.testing.assert_array_equal(out, x.sum(axis=1))
+    for shared_bytes in (128, 48 * 1024):  # the scratch, or all a launch may ask for
+        out = np.zeros(3, np.float32)
+        emu.call("emu_block_sum", out, x, 3, 96, shared_bytes, stream=False)
+        np.testing.assert_array_equal(out, x.sum(axis=1))
     with pytest.raises(EmuError, match="invalid configuration argument"):
-        emu.call("emu_block_sum", out, x, 1, 1056, stream=False)  # > 1024 threads
+        emu.call("emu_block_sum", out, x, 1, 1056, 128, stream=False)  # > 1024 threads
     with pytest.raises(EmuError, match="invalid configuration argument"):
-        emu.call("emu_block_sum", out, x, 0, 96, stream=False)  # an empty grid
+        emu.call("emu_block_sum", out, x, 0, 96, 128, stream=False)  # an empty grid
+    with pytest.raises(EmuError, match="invalid configuration argument.* 49153 bytes of dynamic"):
+        emu.call("emu_block_sum", out, x, 3, 96, 48 * 1024 + 1, stream=False)  # > 48 KiB
 
 
 def test_cuda_entry_points_check_their_arguments(emu):

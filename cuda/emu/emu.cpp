@@ -21,21 +21,26 @@ static __attribute__((section("pytfm_emu_shared"), used)) char pytfm_emu_shared_
 
 namespace pytfm_emu {
 
-enum State { RUNNABLE, AT_SYNCTHREADS, AT_SHFL, EXITED };
+enum State { RUNNABLE, AT_SYNCTHREADS, AT_WARP, EXITED };
+
+static const char *const op_names[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
+                                       "__shfl_xor_sync"};
 
 struct Fiber {
     ucontext_t ctx;
     State state;
     dim3 tid;
-    unsigned mask; // of the __shfl_xor_sync it waits at
+    WarpOp op;
+    unsigned mask;
     uint64_t value, result;
-    int lane_mask, width;
+    int arg, width;
 };
 
 struct Launch {
     dim3 grid, block, bidx;
     const std::function<void()> *body;
     std::vector<Fiber> fibers;
+    std::vector<unsigned char> shmem;
     ucontext_t scheduler;
     Fiber *current;
     std::string error; // the first failure; the launch stops there
@@ -68,6 +73,7 @@ const dim3 &thread_idx() { return active->current->tid; }
 const dim3 &block_idx() { return active->bidx; }
 const dim3 &block_dim() { return active->block; }
 const dim3 &grid_dim() { return active->grid; }
+void *dynamic_shared() { return active->shmem.data(); }
 
 static void yield(State state) {
     Fiber *f = active->current;
@@ -77,13 +83,14 @@ static void yield(State state) {
 
 void syncthreads() { yield(AT_SYNCTHREADS); }
 
-uint64_t shfl_xor(unsigned mask, uint64_t value, int lane_mask, int width) {
+uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width) {
     Fiber *f = active->current;
+    f->op = op;
     f->mask = mask;
     f->value = value;
-    f->lane_mask = lane_mask;
+    f->arg = arg;
     f->width = width;
-    yield(AT_SHFL);
+    yield(AT_WARP);
     return f->result;
 }
 
@@ -92,29 +99,32 @@ static void fiber_main() {
     active->current->state = EXITED; // uc_link returns to the scheduler
 }
 
-static const char SHFL[] = "__shfl_xor_sync";
-
-/* The lane __shfl_xor_sync reads, as the CUDA programming guide defines it: lane ^ lane_mask,
- * unless that lies in a later group of `width` lanes (then the lane's own value). */
+/* The lane a shuffle reads, as the CUDA programming guide defines it for each variant. */
 static int source_lane(const Fiber &f, int lane) {
-    const int base = lane & ~(f.width - 1), src = lane ^ f.lane_mask;
-    return src < base + f.width ? src : lane;
+    const int w = f.width, base = lane & ~(w - 1);
+    switch (f.op) {
+    case SHFL_IDX: return base + (f.arg & (w - 1));
+    case SHFL_UP: return lane - f.arg >= base ? lane - f.arg : lane;
+    case SHFL_DOWN: return lane + f.arg < base + w ? lane + f.arg : lane;
+    case SHFL_XOR: return (lane ^ f.arg) < base + w ? lane ^ f.arg : lane;
+    }
+    return lane; // not reached: every WarpOp is a shuffle named above
 }
 
-/* Complete the shuffle that lane `first` of `warp` waits at, if all its lanes are there.
- * Returns 1 when it completed, 0 when it must wait, -1 on an error (recorded). */
-static int complete_shfl(Launch &l, size_t warp, size_t first) {
+/* Complete the warp operation that lane `first` of `warp` waits at, if all its lanes are
+ * there. Returns 1 when it completed, 0 when it must wait, -1 on an error (recorded). */
+static int complete_warp_op(Launch &l, size_t warp, size_t first) {
     const size_t n = l.fibers.size();
     Fiber &a = l.fibers[first];
     const int lane0 = (int)(first - warp * 32);
     if (!(a.mask >> lane0 & 1u)) {
         fail(l, "thread %s calls %s with mask 0x%08x, which leaves out its own lane %d",
-             thread_name(a).c_str(), SHFL, a.mask, lane0);
+             thread_name(a).c_str(), op_names[a.op], a.mask, lane0);
         return -1;
     }
     if (a.width < 1 || a.width > 32 || (a.width & (a.width - 1))) {
         fail(l, "thread %s calls %s with width %d (a power of two <= 32 is required)",
-             thread_name(a).c_str(), SHFL, a.width);
+             thread_name(a).c_str(), op_names[a.op], a.width);
         return -1;
     }
     for (int lane = 0; lane < 32; lane++) {
@@ -123,20 +133,21 @@ static int complete_shfl(Launch &l, size_t warp, size_t first) {
         if (i >= n) {
             fail(l, "thread %s calls %s with mask 0x%08x, naming lane %d that does not exist "
                     "(the block has %zu threads)",
-                 thread_name(a).c_str(), SHFL, a.mask, lane, n);
+                 thread_name(a).c_str(), op_names[a.op], a.mask, lane, n);
             return -1;
         }
         const Fiber &b = l.fibers[i];
         if (b.state == EXITED) {
             fail(l, "thread %s exited while thread %s waits for it at %s (mask 0x%08x)",
-                 thread_name(b).c_str(), thread_name(a).c_str(), SHFL, a.mask);
+                 thread_name(b).c_str(), thread_name(a).c_str(), op_names[a.op], a.mask);
             return -1;
         }
-        if (b.state != AT_SHFL) return 0;
-        if (b.mask != a.mask) {
-            fail(l, "threads %s and %s of one warp wait at %s with different masks (0x%08x and "
-                    "0x%08x)",
-                 thread_name(a).c_str(), thread_name(b).c_str(), SHFL, a.mask, b.mask);
+        if (b.state != AT_WARP) return 0;
+        if (b.op != a.op || b.mask != a.mask) {
+            fail(l, "threads %s and %s of one warp wait at different warp operations (%s, mask "
+                    "0x%08x and %s, mask 0x%08x)",
+                 thread_name(a).c_str(), thread_name(b).c_str(), op_names[a.op], a.mask,
+                 op_names[b.op], b.mask);
             return -1;
         }
     }
@@ -146,7 +157,7 @@ static int complete_shfl(Launch &l, size_t warp, size_t first) {
         const int src = source_lane(b, lane);
         if (!(a.mask >> src & 1u)) {
             fail(l, "thread %s reads lane %d in %s, which is not in the mask 0x%08x",
-                 thread_name(b).c_str(), src, SHFL, a.mask);
+                 thread_name(b).c_str(), src, op_names[a.op], a.mask);
             return -1;
         }
         b.result = l.fibers[warp * 32 + src].value;
@@ -162,15 +173,15 @@ static bool resolve(Launch &l) {
     bool progress = false;
     for (size_t warp = 0; warp * 32 < n; warp++)
         for (size_t i = warp * 32; i < n && i < warp * 32 + 32; i++)
-            if (l.fibers[i].state == AT_SHFL) {
-                const int r = complete_shfl(l, warp, i);
+            if (l.fibers[i].state == AT_WARP) {
+                const int r = complete_warp_op(l, warp, i);
                 if (r < 0) return false;
                 progress |= r > 0;
-                break; // one shuffle per warp per round
+                break; // one operation per warp per round
             }
     if (progress) return true;
     size_t at_sync = 0, exited = 0;
-    const Fiber *gone = nullptr, *waiting = nullptr, *in_shfl = nullptr;
+    const Fiber *gone = nullptr, *waiting = nullptr, *in_warp = nullptr;
     for (const Fiber &f : l.fibers) {
         if (f.state == AT_SYNCTHREADS) {
             at_sync++;
@@ -180,22 +191,22 @@ static bool resolve(Launch &l) {
             exited++;
             if (!gone) gone = &f;
         }
-        if (f.state == AT_SHFL && !in_shfl) in_shfl = &f;
+        if (f.state == AT_WARP && !in_warp) in_warp = &f;
     }
     if (at_sync == n) {
         for (Fiber &f : l.fibers) f.state = RUNNABLE;
         return true;
     }
-    if (in_shfl && waiting)
+    if (in_warp && waiting)
         fail(l, "deadlock: thread %s waits at %s while thread %s waits at __syncthreads()",
-             thread_name(*in_shfl).c_str(), SHFL, thread_name(*waiting).c_str());
+             thread_name(*in_warp).c_str(), op_names[in_warp->op], thread_name(*waiting).c_str());
     else if (gone && waiting)
         fail(l, "thread %s (and %zu more) exited while %zu threads wait at __syncthreads(), "
                 "e.g. thread %s: a barrier that not every thread of the block reaches",
              thread_name(*gone).c_str(), exited - 1, at_sync, thread_name(*waiting).c_str());
     else
         fail(l, "deadlock: thread %s waits at %s for lanes that never arrive",
-             in_shfl ? thread_name(*in_shfl).c_str() : "?", SHFL);
+             in_warp ? thread_name(*in_warp).c_str() : "?", in_warp ? op_names[in_warp->op] : "?");
     return false;
 }
 
@@ -212,6 +223,7 @@ static void run_block(Launch &l, char *stacks, size_t stack_size) {
         f.ctx.uc_link = &l.scheduler;
         makecontext(&f.ctx, fiber_main, 0);
     }
+    memset(l.shmem.data(), 0xff, l.shmem.size());
     memset(__start_pytfm_emu_shared, 0xff, __stop_pytfm_emu_shared - __start_pytfm_emu_shared);
     size_t exited = 0;
     while (exited < n) {
@@ -227,15 +239,16 @@ static void run_block(Launch &l, char *stacks, size_t stack_size) {
     }
 }
 
-void launch(dim3 grid, dim3 block, const std::function<void()> &body) {
+void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body) {
     const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     if (!grid.x || !grid.y || !grid.z || !threads || threads > 1024 || block.z > 64 ||
-        grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
+        grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u || shmem > 48 * 1024) {
         last_error = cudaErrorInvalidConfiguration;
         char buf[256];
         snprintf(buf, sizeof buf,
-                 "invalid configuration argument (emulator: grid (%u,%u,%u), block (%u,%u,%u))",
-                 grid.x, grid.y, grid.z, block.x, block.y, block.z);
+                 "invalid configuration argument (emulator: grid (%u,%u,%u), block (%u,%u,%u), "
+                 "%zu bytes of dynamic shared memory)",
+                 grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem);
         last_message = buf;
         return;
     }
@@ -259,6 +272,7 @@ void launch(dim3 grid, dim3 block, const std::function<void()> &body) {
     l.block = block;
     l.body = &body;
     l.fibers.resize(threads);
+    l.shmem.resize(shmem ? shmem : 1);
     active = &l;
     for (unsigned z = 0; z < grid.z && l.error.empty(); z++)
         for (unsigned y = 0; y < grid.y && l.error.empty(); y++)

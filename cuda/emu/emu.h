@@ -4,25 +4,28 @@
  * The .cu sources in cuda/ compile unchanged with a host C++17 compiler when this header stands in
  * for cuda_runtime.h (cuda/pytfm_cuda.cuh chooses). A launch runs its blocks one after another
  * on the calling OS thread; within a block every CUDA thread is a cooperative fiber (ucontext),
- * and a fiber runs until it reaches __syncthreads(), __shfl_xor_sync() or its end. So:
+ * and a fiber runs until it reaches __syncthreads(), a shuffle or its end. So:
  *   - __syncthreads() releases the block when every thread of it waits there;
- *   - __shfl_xor_sync completes when every lane named in its mask has reached it, and each
- *     lane reads what the others deposited, as on the GPU;
+ *   - a shuffle (__shfl_sync, __shfl_up_sync, __shfl_down_sync, __shfl_xor_sync) completes
+ *     when every lane named in its mask has reached it, and each lane reads what the others
+ *     deposited, as on the GPU;
  *   - a thread that exits, or waits at another barrier, while others wait for it is reported
  *     as a launch error (cudaGetLastError) that names the threads: never a hang;
  *   - __shared__ variables are statics in one section, so all fibers of a block share them;
- *     that section is refilled with 0xff bytes (NaN, -1) before every block, so a kernel that
- *     reads shared memory before writing it sees garbage, as it could on a GPU. One launch
- *     runs at a time in a process (a mutex serialises them).
+ *     that section and the dynamic shared memory are refilled with 0xff bytes (NaN, -1) before
+ *     every block, so a kernel that reads shared memory before writing it sees garbage, as it
+ *     could on a GPU. One launch runs at a time in a process (a mutex serialises them).
  * "Device pointers" are host pointers; streams are ignored. Launch configurations are checked
- * as the GPU would: at most 1024 threads per block, no empty grid.
+ * as the GPU would: at most 1024 threads per block, no empty grid, 48 KiB of dynamic shared
+ * memory.
  *
- * It provides what the kernels of cuda/ use, and no more: threadIdx, blockIdx, blockDim,
- * gridDim, static __shared__ memory, __launch_bounds__ (ignored), __syncthreads,
- * __shfl_xor_sync, rsqrtf, and the runtime calls cudaGetLastError, cudaGetErrorString/Name,
- * cudaGetDeviceCount and cudaStreamSynchronize. No dynamic shared memory, atomics, votes or
- * other shuffles: a kernel that needs one adds it here, with a check of it in
- * tests/cuda/emu_selftest.cu.
+ * It provides what the kernels of cuda/ use (threadIdx, blockIdx, blockDim, gridDim, static
+ * __shared__ memory, __launch_bounds__ (ignored), __syncthreads, __shfl_xor_sync, rsqrtf, and
+ * the runtime calls cudaGetLastError, cudaGetErrorString/Name, cudaGetDeviceCount and
+ * cudaStreamSynchronize), and what the coming attention and SGEMM kernels (issues 10 and 12)
+ * are written with: dynamic shared memory (PYTFM_DYNAMIC_SHARED, sized by PYTFM_LAUNCH's
+ * shared_bytes) and the other three shuffles. Each is checked in tests/cuda/emu_selftest.cu.
+ * No atomics or votes: a kernel that needs one adds it here, with a check of it there.
  */
 #ifndef PYTFM_EMU_H
 #define PYTFM_EMU_H
@@ -61,13 +64,25 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 
 namespace pytfm_emu {
 
+enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR };
+
 const dim3 &thread_idx();
 const dim3 &block_idx();
 const dim3 &block_dim();
 const dim3 &grid_dim();
+void *dynamic_shared();
 void syncthreads();
-uint64_t shfl_xor(unsigned mask, uint64_t value, int lane_mask, int width);
-void launch(dim3 grid, dim3 block, const std::function<void()> &body);
+uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width);
+void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body);
+
+template <class T> T shfl(WarpOp op, unsigned mask, T v, int arg, int width) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a word");
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof v);
+    bits = warp_op(op, mask, bits, arg, width);
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
 
 } // namespace pytfm_emu
 
@@ -86,13 +101,17 @@ void launch(dim3 grid, dim3 block, const std::function<void()> &body);
 #define __launch_bounds__(...)
 
 inline void __syncthreads() { pytfm_emu::syncthreads(); }
+template <class T> T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    return pytfm_emu::shfl(pytfm_emu::SHFL_IDX, mask, v, src, width);
+}
+template <class T> T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    return pytfm_emu::shfl(pytfm_emu::SHFL_UP, mask, v, (int)delta, width);
+}
+template <class T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    return pytfm_emu::shfl(pytfm_emu::SHFL_DOWN, mask, v, (int)delta, width);
+}
 template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
-    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a word");
-    uint64_t bits = 0;
-    memcpy(&bits, &v, sizeof v);
-    bits = pytfm_emu::shfl_xor(mask, bits, lane_mask, width);
-    memcpy(&v, &bits, sizeof v);
-    return v;
+    return pytfm_emu::shfl(pytfm_emu::SHFL_XOR, mask, v, lane_mask, width);
 }
 
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }

@@ -1,33 +1,46 @@
 /*
  * emu_selftest.cu — kernels that check the CUDA emulator itself (tests/test_cuda_emu.py):
- * __shfl_xor_sync against its definition, a missing barrier, a barrier that not every
- * thread reaches, a shuffle waiting for a lane that left, a bad launch configuration.
+ * the four shuffles against their definitions, a missing barrier over static and dynamic shared
+ * memory (both filled with NaN before the block), a barrier that not every thread reaches, a
+ * shuffle waiting for a lane that left, bad launch configurations (48 KiB of dynamic shared
+ * memory at most).
  * Built only into the emulator's test library, never into libpytfm.
  */
 #include "pytfm_cuda.cuh"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
-/* out[t] = the value 1000 + t' of the thread t' that thread t reads with __shfl_xor_sync */
-static __global__ void shfl_xor_kernel(int *out, int lane_mask, int width) {
-    const int t = threadIdx.x;
-    out[t] = __shfl_xor_sync(0xffffffffu, 1000 + t, lane_mask, width);
+/* out[4][n]: per thread t, the value 1000 + t' of the thread t' it reads with shfl idx(src),
+ * up(delta), down(delta), xor(lane_mask) */
+static __global__ void shuffles_kernel(int *out, int n, int src, int delta, int lane_mask,
+                                       int width) {
+    const int t = threadIdx.x, v = 1000 + t;
+    out[0 * n + t] = __shfl_sync(0xffffffffu, v, src, width);
+    out[1 * n + t] = __shfl_up_sync(0xffffffffu, v, (unsigned)delta, width);
+    out[2 * n + t] = __shfl_down_sync(0xffffffffu, v, (unsigned)delta, width);
+    out[3 * n + t] = __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
 }
 
-EXPORT pytfm_status emu_shfl_xor(int *out, int threads, int lane_mask, int width) {
-    return PYTFM_LAUNCH(shfl_xor_kernel, dim3(1), dim3(threads), nullptr, out, lane_mask, width);
+EXPORT pytfm_status emu_shuffles(int *out, int n, int src, int delta, int lane_mask, int width) {
+    return PYTFM_LAUNCH(shuffles_kernel, dim3(1), dim3(n), 0, nullptr, out, n, src, delta,
+                        lane_mask, width);
 }
 
-/* out[i] = in[n − 1 − i] through shared memory; with_barrier = 0 leaves out __syncthreads() */
-static __global__ void reverse_kernel(float *out, const float *in, int with_barrier) {
-    __shared__ float s[256];
+/* out[i] = in[n − 1 − i] through shared memory, static or (dynamic = 1) n floats of dynamic;
+ * with_barrier = 0 leaves out __syncthreads() */
+static __global__ void reverse_kernel(float *out, const float *in, int dynamic, int with_barrier) {
+    __shared__ float fixed[256];
+    PYTFM_DYNAMIC_SHARED(float, sized);
+    float *s = dynamic ? sized : fixed;
     s[threadIdx.x] = in[threadIdx.x];
     if (with_barrier) __syncthreads();
     out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
 }
 
-EXPORT pytfm_status emu_reverse(float *out, const float *in, int n, int with_barrier) {
-    return PYTFM_LAUNCH(reverse_kernel, dim3(1), dim3(n), nullptr, out, in, with_barrier);
+EXPORT pytfm_status emu_reverse(float *out, const float *in, int n, int dynamic,
+                                int with_barrier) {
+    return PYTFM_LAUNCH(reverse_kernel, dim3(1), dim3(n), dynamic ? n * sizeof(float) : 0, nullptr,
+                        out, in, dynamic, with_barrier);
 }
 
 /* threads at or past `stop` return before the block's barrier */
@@ -40,7 +53,7 @@ static __global__ void early_exit_kernel(float *out, int stop) {
 }
 
 EXPORT pytfm_status emu_early_exit(float *out, int n, int stop) {
-    return PYTFM_LAUNCH(early_exit_kernel, dim3(2), dim3(n), nullptr, out, stop);
+    return PYTFM_LAUNCH(early_exit_kernel, dim3(2), dim3(n), 0, nullptr, out, stop);
 }
 
 /* lane 31 leaves before the warp's shuffle */
@@ -50,15 +63,17 @@ static __global__ void shuffle_exit_kernel(float *out) {
 }
 
 EXPORT pytfm_status emu_shuffle_exit(float *out) {
-    return PYTFM_LAUNCH(shuffle_exit_kernel, dim3(1), dim3(32), nullptr, out);
+    return PYTFM_LAUNCH(shuffle_exit_kernel, dim3(1), dim3(32), 0, nullptr, out);
 }
 
-/* the block sum of pytfm_cuda.cuh, a total per block */
+/* the block sum of pytfm_cuda.cuh, a total per block, its scratch in dynamic shared memory */
 static __global__ void block_sum_kernel(float *out, const float *in) {
-    __shared__ float scratch[32];
+    PYTFM_DYNAMIC_SHARED(float, scratch);
     out[blockIdx.x] = pytfm__block_sum(in[blockIdx.x * blockDim.x + threadIdx.x], scratch);
 }
 
-EXPORT pytfm_status emu_block_sum(float *out, const float *in, int blocks, int threads) {
-    return PYTFM_LAUNCH(block_sum_kernel, dim3(blocks), dim3(threads), nullptr, out, in);
+EXPORT pytfm_status emu_block_sum(float *out, const float *in, int blocks, int threads,
+                                  int shared_bytes) {
+    return PYTFM_LAUNCH(block_sum_kernel, dim3(blocks), dim3(threads), (size_t)shared_bytes,
+                        nullptr, out, in);
 }
