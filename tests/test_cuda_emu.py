@@ -97,6 +97,13 @@ def test_emulator_reports_a_shuffle_with_a_lane_gone(emu):
         emu.call("emu_shuffle_exit", np.zeros(32, np.float32), stream=False)
 
 
+def test_emulator_reports_lanes_at_different_shuffles(emu):
+    with pytest.raises(EmuError, match=r"threads \(0,0,0\) and \(1,0,0\) of one warp wait at "
+                                       r"different warp operations \(__shfl_xor_sync, mask "
+                                       r"0xffffffff and __shfl_down_sync"):
+        emu.call("emu_mixed_shuffle", np.zeros(32, np.int32), stream=False)
+
+
 def test_emulator_block_sum_dynamic_shared_memory_and_launch_checks(emu):
     x = np.arange(3 * 96, dtype=np.float32).reshape(3, 96)
     for shared_bytes in (128, 48 * 1024):  # the scratch, or all a launch may ask for

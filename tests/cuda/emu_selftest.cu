@@ -2,8 +2,8 @@
  * emu_selftest.cu — kernels that check the CUDA emulator itself (tests/test_cuda_emu.py):
  * the four shuffles against their definitions, a missing barrier over static and dynamic shared
  * memory (both filled with NaN before the block), a barrier that not every thread reaches, a
- * shuffle waiting for a lane that left, bad launch configurations (48 KiB of dynamic shared
- * memory at most).
+ * shuffle waiting for a lane that left, lanes of a warp at different shuffles, bad launch
+ * configurations (48 KiB of dynamic shared memory at most).
  * Built only into the emulator's test library, never into libpytfm.
  */
 #include "pytfm_cuda.cuh"
@@ -64,6 +64,16 @@ static __global__ void shuffle_exit_kernel(float *out) {
 
 EXPORT pytfm_status emu_shuffle_exit(float *out) {
     return PYTFM_LAUNCH(shuffle_exit_kernel, dim3(1), dim3(32), 0, nullptr, out);
+}
+
+/* the even lanes of the warp shuffle with __shfl_xor_sync, the odd ones with __shfl_down_sync */
+static __global__ void mixed_shuffle_kernel(int *out) {
+    const int t = threadIdx.x;
+    out[t] = t % 2 ? __shfl_down_sync(0xffffffffu, t, 1) : __shfl_xor_sync(0xffffffffu, t, 1);
+}
+
+EXPORT pytfm_status emu_mixed_shuffle(int *out) {
+    return PYTFM_LAUNCH(mixed_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out);
 }
 
 /* the block sum of pytfm_cuda.cuh, a total per block, its scratch in dynamic shared memory */
