@@ -13,8 +13,8 @@ struct adamw_scalars {
 };
 
 static __global__ void adamw_kernel(float *param, float *m, float *v, const float *grad,
-                                    int64_t n, adamw_scalars s) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                                    int64_t count, adamw_scalars s) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float g = grad[i];
         const float mi = s.b1 * m[i] + s.c1 * g;
@@ -26,12 +26,12 @@ static __global__ void adamw_kernel(float *param, float *m, float *v, const floa
 }
 
 extern "C" pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, const float *grad,
-                                              int64_t n, int64_t step, double lr, double beta1,
-                                              double beta2, double eps, double weight_decay,
-                                              void *stream) {
-    PYTFM_TRY(pytfm__check_adamw(__func__, param, m, v, grad, n, step, lr, beta1, beta2, eps,
-                                 weight_decay));
-    if (n == 0) return PYTFM_STATUS_OK;
+                                              int64_t count, int64_t step, double lr,
+                                              double beta1, double beta2, double eps,
+                                              double weight_decay, void *stream) {
+    PYTFM_TRY(pytfm__check_adamw(__func__, param, m, v, grad, count, step, lr, beta1, beta2,
+                                 eps, weight_decay));
+    if (count == 0) return PYTFM_STATUS_OK;
     adamw_scalars s;
     s.decay = (float)(1.0 - lr * weight_decay);
     s.step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
@@ -39,6 +39,6 @@ extern "C" pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, 
     s.b1 = (float)beta1, s.c1 = (float)(1.0 - beta1); // 1 − β in double, then rounded
     s.b2 = (float)beta2, s.c2 = (float)(1.0 - beta2);
     s.eps = (float)eps;
-    return PYTFM_LAUNCH(adamw_kernel, dim3(pytfm__blocks(n, 256, PYTFM_MAX_BLOCKS)), dim3(256), 0,
-                        stream, param, m, v, grad, n, s);
+    return PYTFM_LAUNCH(adamw_kernel, dim3(pytfm__blocks(count, 256, PYTFM_MAX_BLOCKS)),
+                        dim3(256), 0, stream, param, m, v, grad, count, s);
 }

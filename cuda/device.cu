@@ -5,15 +5,15 @@
 
 extern "C" pytfm_status pytfm_cuda_device_count(int32_t *count) {
     PYTFM_CHECK_PTR(count, 1);
-    int n = 0;
-    const cudaError_t err = cudaGetDeviceCount(&n);
+    int devices = 0;
+    const cudaError_t err = cudaGetDeviceCount(&devices);
     if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
         cudaGetLastError(); // no device, or no driver to ask: zero devices, not a failure
-        n = 0;
+        devices = 0;
     } else if (err != cudaSuccess) {
         return pytfm__cuda_status(__func__, err);
     }
-    *count = n;
+    *count = devices;
     return PYTFM_STATUS_OK;
 }
 

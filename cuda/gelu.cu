@@ -11,23 +11,23 @@ static __device__ __forceinline__ float half_one_plus_tanh(float v) { // ½ (1 +
     return 1.0f / (1.0f + expf(-2.0f * PYTFM_GELU_K * (v + PYTFM_GELU_A * v * v * v)));
 }
 
-static __global__ void gelu_forward_kernel(float *y, const float *x, int64_t n) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+static __global__ void gelu_forward_kernel(float *y, const float *x, int64_t count) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] = x[i] * half_one_plus_tanh(x[i]);
 }
 
-extern "C" pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_t n,
+extern "C" pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_t count,
                                                 void *stream) {
-    PYTFM_TRY(pytfm__check_gelu_forward(__func__, y, x, n));
-    if (n == 0) return PYTFM_STATUS_OK;
-    return PYTFM_LAUNCH(gelu_forward_kernel, dim3(pytfm__blocks(n, 256, PYTFM_MAX_BLOCKS)),
-                        dim3(256), 0, stream, y, x, n);
+    PYTFM_TRY(pytfm__check_gelu_forward(__func__, y, x, count));
+    if (count == 0) return PYTFM_STATUS_OK;
+    return PYTFM_LAUNCH(gelu_forward_kernel, dim3(pytfm__blocks(count, 256, PYTFM_MAX_BLOCKS)),
+                        dim3(256), 0, stream, y, x, count);
 }
 
 static __global__ void gelu_backward_kernel(float *dx, const float *dy, const float *x,
-                                            int64_t n) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                                            int64_t count) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float v = x[i], s = half_one_plus_tanh(v);
         const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * v * v);
@@ -36,9 +36,9 @@ static __global__ void gelu_backward_kernel(float *dx, const float *dy, const fl
 }
 
 extern "C" pytfm_status pytfm_gelu_backward_cuda(float *dx, const float *dy, const float *x,
-                                                 int64_t n, void *stream) {
-    PYTFM_TRY(pytfm__check_gelu_backward(__func__, dx, dy, x, n));
-    if (n == 0) return PYTFM_STATUS_OK;
-    return PYTFM_LAUNCH(gelu_backward_kernel, dim3(pytfm__blocks(n, 256, PYTFM_MAX_BLOCKS)),
-                        dim3(256), 0, stream, dx, dy, x, n);
+                                                 int64_t count, void *stream) {
+    PYTFM_TRY(pytfm__check_gelu_backward(__func__, dx, dy, x, count));
+    if (count == 0) return PYTFM_STATUS_OK;
+    return PYTFM_LAUNCH(gelu_backward_kernel, dim3(pytfm__blocks(count, 256, PYTFM_MAX_BLOCKS)),
+                        dim3(256), 0, stream, dx, dy, x, count);
 }

@@ -7,8 +7,8 @@
  *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy                      (accumulated)
  * Rows: a warp per row up to 1024 columns, a block per row beyond; two passes (mean, then the
  * centred variance), so no cancellation when |μ| ≫ σ. The dw/db column sums are a second
- * kernel: a block takes 32 columns, its 8 thread rows walk the rows in a fixed stride and are
- * combined in a fixed order — no atomics, the same bits on every run.
+ * kernel, the fixed-order column reduction of pytfm_cuda.cuh: no atomics, the same bits on
+ * every run.
  */
 #include "pytfm_cuda.cuh"
 
@@ -70,33 +70,18 @@ static __global__ void layernorm_dx_kernel(float *dx, const float *dy, const flo
     }
 }
 
-enum { COLS_PER_BLOCK = 32, ROW_LANES = 8 };
-
-/* dw[j] += Σ_r dy[r, j] x̂[r, j], db[j] += Σ_r dy[r, j]: block (32, 8), 32 columns a block */
-static __global__ void layernorm_dwdb_kernel(float *dw, float *db, const float *dy,
-                                             const float *x, const float *mean,
-                                             const float *rstd, int64_t rows, int64_t cols) {
-    __shared__ float part_w[ROW_LANES][COLS_PER_BLOCK], part_b[ROW_LANES][COLS_PER_BLOCK];
-    const int64_t j = (int64_t)blockIdx.x * COLS_PER_BLOCK + threadIdx.x;
-    float sw = 0.0f, sb = 0.0f;
-    if (j < cols)
-        for (int64_t r = threadIdx.y; r < rows; r += ROW_LANES) {
-            const float g = dy[r * cols + j];
-            sw += g * (x[r * cols + j] - mean[r]) * rstd[r];
-            sb += g;
-        }
-    part_w[threadIdx.y][threadIdx.x] = sw;
-    part_b[threadIdx.y][threadIdx.x] = sb;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < cols) {
-        for (int i = 1; i < ROW_LANES; i++) {
-            sw += part_w[i][threadIdx.x];
-            sb += part_b[i][threadIdx.x];
-        }
-        dw[j] += sw;
-        db[j] += sb;
+/* dw[j] += Σ_r dy[r, j] x̂[r, j],  db[j] += Σ_r dy[r, j] */
+struct dwdb_term {
+    enum { K = 2 };
+    float *sums[K]; // dw, db
+    const float *dy, *x, *mean, *rstd;
+    int64_t cols;
+    __device__ void operator()(float *t, int64_t r, int64_t j) const {
+        const float g = dy[r * cols + j];
+        t[0] = g * (x[r * cols + j] - mean[r]) * rstd[r];
+        t[1] = g;
     }
-}
+};
 
 extern "C" pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, float *db,
                                                       const float *dy, const float *x,
@@ -109,8 +94,6 @@ extern "C" pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, floa
     PYTFM_TRY(PYTFM_LAUNCH_ROWS(layernorm_dx_kernel<true>, layernorm_dx_kernel<false>, rows,
                                 cols, PYTFM_MAX_BLOCKS, stream, dx, dy, x, w, mean, rstd, rows,
                                 cols));
-    static_assert(COLS_PER_BLOCK * ROW_LANES <= 1024, "one block");
-    return PYTFM_LAUNCH(layernorm_dwdb_kernel, dim3(pytfm__blocks(cols, COLS_PER_BLOCK, 1u << 30)),
-                        dim3(COLS_PER_BLOCK, ROW_LANES), 0, stream, dw, db, dy, x, mean, rstd,
-                        rows, cols);
+    return PYTFM_LAUNCH_COLUMN_SUM(dwdb_term{{dw, db}, dy, x, mean, rstd, cols}, rows, cols,
+                                   stream);
 }

@@ -48,9 +48,9 @@ static pytfm_status pytfm__launch(const char *func, void (*kernel)(P...), dim3 g
 
 #define PYTFM_LAUNCH(...) pytfm__launch(__func__, __VA_ARGS__)
 
-/* Blocks for n work items of `per_block` each, capped (kernels loop over the rest). */
-static inline unsigned pytfm__blocks(int64_t n, int64_t per_block, int64_t cap) {
-    const int64_t b = (n + per_block - 1) / per_block;
+/* Blocks for `items` work items of `per_block` each, capped (kernels loop over the rest). */
+static inline unsigned pytfm__blocks(int64_t items, int64_t per_block, int64_t cap) {
+    const int64_t b = (items + per_block - 1) / per_block;
     return (unsigned)(b < cap ? b : cap);
 }
 
@@ -125,13 +125,79 @@ static pytfm_status pytfm__launch_rows(const char *func, void (*warp_kernel)(P..
                                        int64_t max_blocks, void *stream, A... args) {
     const int64_t rows_per_block = PYTFM_ROW_THREADS / PYTFM_WARP;
     if (cols <= PYTFM_WARP_ROW_MAX)
-        return pytfm__launch(func, warp_kernel, dim3(pytfm__blocks(rows, rows_per_block, max_blocks)),
+        return pytfm__launch(func, warp_kernel,
+                             dim3(pytfm__blocks(rows, rows_per_block, max_blocks)),
                              dim3(PYTFM_ROW_THREADS), 0, stream, args...);
     return pytfm__launch(func, block_kernel, dim3(pytfm__blocks(rows, 1, max_blocks)),
                          dim3(PYTFM_ROW_THREADS), 0, stream, args...);
 }
 
 #define PYTFM_LAUNCH_ROWS(...) pytfm__launch_rows(__func__, __VA_ARGS__)
+
+/* A row's max m and Σ_j exp(x_j − m), both for every thread of the team (softmax, the
+ * cross-entropy's log-sum-exp m + log Σ). */
+struct pytfm__max_sumexp {
+    float max, sumexp;
+};
+
+template <bool kWarp>
+static __device__ pytfm__max_sumexp pytfm__row_max_sumexp(const pytfm__row_team<kWarp> &team,
+                                                           const float *x, int64_t cols,
+                                                           float *scratch) {
+    float max = -INFINITY;
+    for (int64_t j = team.rank; j < cols; j += team.size) max = fmaxf(max, x[j]);
+    max = team.max(max, scratch);
+    float sum = 0.0f;
+    for (int64_t j = team.rank; j < cols; j += team.size) sum += expf(x[j] - max);
+    return {max, team.sum(sum, scratch)};
+}
+
+/* ---- columns: sums[j] += Σ_r term(r, j), the same bits on every run ------------------ */
+
+/* One kernel for every column sum (the linear layer's db, LayerNorm's dw and db): a block
+ * takes PYTFM_COLUMNS columns; its PYTFM_COLUMN_LANES rows of threads ("lanes") walk the rows
+ * r = lane, lane + PYTFM_COLUMN_LANES, ..., and lane 0 then adds the others' partial sums in
+ * lane order. No atomics: a fixed order, the same bits on every run. A block per 32 columns,
+ * up to 2^30 blocks (no loop over columns). Term says what is summed:
+ *
+ *   struct term {
+ *       enum { K = 2 };  // how many sums (outputs) at once
+ *       float *sums[K];  // accumulated into: sums[k][j] += Σ_r t[k]
+ *       __device__ void operator()(float *t, int64_t r, int64_t j) const; // t[0..K) of (r, j)
+ *   };
+ */
+enum { PYTFM_COLUMNS = 32, PYTFM_COLUMN_LANES = 8 };
+
+template <class Term>
+static __global__ void pytfm__column_sum_kernel(Term term, int64_t rows, int64_t cols) {
+    __shared__ float part[Term::K][PYTFM_COLUMN_LANES][PYTFM_COLUMNS];
+    const int64_t j = (int64_t)blockIdx.x * PYTFM_COLUMNS + threadIdx.x;
+    float s[Term::K] = {}, t[Term::K];
+    if (j < cols)
+        for (int64_t r = threadIdx.y; r < rows; r += PYTFM_COLUMN_LANES) {
+            term(t, r, j);
+            for (int k = 0; k < Term::K; k++) s[k] += t[k];
+        }
+    for (int k = 0; k < Term::K; k++) part[k][threadIdx.y][threadIdx.x] = s[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && j < cols)
+        for (int k = 0; k < Term::K; k++) {
+            for (int i = 1; i < PYTFM_COLUMN_LANES; i++) s[k] += part[k][i][threadIdx.x];
+            term.sums[k][j] += s[k];
+        }
+}
+
+/* Launch the column sum of term over [rows, cols] (a block per PYTFM_COLUMNS columns). */
+template <class Term>
+static pytfm_status pytfm__launch_column_sum(const char *func, Term term, int64_t rows,
+                                             int64_t cols, void *stream) {
+    static_assert(PYTFM_COLUMNS * PYTFM_COLUMN_LANES <= 1024, "one block");
+    return pytfm__launch(func, pytfm__column_sum_kernel<Term>,
+                         dim3(pytfm__blocks(cols, PYTFM_COLUMNS, 1u << 30)),
+                         dim3(PYTFM_COLUMNS, PYTFM_COLUMN_LANES), 0, stream, term, rows, cols);
+}
+
+#define PYTFM_LAUNCH_COLUMN_SUM(...) pytfm__launch_column_sum(__func__, __VA_ARGS__)
 
 /* The most blocks an elementwise or row kernel launches; each then walks its share in a
  * grid-stride loop. The emulator caps at 3, so that the tests' small inputs walk those loops

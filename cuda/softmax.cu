@@ -5,8 +5,9 @@
  *   forward:  y = exp(x − max x) / Σ exp(x − max x)
  *   backward: with s = Σ_j dy_j y_j,  dx_i = y_i (dy_i − s)
  * A warp per row for rows of up to 1024 columns (8 rows per block, reductions by shuffles), a
- * block of 256 threads per row beyond (reductions through shared memory). Each pass re-reads
- * the row from global memory (L1/L2 hold it); sums are float, combined in a fixed order.
+ * block of 256 threads per row beyond (reductions through shared memory). Three passes over
+ * the row, each re-reading it from global memory (L1/L2 hold it): the max, Σ exp (the helper
+ * the cross-entropy shares, pytfm_cuda.cuh), then y; sums are float, in a fixed order.
  */
 #include "pytfm_cuda.cuh"
 
@@ -18,17 +19,9 @@ static __global__ void softmax_forward_kernel(float *y, const float *x, int64_t 
     for (int64_t r = team.first; r < rows; r += team.step) {
         const float *xr = x + r * cols;
         float *yr = y + r * cols;
-        float max = -INFINITY;
-        for (int64_t j = team.rank; j < cols; j += team.size) max = fmaxf(max, xr[j]);
-        max = team.max(max, scratch);
-        float sum = 0.0f;
-        for (int64_t j = team.rank; j < cols; j += team.size) {
-            const float e = expf(xr[j] - max);
-            yr[j] = e;
-            sum += e;
-        }
-        const float inv = 1.0f / team.sum(sum, scratch);
-        for (int64_t j = team.rank; j < cols; j += team.size) yr[j] *= inv;
+        const pytfm__max_sumexp row = pytfm__row_max_sumexp(team, xr, cols, scratch);
+        const float inv = 1.0f / row.sumexp;
+        for (int64_t j = team.rank; j < cols; j += team.size) yr[j] = expf(xr[j] - row.max) * inv;
     }
 }
 

@@ -70,16 +70,16 @@ MUTATIONS = {
     "cuda_sgemm_store_off_by_one": ("cuda/sgemm.cu", "if (gi < m && gj < n) {", "if (gi <= m && gj < n) {", EMU),
     "cuda_block_sum_no_barrier": ("cuda/pytfm_cuda.cuh", "    if (lane == 0) scratch[warp] = v;\n    __syncthreads();\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;",
                                   "    if (lane == 0) scratch[warp] = v;\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;", EMU),
-    "cuda_softmax_row_off_by_one": ("cuda/softmax.cu", "for (int64_t j = team.rank; j < cols; j += team.size) yr[j] *= inv;",
-                                    "for (int64_t j = team.rank; j <= cols; j += team.size) yr[j] *= inv;", EMU),
-    "cuda_layernorm_dwdb_no_barrier": ("cuda/layernorm.cu", "    part_b[threadIdx.y][threadIdx.x] = sb;\n    __syncthreads();",
-                                       "    part_b[threadIdx.y][threadIdx.x] = sb;", EMU),
-    "cuda_layernorm_early_return": ("cuda/layernorm.cu", "    float sw = 0.0f, sb = 0.0f;\n    if (j < cols)",
-                                    "    float sw = 0.0f, sb = 0.0f;\n    if (j >= cols) return;\n    if (j < cols)", EMU),
+    "cuda_softmax_row_off_by_one": ("cuda/softmax.cu", "for (int64_t j = team.rank; j < cols; j += team.size) yr[j] = expf(",
+                                    "for (int64_t j = team.rank; j <= cols; j += team.size) yr[j] = expf(", EMU),
+    "cuda_column_sum_no_barrier": ("cuda/pytfm_cuda.cuh", "part[k][threadIdx.y][threadIdx.x] = s[k];\n    __syncthreads();",
+                                   "part[k][threadIdx.y][threadIdx.x] = s[k];", EMU),
+    "cuda_column_sum_early_return": ("cuda/pytfm_cuda.cuh", "    float s[Term::K] = {}, t[Term::K];\n    if (j < cols)",
+                                     "    float s[Term::K] = {}, t[Term::K];\n    if (j >= cols) return;\n    if (j < cols)", EMU),
     "cuda_rope_pair_index": ("cuda/rope.cu", "const int64_t i = e % half, bth = e / half;",
                              "const int64_t i = e % half, bth = (e + 1) / half;", EMU),
-    "cuda_ce_count_ignores_ignore_index": ("cuda/cross_entropy.cu", "count += targets[i] != ignore_index;", "count += 1;", EMU),
-    "cuda_gelu_no_grid_stride": ("cuda/gelu.cu", "        y[i] = x[i] * half_one_plus_tanh(x[i]);", "        y[i] = x[i] * half_one_plus_tanh(x[i]), i = n;", EMU),
+    "cuda_ce_count_ignores_ignore_index": ("cuda/cross_entropy.cu", "kept += targets[i] != ignore_index;", "kept += 1;", EMU),
+    "cuda_gelu_no_grid_stride": ("cuda/gelu.cu", "        y[i] = x[i] * half_one_plus_tanh(x[i]);", "        y[i] = x[i] * half_one_plus_tanh(x[i]), i = count;", EMU),
     "cuda_embedding_backward_assign": ("cuda/embedding.cu", "dtable[id * dim + j] += dy[i * dim + j];",
                                        "dtable[id * dim + j] = dy[i * dim + j];", EMU),
     "cuda_adamw_no_bias_correction": ("cuda/adamw.cu", "(float)(lr / (1.0 - pow(beta1, (double)step)))", "(float)lr", EMU),
@@ -106,6 +106,8 @@ MUTATIONS = {
                                 "self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) * (1 if sinusoidal else 1e-3) if cfg.pos != \"rope\" else None", ["tests/test_model.py::test_without_positions_one_layer_cannot_see_the_order_of_what_came_before"]),
     "nn_decode_writes_saved": ("pytfm/nn.py", "h = x + self.attn.forward(self.ln_1.forward(x, save), pos, save, cache)",
                                "h = x + self.attn.forward(self.ln_1.forward(x), pos, save, cache)", ["tests/test_model.py::test_decoding_between_forward_and_backward_leaves_the_gradients_alone"]),
+    # issue 11, CUDA: the row max and Σexp that softmax and the cross-entropy's lse now share
+    "cuda_row_max_not_shared": ("cuda/pytfm_cuda.cuh", "    max = team.max(max, scratch);\n", "", EMU),
 }
 
 

@@ -12,8 +12,8 @@ from pytfm._core import check, ffi, lib
 def main():
     rng = np.random.default_rng(0)
     r = lambda *shape: cp.asarray(rng.standard_normal(shape).astype(np.float32))
-    for n, inn, out in ((1, 1, 1), (65, 17, 63), (33, 64, 129)):
-        x, w, b, dy = r(n, inn), r(out, inn), r(out), r(n, out)
+    for rows, inn, out in ((1, 1, 1), (65, 17, 63), (33, 64, 129)):
+        x, w, b, dy = r(rows, inn), r(out, inn), r(out), r(rows, out)
         ops.linear_forward(x, w, b)
         ops.linear_backward(dy, x, w)
     for rows, cols in ((1, 1), (3, 33), (9, 1024), (2, 1025), (5, 3000)):
@@ -27,10 +27,10 @@ def main():
         ops.cross_entropy_backward(x, targets, lse)
     x, pos = r(2, 5, 3, 10), cp.arange(5, dtype=cp.int64)
     ops.rope_backward(ops.rope_forward(x, pos), pos)
-    for n in (1, 257, 5000):
-        x = r(n)
-        ops.gelu_backward(r(n), ops.gelu_forward(x))
-        ops.adamw_step(r(n), r(n), r(n), cp.abs(r(n)), 3, 1e-3, weight_decay=0.1)
+    for count in (1, 257, 5000):
+        x = r(count)
+        ops.gelu_backward(r(count), ops.gelu_forward(x))
+        ops.adamw_step(r(count), r(count), r(count), cp.abs(r(count)), 3, 1e-3, weight_decay=0.1)
     ids = cp.asarray(rng.integers(0, 7, size=40))
     ops.embedding_forward(ids, r(7, 33))
     ops.embedding_backward(r(40, 33), ids, 7)

@@ -21,9 +21,10 @@ SELFTEST = os.path.join(ROOT, "tests", "cuda", "emu_selftest.cu")
 SELFTEST_CDEF = """
 void pytfm_emu_set_order(int reverse);
 pytfm_status emu_shuffles(int *out, int n, int src, int delta, int lane_mask, int width);
-pytfm_status emu_reverse(float *out, const float *in, int n, int with_barrier);
+pytfm_status emu_reverse(float *out, const float *in, int n, int dynamic, int with_barrier);
 pytfm_status emu_early_exit(float *out, int n, int stop);
 pytfm_status emu_shuffle_exit(float *out);
+pytfm_status emu_mixed_shuffle(int *out);
 pytfm_status emu_block_sum(float *out, const float *in, int blocks, int threads,
                            int shared_bytes);
 """

@@ -45,35 +45,39 @@ def f32(rng, shape, scale=1.0, offset=0.0):
 
 
 @pytest.mark.parametrize("width", [32, 16, 8])
-def test_emulator_warp_primitives_follow_their_definitions(emu, width):
-    n, src, delta, lane_mask = 64, 5, 3, 6
-    out = np.zeros((5, n), np.int32)
-    emu.call("emu_shuffles", out, n, src, delta, lane_mask, width, stream=False)
-    lane = np.arange(n) % 32
-    base = lane & ~(width - 1)
-    warp0 = np.arange(n) - lane  # thread id of lane 0 of the warp
-    v = 1000 + warp0
-    np.testing.assert_array_equal(out[0], v + base + src % width)
+@pytest.mark.parametrize("src,delta,lane_mask", [(5, 3, 6), (0, 1, 1), (31, 16, 16),
+                                                 (12, 31, 31)])
+def test_emulator_shuffles_follow_their_definitions(emu, width, src, delta, lane_mask):
+    threads = 64  # two warps
+    out = np.zeros((4, threads), np.int32)
+    emu.call("emu_shuffles", out, threads, src, delta, lane_mask, width, stream=False)
+    lane = np.arange(threads) % 32
+    base = lane & ~(width - 1)  # the first lane of this lane's group of `width`
+    v = 1000 + np.arange(threads) - lane  # + lane: the value of that lane of the warp
+    # a lane that would read outside its group of `width` reads its own value
+    np.testing.assert_array_equal(out[0], v + base + src % width)  # __shfl_sync
     np.testing.assert_array_equal(out[1], v + np.where(lane - delta >= base, lane - delta, lane))
     np.testing.assert_array_equal(out[2], v + np.where(lane + delta < base + width, lane + delta,
                                                        lane))
     x = lane ^ lane_mask
     np.testing.assert_array_equal(out[3], v + np.where(x < base + width, x, lane))
-    for w in (0, 1):
-        votes = sum(1 << b for b in range(32) if (w * 32 + b) % 3 == 0)
-        ballot = np.array(votes, np.uint32).view(np.int32)
-        assert (out[4][w * 32:(w + 1) * 32] == ballot).all()
 
 
-def test_emulator_catches_a_missing_barrier(emu):
+@pytest.mark.parametrize("dynamic", [0, 1], ids=["static", "dynamic"])
+def test_emulator_catches_a_missing_barrier(emu, dynamic):
+    """Without the barrier, a thread reads the slot of a thread that has not run yet: the NaN
+    the emulator fills shared memory with, static or dynamic, not the last launch's value."""
     x = np.arange(256, dtype=np.float32)
+    first_half = np.arange(256) < 128  # thread i reads the slot thread 255 − i writes
     for reverse in (0, 1):
         emu.lib.pytfm_emu_set_order(reverse)
         good, bad = np.zeros_like(x), np.zeros_like(x)
-        emu.call("emu_reverse", good, x, 256, 1, stream=False)
-        emu.call("emu_reverse", bad, x, 256, 0, stream=False)
+        emu.call("emu_reverse", good, x, 256, dynamic, 1, stream=False)
+        emu.call("emu_reverse", bad, x, 256, dynamic, 0, stream=False)
         np.testing.assert_array_equal(good, x[::-1])
-        assert (bad != x[::-1]).any(), "a missing __syncthreads went unseen"
+        unwritten = first_half if not reverse else ~first_half
+        assert np.isnan(bad[unwritten]).all(), "a missing __syncthreads went unseen"
+        np.testing.assert_array_equal(bad[~unwritten], x[::-1][~unwritten])
     emu.lib.pytfm_emu_set_order(0)
 
 
@@ -93,15 +97,25 @@ def test_emulator_reports_a_shuffle_with_a_lane_gone(emu):
         emu.call("emu_shuffle_exit", np.zeros(32, np.float32), stream=False)
 
 
+def test_emulator_reports_lanes_at_different_shuffles(emu):
+    with pytest.raises(EmuError, match=r"threads \(0,0,0\) and \(1,0,0\) of one warp wait at "
+                                       r"different warp operations \(__shfl_xor_sync, mask "
+                                       r"0xffffffff and __shfl_down_sync"):
+        emu.call("emu_mixed_shuffle", np.zeros(32, np.int32), stream=False)
+
+
 def test_emulator_block_sum_dynamic_shared_memory_and_launch_checks(emu):
     x = np.arange(3 * 96, dtype=np.float32).reshape(3, 96)
-    out = np.zeros(3, np.float32)
-    emu.call("emu_block_sum", out, x, 3, 96, 128, stream=False)
-    np.testing.assert_array_equal(out, x.sum(axis=1))
+    for shared_bytes in (128, 48 * 1024):  # the scratch, or all a launch may ask for
+        out = np.zeros(3, np.float32)
+        emu.call("emu_block_sum", out, x, 3, 96, shared_bytes, stream=False)
+        np.testing.assert_array_equal(out, x.sum(axis=1))
     with pytest.raises(EmuError, match="invalid configuration argument"):
         emu.call("emu_block_sum", out, x, 1, 1056, 128, stream=False)  # > 1024 threads
     with pytest.raises(EmuError, match="invalid configuration argument"):
         emu.call("emu_block_sum", out, x, 0, 96, 128, stream=False)  # an empty grid
+    with pytest.raises(EmuError, match="invalid configuration argument.* 49153 bytes of dynamic"):
+        emu.call("emu_block_sum", out, x, 3, 96, 48 * 1024 + 1, stream=False)  # > 48 KiB
 
 
 def test_cuda_entry_points_check_their_arguments(emu):
@@ -138,31 +152,31 @@ def test_sgemm(emu, order, m, n, k, trans_a, trans_b):
     g.check()
 
 
-@pytest.mark.parametrize("n,inn,out", [(1, 1, 1), (3, 5, 7), (65, 17, 63), (33, 64, 65)])
+@pytest.mark.parametrize("rows,inn,out", [(1, 1, 1), (3, 5, 7), (65, 17, 63), (33, 64, 65)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear(emu, order, n, inn, out, bias):
-    rng = np.random.default_rng(n + inn + out)
+def test_linear(emu, order, rows, inn, out, bias):
+    rng = np.random.default_rng(rows + inn + out)
     g = Guarded()
-    x, w = f32(rng, (n, inn)), f32(rng, (out, inn))
+    x, w = f32(rng, (rows, inn)), f32(rng, (out, inn))
     b = f32(rng, out) if bias else None
-    y = g.empty((n, out))
-    emu.call("pytfm_linear_forward_cuda", y, g(x), g(w), g(b) if bias else None, n, inn, out)
+    y = g.empty((rows, out))
+    emu.call("pytfm_linear_forward_cuda", y, g(x), g(w), g(b) if bias else None, rows, inn, out)
     bound = ref.linear_forward(abs(x), abs(w), None if b is None else abs(b))
     close("linear.forward", y, ref.linear_forward(x, w, b), ops.linear_forward(x, w, b),
           atol=2 * inn * EPS32 * bound)
 
-    dy = f32(rng, (n, out))
+    dy = f32(rng, (rows, out))
     dw0, db0 = f32(rng, (out, inn)), f32(rng, out)  # accumulated into
-    dx, dw, db = g.empty((n, inn)), g(dw0), g(db0) if bias else None
-    emu.call("pytfm_linear_backward_cuda", dx, dw, db, g(dy), g(x), g(w), n, inn, out)
+    dx, dw, db = g.empty((rows, inn)), g(dw0), g(db0) if bias else None
+    emu.call("pytfm_linear_backward_cuda", dx, dw, db, g(dy), g(x), g(w), rows, inn, out)
     rdx, rdw, rdb = ref.linear_backward(dy, x, w)
     adx, adw, adb = ref.linear_backward(abs(dy), abs(x), abs(w))
     cdx, cdw, cdb = ops.linear_backward(dy, x, w, has_bias=bias, dw=dw0.copy(),
                                         db=db0.copy() if bias else None)
     close("linear.backward.dx", dx, rdx, cdx, atol=2 * out * EPS32 * adx)
-    close("linear.backward.dw", dw, dw0 + rdw, cdw, atol=2 * n * EPS32 * (adw + abs(dw0)))
+    close("linear.backward.dw", dw, dw0 + rdw, cdw, atol=2 * rows * EPS32 * (adw + abs(dw0)))
     if bias:
-        close("linear.backward.db", db, db0 + rdb, cdb, atol=2 * n * EPS32 * (adb + abs(db0)))
+        close("linear.backward.db", db, db0 + rdb, cdb, atol=2 * rows * EPS32 * (adb + abs(db0)))
     g.check()
 
 
@@ -238,43 +252,43 @@ def test_rope(emu, order, B, T, H, D, batched):
     g.check()
 
 
-@pytest.mark.parametrize("n", [1, 7, 255, 257, 1000])
-def test_gelu(emu, order, n):
-    rng = np.random.default_rng(n)
+@pytest.mark.parametrize("count", [1, 7, 255, 257, 1000])
+def test_gelu(emu, order, count):
+    rng = np.random.default_rng(count)
     g = Guarded()
-    x = f32(rng, n, 3.0)
-    y = g.empty(n)
-    emu.call("pytfm_gelu_forward_cuda", y, g(x), n)
+    x = f32(rng, count, 3.0)
+    y = g.empty(count)
+    emu.call("pytfm_gelu_forward_cuda", y, g(x), count)
     close("gelu.forward", y, ref.gelu_forward(x), ops.gelu_forward(x),
           atol=4 * EPS32 * (1.0 + abs(x)))
-    dy = f32(rng, n)
-    dx = g.empty(n)
-    emu.call("pytfm_gelu_backward_cuda", dx, g(dy), g(x), n)
+    dy = f32(rng, count)
+    dx = g.empty(count)
+    emu.call("pytfm_gelu_backward_cuda", dx, g(dy), g(x), count)
     close("gelu.backward", dx, ref.gelu_backward(dy, x), ops.gelu_backward(dy, x),
           atol=8 * EPS32 * (1.0 + abs(x)) * abs(dy))
     g.check()
 
 
-@pytest.mark.parametrize("n,vocab,dim", [(1, 1, 1), (7, 3, 5), (40, 2, 65), (3, 1, 33),
-                                         (100, 7, 70)])
-def test_embedding(emu, order, n, vocab, dim):
-    rng = np.random.default_rng(n * vocab * dim)
+@pytest.mark.parametrize("rows,vocab,dim", [(1, 1, 1), (7, 3, 5), (40, 2, 65), (3, 1, 33),
+                                            (100, 7, 70)])
+def test_embedding(emu, order, rows, vocab, dim):
+    rng = np.random.default_rng(rows * vocab * dim)
     g = Guarded()
     table = f32(rng, (vocab, dim))
-    ids = rng.integers(0, vocab, size=n)  # few rows, many ids: repeats are common
-    y = g.empty((n, dim))
-    emu.call("pytfm_embedding_forward_cuda", y, g(ids, np.int64), g(table), n, vocab, dim)
+    ids = rng.integers(0, vocab, size=rows)  # a small table, many ids: repeats are common
+    y = g.empty((rows, dim))
+    emu.call("pytfm_embedding_forward_cuda", y, g(ids, np.int64), g(table), rows, vocab, dim)
     close("embedding.forward", y, ref.embedding_forward(ids, table),
           ops.embedding_forward(ids, table), atol=0, rtol=0)
-    dy = f32(rng, (n, dim))
+    dy = f32(rng, (rows, dim))
     dt0 = f32(rng, (vocab, dim))
     dtable = g(dt0)
-    emu.call("pytfm_embedding_backward_cuda", dtable, g(dy), g(ids, np.int64), n, vocab, dim)
+    emu.call("pytfm_embedding_backward_cuda", dtable, g(dy), g(ids, np.int64), rows, vocab, dim)
     want_c = ops.embedding_backward(dy, ids, vocab, dtable=dt0.copy())
     np.testing.assert_array_equal(dtable, want_c)  # same order of additions: same bits
     assert_close("cuda-emu.embedding.backward", dtable,
                  dt0 + ref.embedding_backward(dy, ids, vocab),
-                 atol=2 * n * EPS32 * (float(abs(dy).max()) + abs(dt0)))
+                 atol=2 * rows * EPS32 * (float(abs(dy).max()) + abs(dt0)))
     g.check()
 
 
@@ -286,25 +300,25 @@ def test_embedding_bad_id_gives_a_nan_row(emu):
     assert np.isnan(y[1:3]).all() and (y[[0, 3]] == 1).all()
 
 
-@pytest.mark.parametrize("n,V", [(1, 1), (5, 7), (9, 33), (3, 1025), (70, 5), (30, 1100)])
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (5, 7), (9, 33), (3, 1025), (70, 5), (30, 1100)])
 @pytest.mark.parametrize("ignore_index,ignored", [(-1, 0.0), (-100, 0.3), (0, 0.5), (-1, 1.0)])
-def test_cross_entropy(emu, order, n, V, ignore_index, ignored):
-    rng = np.random.default_rng(n * V)
+def test_cross_entropy(emu, order, rows, vocab, ignore_index, ignored):
+    rng = np.random.default_rng(rows * vocab)
     g = Guarded()
-    logits = f32(rng, (n, V), 3.0, -30.0)
-    targets = rng.integers(0, V, size=n)
-    targets[rng.random(n) < ignored] = ignore_index
-    loss, lse = g.empty(1), g.empty(n)
-    emu.call("pytfm_cross_entropy_forward_cuda", loss, lse, g(logits), g(targets, np.int64), n, V,
-             ignore_index)
+    logits = f32(rng, (rows, vocab), 3.0, -30.0)
+    targets = rng.integers(0, vocab, size=rows)
+    targets[rng.random(rows) < ignored] = ignore_index
+    loss, lse = g.empty(1), g.empty(rows)
+    emu.call("pytfm_cross_entropy_forward_cuda", loss, lse, g(logits), g(targets, np.int64), rows,
+             vocab, ignore_index)
     rloss, rlse = ref.cross_entropy_forward(logits, targets, ignore_index)
     closs, clse = ops.cross_entropy_forward(logits, targets, ignore_index)
     mag = EPS32 * float(abs(logits).max())
     close("cross_entropy.forward.lse", lse, rlse, clse, atol=1e-6 + 4 * mag, rtol=1e-6)
     close("cross_entropy.forward.loss", loss[0], rloss, closs, atol=1e-6 + 4 * mag, rtol=1e-5)
-    dlogits = g.empty((n, V))
+    dlogits = g.empty((rows, vocab))
     emu.call("pytfm_cross_entropy_backward_cuda", dlogits, g(logits), g(targets, np.int64), g(lse),
-             n, V, ignore_index, -3.0)
+             rows, vocab, ignore_index, -3.0)
     kept = max(int((targets != ignore_index).sum()), 1)
     close("cross_entropy.backward", dlogits,
           ref.cross_entropy_backward(logits, targets, ignore_index, -3.0),
@@ -313,18 +327,18 @@ def test_cross_entropy(emu, order, n, V, ignore_index, ignored):
     g.check()
 
 
-@pytest.mark.parametrize("n", [1, 7, 257, 1000])
+@pytest.mark.parametrize("count", [1, 7, 257, 1000])
 @pytest.mark.parametrize("step,weight_decay", [(1, 0.0), (1000, 0.1)])
-def test_adamw(emu, order, n, step, weight_decay):
-    rng = np.random.default_rng(n + step)
+def test_adamw(emu, order, count, step, weight_decay):
+    rng = np.random.default_rng(count + step)
     g = Guarded()
-    param, grad = f32(rng, n), f32(rng, n)
-    m, v = f32(rng, n, 0.1), abs(f32(rng, n, 0.1))
+    param, grad = f32(rng, count), f32(rng, count)
+    m, v = f32(rng, count, 0.1), abs(f32(rng, count, 0.1))
     want = ref.adamw_step(param, grad, m, v, step, 1e-3, 0.9, 0.999, 1e-8, weight_decay)
     cp, cm, cv = param.copy(), m.copy(), v.copy()
     ops.adamw_step(cp, grad, cm, cv, step, 1e-3, 0.9, 0.999, 1e-8, weight_decay)
     gp, gm, gv = g(param), g(m), g(v)
-    emu.call("pytfm_adamw_step_cuda", gp, gm, gv, g(grad), n, step, 1e-3, 0.9, 0.999, 1e-8,
+    emu.call("pytfm_adamw_step_cuda", gp, gm, gv, g(grad), count, step, 1e-3, 0.9, 0.999, 1e-8,
              weight_decay)
     for name, got, before, r, c in zip(("param", "m", "v"), (gp, gm, gv), (param, m, v), want,
                                        (cp, cm, cv)):

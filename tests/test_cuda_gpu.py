@@ -34,17 +34,18 @@ def same(name, gpu, cpu, atol, rtol=1e-5):
                  cpu, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("n,inn,out", [(1, 1, 1), (65, 17, 63), (256, 512, 384), (1000, 129, 3)])
-def test_linear(n, inn, out):
-    rng = np.random.default_rng(n)
-    (x, gx), (w, gw), (b, gb) = both(rng, (n, inn)), both(rng, (out, inn)), both(rng, out)
+@pytest.mark.parametrize("rows,inn,out", [(1, 1, 1), (65, 17, 63), (256, 512, 384),
+                                          (1000, 129, 3)])
+def test_linear(rows, inn, out):
+    rng = np.random.default_rng(rows)
+    (x, gx), (w, gw), (b, gb) = both(rng, (rows, inn)), both(rng, (out, inn)), both(rng, out)
     tol = 4 * inn * EPS32 * (abs(x) @ abs(w).T + abs(b))
     same("linear.forward", ops.linear_forward(gx, gw, gb), ops.linear_forward(x, w, b), tol)
-    dy, gdy = both(rng, (n, out))
+    dy, gdy = both(rng, (rows, out))
     for name, g, c in zip(("dx", "dw", "db"), ops.linear_backward(gdy, gx, gw),
                           ops.linear_backward(dy, x, w)):
         same(f"linear.backward.{name}", g, c,
-             atol=4 * max(n, out) * EPS32 * float(abs(c).max() + 1))
+             atol=4 * max(rows, out) * EPS32 * float(abs(c).max() + 1))
 
 
 @pytest.mark.parametrize("rows,cols", SIZES)
@@ -87,9 +88,9 @@ def test_rope_gelu_embedding_cross_entropy_adamw():
     with pytest.raises(ValueError, match=r"ids\[1\] = 50 is outside \[0, 50\)"):
         ops.embedding_forward(cp.asarray(np.array([0, 50])), gtable)
 
-    for V in (5, 256, 5000):
-        logits, glogits = both(rng, (300, V), 3.0)
-        targets = rng.integers(0, V, size=300)
+    for vocab in (5, 256, 5000):
+        logits, glogits = both(rng, (300, vocab), 3.0)
+        targets = rng.integers(0, vocab, size=300)
         targets[::7] = -1
         loss, lse = ops.cross_entropy_forward(logits, targets)
         gloss, glse = ops.cross_entropy_forward(glogits, cp.asarray(targets))

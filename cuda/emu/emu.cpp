@@ -1,7 +1,7 @@
 /*
  * emu.cpp — the scheduler behind emu.h: blocks one after another, the threads of a block as
- * cooperative fibers (ucontext), barriers and warp primitives resolved when every thread they
- * wait for has arrived, and a launch error instead of a hang when that can never happen.
+ * cooperative fibers (ucontext), barriers and shuffles resolved when every thread they wait
+ * for has arrived, and a launch error instead of a hang when that can never happen.
  */
 #include "emu.h"
 
@@ -23,9 +23,8 @@ namespace pytfm_emu {
 
 enum State { RUNNABLE, AT_SYNCTHREADS, AT_WARP, EXITED };
 
-static const char *const op_names[] = {"__shfl_sync",   "__shfl_up_sync", "__shfl_down_sync",
-                                       "__shfl_xor_sync", "__ballot_sync", "__any_sync",
-                                       "__all_sync",    "__syncwarp"};
+static const char *const op_names[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
+                                       "__shfl_xor_sync"};
 
 struct Fiber {
     ucontext_t ctx;
@@ -108,8 +107,8 @@ static int source_lane(const Fiber &f, int lane) {
     case SHFL_UP: return lane - f.arg >= base ? lane - f.arg : lane;
     case SHFL_DOWN: return lane + f.arg < base + w ? lane + f.arg : lane;
     case SHFL_XOR: return (lane ^ f.arg) < base + w ? lane ^ f.arg : lane;
-    default: return lane;
     }
+    return lane; // not reached: every WarpOp is a shuffle named above
 }
 
 /* Complete the warp operation that lane `first` of `warp` waits at, if all its lanes are
@@ -152,27 +151,16 @@ static int complete_warp_op(Launch &l, size_t warp, size_t first) {
             return -1;
         }
     }
-    uint64_t votes = 0;
-    for (int lane = 0; lane < 32; lane++)
-        if (a.mask >> lane & 1u) votes |= (uint64_t)(l.fibers[warp * 32 + lane].value != 0) << lane;
     for (int lane = 0; lane < 32; lane++) {
         if (!(a.mask >> lane & 1u)) continue;
         Fiber &b = l.fibers[warp * 32 + lane];
-        if (a.op <= SHFL_XOR) {
-            const int src = source_lane(b, lane);
-            if (!(a.mask >> src & 1u)) {
-                fail(l, "thread %s reads lane %d in %s, which is not in the mask 0x%08x",
-                     thread_name(b).c_str(), src, op_names[a.op], a.mask);
-                return -1;
-            }
-            b.result = l.fibers[warp * 32 + src].value;
-        } else if (a.op == BALLOT) {
-            b.result = votes;
-        } else if (a.op == ANY) {
-            b.result = votes != 0;
-        } else if (a.op == ALL) {
-            b.result = votes == (uint64_t)a.mask;
+        const int src = source_lane(b, lane);
+        if (!(a.mask >> src & 1u)) {
+            fail(l, "thread %s reads lane %d in %s, which is not in the mask 0x%08x",
+                 thread_name(b).c_str(), src, op_names[a.op], a.mask);
+            return -1;
         }
+        b.result = l.fibers[warp * 32 + src].value;
     }
     for (int lane = 0; lane < 32; lane++)
         if (a.mask >> lane & 1u) l.fibers[warp * 32 + lane].state = RUNNABLE;
@@ -315,12 +303,9 @@ cudaError_t cudaGetLastError(void) {
     return e;
 }
 
-cudaError_t cudaPeekAtLastError(void) { return pytfm_emu::last_error; }
-
 const char *cudaGetErrorString(cudaError_t error) {
     switch (error) {
     case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInsufficientDriver:
         return "CUDA driver version is insufficient for CUDA runtime version";
@@ -333,7 +318,6 @@ const char *cudaGetErrorString(cudaError_t error) {
 const char *cudaGetErrorName(cudaError_t error) {
     switch (error) {
     case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
@@ -348,8 +332,3 @@ cudaError_t cudaGetDeviceCount(int *count) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-
-cudaError_t cudaRuntimeGetVersion(int *version) {
-    *version = 0;
-    return cudaSuccess;
-}

@@ -4,9 +4,9 @@
  * The .cu sources in cuda/ compile unchanged with a host C++17 compiler when this header stands in
  * for cuda_runtime.h (cuda/pytfm_cuda.cuh chooses). A launch runs its blocks one after another
  * on the calling OS thread; within a block every CUDA thread is a cooperative fiber (ucontext),
- * and a fiber runs until it reaches __syncthreads(), a warp primitive or its end. So:
+ * and a fiber runs until it reaches __syncthreads(), a shuffle or its end. So:
  *   - __syncthreads() releases the block when every thread of it waits there;
- *   - a warp primitive (__shfl_*_sync, __ballot_sync, __any/__all_sync, __syncwarp) completes
+ *   - a shuffle (__shfl_sync, __shfl_up_sync, __shfl_down_sync, __shfl_xor_sync) completes
  *     when every lane named in its mask has reached it, and each lane reads what the others
  *     deposited, as on the GPU;
  *   - a thread that exits, or waits at another barrier, while others wait for it is reported
@@ -15,9 +15,17 @@
  *     that section and the dynamic shared memory are refilled with 0xff bytes (NaN, -1) before
  *     every block, so a kernel that reads shared memory before writing it sees garbage, as it
  *     could on a GPU. One launch runs at a time in a process (a mutex serialises them).
- * "Device pointers" are host pointers; streams are ignored. Atomics are plain read-modify-
- * writes (one fiber runs at a time). Launch configurations are checked as the GPU would:
- * at most 1024 threads per block, no empty grid, 48 KiB of dynamic shared memory.
+ * "Device pointers" are host pointers; streams are ignored. Launch configurations are checked
+ * as the GPU would: at most 1024 threads per block, no empty grid, 48 KiB of dynamic shared
+ * memory.
+ *
+ * It provides what the kernels of cuda/ use (threadIdx, blockIdx, blockDim, gridDim, static
+ * __shared__ memory, __launch_bounds__ (ignored), __syncthreads, __shfl_xor_sync, rsqrtf, and
+ * the runtime calls cudaGetLastError, cudaGetErrorString/Name, cudaGetDeviceCount and
+ * cudaStreamSynchronize), and what the coming attention and SGEMM kernels (issues 10 and 12)
+ * are written with: dynamic shared memory (PYTFM_DYNAMIC_SHARED, sized by PYTFM_LAUNCH's
+ * shared_bytes) and the other three shuffles. Each is checked in tests/cuda/emu_selftest.cu.
+ * No atomics or votes: a kernel that needs one adds it here, with a check of it there.
  */
 #ifndef PYTFM_EMU_H
 #define PYTFM_EMU_H
@@ -41,7 +49,6 @@ typedef struct pytfm_emu_stream *cudaStream_t;
 
 enum cudaError {
     cudaSuccess = 0,
-    cudaErrorInvalidValue = 1,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInsufficientDriver = 35,
     cudaErrorNoDevice = 100,
@@ -50,16 +57,14 @@ enum cudaError {
 typedef enum cudaError cudaError_t;
 
 cudaError_t cudaGetLastError(void);
-cudaError_t cudaPeekAtLastError(void);
 const char *cudaGetErrorString(cudaError_t error);
 const char *cudaGetErrorName(cudaError_t error);
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
-cudaError_t cudaRuntimeGetVersion(int *version);
 
 namespace pytfm_emu {
 
-enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ANY, ALL, SYNCWARP };
+enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR };
 
 const dim3 &thread_idx();
 const dim3 &block_idx();
@@ -85,11 +90,9 @@ template <class T> T shfl(WarpOp op, unsigned mask, T v, int arg, int width) {
 #define blockIdx (::pytfm_emu::block_idx())
 #define blockDim (::pytfm_emu::block_dim())
 #define gridDim (::pytfm_emu::grid_dim())
-#define warpSize 32
 
 #define __global__
 #define __device__
-#define __host__
 #define __forceinline__ inline
 /* __shared__ variables are placed in one section, which the emulator refills with 0xff bytes
  * (NaN for floats, -1 for integers) before every block, as the GPU leaves shared memory
@@ -98,9 +101,6 @@ template <class T> T shfl(WarpOp op, unsigned mask, T v, int arg, int width) {
 #define __launch_bounds__(...)
 
 inline void __syncthreads() { pytfm_emu::syncthreads(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-    pytfm_emu::warp_op(pytfm_emu::SYNCWARP, mask, 0, 0, 32);
-}
 template <class T> T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
     return pytfm_emu::shfl(pytfm_emu::SHFL_IDX, mask, v, src, width);
 }
@@ -113,51 +113,7 @@ template <class T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int wi
 template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
     return pytfm_emu::shfl(pytfm_emu::SHFL_XOR, mask, v, lane_mask, width);
 }
-inline unsigned __ballot_sync(unsigned mask, int pred) {
-    return (unsigned)pytfm_emu::warp_op(pytfm_emu::BALLOT, mask, pred != 0, 0, 32);
-}
-inline int __any_sync(unsigned mask, int pred) {
-    return (int)pytfm_emu::warp_op(pytfm_emu::ANY, mask, pred != 0, 0, 32);
-}
-inline int __all_sync(unsigned mask, int pred) {
-    return (int)pytfm_emu::warp_op(pytfm_emu::ALL, mask, pred != 0, 0, 32);
-}
 
-/* atomics: one fiber runs at a time, so a plain read-modify-write is atomic */
-template <class T> T atomicAdd(T *p, T v) {
-    T old = *p;
-    *p = old + v;
-    return old;
-}
-template <class T> T atomicMax(T *p, T v) {
-    T old = *p;
-    *p = old < v ? v : old;
-    return old;
-}
-template <class T> T atomicMin(T *p, T v) {
-    T old = *p;
-    *p = v < old ? v : old;
-    return old;
-}
-template <class T> T atomicExch(T *p, T v) {
-    T old = *p;
-    *p = v;
-    return old;
-}
-template <class T> T atomicCAS(T *p, T compare, T v) {
-    T old = *p;
-    if (old == compare) *p = v;
-    return old;
-}
-
-/* the device math intrinsics the kernels use, on libm */
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-inline float __expf(float x) { return expf(x); }
-inline float __logf(float x) { return logf(x); }
-inline float __fdividef(float a, float b) { return a / b; }
-inline float __frcp_rn(float x) { return 1.0f / x; }
-inline float __fsqrt_rn(float x) { return sqrtf(x); }
-inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
-template <class T> T __ldg(const T *p) { return *p; }
 
 #endif /* PYTFM_EMU_H */

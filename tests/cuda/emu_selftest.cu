@@ -1,14 +1,17 @@
 /*
  * emu_selftest.cu — kernels that check the CUDA emulator itself (tests/test_cuda_emu.py):
- * warp primitives against their definitions, a missing barrier, a barrier that not every
- * thread reaches, a warp primitive waiting for a lane that left, a bad launch configuration.
+ * the four shuffles against their definitions, a missing barrier over static and dynamic shared
+ * memory (both filled with NaN before the block), a barrier that not every thread reaches, a
+ * shuffle waiting for a lane that left, lanes of a warp at different shuffles, bad launch
+ * configurations (48 KiB of dynamic shared memory at most).
  * Built only into the emulator's test library, never into libpytfm.
  */
 #include "pytfm_cuda.cuh"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
-/* out[5][n]: per thread, shfl idx(src), up(delta), down(delta), xor(lane_mask), ballot */
+/* out[4][n]: per thread t, the value 1000 + t' of the thread t' it reads with shfl idx(src),
+ * up(delta), down(delta), xor(lane_mask) */
 static __global__ void shuffles_kernel(int *out, int n, int src, int delta, int lane_mask,
                                        int width) {
     const int t = threadIdx.x, v = 1000 + t;
@@ -16,7 +19,6 @@ static __global__ void shuffles_kernel(int *out, int n, int src, int delta, int 
     out[1 * n + t] = __shfl_up_sync(0xffffffffu, v, (unsigned)delta, width);
     out[2 * n + t] = __shfl_down_sync(0xffffffffu, v, (unsigned)delta, width);
     out[3 * n + t] = __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
-    out[4 * n + t] = (int)__ballot_sync(0xffffffffu, t % 3 == 0);
 }
 
 EXPORT pytfm_status emu_shuffles(int *out, int n, int src, int delta, int lane_mask, int width) {
@@ -24,16 +26,21 @@ EXPORT pytfm_status emu_shuffles(int *out, int n, int src, int delta, int lane_m
                         lane_mask, width);
 }
 
-/* out[i] = in[n − 1 − i] through shared memory; with_barrier = 0 leaves out __syncthreads() */
-static __global__ void reverse_kernel(float *out, const float *in, int with_barrier) {
-    __shared__ float s[256];
+/* out[i] = in[n − 1 − i] through shared memory, static or (dynamic = 1) n floats of dynamic;
+ * with_barrier = 0 leaves out __syncthreads() */
+static __global__ void reverse_kernel(float *out, const float *in, int dynamic, int with_barrier) {
+    __shared__ float fixed[256];
+    PYTFM_DYNAMIC_SHARED(float, sized);
+    float *s = dynamic ? sized : fixed;
     s[threadIdx.x] = in[threadIdx.x];
     if (with_barrier) __syncthreads();
     out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
 }
 
-EXPORT pytfm_status emu_reverse(float *out, const float *in, int n, int with_barrier) {
-    return PYTFM_LAUNCH(reverse_kernel, dim3(1), dim3(n), 0, nullptr, out, in, with_barrier);
+EXPORT pytfm_status emu_reverse(float *out, const float *in, int n, int dynamic,
+                                int with_barrier) {
+    return PYTFM_LAUNCH(reverse_kernel, dim3(1), dim3(n), dynamic ? n * sizeof(float) : 0, nullptr,
+                        out, in, dynamic, with_barrier);
 }
 
 /* threads at or past `stop` return before the block's barrier */
@@ -59,7 +66,17 @@ EXPORT pytfm_status emu_shuffle_exit(float *out) {
     return PYTFM_LAUNCH(shuffle_exit_kernel, dim3(1), dim3(32), 0, nullptr, out);
 }
 
-/* dynamic shared memory, and the block sum of the reductions header */
+/* the even lanes of the warp shuffle with __shfl_xor_sync, the odd ones with __shfl_down_sync */
+static __global__ void mixed_shuffle_kernel(int *out) {
+    const int t = threadIdx.x;
+    out[t] = t % 2 ? __shfl_down_sync(0xffffffffu, t, 1) : __shfl_xor_sync(0xffffffffu, t, 1);
+}
+
+EXPORT pytfm_status emu_mixed_shuffle(int *out) {
+    return PYTFM_LAUNCH(mixed_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out);
+}
+
+/* the block sum of pytfm_cuda.cuh, a total per block, its scratch in dynamic shared memory */
 static __global__ void block_sum_kernel(float *out, const float *in) {
     PYTFM_DYNAMIC_SHARED(float, scratch);
     out[blockIdx.x] = pytfm__block_sum(in[blockIdx.x * blockDim.x + threadIdx.x], scratch);
