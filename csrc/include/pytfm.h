@@ -433,9 +433,10 @@ PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float 
  *     the backward; a target outside [0, vocab) (and not ignore_index) makes the loss NaN.
  *   - results agree with the CPU kernels to float32 rounding, not bit for bit (sums are
  *     combined in another order); each CUDA kernel gives the same bits on every run.
- * In a build without CUDA (nvcc was not found) every _cuda function returns
- * PYTFM_STATUS_NOT_SUPPORTED and says so in pytfm_last_error(); pytfm_get_build_info() tells
- * which build this is.
+ * In a build without CUDA (nvcc was not found, or PYTFM_CUDA=0) every _cuda function and
+ * pytfm_cuda_stream_synchronize return PYTFM_STATUS_NOT_SUPPORTED and say so in
+ * pytfm_last_error() (setup.py generates them from this header); pytfm_get_build_info()
+ * tells which build this is.
  */
 
 /* The number of CUDA devices this process can use: 0, not an error, where there is no device
