@@ -1,7 +1,7 @@
 /*
  * adamw.c — AdamW (Loshchilov & Hutter), one fused in-place step, as torch.optim.AdamW.
  *
- *   param, m, v, grad [n]; t = step >= 1
+ *   param, m, v, grad [count]; t = step >= 1
  *   param ← param · (1 − lr·wd)                          (decoupled weight decay)
  *   m ← β1 m + (1 − β1) g,  v ← β2 v + (1 − β2) g²
  *   param ← param − (lr / (1 − β1ᵗ)) · m / (sqrt(v) / sqrt(1 − β2ᵗ) + eps)
@@ -13,10 +13,10 @@
 
 enum { CHUNK = 16384 };
 
-pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *grad, int64_t n,
-                              int64_t step, double lr, double beta1, double beta2, double eps,
-                              double weight_decay) {
-    PYTFM_TRY(pytfm__check_adamw(__func__, param, m, v, grad, n, step, lr, beta1, beta2, eps,
+pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *grad,
+                              int64_t count, int64_t step, double lr, double beta1, double beta2,
+                              double eps, double weight_decay) {
+    PYTFM_TRY(pytfm__check_adamw(__func__, param, m, v, grad, count, step, lr, beta1, beta2, eps,
                                  weight_decay));
     const float decay = (float)(1.0 - lr * weight_decay);
     const float step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
@@ -28,12 +28,12 @@ pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *gra
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
         const pytfm__adamw_consts c = {decay, step_size, bc2_sqrt, b1, c1, b2, c2, e};
-        PYTFM_PARALLEL_FOR_IF(n > CHUNK)
-        for (int64_t i = 0; i < n; i += CHUNK)
-            k->adamw(param + i, m + i, v + i, grad + i, PYTFM_MIN(CHUNK, n - i), &c);
+        PYTFM_PARALLEL_FOR_IF(count > CHUNK)
+        for (int64_t i = 0; i < count; i += CHUNK)
+            k->adamw(param + i, m + i, v + i, grad + i, PYTFM_MIN(CHUNK, count - i), &c);
         return PYTFM_STATUS_OK;
     }
-    for (int64_t i = 0; i < n; i++) { // the plain reference
+    for (int64_t i = 0; i < count; i++) { // the plain reference
         const float g = grad[i];
         m[i] = b1 * m[i] + c1 * g;
         v[i] = b2 * v[i] + c2 * g * g;

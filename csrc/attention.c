@@ -7,35 +7,40 @@
  *
  * The T×T matrices S and P are never stored. The forward walks the keys in tiles of BK and
  * keeps, per query row, a running max m and sum l (the online softmax):
- *   m' = max(m, max_s S_ts),  l ← l·e^(m−m') + Σ_s e^(S_ts−m'),  O_t ← O_t·e^(m−m') + Σ e^(S_ts−m') v_s
+ *   m' = max(m, max_s S_ts),  l ← l·e^(m−m') + Σ_s e^(S_ts−m'),
+ *   O_t ← O_t·e^(m−m') + Σ_s e^(S_ts−m') v_s
  * and divides O_t by l once at the end. Causal tiles above the diagonal are never visited, and
  * in a diagonal tile only the keys s ≤ t are.
  *
- * The backward recomputes P_ts = exp(S_ts − lse_t) pair by pair:
- *   Dt = Σ_d dO_td O_td                      (= Σ_s P_ts dP_ts)
- *   dV_s += P_ts dO_t,  dP_ts = dO_t · v_s,  dS_ts = P_ts (dP_ts − Dt)
+ * The backward gets dy, the gradient of O, and recomputes P_ts = exp(S_ts − lse_t) pair by pair:
+ *   delta_t = Σ_d dy_td O_td                 (= Σ_s P_ts dP_ts)
+ *   dV_s += P_ts dy_t,  dP_ts = dy_t · v_s,  dS_ts = P_ts (dP_ts − delta_t)
  *   dQ_t += scale · dS_ts k_s,  dK_s += scale · dS_ts q_t
  * One thread owns a whole (b, h): every accumulation happens in one fixed order, so the result
- * is the same bits whatever the number of threads. Extra memory: one row of BK scores per
- * query row, on the stack, whatever T is.
+ * is the same bits whatever the number of threads.
  *
- * Decoding: queries at positions [start, start + n) attend to the keys [0, start + n) of a
- * cache [B, Tmax, H, D]; the same forward code runs with a query offset and the cache's stride,
- * so a new token costs O(start·D).
+ * Decoding: n_new queries at positions [start, start + n_new) attend to the keys
+ * [0, start + n_new) of a cache [B, Tmax, H, D]; the same forward code runs with a query
+ * offset and the cache's stride, so a new token costs O((start + n_new)·D).
  *
- * The code above is the plain version: one query row and one key at a time. The fast version
- * (below it; used where sgemm has a micro-kernel, for at least FAST_MIN_ROWS queries) runs the
- * same algorithm on TQ×TK tiles, with every product a call of sgemm's register micro-kernels
- * straight on the caller's rows (q, k, v, dO, dq, dk, dv, o through their row stride H·D) and on
- * the tile of scores: S = Q Kᵀ, O += P V forward; S, then dV += Pᵀ dO, dP = dO Vᵀ,
- * dK += dSᵀ Q, dQ += dS K backward (FlashAttention-2's loop order: key tiles outside, so dK
- * and dV of a tile stay hot). Only Kᵀ (and Vᵀ for the backward) are copied, once per head, so
- * that the micro-kernel reads them along contiguous rows; with the tiles that is the extra
- * memory: (D·T + 2·TQ·TK) floats per thread (2·D·T + ... backward), linear in T.
+ * The code above is the plain version: one query row and one key at a time. Its extra memory
+ * is on the stack, whatever T is: BK scores and the running m and l of BQ query rows (forward),
+ * delta of BQ rows (backward). The fast version (below it; used where sgemm has a
+ * micro-kernel, for at least FAST_MIN_ROWS queries) runs the same algorithm on TQ×TK tiles,
+ * with every product a call of sgemm's register micro-kernels straight on the caller's rows
+ * (q, k, v, dy, dq, dk, dv, o through their row stride H·D) and on the tile of scores:
+ * S = Q Kᵀ, O += P V forward; S, then dV += Pᵀ dY, dP = dY Vᵀ, dK += dSᵀ Q, dQ += dS K
+ * backward (FlashAttention-2's loop order: key tiles outside, so dK and dV of a tile stay
+ * hot). Only Kᵀ (and Vᵀ for the backward) are copied, once per head, so that the
+ * micro-kernel reads them along contiguous rows. Its scratch, one workspace per thread,
+ * allocated once per call, is linear in T (Tk = T, or start + n_new when decoding):
+ *   forward:  Kᵀ, the TQ×TK scores, m and l:        D·Tk + TQ·TK + 2·TQ floats
+ *   backward: Kᵀ, Vᵀ, the scores, dP and delta:     2·D·T + 2·TQ·TK + T floats
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "checks.h"
 #include "fast.h"
 
 enum { BQ = 32, BK = 32 }; /* query rows and keys per tile */
@@ -120,11 +125,12 @@ static void tile_gemm(const pytfm__micro *uk, float *c, int64_t ldc, const float
                     (int)PYTFM_MIN(uk->mr, m - i), (int)PYTFM_MIN(uk->nr, n - j), bt);
 }
 
-/* dst [D, n] = the transpose of n rows of D floats, row stride HD */
-static void transpose_rows(float *dst, const float *src, int64_t n, int64_t D, int64_t HD) {
-    for (int64_t t0 = 0; t0 < n; t0 += 16) // 16 rows at a time: each is read once per block
+/* dst [D, rows] = the transpose of rows rows of D floats, row stride HD */
+static void transpose_rows(float *dst, const float *src, int64_t rows, int64_t D, int64_t HD) {
+    for (int64_t t0 = 0; t0 < rows; t0 += 16) // 16 rows at a time: each is read once per block
         for (int64_t d = 0; d < D; d++)
-            for (int64_t t = t0; t < PYTFM_MIN(n, t0 + 16); t++) dst[d * n + t] = src[t * HD + d];
+            for (int64_t t = t0; t < PYTFM_MIN(rows, t0 + 16); t++)
+                dst[d * rows + t] = src[t * HD + d];
 }
 
 typedef struct {
@@ -132,7 +138,9 @@ typedef struct {
     const pytfm__fast_kernels *fk;
 } fast_path;
 
+/* the scratch floats of one thread (see the top of the file) */
 static int64_t forward_ws_floats(const problem *p) { return p->D * p->Tk + TQ * TK + 2 * TQ; }
+static int64_t backward_ws_floats(int64_t T, int64_t D) { return 2 * D * T + 2 * TQ * TK + T; }
 
 static void forward_head_fast(const problem *p, const fast_path *f, float *ws, int64_t b,
                               int64_t h) {
@@ -178,21 +186,19 @@ static void forward_head_fast(const problem *p, const fast_path *f, float *ws, i
     }
 }
 
-/* the fast path for p, or 0 where the plain one runs (no micro-kernel, or too few queries) */
-static int fast_path_for(fast_path *f, int64_t rows) {
-    f->uk = pytfm__micro_for(pytfm_get_isa());
-    f->fk = pytfm__fast();
-    return f->uk && f->fk && rows >= FAST_MIN_ROWS;
+/* the fast path, or 0 where the plain one runs (no micro-kernel, or too few query rows) */
+static int fast_path_for(fast_path *f, int64_t queries) {
+    const int32_t isa = pytfm_get_isa(); // read once: both kernels for the same ISA
+    f->uk = pytfm__micro_for(isa);
+    f->fk = pytfm__fast_for(isa);
+    return f->uk && f->fk && queries >= FAST_MIN_ROWS;
 }
 
-static pytfm_status forward_fast(const problem *p, const fast_path *f) {
+static pytfm_status forward_fast(const char *func, const problem *p, const fast_path *f) {
     const int64_t per = forward_ws_floats(p), threads = pytfm_get_num_threads();
-    float *ws = malloc((size_t)(threads * per) * sizeof(float));
-    if (!ws)
-        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
-                           "pytfm_attention_forward: cannot allocate %lld bytes of workspace",
-                           (long long)(threads * per * (int64_t)sizeof(float)));
-    PYTFM_PARALLEL_FOR
+    float *ws = pytfm__scratch(func, threads * per, sizeof(float));
+    if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;
+    PYTFM_PARALLEL_FOR_THREADS(threads)
     for (int64_t bh = 0; bh < p->B * p->H; bh++)
         forward_head_fast(p, f, ws + pytfm__thread_id() * per, bh / p->H, bh % p->H);
     free(ws);
@@ -200,16 +206,16 @@ static pytfm_status forward_fast(const problem *p, const fast_path *f) {
 }
 
 static void backward_head_fast(const fast_path *f, float *ws, float *dq, float *dk, float *dv,
-                               const float *dout, const float *q, const float *k,
-                               const float *v, const float *o, const float *lse, int64_t T,
-                               int64_t H, int64_t D, float scale, int causal) {
+                               const float *dy, const float *q, const float *k, const float *v,
+                               const float *o, const float *lse, int64_t T, int64_t H, int64_t D,
+                               float scale, int causal) {
     // pointers already offset to (b, 0, h, 0) / (b, h, 0), as in backward_head
     const int64_t HD = H * D;
-    float *kt = ws, *vt = kt + D * T, *s = vt + D * T, *dp = s + TQ * TK, *Dq = dp + TQ * TK;
+    float *kt = ws, *vt = kt + D * T, *s = vt + D * T, *dp = s + TQ * TK, *delta = dp + TQ * TK;
     transpose_rows(kt, k, T, D, HD);
     transpose_rows(vt, v, T, D, HD);
     for (int64_t t = 0; t < T; t++) {
-        Dq[t] = pytfm__dot(dout + t * HD, o + t * HD, D);
+        delta[t] = pytfm__dot(dy + t * HD, o + t * HD, D);
         memset(dq + t * HD, 0, (size_t)D * sizeof(float));
         memset(dk + t * HD, 0, (size_t)D * sizeof(float));
         memset(dv + t * HD, 0, (size_t)D * sizeof(float));
@@ -227,11 +233,11 @@ static void backward_head_fast(const fast_path *f, float *ws, float *dq, float *
                 else
                     f->fk->attn_p_row(s + r * TK, vis, nk, scale, lse[i0 + r]);
             }
-            // dV_j += Pᵀ dO_i;  dP = dO_i V_jᵀ;  dS = P (dP − Dq) scale
-            tile_gemm(f->uk, dv + j0 * HD, HD, s, TK, 1, dout + i0 * HD, HD, nk, D, nq, 1.0f);
-            tile_gemm(f->uk, dp, TK, dout + i0 * HD, 1, HD, vt + j0, T, nq, nk, D, 0.0f);
+            // dV_j += Pᵀ dY_i;  dP = dY_i V_jᵀ;  dS = P (dP − delta) scale
+            tile_gemm(f->uk, dv + j0 * HD, HD, s, TK, 1, dy + i0 * HD, HD, nk, D, nq, 1.0f);
+            tile_gemm(f->uk, dp, TK, dy + i0 * HD, 1, HD, vt + j0, T, nq, nk, D, 0.0f);
             for (int64_t r = 0; r < nq; r++)
-                f->fk->attn_ds_row(dp + r * TK, s + r * TK, nk, Dq[i0 + r], scale);
+                f->fk->attn_ds_row(dp + r * TK, s + r * TK, nk, delta[i0 + r], scale);
             // dK_j += dSᵀ Q_i;  dQ_i += dS K_j
             tile_gemm(f->uk, dk + j0 * HD, HD, dp, TK, 1, q + i0 * HD, HD, nk, D, nq, 1.0f);
             tile_gemm(f->uk, dq + i0 * HD, HD, dp, 1, TK, k + j0 * HD, HD, nq, D, nk, 1.0f);
@@ -239,59 +245,41 @@ static void backward_head_fast(const fast_path *f, float *ws, float *dq, float *
     }
 }
 
-static pytfm_status backward_fast(const fast_path *f, float *dq, float *dk, float *dv,
-                                  const float *dout, const float *q, const float *k,
+static pytfm_status backward_fast(const char *func, const fast_path *f, float *dq, float *dk,
+                                  float *dv, const float *dy, const float *q, const float *k,
                                   const float *v, const float *o, const float *lse, int64_t B,
                                   int64_t T, int64_t H, int64_t D, float scale, int causal) {
-    const int64_t per = 2 * D * T + 2 * TQ * TK + T, threads = pytfm_get_num_threads();
-    float *ws = malloc((size_t)(threads * per) * sizeof(float));
-    if (!ws)
-        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
-                           "pytfm_attention_backward: cannot allocate %lld bytes of workspace",
-                           (long long)(threads * per * (int64_t)sizeof(float)));
-    PYTFM_PARALLEL_FOR
+    const int64_t per = backward_ws_floats(T, D), threads = pytfm_get_num_threads();
+    float *ws = pytfm__scratch(func, threads * per, sizeof(float));
+    if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;
+    PYTFM_PARALLEL_FOR_THREADS(threads)
     for (int64_t bh = 0; bh < B * H; bh++) {
         const int64_t off = (bh / H * T * H + bh % H) * D; // (b, 0, h, 0)
         backward_head_fast(f, ws + pytfm__thread_id() * per, dq + off, dk + off, dv + off,
-                           dout + off, q + off, k + off, v + off, o + off, lse + bh * T, T, H, D,
+                           dy + off, q + off, k + off, v + off, o + off, lse + bh * T, T, H, D,
                            scale, causal);
     }
     free(ws);
     return PYTFM_STATUS_OK;
 }
 
-static pytfm_status check_sizes(const char *func, int64_t B, int64_t T, int64_t H, int64_t D,
-                                float scale) {
-    PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0, "%s: B, T, H must be >= 0, got %lld, %lld, %lld",
-                func, (long long)B, (long long)T, (long long)H);
-    PYTFM_CHECK(D >= 1, "%s: D must be >= 1, got %lld", func, (long long)D);
-    PYTFM_CHECK(isfinite(scale), "%s: scale must be finite, got %g", func, (double)scale);
-    return PYTFM_STATUS_OK;
-}
-
 pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const float *k,
                                      const float *v, int64_t B, int64_t T, int64_t H, int64_t D,
                                      float scale, int32_t causal) {
-    PYTFM_TRY(check_sizes(__func__, B, T, H, D, scale));
-    const int64_t rows = B * T * H;
-    PYTFM_CHECK_PTR(o, rows);
-    PYTFM_CHECK_PTR(lse, rows);
-    PYTFM_CHECK_PTR(q, rows);
-    PYTFM_CHECK_PTR(k, rows);
-    PYTFM_CHECK_PTR(v, rows);
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, D, scale));
     const problem p = {o, lse, q, k, v, B, T, T, T, H, D, 0, scale, causal != 0};
     fast_path f;
-    if (fast_path_for(&f, T)) return forward_fast(&p, &f);
+    if (fast_path_for(&f, T)) return forward_fast(__func__, &p, &f);
     forward_all(&p);
     return PYTFM_STATUS_OK;
 }
 
-static void backward_head(float *dq, float *dk, float *dv, const float *dout, const float *q,
+static void backward_head(float *dq, float *dk, float *dv, const float *dy, const float *q,
                           const float *k, const float *v, const float *o, const float *lse,
                           int64_t T, int64_t H, int64_t D, float scale, int causal) {
     // all pointers here are already offset to (b, 0, h, 0) / (b, h, 0); row t is t·HD further
     const int64_t HD = H * D;
-    float Dt[BQ];
+    float delta[BQ];
     for (int64_t t = 0; t < T; t++) {
         memset(dk + t * HD, 0, (size_t)D * sizeof(float));
         memset(dv + t * HD, 0, (size_t)D * sizeof(float));
@@ -300,7 +288,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout, co
         const int64_t nq = PYTFM_MIN(BQ, T - i0);
         const int64_t kend = causal ? i0 + nq : T;
         for (int64_t r = 0; r < nq; r++) {
-            Dt[r] = pytfm__dot(dout + (i0 + r) * HD, o + (i0 + r) * HD, D);
+            delta[r] = pytfm__dot(dy + (i0 + r) * HD, o + (i0 + r) * HD, D);
             memset(dq + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
         }
         for (int64_t j0 = 0; j0 < kend; j0 += BK) {
@@ -308,13 +296,13 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout, co
             for (int64_t r = 0; r < nq; r++) {
                 const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
                 const int64_t t = i0 + r;
-                const float *qt = q + t * HD, *dOt = dout + t * HD;
+                const float *qt = q + t * HD, *dyt = dy + t * HD;
                 for (int64_t c = 0; c < vis; c++) {
                     const int64_t s = j0 + c;
                     // forward: P_ts = exp(scale · q_t·k_s − lse_t); O_t = Σ_s P_ts v_s
                     const float P = expf(scale * pytfm__dot(qt, k + s * HD, D) - lse[t]);
-                    pytfm__axpy(dv + s * HD, P, dOt, D);
-                    const float dS = P * (pytfm__dot(dOt, v + s * HD, D) - Dt[r]) * scale;
+                    pytfm__axpy(dv + s * HD, P, dyt, D);
+                    const float dS = P * (pytfm__dot(dyt, v + s * HD, D) - delta[r]) * scale;
                     pytfm__axpy(dq + t * HD, dS, k + s * HD, D);
                     pytfm__axpy(dk + s * HD, dS, qt, D);
                 }
@@ -323,75 +311,49 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout, co
     }
 }
 
-pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const float *dy,
                                       const float *q, const float *k, const float *v,
                                       const float *o, const float *lse, int64_t B, int64_t T,
                                       int64_t H, int64_t D, float scale, int32_t causal) {
-    PYTFM_TRY(check_sizes(__func__, B, T, H, D, scale));
-    const int64_t rows = B * T * H;
-    PYTFM_CHECK_PTR(dq, rows);
-    PYTFM_CHECK_PTR(dk, rows);
-    PYTFM_CHECK_PTR(dv, rows);
-    PYTFM_CHECK_PTR(dout, rows);
-    PYTFM_CHECK_PTR(q, rows);
-    PYTFM_CHECK_PTR(k, rows);
-    PYTFM_CHECK_PTR(v, rows);
-    PYTFM_CHECK_PTR(o, rows);
-    PYTFM_CHECK_PTR(lse, rows);
+    PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
+                                              D, scale));
     fast_path f;
     if (fast_path_for(&f, T))
-        return backward_fast(&f, dq, dk, dv, dout, q, k, v, o, lse, B, T, H, D, scale,
+        return backward_fast(__func__, &f, dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale,
                              causal != 0);
     PYTFM_PARALLEL_FOR
     for (int64_t bh = 0; bh < B * H; bh++) {
         const int64_t b = bh / H, h = bh % H;
         const int64_t off = (b * T * H + h) * D; // (b, 0, h, 0)
-        backward_head(dq + off, dk + off, dv + off, dout + off, q + off, k + off, v + off,
+        backward_head(dq + off, dk + off, dv + off, dy + off, q + off, k + off, v + off,
                       o + off, lse + bh * T, T, H, D, scale, causal != 0);
     }
     return PYTFM_STATUS_OK;
 }
 
-static pytfm_status check_cache(const char *func, int64_t n, int64_t Tmax, int64_t start) {
-    PYTFM_CHECK(start >= 0, "%s: start must be >= 0, got %lld", func, (long long)start);
-    PYTFM_CHECK(Tmax >= 1, "%s: Tmax must be >= 1, got %lld", func, (long long)Tmax);
-    PYTFM_CHECK(start + n <= Tmax,
-                "%s: cache overflow: positions [%lld, %lld) do not fit in Tmax = %lld", func,
-                (long long)start, (long long)(start + n), (long long)Tmax);
-    return PYTFM_STATUS_OK;
-}
-
 pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache, const float *k,
-                                          const float *v, int64_t B, int64_t n, int64_t H,
+                                          const float *v, int64_t B, int64_t n_new, int64_t H,
                                           int64_t D, int64_t Tmax, int64_t start) {
-    PYTFM_TRY(check_sizes(__func__, B, n, H, D, 1.0f));
-    PYTFM_TRY(check_cache(__func__, n, Tmax, start));
-    PYTFM_CHECK_PTR(k_cache, B * H);
-    PYTFM_CHECK_PTR(v_cache, B * H);
-    PYTFM_CHECK_PTR(k, B * n * H);
-    PYTFM_CHECK_PTR(v, B * n * H);
-    const size_t bytes = (size_t)(n * H * D) * sizeof(float); // n consecutive rows of a batch
-    for (int64_t b = 0; b < B && n > 0; b++) {
-        memcpy(k_cache + (b * Tmax + start) * H * D, k + b * n * H * D, bytes);
-        memcpy(v_cache + (b * Tmax + start) * H * D, v + b * n * H * D, bytes);
+    PYTFM_TRY(pytfm__check_attention_cache_append(__func__, k_cache, v_cache, k, v, B, n_new, H,
+                                                  D, Tmax, start));
+    // the n_new new rows of a batch are consecutive, in k and v as in the cache
+    const size_t bytes = (size_t)(n_new * H * D) * sizeof(float);
+    for (int64_t b = 0; b < B && n_new > 0; b++) {
+        memcpy(k_cache + (b * Tmax + start) * H * D, k + b * n_new * H * D, bytes);
+        memcpy(v_cache + (b * Tmax + start) * H * D, v + b * n_new * H * D, bytes);
     }
     return PYTFM_STATUS_OK;
 }
 
 pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const float *k_cache,
-                                    const float *v_cache, int64_t B, int64_t n, int64_t H,
+                                    const float *v_cache, int64_t B, int64_t n_new, int64_t H,
                                     int64_t D, int64_t Tmax, int64_t start, float scale) {
-    PYTFM_TRY(check_sizes(__func__, B, n, H, D, scale));
-    PYTFM_TRY(check_cache(__func__, n, Tmax, start));
-    PYTFM_CHECK_PTR(o, B * n * H);
-    PYTFM_CHECK_PTR(lse, B * n * H);
-    PYTFM_CHECK_PTR(q, B * n * H);
-    PYTFM_CHECK_PTR(k_cache, B * H);
-    PYTFM_CHECK_PTR(v_cache, B * H);
-    const problem p = {o, lse, q, k_cache, v_cache, B, n, start + n, Tmax, H, D, start, scale, 1};
+    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, D,
+                                            Tmax, start, scale));
+    const problem p = {o, lse, q, k_cache, v_cache, B, n_new, start + n_new, Tmax, H,
+                       D, start, scale, 1};
     fast_path f;
-    if (fast_path_for(&f, n)) return forward_fast(&p, &f);
+    if (fast_path_for(&f, n_new)) return forward_fast(__func__, &p, &f);
     forward_all(&p);
     return PYTFM_STATUS_OK;
 }
-

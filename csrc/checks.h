@@ -22,14 +22,67 @@ static inline pytfm_status pytfm__check_sgemm(const char *func, const float *c, 
     return PYTFM_STATUS_OK;
 }
 
-static inline pytfm_status pytfm__check_linear_forward(const char *func, const float *y,
-                                                       const float *x, const float *w,
-                                                       int64_t n, int64_t in, int64_t out) {
-    PYTFM_CHECK_MIN_IN(func, n, 0);
+/* ---- one size check per op, shared by its forward and backward ---------------------------- */
+
+/* softmax and LayerNorm */
+static inline pytfm_status pytfm__check_rows_cols(const char *func, int64_t rows, int64_t cols) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
+    PYTFM_CHECK_MIN_IN(func, cols, 1);
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_linear_sizes(const char *func, int64_t rows, int64_t in,
+                                                     int64_t out) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
     PYTFM_CHECK_MIN_IN(func, in, 1);
     PYTFM_CHECK_MIN_IN(func, out, 1);
-    PYTFM_CHECK_PTR_IN(func, y, n);
-    PYTFM_CHECK_PTR_IN(func, x, n);
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_cross_entropy_sizes(const char *func, int64_t rows,
+                                                            int64_t vocab) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
+    PYTFM_CHECK_MIN_IN(func, vocab, 1);
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_embedding_sizes(const char *func, int64_t rows,
+                                                        int64_t vocab, int64_t dim) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
+    PYTFM_CHECK_MIN_IN(func, vocab, 1);
+    PYTFM_CHECK_MIN_IN(func, dim, 1);
+    return PYTFM_STATUS_OK;
+}
+
+/* attention's [B, T, H, D] tensors (T: n_new for the decoding functions, named so) */
+static inline pytfm_status pytfm__check_attention_sizes(const char *func, const char *t_name,
+                                                        int64_t B, int64_t T, int64_t H,
+                                                        int64_t D) {
+    PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0, "%s: B, %s, H must be >= 0, got %lld, %lld, %lld",
+                func, t_name, (long long)B, (long long)T, (long long)H);
+    PYTFM_CHECK(D >= 1, "%s: D must be >= 1, got %lld", func, (long long)D);
+    return PYTFM_STATUS_OK;
+}
+
+/* n_new tokens at positions [start, start + n_new) of a KV cache of Tmax positions */
+static inline pytfm_status pytfm__check_cache_positions(const char *func, int64_t n_new,
+                                                        int64_t Tmax, int64_t start) {
+    PYTFM_CHECK(start >= 0, "%s: start must be >= 0, got %lld", func, (long long)start);
+    PYTFM_CHECK(Tmax >= 1, "%s: Tmax must be >= 1, got %lld", func, (long long)Tmax);
+    PYTFM_CHECK(start + n_new <= Tmax,
+                "%s: cache overflow: positions [%lld, %lld) do not fit in Tmax = %lld", func,
+                (long long)start, (long long)(start + n_new), (long long)Tmax);
+    return PYTFM_STATUS_OK;
+}
+
+/* ---- each op direction ------------------------------------------------------------------ */
+
+static inline pytfm_status pytfm__check_linear_forward(const char *func, const float *y,
+                                                       const float *x, const float *w,
+                                                       int64_t rows, int64_t in, int64_t out) {
+    PYTFM_TRY(pytfm__check_linear_sizes(func, rows, in, out));
+    PYTFM_CHECK_PTR_IN(func, y, rows);
+    PYTFM_CHECK_PTR_IN(func, x, rows);
     PYTFM_CHECK_PTR_IN(func, w, 1);
     return PYTFM_STATUS_OK;
 }
@@ -37,13 +90,11 @@ static inline pytfm_status pytfm__check_linear_forward(const char *func, const f
 static inline pytfm_status pytfm__check_linear_backward(const char *func, const float *dx,
                                                         const float *dw, const float *dy,
                                                         const float *x, const float *w,
-                                                        int64_t n, int64_t in, int64_t out) {
-    PYTFM_CHECK_MIN_IN(func, n, 0);
-    PYTFM_CHECK_MIN_IN(func, in, 1);
-    PYTFM_CHECK_MIN_IN(func, out, 1);
+                                                        int64_t rows, int64_t in, int64_t out) {
+    PYTFM_TRY(pytfm__check_linear_sizes(func, rows, in, out));
     PYTFM_CHECK_PTR_IN(func, dw, 1);
-    PYTFM_CHECK_PTR_IN(func, dy, n);
-    PYTFM_CHECK_PTR_IN(func, x, n);
+    PYTFM_CHECK_PTR_IN(func, dy, rows);
+    PYTFM_CHECK_PTR_IN(func, x, rows);
     PYTFM_CHECK_PTR_IN(func, w, dx ? 1 : 0);
     return PYTFM_STATUS_OK;
 }
@@ -51,8 +102,7 @@ static inline pytfm_status pytfm__check_linear_backward(const char *func, const 
 static inline pytfm_status pytfm__check_softmax_forward(const char *func, const float *y,
                                                         const float *x, int64_t rows,
                                                         int64_t cols) {
-    PYTFM_CHECK_MIN_IN(func, rows, 0);
-    PYTFM_CHECK_MIN_IN(func, cols, 1);
+    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols));
     PYTFM_CHECK_PTR_IN(func, y, rows);
     PYTFM_CHECK_PTR_IN(func, x, rows);
     return PYTFM_STATUS_OK;
@@ -61,8 +111,7 @@ static inline pytfm_status pytfm__check_softmax_forward(const char *func, const 
 static inline pytfm_status pytfm__check_softmax_backward(const char *func, const float *dx,
                                                          const float *dy, const float *y,
                                                          int64_t rows, int64_t cols) {
-    PYTFM_CHECK_MIN_IN(func, rows, 0);
-    PYTFM_CHECK_MIN_IN(func, cols, 1);
+    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols));
     PYTFM_CHECK_PTR_IN(func, dx, rows);
     PYTFM_CHECK_PTR_IN(func, dy, rows);
     PYTFM_CHECK_PTR_IN(func, y, rows);
@@ -74,8 +123,7 @@ static inline pytfm_status pytfm__check_layernorm_forward(const char *func, cons
                                                           const float *x, const float *w,
                                                           const float *b, int64_t rows,
                                                           int64_t cols, float eps) {
-    PYTFM_CHECK_MIN_IN(func, rows, 0);
-    PYTFM_CHECK_MIN_IN(func, cols, 1);
+    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols));
     PYTFM_CHECK_FINITE_IN(func, eps);
     PYTFM_CHECK(eps >= 0.0f, "%s: eps must be >= 0, got %g", func, (double)eps);
     PYTFM_CHECK_PTR_IN(func, y, rows);
@@ -91,8 +139,7 @@ static inline pytfm_status
 pytfm__check_layernorm_backward(const char *func, const float *dx, const float *dw,
                                 const float *db, const float *dy, const float *x, const float *w,
                                 const float *mean, const float *rstd, int64_t rows, int64_t cols) {
-    PYTFM_CHECK_MIN_IN(func, rows, 0);
-    PYTFM_CHECK_MIN_IN(func, cols, 1);
+    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols));
     PYTFM_CHECK_PTR_IN(func, dx, rows);
     PYTFM_CHECK_PTR_IN(func, dw, 1);
     PYTFM_CHECK_PTR_IN(func, db, 1);
@@ -116,90 +163,85 @@ static inline pytfm_status pytfm__check_rope(const char *func, const float *out,
                 (long long)pos_stride);
     PYTFM_CHECK(isfinite(base) && base > 0.0, "%s: base must be finite and > 0, got %g", func,
                 base);
-    const int64_t count = B * T * H;
-    PYTFM_CHECK(out != NULL || count == 0, "%s: output must not be NULL", func);
-    PYTFM_CHECK(in != NULL || count == 0, "%s: input must not be NULL", func);
+    const int64_t vectors = B * T * H; // of D floats each
+    PYTFM_CHECK(out != NULL || vectors == 0, "%s: output must not be NULL", func);
+    PYTFM_CHECK(in != NULL || vectors == 0, "%s: input must not be NULL", func);
     PYTFM_CHECK(pos != NULL || B * T == 0, "%s: pos must not be NULL", func);
     return PYTFM_STATUS_OK;
 }
 
 static inline pytfm_status pytfm__check_gelu_forward(const char *func, const float *y,
-                                                     const float *x, int64_t n) {
-    PYTFM_CHECK_MIN_IN(func, n, 0);
-    PYTFM_CHECK_PTR_IN(func, y, n);
-    PYTFM_CHECK_PTR_IN(func, x, n);
+                                                     const float *x, int64_t count) {
+    PYTFM_CHECK_MIN_IN(func, count, 0);
+    PYTFM_CHECK_PTR_IN(func, y, count);
+    PYTFM_CHECK_PTR_IN(func, x, count);
     return PYTFM_STATUS_OK;
 }
 
 static inline pytfm_status pytfm__check_gelu_backward(const char *func, const float *dx,
                                                       const float *dy, const float *x,
-                                                      int64_t n) {
-    PYTFM_CHECK_MIN_IN(func, n, 0);
-    PYTFM_CHECK_PTR_IN(func, dx, n);
-    PYTFM_CHECK_PTR_IN(func, dy, n);
-    PYTFM_CHECK_PTR_IN(func, x, n);
+                                                      int64_t count) {
+    PYTFM_CHECK_MIN_IN(func, count, 0);
+    PYTFM_CHECK_PTR_IN(func, dx, count);
+    PYTFM_CHECK_PTR_IN(func, dy, count);
+    PYTFM_CHECK_PTR_IN(func, x, count);
     return PYTFM_STATUS_OK;
 }
 
 static inline pytfm_status pytfm__check_embedding_forward(const char *func, const float *y,
                                                           const int64_t *ids,
-                                                          const float *table, int64_t n,
+                                                          const float *table, int64_t rows,
                                                           int64_t vocab, int64_t dim) {
-    PYTFM_CHECK_MIN_IN(func, n, 0);
-    PYTFM_CHECK_MIN_IN(func, vocab, 1);
-    PYTFM_CHECK_MIN_IN(func, dim, 1);
-    PYTFM_CHECK_PTR_IN(func, y, n);
-    PYTFM_CHECK_PTR_IN(func, ids, n);
+    PYTFM_TRY(pytfm__check_embedding_sizes(func, rows, vocab, dim));
+    PYTFM_CHECK_PTR_IN(func, y, rows);
+    PYTFM_CHECK_PTR_IN(func, ids, rows);
     PYTFM_CHECK_PTR_IN(func, table, 1);
     return PYTFM_STATUS_OK;
 }
 
 static inline pytfm_status pytfm__check_embedding_backward(const char *func, const float *dtable,
                                                            const float *dy, const int64_t *ids,
-                                                           int64_t n, int64_t vocab,
+                                                           int64_t rows, int64_t vocab,
                                                            int64_t dim) {
-    PYTFM_CHECK_MIN_IN(func, n, 0);
-    PYTFM_CHECK_MIN_IN(func, vocab, 1);
-    PYTFM_CHECK_MIN_IN(func, dim, 1);
+    PYTFM_TRY(pytfm__check_embedding_sizes(func, rows, vocab, dim));
     PYTFM_CHECK_PTR_IN(func, dtable, 1);
-    PYTFM_CHECK_PTR_IN(func, dy, n);
-    PYTFM_CHECK_PTR_IN(func, ids, n);
+    PYTFM_CHECK_PTR_IN(func, dy, rows);
+    PYTFM_CHECK_PTR_IN(func, ids, rows);
     return PYTFM_STATUS_OK;
 }
 
 static inline pytfm_status pytfm__check_cross_entropy_forward(const char *func, const float *loss,
                                                               const float *lse,
                                                               const float *logits,
-                                                              const int64_t *targets, int64_t n,
-                                                              int64_t V) {
-    PYTFM_CHECK_MIN_IN(func, n, 0);
-    PYTFM_CHECK_MIN_IN(func, V, 1);
+                                                              const int64_t *targets,
+                                                              int64_t rows, int64_t vocab) {
+    PYTFM_TRY(pytfm__check_cross_entropy_sizes(func, rows, vocab));
     PYTFM_CHECK_PTR_IN(func, loss, 1);
-    PYTFM_CHECK_PTR_IN(func, lse, n);
-    PYTFM_CHECK_PTR_IN(func, logits, n);
-    PYTFM_CHECK_PTR_IN(func, targets, n);
+    PYTFM_CHECK_PTR_IN(func, lse, rows);
+    PYTFM_CHECK_PTR_IN(func, logits, rows);
+    PYTFM_CHECK_PTR_IN(func, targets, rows);
     return PYTFM_STATUS_OK;
 }
 
 static inline pytfm_status
 pytfm__check_cross_entropy_backward(const char *func, const float *dlogits, const float *logits,
-                                    const int64_t *targets, const float *lse, int64_t n,
-                                    int64_t V, float dloss) {
-    PYTFM_CHECK_MIN_IN(func, n, 0);
-    PYTFM_CHECK_MIN_IN(func, V, 1);
+                                    const int64_t *targets, const float *lse, int64_t rows,
+                                    int64_t vocab, float dloss) {
+    PYTFM_TRY(pytfm__check_cross_entropy_sizes(func, rows, vocab));
     PYTFM_CHECK_FINITE_IN(func, dloss);
-    PYTFM_CHECK_PTR_IN(func, dlogits, n);
-    PYTFM_CHECK_PTR_IN(func, logits, n);
-    PYTFM_CHECK_PTR_IN(func, targets, n);
-    PYTFM_CHECK_PTR_IN(func, lse, n);
+    PYTFM_CHECK_PTR_IN(func, dlogits, rows);
+    PYTFM_CHECK_PTR_IN(func, logits, rows);
+    PYTFM_CHECK_PTR_IN(func, targets, rows);
+    PYTFM_CHECK_PTR_IN(func, lse, rows);
     return PYTFM_STATUS_OK;
 }
 
 static inline pytfm_status pytfm__check_adamw(const char *func, const float *param,
                                               const float *m, const float *v, const float *grad,
-                                              int64_t n, int64_t step, double lr, double beta1,
-                                              double beta2, double eps, double weight_decay) {
-    PYTFM_CHECK_MIN_IN(func, n, 0);
+                                              int64_t count, int64_t step, double lr,
+                                              double beta1, double beta2, double eps,
+                                              double weight_decay) {
+    PYTFM_CHECK_MIN_IN(func, count, 0);
     PYTFM_CHECK_MIN_IN(func, step, 1);
     PYTFM_CHECK(isfinite(lr) && lr >= 0.0, "%s: lr must be finite and >= 0, got %g", func, lr);
     PYTFM_CHECK(beta1 >= 0.0 && beta1 < 1.0, "%s: beta1 must be in [0, 1), got %g", func, beta1);
@@ -207,10 +249,79 @@ static inline pytfm_status pytfm__check_adamw(const char *func, const float *par
     PYTFM_CHECK(isfinite(eps) && eps > 0.0, "%s: eps must be finite and > 0, got %g", func, eps);
     PYTFM_CHECK(isfinite(weight_decay) && weight_decay >= 0.0,
                 "%s: weight_decay must be finite and >= 0, got %g", func, weight_decay);
-    PYTFM_CHECK_PTR_IN(func, param, n);
-    PYTFM_CHECK_PTR_IN(func, m, n);
-    PYTFM_CHECK_PTR_IN(func, v, n);
-    PYTFM_CHECK_PTR_IN(func, grad, n);
+    PYTFM_CHECK_PTR_IN(func, param, count);
+    PYTFM_CHECK_PTR_IN(func, m, count);
+    PYTFM_CHECK_PTR_IN(func, v, count);
+    PYTFM_CHECK_PTR_IN(func, grad, count);
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_attention_forward(const char *func, const float *o,
+                                                          const float *lse, const float *q,
+                                                          const float *k, const float *v,
+                                                          int64_t B, int64_t T, int64_t H,
+                                                          int64_t D, float scale) {
+    PYTFM_TRY(pytfm__check_attention_sizes(func, "T", B, T, H, D));
+    PYTFM_CHECK_FINITE_IN(func, scale);
+    const int64_t vectors = B * T * H; // of D floats each; lse has one per vector
+    PYTFM_CHECK_PTR_IN(func, o, vectors);
+    PYTFM_CHECK_PTR_IN(func, lse, vectors);
+    PYTFM_CHECK_PTR_IN(func, q, vectors);
+    PYTFM_CHECK_PTR_IN(func, k, vectors);
+    PYTFM_CHECK_PTR_IN(func, v, vectors);
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status
+pytfm__check_attention_backward(const char *func, const float *dq, const float *dk,
+                                const float *dv, const float *dy, const float *q, const float *k,
+                                const float *v, const float *o, const float *lse, int64_t B,
+                                int64_t T, int64_t H, int64_t D, float scale) {
+    PYTFM_TRY(pytfm__check_attention_sizes(func, "T", B, T, H, D));
+    PYTFM_CHECK_FINITE_IN(func, scale);
+    const int64_t vectors = B * T * H;
+    PYTFM_CHECK_PTR_IN(func, dq, vectors);
+    PYTFM_CHECK_PTR_IN(func, dk, vectors);
+    PYTFM_CHECK_PTR_IN(func, dv, vectors);
+    PYTFM_CHECK_PTR_IN(func, dy, vectors);
+    PYTFM_CHECK_PTR_IN(func, q, vectors);
+    PYTFM_CHECK_PTR_IN(func, k, vectors);
+    PYTFM_CHECK_PTR_IN(func, v, vectors);
+    PYTFM_CHECK_PTR_IN(func, o, vectors);
+    PYTFM_CHECK_PTR_IN(func, lse, vectors);
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_attention_cache_append(const char *func,
+                                                               const float *k_cache,
+                                                               const float *v_cache,
+                                                               const float *k, const float *v,
+                                                               int64_t B, int64_t n_new,
+                                                               int64_t H, int64_t D,
+                                                               int64_t Tmax, int64_t start) {
+    PYTFM_TRY(pytfm__check_attention_sizes(func, "n_new", B, n_new, H, D));
+    PYTFM_TRY(pytfm__check_cache_positions(func, n_new, Tmax, start));
+    PYTFM_CHECK_PTR_IN(func, k_cache, B * H);
+    PYTFM_CHECK_PTR_IN(func, v_cache, B * H);
+    PYTFM_CHECK_PTR_IN(func, k, B * n_new * H);
+    PYTFM_CHECK_PTR_IN(func, v, B * n_new * H);
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status
+pytfm__check_attention_decode(const char *func, const float *o, const float *lse, const float *q,
+                              const float *k_cache, const float *v_cache, int64_t B,
+                              int64_t n_new, int64_t H, int64_t D, int64_t Tmax, int64_t start,
+                              float scale) {
+    PYTFM_TRY(pytfm__check_attention_sizes(func, "n_new", B, n_new, H, D));
+    PYTFM_TRY(pytfm__check_cache_positions(func, n_new, Tmax, start));
+    PYTFM_CHECK_FINITE_IN(func, scale);
+    const int64_t vectors = B * n_new * H;
+    PYTFM_CHECK_PTR_IN(func, o, vectors);
+    PYTFM_CHECK_PTR_IN(func, lse, vectors);
+    PYTFM_CHECK_PTR_IN(func, q, vectors);
+    PYTFM_CHECK_PTR_IN(func, k_cache, B * H);
+    PYTFM_CHECK_PTR_IN(func, v_cache, B * H);
     return PYTFM_STATUS_OK;
 }
 

@@ -26,27 +26,32 @@ typedef struct pytfm__fast_kernels {
     /* dx written; dw, db accumulated (per-chunk partial sums) */
     void (*layernorm_backward)(float *dx, float *dw, float *db, const float *dy, const float *x,
                                const float *w, float mean, float rstd, int64_t cols);
-    void (*gelu_forward)(float *y, const float *x, int64_t n);
-    void (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t n);
-    float (*logsumexp)(const float *x, int64_t n);
-    /* d[j] = scale · exp(x[j] − lse) */
-    void (*scaled_exp)(float *d, const float *x, float lse, float scale, int64_t n);
-    void (*adamw)(float *p, float *m, float *v, const float *g, int64_t n,
-                  const pytfm__adamw_consts *k);
-    /* Attention, one query row of a key tile of n keys of which the first vis are visible:
+    /* a chunk of count elements of a flat array */
+    void (*gelu_forward)(float *y, const float *x, int64_t count);
+    void (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t count);
+    /* cross-entropy, one row of logits: its lse, and d[j] = scale · exp(x[j] − lse) */
+    float (*logsumexp)(const float *x, int64_t cols);
+    void (*scaled_exp)(float *d, const float *x, float lse, float scale, int64_t cols);
+    void (*adamw)(float *p, float *m, float *v, const float *g, int64_t count,
+                  const pytfm__adamw_consts *c);
+    /* Attention, one query row of a key tile of nk keys of which the first vis are visible:
      * the forward's online-softmax step turns s (raw scores q·k) into P = e^(scale·s − m')
      * (0 past vis), updates the running max m and sum l, and returns e^(m − m'), the factor
      * the row's output so far must be scaled by. */
-    float (*attn_softmax_row)(float *s, int64_t vis, int64_t n, float scale, float *m, float *l);
+    float (*attn_softmax_row)(float *s, int64_t vis, int64_t nk, float scale, float *m,
+                              float *l);
     /* backward: s (raw scores) -> P = e^(scale·s − lse), 0 past vis */
-    void (*attn_p_row)(float *s, int64_t vis, int64_t n, float scale, float lse);
-    /* backward: dp -> dS = P·(dP − Dq)·scale */
-    void (*attn_ds_row)(float *dp, const float *p, int64_t n, float dq, float scale);
+    void (*attn_p_row)(float *s, int64_t vis, int64_t nk, float scale, float lse);
+    /* backward: dp (dP) -> dS = P·(dP − delta)·scale, delta = dy_t · o_t of the query row */
+    void (*attn_ds_row)(float *dp, const float *p, int64_t nk, float delta, float scale);
 } pytfm__fast_kernels;
 
 extern const pytfm__fast_kernels pytfm__fast_portable, pytfm__fast_avx2, pytfm__fast_avx512;
 
-/* the kernels for the ISA in use, or NULL for the plain reference loops */
+/* the kernels for isa, or NULL for PYTFM_ISA_PLAIN (the plain reference loops) */
+const pytfm__fast_kernels *pytfm__fast_for(int32_t isa);
+
+/* the kernels for the ISA in use: pytfm__fast_for(pytfm_get_isa()) */
 const pytfm__fast_kernels *pytfm__fast(void);
 
 #endif /* PYTFM_FAST_H */

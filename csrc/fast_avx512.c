@@ -1,5 +1,8 @@
 /* fast_avx512.c — the element-wise kernels of fast_impl.h compiled for AVX-512 (16 floats a
- * vector). Only called on CPUs that have it; elsewhere the table points at the portable build. */
+ * vector). pytfm__fast() returns this table only when pytfm_get_isa() is PYTFM_ISA_AVX512,
+ * which needs a CPU with AVX-512F (isa.c). A build for another architecture (or by a compiler
+ * without GCC's target pragmas) gets an empty table of NULL pointers instead, never used
+ * there: its CPU features never include AVX-512F, so the ISA stays at PORTABLE or PLAIN. */
 #include "fast.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)

@@ -12,39 +12,39 @@
 
 #define LANES PYTFM_LANES
 
-static float sum_(const float *x, int64_t n) {
+static float sum_(const float *x, int64_t count) {
     float s[LANES] = {0};
     int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
+    for (; j + LANES <= count; j += LANES)
         for (int l = 0; l < LANES; l++) s[l] += x[j + l];
     float tail = 0.0f;
-    for (; j < n; j++) tail += x[j];
+    for (; j < count; j++) tail += x[j];
     return pytfm__lanes_sum(s) + tail;
 }
 
-static float max_(const float *x, int64_t n) {
+static float max_(const float *x, int64_t count) {
     float s[LANES];
     for (int l = 0; l < LANES; l++) s[l] = -INFINITY;
     int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
+    for (; j + LANES <= count; j += LANES)
         for (int l = 0; l < LANES; l++) s[l] = x[j + l] > s[l] ? x[j + l] : s[l];
     float m = pytfm__lanes_max(s);
-    for (; j < n; j++) m = x[j] > m ? x[j] : m;
+    for (; j < count; j++) m = x[j] > m ? x[j] : m;
     return m;
 }
 
 /* y = e^(x − c), returning Σ y */
-static float exp_shifted_(float *y, const float *x, float c, int64_t n) {
+static float exp_shifted_(float *y, const float *x, float c, int64_t count) {
     float s[LANES] = {0};
     int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
+    for (; j + LANES <= count; j += LANES)
         for (int l = 0; l < LANES; l++) {
             const float e = pytfm__expf(x[j + l] - c);
             y[j + l] = e;
             s[l] += e;
         }
     float tail = 0.0f;
-    for (; j < n; j++) {
+    for (; j < count; j++) {
         y[j] = pytfm__expf(x[j] - c);
         tail += y[j];
     }
@@ -119,12 +119,12 @@ static inline float gelu_e_(float v) {
     return pytfm__expf(-2.0f * PYTFM_GELU_K * (v + PYTFM_GELU_A * v * v * v));
 }
 
-static void gelu_forward(float *y, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + gelu_e_(x[i]));
+static void gelu_forward(float *y, const float *x, int64_t count) {
+    for (int64_t i = 0; i < count; i++) y[i] = x[i] / (1.0f + gelu_e_(x[i]));
 }
 
-static void gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) { // dx may alias dy: each element is read before written
+static void gelu_backward(float *dx, const float *dy, const float *x, int64_t count) {
+    for (int64_t i = 0; i < count; i++) { // dx may alias dy: each element is read before written
         const float v = x[i], s = 1.0f / (1.0f + gelu_e_(v));
         const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * v * v);
         dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
@@ -132,26 +132,25 @@ static void gelu_backward(float *dx, const float *dy, const float *x, int64_t n)
 }
 
 /* log Σ e^x[j], shifted by the maximum */
-static float logsumexp(const float *x, int64_t n) {
-    const float mx = max_(x, n);
+static float logsumexp(const float *x, int64_t cols) {
+    const float mx = max_(x, cols);
     float s[LANES] = {0};
     int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
+    for (; j + LANES <= cols; j += LANES)
         for (int l = 0; l < LANES; l++) s[l] += pytfm__expf(x[j + l] - mx);
     float tail = 0.0f;
-    for (; j < n; j++) tail += pytfm__expf(x[j] - mx);
+    for (; j < cols; j++) tail += pytfm__expf(x[j] - mx);
     return mx + logf(pytfm__lanes_sum(s) + tail);
 }
 
-static void scaled_exp(float *d, const float *x, float lse, float scale,
-                       int64_t n) {
-    for (int64_t j = 0; j < n; j++) d[j] = scale * pytfm__expf(x[j] - lse);
+static void scaled_exp(float *d, const float *x, float lse, float scale, int64_t cols) {
+    for (int64_t j = 0; j < cols; j++) d[j] = scale * pytfm__expf(x[j] - lse);
 }
 
-static void adamw(float *p, float *m, float *v,
-                  const float *g, int64_t n, const pytfm__adamw_consts *k) {
-    const pytfm__adamw_consts c = *k;
-    for (int64_t i = 0; i < n; i++) {
+static void adamw(float *p, float *m, float *v, const float *g, int64_t count,
+                  const pytfm__adamw_consts *consts) {
+    const pytfm__adamw_consts c = *consts;
+    for (int64_t i = 0; i < count; i++) {
         const float mi = c.b1 * m[i] + c.c1 * g[i];
         const float vi = c.b2 * v[i] + c.c2 * g[i] * g[i];
         m[i] = mi;
@@ -160,25 +159,25 @@ static void adamw(float *p, float *m, float *v,
     }
 }
 
-static float attn_softmax_row(float *s, int64_t vis, int64_t n, float scale, float *m,
+static float attn_softmax_row(float *s, int64_t vis, int64_t nk, float scale, float *m,
                               float *l) {
     for (int64_t j = 0; j < vis; j++) s[j] *= scale;
     const float mx_tile = max_(s, vis), mx = mx_tile > *m ? mx_tile : *m;
     const float alpha = pytfm__expf(*m - mx); // 0 on a row's first tile (m = -inf)
     const float sum = exp_shifted_(s, s, mx, vis);
-    for (int64_t j = vis; j < n; j++) s[j] = 0.0f;
+    for (int64_t j = vis; j < nk; j++) s[j] = 0.0f;
     *l = *l * alpha + sum;
     *m = mx;
     return alpha;
 }
 
-static void attn_p_row(float *s, int64_t vis, int64_t n, float scale, float lse) {
+static void attn_p_row(float *s, int64_t vis, int64_t nk, float scale, float lse) {
     for (int64_t j = 0; j < vis; j++) s[j] = pytfm__expf(scale * s[j] - lse);
-    for (int64_t j = vis; j < n; j++) s[j] = 0.0f;
+    for (int64_t j = vis; j < nk; j++) s[j] = 0.0f;
 }
 
-static void attn_ds_row(float *dp, const float *p, int64_t n, float dq, float scale) {
-    for (int64_t j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - dq) * scale;
+static void attn_ds_row(float *dp, const float *p, int64_t nk, float delta, float scale) {
+    for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - delta) * scale;
 }
 
 const pytfm__fast_kernels PYTFM_FAST_TABLE = {

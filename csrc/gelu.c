@@ -5,7 +5,7 @@
  *   backward: dy/dx = ½ (1 + tanh u) + ½ x (1 − tanh² u) · k (1 + 3 a x²);  dx = dy · dy/dx
  * Computed through s = ½ (1 + tanh u) = 1 / (1 + e^(−2u)), an identity, so one expf replaces
  * the much slower tanhf; then ½ (1 − tanh² u) = 2 s (1 − s). The backward recomputes s from
- * x; nothing is cached beyond the input. Blocks of CHUNK elements go to threads.
+ * x; nothing is saved beyond the input. Blocks of CHUNK elements go to threads.
  */
 #include "checks.h"
 #include "fast.h"
@@ -16,34 +16,35 @@ static inline float half_one_plus_tanh(float v) { // ½ (1 + tanh(k (v + a v³))
     return 1.0f / (1.0f + expf(-2.0f * PYTFM_GELU_K * (v + PYTFM_GELU_A * v * v * v)));
 }
 
-pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t n) {
-    PYTFM_TRY(pytfm__check_gelu_forward(__func__, y, x, n));
+pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t count) {
+    PYTFM_TRY(pytfm__check_gelu_forward(__func__, y, x, count));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
-        PYTFM_PARALLEL_FOR_IF(n > CHUNK)
-        for (int64_t c = 0; c < n; c += CHUNK) k->gelu_forward(y + c, x + c, PYTFM_MIN(CHUNK, n - c));
+        PYTFM_PARALLEL_FOR_IF(count > CHUNK)
+        for (int64_t c = 0; c < count; c += CHUNK)
+            k->gelu_forward(y + c, x + c, PYTFM_MIN(CHUNK, count - c));
         return PYTFM_STATUS_OK;
     }
     PYTFM_PARALLEL_FOR // the plain reference
-    for (int64_t c = 0; c < n; c += CHUNK) {
-        const int64_t end = n - c < CHUNK ? n : c + CHUNK;
+    for (int64_t c = 0; c < count; c += CHUNK) {
+        const int64_t end = PYTFM_MIN(count, c + CHUNK);
         for (int64_t i = c; i < end; i++) y[i] = x[i] * half_one_plus_tanh(x[i]);
     }
     return PYTFM_STATUS_OK;
 }
 
-pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
-    PYTFM_TRY(pytfm__check_gelu_backward(__func__, dx, dy, x, n));
+pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x, int64_t count) {
+    PYTFM_TRY(pytfm__check_gelu_backward(__func__, dx, dy, x, count));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
-        PYTFM_PARALLEL_FOR_IF(n > CHUNK)
-        for (int64_t c = 0; c < n; c += CHUNK)
-            k->gelu_backward(dx + c, dy + c, x + c, PYTFM_MIN(CHUNK, n - c));
+        PYTFM_PARALLEL_FOR_IF(count > CHUNK)
+        for (int64_t c = 0; c < count; c += CHUNK)
+            k->gelu_backward(dx + c, dy + c, x + c, PYTFM_MIN(CHUNK, count - c));
         return PYTFM_STATUS_OK;
     }
     PYTFM_PARALLEL_FOR // the plain reference
-    for (int64_t c = 0; c < n; c += CHUNK) {
-        const int64_t end = n - c < CHUNK ? n : c + CHUNK;
+    for (int64_t c = 0; c < count; c += CHUNK) {
+        const int64_t end = PYTFM_MIN(count, c + CHUNK);
         for (int64_t i = c; i < end; i++) {
             const float v = x[i], s = half_one_plus_tanh(v);
             const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * v * v);

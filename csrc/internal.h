@@ -53,29 +53,51 @@ pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)
 #define PYTFM_CHECK_FINITE_IN(func, v)                                                         \
     PYTFM_CHECK(isfinite(v), "%s: %s must be finite, got %g", func, #v, (double)(v))
 
-/* Check that every index in ids[0..n) is in [0, limit), allowing `ignore` when allow_ignore.
- * Returns PYTFM_STATUS_OUT_OF_RANGE naming the first bad one. */
+/* Check that every index in ids[0..count) is in [0, limit), allowing `ignore` when
+ * allow_ignore. Returns PYTFM_STATUS_OUT_OF_RANGE naming the first bad one. */
 pytfm_status pytfm__check_indices(const char *func, const char *name, const int64_t *ids,
-                                  int64_t n, int64_t limit, int allow_ignore, int64_t ignore);
+                                  int64_t count, int64_t limit, int allow_ignore, int64_t ignore);
 
-/* A parallel for-loop on pytfm_get_num_threads() threads when the library is built with
- * OpenMP, a plain loop otherwise. Only loops whose iterations write disjoint memory use it, so
- * results do not depend on the number of threads. */
+/* Scratch space for one call: count elements of size bytes, 64-byte aligned (free() it). On
+ * failure, an overflowing count·size included, it records "<func>: cannot allocate N bytes of
+ * scratch" as this thread's error and returns NULL, so that the caller (func, the public
+ * function the user called) just returns PYTFM_STATUS_OUT_OF_MEMORY. A count of 0 still gives
+ * a valid pointer. */
+void *pytfm__scratch(const char *func, int64_t count, size_t size);
+
+/* Parallel loops. Each macro is only an OpenMP pragma, written on the line above an ordinary
+ * `for` that it hands to pytfm_get_num_threads() threads; without OpenMP it is nothing and the
+ * loop runs on the calling thread. Only loops whose iterations write disjoint memory use them,
+ * so results do not depend on the number of threads. */
 #define PYTFM_PRAGMA(x) _Pragma(#x)
 #if defined(_OPENMP)
+/* one iteration at a time to each free thread */
 #define PYTFM_PARALLEL_FOR                                                                     \
-    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(pytfm_get_num_threads())")
-/* the same, on one thread unless cond: small inputs skip the cost of waking the others */
+    PYTFM_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(pytfm_get_num_threads()))
+/* the same, on the calling thread alone unless cond: small inputs skip waking the others */
 #define PYTFM_PARALLEL_FOR_IF(cond)                                                            \
     PYTFM_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(pytfm_get_num_threads())   \
                      if (cond))
+/* the same, on at most `threads` threads: for loops whose per-thread workspaces were sized
+ * for that many (read pytfm_get_num_threads() once: another thread may change it meanwhile) */
+#define PYTFM_PARALLEL_FOR_THREADS(threads)                                                    \
+    PYTFM_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(threads))
+/* above `for (int64_t r = 0; r < rows; r++)` over rows of cols floats each: blocks of
+ * pytfm__rows_per_task(cols) rows go to the threads; a single block runs on the calling
+ * thread alone */
+#define PYTFM_PARALLEL_ROWS(rows, cols)                                                        \
+    PYTFM_PRAGMA(omp parallel for schedule(dynamic, pytfm__rows_per_task(cols))                \
+                     num_threads(pytfm_get_num_threads()) if ((rows) > pytfm__rows_per_task(cols)))
 #else
 #define PYTFM_PARALLEL_FOR
 #define PYTFM_PARALLEL_FOR_IF(cond)
+#define PYTFM_PARALLEL_FOR_THREADS(threads)
+#define PYTFM_PARALLEL_ROWS(rows, cols)
 #endif
 
 /* The calling thread's index in the current parallel loop (0 outside one): per-thread
- * workspaces are indexed by it; a loop's team never has more than pytfm_get_num_threads(). */
+ * workspaces are indexed by it, in loops under PYTFM_PARALLEL_FOR_THREADS(threads), whose
+ * team never has more than `threads` threads. */
 #if defined(_OPENMP)
 #include <omp.h>
 static inline int64_t pytfm__thread_id(void) { return omp_get_thread_num(); }
@@ -89,28 +111,36 @@ static inline int64_t pytfm__rows_per_task(int64_t cols) {
     return cols >= PYTFM_TASK_ELEMS ? 1 : PYTFM_TASK_ELEMS / (cols > 0 ? cols : 1);
 }
 
-/* for (int64_t r = 0; r < rows; r++), with the rows (of cols floats each) handed to threads in
- * blocks of pytfm__rows_per_task(cols); a single block runs on the calling thread alone */
-#define PYTFM_PARALLEL_ROWS(r, rows, cols)                                                     \
-    PYTFM_PARALLEL_FOR_IF((rows) > pytfm__rows_per_task(cols))                                 \
-    for (int64_t r##_block = 0; r##_block < (rows); r##_block += pytfm__rows_per_task(cols))   \
-        for (int64_t r = r##_block; r < PYTFM_MIN((rows), r##_block + pytfm__rows_per_task(cols)); r++)
-
 /* Σ a[i]·b[i] with eight independent partial sums (so the additions pipeline instead of
  * waiting on each other), combined in a fixed order: the same inputs give the same bits. */
-static inline float pytfm__dot(const float *a, const float *b, int64_t n) {
+static inline float pytfm__dot(const float *a, const float *b, int64_t count) {
     float s[8] = {0};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
+    for (; i + 8 <= count; i += 8)
         for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
-    for (; i < n; i++) s[i & 7] += a[i] * b[i];
+    for (; i < count; i++) s[i & 7] += a[i] * b[i];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
 /* y[i] += alpha · x[i] */
-static inline void pytfm__axpy(float *y, float alpha, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+static inline void pytfm__axpy(float *y, float alpha, const float *x, int64_t count) {
+    for (int64_t i = 0; i < count; i++) y[i] += alpha * x[i];
 }
+
+/* One product C = β·C + op(A)·op(B), with the arguments of pytfm_sgemm. */
+typedef struct pytfm__product {
+    float *c;
+    const float *a, *b;
+    int64_t m, n, k;
+    int trans_a, trans_b;
+    float beta;
+} pytfm__product;
+
+/* The products in order, each as pytfm_sgemm computes it (sgemm.c), for kernels built on it
+ * (linear.c). One scratch allocation, made before the first write, serves them all: when it
+ * fails, func's PYTFM_STATUS_OUT_OF_MEMORY is returned and no output has changed. The
+ * arguments are not checked here. */
+pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, int count);
 
 /* An mr×nr register micro-kernel of sgemm.c, also used by attention.c:
  *   C[0..rows)[0..cols) (row stride ldc) = bt·C + Σ_{p<kc} A(p, r)·B(p, j)

@@ -40,11 +40,13 @@ int32_t pytfm_get_isa(void) {
     return PYTFM_ISA_PLAIN;
 }
 
-const pytfm__fast_kernels *pytfm__fast(void) {
-    switch (pytfm_get_isa()) {
+const pytfm__fast_kernels *pytfm__fast_for(int32_t isa) {
+    switch (isa) {
     case PYTFM_ISA_AVX512: return &pytfm__fast_avx512;
     case PYTFM_ISA_AVX2: return &pytfm__fast_avx2;
     case PYTFM_ISA_PORTABLE: return &pytfm__fast_portable;
     default: return NULL;
     }
 }
+
+const pytfm__fast_kernels *pytfm__fast(void) { return pytfm__fast_for(pytfm_get_isa()); }

@@ -7,10 +7,11 @@
  *   backward: with g = dy ∘ w (the gradient reaching x̂),
  *             dx = rstd · (g − mean(g) − x̂ · mean(g ∘ x̂))      (written)
  *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy            (accumulated)
- * Two passes over each row (mean, then centred variance) with double accumulators: no
- * cancellation even when |μ| ≫ σ.
+ * Two passes over each row (mean, then centred variance): no cancellation even when |μ| ≫ σ.
+ * The plain version sums in double; the fast one (fast_impl.h) in float.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "checks.h"
 #include "fast.h"
@@ -21,8 +22,9 @@ pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const f
     PYTFM_TRY(pytfm__check_layernorm_forward(__func__, y, mean, rstd, x, w, b, rows, cols, eps));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
-        PYTFM_PARALLEL_ROWS(r, rows, cols)
-        k->layernorm_forward(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols, eps);
+        PYTFM_PARALLEL_ROWS(rows, cols)
+        for (int64_t r = 0; r < rows; r++)
+            k->layernorm_forward(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols, eps);
         return PYTFM_STATUS_OK;
     }
     for (int64_t r = 0; r < rows; r++) { // the plain reference
@@ -43,22 +45,20 @@ pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const f
 
 /* The fast backward: rows split into LN_CHUNKS fixed chunks (not one per thread, so the sums
  * do not depend on the thread count), each summing its own partial dw, db; the partials are
- * then added into dw, db in chunk order. */
+ * then added into dw, db in chunk order. They are scratch: 2·min(rows, LN_CHUNKS)·cols floats. */
 enum { LN_CHUNKS = 16 };
 
-static pytfm_status backward_fast(const pytfm__fast_kernels *k, float *dx, float *dw, float *db,
-                                  const float *dy, const float *x, const float *w,
-                                  const float *mean, const float *rstd, int64_t rows,
-                                  int64_t cols) {
+static pytfm_status backward_fast(const char *func, const pytfm__fast_kernels *k, float *dx,
+                                  float *dw, float *db, const float *dy, const float *x,
+                                  const float *w, const float *mean, const float *rstd,
+                                  int64_t rows, int64_t cols) {
     const int64_t chunks = PYTFM_MIN(rows, (int64_t)LN_CHUNKS);
-    float *part = calloc((size_t)(2 * chunks * cols), sizeof(float)); // (chunks, 2, cols)
-    if (!part && chunks > 0)
-        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
-                           "pytfm_layernorm_backward: cannot allocate %lld bytes of partial sums",
-                           (long long)(2 * chunks * cols * (int64_t)sizeof(float)));
+    float *part = pytfm__scratch(func, 2 * chunks * cols, sizeof(float)); // (chunks, 2, cols)
+    if (!part) return PYTFM_STATUS_OUT_OF_MEMORY;
     PYTFM_PARALLEL_FOR_IF(rows * cols > PYTFM_TASK_ELEMS)
     for (int64_t c = 0; c < chunks; c++) {
         float *pdw = part + 2 * c * cols, *pdb = pdw + cols;
+        memset(pdw, 0, (size_t)(2 * cols) * sizeof(float));
         for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; r++)
             k->layernorm_backward(dx + r * cols, pdw, pdb, dy + r * cols, x + r * cols, w,
                                   mean[r], rstd[r], cols);
@@ -78,7 +78,7 @@ pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db, const flo
     PYTFM_TRY(pytfm__check_layernorm_backward(__func__, dx, dw, db, dy, x, w, mean, rstd, rows,
                                               cols));
     const pytfm__fast_kernels *k = pytfm__fast();
-    if (k) return backward_fast(k, dx, dw, db, dy, x, w, mean, rstd, rows, cols);
+    if (k) return backward_fast(__func__, k, dx, dw, db, dy, x, w, mean, rstd, rows, cols);
     for (int64_t r = 0; r < rows; r++) { // the plain reference
         const float *dyr = dy + r * cols, *xr = x + r * cols;
         float *dxr = dx + r * cols;

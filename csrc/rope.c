@@ -5,12 +5,13 @@
  *   θ_i = pos · base^(−2i/D) for i in [0, half); the pair (x_i, x_{i+half}) is rotated by θ_i:
  *     y_i = x_i cos θ_i − x_{i+half} sin θ_i,   y_{i+half} = x_{i+half} cos θ_i + x_i sin θ_i
  *   backward: a rotation is orthogonal, so dx = R(θ)ᵀ dy = R(−θ) dy.
- * Both directions are one function, rotate(), with the sign of the angle as argument. The
- * angle of each (b, t, i) is computed once, in double precision, and applied to every head.
- * That is the plain version; the fast one (rotate_tabled) computes the H·D-independent part
- * once: base^(−2i/D) per i, then cos and sin per distinct position row (T of them when all
- * batches share positions, pos_stride = 0), and applies the table on all threads in loops
- * that vectorise. Same expressions, so the same bits as the plain version.
+ * Both directions run the same code (rope(), below), with the sign of the angle as argument.
+ * The plain version, rotate(), computes the angle of each (b, t, i) once, in double precision,
+ * and applies it to every head; the fast one (rotate_tabled) computes the H-independent part
+ * once: cos and sin of θ_i for each distinct position row (T of them when all batches share
+ * positions, pos_stride = 0, else B·T), a table of P·D floats of scratch for P such rows, and
+ * applies it on all threads in loops that vectorise. Same expressions, so the same bits as
+ * the plain version.
  */
 #include <stdlib.h>
 
@@ -36,12 +37,13 @@ static void rotate(float *out, const float *in, const int64_t *pos, int64_t B, i
     }
 }
 
-/* cos, sin of θ for positions rows [0, n) of pos (row r = batch r / T, time r % T): [n, half] */
-static void angle_table(float *cs, float *sn, const int64_t *pos, int64_t n, int64_t T,
+/* cos, sin of θ for the position rows [0, count) of pos (row r = batch r / T, time r % T):
+ * [count, half] each */
+static void angle_table(float *cs, float *sn, const int64_t *pos, int64_t count, int64_t T,
                         int64_t pos_stride, int64_t D, double base, double sign) {
     const int64_t half = D / 2;
-    PYTFM_PARALLEL_FOR_IF(n * half > PYTFM_TASK_ELEMS / 8)
-    for (int64_t r = 0; r < n; r++) {
+    PYTFM_PARALLEL_FOR_IF(count * half > PYTFM_TASK_ELEMS / 8)
+    for (int64_t r = 0; r < count; r++) {
         const double p = (double)pos[r / T * pos_stride + r % T];
         for (int64_t i = 0; i < half; i++) {
             const double theta = sign * p * pow(base, -2.0 * (double)i / (double)D);
@@ -54,13 +56,14 @@ static void angle_table(float *cs, float *sn, const int64_t *pos, int64_t n, int
 static pytfm_status rotate_tabled(const char *func, float *out, const float *in,
                                   const int64_t *pos, int64_t B, int64_t T, int64_t H, int64_t D,
                                   int64_t pos_stride, double base, double sign) {
-    const int64_t half = D / 2, rows = pos_stride == 0 ? T : B * T; // distinct position rows
-    float *cs = malloc((size_t)(2 * rows * half) * sizeof(float)), *sn = cs + rows * half;
-    if (!cs && rows * half > 0)
-        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes", func,
-                           (long long)(2 * rows * half * (int64_t)sizeof(float)));
-    angle_table(cs, sn, pos, rows, T, pos_stride, D, base, sign);
-    PYTFM_PARALLEL_ROWS(bt, B * T, H * D) { // the (b, t) rows of H·D floats
+    // distinct position rows: T when the batches share one row of positions, else B·T
+    const int64_t half = D / 2, pos_rows = pos_stride == 0 ? T : B * T;
+    float *cs = pytfm__scratch(func, 2 * pos_rows * half, sizeof(float));
+    if (!cs) return PYTFM_STATUS_OUT_OF_MEMORY;
+    float *sn = cs + pos_rows * half;
+    angle_table(cs, sn, pos, pos_rows, T, pos_stride, D, base, sign);
+    PYTFM_PARALLEL_ROWS(B * T, H * D)
+    for (int64_t bt = 0; bt < B * T; bt++) { // the (b, t) rows of H·D floats
         const float *c = cs + (pos_stride == 0 ? bt % T : bt) * half, *s = sn + (c - cs);
         for (int64_t h = 0; h < H; h++) {
             const float *x = in + (bt * H + h) * D; // (b, t, h, :)
@@ -76,22 +79,25 @@ static pytfm_status rotate_tabled(const char *func, float *out, const float *in,
     return PYTFM_STATUS_OK;
 }
 
+/* both directions: sign +1 rotates by θ (forward), −1 by −θ (backward) */
+static pytfm_status rope(const char *func, float *out, const float *in, const int64_t *pos,
+                         int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos_stride,
+                         double base, double sign) {
+    PYTFM_TRY(pytfm__check_rope(func, out, in, pos, B, T, H, D, pos_stride, base));
+    if (pytfm_get_isa() != PYTFM_ISA_PLAIN)
+        return rotate_tabled(func, out, in, pos, B, T, H, D, pos_stride, base, sign);
+    rotate(out, in, pos, B, T, H, D, pos_stride, base, sign);
+    return PYTFM_STATUS_OK;
+}
+
 pytfm_status pytfm_rope_forward(float *y, const float *x, const int64_t *pos, int64_t B,
                                 int64_t T, int64_t H, int64_t D, int64_t pos_stride,
                                 double base) {
-    PYTFM_TRY(pytfm__check_rope(__func__, y, x, pos, B, T, H, D, pos_stride, base));
-    if (pytfm_get_isa() != PYTFM_ISA_PLAIN)
-        return rotate_tabled(__func__, y, x, pos, B, T, H, D, pos_stride, base, +1.0);
-    rotate(y, x, pos, B, T, H, D, pos_stride, base, +1.0);
-    return PYTFM_STATUS_OK;
+    return rope(__func__, y, x, pos, B, T, H, D, pos_stride, base, +1.0);
 }
 
 pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int64_t *pos, int64_t B,
                                  int64_t T, int64_t H, int64_t D, int64_t pos_stride,
                                  double base) {
-    PYTFM_TRY(pytfm__check_rope(__func__, dx, dy, pos, B, T, H, D, pos_stride, base));
-    if (pytfm_get_isa() != PYTFM_ISA_PLAIN)
-        return rotate_tabled(__func__, dx, dy, pos, B, T, H, D, pos_stride, base, -1.0);
-    rotate(dx, dy, pos, B, T, H, D, pos_stride, base, -1.0);
-    return PYTFM_STATUS_OK;
+    return rope(__func__, dx, dy, pos, B, T, H, D, pos_stride, base, -1.0);
 }

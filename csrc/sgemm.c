@@ -4,7 +4,8 @@
  *   op(A) [m, k]: A stored [m, k], or [k, m] when trans_a (then op(A) = Aᵀ)
  *   op(B) [k, n]: B stored [k, n], or [n, k] when trans_b
  *   C [m, n]; β = 0 writes C without reading it, β = 1 accumulates
- *   linear forward y = x·Wᵀ: (x, W, trans_b);  dx = dy·W: (dy, W);  dW += dyᵀ·x: (dy, x, trans_a, β=1)
+ *   linear forward y = x·Wᵀ: (x, W, trans_b);  dx = dy·W: (dy, W);
+ *   dW += dyᵀ·x: (dy, x, trans_a, β = 1)
  *
  * The plain kernel is the obviously-correct loop, kept as the oracle and as the path for CPUs
  * without AVX2. The fast ones follow BLIS (Van Zee & van de Geijn, "BLIS: A Framework for
@@ -17,9 +18,12 @@
  * for the whole KC slice: MR·NR/8 (AVX2) or MR·NR/16 (AVX-512) accumulators, the broadcast A
  * value fused into the FMA. Packing turns the transposes into copies and zero-pads ragged
  * edges; the tile's ragged edge is written through a mask.
- * Sizes: a KC×NR micro-panel of B (24 KiB) stays in L1 while the MC×KC block of A (72 KiB)
- * streams from L2; the KC×NC panel of B (≤ 768 KiB) sits in L2. KC = 192 measured faster
- * than 256 here (n = 256, 512: ~110 against ~85 GFLOP/s on one thread, in alternating runs).
+ * Sizes: a KC×NR micro-panel of B (12 KiB for AVX2, 24 KiB for AVX-512) stays in L1 while the
+ * MC×KC block of A (72 KiB) streams from L2; the KC×NC panel of B (≤ 768 KiB) sits in L2.
+ * KC = 192 measured faster than 256 here (n = 256, 512: ~110 against ~85 GFLOP/s on one
+ * thread, in alternating runs). The packing buffers are scratch, allocated once per call
+ * (pytfm__scratch): 72 KiB per thread for A when it is packed, and one panel of B shared by
+ * all threads (split by rows) or one per thread (split by columns): under 1 MiB per thread.
  * Every element of C is summed by one thread in one fixed order (the k slices in turn, each in
  * p order), so the result does not depend on the thread count.
  */
@@ -126,7 +130,6 @@ static void pack_b(float *dst, const gemm *g, int nr, int64_t p0, int64_t kc, in
     }
 }
 
-/* C[i0..i1) × [j0..j1): the part of the product one thread computes */
 /* rows [i0, i1) of C against the packed slice pb of op(B) (columns [jc, jc+nc), k slice
  * [pc, pc+kc)); pa is this thread's buffer for packed panels of op(A), NULL to read A in place */
 static void rows_times_panel(const gemm *g, const pytfm__micro *uk, float *pa, const float *pb,
@@ -151,25 +154,41 @@ static void rows_times_panel(const gemm *g, const pytfm__micro *uk, float *pa, c
     }
 }
 
-/* Split C among threads in whole micro-tiles: by rows when there are enough of them, the
- * threads then sharing each packed slice of B (each packs a share of its micro-panels, then
- * all wait at a barrier); else by columns, each thread packing its own. One allocation per
- * call holds the packing buffers. */
-static pytfm_status gemm_blocked(const gemm *g, const pytfm__micro *uk) {
-    const int64_t nr = uk->nr, row_tiles = (g->m + uk->mr - 1) / uk->mr;
-    const int64_t col_tiles = (g->n + nr - 1) / nr;
-    int64_t threads = pytfm_get_num_threads();
-    const int by_rows = row_tiles >= threads || row_tiles >= col_tiles;
-    threads = PYTFM_MIN(threads, by_rows ? row_tiles : col_tiles);
-    const int64_t a_size = pack_a_pays(g) ? (int64_t)MC * KC : 0;
-    const int64_t b_size = (int64_t)KC * PYTFM_MIN(NC, col_tiles * nr);
-    const int64_t b_count = by_rows ? 1 : threads; // shared, or one per thread
-    float *buf = aligned_alloc(64, (size_t)(threads * a_size + b_count * b_size) * sizeof(float));
-    if (!buf)
-        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
-                           "pytfm_sgemm: cannot allocate %lld bytes of packing buffers",
-                           (long long)((threads * a_size + b_count * b_size) *
-                                       (int64_t)sizeof(float)));
+/* How gemm_blocked splits one product among threads, and the packing buffers that takes. C
+ * goes to threads in whole micro-tiles: by rows when there are enough of them, the threads
+ * then sharing each packed slice of B (each packs a share of its micro-panels, then all wait
+ * at a barrier); else by columns, each thread packing its own. */
+typedef struct blocking {
+    int64_t threads; // that share this product
+    int by_rows;
+    int64_t a_size;  // floats of packed op(A) per thread: MC·KC, or 0 when A is read in place
+    int64_t b_size;  // floats of one packed KC×NC slice of op(B) (narrower for a narrow C)
+    int64_t b_count; // slices of op(B): 1 shared (by rows), or one per thread (by columns)
+} blocking;
+
+static blocking plan(const gemm *g, const pytfm__micro *uk, int64_t threads) {
+    const int64_t row_tiles = (g->m + uk->mr - 1) / uk->mr;
+    const int64_t col_tiles = (g->n + uk->nr - 1) / uk->nr;
+    blocking bl;
+    bl.by_rows = row_tiles >= threads || row_tiles >= col_tiles;
+    bl.threads = PYTFM_MIN(threads, bl.by_rows ? row_tiles : col_tiles);
+    bl.a_size = pack_a_pays(g) ? (int64_t)MC * KC : 0;
+    bl.b_size = (int64_t)KC * PYTFM_MIN(NC, col_tiles * uk->nr);
+    bl.b_count = bl.by_rows ? 1 : bl.threads;
+    return bl;
+}
+
+/* the packing buffers' floats: at most (72 KiB + 768 KiB) / 4 per thread */
+static int64_t scratch_floats(const blocking *bl) {
+    return bl->threads * bl->a_size + bl->b_count * bl->b_size;
+}
+
+/* the product, split among threads as bl says, with buf (scratch_floats(bl) floats) holding
+ * the packing buffers */
+static void gemm_blocked(const gemm *g, const pytfm__micro *uk, const blocking *bl, float *buf) {
+    const int64_t nr = uk->nr, threads = bl->threads, a_size = bl->a_size;
+    const int by_rows = bl->by_rows;
+    const int64_t row_tiles = (g->m + uk->mr - 1) / uk->mr, col_tiles = (g->n + nr - 1) / nr;
 #if defined(_OPENMP)
 #pragma omp parallel num_threads((int)threads) if (threads > 1)
 #endif
@@ -180,7 +199,7 @@ static pytfm_status gemm_blocked(const gemm *g, const pytfm__micro *uk) {
         const int64_t t = 0, team = 1;
 #endif
         float *pa = a_size ? buf + t * a_size : NULL;
-        float *pb = buf + threads * a_size + (by_rows ? 0 : t * b_size);
+        float *pb = buf + threads * a_size + (by_rows ? 0 : t * bl->b_size);
         const int64_t tiles = by_rows ? row_tiles : col_tiles;
         const int64_t lo = tiles * t / team, hi = tiles * (t + 1) / team;
         if (by_rows) {
@@ -214,8 +233,6 @@ static pytfm_status gemm_blocked(const gemm *g, const pytfm__micro *uk) {
             }
         }
     }
-    free(buf);
-    return PYTFM_STATUS_OK;
 }
 
 /* ---- micro-kernels ------------------------------------------------------------------------ */
@@ -333,27 +350,56 @@ const pytfm__micro *pytfm__micro_for(int32_t isa) {
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
-static pytfm_status sgemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
-                          int64_t k, int32_t trans_a, int32_t trans_b, float beta, int32_t isa) {
-    if (m == 0 || n == 0) return PYTFM_STATUS_OK;
-    if (isa < PYTFM_ISA_AVX2 || k == 0) { // k = 0: no products, C = β·C
-        sgemm_plain(c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta);
-        return PYTFM_STATUS_OK;
-    }
-    const gemm g = {c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta};
+/* The blocked kernels run where the CPU has a micro-kernel (AVX2 and up), for products with
+ * something to sum (k > 0) into a non-empty C; the plain loop does the rest. */
+static int blocked(const pytfm__product *p, const pytfm__micro *uk) {
+    return uk && p->m > 0 && p->n > 0 && p->k > 0;
+}
+
+static gemm gemm_of(const pytfm__product *p) {
+    return (gemm){p->c, p->a, p->b, p->m, p->n, p->k, p->trans_a != 0, p->trans_b != 0, p->beta};
+}
+
+pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, int count) {
+    // the ISA and the thread count are read once: another thread may change them meanwhile
+    const int32_t isa = pytfm_get_isa();
+    const int64_t threads = pytfm_get_num_threads();
     const pytfm__micro *uk = pytfm__micro_for(isa);
-    if (!uk) return pytfm__fail(PYTFM_STATUS_INTERNAL, "pytfm_sgemm: no kernel for isa %d", isa);
-    return gemm_blocked(&g, uk);
+    if (isa >= PYTFM_ISA_AVX2 && !uk)
+        return pytfm__fail(PYTFM_STATUS_INTERNAL, "%s: no sgemm kernel for isa %d", func, isa);
+    int64_t floats = -1; // the most any one product needs (they run one after the other)
+    for (int i = 0; i < count; i++) {
+        if (!blocked(&products[i], uk)) continue;
+        const gemm g = gemm_of(&products[i]);
+        const blocking bl = plan(&g, uk, threads);
+        if (scratch_floats(&bl) > floats) floats = scratch_floats(&bl);
+    }
+    float *buf = NULL; // only the blocked kernels need scratch
+    if (floats >= 0 && !(buf = pytfm__scratch(func, floats, sizeof(float))))
+        return PYTFM_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < count; i++) {
+        const gemm g = gemm_of(&products[i]);
+        if (blocked(&products[i], uk)) {
+            const blocking bl = plan(&g, uk, threads);
+            gemm_blocked(&g, uk, &bl, buf);
+        } else if (g.m > 0 && g.n > 0) { // k = 0 too: no products, C = β·C
+            sgemm_plain(g.c, g.a, g.b, g.m, g.n, g.k, g.trans_a, g.trans_b, g.beta);
+        }
+    }
+    free(buf);
+    return PYTFM_STATUS_OK;
 }
 
 pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
                          int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
     PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
-    return sgemm(c, a, b, m, n, k, trans_a, trans_b, beta, pytfm_get_isa());
+    const pytfm__product p = {c, a, b, m, n, k, trans_a, trans_b, beta};
+    return pytfm__sgemm_all(__func__, &p, 1);
 }
 
 pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m, int64_t n,
                                int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
     PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
-    return sgemm(c, a, b, m, n, k, trans_a, trans_b, beta, PYTFM_ISA_PLAIN);
+    sgemm_plain(c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta);
+    return PYTFM_STATUS_OK;
 }

@@ -5,7 +5,7 @@
  *   forward:  y = exp(x − max x) / Σ exp(x − max x)      (subtracting the row max keeps every
  *             exponent ≤ 0, so no overflow however large x is)
  *   backward: with s = Σ_j dy_j y_j,  dx_i = y_i (dy_i − s)
- * The forward's output y is what the backward needs; nothing else is cached.
+ * The forward's output y is what the backward needs; nothing else is saved.
  */
 #include "checks.h"
 #include "fast.h"
@@ -14,7 +14,8 @@ pytfm_status pytfm_softmax_forward(float *y, const float *x, int64_t rows, int64
     PYTFM_TRY(pytfm__check_softmax_forward(__func__, y, x, rows, cols));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
-        PYTFM_PARALLEL_ROWS(r, rows, cols) k->softmax_forward(y + r * cols, x + r * cols, cols);
+        PYTFM_PARALLEL_ROWS(rows, cols)
+        for (int64_t r = 0; r < rows; r++) k->softmax_forward(y + r * cols, x + r * cols, cols);
         return PYTFM_STATUS_OK;
     }
     for (int64_t r = 0; r < rows; r++) { // the plain reference
@@ -38,8 +39,9 @@ pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const float *y, 
     PYTFM_TRY(pytfm__check_softmax_backward(__func__, dx, dy, y, rows, cols));
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
-        PYTFM_PARALLEL_ROWS(r, rows, cols)
-        k->softmax_backward(dx + r * cols, dy + r * cols, y + r * cols, cols);
+        PYTFM_PARALLEL_ROWS(rows, cols)
+        for (int64_t r = 0; r < rows; r++)
+            k->softmax_backward(dx + r * cols, dy + r * cols, y + r * cols, cols);
         return PYTFM_STATUS_OK;
     }
     for (int64_t r = 0; r < rows; r++) { // the plain reference

@@ -1,12 +1,16 @@
 /*
- * status.c — status names, the thread-local last error, version and build information.
+ * status.c — status names, the thread-local last error, scratch allocation, the thread count,
+ * version and build information.
  *
  * The error message lives in thread-local storage: each thread sees its own last failure. The
- * thread count is the library's only process-wide setting (it changes speed, not results).
+ * thread count is one of the library's two process-wide settings (it changes speed, not
+ * results); the other, the instruction-set cap, lives in isa.c.
  */
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -26,16 +30,33 @@ pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...) {
 }
 
 pytfm_status pytfm__check_indices(const char *func, const char *name, const int64_t *ids,
-                                  int64_t n, int64_t limit, int allow_ignore, int64_t ignore) {
-    for (int64_t i = 0; i < n; i++) {
+                                  int64_t count, int64_t limit, int allow_ignore, int64_t ignore) {
+    for (int64_t i = 0; i < count; i++) {
         int64_t id = ids[i];
         if (allow_ignore && id == ignore) continue;
         if (id < 0 || id >= limit) {
-            return pytfm__fail(PYTFM_STATUS_OUT_OF_RANGE, "%s: %s[%lld] = %lld is outside [0, %lld)",
-                               func, name, (long long)i, (long long)id, (long long)limit);
+            return pytfm__fail(PYTFM_STATUS_OUT_OF_RANGE,
+                               "%s: %s[%lld] = %lld is outside [0, %lld)", func, name,
+                               (long long)i, (long long)id, (long long)limit);
         }
     }
     return PYTFM_STATUS_OK;
+}
+
+void *pytfm__scratch(const char *func, int64_t count, size_t size) {
+    enum { ALIGN = 64 }; // a cache line; aligned_alloc wants a whole number of them
+    if (count < 0 || (size > 0 && (uint64_t)count > (SIZE_MAX - ALIGN) / size)) {
+        pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                    "%s: cannot allocate %lld × %zu bytes of scratch (more than memory can hold)",
+                    func, (long long)count, size);
+        return NULL;
+    }
+    const size_t bytes = (size_t)count * size;
+    void *p = aligned_alloc(ALIGN, bytes == 0 ? ALIGN : (bytes + ALIGN - 1) / ALIGN * ALIGN);
+    if (!p)
+        pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of scratch", func,
+                    bytes);
+    return p;
 }
 
 const char *pytfm_status_string(pytfm_status status) {
@@ -55,16 +76,17 @@ const char *pytfm_last_error(void) { return last_error; }
 
 const char *pytfm_version(void) { return PYTFM_VERSION; }
 
-pytfm_status pytfm_set_num_threads(int32_t n) {
-    PYTFM_CHECK(n >= 0, "%s: n must be >= 0 (0: the default), got %d", __func__, (int)n);
-    atomic_store(&num_threads, n);
+pytfm_status pytfm_set_num_threads(int32_t threads) {
+    PYTFM_CHECK(threads >= 0, "%s: threads must be >= 0 (0: the default), got %d", __func__,
+                (int)threads);
+    atomic_store(&num_threads, threads);
     return PYTFM_STATUS_OK;
 }
 
 int32_t pytfm_get_num_threads(void) {
 #if defined(_OPENMP)
-    const int n = atomic_load(&num_threads);
-    return n > 0 ? n : omp_get_max_threads();
+    const int threads = atomic_load(&num_threads);
+    return threads > 0 ? threads : omp_get_max_threads();
 #else
     return 1;
 #endif

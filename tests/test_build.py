@@ -103,6 +103,57 @@ def test_pytfm_cuda_1_without_nvcc_is_a_clear_build_error(tmp_path):
     assert "PYTFM_CUDA=1 asks for the CUDA kernels, but nvcc was found neither" in r.stderr
 
 
+def cuda_entry_points(header_path):
+    """{name: [parameter type, ...]} of every pytfm_*_cuda and pytfm_cuda_* function declared
+    in the header (read here independently of setup.py's generator, to check it)."""
+    with open(header_path, encoding="utf-8") as f:
+        text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+    decls = re.findall(r"pytfm_status\s+(pytfm_cuda_\w+|pytfm_\w+_cuda)\s*\(([^)]*)\)", text)
+    return {name: [p.strip() for p in params.split(",")] for name, params in decls}
+
+
+def zero_argument(param):
+    """A ctypes zero (or NULL) of a C parameter's type: its argtype and value."""
+    if "*" in param:
+        return ctypes.c_void_p, None
+    kind = param.split()[-2] if len(param.split()) > 1 else param
+    return {"int64_t": (ctypes.c_int64, 0), "int32_t": (ctypes.c_int32, 0),
+            "float": (ctypes.c_float, 0.0), "double": (ctypes.c_double, 0.0)}[kind]
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "setup.py")), reason="needs the checkout")
+def test_a_cpu_only_build_has_every_cuda_entry_point_and_each_says_not_supported(tmp_path):
+    # a copy of what the build reads, built in place with PYTFM_CUDA=0: the checkout's own build
+    # (with CUDA where nvcc is found) stays as it is
+    for f in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(os.path.join(ROOT, f), tmp_path)
+    shutil.copytree(os.path.join(ROOT, "csrc"), tmp_path / "csrc")
+    shutil.copytree(os.path.join(ROOT, "pytfm"), tmp_path / "pytfm", ignore=shutil.ignore_patterns(
+        "lib", "include", "*.so", "_pytfm_cffi.c", "__pycache__"))
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                       cwd=tmp_path, env=dict(os.environ, PYTFM_CUDA="0"), capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    so = ctypes.CDLL(str(tmp_path / "pytfm" / "lib" / "libpytfm.so"))
+    so.pytfm_last_error.restype = ctypes.c_char_p
+    entry_points = cuda_entry_points(SOURCE_HEADER)
+    assert len(entry_points) >= 18 and "pytfm_cuda_stream_synchronize" in entry_points
+    for name, params in entry_points.items():
+        fn = getattr(so, name)  # AttributeError: the symbol is missing
+        args = [zero_argument(p) for p in params if p != "void"]
+        fn.restype, fn.argtypes = ctypes.c_int, [t for t, _ in args]
+        if name == "pytfm_cuda_device_count":  # no CUDA, no device: 0, and not an error
+            count = ctypes.c_int32(-1)
+            assert fn(ctypes.byref(count)) == lib.PYTFM_STATUS_OK and count.value == 0
+            continue
+        assert fn(*[v for _, v in args]) == lib.PYTFM_STATUS_NOT_SUPPORTED, name
+        assert so.pytfm_last_error().decode() == (
+            f"{name}: pytfm was built without CUDA (nvcc not found, or PYTFM_CUDA=0)")
+    # generated in the build folder, not in the source tree
+    assert not [f for f in os.listdir(tmp_path / "csrc") if f not in os.listdir(
+        os.path.join(ROOT, "csrc"))]
+
+
 def pytfm_flags(*flags):
     out = subprocess.run([sys.executable, "-m", "pytfm", *flags], capture_output=True, text=True,
                          cwd="/", check=True)

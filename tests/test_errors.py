@@ -152,7 +152,7 @@ def test_c_functions_return_a_status_for_bad_pointers_and_sizes():
     assert st == lib.PYTFM_STATUS_INVALID_ARGUMENT
     assert last_error() == "pytfm_softmax_forward: y must not be NULL"
     assert lib.pytfm_gelu_forward(buf, buf, -1) == lib.PYTFM_STATUS_INVALID_ARGUMENT
-    assert last_error() == "pytfm_gelu_forward: n must be >= 0, got -1"
+    assert last_error() == "pytfm_gelu_forward: count must be >= 0, got -1"
     assert lib.pytfm_layernorm_forward(buf, buf, buf, buf, buf, buf, 1, 0, 1e-5) != 0
     assert "cols must be >= 1, got 0" in last_error()
     assert lib.pytfm_rope_forward(buf, buf, ffi.new("int64_t[1]"), 1, 1, 1, 3, 0, 1e4) != 0
@@ -175,8 +175,8 @@ def test_last_error_is_per_thread():
     t = threading.Thread(target=worker)
     t.start()
     t.join()
-    assert seen == ["", "pytfm_gelu_forward: n must be >= 0, got -3"]
-    assert last_error() == main_error == "pytfm_gelu_forward: n must be >= 0, got -7"
+    assert seen == ["", "pytfm_gelu_forward: count must be >= 0, got -3"]
+    assert last_error() == main_error == "pytfm_gelu_forward: count must be >= 0, got -7"
 
 
 def test_status_strings_and_exception_kinds():

@@ -71,6 +71,9 @@ extern "C" {
 /* PYTFM_CDEF_BEGIN */
 
 /* ---- Status, errors, version, build information ------------------------------------- */
+/* Lives in: csrc/status.c (statuses, errors, scratch, thread count, build info), csrc/isa.c
+ * (the instruction-set cap); Python pytfm/_core.py; tests: tests/test_errors.py,
+ * test_build.py, test_sgemm.py (the cap). */
 
 typedef enum pytfm_status {
     PYTFM_STATUS_OK = 0,
@@ -95,10 +98,13 @@ PYTFM_API const char *pytfm_version(void);
 
 /* Threads used by the kernels (when built with OpenMP). The default, and the value after
  * pytfm_set_num_threads(0), is OpenMP's own (OMP_NUM_THREADS, else the available cores).
- * This is the library's one piece of process-wide state, like a BLAS's thread setting: it
- * changes speed only, never results, which are the same bits at any thread count.
- * n must be >= 0. Without OpenMP the setting is accepted and the kernels run on one thread. */
-PYTFM_API pytfm_status pytfm_set_num_threads(int32_t n);
+ * One of the library's two process-wide settings (with the instruction-set cap below), like
+ * a BLAS's thread setting: it changes speed only, never results, which are the same bits at
+ * any thread count. A call that needs per-thread scratch reads it once, so a change from
+ * another thread meanwhile is safe.
+ * threads must be >= 0. Without OpenMP the setting is accepted and the kernels run on one
+ * thread. */
+PYTFM_API pytfm_status pytfm_set_num_threads(int32_t threads);
 
 /* The number of threads the next kernel will use (1 without OpenMP). */
 PYTFM_API int32_t pytfm_get_num_threads(void);
@@ -147,35 +153,49 @@ typedef struct pytfm_build_info {
 PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
 
 /* ---- Linear: y = x·Wᵀ + b ------------------------------------------------------------ */
+/* Lives in: csrc/linear.c (its products through sgemm.c's plain or packed kernels), checks
+ * csrc/checks.h pytfm__check_linear_*, CUDA cuda/linear.cu, Python pytfm/ops.py
+ * linear_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
+ * test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
 /* W is stored [out, in], as torch.nn.Linear.weight, so weights map one-to-one.
- *   y  [n, out]  written
- *   x  [n, in]
+ *   y  [rows, out]  written
+ *   x  [rows, in]
  *   w  [out, in]
- *   b  [out]     may be NULL: no bias
+ *   b  [out]        may be NULL: no bias
+ * Scratch: as pytfm_sgemm, for the product x·Wᵀ.
  */
 PYTFM_API pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w,
-                                            const float *b, int64_t n, int64_t in, int64_t out);
+                                            const float *b, int64_t rows, int64_t in,
+                                            int64_t out);
 
-/*   dx [n, in]    written: dy·W; may be NULL when not needed
- *   dw [out, in]  accumulated: += dyᵀ·x
- *   db [out]      accumulated: += column sums of dy; may be NULL (no bias)
- *   dy [n, out], x [n, in], w [out, in] as in the forward
+/*   dx [rows, in]  written: dy·W; may be NULL when not needed
+ *   dw [out, in]   accumulated: += dyᵀ·x
+ *   db [out]       accumulated: += column sums of dy; may be NULL (no bias)
+ *   dy [rows, out], x [rows, in], w [out, in] as in the forward
+ * Scratch: as pytfm_sgemm, one allocation for both products (dyᵀ·x and dy·W).
  */
 PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float *dy,
-                                             const float *x, const float *w, int64_t n,
+                                             const float *x, const float *w, int64_t rows,
                                              int64_t in, int64_t out);
 
 /* ---- SGEMM: C = β·C + op(A)·op(B) --------------------------------------------------- */
-/* Row-major float32 matrix product; the linear layer's three products go through it.
+/* Lives in: csrc/sgemm.c (plain loop sgemm_plain; fast: gemm_blocked and the micro_avx2 /
+ * micro_avx512 register kernels), checks csrc/checks.h pytfm__check_sgemm, CUDA
+ * cuda/sgemm.cu, no Python wrapper (ops.linear_* use it; tests call it through cffi);
+ * tests: tests/test_sgemm.py, test_cuda_emu.py. */
+/* Row-major float32 matrix product; the linear layer's products go through it.
  *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
  *   a [m, k], or [k, m] with trans_a != 0 (then op(A) = Aᵀ)
  *   b [k, n], or [n, k] with trans_b != 0
  * pytfm_sgemm runs, on all threads, a packed and blocked kernel with an AVX-512 or AVX2+FMA
  * register micro-kernel (pytfm_get_isa() says which), or the plain loop below AVX2;
  * pytfm_sgemm_plain is always the plain loop, kept as the reference the fast ones are tested
- * against. Each gives the same bits at any thread count. The packed kernels allocate their
- * packing buffers (under 1 MiB per thread) once per call: PYTFM_STATUS_OUT_OF_MEMORY if
- * that fails.
+ * against. Each gives the same bits at any thread count.
+ * Scratch (the packed kernels only, for m, n, k >= 1): packing buffers, under 1 MiB per
+ * thread: 72 KiB per thread for op(A) when it is packed (trans_a, or n >= 512), and a slice
+ * of op(B), 192 × min(n, 1024) floats (n rounded up to the micro-kernel's width) shared by the
+ * threads, or one per thread when they split C by columns (too few rows to give each thread
+ * a band). pytfm_sgemm_plain allocates nothing.
  */
 PYTFM_API pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m,
                                    int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
@@ -186,6 +206,10 @@ PYTFM_API pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *
                                          int32_t trans_b, float beta);
 
 /* ---- Softmax over the last axis ------------------------------------------------------ */
+/* Lives in: csrc/softmax.c (plain loop; fast: fast_impl.h softmax_forward/backward), checks
+ * csrc/checks.h pytfm__check_softmax_*, CUDA cuda/softmax.cu, Python pytfm/ops.py
+ * softmax_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
+ * test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
 /* y[r, :] = exp(x[r, :] - max(x[r, :])) / sum(...). Stable for any finite input; a row that
  * is all -inf gives NaN (as PyTorch).
  *   y [rows, cols] written, x [rows, cols]; cols >= 1
@@ -200,6 +224,10 @@ PYTFM_API pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const 
                                               int64_t rows, int64_t cols);
 
 /* ---- LayerNorm over the last axis ---------------------------------------------------- */
+/* Lives in: csrc/layernorm.c (plain loop; fast: fast_impl.h layernorm_forward/backward),
+ * checks csrc/checks.h pytfm__check_layernorm_*, CUDA cuda/layernorm.cu, Python pytfm/ops.py
+ * layernorm_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
+ * test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
 /* y = (x − mean) · rstd · w + b, rstd = 1/sqrt(var + eps), var the biased variance.
  *   y    [rows, cols] written
  *   mean [rows]       written, saved for the backward
@@ -210,10 +238,13 @@ PYTFM_API pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rst
                                                const float *x, const float *w, const float *b,
                                                int64_t rows, int64_t cols, float eps);
 
-/*   dx [rows, cols] written
+/* With x̂ = (x − mean) · rstd and g = dy ∘ w, per row:
+ *   dx [rows, cols] written: rstd · (g − mean(g) − x̂ · mean(g ∘ x̂))
  *   dw [cols]       accumulated: += sum over rows of dy ∘ x̂
  *   db [cols]       accumulated: += sum over rows of dy
  *   dy, x [rows, cols]; w [cols]; mean, rstd [rows] from the forward
+ * Scratch (the fast kernels, isa above PLAIN): the partial sums of dw and db over 16 fixed
+ * chunks of rows, 2 · min(rows, 16) · cols floats.
  */
 PYTFM_API pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db,
                                                 const float *dy, const float *x, const float *w,
@@ -221,6 +252,10 @@ PYTFM_API pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db,
                                                 int64_t rows, int64_t cols);
 
 /* ---- RoPE: rotary position embedding, rotate-half (GPT-NeoX) pairing ---------------- */
+/* Lives in: csrc/rope.c (plain loop rotate; fast: rotate_tabled, in the same file), checks
+ * csrc/checks.h pytfm__check_rope, CUDA cuda/rope.cu, Python pytfm/ops.py
+ * rope_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
+ * test_properties.py, test_attention.py, test_fast.py, test_errors.py, test_cuda_emu.py. */
 /* For each (b, t, h) and i in [0, D/2), with θ_i = pos[b, t] · base^(−2i/D), the pair
  * (x[i], x[i + D/2]) is rotated by θ_i:
  *   y[i]       = x[i] cos θ_i − x[i + D/2] sin θ_i
@@ -232,6 +267,8 @@ PYTFM_API pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db,
  *       array, 0 to share one [T] row across the batch. Any int64 value is allowed (decoding
  *       at offset p passes p, p+1, ...).
  *   base > 0 (10000 is the usual value)
+ * Scratch (the fast version, isa above PLAIN): the table of cos θ and sin θ, P · D floats
+ * for P distinct position rows (P = T when pos_stride = 0, else B · T).
  */
 PYTFM_API pytfm_status pytfm_rope_forward(float *y, const float *x, const int64_t *pos,
                                           int64_t B, int64_t T, int64_t H, int64_t D,
@@ -239,85 +276,112 @@ PYTFM_API pytfm_status pytfm_rope_forward(float *y, const float *x, const int64_
 
 /* The rotation by −θ_i (the transpose of the forward's rotation):
  *   dx [B, T, H, D] written (may equal dy), dy [B, T, H, D]; other arguments as the forward
+ * Scratch: as the forward.
  */
 PYTFM_API pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int64_t *pos,
                                            int64_t B, int64_t T, int64_t H, int64_t D,
                                            int64_t pos_stride, double base);
 
 /* ---- GELU, tanh approximation (as GPT-2) --------------------------------------------- */
-/* y = 0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))
- *   y [n] written (may equal x), x [n]
+/* Lives in: csrc/gelu.c (plain loop; fast: fast_impl.h gelu_forward/backward), checks
+ * csrc/checks.h pytfm__check_gelu_*, CUDA cuda/gelu.cu, Python pytfm/ops.py
+ * gelu_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
+ * test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
+/* y = 0.5 x (1 + tanh(u)), u = sqrt(2/π) (x + 0.044715 x³), computed as x / (1 + e^(−2u))
+ * (the same function, with one exp instead of a tanh)
+ *   y [count] written (may equal x), x [count]
  */
-PYTFM_API pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t n);
+PYTFM_API pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t count);
 
-/*   dx [n] written: dy · gelu'(x) (may equal dy), dy [n], x [n] the forward's input */
+/*   dx [count] written: dy · gelu'(x) (may equal dy), dy [count], x [count] the forward's
+ *   input; with s = 1 / (1 + e^(−2u)): gelu'(x) = s + 2 x s (1 − s) · sqrt(2/π)(1 + 3·0.044715 x²)
+ */
 PYTFM_API pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x,
-                                           int64_t n);
+                                           int64_t count);
 
 /* ---- Embedding lookup ---------------------------------------------------------------- */
+/* Lives in: csrc/embedding.c (one version: a copy and a scatter-add), checks csrc/checks.h
+ * pytfm__check_embedding_*, CUDA cuda/embedding.cu, Python pytfm/ops.py
+ * embedding_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
+ * test_properties.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
 /* y[i, :] = table[ids[i], :]
- *   y     [n, dim] written
- *   ids   [n], each in [0, vocab); one outside gives PYTFM_STATUS_OUT_OF_RANGE
+ *   y     [rows, dim] written
+ *   ids   [rows], each in [0, vocab); one outside gives PYTFM_STATUS_OUT_OF_RANGE
  *   table [vocab, dim]; vocab >= 1, dim >= 1
  */
 PYTFM_API pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *table,
-                                               int64_t n, int64_t vocab, int64_t dim);
+                                               int64_t rows, int64_t vocab, int64_t dim);
 
 /*   dtable [vocab, dim] accumulated: dtable[ids[i], :] += dy[i, :] (repeated ids add up)
- *   dy [n, dim], ids [n] as in the forward
+ *   dy [rows, dim], ids [rows] as in the forward
  */
 PYTFM_API pytfm_status pytfm_embedding_backward(float *dtable, const float *dy,
-                                                const int64_t *ids, int64_t n, int64_t vocab,
+                                                const int64_t *ids, int64_t rows, int64_t vocab,
                                                 int64_t dim);
 
 /* ---- Softmax cross-entropy ----------------------------------------------------------- */
+/* Lives in: csrc/cross_entropy.c (plain loop; fast: fast_impl.h logsumexp, scaled_exp),
+ * checks csrc/checks.h pytfm__check_cross_entropy_*, CUDA cuda/cross_entropy.cu, Python
+ * pytfm/ops.py cross_entropy_forward/backward, reference pytfm/reference.py; tests:
+ * tests/test_ops.py, test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py. */
 /* loss = mean over rows i with targets[i] != ignore_index of (lse[i] − logits[i, targets[i]]),
  * lse[i] = log sum_j exp(logits[i, j]). With no such row the loss is 0 (PyTorch gives NaN).
  *   loss    [1] written
- *   lse     [n] written, saved for the backward (also for ignored rows)
- *   logits  [n, V]; V >= 1
- *   targets [n], each in [0, V) or equal to ignore_index (else PYTFM_STATUS_OUT_OF_RANGE)
+ *   lse     [rows] written, saved for the backward (also for ignored rows)
+ *   logits  [rows, vocab]; vocab >= 1
+ *   targets [rows], each in [0, vocab) or equal to ignore_index (else
+ *           PYTFM_STATUS_OUT_OF_RANGE)
  */
 PYTFM_API pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *logits,
-                                                   const int64_t *targets, int64_t n, int64_t V,
-                                                   int64_t ignore_index);
+                                                   const int64_t *targets, int64_t rows,
+                                                   int64_t vocab, int64_t ignore_index);
 
-/* dlogits[i, :] = dloss / count · (softmax(logits[i, :]) − onehot(targets[i])), zero for
- * ignored rows; count is the number of rows not ignored. The softmax is recomputed as
+/* dlogits[i, :] = dloss / kept · (softmax(logits[i, :]) − onehot(targets[i])), zero for
+ * ignored rows; kept is the number of rows not ignored. The softmax is recomputed as
  * exp(logits − lse), so each probability carries an absolute error of about 6e-8·|lse| from
  * lse's float32 rounding (negligible for the logits of a trained model, |lse| < 100).
- *   dlogits [n, V] written; logits, targets as the forward; lse [n] from the forward
+ *   dlogits [rows, vocab] written; logits, targets as the forward; lse [rows] from the forward
  *   dloss   the gradient of the loss (1 for a loss that is minimised directly)
  */
 PYTFM_API pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float *logits,
                                                     const int64_t *targets, const float *lse,
-                                                    int64_t n, int64_t V, int64_t ignore_index,
-                                                    float dloss);
+                                                    int64_t rows, int64_t vocab,
+                                                    int64_t ignore_index, float dloss);
 
 /* ---- AdamW, one fused in-place step (as torch.optim.AdamW) -------------------------- */
-/* With t = step (the first step is 1):
+/* Lives in: csrc/adamw.c (plain loop; fast: fast_impl.h adamw), checks csrc/checks.h
+ * pytfm__check_adamw, CUDA cuda/adamw.cu, Python pytfm/ops.py adamw_step (pytfm/optim.py
+ * drives it), reference pytfm/reference.py adamw_step; tests: tests/test_ops.py,
+ * test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
+/* With t = step (the first step is 1), in torch's arrangement of the bias corrections:
  *   param ← param · (1 − lr·weight_decay)
  *   m ← β1 m + (1 − β1) g;     v ← β2 v + (1 − β2) g²
- *   param ← param − lr · (m / (1 − β1ᵗ)) / (sqrt(v / (1 − β2ᵗ)) + eps)
- *   param, m, v [n] updated in place; grad [n]
+ *   param ← param − (lr / (1 − β1ᵗ)) · m / (sqrt(v) / sqrt(1 − β2ᵗ) + eps)
+ *   param, m, v [count] updated in place; grad [count]
  *   step >= 1; lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0, all finite
  * The hyperparameters are double, as Python floats are: the bias corrections βᵗ are computed
  * in double (float32 β would move 1 − 0.999¹⁰⁰⁰ by 1e-5), the per-element work in float32.
  */
 PYTFM_API pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *grad,
-                                        int64_t n, int64_t step, double lr, double beta1,
+                                        int64_t count, int64_t step, double lr, double beta1,
                                         double beta2, double eps, double weight_decay);
 
 /* ---- Attention: multi-head scaled dot-product, flash-style ------------------------- */
+/* Lives in: csrc/attention.c (plain: forward_head/backward_head; fast: *_head_fast on sgemm's
+ * micro-kernels), checks csrc/checks.h pytfm__check_attention_*, no CUDA twin yet, Python
+ * pytfm/ops.py attention_* (KV cache class: pytfm/kvcache.py), reference pytfm/reference.py;
+ * tests: tests/test_attention.py (properties, decoding), test_fast.py, test_model.py. */
 /* O = softmax(scale · q kᵀ [+ causal mask]) v for every batch b and head h, computed tile by
- * tile with an online softmax: the [T, T] score matrix is never stored, and extra memory is a
- * row of 32 scores per thread whatever T is. With causal != 0, position t attends to keys
- * 0..t only, and tiles above the diagonal are skipped. Parallel over B·H when built with
- * OpenMP; the result does not depend on the number of threads.
+ * tile with an online softmax: the [T, T] score matrix is never stored. With causal != 0,
+ * position t attends to keys 0..t only, and tiles above the diagonal are skipped. Parallel
+ * over B·H when built with OpenMP; the result does not depend on the number of threads.
  *   o     [B, T, H, D] written
  *   lse   [B, H, T]    written: log Σ_s exp(scores[t, s]), saved for the backward
  *   q, k, v [B, T, H, D] (the layout a fused QKV projection produces, no permute needed)
  *   D >= 1; scale finite, usually 1/sqrt(D)
+ * Scratch (the fast version: isa AVX2 or above, T >= 8): per thread, a copy of one head's
+ * keys transposed and a 64×64 tile of scores, D·T + 4224 floats (linear in T). The plain
+ * version allocates nothing: under 1 KiB of stack per thread.
  */
 PYTFM_API pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q,
                                                const float *k, const float *v, int64_t B,
@@ -326,33 +390,35 @@ PYTFM_API pytfm_status pytfm_attention_forward(float *o, float *lse, const float
 
 /* Recomputes the probabilities from q, k and lse, tile by tile; deterministic.
  *   dq, dk, dv [B, T, H, D] written
- *   dout [B, T, H, D] the gradient of o; q, k, v, o, lse, scale, causal as in the forward
+ *   dy [B, T, H, D] the gradient of o; q, k, v, o, lse, scale, causal as in the forward
+ * Scratch (fast version, as the forward): per thread, one head's keys and values transposed,
+ * two 64×64 tiles and a row of T sums, 2·D·T + T + 8192 floats. The plain version: none.
  */
-PYTFM_API pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv,
-                                                const float *dout, const float *q,
-                                                const float *k, const float *v, const float *o,
-                                                const float *lse, int64_t B, int64_t T,
-                                                int64_t H, int64_t D, float scale,
+PYTFM_API pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const float *dy,
+                                                const float *q, const float *k, const float *v,
+                                                const float *o, const float *lse, int64_t B,
+                                                int64_t T, int64_t H, int64_t D, float scale,
                                                 int32_t causal);
 
-/* Write n new keys and values into a KV cache at positions [start, start + n).
- *   k_cache, v_cache [B, Tmax, H, D] updated; k, v [B, n, H, D]
- *   start >= 0 and start + n <= Tmax (else PYTFM_STATUS_INVALID_ARGUMENT: cache overflow)
+/* Write n_new new keys and values into a KV cache at positions [start, start + n_new).
+ *   k_cache, v_cache [B, Tmax, H, D] updated; k, v [B, n_new, H, D]
+ *   start >= 0 and start + n_new <= Tmax (else PYTFM_STATUS_INVALID_ARGUMENT: cache overflow)
  */
 PYTFM_API pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache,
                                                     const float *k, const float *v, int64_t B,
-                                                    int64_t n, int64_t H, int64_t D,
+                                                    int64_t n_new, int64_t H, int64_t D,
                                                     int64_t Tmax, int64_t start);
 
-/* Causal attention of n new queries at positions [start, start + n) to the cached keys and
- * values at positions [0, start + n) (append them first): query start + i sees keys
- * 0..start + i. Costs O((start + n)·D) per query: no [T, T] work.
- *   o   [B, n, H, D] written;  lse [B, H, n] written
- *   q   [B, n, H, D];  k_cache, v_cache [B, Tmax, H, D];  start + n <= Tmax
+/* Causal attention of n_new new queries at positions [start, start + n_new) to the cached keys
+ * and values at positions [0, start + n_new) (append them first): query start + i sees keys
+ * 0..start + i. Costs O((start + n_new)·D) per query: no [T, T] work.
+ *   o   [B, n_new, H, D] written;  lse [B, H, n_new] written
+ *   q   [B, n_new, H, D];  k_cache, v_cache [B, Tmax, H, D];  start + n_new <= Tmax
+ * Scratch: as pytfm_attention_forward with T = start + n_new (fast version: n_new >= 8).
  */
 PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q,
                                               const float *k_cache, const float *v_cache,
-                                              int64_t B, int64_t n, int64_t H, int64_t D,
+                                              int64_t B, int64_t n_new, int64_t H, int64_t D,
                                               int64_t Tmax, int64_t start, float scale);
 
 /* ---- CUDA: the GPU twins of the kernels above ---------------------------------------- */
@@ -364,12 +430,13 @@ PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float 
  * next synchronisation (pytfm_cuda_stream_synchronize). Differences from the CPU twins:
  *   - index arrays (ids, targets) live on the device and are not checked: checking would need
  *     a copy to the host. An id outside [0, vocab) makes its row of y NaN and is skipped by
- *     the backward; a target outside [0, V) (and not ignore_index) makes the loss NaN.
+ *     the backward; a target outside [0, vocab) (and not ignore_index) makes the loss NaN.
  *   - results agree with the CPU kernels to float32 rounding, not bit for bit (sums are
  *     combined in another order); each CUDA kernel gives the same bits on every run.
- * In a build without CUDA (nvcc was not found) every _cuda function returns
- * PYTFM_STATUS_NOT_SUPPORTED and says so in pytfm_last_error(); pytfm_get_build_info() tells
- * which build this is.
+ * In a build without CUDA (nvcc was not found, or PYTFM_CUDA=0) every _cuda function and
+ * pytfm_cuda_stream_synchronize return PYTFM_STATUS_NOT_SUPPORTED and say so in
+ * pytfm_last_error() (setup.py generates them from this header); pytfm_get_build_info()
+ * tells which build this is.
  */
 
 /* The number of CUDA devices this process can use: 0, not an error, where there is no device
@@ -386,12 +453,12 @@ PYTFM_API pytfm_status pytfm_sgemm_cuda(float *c, const float *a, const float *b
                                         float beta, void *stream);
 
 PYTFM_API pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, const float *w,
-                                                 const float *b, int64_t n, int64_t in,
+                                                 const float *b, int64_t rows, int64_t in,
                                                  int64_t out, void *stream);
 
 PYTFM_API pytfm_status pytfm_linear_backward_cuda(float *dx, float *dw, float *db,
                                                   const float *dy, const float *x,
-                                                  const float *w, int64_t n, int64_t in,
+                                                  const float *w, int64_t rows, int64_t in,
                                                   int64_t out, void *stream);
 
 PYTFM_API pytfm_status pytfm_softmax_forward_cuda(float *y, const float *x, int64_t rows,
@@ -421,38 +488,38 @@ PYTFM_API pytfm_status pytfm_rope_backward_cuda(float *dx, const float *dy, cons
                                                 int64_t B, int64_t T, int64_t H, int64_t D,
                                                 int64_t pos_stride, double base, void *stream);
 
-PYTFM_API pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_t n,
+PYTFM_API pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_t count,
                                                void *stream);
 
 PYTFM_API pytfm_status pytfm_gelu_backward_cuda(float *dx, const float *dy, const float *x,
-                                                int64_t n, void *stream);
+                                                int64_t count, void *stream);
 
 PYTFM_API pytfm_status pytfm_embedding_forward_cuda(float *y, const int64_t *ids,
-                                                    const float *table, int64_t n,
+                                                    const float *table, int64_t rows,
                                                     int64_t vocab, int64_t dim, void *stream);
 
 /* Repeated ids add up in order of i, as on the CPU (one thread per column walks the ids). */
 PYTFM_API pytfm_status pytfm_embedding_backward_cuda(float *dtable, const float *dy,
-                                                     const int64_t *ids, int64_t n,
+                                                     const int64_t *ids, int64_t rows,
                                                      int64_t vocab, int64_t dim, void *stream);
 
 /* loss is written on the device. */
 PYTFM_API pytfm_status pytfm_cross_entropy_forward_cuda(float *loss, float *lse,
                                                         const float *logits,
-                                                        const int64_t *targets, int64_t n,
-                                                        int64_t V, int64_t ignore_index,
+                                                        const int64_t *targets, int64_t rows,
+                                                        int64_t vocab, int64_t ignore_index,
                                                         void *stream);
 
 PYTFM_API pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const float *logits,
                                                          const int64_t *targets,
-                                                         const float *lse, int64_t n, int64_t V,
-                                                         int64_t ignore_index, float dloss,
-                                                         void *stream);
+                                                         const float *lse, int64_t rows,
+                                                         int64_t vocab, int64_t ignore_index,
+                                                         float dloss, void *stream);
 
 PYTFM_API pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, const float *grad,
-                                             int64_t n, int64_t step, double lr, double beta1,
-                                             double beta2, double eps, double weight_decay,
-                                             void *stream);
+                                             int64_t count, int64_t step, double lr,
+                                             double beta1, double beta2, double eps,
+                                             double weight_decay, void *stream);
 
 /* PYTFM_CDEF_END */
 
