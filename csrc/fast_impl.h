@@ -12,16 +12,6 @@
 
 #define LANES PYTFM_LANES
 
-static float sum_(const float *x, int64_t count) {
-    float s[LANES] = {0};
-    int64_t j = 0;
-    for (; j + LANES <= count; j += LANES)
-        for (int l = 0; l < LANES; l++) s[l] += x[j + l];
-    float tail = 0.0f;
-    for (; j < count; j++) tail += x[j];
-    return pytfm__lanes_sum(s) + tail;
-}
-
 static float max_(const float *x, int64_t count) {
     float s[LANES];
     for (int l = 0; l < LANES; l++) s[l] = -INFINITY;
@@ -72,16 +62,25 @@ static void softmax_backward(float *dx, const float *dy,
 static void layernorm_forward(float *y, float *mean, float *rstd,
                               const float *x, const float *w,
                               const float *b, int64_t cols, float eps) {
-    const float mu = sum_(x, cols) / (float)cols;
-    float s[LANES] = {0}; // two-pass variance: Σ (x − μ)²
+    // The sums run over x − x0, x0 the row's first value: when |μ| ≫ σ the differences are
+    // small and exact (x and x0 within a factor 2 of each other), so neither μ nor x − μ loses
+    // the digits a float sum of x would round away at |μ|.
+    const float x0 = x[0];
+    float s[LANES] = {0};
     int64_t j = 0;
     for (; j + LANES <= cols; j += LANES)
-        for (int l = 0; l < LANES; l++) s[l] += (x[j + l] - mu) * (x[j + l] - mu);
+        for (int l = 0; l < LANES; l++) s[l] += x[j + l] - x0;
     float tail = 0.0f;
-    for (; j < cols; j++) tail += (x[j] - mu) * (x[j] - mu);
-    const float rs = 1.0f / sqrtf((pytfm__lanes_sum(s) + tail) / (float)cols + eps);
-    for (j = 0; j < cols; j++) y[j] = ((x[j] - mu) * rs) * w[j] + b[j];
-    *mean = mu;
+    for (; j < cols; j++) tail += x[j] - x0;
+    const float d = (pytfm__lanes_sum(s) + tail) / (float)cols; // μ − x0
+    float v[LANES] = {0}; // two-pass variance: Σ (x − μ)², x − μ as (x − x0) − d
+    for (j = 0; j + LANES <= cols; j += LANES)
+        for (int l = 0; l < LANES; l++) v[l] += (x[j + l] - x0 - d) * (x[j + l] - x0 - d);
+    tail = 0.0f;
+    for (; j < cols; j++) tail += (x[j] - x0 - d) * (x[j] - x0 - d);
+    const float rs = 1.0f / sqrtf((pytfm__lanes_sum(v) + tail) / (float)cols + eps);
+    for (j = 0; j < cols; j++) y[j] = ((x[j] - x0 - d) * rs) * w[j] + b[j];
+    *mean = x0 + d;
     *rstd = rs;
 }
 

@@ -7,8 +7,9 @@
  *   backward: with g = dy ∘ w (the gradient reaching x̂),
  *             dx = rstd · (g − mean(g) − x̂ · mean(g ∘ x̂))      (written)
  *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy            (accumulated)
- * Two passes over each row (mean, then centred variance): no cancellation even when |μ| ≫ σ.
- * The plain version sums in double; the fast one (fast_impl.h) in float.
+ * Two passes over each row (mean, then centred variance), so the variance does not cancel
+ * when |μ| ≫ σ. The plain version sums in double; the fast one (fast_impl.h) in float, over
+ * x − x[0], whose small differences keep the digits of x − μ that a float sum of x rounds away.
  */
 #include <stdlib.h>
 #include <string.h>

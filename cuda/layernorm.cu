@@ -6,7 +6,8 @@
  *   backward: g = dy ∘ w;  dx = rstd · (g − mean(g) − x̂ · mean(g ∘ x̂))   (written)
  *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy                      (accumulated)
  * Rows: a warp per row up to 1024 columns, a block per row beyond; two passes (mean, then the
- * centred variance), so no cancellation when |μ| ≫ σ. The dw/db column sums are a second
+ * centred variance), both over x − x0 (x0 the row's first value), as csrc/fast_impl.h does: when
+ * |μ| ≫ σ those differences are small and exact, so no digits of x − μ are lost. The dw/db column sums are a second
  * kernel, the fixed-order column reduction of pytfm_cuda.cuh: no atomics, the same bits on
  * every run.
  */
@@ -21,16 +22,18 @@ static __global__ void layernorm_forward_kernel(float *y, float *mean, float *rs
     for (int64_t r = team.first; r < rows; r += team.step) {
         const float *xr = x + r * cols;
         float *yr = y + r * cols;
+        const float x0 = xr[0];
         float sum = 0.0f;
-        for (int64_t j = team.rank; j < cols; j += team.size) sum += xr[j];
-        const float mu = team.sum(sum, scratch) / (float)cols;
+        for (int64_t j = team.rank; j < cols; j += team.size) sum += xr[j] - x0;
+        const float d = team.sum(sum, scratch) / (float)cols; // μ − x0
         float ss = 0.0f;
-        for (int64_t j = team.rank; j < cols; j += team.size) ss += (xr[j] - mu) * (xr[j] - mu);
+        for (int64_t j = team.rank; j < cols; j += team.size)
+            ss += (xr[j] - x0 - d) * (xr[j] - x0 - d);
         const float rs = rsqrtf(team.sum(ss, scratch) / (float)cols + eps);
         for (int64_t j = team.rank; j < cols; j += team.size)
-            yr[j] = (xr[j] - mu) * rs * w[j] + b[j];
+            yr[j] = (xr[j] - x0 - d) * rs * w[j] + b[j];
         if (team.rank == 0) {
-            mean[r] = mu;
+            mean[r] = x0 + d;
             rstd[r] = rs;
         }
     }

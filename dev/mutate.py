@@ -86,8 +86,11 @@ MUTATIONS = {
     # tests that can fail (issue 11, tests/bench): per-output tolerances in tests/test_fast.py;
     # the centred square expanded as x² − 2xμ + μ² cancels when |μ| ≫ σ: rstd off by ~1e-4 at
     # offset −100, which the old one-for-all tolerance (≈ 0.02 there) let through
-    "fast_ln_variance_expanded": ("csrc/fast_impl.h", "s[l] += (x[j + l] - mu) * (x[j + l] - mu);",
-                                  "s[l] += x[j + l] * x[j + l] - 2.0f * x[j + l] * mu + mu * mu;", FAST),
+    "fast_ln_variance_expanded": ("csrc/fast_impl.h", "v[l] += (x[j + l] - x0 - d) * (x[j + l] - x0 - d);",
+                                  "v[l] += x[j + l] * x[j + l] - 2.0f * x[j + l] * (x0 + d) + (x0 + d) * (x0 + d);", FAST),
+    # LayerNorm's fast mean summed without the shift by the row's first value: when |μ| ≫ σ the
+    # float sum rounds away the digits x − μ needs (y off by 1e-3 relative at offset −20, σ 1e-3)
+    "fast_ln_no_shift": ("csrc/fast_impl.h", "const float x0 = x[0];", "const float x0 = 0.0f;", OPS),
     # e^x flushed to 0 below e^-17 instead of FLT_MIN: probabilities under 3e-8 vanish, under
     # the old absolute tolerances of softmax (1e-7) and cross-entropy's gradient (4.8e-7)
     "fast_exp_flushes_early": ("csrc/vecmath.h", "const float lo = -87.3365448f, hi = 88.37f;",

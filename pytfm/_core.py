@@ -40,15 +40,15 @@ _CPU_FEATURES = {
 }
 
 
-def set_num_threads(n):
+def set_num_threads(threads):
     """Threads for pytfm's kernels from now on (0: OpenMP's default, i.e. OMP_NUM_THREADS or
     all available cores). Results are the same at any thread count; only speed changes.
     The environment variable PYTFM_NUM_THREADS sets it when pytfm is imported."""
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be an int, got {type(n).__name__}")
-    if not 0 <= n < 2**31:
-        raise ValueError(f"n must be >= 0 (0: the default), got {n}")
-    check(lib.pytfm_set_num_threads(n))
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError(f"threads must be an int, got {type(threads).__name__}")
+    if not 0 <= threads < 2**31:
+        raise ValueError(f"threads must be >= 0 (0: the default), got {threads}")
+    check(lib.pytfm_set_num_threads(threads))
 
 
 def get_num_threads():

@@ -197,9 +197,9 @@ def test_thread_count_setting_changes_speed_not_results():
         for other in runs[1:]:
             for a, b in zip(runs[0], other):
                 np.testing.assert_array_equal(a, b)
-        with pytest.raises(ValueError, match="n must be >= 0"):
+        with pytest.raises(ValueError, match="threads must be >= 0"):
             pytfm.set_num_threads(-1)
-        with pytest.raises(TypeError, match="n must be an int"):
+        with pytest.raises(TypeError, match="threads must be an int"):
             pytfm.set_num_threads(2.0)
     finally:
         pytfm.set_num_threads(0)

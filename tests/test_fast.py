@@ -102,16 +102,21 @@ def layernorm_tolerances(x, w, dy, eps, got, plain):
     rs = 1 / np.sqrt(var + eps)
     mean_f, rstd_f = (a.astype(np.float64)[:, None] for a in got[1:3])
     mean_p, rstd_p = (a.astype(np.float64)[:, None] for a in plain[1:3])
-    # mean: a float sum of x, divided by cols
-    tol_mean = EPS32 * (k * abs(X).mean(axis=1) + abs(mu[:, 0]))
-    # rstd: Σ(x − μ_f)² = Σ(x − μ)² + cols·dμ², its float sum off by (k + 4) roundings
-    # (subtract, square, sum, divide, + eps); sqrt halves that; sqrt and 1/· round once more
-    dmu = abs(mean_f - mu)
-    tol_rstd = rs * (0.5 * (dmu**2 + (k + 4) * EPS32 * var) / (var + eps) + 2 * EPS32)
-    # y = x̂·w + b: x̂_f − x̂ = (x − μ)·(rstd_f − rstd) − dμ·rstd_f, and x̂ rounds twice (x − μ_f,
-    # ·rstd; the plain one casts once); ·w and + b round once each side
+    # mean: x0 + d (x0 the row's first value), d = Σ(x − x0)/cols a float sum: off by tol_d,
+    # then rounded once more when stored
+    X0 = X[:, :1]
+    tol_d = EPS32 * k * abs(X - X0).mean(axis=1, keepdims=True)
+    tol_mean = tol_d[:, 0] + EPS32 * abs(mu[:, 0])
+    # rstd: Σ((x − x0) − d)² = Σ(x − μ)² + cols·dd², its float sum off by (k + 5) roundings
+    # (two subtracts, square, sum, divide, + eps); sqrt halves that; sqrt and 1/· round once more
+    dd = tol_d + abs(mean_f - mu)
+    tol_rstd = rs * (0.5 * (dd**2 + (k + 5) * EPS32 * var) / (var + eps) + 2 * EPS32)
+    # y = x̂·w + b, x̂ = ((x − x0) − d)·rstd: the fast x̂ is off by rstd·(d's error and the two
+    # subtractions' roundings) + (x − μ)·(rstd_f − rstd) + its product's rounding (the plain one
+    # casts once); ·w and + b round once each side
     xhat = (X - mu) * rs
-    dxhat = rstd_f * dmu + abs(X - mu) * abs(rstd_f - rs) + 2 * EPS32 * abs(xhat)
+    dxhat = rstd_f * (tol_d + EPS32 * (abs(X - X0) + abs(X - mu)))
+    dxhat += abs(X - mu) * abs(rstd_f - rs) + 2 * EPS32 * abs(xhat)
     tol_y = abs(W) * dxhat + EPS32 * (abs(xhat * W) + abs(plain[0]))
     # backward: each side rebuilds x̂ from its own saved mean and rstd, in float
     xb = (X - mean_p) * rstd_p

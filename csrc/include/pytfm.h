@@ -228,7 +228,9 @@ PYTFM_API pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const 
  * checks csrc/checks.h pytfm__check_layernorm_*, CUDA cuda/layernorm.cu, Python pytfm/ops.py
  * layernorm_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
  * test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
-/* y = (x − mean) · rstd · w + b, rstd = 1/sqrt(var + eps), var the biased variance.
+/* y = (x − mean) · rstd · w + b, rstd = 1/sqrt(var + eps), var the biased variance; accurate
+ * to float32 rounding of the row's spread however far from zero the row lies (the fast and CUDA
+ * kernels sum x − x[0], the plain one sums in double).
  *   y    [rows, cols] written
  *   mean [rows]       written, saved for the backward
  *   rstd [rows]       written, saved for the backward
