@@ -71,6 +71,13 @@ call = lambda: list(ops.attention_backward(do, q, k, v, o, lse))
 out_bytes = 4 * 3 * B * T * H * D  # dq, dk, dv
 scratch_bytes = 4 * threads * (2 * D * T + 2 * {TQ_TK} + T)  # backward_fast, per thread
 """),
+    "attention_decode": ("pytfm_attention_decode", True, f"""
+B, Tmax, H, D, start, n_new = 1, 512, 1, 4096, 448, 64  # n_new >= 8: the tiled path
+q, k_cache, v_cache = randn(B, n_new, H, D), randn(B, Tmax, H, D), randn(B, Tmax, H, D)
+call = lambda: list(ops.attention_decode(q, k_cache, v_cache, start))
+out_bytes = 4 * (B * n_new * H * D + B * H * n_new)  # o, lse
+scratch_bytes = 4 * threads * (D * (start + n_new) + {TQ_TK} + 2 * 64)  # as the forward's
+"""),
     "layernorm_backward": ("pytfm_layernorm_backward", False, """
 rows, cols = 16, 65536
 x, dy, w, b = randn(rows, cols), randn(rows, cols), randn(cols), randn(cols)
