@@ -7,9 +7,9 @@
  *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy                      (accumulated)
  * Rows: a warp per row up to 1024 columns, a block per row beyond; two passes (mean, then the
  * centred variance), both over x − x0 (x0 the row's first value), as csrc/fast_impl.h does: when
- * |μ| ≫ σ those differences are small and exact, so no digits of x − μ are lost. The dw/db column sums are a second
- * kernel, the fixed-order column reduction of pytfm_cuda.cuh: no atomics, the same bits on
- * every run.
+ * |μ| ≫ σ those differences are small and exact, so no digits of x − μ are lost. The dw/db
+ * column sums are a second kernel, the fixed-order column reduction of pytfm_cuda.cuh: no
+ * atomics, the same bits on every run.
  */
 #include "pytfm_cuda.cuh"
 

@@ -47,6 +47,18 @@ def batch(rng, B=2, T=10, V=32):
 EPS32 = float(np.finfo(np.float32).eps)
 
 
+def difference_error(model, x, y, p, g, u, step):
+    """(L(p + step·u) − L(p − step·u) − g·Δ) / 2·step, in float64 from the float32 losses, Δ the
+    step p₊ − p₋ the float32 parameter p really took; p is left as it was."""
+    p0, p64, ends = p.copy(), p.astype(np.float64), []
+    for sign in (1, -1):
+        p[...] = p64 + sign * step * u  # rounded to float32
+        ends.append((model.forward(x, y, save=False)[1], p.astype(np.float64)))
+    p[...] = p0
+    (l_plus, p_plus), (l_minus, p_minus) = ends
+    return (l_plus - l_minus - float(np.vdot(g, p_plus - p_minus))) / (2 * step)
+
+
 @pytest.mark.parametrize("pos", ["rope", "sinusoidal", "none"])
 @pytest.mark.parametrize("tie", [True, False])
 def test_model_gradients_match_finite_differences(pos, tie):
@@ -57,9 +69,9 @@ def test_model_gradients_match_finite_differences(pos, tie):
     would look right. It is redrawn until |g·u| >= |g|/sqrt(size), one standard deviation, so
     that the derivative compared is not tiny; the tolerance is relative to it.
 
-    E(h) = (L(p + h·u) − L(p − h·u) − g·Δ) / 2h, with Δ the step p₊ − p₋ the float32 parameters
-    really took (computed in float64), is the error of g·u plus a truncation error
-    a·h² + b·h⁴ + ...; Richardson extrapolation over h, 2h and 4h removes the h² and h⁴ terms.
+    E(h) = (L(p + h·u) − L(p − h·u) − g·Δ) / 2h (difference_error), with Δ the step p₊ − p₋ the
+    float32 parameters really took (computed in float64), is the error of g·u plus a truncation
+    error a·h² + b·h⁴ + ...; Richardson extrapolation over h, 2h and 4h removes the h² and h⁴ terms.
     The tolerance is the sum of
       - the loss's float32 rounding: each evaluation of L is within nu = 4·eps32·L of the exact
         value (seen: 1.2·eps32·L peak to peak over tiny steps), which the extrapolation's
@@ -77,7 +89,6 @@ def test_model_gradients_match_finite_differences(pos, tie):
     nu, h = 4 * EPS32 * abs(loss), 0.03
 
     for name, p in model.params.items():
-        p0, p64 = p.copy(), p.astype(np.float64)
         g = model.grads[name].astype(np.float64)
         assert np.linalg.norm(g) > 1e-4, f"{name}: no gradient reaches it"
         u = rng.standard_normal(p.shape)
@@ -86,16 +97,7 @@ def test_model_gradients_match_finite_differences(pos, tie):
         u /= np.linalg.norm(u)
         want = float(np.vdot(g, u))
 
-        def E(step):  # (finite difference − g·Δ) / 2h, in float64 from float32 losses
-            ends = []
-            for sign in (1, -1):
-                p[...] = p64 + sign * step * u  # rounded to float32
-                ends.append((model.forward(x, y, save=False)[1], p.astype(np.float64)))
-            p[...] = p0
-            (l_plus, p_plus), (l_minus, p_minus) = ends
-            return (l_plus - l_minus - float(np.vdot(g, p_plus - p_minus))) / (2 * step)
-
-        e1, e2, e4 = E(h), E(2 * h), E(4 * h)
+        e1, e2, e4 = (difference_error(model, x, y, p, g, u, s) for s in (h, 2 * h, 4 * h))
         r1, r2 = (4 * e1 - e2) / 3, (4 * e2 - e4) / 3  # the h² term removed
         err = (16 * r1 - r2) / 15  # and the h⁴ term
         tol = 1.65 * nu / h + abs(r1 - r2) / 15

@@ -182,7 +182,7 @@ PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, co
 /* Lives in: csrc/sgemm.c (plain loop sgemm_plain; fast: gemm_blocked and the micro_avx2 /
  * micro_avx512 register kernels), checks csrc/checks.h pytfm__check_sgemm, CUDA
  * cuda/sgemm.cu, no Python wrapper (ops.linear_* use it; tests call it through cffi);
- * tests: tests/test_sgemm.py, test_cuda_emu.py. */
+ * tests: tests/test_sgemm.py, test_memory.py, test_cuda_emu.py. */
 /* Row-major float32 matrix product; the linear layer's products go through it.
  *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
  *   a [m, k], or [k, m] with trans_a != 0 (then op(A) = Aᵀ)
@@ -227,7 +227,8 @@ PYTFM_API pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const 
 /* Lives in: csrc/layernorm.c (plain loop; fast: fast_impl.h layernorm_forward/backward),
  * checks csrc/checks.h pytfm__check_layernorm_*, CUDA cuda/layernorm.cu, Python pytfm/ops.py
  * layernorm_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
- * test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
+ * test_properties.py, test_fast.py, test_memory.py, test_errors.py, test_cuda_emu.py,
+ * test_cuda_gpu.py. */
 /* y = (x − mean) · rstd · w + b, rstd = 1/sqrt(var + eps), var the biased variance; accurate
  * to float32 rounding of the row's spread however far from zero the row lies (the fast and CUDA
  * kernels sum x − x[0], the plain one sums in double).
@@ -257,7 +258,8 @@ PYTFM_API pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db,
 /* Lives in: csrc/rope.c (plain loop rotate; fast: rotate_tabled, in the same file), checks
  * csrc/checks.h pytfm__check_rope, CUDA cuda/rope.cu, Python pytfm/ops.py
  * rope_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
- * test_properties.py, test_attention.py, test_fast.py, test_errors.py, test_cuda_emu.py. */
+ * test_properties.py, test_attention.py, test_fast.py, test_memory.py, test_errors.py,
+ * test_cuda_emu.py. */
 /* For each (b, t, h) and i in [0, D/2), with θ_i = pos[b, t] · base^(−2i/D), the pair
  * (x[i], x[i + D/2]) is rotated by θ_i:
  *   y[i]       = x[i] cos θ_i − x[i + D/2] sin θ_i
@@ -372,7 +374,8 @@ PYTFM_API pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const 
 /* Lives in: csrc/attention.c (plain: forward_head/backward_head; fast: *_head_fast on sgemm's
  * micro-kernels), checks csrc/checks.h pytfm__check_attention_*, no CUDA twin yet, Python
  * pytfm/ops.py attention_* (KV cache class: pytfm/kvcache.py), reference pytfm/reference.py;
- * tests: tests/test_attention.py (properties, decoding), test_fast.py, test_model.py. */
+ * tests: tests/test_attention.py (properties, decoding), test_fast.py, test_memory.py,
+ * test_model.py. */
 /* O = softmax(scale · q kᵀ [+ causal mask]) v for every batch b and head h, computed tile by
  * tile with an online softmax: the [T, T] score matrix is never stored. With causal != 0,
  * position t attends to keys 0..t only, and tiles above the diagonal are skipped. Parallel
