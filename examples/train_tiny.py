@@ -1,6 +1,6 @@
 """Train a small byte-level GPT with pytfm's kernels and hand-written backprop, then sample.
 
-    python examples/train_tiny.py               # 0.83M parameters, context 128, ~1 min on 2 cores
+    python examples/train_tiny.py               # 0.83M parameters, context 128, < 1 min on 2 cores
     python examples/train_tiny.py --steps 1000 --text my.txt --out run1
     python examples/train_tiny.py --out run1 --resume          # continue an interrupted run
 
