@@ -37,7 +37,7 @@ def rss_kib():
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS"))
 
 rng = np.random.default_rng(0)
-q, k, v, do = (rng.standard_normal((B, T, H, D), dtype=np.float32) for _ in range(4))
+q, k, v, dy = (rng.standard_normal((B, T, H, D), dtype=np.float32) for _ in range(4))
 scale = 1.0 / np.sqrt(D)
 
 if lib in ("pytfm", "torch"):
@@ -45,9 +45,9 @@ if lib in ("pytfm", "torch"):
         import torch
         torch.set_num_threads(int(sys.argv[7]))
     from bench.common import attention_calls  # the checkout's root is on PYTHONPATH
-    fwd, fwd_bwd = attention_calls(lib, q, k, v, do)
+    fwd, fwd_bwd = attention_calls(lib, q, k, v, dy)
 elif lib == "numpy":  # the textbook version: materialise S and P, [B, H, T, T]
-    qh, kh, vh, doh = (np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (q, k, v, do))
+    qh, kh, vh, dyh = (np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (q, k, v, dy))
     mask = np.triu(np.ones((T, T), bool), 1)
     def forward():
         S = qh @ kh.transpose(0, 1, 3, 2) * np.float32(scale)
@@ -59,8 +59,8 @@ elif lib == "numpy":  # the textbook version: materialise S and P, [B, H, T, T]
         return forward()[0]
     def fwd_bwd():
         o, P = forward()
-        dv = P.transpose(0, 1, 3, 2) @ doh
-        dP = doh @ vh.transpose(0, 1, 3, 2)
+        dv = P.transpose(0, 1, 3, 2) @ dyh
+        dP = dyh @ vh.transpose(0, 1, 3, 2)
         dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True)) * np.float32(scale)
         return dS @ kh, dS.transpose(0, 1, 3, 2) @ qh, dv
 

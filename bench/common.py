@@ -26,10 +26,10 @@ def torch_twin():
     return torch_twin
 
 
-def attention_calls(lib, q, k, v, do):
-    """(forward, forward + backward) of causal attention on q, k, v, do [B, T, H, D] float32,
+def attention_calls(lib, q, k, v, dy):
+    """(forward, forward + backward) of causal attention on q, k, v, dy [B, T, H, D] float32,
     by "pytfm" (pytfm.ops) or "torch" (its fused scaled_dot_product_attention, on [B, H, T, D]
-    views of the same memory; backward from the gradient do), each a function to time."""
+    views of the same memory; backward from the gradient dy), each a function to time."""
     if lib == "pytfm":
         from pytfm import ops
 
@@ -38,12 +38,12 @@ def attention_calls(lib, q, k, v, do):
 
         def fwd_bwd():
             o, lse = ops.attention_forward(q, k, v, causal=True)
-            return ops.attention_backward(do, q, k, v, o, lse, causal=True)
+            return ops.attention_backward(dy, q, k, v, o, lse, causal=True)
 
         return fwd, fwd_bwd
     import torch
 
-    tq, tk, tv, tdo = (torch.from_numpy(a).transpose(1, 2) for a in (q, k, v, do))
+    tq, tk, tv, tdy = (torch.from_numpy(a).transpose(1, 2) for a in (q, k, v, dy))
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def fwd():
@@ -52,7 +52,7 @@ def attention_calls(lib, q, k, v, do):
 
     def fwd_bwd():
         a, b, c = (t.detach().requires_grad_() for t in (tq, tk, tv))
-        sdpa(a, b, c, is_causal=True).backward(tdo)
+        sdpa(a, b, c, is_causal=True).backward(tdy)
         return a.grad, b.grad, c.grad
 
     return fwd, fwd_bwd

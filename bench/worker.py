@@ -178,8 +178,8 @@ def ew_cases(lib):
 
 def attention_cases(lib):
     B, H, D, T = ATT["B"], ATT["H"], ATT["D"], ATT["T"]
-    q, k, v, do = (randn(B, T, H, D, seed=s) for s in range(4))
-    fwd, fwd_bwd = attention_calls(lib, q, k, v, do)
+    q, k, v, dy = (randn(B, T, H, D, seed=s) for s in range(4))
+    fwd, fwd_bwd = attention_calls(lib, q, k, v, dy)
     return [("attention/fwd", fwd), ("attention/fwd+bwd", fwd_bwd)]
 
 

@@ -23,9 +23,9 @@
  * [0, start + n_new) of a cache [B, Tmax, H, D]; the same forward code runs with a query
  * offset and the cache's stride, so a new token costs O((start + n_new)·D).
  *
- * The code above is the plain version: one query row and one key at a time. Its extra memory
+ * The plain version (first below) takes one query row and one key at a time. Its extra memory
  * is on the stack, whatever T is: BK scores and the running m and l of BQ query rows (forward),
- * delta of BQ rows (backward). The fast version (below it; used where sgemm has a
+ * delta of BQ rows (backward). The fast version (after it; used where sgemm has a
  * micro-kernel, for at least FAST_MIN_ROWS queries) runs the same algorithm on TQ×TK tiles,
  * with every product a call of sgemm's register micro-kernels straight on the caller's rows
  * (q, k, v, dy, dq, dk, dv, o through their row stride H·D) and on the tile of scores:
@@ -267,6 +267,7 @@ pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const
                                      const float *v, int64_t B, int64_t T, int64_t H, int64_t D,
                                      float scale, int32_t causal) {
     PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, D, scale));
+    if (B * T * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
     const problem p = {o, lse, q, k, v, B, T, T, T, H, D, 0, scale, causal != 0};
     fast_path f;
     if (fast_path_for(&f, T)) return forward_fast(__func__, &p, &f);
@@ -317,6 +318,7 @@ pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const flo
                                       int64_t H, int64_t D, float scale, int32_t causal) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
                                               D, scale));
+    if (B * T * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
     fast_path f;
     if (fast_path_for(&f, T))
         return backward_fast(__func__, &f, dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale,
@@ -350,6 +352,7 @@ pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const 
                                     int64_t D, int64_t Tmax, int64_t start, float scale) {
     PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, D,
                                             Tmax, start, scale));
+    if (B * n_new * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
     const problem p = {o, lse, q, k_cache, v_cache, B, n_new, start + n_new, Tmax, H,
                        D, start, scale, 1};
     fast_path f;

@@ -84,6 +84,7 @@ static pytfm_status rope(const char *func, float *out, const float *in, const in
                          int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos_stride,
                          double base, double sign) {
     PYTFM_TRY(pytfm__check_rope(func, out, in, pos, B, T, H, D, pos_stride, base));
+    if (B * T * H == 0) return PYTFM_STATUS_OK; // pos may then be NULL: nothing to read
     if (pytfm_get_isa() != PYTFM_ISA_PLAIN)
         return rotate_tabled(func, out, in, pos, B, T, H, D, pos_stride, base, sign);
     rotate(out, in, pos, B, T, H, D, pos_stride, base, sign);

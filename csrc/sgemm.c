@@ -68,13 +68,7 @@ static void sgemm_plain(float *c, const float *a, const float *b, int64_t m, int
 
 enum { MC = 96, KC = 192, NC = 1024 };
 
-typedef struct gemm {
-    float *c;
-    const float *a, *b;
-    int64_t m, n, k;
-    int trans_a, trans_b;
-    float beta;
-} gemm;
+typedef pytfm__product gemm; // c, a, b, m, n, k, trans_a, trans_b (nonzero: transposed), beta
 
 /* rows [i0, i0+mc) × k slice [p0, p0+kc) of op(A) into micro-panels of mr rows: panel q holds,
  * for each p, the mr values op(A)[i0 + q·mr .. +mr, p0 + p] (zeros past mc). */
@@ -356,10 +350,6 @@ static int blocked(const pytfm__product *p, const pytfm__micro *uk) {
     return uk && p->m > 0 && p->n > 0 && p->k > 0;
 }
 
-static gemm gemm_of(const pytfm__product *p) {
-    return (gemm){p->c, p->a, p->b, p->m, p->n, p->k, p->trans_a != 0, p->trans_b != 0, p->beta};
-}
-
 pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, int count) {
     // the ISA and the thread count are read once: another thread may change them meanwhile
     const int32_t isa = pytfm_get_isa();
@@ -370,20 +360,20 @@ pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, 
     int64_t floats = -1; // the most any one product needs (they run one after the other)
     for (int i = 0; i < count; i++) {
         if (!blocked(&products[i], uk)) continue;
-        const gemm g = gemm_of(&products[i]);
-        const blocking bl = plan(&g, uk, threads);
+        const blocking bl = plan(&products[i], uk, threads);
         if (scratch_floats(&bl) > floats) floats = scratch_floats(&bl);
     }
     float *buf = NULL; // only the blocked kernels need scratch
     if (floats >= 0 && !(buf = pytfm__scratch(func, floats, sizeof(float))))
         return PYTFM_STATUS_OUT_OF_MEMORY;
     for (int i = 0; i < count; i++) {
-        const gemm g = gemm_of(&products[i]);
-        if (blocked(&products[i], uk)) {
-            const blocking bl = plan(&g, uk, threads);
-            gemm_blocked(&g, uk, &bl, buf);
-        } else if (g.m > 0 && g.n > 0) { // k = 0 too: no products, C = β·C
-            sgemm_plain(g.c, g.a, g.b, g.m, g.n, g.k, g.trans_a, g.trans_b, g.beta);
+        const gemm *g = &products[i];
+        if (blocked(g, uk)) {
+            const blocking bl = plan(g, uk, threads);
+            gemm_blocked(g, uk, &bl, buf);
+        } else if (g->m > 0 && g->n > 0) { // k = 0 too: no products, C = β·C
+            sgemm_plain(g->c, g->a, g->b, g->m, g->n, g->k, g->trans_a != 0, g->trans_b != 0,
+                        g->beta);
         }
     }
     free(buf);

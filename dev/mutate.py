@@ -91,6 +91,7 @@ MUTATIONS = {
     # LayerNorm's fast mean summed without the shift by the row's first value: when |μ| ≫ σ the
     # float sum rounds away the digits x − μ needs (y off by 1e-3 relative at offset −20, σ 1e-3)
     "fast_ln_no_shift": ("csrc/fast_impl.h", "const float x0 = x[0];", "const float x0 = 0.0f;", OPS),
+    "cuda_ln_no_shift": ("cuda/layernorm.cu", "const float x0 = xr[0];", "const float x0 = 0.0f;", EMU),
     # e^x flushed to 0 below e^-17 instead of FLT_MIN: probabilities under 3e-8 vanish, under
     # the old absolute tolerances of softmax (1e-7) and cross-entropy's gradient (4.8e-7)
     "fast_exp_flushes_early": ("csrc/vecmath.h", "const float lo = -87.3365448f, hi = 88.37f;",

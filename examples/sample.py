@@ -20,8 +20,8 @@ def main():
     args = p.parse_args()
     model, _, _ = checkpoint.load(args.checkpoint)
     prompt = data.encode(args.prompt)[None, :]
-    n = min(args.tokens, model.cfg.max_seq - prompt.shape[1])
-    out = generate(model, prompt, n, args.temperature, args.top_k, args.seed)
+    n_new = min(args.tokens, model.cfg.max_seq - prompt.shape[1])
+    out = generate(model, prompt, n_new, args.temperature, args.top_k, args.seed)
     print(data.decode(out[0]))
 
 

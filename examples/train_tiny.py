@@ -61,9 +61,9 @@ def clock(seconds):
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def val_loss(model, batches, n=4):
+def val_loss(model, batches, n_batches=4):
     # save=False: an evaluation leaves the state of the model's backward() alone
-    losses = [model.forward(*batches.batch("val", i), save=False)[1] for i in range(n)]
+    losses = [model.forward(*batches.batch("val", i), save=False)[1] for i in range(n_batches)]
     return float(np.mean(losses))
 
 
@@ -179,8 +179,8 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
     plotted = plot(os.path.join(args.out, "loss.png"), rows)
     print(f"saved {ckpt}, {log_path}" + (" and loss.png" if plotted else ""))
     prompt = data.encode("def ")[None, :]
-    n = min(args.sample_tokens, cfg.max_seq - prompt.shape[1])
-    text = data.decode(generate(model, prompt, n, temperature=0.8, top_k=40, seed=args.seed)[0])
+    n_new = min(args.sample_tokens, cfg.max_seq - prompt.shape[1])
+    text = data.decode(generate(model, prompt, n_new, temperature=0.8, top_k=40, seed=args.seed)[0])
     print("sample (temperature 0.8, top-k 40):\n" + text)
     return 0
 

@@ -23,7 +23,8 @@ def sample_next(logits, rng, temperature=1.0, top_k=None):
 
 
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0):
-    """Continue prompt (int64 (B, T0), T0 >= 1) by max_new_tokens tokens -> (B, T0 + n).
+    """Continue prompt (int64 (B, T0), T0 >= 1) by max_new_tokens tokens
+    -> (B, T0 + max_new_tokens).
     The total length may not exceed model.cfg.max_seq. Same seed, same tokens."""
     prompt = np.asarray(prompt, dtype=np.int64)
     if prompt.ndim != 2 or prompt.shape[1] < 1:

@@ -139,7 +139,9 @@ class CausalSelfAttention:
     def forward(self, x, pos, save=True, cache=None):  # (B, T, C), int64 (T,) -> (B, T, C)
         """With a KV cache, x holds the new tokens only (at positions pos): they attend to
         themselves and to the earlier tokens whose keys and values the cache keeps, and their
-        own are appended to it. Nothing is saved then: decoding has no backward."""
+        own are appended to it. Nothing is saved then, whatever save says: decoding has no
+        backward, and a pending one must keep what its forward saved."""
+        save = save and cache is None
         B, T, C = x.shape
         qkv = self.c_attn.forward(x, save).reshape(B, T, 3, self.H, self.hd)
         q, k, v = (np.ascontiguousarray(qkv[:, :, i]) for i in range(3))  # (B, T, H, hd)
@@ -192,6 +194,7 @@ class Block:
         self.mlp = MLP(P, f"{name}.mlp", cfg, proj_std)
 
     def forward(self, x, pos, save=True, cache=None):  # (B, T, C) -> (B, T, C)
+        save = save and cache is None  # decoding through a cache saves nothing
         h = x + self.attn.forward(self.ln_1.forward(x, save), pos, save, cache)
         return h + self.mlp.forward(self.ln_2.forward(h, save), save)
 
@@ -200,10 +203,10 @@ class Block:
         return dh + self.ln_1.backward(self.attn.backward(dh))
 
 
-def sinusoidal_positions(n, d):  # (n, d): sin on even features, cos on odd (Vaswani et al.)
-    pos = np.arange(n)[:, None]
+def sinusoidal_positions(T, d):  # (T, d): sin on even features, cos on odd (Vaswani et al.)
+    pos = np.arange(T)[:, None]
     inv = 10000.0 ** (-np.arange(0, d, 2) / d)
-    pe = np.zeros((n, d))
+    pe = np.zeros((T, d))
     pe[:, 0::2], pe[:, 1::2] = np.sin(pos * inv), np.cos(pos * inv)
     return pe.astype(np.float32)
 

@@ -97,11 +97,12 @@ class _Args:
 
     # -- checks: each returns the checked value --
 
-    def array(self, name, dtype=_F32, ndim=None, min_ndim=1, last=None, shape=None,
+    def array(self, name, dtype=_F32, ndim=None, min_ndim=1, last=None, shape=None, lead=None,
               because=None, writable=False, optional=False):
         """The argument `name`, once it is a C-contiguous array of the backend, of dtype, of
         rank ndim (or at least min_ndim), whose last axis (what `last` says it is) is not
-        empty, of `shape` (`because` says why) and writable when asked; None if optional."""
+        empty, of `shape`, or of leading axes `lead` and any last one (`because` says why),
+        and writable when asked; None if optional."""
         a = self.named[name]
         if a is None and optional:
             return None
@@ -128,6 +129,9 @@ class _Args:
             raise ValueError(f"{name}.shape[{axis}] ({last}) must be >= 1, got shape {a.shape}")
         if shape is not None and a.shape != tuple(shape):
             raise ValueError(f"{name} must have shape {tuple(shape)} ({because}), got {a.shape}")
+        if lead is not None and a.shape[:-1] != tuple(lead):
+            want = tuple(lead) + (a.shape[-1],)
+            raise ValueError(f"{name} must have shape {want} ({because}), got {a.shape}")
         if writable and isinstance(a, np.ndarray) and not a.flags.writeable:
             raise ValueError(f"{name} must be writable, got a read-only array")
         return a
@@ -369,8 +373,8 @@ def embedding_backward(dy, ids, vocab, *, dtable=None):
     """dy [..., dim], ids int64 [...] -> dtable [vocab, dim] (repeated ids add up)"""
     a = _Args("pytfm_embedding_backward", locals())
     ids = a.array("ids", dtype=_I64, min_ndim=0)
-    dim = a.array("dy", last="the embedding dim").shape[-1]
-    dy = a.array("dy", shape=ids.shape + (dim,), because="ids.shape + (dim,)")
+    dy = a.array("dy", last="the embedding dim", lead=ids.shape, because="ids.shape + (dim,)")
+    dim = dy.shape[-1]
     vocab = a.int("vocab")
     if vocab < 1:
         raise ValueError(f"vocab must be >= 1, got {vocab}")

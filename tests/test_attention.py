@@ -165,9 +165,9 @@ def test_results_do_not_depend_on_the_thread_count():
         import numpy as np
         from pytfm import ops
         rng = np.random.default_rng(7)
-        q, k, v, do = (rng.standard_normal((3, 77, 5, 24)).astype(np.float32) for _ in range(4))
+        q, k, v, dy = (rng.standard_normal((3, 77, 5, 24)).astype(np.float32) for _ in range(4))
         o, lse = ops.attention_forward(q, k, v)
-        out = [o, lse, *ops.attention_backward(do, q, k, v, o, lse)]
+        out = [o, lse, *ops.attention_backward(dy, q, k, v, o, lse)]
         """,
         threads=(1, 2, 3, 5),
     )

@@ -231,6 +231,30 @@ def test_layernorm(emu, order, rows, cols):
     g.check()
 
 
+@pytest.mark.parametrize("rows,cols", [(3, 5), (4, 100), (3, 1024), (2, 1025)])
+def test_layernorm_of_rows_far_from_zero(emu, order, rows, cols):
+    """|μ| = 10⁴·σ. The kernel sums x − x0 (x0 = x[0]), exact differences here, so y keeps the
+    float32 accuracy of the row's spread: x̂ is off by the float sum's roundings of |x − x0|
+    (k of them: cols/32 per lane, or cols/256 per thread of a block, then the tree) and a few
+    of its own steps, all relative to σ. A float sum of x would be off by k·eps·|μ|/σ ≈ 1e-2."""
+    rng = np.random.default_rng(rows * cols)
+    g = Guarded()
+    x = f32(rng, (rows, cols), 0.01, 100.0)
+    w, b = f32(rng, cols), f32(rng, cols)
+    y, mean, rstd = g.empty(x.shape), g.empty(rows), g.empty(rows)
+    emu.call("pytfm_layernorm_forward_cuda", y, mean, rstd, g(x), g(w), g(b), rows, cols, 1e-5)
+    ry, rmean, rrstd = ref.layernorm_forward(x, w, b, 1e-5)
+    cy, _, _ = ops.layernorm_forward(x, w, b, 1e-5)
+    X, rs = x.astype(np.float64), rrstd[:, None]
+    k = cols / 32 + 16  # roundings of one term in the team's sum, at most
+    xhat = (X - rmean[:, None]) * rs
+    dxhat = EPS32 * (k * abs(X - X[:, :1]).mean(axis=1, keepdims=True) * rs  # the mean
+                     + 2 * abs(X - X[:, :1]) * rs  # x − x0 and − d
+                     + (k + 6) * abs(xhat))  # rstd's sum, sqrt and product
+    close("layernorm.far.y", y, ry, cy, atol=2 * (abs(w) * dxhat + EPS32 * abs(ry)), rtol=0)
+    g.check()
+
+
 @pytest.mark.parametrize("B,T,H,D", [(1, 1, 1, 2), (2, 3, 5, 6), (1, 33, 2, 64), (3, 7, 1, 10)])
 @pytest.mark.parametrize("batched", [False, True])
 def test_rope(emu, order, B, T, H, D, batched):

@@ -161,11 +161,11 @@ def test_layernorm(isa, rows, cols, seed, offset):
 
 
 @pytest.mark.parametrize("isa", FAST)
-@given(n=cols_, seed=seeds, scale=st.sampled_from([0.1, 1.0, 5.0, 50.0]))
-def test_gelu(isa, n, seed, scale):
+@given(count=cols_, seed=seeds, scale=st.sampled_from([0.1, 1.0, 5.0, 50.0]))
+def test_gelu(isa, count, seed, scale):
     rng = np.random.default_rng(seed)
-    x = (rng.standard_normal(n) * scale).astype(np.float32)
-    dy = rng.standard_normal(n).astype(np.float32)
+    x = (rng.standard_normal(count) * scale).astype(np.float32)
+    dy = rng.standard_normal(count).astype(np.float32)
     compare("gelu", isa, lambda: [ops.gelu_forward(x), ops.gelu_backward(dy, x)], (2e-6, 1e-7))
 
 
@@ -205,12 +205,12 @@ def test_cross_entropy(isa, rows, cols, seed, offset):
 
 
 @pytest.mark.parametrize("isa", FAST)
-@given(n=cols_, seed=seeds, step=st.sampled_from([1, 2, 1000]))
-def test_adamw(isa, n, seed, step):
+@given(count=cols_, seed=seeds, step=st.sampled_from([1, 2, 1000]))
+def test_adamw(isa, count, seed, step):
     rng = np.random.default_rng(seed)
-    p0, g = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
-    m0 = rng.standard_normal(n).astype(np.float32) * 0.1
-    v0 = abs(rng.standard_normal(n).astype(np.float32)) * 0.01
+    p0, g = (rng.standard_normal(count).astype(np.float32) for _ in range(2))
+    m0 = rng.standard_normal(count).astype(np.float32) * 0.1
+    v0 = abs(rng.standard_normal(count).astype(np.float32)) * 0.01
 
     def fn():
         p, m, v = p0.copy(), m0.copy(), v0.copy()
@@ -229,11 +229,11 @@ def test_adamw(isa, n, seed, step):
        causal=st.booleans(), seed=seeds)
 def test_attention(isa, B, T, H, D, causal, seed):
     rng = np.random.default_rng(seed)
-    q, k, v, do = (rng.standard_normal((B, T, H, D)).astype(np.float32) for _ in range(4))
+    q, k, v, dy = (rng.standard_normal((B, T, H, D)).astype(np.float32) for _ in range(4))
 
     def fn():
         o, lse = ops.attention_forward(q, k, v, causal=causal)
-        return [o, lse, *ops.attention_backward(do, q, k, v, o, lse, causal=causal)]
+        return [o, lse, *ops.attention_backward(dy, q, k, v, o, lse, causal=causal)]
 
     got, plain = run_all(isa, fn), run_all("plain", fn)
     # both micro-kernels sum each product in the same order, with FMA: the same bits
@@ -249,7 +249,7 @@ def test_attention(isa, B, T, H, D, causal, seed):
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 @given(T=st.sampled_from([8, 40, 100]), prompt=st.sampled_from([0, 1, 50]), seed=seeds)
 def test_attention_decode(isa, T, prompt, seed):
-    """n >= 8 new queries at once through the cache (a prompt) takes the tiled path too."""
+    """n_new >= 8 new queries at once through the cache (a prompt) takes the tiled path too."""
     rng = np.random.default_rng(seed)
     B, H, D, Tmax = 2, 3, 16, 200
     kc, vc = (rng.standard_normal((B, Tmax, H, D)).astype(np.float32) for _ in range(2))

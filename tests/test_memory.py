@@ -35,21 +35,26 @@ threads = pytfm.get_num_threads()
 rng = np.random.default_rng(0)
 randn = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
 {setup}
+failing_call = globals().get("failing_call", call)  # the call made under the limit
+watched = globals().get("watched", lambda: [])  # arrays it must leave as they were
 want = call()
 call()
+before = [a.copy() for a in watched()]
 soft, hard = resource.getrlimit(resource.RLIMIT_AS)
 room = out_bytes + scratch_bytes // 2  # the outputs fit, the scratch does not
 resource.setrlimit(resource.RLIMIT_AS, (vm_size() + room, hard))
 try:
-    call()
+    failing_call()
     message = None
 except MemoryError as e:
     message = str(e)
 finally:
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+kept = all(np.array_equal(a, b) for a, b in zip(before, watched(), strict=True))
 again = call()
 same = all(np.array_equal(a, b) for a, b in zip(want, again, strict=True))
-print(json.dumps({{"message": message, "same": same, "room": room, "scratch": scratch_bytes}}))
+print(json.dumps({{"message": message, "same": same, "kept": kept, "room": room,
+                  "scratch": scratch_bytes}}))
 """
 
 # (C function, needs sgemm's micro-kernels, set-up that defines call() -> list of arrays,
@@ -65,9 +70,9 @@ scratch_bytes = 4 * threads * (D * T + {TQ_TK} + 2 * 64)  # forward_ws_floats pe
 """),
     "attention_backward": ("pytfm_attention_backward", True, f"""
 B, T, H, D = 1, 512, 1, 4096
-q, k, v, do = randn(B, T, H, D), randn(B, T, H, D), randn(B, T, H, D), randn(B, T, H, D)
+q, k, v, dy = randn(B, T, H, D), randn(B, T, H, D), randn(B, T, H, D), randn(B, T, H, D)
 o, lse = ops.attention_forward(q, k, v)
-call = lambda: list(ops.attention_backward(do, q, k, v, o, lse))
+call = lambda: list(ops.attention_backward(dy, q, k, v, o, lse))
 out_bytes = 4 * 3 * B * T * H * D  # dq, dk, dv
 scratch_bytes = 4 * threads * (2 * D * T + 2 * {TQ_TK} + T)  # backward_fast, per thread
 """),
@@ -108,9 +113,23 @@ pc, pa, pb = (ffi.from_buffer("float[]", t) for t in (c, a, b))
 def call():
     check(lib.pytfm_sgemm(pc, pa, pb, m, n, k, 0, 0, 0.0))
     return [c.copy()]
+watched = lambda: [c]  # a failed product writes nothing
 out_bytes = 0  # C is the caller's
 # gemm_blocked, C split by rows (8 or more row tiles, 2 threads): an MC×KC = 96×192 block of A
 # per thread and one KC×NC = 192×1024 panel of B that the threads share
+scratch_bytes = 4 * (threads * 96 * 192 + 192 * 1024)
+"""),
+    # dx = dy·W and dW += dyᵀ·x share one scratch allocation made before either is written, so
+    # a failure leaves the accumulated dw and db as they were (and dx unwritten)
+    "linear_backward": ("pytfm_linear_backward", True, """
+rows, inn, out = 64, 1024, 192
+x, w, dy = randn(rows, inn), randn(out, inn), randn(rows, out)
+call = lambda: list(ops.linear_backward(dy, x, w))
+dw0, db0 = np.ones((out, inn), np.float32), np.ones(out, np.float32)
+failing_call = lambda: ops.linear_backward(dy, x, w, dw=dw0, db=db0)
+watched = lambda: [dw0, db0]
+out_bytes = 4 * rows * inn  # dx (dw and db are the caller's)
+# each product as pytfm_sgemm's above: an MC×KC block of A per thread, one KC×NC panel of B
 scratch_bytes = 4 * (threads * 96 * 192 + 192 * 1024)
 """),
 }
@@ -130,4 +149,5 @@ def test_scratch_that_cannot_be_allocated_raises_memory_error(case):
         f"{func} did not raise MemoryError with {res['room']} bytes of room for outputs and "
         f"scratch ({res['scratch']} bytes of scratch)")
     assert func in res["message"] and "cannot allocate" in res["message"], res["message"]
+    assert res["kept"], f"{func} changed its outputs although it failed"
     assert res["same"], f"{func} gave other results once the limit was lifted"

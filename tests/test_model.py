@@ -37,9 +37,9 @@ def tiny(pos="rope", tie=True, seed=0, **kw):
     return model
 
 
-def batch(rng, B=2, T=10, V=32):
-    x = rng.integers(0, V, size=(B, T))
-    y = rng.integers(0, V, size=(B, T))
+def batch(rng, B=2, T=10, vocab=32):
+    x = rng.integers(0, vocab, size=(B, T))
+    y = rng.integers(0, vocab, size=(B, T))
     y[0, 1] = -1  # an ignored position
     return x, y
 
@@ -129,7 +129,7 @@ def test_pytorch_twin_gives_the_same_logits_loss_and_gradients(pos):
                     tie_embeddings=pos != "none", seed=3)
     model = GPT(cfg)
     twin = torch_twin.TorchGPT.from_pytfm(model)
-    x, y = batch(np.random.default_rng(1), B=3, T=16, V=64)
+    x, y = batch(np.random.default_rng(1), B=3, T=16, vocab=64)
     model.zero_grad()
     logits, loss = model.forward(x, y)
     model.backward()
@@ -150,7 +150,7 @@ def test_pytorch_twin_follows_the_same_adamw_trajectory():
     opt, topt = AdamW(model.params, model.grads, lr=3e-3), twin.optimizer(lr=3e-3)
     rng = np.random.default_rng(2)
     for step in range(10):
-        x, y = batch(rng, B=4, T=16, V=64)
+        x, y = batch(rng, B=4, T=16, vocab=64)
         model.zero_grad()
         loss = model.forward(x, y)[1]
         model.backward()

@@ -15,10 +15,10 @@ from pytfm import reference as ref
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-@given(n=awkward, inn=awkward, out=awkward, bias=st.booleans(), batch=small, seed=seeds)
-def test_linear(n, inn, out, bias, batch, seed):
+@given(rows=awkward, inn=awkward, out=awkward, bias=st.booleans(), batch=small, seed=seeds)
+def test_linear(rows, inn, out, bias, batch, seed):
     rng = np.random.default_rng(seed)
-    x, w = f32(rng, (batch, n, inn)), f32(rng, (out, inn))
+    x, w = f32(rng, (batch, rows, inn)), f32(rng, (out, inn))
     b = f32(rng, (out,)) if bias else None
     y = ops.linear_forward(x, w, b)
     # |fl(Σ x w) − Σ x w| <= in·eps·Σ|x||w|: scale atol by that bound
@@ -30,9 +30,9 @@ def test_linear(n, inn, out, bias, batch, seed):
     rdx, rdw, rdb = ref.linear_backward(dy, x, w)
     adx, adw, adb = ref.linear_backward(abs(dy), abs(x), abs(w))
     assert_close("linear.backward.dx", dx, rdx, atol=2 * out * EPS32 * adx)
-    assert_close("linear.backward.dw", dw, rdw, atol=2 * n * batch * EPS32 * adw)
+    assert_close("linear.backward.dw", dw, rdw, atol=2 * rows * batch * EPS32 * adw)
     if bias:
-        assert_close("linear.backward.db", db, rdb, atol=2 * n * batch * EPS32 * adb)
+        assert_close("linear.backward.db", db, rdb, atol=2 * rows * batch * EPS32 * adb)
     else:
         assert db is None
 
@@ -105,17 +105,17 @@ def test_gelu(shape, scale, seed):
                  atol=8 * EPS32 * (1.0 + abs(x)) * abs(dy))
 
 
-@given(n=awkward, vocab=awkward, dim=awkward, batch=small, seed=seeds)
-def test_embedding(n, vocab, dim, batch, seed):
+@given(rows=awkward, vocab=awkward, dim=awkward, batch=small, seed=seeds)
+def test_embedding(rows, vocab, dim, batch, seed):
     rng = np.random.default_rng(seed)
     table = f32(rng, (vocab, dim))
-    ids = rng.integers(0, vocab, size=(batch, n))  # few classes, many rows: repeats are common
+    ids = rng.integers(0, vocab, size=(batch, rows))  # few classes, many rows: repeats are common
     y = ops.embedding_forward(ids, table)
     assert_close("embedding.forward", y, ref.embedding_forward(ids, table), rtol=0.0)
     dy = f32(rng, y.shape)
     dtable = ops.embedding_backward(dy, ids, vocab)
     assert_close("embedding.backward", dtable, ref.embedding_backward(dy, ids, vocab),
-                 atol=2 * batch * n * EPS32 * float(abs(dy).max()))
+                 atol=2 * batch * rows * EPS32 * float(abs(dy).max()))
 
 
 @given(rows=awkward, vocab=awkward, scale=scales, offset=st.sampled_from([0.0, -30.0, 1e4]),
@@ -141,13 +141,13 @@ def test_cross_entropy(rows, vocab, scale, offset, ignore_index, ignored, dloss,
                  atol=(1e-6 + 2 * mag) * abs(dloss) / kept, rtol=1e-5)
 
 
-@given(n=awkward, step=st.sampled_from([1, 2, 10, 1000]), lr=st.sampled_from([1e-3, 0.1]),
+@given(count=awkward, step=st.sampled_from([1, 2, 10, 1000]), lr=st.sampled_from([1e-3, 0.1]),
        beta1=st.sampled_from([0.9, 0.0]), beta2=st.sampled_from([0.999, 0.95]),
        weight_decay=st.sampled_from([0.0, 0.1]), seed=seeds)
-def test_adamw(n, step, lr, beta1, beta2, weight_decay, seed):
+def test_adamw(count, step, lr, beta1, beta2, weight_decay, seed):
     rng = np.random.default_rng(seed)
-    param, grad = f32(rng, n), f32(rng, n)
-    m, v = f32(rng, n, 0.1), abs(f32(rng, n, 0.1))
+    param, grad = f32(rng, count), f32(rng, count)
+    m, v = f32(rng, count, 0.1), abs(f32(rng, count, 0.1))
     old = [a.astype(np.float64) for a in (param, m, v)]
     want = ref.adamw_step(param, grad, m, v, step, lr, beta1, beta2, 1e-8, weight_decay)
     ops.adamw_step(param, grad, m, v, step, lr, beta1, beta2, 1e-8, weight_decay)

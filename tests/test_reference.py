@@ -22,32 +22,33 @@ def check_fd(name, loss, inputs, analytic, atol=1e-6, rtol=1e-5):
 
 
 @fd_settings
-@given(n=dims, inn=dims, out=dims, seed=seeds)
-def test_linear(n, inn, out, seed):
+@given(rows=dims, inn=dims, out=dims, seed=seeds)
+def test_linear(rows, inn, out, seed):
     rng = np.random.default_rng(seed)
-    a = dict(x=rng.standard_normal((n, inn)), w=rng.standard_normal((out, inn)),
+    a = dict(x=rng.standard_normal((rows, inn)), w=rng.standard_normal((out, inn)),
              b=rng.standard_normal(out))
-    G = rng.standard_normal((n, out))
+    G = rng.standard_normal((rows, out))
     dx, dw, db = ref.linear_backward(G, a["x"], a["w"])
     check_fd("linear", lambda: np.sum(ref.linear_forward(**a) * G), a, dict(x=dx, w=dw, b=db))
 
 
 @fd_settings
-@given(n=dims, c=dims, seed=seeds)
-def test_softmax(n, c, seed):
+@given(rows=dims, cols=dims, seed=seeds)
+def test_softmax(rows, cols, seed):
     rng = np.random.default_rng(seed)
-    a = dict(x=rng.standard_normal((n, c)) * 3)
-    G = rng.standard_normal((n, c))
+    a = dict(x=rng.standard_normal((rows, cols)) * 3)
+    G = rng.standard_normal((rows, cols))
     dx = ref.softmax_backward(G, ref.softmax_forward(a["x"]))
     check_fd("softmax", lambda: np.sum(ref.softmax_forward(**a) * G), a, dict(x=dx))
 
 
 @fd_settings
-@given(n=dims, c=st.integers(2, 6), seed=seeds)
-def test_layernorm(n, c, seed):
+@given(rows=dims, cols=st.integers(2, 6), seed=seeds)
+def test_layernorm(rows, cols, seed):
     rng = np.random.default_rng(seed)
-    a = dict(x=rng.standard_normal((n, c)), w=rng.standard_normal(c), b=rng.standard_normal(c))
-    G = rng.standard_normal((n, c))
+    a = dict(x=rng.standard_normal((rows, cols)), w=rng.standard_normal(cols),
+             b=rng.standard_normal(cols))
+    G = rng.standard_normal((rows, cols))
     _, mean, rstd = ref.layernorm_forward(**a)
     dx, dw, db = ref.layernorm_backward(G, a["x"], a["w"], mean, rstd)
     check_fd("layernorm", lambda: np.sum(ref.layernorm_forward(**a)[0] * G), a,
@@ -66,22 +67,22 @@ def test_rope(T, H, half, start, seed):
 
 
 @fd_settings
-@given(n=st.integers(1, 20), seed=seeds)
-def test_gelu(n, seed):
+@given(count=st.integers(1, 20), seed=seeds)
+def test_gelu(count, seed):
     rng = np.random.default_rng(seed)
-    a = dict(x=rng.standard_normal(n) * 3)
-    G = rng.standard_normal(n)
+    a = dict(x=rng.standard_normal(count) * 3)
+    G = rng.standard_normal(count)
     check_fd("gelu", lambda: np.sum(ref.gelu_forward(**a) * G), a,
              dict(x=ref.gelu_backward(G, a["x"])))
 
 
 @fd_settings
-@given(n=dims, vocab=dims, dim=dims, seed=seeds)
-def test_embedding(n, vocab, dim, seed):
+@given(rows=dims, vocab=dims, dim=dims, seed=seeds)
+def test_embedding(rows, vocab, dim, seed):
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, vocab, size=n)
+    ids = rng.integers(0, vocab, size=rows)
     a = dict(table=rng.standard_normal((vocab, dim)))
-    G = rng.standard_normal((n, dim))
+    G = rng.standard_normal((rows, dim))
     check_fd("embedding", lambda: np.sum(ref.embedding_forward(ids, a["table"]) * G), a,
              dict(table=ref.embedding_backward(G, ids, vocab)))
 

@@ -155,8 +155,9 @@ PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
 /* ---- Linear: y = x·Wᵀ + b ------------------------------------------------------------ */
 /* Lives in: csrc/linear.c (its products through sgemm.c's plain or packed kernels), checks
  * csrc/checks.h pytfm__check_linear_*, CUDA cuda/linear.cu, Python pytfm/ops.py
- * linear_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
- * test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
+ * linear_forward/backward, reference pytfm/reference.py; tests in tests/: test_ops.py,
+ * test_properties.py, test_reference.py, test_fast.py, test_memory.py, test_errors.py,
+ * test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* W is stored [out, in], as torch.nn.Linear.weight, so weights map one-to-one.
  *   y  [rows, out]  written
  *   x  [rows, in]
@@ -180,9 +181,9 @@ PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, co
 
 /* ---- SGEMM: C = β·C + op(A)·op(B) --------------------------------------------------- */
 /* Lives in: csrc/sgemm.c (plain loop sgemm_plain; fast: gemm_blocked and the micro_avx2 /
- * micro_avx512 register kernels), checks csrc/checks.h pytfm__check_sgemm, CUDA
- * cuda/sgemm.cu, no Python wrapper (ops.linear_* use it; tests call it through cffi);
- * tests: tests/test_sgemm.py, test_memory.py, test_cuda_emu.py. */
+ * micro_avx512 register kernels), checks csrc/checks.h pytfm__check_sgemm, CUDA cuda/sgemm.cu, no
+ * Python wrapper (ops.linear_* use it; tests call it through cffi); tests in tests/: test_sgemm.py,
+ * test_memory.py, test_cuda_emu.py. */
 /* Row-major float32 matrix product; the linear layer's products go through it.
  *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
  *   a [m, k], or [k, m] with trans_a != 0 (then op(A) = Aᵀ)
@@ -208,8 +209,9 @@ PYTFM_API pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *
 /* ---- Softmax over the last axis ------------------------------------------------------ */
 /* Lives in: csrc/softmax.c (plain loop; fast: fast_impl.h softmax_forward/backward), checks
  * csrc/checks.h pytfm__check_softmax_*, CUDA cuda/softmax.cu, Python pytfm/ops.py
- * softmax_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
- * test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
+ * softmax_forward/backward, reference pytfm/reference.py; tests in tests/: test_ops.py,
+ * test_properties.py, test_reference.py, test_fast.py, test_errors.py, test_sanitizers.py,
+ * test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* y[r, :] = exp(x[r, :] - max(x[r, :])) / sum(...). Stable for any finite input; a row that
  * is all -inf gives NaN (as PyTorch).
  *   y [rows, cols] written, x [rows, cols]; cols >= 1
@@ -224,11 +226,11 @@ PYTFM_API pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const 
                                               int64_t rows, int64_t cols);
 
 /* ---- LayerNorm over the last axis ---------------------------------------------------- */
-/* Lives in: csrc/layernorm.c (plain loop; fast: fast_impl.h layernorm_forward/backward),
- * checks csrc/checks.h pytfm__check_layernorm_*, CUDA cuda/layernorm.cu, Python pytfm/ops.py
- * layernorm_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
- * test_properties.py, test_fast.py, test_memory.py, test_errors.py, test_cuda_emu.py,
- * test_cuda_gpu.py. */
+/* Lives in: csrc/layernorm.c (plain loop; fast: fast_impl.h layernorm_forward/backward), checks
+ * csrc/checks.h pytfm__check_layernorm_*, CUDA cuda/layernorm.cu, Python pytfm/ops.py
+ * layernorm_forward/backward, reference pytfm/reference.py; tests in tests/: test_ops.py,
+ * test_properties.py, test_reference.py, test_fast.py, test_memory.py, test_errors.py,
+ * test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* y = (x − mean) · rstd · w + b, rstd = 1/sqrt(var + eps), var the biased variance; accurate
  * to float32 rounding of the row's spread however far from zero the row lies (the fast and CUDA
  * kernels sum x − x[0], the plain one sums in double).
@@ -246,6 +248,8 @@ PYTFM_API pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rst
  *   dw [cols]       accumulated: += sum over rows of dy ∘ x̂
  *   db [cols]       accumulated: += sum over rows of dy
  *   dy, x [rows, cols]; w [cols]; mean, rstd [rows] from the forward
+ * x̂ is rebuilt from the saved float32 mean, whose rounding (eps·|mean|/2) moves it by that
+ * much times rstd: rows far from zero relative to their spread lose that accuracy in dx, dw.
  * Scratch (the fast kernels, isa above PLAIN): the partial sums of dw and db over 16 fixed
  * chunks of rows, 2 · min(rows, 16) · cols floats.
  */
@@ -256,10 +260,10 @@ PYTFM_API pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db,
 
 /* ---- RoPE: rotary position embedding, rotate-half (GPT-NeoX) pairing ---------------- */
 /* Lives in: csrc/rope.c (plain loop rotate; fast: rotate_tabled, in the same file), checks
- * csrc/checks.h pytfm__check_rope, CUDA cuda/rope.cu, Python pytfm/ops.py
- * rope_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
- * test_properties.py, test_attention.py, test_fast.py, test_memory.py, test_errors.py,
- * test_cuda_emu.py. */
+ * csrc/checks.h pytfm__check_rope, CUDA cuda/rope.cu, Python pytfm/ops.py rope_forward/backward,
+ * reference pytfm/reference.py; tests in tests/: test_ops.py, test_properties.py,
+ * test_reference.py, test_attention.py, test_fast.py, test_memory.py, test_errors.py,
+ * test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* For each (b, t, h) and i in [0, D/2), with θ_i = pos[b, t] · base^(−2i/D), the pair
  * (x[i], x[i + D/2]) is rotated by θ_i:
  *   y[i]       = x[i] cos θ_i − x[i + D/2] sin θ_i
@@ -287,10 +291,10 @@ PYTFM_API pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int
                                            int64_t pos_stride, double base);
 
 /* ---- GELU, tanh approximation (as GPT-2) --------------------------------------------- */
-/* Lives in: csrc/gelu.c (plain loop; fast: fast_impl.h gelu_forward/backward), checks
- * csrc/checks.h pytfm__check_gelu_*, CUDA cuda/gelu.cu, Python pytfm/ops.py
- * gelu_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
- * test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
+/* Lives in: csrc/gelu.c (plain loop; fast: fast_impl.h gelu_forward/backward), checks csrc/checks.h
+ * pytfm__check_gelu_*, CUDA cuda/gelu.cu, Python pytfm/ops.py gelu_forward/backward, reference
+ * pytfm/reference.py; tests in tests/: test_ops.py, test_reference.py, test_fast.py,
+ * test_errors.py, test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* y = 0.5 x (1 + tanh(u)), u = sqrt(2/π) (x + 0.044715 x³), computed as x / (1 + e^(−2u))
  * (the same function, with one exp instead of a tanh)
  *   y [count] written (may equal x), x [count]
@@ -305,9 +309,10 @@ PYTFM_API pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const flo
 
 /* ---- Embedding lookup ---------------------------------------------------------------- */
 /* Lives in: csrc/embedding.c (one version: a copy and a scatter-add), checks csrc/checks.h
- * pytfm__check_embedding_*, CUDA cuda/embedding.cu, Python pytfm/ops.py
- * embedding_forward/backward, reference pytfm/reference.py; tests: tests/test_ops.py,
- * test_properties.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
+ * pytfm__check_embedding_*, CUDA cuda/embedding.cu, Python pytfm/ops.py embedding_forward/backward,
+ * reference pytfm/reference.py; tests in tests/: test_ops.py, test_properties.py,
+ * test_reference.py, test_fast.py, test_errors.py, test_sanitizers.py, test_cuda_emu.py,
+ * test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* y[i, :] = table[ids[i], :]
  *   y     [rows, dim] written
  *   ids   [rows], each in [0, vocab); one outside gives PYTFM_STATUS_OUT_OF_RANGE
@@ -324,10 +329,11 @@ PYTFM_API pytfm_status pytfm_embedding_backward(float *dtable, const float *dy,
                                                 int64_t dim);
 
 /* ---- Softmax cross-entropy ----------------------------------------------------------- */
-/* Lives in: csrc/cross_entropy.c (plain loop; fast: fast_impl.h logsumexp, scaled_exp),
- * checks csrc/checks.h pytfm__check_cross_entropy_*, CUDA cuda/cross_entropy.cu, Python
- * pytfm/ops.py cross_entropy_forward/backward, reference pytfm/reference.py; tests:
- * tests/test_ops.py, test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py. */
+/* Lives in: csrc/cross_entropy.c (plain loop; fast: fast_impl.h logsumexp, scaled_exp), checks
+ * csrc/checks.h pytfm__check_cross_entropy_*, CUDA cuda/cross_entropy.cu, Python pytfm/ops.py
+ * cross_entropy_forward/backward, reference pytfm/reference.py; tests in tests/: test_ops.py,
+ * test_properties.py, test_reference.py, test_fast.py, test_errors.py, test_sanitizers.py,
+ * test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* loss = mean over rows i with targets[i] != ignore_index of (lse[i] − logits[i, targets[i]]),
  * lse[i] = log sum_j exp(logits[i, j]). With no such row the loss is 0 (PyTorch gives NaN).
  *   loss    [1] written
@@ -354,9 +360,10 @@ PYTFM_API pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float 
 
 /* ---- AdamW, one fused in-place step (as torch.optim.AdamW) -------------------------- */
 /* Lives in: csrc/adamw.c (plain loop; fast: fast_impl.h adamw), checks csrc/checks.h
- * pytfm__check_adamw, CUDA cuda/adamw.cu, Python pytfm/ops.py adamw_step (pytfm/optim.py
- * drives it), reference pytfm/reference.py adamw_step; tests: tests/test_ops.py,
- * test_properties.py, test_fast.py, test_errors.py, test_cuda_emu.py, test_cuda_gpu.py. */
+ * pytfm__check_adamw, CUDA cuda/adamw.cu, Python pytfm/ops.py adamw_step (pytfm/optim.py drives
+ * it), reference pytfm/reference.py adamw_step; tests in tests/: test_ops.py, test_properties.py,
+ * test_fast.py, test_errors.py, test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py,
+ * test_cuda_gpu.py. */
 /* With t = step (the first step is 1), in torch's arrangement of the bias corrections:
  *   param ← param · (1 − lr·weight_decay)
  *   m ← β1 m + (1 − β1) g;     v ← β2 v + (1 − β2) g²
@@ -373,9 +380,10 @@ PYTFM_API pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const 
 /* ---- Attention: multi-head scaled dot-product, flash-style ------------------------- */
 /* Lives in: csrc/attention.c (plain: forward_head/backward_head; fast: *_head_fast on sgemm's
  * micro-kernels), checks csrc/checks.h pytfm__check_attention_*, no CUDA twin yet, Python
- * pytfm/ops.py attention_* (KV cache class: pytfm/kvcache.py), reference pytfm/reference.py;
- * tests: tests/test_attention.py (properties, decoding), test_fast.py, test_memory.py,
- * test_model.py. */
+ * pytfm/ops.py attention_* (KV cache class: pytfm/kvcache.py), reference pytfm/reference.py; tests
+ * in tests/: test_attention.py (properties, decoding), test_reference.py, test_fast.py,
+ * test_memory.py, test_sanitizers.py, test_model.py, test_cuda_dispatch.py (CuPy input: a clear
+ * TypeError). */
 /* O = softmax(scale · q kᵀ [+ causal mask]) v for every batch b and head h, computed tile by
  * tile with an online softmax: the [T, T] score matrix is never stored. With causal != 0,
  * position t attends to keys 0..t only, and tiles above the diagonal are skipped. Parallel
