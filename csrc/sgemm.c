@@ -68,12 +68,10 @@ static void sgemm_plain(float *c, const float *a, const float *b, int64_t m, int
 
 enum { MC = 96, KC = 192, NC = 1024 };
 
-typedef pytfm__product gemm; // c, a, b, m, n, k, trans_a, trans_b (nonzero: transposed), beta
-
 /* rows [i0, i0+mc) × k slice [p0, p0+kc) of op(A) into micro-panels of mr rows: panel q holds,
  * for each p, the mr values op(A)[i0 + q·mr .. +mr, p0 + p] (zeros past mc). */
-static void pack_a(float *dst, const gemm *g, int mr, int64_t i0, int64_t mc, int64_t p0,
-                   int64_t kc) {
+static void pack_a(float *dst, const pytfm__product *g, int mr, int64_t i0, int64_t mc,
+                   int64_t p0, int64_t kc) {
     const float *a = g->a;
     const int64_t m = g->m, k = g->k;
     for (int64_t ir = 0; ir < mc; ir += mr, dst += mr * kc) {
@@ -99,11 +97,11 @@ static void pack_a(float *dst, const gemm *g, int mr, int64_t i0, int64_t mc, in
  * micro-tiles); but a transposed A would be read with a stride of m floats per step, and at
  * m = 1024 those all fall into one L1 set: pack it, and whenever n is wide enough to pay for
  * the copy. B is always packed: its panel serves every row of the thread's band. */
-static int pack_a_pays(const gemm *g) { return g->trans_a || g->n >= 512; }
+static int pack_a_pays(const pytfm__product *g) { return g->trans_a || g->n >= 512; }
 
 /* k slice [p0, p0+kc) × columns [j0, j0+nc) of op(B) into micro-panels of nr columns */
-static void pack_b(float *dst, const gemm *g, int nr, int64_t p0, int64_t kc, int64_t j0,
-                   int64_t nc) {
+static void pack_b(float *dst, const pytfm__product *g, int nr, int64_t p0, int64_t kc,
+                   int64_t j0, int64_t nc) {
     const float *b = g->b;
     const int64_t n = g->n, k = g->k;
     for (int64_t jr = 0; jr < nc; jr += nr, dst += nr * kc) {
@@ -126,9 +124,9 @@ static void pack_b(float *dst, const gemm *g, int nr, int64_t p0, int64_t kc, in
 
 /* rows [i0, i1) of C against the packed slice pb of op(B) (columns [jc, jc+nc), k slice
  * [pc, pc+kc)); pa is this thread's buffer for packed panels of op(A), NULL to read A in place */
-static void rows_times_panel(const gemm *g, const pytfm__micro *uk, float *pa, const float *pb,
-                             int64_t i0, int64_t i1, int64_t jc, int64_t nc, int64_t pc,
-                             int64_t kc) {
+static void rows_times_panel(const pytfm__product *g, const pytfm__micro *uk, float *pa,
+                             const float *pb, int64_t i0, int64_t i1, int64_t jc, int64_t nc,
+                             int64_t pc, int64_t kc) {
     const int mr = uk->mr, nr = uk->nr;
     const float bt = pc == 0 ? g->beta : 1.0f; // later slices add to what is there
     for (int64_t ic = i0; ic < i1; ic += MC) {
@@ -160,7 +158,7 @@ typedef struct blocking {
     int64_t b_count; // slices of op(B): 1 shared (by rows), or one per thread (by columns)
 } blocking;
 
-static blocking plan(const gemm *g, const pytfm__micro *uk, int64_t threads) {
+static blocking plan(const pytfm__product *g, const pytfm__micro *uk, int64_t threads) {
     const int64_t row_tiles = (g->m + uk->mr - 1) / uk->mr;
     const int64_t col_tiles = (g->n + uk->nr - 1) / uk->nr;
     blocking bl;
@@ -179,7 +177,8 @@ static int64_t scratch_floats(const blocking *bl) {
 
 /* the product, split among threads as bl says, with buf (scratch_floats(bl) floats) holding
  * the packing buffers */
-static void gemm_blocked(const gemm *g, const pytfm__micro *uk, const blocking *bl, float *buf) {
+static void gemm_blocked(const pytfm__product *g, const pytfm__micro *uk, const blocking *bl,
+                         float *buf) {
     const int64_t nr = uk->nr, threads = bl->threads, a_size = bl->a_size;
     const int by_rows = bl->by_rows;
     const int64_t row_tiles = (g->m + uk->mr - 1) / uk->mr, col_tiles = (g->n + nr - 1) / nr;
@@ -367,7 +366,7 @@ pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, 
     if (floats >= 0 && !(buf = pytfm__scratch(func, floats, sizeof(float))))
         return PYTFM_STATUS_OUT_OF_MEMORY;
     for (int i = 0; i < count; i++) {
-        const gemm *g = &products[i];
+        const pytfm__product *g = &products[i];
         if (blocked(g, uk)) {
             const blocking bl = plan(g, uk, threads);
             gemm_blocked(g, uk, &bl, buf);

@@ -91,6 +91,11 @@ MUTATIONS = {
     # LayerNorm's fast mean summed without the shift by the row's first value: when |μ| ≫ σ the
     # float sum rounds away the digits x − μ needs (y off by 1e-3 relative at offset −20, σ 1e-3)
     "fast_ln_no_shift": ("csrc/fast_impl.h", "const float x0 = x[0];", "const float x0 = 0.0f;", OPS),
+    # linear's backward with one allocation per product, dx's first: it writes the caller's dx
+    # and then fails on dW's larger scratch (tests/test_memory.py watches dx, dw, db)
+    "linear_bwd_two_allocations": ("csrc/linear.c", "PYTFM_TRY(pytfm__sgemm_all(__func__, products, dx ? 2 : 1));",
+                                   "if (dx) PYTFM_TRY(pytfm__sgemm_all(__func__, products + 1, 1));\n    PYTFM_TRY(pytfm__sgemm_all(__func__, products, 1));",
+                                   ["tests/test_memory.py"]),
     "cuda_ln_no_shift": ("cuda/layernorm.cu", "const float x0 = xr[0];", "const float x0 = 0.0f;", EMU),
     # e^x flushed to 0 below e^-17 instead of FLT_MIN: probabilities under 3e-8 vanish, under
     # the old absolute tolerances of softmax (1e-7) and cross-entropy's gradient (4.8e-7)

@@ -200,16 +200,22 @@ def test_softmax(emu, order, rows, cols):
     g.check()
 
 
+def layernorm_forward_3(emu, g, x, w, b, eps=1e-5):
+    """LayerNorm's forward (y, mean, rstd) by the CUDA kernel (in g's guarded buffers), by the
+    reference and by the C kernel."""
+    rows, cols = x.shape
+    y, mean, rstd = g.empty(x.shape), g.empty(rows), g.empty(rows)
+    emu.call("pytfm_layernorm_forward_cuda", y, mean, rstd, g(x), g(w), g(b), rows, cols, eps)
+    return (y, mean, rstd), ref.layernorm_forward(x, w, b, eps), ops.layernorm_forward(x, w, b, eps)
+
+
 @pytest.mark.parametrize("rows,cols", ROWS)
 def test_layernorm(emu, order, rows, cols):
     rng = np.random.default_rng(rows + cols)
     g = Guarded()
     x = f32(rng, (rows, cols), 2.0, 3.0)
     w, b = f32(rng, cols), f32(rng, cols)
-    y, mean, rstd = g.empty(x.shape), g.empty(rows), g.empty(rows)
-    emu.call("pytfm_layernorm_forward_cuda", y, mean, rstd, g(x), g(w), g(b), rows, cols, 1e-5)
-    ry, rmean, rrstd = ref.layernorm_forward(x, w, b, 1e-5)
-    cy, cmean, crstd = ops.layernorm_forward(x, w, b, 1e-5)
+    (y, mean, rstd), (ry, rmean, rrstd), (cy, cmean, crstd) = layernorm_forward_3(emu, g, x, w, b)
     tol = 8 * np.sqrt(cols) * EPS32
     close("layernorm.forward.mean", mean, rmean, cmean, atol=tol * 5, rtol=tol)
     close("layernorm.forward.rstd", rstd, rrstd, crstd, atol=0, rtol=tol * 10)
@@ -241,10 +247,7 @@ def test_layernorm_of_rows_far_from_zero(emu, order, rows, cols):
     g = Guarded()
     x = f32(rng, (rows, cols), 0.01, 100.0)
     w, b = f32(rng, cols), f32(rng, cols)
-    y, mean, rstd = g.empty(x.shape), g.empty(rows), g.empty(rows)
-    emu.call("pytfm_layernorm_forward_cuda", y, mean, rstd, g(x), g(w), g(b), rows, cols, 1e-5)
-    ry, rmean, rrstd = ref.layernorm_forward(x, w, b, 1e-5)
-    cy, _, _ = ops.layernorm_forward(x, w, b, 1e-5)
+    (y, _, _), (ry, rmean, rrstd), (cy, _, _) = layernorm_forward_3(emu, g, x, w, b)
     X, rs = x.astype(np.float64), rrstd[:, None]
     k = cols / 32 + 16  # roundings of one term in the team's sum, at most
     xhat = (X - rmean[:, None]) * rs

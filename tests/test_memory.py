@@ -41,7 +41,8 @@ want = call()
 call()
 before = [a.copy() for a in watched()]
 soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-room = out_bytes + scratch_bytes // 2  # the outputs fit, the scratch does not
+# the outputs fit, the scratch does not (room_bytes: a case that needs a finer line)
+room = globals().get("room_bytes", out_bytes + scratch_bytes // 2)
 resource.setrlimit(resource.RLIMIT_AS, (vm_size() + room, hard))
 try:
     failing_call()
@@ -119,18 +120,25 @@ out_bytes = 0  # C is the caller's
 # per thread and one KC×NC = 192×1024 panel of B that the threads share
 scratch_bytes = 4 * (threads * 96 * 192 + 192 * 1024)
 """),
-    # dx = dy·W and dW += dyᵀ·x share one scratch allocation made before either is written, so
-    # a failure leaves the accumulated dw and db as they were (and dx unwritten)
+    # dx = dy·W and dW += dyᵀ·x share one scratch allocation made before either is written.
+    # The room left fits dx's product's scratch but not dW's, so two allocations, one per
+    # product, would write the caller's dx before failing on dW's: the C function is called
+    # with the caller's dx, dw and db, as a C program calls it
     "linear_backward": ("pytfm_linear_backward", True, """
-rows, inn, out = 64, 1024, 192
+rows, inn, out = 64, 256, 192
 x, w, dy = randn(rows, inn), randn(out, inn), randn(rows, out)
 call = lambda: list(ops.linear_backward(dy, x, w))
+dx0 = np.full((rows, inn), 7.0, np.float32)
 dw0, db0 = np.ones((out, inn), np.float32), np.ones(out, np.float32)
-failing_call = lambda: ops.linear_backward(dy, x, w, dw=dw0, db=db0)
-watched = lambda: [dw0, db0]
-out_bytes = 4 * rows * inn  # dx (dw and db are the caller's)
-# each product as pytfm_sgemm's above: an MC×KC block of A per thread, one KC×NC panel of B
-scratch_bytes = 4 * (threads * 96 * 192 + 192 * 1024)
+P = lambda a: ffi.from_buffer("float[]", a)
+failing_call = lambda: check(lib.pytfm_linear_backward(P(dx0), P(dw0), P(db0), P(dy), P(x),
+                                                       P(w), rows, inn, out))
+watched = lambda: [dx0, dw0, db0]
+out_bytes = 0  # all three are the caller's
+# dW += dyᵀ·x packs op(A) (transposed): an MC×KC = 96×192 block per thread and a KC×256 panel
+# of B; dx = dy·W reads A in place (n = 256 < 512) and needs the panel alone
+scratch_bytes = 4 * (threads * 96 * 192 + 192 * inn)
+room_bytes = 4 * 192 * inn * 11 // 8  # dx's 192 KiB fit, dW's 336 KiB do not
 """),
 }
 
