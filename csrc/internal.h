@@ -65,6 +65,10 @@ pytfm_status pytfm__check_indices(const char *func, const char *name, const int6
  * a valid pointer. */
 void *pytfm__scratch(const char *func, int64_t count, size_t size);
 
+/* the thread count when none is set: OpenMP's, but no more than the cores other processes
+ * leave free (free_cores.c), so that a busy neighbour does not slow the kernels down */
+int pytfm__default_threads(void);
+
 /* Parallel loops. Each macro is only an OpenMP pragma, written on the line above an ordinary
  * `for` that it hands to pytfm_get_num_threads() threads; without OpenMP it is nothing and the
  * loop runs on the calling thread. Only loops whose iterations write disjoint memory use them,

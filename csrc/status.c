@@ -86,7 +86,7 @@ pytfm_status pytfm_set_num_threads(int32_t threads) {
 int32_t pytfm_get_num_threads(void) {
 #if defined(_OPENMP)
     const int threads = atomic_load(&num_threads);
-    return threads > 0 ? threads : omp_get_max_threads();
+    return threads > 0 ? threads : pytfm__default_threads();
 #else
     return 1;
 #endif

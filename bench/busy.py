@@ -1,0 +1,132 @@
+"""A busy neighbour: pytfm's training step when another process keeps one core busy.
+
+    python -m bench.busy                    # (or python bench/busy.py) 3 rounds of ~2 s each
+    python -m bench.busy --rounds 5 --seconds 3 --variants pytfm spin300k passive
+
+What it measures: train_tiny's training step (d=128, 4 layers, 8x128 tokens; forward,
+backward, clipping, AdamW), in tokens/s, in a process of its own, at pytfm's default thread
+count (all available cores) and at one thread, first on an idle machine and then while a
+neighbour process spins on one core (`while True: pass`). The thread pool's wait policy is
+the variable: a thread that finished its share of a parallel region and spins waiting for the
+next one takes a core the neighbour wants, and the scheduler answers by descheduling the
+thread that still has work to do.
+
+Variants (each the environment of the measuring process):
+  pytfm      nothing set: what a user gets (pytfm/_core.py picks the wait policy)
+  spin300k   GOMP_SPINCOUNT=300000: libgomp's own default (spin ~3 ms, then sleep)
+  passive    OMP_WAIT_POLICY=passive: sleep at once
+  spin10k    GOMP_SPINCOUNT=10000
+Rounds interleave every (variant, threads, idle/busy) run; each figure is the median over rounds
+of a per-run median. The targets (issue 16): busy, the default thread count is never slower
+than one thread (ratio >= 1); idle, the default's speed is unchanged (pytfm / spin300k ~ 1).
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import worker_env  # noqa: E402
+
+CPUS = os.cpu_count()
+VARIANTS = {
+    "pytfm": {},
+    "pinned": {"PYTFM_NUM_THREADS": str(CPUS)},
+    "passive": {"PYTFM_NUM_THREADS": str(CPUS), "OMP_WAIT_POLICY": "passive"},
+}
+POLICY_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "PYTFM_NUM_THREADS")
+
+STEP = """
+import statistics, sys, time
+import pytfm
+from pytfm import data
+from pytfm.nn import GPT, GPTConfig
+from pytfm.optim import AdamW, clip_grad_norm
+threads, seconds = int(sys.argv[1]), float(sys.argv[2])
+if threads:
+    pytfm.set_num_threads(threads)
+B, T = 8, 128
+model = GPT(GPTConfig(d_model=128, n_layer=4, n_head=4, max_seq=T, seed=0))
+opt = AdamW(model.params, model.grads, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+x, y = data.Batches(data.stdlib_corpus(), T, B, seed=0).batch("train", 0)
+def step():
+    model.zero_grad()
+    model.forward(x, y)
+    model.backward()
+    clip_grad_norm(model.grads, 1.0)
+    opt.step(1e-4)
+step()
+times, end = [], time.perf_counter() + seconds
+while time.perf_counter() < end or len(times) < 5:
+    t0 = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t0)
+print(B * T / statistics.median(times), pytfm.get_num_threads())
+"""
+
+
+def measure(variant, threads, seconds):
+    """tokens/s of the step under `variant`'s environment at `threads` (0: the default)."""
+    env = worker_env(1)
+    for var in POLICY_VARS:
+        env.pop(var, None)
+    env.update(VARIANTS[variant])
+    r = subprocess.run([sys.executable, "-c", STEP, str(threads), str(seconds)],
+                       capture_output=True, text=True, env=env)
+    if r.returncode:
+        sys.exit(f"busy worker ({variant}, {threads} threads) failed:\n{r.stderr[-3000:]}")
+    tokens_per_s, used = r.stdout.split()
+    return float(tokens_per_s), int(used)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=2.0, help="timing per run (default 2)")
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["pytfm", "pinned"])
+    args = p.parse_args(argv)
+    if args.rounds < 1 or not args.seconds > 0:
+        p.error("--rounds must be >= 1 and --seconds > 0")
+
+    runs = [(v, t) for v in args.variants for t in (0, 1)]
+    results = {(v, t, load): [] for v, t in runs for load in ("idle", "busy")}
+    used = {}
+    for r in range(args.rounds):
+        for load in ("idle", "busy"):
+            neighbour = None
+            if load == "busy":
+                neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                time.sleep(0.5)  # let it settle on a core
+            try:
+                for v, t in runs if r % 2 == 0 else runs[::-1]:
+                    tps, used[t] = measure(v, t, args.seconds)
+                    results[v, t, load].append(tps)
+            finally:
+                if neighbour is not None:
+                    neighbour.kill()
+                    neighbour.wait()
+
+    med = {k: statistics.median(x) for k, x in results.items()}
+    print(f"# busy neighbour: {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, default = {used[0]} threads; train_tiny step, tokens/s, "
+          f"median of {args.rounds} rounds")
+    print(f"{'variant':<10} {'idle dflt':>10} {'idle 1thr':>10} {'busy dflt':>10} "
+          f"{'busy 1thr':>10} {'busy dflt/1thr':>15}")
+    for v in args.variants:
+        idle0, idle1, busy0, busy1 = (med[v, t, load] for load in ("idle", "busy")
+                                      for t in (0, 1))
+        ok = "ok" if busy0 >= busy1 else "MISS"
+        print(f"{v:<10} {idle0:>10.0f} {idle1:>10.0f} {busy0:>10.0f} {busy1:>10.0f} "
+              f"{busy0 / busy1:>11.2f} {ok}")
+    if "pinned" in args.variants and "pytfm" in args.variants:
+        ratio = med["pytfm", 0, "idle"] / med["pinned", 0, "idle"]
+        print(f"idle, default threads: pytfm / pinned = {ratio:.2f} (target ~1)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The default thread count gives way to a busy neighbour (csrc/free_cores.c).
+
+Each case runs in a process of its own, since the count is sampled at most every 100 ms and
+remembered; the neighbours are processes that spin on a core. The figures that matter (a
+training step's speed with and without a neighbour) are bench/busy.py's, not a test's.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import run_python
+
+CORES = len(os.sched_getaffinity(0))
+
+# prints the thread count after {seconds} s of asking for it every 10 ms, as kernels do
+PROBE = """
+import time
+import pytfm
+end = time.monotonic() + {seconds}
+while time.monotonic() < end:
+    pytfm.get_num_threads()
+    time.sleep(0.01)
+print(pytfm.get_num_threads())
+"""
+
+
+def spinners(n):
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def probe(seconds=0.6, **env):
+    out = run_python(PROBE.format(seconds=seconds), **env)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or CORES < 2,
+                    reason="the neighbour count is read from Linux's /proc; needs 2 cores")
+def test_default_thread_count_leaves_the_cores_that_neighbours_keep_busy():
+    if len(os.sched_getaffinity(0)) < os.cpu_count():
+        pytest.skip("this process may not run on every CPU: the default count does not adapt")
+    busy = spinners(CORES)
+    try:
+        time.sleep(0.3)
+        assert probe() == 1  # every core is taken: one thread, not a team that waits on itself
+        # an explicit count is the user's: it stays
+        assert probe(PYTFM_NUM_THREADS=str(CORES)) == CORES
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+def test_default_thread_count_is_at_least_one_and_at_most_openmps():
+    assert probe(seconds=0.2, OMP_NUM_THREADS="1") == 1
+    assert 1 <= probe(seconds=0.2) <= CORES
