@@ -328,7 +328,7 @@ def test_bad_numbers_for_optim_and_generate_raise_a_clear_error(call, exc, patte
 
 
 def test_edge_values_for_optim_and_generate_work():
-    params, grads = params_and_grads()
+    _, grads = params_and_grads()
     assert clip_grad_norm(grads, float("inf")) == pytest.approx(np.sqrt(8))  # measures only
     np.testing.assert_array_equal(grads["w"], 1)
     assert cosine_lr(np.int64(5), np.float32(1e-3), 0, 10) > 0
