@@ -3,6 +3,7 @@ them: argparse's usage and one line naming the problem on stderr, exit status 2,
 and nothing trained (the checks come first, so each case takes about an interpreter start)."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,11 +26,21 @@ MODEL = ["--d-model", "32", "--n-layer", "2", "--n-head", "2", "--context", "32"
 CONFIG = GPTConfig(d_model=32, n_layer=2, n_head=2, max_seq=32)
 
 
-def run(script, *args, cwd):
+def unprivileged():
+    """A command prefix under which file permissions hold: none for a normal user; for root,
+    setpriv dropping the capabilities that bypass them, where setpriv exists (else None)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        return None
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all"]
+
+
+def run(script, *args, cwd, prefix=()):
     env = dict(os.environ, PYTHONPATH=ROOT)
     start = time.perf_counter()
-    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, script), *map(str, args)],
-                       capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+    command = [*prefix, sys.executable, os.path.join(EXAMPLES, script), *map(str, args)]
+    r = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
     return r, time.perf_counter() - start
 
 
@@ -131,7 +142,7 @@ def test_train_tiny_rejects_a_bad_flag_in_one_line(files, more, words, out_may_e
 
 
 def test_train_tiny_reports_a_text_it_cannot_read(files):
-    # root reads through chmod 000; nobody can open a socket as a file
+    # nobody, root included, can open a socket as a file
     sock = socket.socket(socket.AF_UNIX)
     try:
         sock.bind(str(files / "socket"))
@@ -139,31 +150,37 @@ def test_train_tiny_reports_a_text_it_cannot_read(files):
     finally:
         sock.close()
     assert_usage_error("train_tiny.py", r, seconds, "--text", "cannot read socket")
-    if os.geteuid() != 0:
+    prefix = unprivileged()
+    if prefix is not None:  # and a file without read permission
         (files / "secret.txt").write_bytes(b"x" * 1000)
         (files / "secret.txt").chmod(0)
-        r, seconds = run("train_tiny.py", "--text", "secret.txt", *MODEL, cwd=files)
+        r, seconds = run("train_tiny.py", "--text", "secret.txt", *MODEL, cwd=files,
+                         prefix=prefix)
         assert_usage_error("train_tiny.py", r, seconds, "--text", "cannot read secret.txt",
                            "Permission denied")
 
 
 def test_train_tiny_refuses_an_out_it_cannot_write_before_training(files):
-    out = files / "out"
-    if os.geteuid() == 0:  # chmod does not stop root: a path under a file stops everyone
-        out, words = files / "plain" / "out", ["--out", "cannot create the folder", "plain/out"]
-    else:
-        out.mkdir()
-        out.chmod(0o555)
-        words = ["--out", f"cannot write in {out}", "Permission denied"]
+    # a path under a regular file stops everyone, root included
+    r, seconds = run("train_tiny.py", "--text", "corpus.txt", "--out", "plain/out", *MODEL,
+                     "--steps", "100000", cwd=files)
+    assert_usage_error("train_tiny.py", r, seconds, "--out", "cannot create the folder plain/out",
+                       "Not a directory")
+    prefix = unprivileged()
+    if prefix is None:  # root without setpriv: chmod would not stop it; the case above stands
+        return
+    ro = files / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
     try:
-        r, seconds = run("train_tiny.py", "--text", "corpus.txt", "--out", out, *MODEL,
-                         "--steps", "100000", cwd=files)
+        for out, words in ((ro, [f"--out: cannot write in {ro}", "Permission denied"]),
+                           (ro / "sub", ["--out: cannot create the folder", "Permission denied"])):
+            r, seconds = run("train_tiny.py", "--text", "corpus.txt", "--out", out, *MODEL,
+                             "--steps", "100000", cwd=files, prefix=prefix)
+            assert_usage_error("train_tiny.py", r, seconds, *words)
+        assert list(ro.iterdir()) == []  # the write probe left nothing behind
     finally:
-        if out.is_dir():
-            out.chmod(0o755)
-    assert_usage_error("train_tiny.py", r, seconds, *words)
-    if out.is_dir():
-        assert list(out.iterdir()) == []  # the write probe cleaned up after itself
+        ro.chmod(0o755)
 
 
 def test_train_tiny_refuses_an_out_whose_files_it_cannot_replace(files):
