@@ -58,8 +58,9 @@ def parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=800, help="optimizer steps in all (default 800)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--text", help="train on this file instead of the stdlib corpus; it is read "
-                   "as raw bytes, one token per byte, so any encoding works (UTF-8 samples best)")
+    p.add_argument("--text", help="train on this file instead of the stdlib corpus; it is "
+                   "read as raw bytes, one token per byte: any encoding works (the sample at the "
+                   "end shows as UTF-8)")
     p.add_argument("--out", default="out", help="folder for checkpoint, loss log and plot")
     p.add_argument("--resume", action="store_true", help="continue from OUT/model.safetensors")
     add_model_args(p)
@@ -75,6 +76,7 @@ def parse_args(argv=None):
 
 
 # ---- checks: every flag and path before anything is loaded, built or trained -----------------
+
 
 def flag(name):
     return "--" + name.replace("_", "-")
@@ -145,9 +147,9 @@ def check_text(p, args):
         p.error(f"--text: there is no file {path}")
     if os.path.isdir(path):
         p.error(f"--text: {path} is a folder; give a text file")
-    try:
-        with open(path, "rb") as f:
-            f.read(1)
+    try:  # opening is the test (reading even a byte would lose it from a pipe)
+        with open(path, "rb"):
+            pass
     except OSError as e:
         p.error(f"--text: cannot read {path}: {e.strerror or e}")
     size = os.stat(path).st_size
@@ -267,8 +269,8 @@ def plot(path, rows):
 def main(argv=None, interrupt_at=None):
     """Returns the exit status. interrupt_at=k acts as a Ctrl-C after step k (for tests). A bad
     flag or path exits with status 2 and one line naming it (parser.error) before the text is
-    read (beyond its first byte) or the model built; --resume reads its checkpoint first to
-    compare it with the flags."""
+    read or the model built; --resume reads its checkpoint first to compare it with the
+    flags."""
     p = parser()
     args = p.parse_args(argv)
     check_numbers(p, args)
