@@ -1,29 +1,84 @@
 """Sample text from a checkpoint written by train_tiny.py.
 
     python examples/sample.py out/model.safetensors --prompt "def " --tokens 100
+
+The prompt is taken as the bytes the shell passed (one token per byte). A bad flag or a
+checkpoint that is missing or unreadable stops the script with its usage and one line naming
+the problem, exit status 2.
 """
 
 import argparse
+import math
+import os
+import sys
+
+import numpy as np
 
 from pytfm import checkpoint, data
 from pytfm.generate import generate
 
+SEED_MAX = 2**32 - 1  # as train_tiny.py
 
-def main():
+
+def parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("checkpoint")
-    p.add_argument("--prompt", default="def ")
-    p.add_argument("--tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    model, _, _ = checkpoint.load(args.checkpoint)
-    prompt = data.encode(args.prompt)[None, :]
-    n_new = min(args.tokens, model.cfg.max_seq - prompt.shape[1])
-    out = generate(model, prompt, n_new, args.temperature, args.top_k, args.seed)
+    p.add_argument("checkpoint", help="a model.safetensors written by train_tiny.py")
+    p.add_argument("--prompt", default="def ", help="text to continue, at least one byte")
+    p.add_argument("--tokens", type=int, default=100,
+                   help="bytes to generate, >= 0 (cut to what the model's context leaves)")
+    p.add_argument("--temperature", type=float, default=0.8, help="finite, >= 0; 0: greedy")
+    p.add_argument("--top-k", type=int, default=40, help="sample among the k likeliest; 0: all")
+    p.add_argument("--seed", type=int, default=0, help=f"0 .. {SEED_MAX}")
+    return p
+
+
+def load(p, path):
+    """The model in the checkpoint at path, a problem reported in one line."""
+    if not os.path.exists(path):
+        p.error(f"checkpoint: there is no file {path}")
+    if os.path.isdir(path):
+        inside = os.path.join(path, "model.safetensors")
+        hint = f" (did you mean {inside}?)" if os.path.isfile(inside) else ""
+        p.error(f"checkpoint: {path} is a folder{hint}")
+    try:
+        model, _, _ = checkpoint.load(path)
+    except checkpoint.CheckpointError as e:
+        p.error(f"checkpoint: {e}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        p.error(f"checkpoint: {path} is not a readable pytfm checkpoint "
+                f"({type(e).__name__}: {e})")
+    return model
+
+
+def main(argv=None):
+    p = parser()
+    args = p.parse_args(argv)
+    if args.tokens < 0:
+        p.error(f"--tokens must be >= 0, got {args.tokens}")
+    if not 0 <= args.temperature < math.inf:
+        p.error(f"--temperature must be finite and >= 0 (0: greedy), got {args.temperature}")
+    if args.top_k < 0:
+        p.error(f"--top-k must be >= 0 (0: no top-k cut), got {args.top_k}")
+    if not 0 <= args.seed <= SEED_MAX:
+        p.error(f"--seed must be in [0, {SEED_MAX}], got {args.seed}")
+    # surrogateescape: bytes of the command line that are not UTF-8 come back as they were
+    raw = args.prompt.encode("utf-8", "surrogateescape")
+    if not raw:
+        p.error("--prompt must not be empty: generation continues at least one byte")
+    model = load(p, args.checkpoint)
+    max_seq = model.cfg.max_seq
+    if len(raw) > max_seq:
+        p.error(f"--prompt is {len(raw)} bytes, longer than the model's context of {max_seq}")
+    prompt = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)[None, :]
+    n_new = min(args.tokens, max_seq - len(raw))
+    if n_new < args.tokens:
+        print(f"note: --tokens {args.tokens} cut to {n_new}: the model's context is {max_seq} "
+              f"and the prompt takes {len(raw)}", file=sys.stderr)
+    top_k = args.top_k if 0 < args.top_k < model.cfg.vocab else None
+    out = generate(model, prompt, n_new, args.temperature, top_k, args.seed)
     print(data.decode(out[0]))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,6 +9,8 @@ machine has. It prints a progress line every --log-every steps and the validatio
 --eval-every, writes OUT/model.safetensors (the checkpoint, also at each evaluation), OUT/loss.csv
 and, when matplotlib is installed, OUT/loss.png. Ctrl-C saves a resumable checkpoint and exits;
 a loss that turns NaN or inf stops the run and leaves the last good checkpoint as it was.
+Every flag and path is checked before training (--out by creating it and writing a test file):
+a bad one stops the script with its usage and one line naming the flag, exit status 2.
 Sample from a checkpoint later with examples/sample.py.
 """
 
@@ -18,7 +20,9 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import time
+from dataclasses import asdict
 
 import numpy as np
 
@@ -29,31 +33,199 @@ from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
 
 
+SEED_MAX = 2**32 - 1  # as numpy.random.seed and most twins take
+INT_MAX = 2**63 - 1  # the schedule's step counts are int64 in pytfm
+MINIMUM = {"steps": 1, "batch": 1, "d_model": 1, "n_layer": 1, "n_head": 1,
+           "context": 2,  # one prompt token and one sampled for the sample at the end
+           "warmup": 0, "eval_every": 1, "log_every": 1, "sample_tokens": 0, "seed": 0}
+
+
 def add_model_args(p):
     """The model's and the schedule's options (bench/train_twin.py trains with the same ones)."""
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help=f"0 .. {SEED_MAX} (default 0)")
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--n-head", type=int, default=4, help="must divide --d-model (default 4)")
+    p.add_argument("--context", type=int, default=128,
+                   help="tokens per window, >= 2 and at most half the text's bytes minus 1")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--pos", choices=["rope", "sinusoidal", "none"], default="rope")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=20)
 
 
-def parse_args(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=800, help="optimizer steps in all (default 800)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--text", help="train on this UTF-8 text file instead of the stdlib corpus")
+    p.add_argument("--text", help="train on this file instead of the stdlib corpus; it is "
+                   "read as raw bytes, one token per byte: any encoding works (the sample at the "
+                   "end shows as UTF-8)")
     p.add_argument("--out", default="out", help="folder for checkpoint, loss log and plot")
     p.add_argument("--resume", action="store_true", help="continue from OUT/model.safetensors")
     add_model_args(p)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--sample-tokens", type=int, default=100)
-    return p.parse_args(argv)
+    p.add_argument("--sample-tokens", type=int, default=100, help="0: no sample at the end")
+    return p
+
+
+def parse_args(argv=None):
+    """The flags as given (no checks, no files touched: bench/train_twin.py reads defaults)."""
+    return parser().parse_args(argv)
+
+
+# ---- checks: every flag and path before anything is loaded, built or trained -----------------
+
+
+def flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def check_numbers(p, args):
+    """Each number flag within its range, the model's shape as pytfm.nn.GPTConfig wants it."""
+    for name, low in MINIMUM.items():
+        value, high = getattr(args, name), SEED_MAX if name == "seed" else INT_MAX
+        if value < low:
+            p.error(f"{flag(name)} must be >= {low}, got {value}")
+        if value > high:
+            p.error(f"{flag(name)} must be <= {'2**63 - 1' if high == INT_MAX else high}, "
+                    f"got {value}")
+    if not 0 < args.lr < math.inf:
+        p.error(f"--lr must be finite and > 0, got {args.lr}")
+    if args.d_model % args.n_head:
+        p.error(f"--n-head {args.n_head} must divide --d-model {args.d_model} "
+                "(each head gets d-model / n-head features)")
+    head = args.d_model // args.n_head
+    if args.pos == "rope" and head % 2:
+        p.error(f"--pos rope needs an even head size, got --d-model / --n-head = {head}")
+    if args.pos == "sinusoidal" and args.d_model % 2:
+        p.error(f"--pos sinusoidal needs an even --d-model, got {args.d_model}")
+    try:  # any rule of GPTConfig's that the checks above do not know yet
+        GPTConfig(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
+                  max_seq=args.context, pos=args.pos, seed=args.seed)
+    except ValueError as e:
+        p.error(str(e))
+    need, have = memory_needed(args), physical_memory()
+    if have and need > have:
+        p.error(f"--d-model {args.d_model}, --n-layer {args.n_layer}, --batch {args.batch}, "
+                f"--context {args.context}: training needs about {need / 2**30:,.0f} GiB, more "
+                f"than this machine's {have / 2**30:,.0f} GiB of memory")
+
+
+def memory_needed(args):
+    """A lower estimate of the bytes training takes: parameters with their gradients and AdamW
+    moments, and per token about 20 saved floats per layer and feature plus the logits."""
+    d, layers = args.d_model, args.n_layer
+    params = data.VOCAB * d + layers * (12 * d * d + 13 * d) + 2 * d
+    per_token = 20 * d * layers + 3 * data.VOCAB
+    return 4 * (4 * params + args.batch * args.context * per_token)
+
+
+def physical_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: skip the check
+        return 0
+
+
+def min_text_bytes(context):
+    """data.Batches keeps the last tenth of the text, and at least context + 1 bytes, for
+    validation and needs context + 1 bytes to train on: 2 * (context + 1) bytes at least."""
+    return 2 * (context + 1)
+
+
+def check_text(p, args):
+    """--text names a readable, non-empty file long enough for --context (what size tells
+    before reading: a pipe's length shows when it is read)."""
+    path = args.text
+    if path is None:
+        return
+    if not path:
+        p.error("--text: the path is empty")
+    if not os.path.exists(path):
+        p.error(f"--text: there is no file {path}")
+    if os.path.isdir(path):
+        p.error(f"--text: {path} is a folder; give a text file")
+    try:  # opening is the test (reading even a byte would lose it from a pipe)
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        p.error(f"--text: cannot read {path}: {e.strerror or e}")
+    size = os.stat(path).st_size
+    if os.path.isfile(path) and size == 0:
+        p.error(f"--text: {path} is empty")
+    if os.path.isfile(path) and size < min_text_bytes(args.context):
+        context_too_long(p, args, size)
+
+
+def context_too_long(p, args, size):
+    where = args.text or "the stdlib corpus"
+    hint = f"use --context {size // 2 - 1} or less" if size >= 6 else "give a longer text"
+    p.error(f"--context {args.context} is too long for the {size:,} bytes of {where}: training "
+            f"and validation need context + 1 bytes each ({hint})")
+
+
+def check_out(p, args):
+    """--out is a folder this process can create and write in, before training: the run must
+    not end with nowhere to save. -> the checkpoint's path."""
+    out = args.out
+    if not out:
+        p.error("--out: the path is empty")
+    ckpt = os.path.join(out, "model.safetensors")
+    if os.path.exists(out) and not os.path.isdir(out):
+        p.error(f"--out: {out} exists and is not a folder")
+    if args.resume and not os.path.isfile(ckpt):
+        p.error(f"--resume: there is no checkpoint at {ckpt}")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out: cannot create the folder {out}: {e.strerror or e}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        p.error(f"--out: cannot write in {out}: {e.strerror or e}")
+    for name in ("model.safetensors", "loss.csv", "loss.png"):
+        path = os.path.join(out, name)
+        if os.path.isdir(path):
+            p.error(f"--out: {path} is a folder, where the run writes a file")
+        if name != "model.safetensors" and os.path.exists(path) and not os.access(path, os.W_OK):
+            p.error(f"--out: {path} exists and is not writable")
+    return ckpt
+
+
+def load_checkpoint(p, path, model=None, opt=None):
+    """checkpoint.load, a bad file reported in one line: -> (model, step, extra)."""
+    try:
+        model, step, extra = checkpoint.load(path, model, opt)
+        if not isinstance(extra, dict):
+            raise checkpoint.CheckpointError(f"{path}: its extra metadata is not a dict")
+        return model, step, extra
+    except checkpoint.CheckpointError as e:
+        p.error(f"--resume: {e}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        p.error(f"--resume: {path} is not a readable pytfm checkpoint ({type(e).__name__}: {e})")
+
+
+def check_resume(p, args, ckpt):
+    """The checkpoint in --out holds the model the flags describe, at a step <= --steps."""
+    saved, step, _ = load_checkpoint(p, ckpt)
+    flags = {"d_model": args.d_model, "n_layer": args.n_layer, "n_head": args.n_head,
+             "max_seq": args.context, "pos": args.pos, "seed": args.seed}
+    have, want = asdict(saved.cfg), asdict(GPTConfig(**flags))
+    other = [f"{k}={have[k]!r}" for k in have if k not in flags and have[k] != want[k]]
+    if other:
+        p.error(f"--resume: {ckpt} holds a model train_tiny.py does not make ({', '.join(other)})")
+    wrong = [f"{flag('context' if k == 'max_seq' else k)} {have[k]}"
+             for k in flags if have[k] != want[k]]
+    if wrong:
+        p.error(f"--resume: {ckpt} was trained with {', '.join(wrong)}; resume with the flags "
+                "it was started with")
+    if step > args.steps:
+        p.error(f"--steps {args.steps} is below the step of the checkpoint to resume "
+                f"({step} in {ckpt})")
 
 
 def clock(seconds):
@@ -95,15 +267,28 @@ def plot(path, rows):
 
 
 def main(argv=None, interrupt_at=None):
-    """Returns the exit status. interrupt_at=k acts as a Ctrl-C after step k (for tests)."""
-    args = parse_args(argv)
+    """Returns the exit status. interrupt_at=k acts as a Ctrl-C after step k (for tests). A bad
+    flag or path exits with status 2 and one line naming it (parser.error) before the text is
+    read or the model built; --resume reads its checkpoint first to compare it with the
+    flags."""
+    p = parser()
+    args = p.parse_args(argv)
+    check_numbers(p, args)
     if args.device == "cuda":
-        sys.exit("--device cuda: the model has no CUDA backend yet (no CUDA attention) "
-                 f"(build_info()['cuda'] is {pytfm.build_info()['cuda']}); use --device cpu")
-    os.makedirs(args.out, exist_ok=True)
-    ckpt, log_path = os.path.join(args.out, "model.safetensors"), os.path.join(args.out, "loss.csv")
+        p.error("--device cuda: the model has no CUDA backend yet (no CUDA attention) "
+                f"(build_info()['cuda'] is {pytfm.build_info()['cuda']}); use --device cpu")
+    check_text(p, args)
+    ckpt = check_out(p, args)
+    if args.resume:
+        check_resume(p, args, ckpt)
+    log_path = os.path.join(args.out, "loss.csv")
 
-    tokens = data.text_corpus(args.text) if args.text else data.stdlib_corpus()
+    try:
+        tokens = data.text_corpus(args.text) if args.text is not None else data.stdlib_corpus()
+    except (OSError, ValueError, RuntimeError) as e:  # a pipe that turned out short, ...
+        p.error(f"--text: {e}" if args.text else f"the stdlib corpus: {e}")
+    if len(tokens) < min_text_bytes(args.context):
+        context_too_long(p, args, len(tokens))
     batches = data.Batches(tokens, args.context, args.batch, seed=args.seed)
     cfg = GPTConfig(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
                     max_seq=args.context, pos=args.pos, seed=args.seed)
@@ -111,12 +296,7 @@ def main(argv=None, interrupt_at=None):
     opt = AdamW(model.params, model.grads, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     step, rows = 0, []
     if args.resume:
-        if not os.path.exists(ckpt):
-            sys.exit(f"--resume: there is no checkpoint at {ckpt}")
-        try:
-            model, step, extra = checkpoint.load(ckpt, model, opt)
-        except checkpoint.CheckpointError as e:
-            sys.exit(f"--resume: {e}")
+        model, step, extra = load_checkpoint(p, ckpt, model, opt)
         rows = [r for r in extra.get("log", []) if r[0] <= step]
         print(f"resumed {ckpt} at step {step}")
     print(f"pytfm {pytfm.__version__}: GPT with {model.num_params():,} parameters "
@@ -178,7 +358,9 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
         return 130
     plotted = plot(os.path.join(args.out, "loss.png"), rows)
     print(f"saved {ckpt}, {log_path}" + (" and loss.png" if plotted else ""))
-    prompt = data.encode("def ")[None, :]
+    if args.sample_tokens == 0:
+        return 0
+    prompt = data.encode("def ")[None, :cfg.max_seq - 1]  # leave room for one new token
     n_new = min(args.sample_tokens, cfg.max_seq - prompt.shape[1])
     text = data.decode(generate(model, prompt, n_new, temperature=0.8, top_k=40, seed=args.seed)[0])
     print("sample (temperature 0.8, top-k 40):\n" + text)

@@ -4,31 +4,69 @@ The prompt is run once through decode() (filling the caches), then each new toke
 decode step over the cache: O(context) work per token, not a full recomputation.
 """
 
+import math
+import operator
+
 import numpy as np
+
+from .ops import _float, _int
+
+
+def _sampling(temperature, top_k):
+    """The checked (temperature, top_k): temperature a finite real >= 0, top_k None or an
+    integer >= 1."""
+    temperature = _float("temperature", temperature, "float64")
+    if not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be finite and >= 0 (0: greedy), got {temperature}")
+    if top_k is not None and _int("top_k", top_k) < 1:
+        raise ValueError(f"top_k must be >= 1 (None: no top-k cut), got {top_k}")
+    return temperature, top_k
 
 
 def sample_next(logits, rng, temperature=1.0, top_k=None):
     """logits (B, vocab) -> int64 (B,): greedy when temperature == 0, else sampled from
-    softmax(logits / temperature) restricted to the top_k largest logits."""
+    softmax(logits / temperature) restricted to the top_k largest logits (top_k None: all)."""
+    temperature, top_k = _sampling(temperature, top_k)
     if temperature == 0:
         return logits.argmax(axis=-1).astype(np.int64)
-    z = logits.astype(np.float64) / temperature
+    # shift before dividing: with a tiny temperature, logits / temperature alone overflows
+    z = logits.astype(np.float64)
+    z = (z - z.max(axis=-1, keepdims=True)) / temperature
     if top_k is not None and top_k < z.shape[-1]:
         kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]
         z = np.where(z < kth, -np.inf, z)
-    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p = np.exp(z)
     p /= p.sum(axis=-1, keepdims=True)
     u = rng.random((z.shape[0], 1))
     return np.minimum((p.cumsum(axis=-1) < u).sum(axis=-1), z.shape[-1] - 1).astype(np.int64)
 
 
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0):
-    """Continue prompt (int64 (B, T0), T0 >= 1) by max_new_tokens tokens
+    """Continue prompt (int64 (B, T0), T0 >= 1) by max_new_tokens (>= 0) tokens
     -> (B, T0 + max_new_tokens).
-    The total length may not exceed model.cfg.max_seq. Same seed, same tokens."""
-    prompt = np.asarray(prompt, dtype=np.int64)
+    The total length may not exceed model.cfg.max_seq. Same seed (an integer >= 0), same
+    tokens."""
+    prompt = np.asarray(prompt)
+    if prompt.dtype.kind not in "iu":  # 1.5 or True must not become a token id silently
+        raise TypeError(f"prompt must hold integer token ids, got dtype {prompt.dtype}")
     if prompt.ndim != 2 or prompt.shape[1] < 1:
         raise ValueError(f"prompt must have shape (B, T) with T >= 1, got {prompt.shape}")
+    vocab = model.cfg.vocab
+    bad = (prompt < 0) | (prompt >= vocab)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"prompt{list(where)} = {prompt[where]} is outside [0, {vocab})")
+    prompt = prompt.astype(np.int64)
+    if _int("max_new_tokens", max_new_tokens) < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    temperature, top_k = _sampling(temperature, top_k)
+    if isinstance(seed, (bool, np.bool_)):
+        raise TypeError("seed must be an integer, got bool")
+    try:
+        if operator.index(seed) < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+    except TypeError:
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__}") from None
     if prompt.shape[1] + max_new_tokens > model.cfg.max_seq:
         raise ValueError(f"prompt of {prompt.shape[1]} tokens + {max_new_tokens} new ones exceeds "
                          f"max_seq = {model.cfg.max_seq}")

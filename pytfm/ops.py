@@ -15,11 +15,17 @@ gradients (dw, db, dtable) are returned fresh too, unless an array is passed thr
 keyword of the same name, in which case they are ACCUMULATED into it (+=) and it is returned.
 
 Bad input raises TypeError (wrong type or dtype) or ValueError (shape, layout, value), with a
-message naming the argument; nothing is written when an exception is raised.
+message naming the argument; nothing is written when an exception is raised. Scalars: an
+integer argument takes an int or NumPy integer within int64, never a bool; a real one any real
+number within its C type's range (float32; float64 for rope's base and AdamW's
+hyper-parameters), NaN and inf left to the C checks, which reject them; causal and has_bias take
+True or False only (a bool or numpy.bool_), not None or 0.
 """
 
 import math
+import numbers
 import operator
+import sys
 
 import numpy as np
 
@@ -42,17 +48,57 @@ def _is_array(a):
     return isinstance(a, np.ndarray) or _is_cupy(a)
 
 
+_INT64 = (-(2**63), 2**63 - 1)  # what an int64_t argument holds
+_FLOAT_MAX = {"float32": float(np.finfo(np.float32).max), "float64": sys.float_info.max}
+
+
+def _shown(v):
+    """A number for a message: an integer too long to read is given by its size."""
+    if isinstance(v, numbers.Integral) and int(v).bit_length() > 64:
+        return f"an integer of {int(v).bit_length()} bits"
+    text = str(v)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
 def _int(name, v):
+    """v as a Python int that fits an int64_t. bool is not an integer here (True would pass as
+    1 silently): TypeError, as for any non-integer; ValueError beyond int64."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got bool ({v})")
     try:
-        return operator.index(v)
+        i = operator.index(v)
     except TypeError:
         raise TypeError(f"{name} must be an integer, got {type(v).__name__}") from None
+    if not _INT64[0] <= i <= _INT64[1]:
+        raise ValueError(f"{name} must fit in int64, [-2**63, 2**63 - 1], got {_shown(i)}")
+    return i
 
 
-def _float(name, v):
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+def _float(name, v, kind="float32"):
+    """v as a Python float for a C float (kind "float32") or double ("float64") argument: bool
+    and non-numbers are a TypeError, a finite number beyond the kind's range a ValueError (it
+    would reach C as inf or raise OverflowError). NaN and inf pass: the C checks say where
+    they are allowed."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
-    return float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an int (or Fraction) beyond float64
+        f = math.inf
+    given_inf = isinstance(v, (float, np.floating)) and bool(np.isinf(v))
+    if math.isnan(f) or given_inf:
+        return f
+    if not abs(f) <= _FLOAT_MAX[kind]:  # f is inf here for a number beyond float64
+        raise ValueError(f"{name} must fit in {kind} (|{name}| <= {_FLOAT_MAX[kind]:.7g}), "
+                         f"got {_shown(v)}")
+    return f
+
+
+def _bool(name, v):
+    """A bool (or numpy.bool_): None or 0 must not mean False silently."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(v).__name__}")
+    return bool(v)
 
 
 class _Args:
@@ -139,18 +185,27 @@ class _Args:
     def grad(self, name, shape):
         """A zeroed fresh parameter gradient, or the caller's array to accumulate into."""
         if self.named[name] is None:
-            return self.xp.zeros(shape, _F32)
+            try:
+                return self.xp.zeros(shape, _F32)
+            except ValueError as e:  # NumPy: "array is too big", naming no argument
+                raise ValueError(f"{name} of shape {shape} cannot be allocated: {e}") from None
         return self.array(name, shape=shape, because="the parameter's shape", writable=True)
 
     def int(self, name):
+        """An integer that fits int64 (not a bool)."""
         return _int(name, self.named[name])
 
-    def float(self, name, default=None):
-        """A real number; `default` when the argument is None and a default is given."""
+    def float(self, name, default=None, kind="float32"):
+        """A real number that fits the C argument's type: float32, or "float64" for a double;
+        `default` when the argument is None and a default is given."""
         v = self.named[name]
         if v is None and default is not None:
             return default
-        return _float(name, v)
+        return _float(name, v, kind)
+
+    def bool(self, name):
+        """True or False (a bool or numpy.bool_; not None, not an int)."""
+        return _bool(name, self.named[name])
 
     def ids(self, name, limit, ignore=None):
         """Device index arrays are not checked by the CUDA kernels (that needs a copy to the
@@ -233,6 +288,7 @@ def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None):
     a = _Args("pytfm_linear_backward", locals())
     x, w, rows, inn, out = _linear_dims(a)
     dy = a.array("dy", shape=x.shape[:-1] + (out,), because="x.shape[:-1] + (w.shape[0],)")
+    has_bias = a.bool("has_bias")
     if db is not None and not has_bias:
         raise ValueError("db was given but has_bias is False")
     dw = a.grad("dw", w.shape)
@@ -314,7 +370,7 @@ def _rope(a, name):
             f"pos must have shape (T,) = {(T,)} or (B, T) = {(B, T)} for {name} of shape "
             f"{x.shape}, got {pos.shape}"
         )
-    base = a.float("base")
+    base = a.float("base", kind="float64")
     y = a.empty_like(x)
     a.call(y, x, pos, B, T, H, D, T if pos.ndim == 2 else 0, base)
     return y
@@ -436,7 +492,8 @@ def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
     m, v = a.array("m", writable=True, **same), a.array("v", writable=True, **same)
     a.disjoint("param", "grad", "m", "v")
     step = a.int("step")
-    hyper = [a.float(name) for name in ("lr", "beta1", "beta2", "eps", "weight_decay")]
+    hyper = [a.float(name, kind="float64")
+             for name in ("lr", "beta1", "beta2", "eps", "weight_decay")]
     a.call(param, m, v, grad, param.size, step, *hyper)
 
 
@@ -459,8 +516,9 @@ def attention_forward(q, k, v, causal=True, scale=None):
     q, k, v = _heads(a, "q", "k", "v")
     B, T, H, D = q.shape
     scale = a.float("scale", default=1.0 / math.sqrt(D))
+    causal = a.bool("causal")
     o, lse = a.empty_like(q), a.empty((B, H, T))
-    a.call(o, lse, q, k, v, B, T, H, D, scale, bool(causal))
+    a.call(o, lse, q, k, v, B, T, H, D, scale, causal)
     return o, lse
 
 
@@ -472,8 +530,9 @@ def attention_backward(dy, q, k, v, o, lse, causal=True, scale=None):
     B, T, H, D = q.shape
     lse = a.array("lse", shape=(B, H, T), because="(B, H, T) of q")
     scale = a.float("scale", default=1.0 / math.sqrt(D))
+    causal = a.bool("causal")
     dq, dk, dv = a.empty_like(q), a.empty_like(q), a.empty_like(q)
-    a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale, bool(causal))
+    a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale, causal)
     return dq, dk, dv
 
 

@@ -5,6 +5,20 @@ import math
 import numpy as np
 
 from . import ops
+from .ops import _float, _int
+
+
+def _real(name, v, ok, want):
+    """v as a float (a real number, not a bool, within float64) for which ok(v) holds, else
+    ValueError saying what `name` must be; ok must be False for NaN."""
+    f = _float(name, v, "float64")
+    if not ok(f):
+        raise ValueError(f"{name} must be {want}, got {f}")
+    return f
+
+
+def _lr(name, v):
+    return _real(name, v, lambda f: 0 <= f < math.inf, "finite and >= 0")
 
 
 class AdamW:
@@ -12,15 +26,24 @@ class AdamW:
     to matrices and embeddings (ndim >= 2) only, not to biases and LayerNorm parameters."""
 
     def __init__(self, params, grads, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+        # the kernel's own rules, checked here so that a bad value fails now, not at step 1
+        self.lr = _lr("lr", lr)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        self.betas = tuple(_real(f"betas[{i}]", b, lambda f: 0 <= f < 1, "in [0, 1)")
+                           for i, b in enumerate(betas))
+        self.eps = _real("eps", eps, lambda f: 0 < f < math.inf, "finite and > 0")
+        self.weight_decay = _real("weight_decay", weight_decay, lambda f: 0 <= f < math.inf,
+                                  "finite and >= 0")
         self.params, self.grads = params, grads
-        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.m = {k: np.zeros_like(p) for k, p in params.items()}
         self.v = {k: np.zeros_like(p) for k, p in params.items()}
         self.t = 0  # steps taken
 
     def step(self, lr=None):
+        """One step over every parameter, at lr (None: the lr given to the constructor)."""
+        lr = self.lr if lr is None else _lr("lr", lr)
         self.t += 1
-        lr = self.lr if lr is None else lr
         for name, p in self.params.items():
             wd = self.weight_decay if p.ndim >= 2 else 0.0
             ops.adamw_step(p, self.grads[name], self.m[name], self.v[name], self.t, lr,
@@ -39,7 +62,9 @@ class AdamW:
 
 def clip_grad_norm(grads, max_norm):
     """Scale all gradients in place so that their global L2 norm is at most max_norm.
-    Returns the norm before clipping (as torch.nn.utils.clip_grad_norm_)."""
+    Returns the norm before clipping (as torch.nn.utils.clip_grad_norm_). max_norm = inf
+    measures without clipping."""
+    max_norm = _real("max_norm", max_norm, lambda f: f >= 0, ">= 0 (inf: no clipping)")
     norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
     if norm > max_norm:
         scale = np.float32(max_norm / (norm + 1e-6))
@@ -49,7 +74,12 @@ def clip_grad_norm(grads, max_norm):
 
 
 def cosine_lr(step, max_lr, warmup, total, min_lr=0.0):
-    """Linear warmup over `warmup` steps, then cosine decay to min_lr at step `total`."""
+    """Linear warmup over `warmup` steps, then cosine decay to min_lr at step `total`.
+    step, warmup, total: integers >= 0 (step 0 is the first); max_lr, min_lr finite, >= 0."""
+    for name, v in (("step", step), ("warmup", warmup), ("total", total)):
+        if _int(name, v) < 0:
+            raise ValueError(f"{name} must be >= 0, got {v}")
+    max_lr, min_lr = _lr("max_lr", max_lr), _lr("min_lr", min_lr)
     if step < warmup:
         return max_lr * (step + 1) / warmup
     if step >= total:

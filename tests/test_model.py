@@ -386,7 +386,10 @@ def test_ctrl_c_saves_a_resumable_checkpoint(tmp_path, corpus):
 
 
 @needs_checkout
-def test_cuda_device_fails_clearly_until_the_backend_exists(tmp_path, corpus):
+def test_cuda_device_fails_clearly_until_the_backend_exists(tmp_path, corpus, capsys):
     tt = load_train_tiny()
-    with pytest.raises(SystemExit, match="no CUDA backend yet"):
+    with pytest.raises(SystemExit) as raised:  # a usage error, as for any flag (tests/test_cli.py)
         tt.main(tiny_args(tmp_path / "g", corpus, "--device", "cuda"))
+    assert raised.value.code == 2
+    assert "--device cuda: the model has no CUDA backend yet" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()  # checked before --out is created
