@@ -1,10 +1,15 @@
 """Checkpoints: a round trip is bitwise; the reader trusts no byte of a file (each malformed
 class below must give a CheckpointError naming the file and the field, fast, and never any other
-exception); a load into a model is all-or-nothing."""
+exception); a load into a model is all-or-nothing; a save is atomic, and the next save removes
+what a killed one left, never what a running one holds."""
 
 import json
 import os
+import re
+import signal
 import struct
+import subprocess
+import sys
 import time
 import types
 from dataclasses import asdict
@@ -84,6 +89,13 @@ def test_checkpoint_round_trip_is_bitwise(tmp_path):
         assert opt2.m[name].tobytes() == opt.m[name].tobytes()
         assert opt2.v[name].tobytes() == opt.v[name].tobytes()
     assert [f for f in os.listdir(tmp_path) if f.startswith(".tmp")] == []  # no leftovers
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~current_umask()  # an ordinary file
+
+
+def current_umask():
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def test_save_file_and_load_file_round_trip_any_layout(tmp_path):
@@ -495,6 +507,112 @@ def test_a_failed_load_leaves_the_model_and_optimizer_alone(saved, tmp_path, mon
 
 def temporaries(folder):
     return sorted(f for f in os.listdir(folder) if f.startswith(".tmp-"))
+
+
+HOLD = """
+import sys
+from pytfm import checkpoint
+fd, tmp = checkpoint._create_temporary(sys.argv[1])  # as a running save holds it
+print(tmp, flush=True)
+sys.stdin.read()
+"""
+
+
+def python(script, *args, **kw):
+    """Run script in a new Python that imports this pytfm (in place or installed), from a
+    folder where no other pytfm shadows it."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(checkpoint.__file__)))
+    env = dict(os.environ, PYTHONPATH=package + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, "-c", script, *args], env=env, cwd="/", text=True,
+                            **kw)
+
+
+def test_the_next_save_removes_stale_temporaries_but_not_a_running_saves(tmp_path):
+    path = str(tmp_path / "ck.safetensors")
+    model, _ = small()
+    stale = tmp_path / ".tmp-ck.safetensors.0badf00d"  # a killed save's: nobody holds it
+    stale.write_bytes(b"half a checkpoint")
+    others = [".tmp-other.safetensors.0badf00d", ".tmp-ck.safetensors.notmine", "ck.tmp-12"]
+    for name in others:  # other checkpoints', or not pytfm's at all
+        (tmp_path / name).write_bytes(b"x")
+    holder = python(HOLD, path, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        running = holder.stdout.readline().strip()
+        assert os.path.basename(running).startswith(".tmp-ck.safetensors.")
+        checkpoint.save(path, model)
+        assert not stale.exists() and os.path.exists(running)
+        assert all((tmp_path / name).exists() for name in others)
+    finally:
+        holder.communicate("")  # it exits, its lock goes: now it is a killed save's leftover
+    checkpoint.save(path, model)
+    assert not os.path.exists(running) and temporaries(tmp_path) == sorted(others[:2])
+
+
+def test_a_long_name_gets_a_short_temporary(tmp_path):
+    path = str(tmp_path / ("é" * 120 + ".safetensors"))  # 252 bytes: the longest is 255
+    model, _ = small()
+    checkpoint.save(path, model)
+    assert checkpoint.load(path)[0].cfg == model.cfg
+    fd, tmp = checkpoint._create_temporary(path)
+    os.close(fd)
+    assert len(os.fsencode(os.path.basename(tmp))) < 255
+    checkpoint.save(path, model)
+    assert not os.path.exists(tmp)
+
+
+SAVER = """
+import sys
+import numpy as np
+from pytfm import checkpoint
+x = np.zeros(1 << 22, np.float32)  # 16 MB: a save lasts long enough to be killed midway
+for step in range(1, 10**9):
+    x[:] = step
+    checkpoint.save_file(sys.argv[1], {"x": x}, {"step": str(step)})
+    print(step, flush=True)
+"""
+
+
+def test_a_save_killed_midway_leaves_the_old_checkpoint_whole(tmp_path):
+    path = str(tmp_path / "ck.safetensors")
+    for _ in range(10):  # until the kill lands while a temporary exists
+        saver = python(SAVER, path, stdout=subprocess.PIPE)
+        saver.stdout.readline()  # one save done: there is an old checkpoint
+        deadline = time.monotonic() + 10
+        while not temporaries(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+        saver.stdout.close()
+        if temporaries(tmp_path):
+            break
+    else:
+        pytest.fail("never caught a save midway")
+    tensors, meta = checkpoint.load_file(path)  # the previous save, whole
+    assert int(meta["step"]) >= 1 and (tensors["x"] == int(meta["step"])).all()
+    assert len(temporaries(tmp_path)) == 1
+    checkpoint.save_file(path, {"x": np.ones(1, np.float32)}, {"step": "0"})
+    assert temporaries(tmp_path) == []
+
+
+def test_a_save_into_a_missing_or_unwritable_folder_names_the_path(tmp_path):
+    model, _ = small()
+
+    def refused(path, error):
+        with pytest.raises(error, match=f"cannot save checkpoint {re.escape(str(path))}: "):
+            checkpoint.save(str(path), model)
+
+    refused(tmp_path / "nope" / "m.safetensors", FileNotFoundError)
+    (tmp_path / "file").write_text("")
+    refused(tmp_path / "file" / "m.safetensors", NotADirectoryError)
+    (tmp_path / "folder").mkdir()
+    refused(tmp_path / "folder", IsADirectoryError)
+    assert temporaries(tmp_path) == []
+    if os.geteuid() == 0:
+        return  # root writes into read-only folders
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    refused(read_only / "m.safetensors", PermissionError)
 
 
 def test_save_refuses_what_load_would_refuse(tmp_path):
