@@ -1,8 +1,10 @@
 """Checkpoints: a round trip is bitwise; the reader trusts no byte of a file (each malformed
 class below must give a CheckpointError naming the file and the field, fast, and never any other
 exception); a load into a model is all-or-nothing; a save is atomic, and the next save removes
-what a killed one left, never what a running one holds."""
+what a killed one left, never what a running one holds. A hypothesis test mutates real
+checkpoints; dev/fuzz_checkpoint.py does the same for as long as it is given."""
 
+import functools
 import json
 import os
 import re
@@ -10,12 +12,15 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from dataclasses import asdict
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytfm import checkpoint
 from pytfm.checkpoint import CheckpointError
@@ -629,3 +634,99 @@ def test_save_refuses_what_load_would_refuse(tmp_path):
     with pytest.raises(ValueError, match="cannot store a tensor named"):
         checkpoint.save_file(path, {"\ud800": np.zeros(1, np.float32)}, {})
     assert not os.path.exists(path) and temporaries(tmp_path) == []
+
+
+# ---- fuzzing --------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def seeds():
+    """Real checkpoints to mutate: with and without optimizer state, both position kinds. (Not
+    a fixture: hypothesis would print it with every falsifying example.)"""
+    blobs = []
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "seed.safetensors")
+        for pos, tie, with_opt in [("rope", True, True), ("sinusoidal", False, False)]:
+            model, opt = small(pos, tie)
+            checkpoint.save(path, model, step=5, optimizer=opt if with_opt else None,
+                            extra={"a": [1]})
+            blobs.append(open(path, "rb").read())
+    return tuple(blobs)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=8)
+    | st.sampled_from([0, 1, -1, 4, 8, 2**31, 2**63, 2**64, -(2**63), 10**30]) | st.integers(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=6)
+
+
+def edit_header(draw, blob):
+    """Replace, delete or rename one value somewhere in the header (or in its config), keeping
+    the length field right most of the time. Every choice is a small draw, so a falsifying
+    example reads as the edit, not as kilobytes."""
+    header, body = unpack(blob)
+    parent = header
+    while True:  # walk down to a random container
+        keys = list(parent) if isinstance(parent, dict) else list(range(len(parent)))
+        if not keys:
+            break
+        key = draw(st.sampled_from(keys))
+        if key == "config" and draw(st.booleans()):
+            config = json.loads(parent[key])
+            config[draw(st.sampled_from(sorted(config)))] = draw(JSON)
+            parent[key] = json.dumps(config)
+            break
+        if not isinstance(parent[key], (dict, list)) or draw(st.booleans()):
+            action = draw(st.sampled_from(["replace", "delete", "rename"]))
+            if action == "replace" or isinstance(parent, list):
+                parent[key] = draw(JSON)
+            elif action == "delete":
+                del parent[key]
+            else:
+                name = draw(st.sampled_from(["__metadata__", "", "optim.t", *parent]))
+                parent[name] = parent.pop(key)
+            break
+        parent = parent[key]
+    head = json.dumps(header).encode()
+    return pack(head, body, length=len(head) + draw(st.sampled_from([0, 0, 0, 1, -1, 8])))
+
+
+def mutate(draw):
+    """A real checkpoint with bits flipped, cut short, spliced or its header edited."""
+    blob = seeds()[draw(st.integers(0, len(seeds()) - 1))]
+    kind = draw(st.sampled_from(["flip", "truncate", "splice", "header"]))
+    if kind == "header":
+        return edit_header(draw, blob)
+    data = bytearray(blob)
+    if kind == "flip":
+        for pos in draw(st.lists(st.integers(0, len(data) - 1), min_size=1, max_size=8)):
+            data[pos] ^= 1 << draw(st.integers(0, 7))
+    elif kind == "truncate":
+        del data[draw(st.integers(0, len(data) - 1)):]
+    else:
+        a = draw(st.integers(0, len(data)))
+        b = draw(st.integers(a, min(len(data), a + 64)))
+        data[a:b] = draw(st.binary(max_size=16) | st.integers(0, len(data)).map(
+            lambda i: bytes(data[i:i + 32])))
+    return bytes(data)
+
+
+@settings(max_examples=8 * settings().max_examples)  # cheap: 200 in the quick profile
+@given(data=st.data())
+def test_fuzzed_checkpoints_load_or_raise_checkpoint_error(tmp_path_factory, data):
+    path = str(tmp_path_factory.getbasetemp() / "fuzzed.safetensors")
+    with open(path, "wb") as f:
+        f.write(mutate(data.draw))
+    for load in (checkpoint.load_file, checkpoint.load):
+        try:
+            load(path)
+        except CheckpointError:
+            pass
+    model, opt = small()  # the first seed's config
+    before = snapshot(model, opt)
+    try:
+        checkpoint.load(path, model, opt)
+    except CheckpointError:
+        assert snapshot(model, opt) == before
