@@ -19,6 +19,7 @@ import json
 import os
 import random
 import re
+import signal
 import struct
 import sys
 import tempfile
@@ -262,16 +263,33 @@ def same(model, opt, saved):
     return opt.t == t and all(a.tobytes() == b.tobytes() for a, b in zip(arrays, [*params, *m, *v]))
 
 
+class Hang(Exception):
+    pass
+
+
+def _hang(signum, frame):
+    raise Hang
+
+
 def outcome(slow, load, *args):
-    """-> ('success' | 'CheckpointError' | 'bug: ...', message) of load(*args)."""
+    """-> ('success' | 'CheckpointError' | 'bug: ...', message) of load(*args). A load still
+    running after 10 x slow seconds is stopped (SIGALRM), so that one hang cannot stall the
+    run; one slower than slow is a bug as well."""
     start = time.perf_counter()
+    previous = signal.signal(signal.SIGALRM, _hang)
+    signal.setitimer(signal.ITIMER_REAL, 10 * slow)
     try:
         load(*args)
         result = "success", ""
     except checkpoint.CheckpointError as e:
         result = "CheckpointError", str(e)
+    except Hang:
+        return "bug: hang", f"stopped after {10 * slow:g} s"
     except Exception as e:
         return f"bug: {type(e).__name__}", traceback.format_exc()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
     if time.perf_counter() - start > slow:
         return "bug: slow", f"took {time.perf_counter() - start:.2f} s"
     return result
@@ -295,37 +313,24 @@ def main(argv=None):
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     counts = {name: Counter() for name in ("load_file", "load", "load into a model")}
-    errors, bugs, tried = Counter(), 0, 0
+    errors, bugs, tried, start = Counter(), 0, 0, time.monotonic()
     with tempfile.TemporaryDirectory() as folder:
         corpus = seeds(folder)
         path = os.path.join(folder, "mutated.safetensors")
-        deadline = time.monotonic() + args.seconds
-        while time.monotonic() < deadline:
-            blob, model, opt = rng.choice(corpus)
-            edits = []
-            for _ in range(rng.choice([1, 1, 1, 2, 3])):
-                blob, what = rng.choice(EDITS)(rng, blob)
-                edits.append(what)
-            with open(path, "wb") as f:
-                f.write(blob)
-            tried += 1
-            results = {"load_file": outcome(args.slow, checkpoint.load_file, path),
-                       "load": outcome(args.slow, checkpoint.load, path)}
-            if model is not None:
-                saved = state(model, opt)
-                results["load into a model"] = outcome(args.slow, checkpoint.load, path, model,
-                                                       opt)
-                if results["load into a model"][0] != "success" and not same(model, opt, saved):
-                    results["load into a model"] = ("bug: a failed load changed the model", "")
-                restore(model, opt, saved)
-            for name, (result, message) in results.items():
-                counts[name][result] += 1
-                if result == "CheckpointError":
-                    errors[kind(message, path)] += 1
-                elif result.startswith("bug"):
-                    bugs += 1
-                    save_bug(args.out, bugs, blob, name, result, message, edits)
-    print(f"{tried} mutations in {args.seconds:g} s (seed {args.seed})")
+        try:
+            while time.monotonic() < start + args.seconds:
+                blob, edits, results = try_one(rng, corpus, path, args.slow)
+                tried += 1
+                for name, (result, message) in results.items():
+                    counts[name][result] += 1
+                    if result == "CheckpointError":
+                        errors[kind(message, path)] += 1
+                    elif result.startswith("bug"):
+                        bugs += 1
+                        save_bug(args.out, bugs, blob, name, result, message, edits)
+        except KeyboardInterrupt:
+            print("interrupted")
+    print(f"{tried} mutations in {time.monotonic() - start:.0f} s (seed {args.seed})")
     for name, c in counts.items():
         print(f"  {name:18s} " + ", ".join(f"{k}: {v}" for k, v in sorted(c.items())))
     print(f"bugs: {bugs}" + (f" (files in {args.out})" if bugs else ""))
@@ -333,6 +338,26 @@ def main(argv=None):
     for text, n in errors.most_common(15):
         print(f"  {n:7d}  {text}")
     return 1 if bugs else 0
+
+
+def try_one(rng, corpus, path, slow):
+    """Mutate a seed, write it to path, load it every way. -> (blob, edits, {loader: outcome})"""
+    blob, model, opt = rng.choice(corpus)
+    edits = []
+    for _ in range(rng.choice([1, 1, 1, 2, 3])):
+        blob, what = rng.choice(EDITS)(rng, blob)
+        edits.append(what)
+    with open(path, "wb") as f:
+        f.write(blob)
+    results = {"load_file": outcome(slow, checkpoint.load_file, path),
+               "load": outcome(slow, checkpoint.load, path)}
+    if model is not None:
+        saved = state(model, opt)
+        results["load into a model"] = outcome(slow, checkpoint.load, path, model, opt)
+        if results["load into a model"][0] != "success" and not same(model, opt, saved):
+            results["load into a model"] = ("bug: a failed load changed the model", "")
+        restore(model, opt, saved)
+    return blob, edits, results
 
 
 def save_bug(out, n, blob, loader, result, message, edits):
