@@ -11,11 +11,12 @@ Reading checks the whole header against the format before it reads any tensor da
 (at most the file, at most MAX_HEADER), strict JSON (no duplicate keys, no NaN), each entry's
 dtype, shape and data_offsets, and offsets that tile the data exactly, as the reference
 implementation requires. load() then checks the pytfm layer (format, config, step, extra,
-optim.t) and that the tensors are exactly the parameters the config implies, names, shapes and
-dtypes, before it builds or touches a model; only then does it read the data, and only after
-that does it copy into a given model and optimizer: a load that fails leaves them as they were.
-Whatever the bytes, load_file and load raise nothing but CheckpointError (naming the file and
-the tensor or field), or OSError from the file system.
+optim.t), that the tensors are exactly the parameters the config implies, names, shapes and
+dtypes, and that the sinusoidal table GPT(cfg) would allocate (it is not stored) is not out of
+all proportion to them, before it builds or touches a model. Only then does it read the data,
+and only after that does it copy into a given model and optimizer: a load that fails leaves
+them as they were. Whatever the bytes, load_file and load raise nothing but CheckpointError
+(naming the file and the tensor or field), or OSError from the file system.
 
 Writing goes to a temporary file next to the checkpoint, .tmp-<name>.<8 hex digits>, which the
 writer holds locked (flock) while it writes, fsyncs and renames it over the checkpoint; then the
@@ -47,7 +48,7 @@ _NAMES = {v: k for k, v in _DTYPES.items()}
 MAX_HEADER = 100_000_000  # bytes: the reference implementation's limit
 _MAX_NDIM = 32  # NumPy 1.x's limit (2.x allows 64)
 _MAX_INT = 2**63 - 1  # step and optim.t reach the kernels as int64_t
-_MAX_TABLE = 2**24  # floats of sinusoidal positions a checkpoint may need beyond its parameters
+_MAX_TABLE = 2**24  # floats of sinusoidal table allowed beyond the stored parameters' count
 
 
 class CheckpointError(ValueError):
