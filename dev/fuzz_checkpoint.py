@@ -141,8 +141,8 @@ def edit_json(rng, blob):
 def edit_offsets(rng, blob):
     """Make two tensors' data_offsets clash: share, swap, overlap, leave a gap."""
     parts = split(blob)
-    tensors = [k for k, v in parts[0].items() if isinstance(v, dict) and "data_offsets" in v
-               and k != "__metadata__"] if parts else []
+    tensors = [k for k, v in parts[0].items() if k != "__metadata__" and isinstance(v, dict)
+               and isinstance(v.get("data_offsets"), list)] if parts else []
     if len(tensors) < 2:
         return edit_json(rng, blob)
     header, data = parts
@@ -177,9 +177,11 @@ def edit_config(rng, blob):
         return join(header, data), f"{key} = {value[:20]!r}"
     try:
         config = json.loads(meta["config"])
-        field = rng.choice(sorted(config))
-    except (ValueError, TypeError, IndexError):
+    except (ValueError, RecursionError):
         return edit_json(rng, blob)
+    if not isinstance(config, dict) or not config:
+        return edit_json(rng, blob)
+    field = rng.choice(sorted(config))
     config[field] = value = json_value(rng)
     meta["config"] = json.dumps(config)
     return join(header, data), f"config {field} = {value!r}"
