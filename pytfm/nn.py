@@ -36,12 +36,26 @@ class GPTConfig:
     seed: int = 0  # initialisation
 
     def __post_init__(self):
-        for name in ("vocab", "d_model", "n_layer", "n_head", "max_seq"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                value = getattr(self, name)
-                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
+        """Check every field, so that a bad value fails here, naming the field, and not later
+        inside a kernel: TypeError for a wrong type (a bool is not an int), ValueError for a
+        wrong value."""
+        for name in ("vocab", "d_model", "n_layer", "n_head", "max_seq", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"GPTConfig.{name} must be an int, got {value!r}")
+            if name == "seed":
+                if value < 0:  # what np.random.default_rng accepts
+                    raise ValueError(f"GPTConfig.seed must be a non-negative int, got {value}")
+            elif not 1 <= value < 2**63:  # the kernels take sizes as int64_t
+                raise ValueError(f"GPTConfig.{name} must be a positive int (below 2**63), "
+                                 f"got {value}")
+        if not isinstance(self.pos, str):
+            raise TypeError(f"GPTConfig.pos must be a str, got {self.pos!r}")
         if self.pos not in POSITIONS:
             raise ValueError(f"GPTConfig.pos must be one of {POSITIONS}, got {self.pos!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise TypeError(
+                f"GPTConfig.tie_embeddings must be a bool, got {self.tie_embeddings!r}")
         if self.d_model % self.n_head:
             raise ValueError(
                 f"d_model ({self.d_model}) must be a multiple of n_head ({self.n_head})")
@@ -49,6 +63,25 @@ class GPTConfig:
             raise ValueError(f"rope needs an even head dim, got {self.d_model // self.n_head}")
         if self.pos == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+
+
+def param_shapes(cfg):
+    """(name, shape) of each parameter GPT(cfg) creates, in the same order, computed without
+    allocating anything. A generator: a caller comparing against a file stops at the first
+    mismatch, so a config claiming a million layers costs nothing."""
+    C = cfg.d_model
+    yield "transformer.wte.weight", (cfg.vocab, C)
+    for i in range(cfg.n_layer):
+        h = f"transformer.h.{i}"
+        for layer, shape in ((f"{h}.ln_1", (C,)), (f"{h}.attn.c_attn", (3 * C, C)),
+                             (f"{h}.attn.c_proj", (C, C)), (f"{h}.ln_2", (C,)),
+                             (f"{h}.mlp.c_fc", (4 * C, C)), (f"{h}.mlp.c_proj", (C, 4 * C))):
+            yield f"{layer}.weight", shape  # a Linear's weight is [out, in]
+            yield f"{layer}.bias", shape[:1]
+    yield "transformer.ln_f.weight", (C,)
+    yield "transformer.ln_f.bias", (C,)
+    if not cfg.tie_embeddings:
+        yield "lm_head.weight", (cfg.vocab, C)
 
 
 class Parameters:

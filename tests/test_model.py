@@ -1,13 +1,11 @@
-"""The GPT: hand-written gradients, the PyTorch twin, learning, generation, checkpoints and the
-train_tiny script."""
+"""The GPT: hand-written gradients, the PyTorch twin, learning, generation and the train_tiny
+script (its resume and Ctrl-C paths; the checkpoint format itself is tests/test_checkpoint.py's)."""
 
 import importlib.util
-import json
 import os
 import signal
 import subprocess
 import sys
-from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -259,52 +257,6 @@ def test_greedy_generation_through_the_kv_cache_equals_full_recomputation(pos):
     # sampling is seeded
     a, b = (generate(model, prompt, 10, temperature=1.0, top_k=5, seed=7) for _ in range(2))
     np.testing.assert_array_equal(a, b)
-
-
-def test_checkpoint_round_trip_is_bitwise(tmp_path):
-    model = tiny("sinusoidal", tie=False)
-    opt = AdamW(model.params, model.grads)
-    x, y = batch(np.random.default_rng(0))
-    model.forward(x, y)
-    model.backward()
-    opt.step()
-    path = str(tmp_path / "m.safetensors")
-    checkpoint.save(path, model, step=7, optimizer=opt, extra={"note": "hi"})
-    model2, step, extra = checkpoint.load(path)
-    assert step == 7 and extra == {"note": "hi"} and model2.cfg == model.cfg
-    for name, p in model.params.items():
-        assert p.tobytes() == model2.params[name].tobytes(), name
-    opt2 = AdamW(model2.params, model2.grads)
-    checkpoint.load(path, model2, opt2)
-    assert opt2.t == 1
-    for name in model.params:
-        assert opt2.m[name].tobytes() == opt.m[name].tobytes()
-        assert opt2.v[name].tobytes() == opt.v[name].tobytes()
-    assert [f for f in os.listdir(tmp_path) if f.startswith(".tmp")] == []  # no leftovers
-
-
-def test_bad_checkpoints_raise_clear_errors(tmp_path):
-    model = tiny()
-    path = str(tmp_path / "m.safetensors")
-    checkpoint.save(path, model)
-    blob = open(path, "rb").read()
-    cut = str(tmp_path / "cut.safetensors")
-    open(cut, "wb").write(blob[: len(blob) - 100])
-    with pytest.raises(checkpoint.CheckpointError, match="truncated"):
-        checkpoint.load(cut)
-    open(cut, "wb").write(blob[:5])
-    with pytest.raises(checkpoint.CheckpointError, match="too short"):
-        checkpoint.load(cut)
-    other = tiny(d_model=32)
-    with pytest.raises(checkpoint.CheckpointError, match="saved for config"):
-        checkpoint.load(path, other)
-    meta = {"format": "pytfm", "config": json.dumps(asdict(model.cfg)), "step": "0"}
-    checkpoint.save_file(cut, {"transformer.wte.weight": np.zeros((3, 3), np.float32)}, meta)
-    wrong = r"transformer.wte.weight is float32\[3, 3\]"
-    with pytest.raises(checkpoint.CheckpointError, match=wrong):
-        checkpoint.load(cut)
-    with pytest.raises(checkpoint.CheckpointError, match="no optimizer state"):
-        checkpoint.load(path, tiny(), AdamW(model.params, model.grads))
 
 
 # ---- examples/train_tiny.py -----------------------------------------------------------------
