@@ -42,11 +42,10 @@ def load(p, path):
         p.error(f"checkpoint: {path} is a folder{hint}")
     try:
         model, _, _ = checkpoint.load(path)
-    except checkpoint.CheckpointError as e:
+    except checkpoint.CheckpointError as e:  # all a malformed file can raise
         p.error(f"checkpoint: {e}")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        p.error(f"checkpoint: {path} is not a readable pytfm checkpoint "
-                f"({type(e).__name__}: {e})")
+    except OSError as e:
+        p.error(f"checkpoint: cannot read {path}: {e.strerror or e}")
     return model
 
 

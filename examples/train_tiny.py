@@ -32,7 +32,6 @@ from pytfm.generate import generate
 from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
 
-
 SEED_MAX = 2**32 - 1  # as numpy.random.seed and most twins take
 INT_MAX = 2**63 - 1  # the schedule's step counts are int64 in pytfm
 MINIMUM = {"steps": 1, "batch": 1, "d_model": 1, "n_layer": 1, "n_head": 1,
@@ -203,10 +202,10 @@ def load_checkpoint(p, path, model=None, opt=None):
         if not isinstance(extra, dict):
             raise checkpoint.CheckpointError(f"{path}: its extra metadata is not a dict")
         return model, step, extra
-    except checkpoint.CheckpointError as e:
+    except checkpoint.CheckpointError as e:  # all a malformed file can raise
         p.error(f"--resume: {e}")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        p.error(f"--resume: {path} is not a readable pytfm checkpoint ({type(e).__name__}: {e})")
+    except OSError as e:
+        p.error(f"--resume: cannot read {path}: {e.strerror or e}")
 
 
 def check_resume(p, args, ckpt):

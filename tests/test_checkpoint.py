@@ -27,6 +27,7 @@ from pytfm.checkpoint import CheckpointError
 from pytfm.nn import GPT, GPTConfig, param_shapes
 from pytfm.optim import AdamW
 
+
 def small(pos="rope", tie=True, seed=0, **kw):
     """A one-layer GPT with random (not initial) weights, and its AdamW after one step."""
     cfg = dict(vocab=8, d_model=4, n_layer=1, n_head=2, max_seq=4, pos=pos, tie_embeddings=tie,
@@ -641,7 +642,7 @@ def test_save_refuses_what_load_would_refuse(tmp_path):
 # ---- fuzzing --------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def seeds():
     """Real checkpoints to mutate: with and without optimizer state, both position kinds. (Not
     a fixture: hypothesis would print it with every falsifying example.)"""
