@@ -53,6 +53,47 @@ pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)
 #define PYTFM_CHECK_FINITE_IN(func, v)                                                         \
     PYTFM_CHECK(isfinite(v), "%s: %s must be finite, got %g", func, #v, (double)(v))
 
+/* ---- sizes and overlaps ------------------------------------------------------------------
+ * Every product of sizes and sum of offsets in the argument checks (checks.h) goes through
+ * pytfm__mul_within and pytfm__add_within, so that a size whose arithmetic would wrap is
+ * rejected instead of wrapping; once an array's element count has passed them, every index
+ * into it, and every product of its sizes a kernel forms, fits in an int64_t. */
+
+/* The most elements of elem_bytes bytes each one array may have: its byte count must fit in
+ * a ptrdiff_t (for float32, 2^61 − 1 on a 64-bit machine). */
+static inline int64_t pytfm__max_elems(size_t elem_bytes) {
+    return (int64_t)(PTRDIFF_MAX / (ptrdiff_t)elem_bytes);
+}
+
+/* *out = a·b for a, b >= 0, and 1; or 0, *out untouched, when a·b would exceed limit */
+static inline int pytfm__mul_within(int64_t a, int64_t b, int64_t limit, int64_t *out) {
+    if (a != 0 && b > limit / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* *out = a + b for a, b >= 0, and 1; or 0, *out untouched, when a + b would exceed limit */
+static inline int pytfm__add_within(int64_t a, int64_t b, int64_t limit, int64_t *out) {
+    if (b > limit - a) return 0;
+    *out = a + b;
+    return 1;
+}
+
+/* One buffer of a call, for the overlap check (pytfm__check_disjoint, checks.h): its public
+ * name, address and size in bytes (0, or a NULL p: it holds nothing and overlaps nothing). */
+typedef struct pytfm__span {
+    const char *name;
+    const void *p;
+    int64_t bytes;
+} pytfm__span;
+
+/* 1 when a and b share at least one byte */
+static inline int pytfm__overlap(pytfm__span a, pytfm__span b) {
+    if (!a.p || !b.p || a.bytes == 0 || b.bytes == 0) return 0;
+    const uintptr_t a0 = (uintptr_t)a.p, b0 = (uintptr_t)b.p;
+    return a0 < b0 + (uint64_t)b.bytes && b0 < a0 + (uint64_t)a.bytes;
+}
+
 /* Check that every index in ids[0..count) is in [0, limit), allowing `ignore` when
  * allow_ignore. Returns PYTFM_STATUS_OUT_OF_RANGE naming the first bad one. */
 pytfm_status pytfm__check_indices(const char *func, const char *name, const int64_t *ids,

@@ -17,8 +17,17 @@
  *     (arguments, including index arrays, are validated before the first write), and
  *     pytfm_last_error() describes the failure in this thread.
  *   - Sizes must be >= 0; a size that makes the op meaningless (0 features, 0 classes) is an
- *     error, a zero row count is a no-op. Pointers may be NULL only where a comment says so,
- *     or where the buffer they point to has zero elements.
+ *     error, a zero row count is a no-op. Sizes whose array would not fit in memory (its byte
+ *     count, a product of sizes, past PTRDIFF_MAX; a cache position start + n_new past
+ *     INT64_MAX) are PYTFM_STATUS_INVALID_ARGUMENT, found before any pointer is read, so no
+ *     size product ever wraps. Pointers may be NULL only where a comment says so, or where the
+ *     buffer they point to has zero elements.
+ *   - No output shares memory with another argument: every buffer a function writes or
+ *     accumulates into (gradients of parameters included) must not overlap, by address range,
+ *     any other buffer of the call, else PYTFM_STATUS_INVALID_ARGUMENT ("<function>: dw and x
+ *     must not share memory"). The only exceptions are exact in-place forms, where an output is
+ *     the very same buffer as an input, allowed where a comment says "may equal": GELU's y == x
+ *     and dx == dy, RoPE's y == x and dx == dy. Inputs may overlap each other.
  *   - No function ends the process: failures are statuses, never a call to end the program.
  *   - Process-wide settings: two, the thread count (pytfm_set_num_threads) and the
  *     instruction-set cap (pytfm_set_max_isa). Both change speed; the cap also changes the last
@@ -415,7 +424,8 @@ PYTFM_API pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv,
 
 /* Write n_new new keys and values into a KV cache at positions [start, start + n_new).
  *   k_cache, v_cache [B, Tmax, H, D] updated; k, v [B, n_new, H, D]
- *   start >= 0 and start + n_new <= Tmax (else PYTFM_STATUS_INVALID_ARGUMENT: cache overflow)
+ *   start >= 0 and start + n_new <= Tmax (else PYTFM_STATUS_INVALID_ARGUMENT: cache overflow,
+ *   also when start + n_new would pass INT64_MAX)
  */
 PYTFM_API pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache,
                                                     const float *k, const float *v, int64_t B,
