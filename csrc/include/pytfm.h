@@ -107,15 +107,19 @@ PYTFM_API const char *pytfm_version(void);
 
 /* Threads used by the kernels (when built with OpenMP). The default, and the value after
  * pytfm_set_num_threads(0), is OpenMP's own (OMP_NUM_THREADS, else the available cores).
+ * Whatever the source (this setting, PYTFM_NUM_THREADS in Python, OMP_NUM_THREADS), the
+ * kernels use at most 4 threads per available core (4 × omp_get_num_procs(), the cores of the
+ * process's CPU affinity, counted once): a larger value is accepted and clamped to that.
  * One of the library's two process-wide settings (with the instruction-set cap below), like
  * a BLAS's thread setting: it changes speed only, never results, which are the same bits at
- * any thread count. A call that needs per-thread scratch reads it once, so a change from
- * another thread meanwhile is safe.
+ * any thread count. Each parallel region reads it once, and so does a call that sizes
+ * per-thread scratch for all of its regions: a change from another thread meanwhile is safe
+ * (it takes effect from the next call).
  * threads must be >= 0. Without OpenMP the setting is accepted and the kernels run on one
  * thread. */
 PYTFM_API pytfm_status pytfm_set_num_threads(int32_t threads);
 
-/* The number of threads the next kernel will use (1 without OpenMP). */
+/* The number of threads the next kernel will use, after the clamp above (1 without OpenMP). */
 PYTFM_API int32_t pytfm_get_num_threads(void);
 
 /* CPU features, as a bit mask in pytfm_build_info.cpu_features (detected at run time). */
