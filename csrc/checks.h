@@ -273,8 +273,9 @@ static inline pytfm_status pytfm__check_rope(const char *func, const float *out,
     PYTFM_CHECK(out != NULL || n == 0, "%s: output must not be NULL", func);
     PYTFM_CHECK(in != NULL || n == 0, "%s: input must not be NULL", func);
     PYTFM_CHECK(pos != NULL || n_pos == 0, "%s: pos must not be NULL", func);
-    PYTFM_CHECK_DISJOINT(func, 1, 0, 1, PYTFM_SPAN(out, n, float), PYTFM_SPAN(in, n, float),
-                         PYTFM_SPAN(pos, n_pos, int64_t));
+    const pytfm__span output = {"output", out, n * (int64_t)sizeof(float)};
+    const pytfm__span input = {"input", in, n * (int64_t)sizeof(float)};
+    PYTFM_CHECK_DISJOINT(func, 1, 0, 1, output, input, PYTFM_SPAN(pos, n_pos, int64_t));
     return PYTFM_STATUS_OK;
 }
 
