@@ -5,6 +5,7 @@
 #ifndef PYTFM_INTERNAL_H
 #define PYTFM_INTERNAL_H
 
+#include <float.h>
 #include <math.h>
 
 #include "pytfm.h"
@@ -17,6 +18,18 @@
  * (cuda/gelu.cu) kernels. */
 #define PYTFM_GELU_K 0.7978845608028654f /* sqrt(2/π) */
 #define PYTFM_GELU_A 0.044715f
+/* The backward's v used in the term 2 v s (1 − s) · k (1 + 3 a v²), s = ½ (1 + tanh u): past
+ * |v| = 16, e^(∓2u) is 0 or +inf in float, s is exactly 0 or 1 and the term is 0, so v is
+ * clamped to ±16 there and v·v cannot overflow into 0·inf = NaN for any finite v; ±inf is
+ * left as it is (NaN, as in the reference). */
+#define PYTFM_GELU_TERM_V(v)                                                                   \
+    ((v) > 16.0f && (v) <= FLT_MAX ? 16.0f : (v) < -16.0f && (v) >= -FLT_MAX ? -16.0f : (v))
+
+/* LayerNorm's float sums are used when Σ (x − μ)² is finite and var + eps is well above
+ * float's underflow (its small squares then keep their digits); a row of huge values (1e20:
+ * squares past FLT_MAX) or, with eps = 0, of tiny spread is summed again in double (the fast
+ * kernels and the CUDA one; the plain one always sums in double). */
+#define PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps) ((ss) <= FLT_MAX && (ss) / (float)(cols) + (eps) >= 1e-30f)
 
 /* Record a formatted message as this thread's last error and return status. */
 pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)

@@ -246,7 +246,10 @@ PYTFM_API pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const 
  * test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* y = (x − mean) · rstd · w + b, rstd = 1/sqrt(var + eps), var the biased variance; accurate
  * to float32 rounding of the row's spread however far from zero the row lies (the fast and CUDA
- * kernels sum x − x[0], the plain one sums in double).
+ * kernels sum x − x[0], the plain one sums in double), and for rows of any finite values: a row
+ * whose float sums over- or underflow (values past about 1e19, whose squares pass FLT_MAX; a
+ * spread under about 1e-15 with eps = 0) is summed in double by the fast and CUDA kernels too.
+ * A row holding inf or NaN gives y and rstd NaN, as the reference does.
  *   y    [rows, cols] written
  *   mean [rows]       written, saved for the backward
  *   rstd [rows]       written, saved for the backward
@@ -263,6 +266,8 @@ PYTFM_API pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rst
  *   dy, x [rows, cols]; w [cols]; mean, rstd [rows] from the forward
  * x̂ is rebuilt from the saved float32 mean, whose rounding (eps·|mean|/2) moves it by that
  * much times rstd: rows far from zero relative to their spread lose that accuracy in dx, dw.
+ * x − mean is formed in float32: rows whose values lie more than FLT_MAX from their mean (of
+ * both signs near ±FLT_MAX) give inf and NaN here.
  * Scratch (the fast kernels, isa above PLAIN): the partial sums of dw and db over 16 fixed
  * chunks of rows, 2 · min(rows, 16) · cols floats.
  */
@@ -309,7 +314,9 @@ PYTFM_API pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int
  * pytfm/reference.py; tests in tests/: test_ops.py, test_reference.py, test_fast.py,
  * test_errors.py, test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* y = 0.5 x (1 + tanh(u)), u = sqrt(2/π) (x + 0.044715 x³), computed as x / (1 + e^(−2u))
- * (the same function, with one exp instead of a tanh)
+ * (the same function, with one exp instead of a tanh). Forward and backward are finite for
+ * every finite x, up to ±FLT_MAX; x = +inf gives y = +inf, x = −inf y = NaN (−inf · 0), and
+ * gelu'(±inf) and anything of NaN are NaN: what the reference (and PyTorch's formula) gives.
  *   y [count] written (may equal x), x [count]
  */
 PYTFM_API pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t count);
