@@ -2,7 +2,8 @@
 
 The Python tests cannot see a read one element past a buffer; ASan can. This builds
 tests/c/sanitize_kernels.c with the library sources and runs every kernel on exactly-sized heap
-buffers at awkward sizes.
+buffers at awkward sizes, and tests/c/hostile_sizes.c, which calls every entry point with sizes
+whose arithmetic would overflow (UBSan also sees a signed overflow in the checks themselves).
 """
 
 import os
@@ -23,19 +24,33 @@ def sanitizer_build(cc, src, exe):
                           capture_output=True, text=True)
 
 
-@pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the source checkout (csrc/)")
-def test_kernels_run_clean_under_asan_and_ubsan(tmp_path):
+def build_and_run(tmp_path, name):
+    """Build tests/c/<name>.c with the library under ASan and UBSan (skip where the compiler
+    cannot link their runtimes) and run it; its CompletedProcess."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     probe = tmp_path / "probe.c"
     probe.write_text("int main(void) { return 0; }\n")
     if subprocess.run([cc, "-fsanitize=address,undefined", str(probe), "-o", str(tmp_path / "p")],
                       capture_output=True).returncode:
         pytest.skip(f"{cc} cannot link sanitizer runtimes (libasan/libubsan) on this machine")
-    exe = str(tmp_path / "sanitize_kernels")
-    build = sanitizer_build(cc, os.path.join(ROOT, "tests", "c", "sanitize_kernels.c"), exe)
+    exe = str(tmp_path / name)
+    build = sanitizer_build(cc, os.path.join(ROOT, "tests", "c", name + ".c"), exe)
     assert build.returncode == 0, build.stderr
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",
                UBSAN_OPTIONS="print_stacktrace=1")
     run = subprocess.run([exe], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert "size combinations ran clean" in run.stdout
+    return run
+
+
+@pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the source checkout (csrc/)")
+def test_kernels_run_clean_under_asan_and_ubsan(tmp_path):
+    assert "size combinations ran clean" in build_and_run(tmp_path, "sanitize_kernels").stdout
+
+
+@pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the source checkout (csrc/)")
+def test_overflowing_sizes_are_rejected_clean_under_asan_and_ubsan(tmp_path):
+    """tests/c/hostile_sizes.c: every entry point with sizes whose products or offsets would
+    wrap, on one-element buffers: rejected, nothing read or written, no signed overflow."""
+    out = build_and_run(tmp_path, "hostile_sizes").stdout
+    assert "hostile calls rejected" in out and int(out.split()[0]) >= 180, out
