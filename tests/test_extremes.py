@@ -305,6 +305,11 @@ def test_partial_overlaps_are_rejected_in_c_and_nothing_is_written():
         ("pytfm_linear_backward", (b, b + 20, b + 40, b + 21, b + 50, b + 60, 2, 2, 2), "dw and dy"),
         ("pytfm_linear_backward", (ffi.NULL, b + 20, b + 23, b + 30, b + 40, b, 2, 2, 2),
          "dw and db"),
+        # the input starting first, before the output it overlaps
+        ("pytfm_linear_backward", (b, b + 21, b + 40, b + 20, b + 50, b + 60, 2, 2, 2),
+         "dw and dy"),
+        ("pytfm_adamw_step", (b + 16, b + 1, b + 32, b + 48, 16, 1, 0.1, 0.9, 0.999, 1e-8, 0.0),
+         "param and m"),
         ("pytfm_layernorm_backward", (b, b + 10, b + 16, b + 20, b + 30, b + 11, b + 40, b + 42,
                                       2, 4), "dw and w"),
         ("pytfm_embedding_backward", (b, b + 3, ip(np.zeros(2, np.int64)), 2, 2, 4),
