@@ -132,9 +132,8 @@ MUTATIONS = {
                             "if (a != 0 && b > limit / a + 1) return 0;", LIMITS),
     "cache_end_wraps": ("csrc/checks.h", "PYTFM_CHECK(pytfm__add_within(start, n_new, INT64_MAX, &end),",
                         "end = start + n_new;\n    PYTFM_CHECK(1,", LIMITS),
-    "rope_pos_extent_unchecked": ("csrc/checks.h", "PYTFM_CHECK(pytfm__mul_within(B - 1, pos_stride, limit, &n_pos) &&\n"
-                                  "                        pytfm__add_within(n_pos, T, limit, &n_pos),",
-                                  "n_pos = (B - 1) * pos_stride + T;\n        PYTFM_CHECK(1,", LIMITS),
+    "rope_pos_stride_unchecked": ("csrc/checks.h", "PYTFM_CHECK(pytfm__mul_within(B - 1, pos_stride, limit, &n_pos) &&",
+                                  "PYTFM_CHECK((n_pos = (B - 1) * pos_stride, 1) &&", LIMITS),
     # issue 16, overlaps: an accumulator not counted as an output, overlaps seen in one direction
     # only, a partial overlap let through where the exact in-place form is allowed
     "linear_dw_may_alias": ("csrc/checks.h", "PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n.x, float),",
