@@ -196,6 +196,9 @@ def run(name, workdir):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
                        cwd=tree, capture_output=True, text=True, env=env)
     failed = [line.split(" - ")[0][7:] for line in r.stdout.splitlines() if line.startswith("FAILED")]
+    errors = [line.split(" - ")[0][6:] for line in r.stdout.splitlines() if line.startswith("ERROR")]
+    if r.returncode and not failed and errors:  # a fixture broke (e.g. a -Werror build): no test ran
+        return f"ERRORED, not caught: {', '.join(errors)}"
     return f"caught by {', '.join(failed) or 'a crash'}" if r.returncode else "SURVIVED"
 
 
