@@ -28,7 +28,7 @@ FAST = ["tests/test_fast.py"]
 EMU = ["tests/test_cuda_emu.py"]  # the CUDA kernels, run on the CPU by cuda/emu
 LIMITS = ["tests/test_limits.py"]  # issue 16: overflowing sizes, in subprocesses
 EXTREMES = ["tests/test_extremes.py"]  # issue 16: float extremes and overlaps
-THREADS = ["tests/test_threads.py"]  # issue 16: the thread count
+THREADS = ["tests/test_threads.py", "tests/test_sanitizers.py"]  # issue 16: the thread count
 MUTATIONS = {
     "softmax_no_max": ("csrc/softmax.c", "yr[j] = expf(xr[j] - max);", "yr[j] = expf(xr[j]);", OPS),
     "layernorm_dx_no_rstd": ("csrc/layernorm.c", "dxr[j] = rs * (dyr[j]", "dxr[j] = (dyr[j]", OPS),
