@@ -157,6 +157,8 @@ MUTATIONS = {
                                "enum { PYTFM_THREADS_PER_CORE = 8 };", THREADS),
     "attn_workspace_count_reread": ("csrc/attention.c", "    PYTFM_PARALLEL_FOR_THREADS(threads)\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)\n        forward_head_fast",
                                     "    PYTFM_PARALLEL_FOR\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)\n        forward_head_fast", THREADS),
+    "sgemm_team_count_reread": ("csrc/sgemm.c", "#pragma omp parallel num_threads((int)threads) if (threads > 1)",
+                                "#pragma omp parallel num_threads(pytfm_get_num_threads())", THREADS),
     # issue 16, float extremes
     "fast_exp_saturates": ("csrc/vecmath.h", "const float lo = -86.98f, hi = 89.0f;",
                            "const float lo = -86.98f, hi = 88.37f;", EXTREMES),
