@@ -31,6 +31,7 @@ def workload():
     q, k, v, dy = (rng.standard_normal((B, T, H, D)).astype(np.float32) for _ in range(4))
     a = rng.standard_normal((150, 200)).astype(np.float32)
     b = rng.standard_normal((200, 96)).astype(np.float32)
+    bw = rng.standard_normal((64, 2000)).astype(np.float32)
     x = rng.standard_normal((67, 300)).astype(np.float32)
     w = rng.standard_normal(300).astype(np.float32)
     g = rng.standard_normal((67, 300)).astype(np.float32)
@@ -38,12 +39,17 @@ def workload():
     def run():
         o, lse = ops.attention_forward(q, k, v, causal=True)
         dq, dk, dv = ops.attention_backward(dy, q, k, v, o, lse, causal=True)
-        c = np.empty((150, 96), np.float32)
+        # sgemm: B packed and shared; A packed per thread (trans_a); split by columns (4 rows)
+        c, ct, cw = np.empty((150, 96), np.float32), np.empty((150, 96), np.float32), \
+            np.empty((4, 2000), np.float32)
         p = lambda arr: ffi.from_buffer("float[]", arr)  # noqa: E731
-        assert lib.pytfm_sgemm(p(c), p(a), p(b), 150, 96, 200, 0, 0, 0.0) == lib.PYTFM_STATUS_OK
+        for out, trans_a, bb, (m, n, k) in ((c, 0, b, (150, 96, 200)), (ct, 1, b, (150, 96, 200)),
+                                            (cw, 0, bw, (4, 2000, 64))):
+            st = lib.pytfm_sgemm(p(out), p(a), p(bb), m, n, k, trans_a, 0, 0.0)
+            assert st == lib.PYTFM_STATUS_OK
         _, mean, rstd = ops.layernorm_forward(x, w, w)
         dx, dw, db = ops.layernorm_backward(g, x, w, mean, rstd)
-        return [o, lse, dq, dk, dv, c, dx, dw, db]
+        return [o, lse, dq, dk, dv, c, ct, cw, dx, dw, db]
 
     return run
 
@@ -86,7 +92,7 @@ def flip_while_running():
         while time.monotonic() < end:
             got = run()
             runs += 1
-            for name, r, s in zip("o lse dq dk dv c dx dw db".split(), got, serial):
+            for name, r, s in zip("o lse dq dk dv c ct cw dx dw db".split(), got, serial):
                 assert r.tobytes() == s, f"{name} differs from the serial result on run {runs}"
     finally:
         stop.set()

@@ -16,12 +16,15 @@
 #include "pytfm.h"
 
 enum { B = 2, T = 80, H = 3, D = 32, N = B * T * H * D, M = 150, K = 200, NN = 96 };
-enum { ROWS = 67, COLS = 300 };
+enum { ROWS = 67, COLS = 300, WIDE = 2000, KW = 64 };
 
 static float q[N], k[N], v[N], dy[N], a[M * K], b[K * NN], x[ROWS * COLS], w[COLS], g[ROWS * COLS];
+static float bw[KW * WIDE];
 
 typedef struct {
-    float o[N], lse[B * H * T], dq[N], dk[N], dv[N], c[M * NN];
+    float o[N], lse[B * H * T], dq[N], dk[N], dv[N];
+    float c[M * NN], ct[M * NN], cw[4 * WIDE]; // sgemm: packed B only; A packed per thread;
+                                               // split by columns, B packed per thread
     float y[ROWS * COLS], mean[ROWS], rstd[ROWS], dx[ROWS * COLS], dw[COLS], db[COLS];
 } results;
 
@@ -49,6 +52,8 @@ static int run(results *r) {
     CHECK(pytfm_attention_backward(r->dq, r->dk, r->dv, dy, q, k, v, r->o, r->lse, B, T, H, D,
                                    0.2f, 1));
     CHECK(pytfm_sgemm(r->c, a, b, M, NN, K, 0, 0, 0.0f));
+    CHECK(pytfm_sgemm(r->ct, a, b, M, NN, K, 1, 0, 0.0f)); // a read as [K, M]
+    CHECK(pytfm_sgemm(r->cw, a, bw, 4, WIDE, KW, 0, 0, 0.0f));
     CHECK(pytfm_layernorm_forward(r->y, r->mean, r->rstd, x, w, w, ROWS, COLS, 1e-5f));
     CHECK(pytfm_layernorm_backward(r->dx, r->dw, r->db, g, x, w, r->mean, r->rstd, ROWS, COLS));
     return 0;
@@ -64,6 +69,7 @@ static void fill(float *p, size_t count, unsigned seed) {
 int main(void) {
     fill(q, N, 1), fill(k, N, 2), fill(v, N, 3), fill(dy, N, 4), fill(a, M * K, 5);
     fill(b, K * NN, 6), fill(x, ROWS * COLS, 7), fill(w, COLS, 8), fill(g, ROWS * COLS, 9);
+    fill(bw, KW * WIDE, 10);
     static results serial, got;
     pytfm_set_num_threads(1);
     if (run(&serial)) return 1;
