@@ -43,9 +43,9 @@ def workload():
         c, ct, cw = np.empty((150, 96), np.float32), np.empty((150, 96), np.float32), \
             np.empty((4, 2000), np.float32)
         p = lambda arr: ffi.from_buffer("float[]", arr)  # noqa: E731
-        for out, trans_a, bb, (m, n, k) in ((c, 0, b, (150, 96, 200)), (ct, 1, b, (150, 96, 200)),
-                                            (cw, 0, bw, (4, 2000, 64))):
-            st = lib.pytfm_sgemm(p(out), p(a), p(bb), m, n, k, trans_a, 0, 0.0)
+        for out, trans_a, bb, mnk in ((c, 0, b, (150, 96, 200)), (ct, 1, b, (150, 96, 200)),
+                                      (cw, 0, bw, (4, 2000, 64))):
+            st = lib.pytfm_sgemm(p(out), p(a), p(bb), *mnk, trans_a, 0, 0.0)
             assert st == lib.PYTFM_STATUS_OK
         _, mean, rstd = ops.layernorm_forward(x, w, w)
         dx, dw, db = ops.layernorm_backward(g, x, w, mean, rstd)
