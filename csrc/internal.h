@@ -29,7 +29,8 @@
  * float's underflow (its small squares then keep their digits); a row of huge values (1e20:
  * squares past FLT_MAX) or, with eps = 0, of tiny spread is summed again in double (the fast
  * kernels and the CUDA one; the plain one always sums in double). */
-#define PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps) ((ss) <= FLT_MAX && (ss) / (float)(cols) + (eps) >= 1e-30f)
+#define PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps)                                                  \
+    ((ss) <= FLT_MAX && (ss) / (float)(cols) + (eps) >= 1e-30f)
 
 /* Record a formatted message as this thread's last error and return status. */
 pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)

@@ -302,7 +302,8 @@ def test_partial_overlaps_are_rejected_in_c_and_nothing_is_written():
     keep = buf.copy()
     b = fp(buf)
     cases = [  # name, args, the pair the message must name
-        ("pytfm_linear_backward", (b, b + 20, b + 40, b + 21, b + 50, b + 60, 2, 2, 2), "dw and dy"),
+        ("pytfm_linear_backward", (b, b + 20, b + 40, b + 21, b + 50, b + 60, 2, 2, 2),
+         "dw and dy"),
         ("pytfm_linear_backward", (ffi.NULL, b + 20, b + 23, b + 30, b + 40, b, 2, 2, 2),
          "dw and db"),
         # the input starting first, before the output it overlaps

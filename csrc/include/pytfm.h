@@ -20,14 +20,16 @@
  *     error, a zero row count is a no-op. Sizes whose array would not fit in memory (its byte
  *     count, a product of sizes, past PTRDIFF_MAX; a cache position start + n_new past
  *     INT64_MAX) are PYTFM_STATUS_INVALID_ARGUMENT, found before any pointer is read, so no
- *     size product ever wraps. Pointers may be NULL only where a comment says so, or where the
- *     buffer they point to has zero elements.
+ *     size product ever wraps (every function: tests/test_limits.py, tests/c/hostile_sizes.c).
+ *     Pointers may be NULL only where a comment says so, or where the buffer they point to has
+ *     zero elements.
  *   - No output shares memory with another argument: every buffer a function writes or
  *     accumulates into (gradients of parameters included) must not overlap, by address range,
  *     any other buffer of the call, else PYTFM_STATUS_INVALID_ARGUMENT ("<function>: dw and x
  *     must not share memory"). The only exceptions are exact in-place forms, where an output is
  *     the very same buffer as an input, allowed where a comment says "may equal": GELU's y == x
- *     and dx == dy, RoPE's y == x and dx == dy. Inputs may overlap each other.
+ *     and dx == dy, RoPE's y == x and dx == dy. Inputs may overlap each other. (Tests:
+ *     tests/test_extremes.py, with the float extremes of GELU, LayerNorm, softmax and exp.)
  *   - No function ends the process: failures are statuses, never a call to end the program.
  *   - Process-wide settings: two, the thread count (pytfm_set_num_threads) and the
  *     instruction-set cap (pytfm_set_max_isa). Both change speed; the cap also changes the last
@@ -82,7 +84,8 @@ extern "C" {
 /* ---- Status, errors, version, build information ------------------------------------- */
 /* Lives in: csrc/status.c (statuses, errors, scratch, thread count, build info), csrc/isa.c
  * (the instruction-set cap); Python pytfm/_core.py; tests: tests/test_errors.py,
- * test_build.py, test_sgemm.py (the cap). */
+ * test_build.py, test_sgemm.py (the cap), test_threads.py and c/thread_flips.c (the thread
+ * count). */
 
 typedef enum pytfm_status {
     PYTFM_STATUS_OK = 0,

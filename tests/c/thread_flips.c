@@ -34,7 +34,8 @@ static void *flipper(void *arg) {
     (void)arg;
     const int32_t counts[] = {1, 2, 3, 0, 100000, 7, 64, 2147483647};
     while (!atomic_load(&stop))
-        for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) pytfm_set_num_threads(counts[i]);
+        for (size_t i = 0; i < sizeof counts / sizeof *counts; i++)
+            pytfm_set_num_threads(counts[i]);
     return NULL;
 }
 
