@@ -138,7 +138,8 @@ typedef struct {
     const pytfm__fast_kernels *fk;
 } fast_path;
 
-/* the scratch floats of one thread (see the top of the file) */
+/* the scratch floats of one thread (see the top of the file); D·Tk and D·T are at most the
+ * floats of k, which the checks let through only when they fit */
 static int64_t forward_ws_floats(const problem *p) { return p->D * p->Tk + TQ * TK + 2 * TQ; }
 static int64_t backward_ws_floats(int64_t T, int64_t D) { return 2 * D * T + 2 * TQ * TK + T; }
 
@@ -194,9 +195,22 @@ static int fast_path_for(fast_path *f, int64_t queries) {
     return f->uk && f->fk && queries >= FAST_MIN_ROWS;
 }
 
+/* one workspace of per floats for each of threads threads (NULL, with func's error recorded,
+ * when that cannot be allocated: threads·per may even pass INT64_MAX) */
+static float *workspaces(const char *func, int64_t threads, int64_t per) {
+    int64_t floats;
+    if (!pytfm__mul_within(threads, per, INT64_MAX, &floats)) {
+        pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                    "%s: cannot allocate %lld workspaces of %lld floats (more than memory holds)",
+                    func, (long long)threads, (long long)per);
+        return NULL;
+    }
+    return pytfm__scratch(func, floats, sizeof(float));
+}
+
 static pytfm_status forward_fast(const char *func, const problem *p, const fast_path *f) {
     const int64_t per = forward_ws_floats(p), threads = pytfm_get_num_threads();
-    float *ws = pytfm__scratch(func, threads * per, sizeof(float));
+    float *ws = workspaces(func, threads, per);
     if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;
     PYTFM_PARALLEL_FOR_THREADS(threads)
     for (int64_t bh = 0; bh < p->B * p->H; bh++)
@@ -250,7 +264,7 @@ static pytfm_status backward_fast(const char *func, const fast_path *f, float *d
                                   const float *v, const float *o, const float *lse, int64_t B,
                                   int64_t T, int64_t H, int64_t D, float scale, int causal) {
     const int64_t per = backward_ws_floats(T, D), threads = pytfm_get_num_threads();
-    float *ws = pytfm__scratch(func, threads * per, sizeof(float));
+    float *ws = workspaces(func, threads, per);
     if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;
     PYTFM_PARALLEL_FOR_THREADS(threads)
     for (int64_t bh = 0; bh < B * H; bh++) {

@@ -4,11 +4,96 @@
  * the public function's name (func, for the message) and its arguments, under their public
  * names, and returns the first failure. Index arrays are checked only by the C kernels
  * (pytfm__check_indices): on the GPU they live in device memory.
+ *
+ * Every check goes in the same order, and none reads or writes through a pointer:
+ *   1. scalar options and the sign of each size;
+ *   2. the element count of every array, a product of sizes checked for overflow
+ *      (PYTFM_CHECK_COUNT): an array whose byte count would not fit in a ptrdiff_t is an
+ *      INVALID_ARGUMENT naming the sizes, so no kernel ever forms a product that wraps;
+ *   3. NULL pointers (allowed for arrays of no elements);
+ *   4. overlaps (PYTFM_CHECK_DISJOINT): what a call writes or accumulates into must not share
+ *      memory with any other buffer of the call, except the exact in-place forms pytfm.h
+ *      allows (GELU's and RoPE's output may be their input).
  */
 #ifndef PYTFM_CHECKS_H
 #define PYTFM_CHECKS_H
 
+#include <stdio.h>
+
 #include "internal.h"
+
+/* ---- the shared steps ---------------------------------------------------------------------- */
+
+/* *count = the product of sizes[0..n) (each >= 0, checked before): the elements of an array
+ * of elem_bytes-byte elements; INVALID_ARGUMENT, naming func and the sizes (names, as
+ * "rows, cols"), when the array's byte count would not fit in a ptrdiff_t. */
+static inline pytfm_status pytfm__check_count(const char *func, const char *names,
+                                              size_t elem_bytes, const int64_t *sizes, int n,
+                                              int64_t *count) {
+    const int64_t limit = pytfm__max_elems(elem_bytes);
+    int64_t c = 1;
+    for (int i = 0; i < n; i++) {
+        if (pytfm__mul_within(c, sizes[i], limit, &c)) continue;
+        char values[128] = "";
+        for (int j = 0, len = 0; j < n && len < (int)sizeof values; j++)
+            len += snprintf(values + len, sizeof values - (size_t)len, "%s%lld", j ? ", " : "",
+                            (long long)sizes[j]);
+        return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
+                           "%s: %s = %s is too large: an array of that many %zu-byte elements "
+                           "would pass PTRDIFF_MAX bytes (at most %lld elements)",
+                           func, names, values, elem_bytes, (long long)limit);
+    }
+    *count = c;
+    return PYTFM_STATUS_OK;
+}
+
+/* *count = the product of the sizes after `type`: the element count of an array of type,
+ * checked by pytfm__check_count, whose message names the sizes as written here:
+ *   PYTFM_CHECK_COUNT(func, &n_x, float, rows, cols);   (message: "rows, cols = ...") */
+#define PYTFM_CHECK_COUNT(func, count, type, ...)                                              \
+    do {                                                                                       \
+        const int64_t sizes_[] = {__VA_ARGS__};                                                \
+        PYTFM_TRY(pytfm__check_count(func, #__VA_ARGS__, sizeof(type), sizes_,                 \
+                                     (int)(sizeof sizes_ / sizeof sizes_[0]), count));          \
+    } while (0)
+
+/* The buffer p of count elements of type, under its own name, for PYTFM_CHECK_DISJOINT */
+#define PYTFM_SPAN(p, count, type) {#p, (const void *)(p), (int64_t)(count) * (int64_t)sizeof(type)}
+
+/* spans[0..outputs) are written (or accumulated into) by the call, the others only read: no
+ * output may share a byte with another buffer of the call (two inputs may), except that the
+ * output spans[same_out] may be the very same buffer as the input spans[same_in] (the op's
+ * in-place form; -1, -1: it has none). Else INVALID_ARGUMENT: "<func>: a and b must not share
+ * memory", a the first output that overlaps, b the first buffer after it that it overlaps. */
+static inline pytfm_status pytfm__check_disjoint(const char *func, const pytfm__span *spans,
+                                                 int count, int outputs, int same_out,
+                                                 int same_in) {
+    for (int i = 0; i < outputs; i++)
+        for (int j = i + 1; j < count; j++) {
+            if (!pytfm__overlap(spans[i], spans[j])) continue;
+            const int pair = i == same_out && j == same_in;
+            if (pair && spans[i].p == spans[j].p && spans[i].bytes == spans[j].bytes) continue;
+            return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
+                               pair ? "%s: %s and %s must be the same buffer or not share memory"
+                                    : "%s: %s and %s must not share memory",
+                               func, spans[i].name, spans[j].name);
+        }
+    return PYTFM_STATUS_OK;
+}
+
+/* PYTFM_CHECK_DISJOINT(func, outputs, same_out, same_in, PYTFM_SPAN(...), ...): the outputs
+ * first, as pytfm__check_disjoint takes them */
+#define PYTFM_CHECK_DISJOINT(func, outputs, same_out, same_in, ...)                            \
+    do {                                                                                       \
+        const pytfm__span spans_[] = {__VA_ARGS__};                                            \
+        PYTFM_TRY(pytfm__check_disjoint(func, spans_,                                          \
+                                        (int)(sizeof spans_ / sizeof spans_[0]), outputs,      \
+                                        same_out, same_in));                                   \
+    } while (0)
+
+enum { PYTFM_NO_INPLACE = -1 };
+
+/* ---- sgemm -------------------------------------------------------------------------------- */
 
 static inline pytfm_status pytfm__check_sgemm(const char *func, const float *c, const float *a,
                                               const float *b, int64_t m, int64_t n, int64_t k,
@@ -16,122 +101,126 @@ static inline pytfm_status pytfm__check_sgemm(const char *func, const float *c, 
     PYTFM_CHECK(m >= 0 && n >= 0 && k >= 0, "%s: m, n, k must be >= 0, got %lld, %lld, %lld",
                 func, (long long)m, (long long)n, (long long)k);
     PYTFM_CHECK(isfinite(beta), "%s: beta must be finite, got %g", func, (double)beta);
-    PYTFM_CHECK(c != NULL || m * n == 0, "%s: c must not be NULL", func);
-    PYTFM_CHECK(a != NULL || m * k == 0, "%s: a must not be NULL", func);
-    PYTFM_CHECK(b != NULL || k * n == 0, "%s: b must not be NULL", func);
+    int64_t n_c = 0, n_a = 0, n_b = 0;
+    PYTFM_CHECK_COUNT(func, &n_c, float, m, n);
+    PYTFM_CHECK_COUNT(func, &n_a, float, m, k);
+    PYTFM_CHECK_COUNT(func, &n_b, float, k, n);
+    PYTFM_CHECK_PTR_IN(func, c, n_c);
+    PYTFM_CHECK_PTR_IN(func, a, n_a);
+    PYTFM_CHECK_PTR_IN(func, b, n_b);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(c, n_c, float),
+                         PYTFM_SPAN(a, n_a, float), PYTFM_SPAN(b, n_b, float));
     return PYTFM_STATUS_OK;
 }
 
-/* ---- one size check per op, shared by its forward and backward ---------------------------- */
+/* ---- the linear layer --------------------------------------------------------------------- */
 
-/* softmax and LayerNorm */
-static inline pytfm_status pytfm__check_rows_cols(const char *func, int64_t rows, int64_t cols) {
-    PYTFM_CHECK_MIN_IN(func, rows, 0);
-    PYTFM_CHECK_MIN_IN(func, cols, 1);
-    return PYTFM_STATUS_OK;
-}
+/* its arrays' element counts: x, dx [rows, in], y, dy [rows, out], w, dw [out, in] */
+typedef struct pytfm__linear_counts {
+    int64_t x, y, w;
+} pytfm__linear_counts;
 
 static inline pytfm_status pytfm__check_linear_sizes(const char *func, int64_t rows, int64_t in,
-                                                     int64_t out) {
+                                                     int64_t out, pytfm__linear_counts *n) {
     PYTFM_CHECK_MIN_IN(func, rows, 0);
     PYTFM_CHECK_MIN_IN(func, in, 1);
     PYTFM_CHECK_MIN_IN(func, out, 1);
+    PYTFM_CHECK_COUNT(func, &n->x, float, rows, in);
+    PYTFM_CHECK_COUNT(func, &n->y, float, rows, out);
+    PYTFM_CHECK_COUNT(func, &n->w, float, out, in);
     return PYTFM_STATUS_OK;
 }
-
-static inline pytfm_status pytfm__check_cross_entropy_sizes(const char *func, int64_t rows,
-                                                            int64_t vocab) {
-    PYTFM_CHECK_MIN_IN(func, rows, 0);
-    PYTFM_CHECK_MIN_IN(func, vocab, 1);
-    return PYTFM_STATUS_OK;
-}
-
-static inline pytfm_status pytfm__check_embedding_sizes(const char *func, int64_t rows,
-                                                        int64_t vocab, int64_t dim) {
-    PYTFM_CHECK_MIN_IN(func, rows, 0);
-    PYTFM_CHECK_MIN_IN(func, vocab, 1);
-    PYTFM_CHECK_MIN_IN(func, dim, 1);
-    return PYTFM_STATUS_OK;
-}
-
-/* attention's [B, T, H, D] tensors (T: n_new for the decoding functions, named so) */
-static inline pytfm_status pytfm__check_attention_sizes(const char *func, const char *t_name,
-                                                        int64_t B, int64_t T, int64_t H,
-                                                        int64_t D) {
-    PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0, "%s: B, %s, H must be >= 0, got %lld, %lld, %lld",
-                func, t_name, (long long)B, (long long)T, (long long)H);
-    PYTFM_CHECK(D >= 1, "%s: D must be >= 1, got %lld", func, (long long)D);
-    return PYTFM_STATUS_OK;
-}
-
-/* n_new tokens at positions [start, start + n_new) of a KV cache of Tmax positions */
-static inline pytfm_status pytfm__check_cache_positions(const char *func, int64_t n_new,
-                                                        int64_t Tmax, int64_t start) {
-    PYTFM_CHECK(start >= 0, "%s: start must be >= 0, got %lld", func, (long long)start);
-    PYTFM_CHECK(Tmax >= 1, "%s: Tmax must be >= 1, got %lld", func, (long long)Tmax);
-    PYTFM_CHECK(start + n_new <= Tmax,
-                "%s: cache overflow: positions [%lld, %lld) do not fit in Tmax = %lld", func,
-                (long long)start, (long long)(start + n_new), (long long)Tmax);
-    return PYTFM_STATUS_OK;
-}
-
-/* ---- each op direction ------------------------------------------------------------------ */
 
 static inline pytfm_status pytfm__check_linear_forward(const char *func, const float *y,
                                                        const float *x, const float *w,
-                                                       int64_t rows, int64_t in, int64_t out) {
-    PYTFM_TRY(pytfm__check_linear_sizes(func, rows, in, out));
-    PYTFM_CHECK_PTR_IN(func, y, rows);
-    PYTFM_CHECK_PTR_IN(func, x, rows);
-    PYTFM_CHECK_PTR_IN(func, w, 1);
+                                                       const float *b, int64_t rows, int64_t in,
+                                                       int64_t out) {
+    pytfm__linear_counts n = {0, 0, 0};
+    PYTFM_TRY(pytfm__check_linear_sizes(func, rows, in, out, &n));
+    PYTFM_CHECK_PTR_IN(func, y, n.y);
+    PYTFM_CHECK_PTR_IN(func, x, n.x);
+    PYTFM_CHECK_PTR_IN(func, w, n.w);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n.y, float),
+                         PYTFM_SPAN(x, n.x, float), PYTFM_SPAN(w, n.w, float),
+                         PYTFM_SPAN(b, out, float));
     return PYTFM_STATUS_OK;
 }
 
 static inline pytfm_status pytfm__check_linear_backward(const char *func, const float *dx,
-                                                        const float *dw, const float *dy,
-                                                        const float *x, const float *w,
-                                                        int64_t rows, int64_t in, int64_t out) {
-    PYTFM_TRY(pytfm__check_linear_sizes(func, rows, in, out));
-    PYTFM_CHECK_PTR_IN(func, dw, 1);
-    PYTFM_CHECK_PTR_IN(func, dy, rows);
-    PYTFM_CHECK_PTR_IN(func, x, rows);
-    PYTFM_CHECK_PTR_IN(func, w, dx ? 1 : 0);
+                                                        const float *dw, const float *db,
+                                                        const float *dy, const float *x,
+                                                        const float *w, int64_t rows, int64_t in,
+                                                        int64_t out) {
+    pytfm__linear_counts n = {0, 0, 0};
+    PYTFM_TRY(pytfm__check_linear_sizes(func, rows, in, out, &n));
+    PYTFM_CHECK_PTR_IN(func, dw, n.w);
+    PYTFM_CHECK_PTR_IN(func, dy, n.y);
+    PYTFM_CHECK_PTR_IN(func, x, n.x);
+    PYTFM_CHECK_PTR_IN(func, w, dx ? n.w : 0);
+    PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n.x, float),
+                         PYTFM_SPAN(dw, n.w, float), PYTFM_SPAN(db, out, float),
+                         PYTFM_SPAN(dy, n.y, float), PYTFM_SPAN(x, n.x, float),
+                         PYTFM_SPAN(w, n.w, float));
+    return PYTFM_STATUS_OK;
+}
+
+/* ---- softmax ------------------------------------------------------------------------------ */
+
+/* softmax and LayerNorm: *count = rows·cols */
+static inline pytfm_status pytfm__check_rows_cols(const char *func, int64_t rows, int64_t cols,
+                                                  int64_t *count) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
+    PYTFM_CHECK_MIN_IN(func, cols, 1);
+    PYTFM_CHECK_COUNT(func, count, float, rows, cols);
     return PYTFM_STATUS_OK;
 }
 
 static inline pytfm_status pytfm__check_softmax_forward(const char *func, const float *y,
                                                         const float *x, int64_t rows,
                                                         int64_t cols) {
-    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols));
-    PYTFM_CHECK_PTR_IN(func, y, rows);
-    PYTFM_CHECK_PTR_IN(func, x, rows);
+    int64_t n = 0;
+    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols, &n));
+    PYTFM_CHECK_PTR_IN(func, y, n);
+    PYTFM_CHECK_PTR_IN(func, x, n);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n, float),
+                         PYTFM_SPAN(x, n, float));
     return PYTFM_STATUS_OK;
 }
 
 static inline pytfm_status pytfm__check_softmax_backward(const char *func, const float *dx,
                                                          const float *dy, const float *y,
                                                          int64_t rows, int64_t cols) {
-    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols));
-    PYTFM_CHECK_PTR_IN(func, dx, rows);
-    PYTFM_CHECK_PTR_IN(func, dy, rows);
-    PYTFM_CHECK_PTR_IN(func, y, rows);
+    int64_t n = 0;
+    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols, &n));
+    PYTFM_CHECK_PTR_IN(func, dx, n);
+    PYTFM_CHECK_PTR_IN(func, dy, n);
+    PYTFM_CHECK_PTR_IN(func, y, n);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n, float),
+                         PYTFM_SPAN(dy, n, float), PYTFM_SPAN(y, n, float));
     return PYTFM_STATUS_OK;
 }
+
+/* ---- LayerNorm ---------------------------------------------------------------------------- */
 
 static inline pytfm_status pytfm__check_layernorm_forward(const char *func, const float *y,
                                                           const float *mean, const float *rstd,
                                                           const float *x, const float *w,
                                                           const float *b, int64_t rows,
                                                           int64_t cols, float eps) {
-    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols));
+    int64_t n = 0;
+    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols, &n));
     PYTFM_CHECK_FINITE_IN(func, eps);
     PYTFM_CHECK(eps >= 0.0f, "%s: eps must be >= 0, got %g", func, (double)eps);
-    PYTFM_CHECK_PTR_IN(func, y, rows);
+    PYTFM_CHECK_PTR_IN(func, y, n);
     PYTFM_CHECK_PTR_IN(func, mean, rows);
     PYTFM_CHECK_PTR_IN(func, rstd, rows);
-    PYTFM_CHECK_PTR_IN(func, x, rows);
-    PYTFM_CHECK_PTR_IN(func, w, 1);
-    PYTFM_CHECK_PTR_IN(func, b, 1);
+    PYTFM_CHECK_PTR_IN(func, x, n);
+    PYTFM_CHECK_PTR_IN(func, w, cols);
+    PYTFM_CHECK_PTR_IN(func, b, cols);
+    PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n, float),
+                         PYTFM_SPAN(mean, rows, float), PYTFM_SPAN(rstd, rows, float),
+                         PYTFM_SPAN(x, n, float), PYTFM_SPAN(w, cols, float),
+                         PYTFM_SPAN(b, cols, float));
     return PYTFM_STATUS_OK;
 }
 
@@ -139,19 +228,27 @@ static inline pytfm_status
 pytfm__check_layernorm_backward(const char *func, const float *dx, const float *dw,
                                 const float *db, const float *dy, const float *x, const float *w,
                                 const float *mean, const float *rstd, int64_t rows, int64_t cols) {
-    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols));
-    PYTFM_CHECK_PTR_IN(func, dx, rows);
-    PYTFM_CHECK_PTR_IN(func, dw, 1);
-    PYTFM_CHECK_PTR_IN(func, db, 1);
-    PYTFM_CHECK_PTR_IN(func, dy, rows);
-    PYTFM_CHECK_PTR_IN(func, x, rows);
-    PYTFM_CHECK_PTR_IN(func, w, 1);
+    int64_t n = 0;
+    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols, &n));
+    PYTFM_CHECK_PTR_IN(func, dx, n);
+    PYTFM_CHECK_PTR_IN(func, dw, cols);
+    PYTFM_CHECK_PTR_IN(func, db, cols);
+    PYTFM_CHECK_PTR_IN(func, dy, n);
+    PYTFM_CHECK_PTR_IN(func, x, n);
+    PYTFM_CHECK_PTR_IN(func, w, cols);
     PYTFM_CHECK_PTR_IN(func, mean, rows);
     PYTFM_CHECK_PTR_IN(func, rstd, rows);
+    PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n, float),
+                         PYTFM_SPAN(dw, cols, float), PYTFM_SPAN(db, cols, float),
+                         PYTFM_SPAN(dy, n, float), PYTFM_SPAN(x, n, float),
+                         PYTFM_SPAN(w, cols, float), PYTFM_SPAN(mean, rows, float),
+                         PYTFM_SPAN(rstd, rows, float));
     return PYTFM_STATUS_OK;
 }
 
-/* out, in: y, x (forward) or dx, dy (backward) [B, T, H, D] */
+/* ---- RoPE --------------------------------------------------------------------------------- */
+
+/* out, in: y, x (forward) or dx, dy (backward) [B, T, H, D]; out may be in itself */
 static inline pytfm_status pytfm__check_rope(const char *func, const float *out, const float *in,
                                              const int64_t *pos, int64_t B, int64_t T, int64_t H,
                                              int64_t D, int64_t pos_stride, double base) {
@@ -163,28 +260,67 @@ static inline pytfm_status pytfm__check_rope(const char *func, const float *out,
                 (long long)pos_stride);
     PYTFM_CHECK(isfinite(base) && base > 0.0, "%s: base must be finite and > 0, got %g", func,
                 base);
-    const int64_t vectors = B * T * H; // of D floats each
-    PYTFM_CHECK(out != NULL || vectors == 0, "%s: output must not be NULL", func);
-    PYTFM_CHECK(in != NULL || vectors == 0, "%s: input must not be NULL", func);
-    PYTFM_CHECK(pos != NULL || B * T == 0, "%s: pos must not be NULL", func);
+    int64_t n = 0, n_pos = 0; // pos[b·pos_stride + t] for b < B, t < T: (B − 1)·pos_stride + T
+    PYTFM_CHECK_COUNT(func, &n, float, B, T, H, D);
+    if (B > 0 && T > 0) {
+        const int64_t limit = pytfm__max_elems(sizeof(int64_t));
+        PYTFM_CHECK(pytfm__mul_within(B - 1, pos_stride, limit, &n_pos) &&
+                        pytfm__add_within(n_pos, T, limit, &n_pos),
+                    "%s: pos_stride = %lld is too large for B = %lld, T = %lld: the positions "
+                    "(B − 1)·pos_stride + T would pass PTRDIFF_MAX bytes",
+                    func, (long long)pos_stride, (long long)B, (long long)T);
+    }
+    PYTFM_CHECK(out != NULL || n == 0, "%s: output must not be NULL", func);
+    PYTFM_CHECK(in != NULL || n == 0, "%s: input must not be NULL", func);
+    PYTFM_CHECK(pos != NULL || n_pos == 0, "%s: pos must not be NULL", func);
+    const pytfm__span output = {"output", out, n * (int64_t)sizeof(float)};
+    const pytfm__span input = {"input", in, n * (int64_t)sizeof(float)};
+    PYTFM_CHECK_DISJOINT(func, 1, 0, 1, output, input, PYTFM_SPAN(pos, n_pos, int64_t));
     return PYTFM_STATUS_OK;
 }
 
+/* ---- GELU --------------------------------------------------------------------------------- */
+
+/* y may be x itself */
 static inline pytfm_status pytfm__check_gelu_forward(const char *func, const float *y,
                                                      const float *x, int64_t count) {
     PYTFM_CHECK_MIN_IN(func, count, 0);
-    PYTFM_CHECK_PTR_IN(func, y, count);
-    PYTFM_CHECK_PTR_IN(func, x, count);
+    int64_t n = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, count);
+    PYTFM_CHECK_PTR_IN(func, y, n);
+    PYTFM_CHECK_PTR_IN(func, x, n);
+    PYTFM_CHECK_DISJOINT(func, 1, 0, 1, PYTFM_SPAN(y, n, float), PYTFM_SPAN(x, n, float));
     return PYTFM_STATUS_OK;
 }
 
+/* dx may be dy itself */
 static inline pytfm_status pytfm__check_gelu_backward(const char *func, const float *dx,
                                                       const float *dy, const float *x,
                                                       int64_t count) {
     PYTFM_CHECK_MIN_IN(func, count, 0);
-    PYTFM_CHECK_PTR_IN(func, dx, count);
-    PYTFM_CHECK_PTR_IN(func, dy, count);
-    PYTFM_CHECK_PTR_IN(func, x, count);
+    int64_t n = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, count);
+    PYTFM_CHECK_PTR_IN(func, dx, n);
+    PYTFM_CHECK_PTR_IN(func, dy, n);
+    PYTFM_CHECK_PTR_IN(func, x, n);
+    PYTFM_CHECK_DISJOINT(func, 1, 0, 1, PYTFM_SPAN(dx, n, float), PYTFM_SPAN(dy, n, float),
+                         PYTFM_SPAN(x, n, float));
+    return PYTFM_STATUS_OK;
+}
+
+/* ---- embedding ---------------------------------------------------------------------------- */
+
+/* y, dy [rows, dim], table [vocab, dim] (element counts), ids [rows] */
+static inline pytfm_status pytfm__check_embedding_sizes(const char *func, int64_t rows,
+                                                        int64_t vocab, int64_t dim,
+                                                        int64_t *n_y, int64_t *n_table) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
+    PYTFM_CHECK_MIN_IN(func, vocab, 1);
+    PYTFM_CHECK_MIN_IN(func, dim, 1);
+    PYTFM_CHECK_COUNT(func, n_y, float, rows, dim);
+    PYTFM_CHECK_COUNT(func, n_table, float, vocab, dim);
+    int64_t n_ids = 0;
+    PYTFM_CHECK_COUNT(func, &n_ids, int64_t, rows);
     return PYTFM_STATUS_OK;
 }
 
@@ -192,10 +328,13 @@ static inline pytfm_status pytfm__check_embedding_forward(const char *func, cons
                                                           const int64_t *ids,
                                                           const float *table, int64_t rows,
                                                           int64_t vocab, int64_t dim) {
-    PYTFM_TRY(pytfm__check_embedding_sizes(func, rows, vocab, dim));
-    PYTFM_CHECK_PTR_IN(func, y, rows);
+    int64_t n_y = 0, n_table = 0;
+    PYTFM_TRY(pytfm__check_embedding_sizes(func, rows, vocab, dim, &n_y, &n_table));
+    PYTFM_CHECK_PTR_IN(func, y, n_y);
     PYTFM_CHECK_PTR_IN(func, ids, rows);
-    PYTFM_CHECK_PTR_IN(func, table, 1);
+    PYTFM_CHECK_PTR_IN(func, table, n_table);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n_y, float),
+                         PYTFM_SPAN(ids, rows, int64_t), PYTFM_SPAN(table, n_table, float));
     return PYTFM_STATUS_OK;
 }
 
@@ -203,10 +342,27 @@ static inline pytfm_status pytfm__check_embedding_backward(const char *func, con
                                                            const float *dy, const int64_t *ids,
                                                            int64_t rows, int64_t vocab,
                                                            int64_t dim) {
-    PYTFM_TRY(pytfm__check_embedding_sizes(func, rows, vocab, dim));
-    PYTFM_CHECK_PTR_IN(func, dtable, 1);
-    PYTFM_CHECK_PTR_IN(func, dy, rows);
+    int64_t n_dy = 0, n_table = 0;
+    PYTFM_TRY(pytfm__check_embedding_sizes(func, rows, vocab, dim, &n_dy, &n_table));
+    PYTFM_CHECK_PTR_IN(func, dtable, n_table);
+    PYTFM_CHECK_PTR_IN(func, dy, n_dy);
     PYTFM_CHECK_PTR_IN(func, ids, rows);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE,
+                         PYTFM_SPAN(dtable, n_table, float), PYTFM_SPAN(dy, n_dy, float),
+                         PYTFM_SPAN(ids, rows, int64_t));
+    return PYTFM_STATUS_OK;
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------------ */
+
+/* logits [rows, vocab] (its element count), targets and lse [rows] */
+static inline pytfm_status pytfm__check_cross_entropy_sizes(const char *func, int64_t rows,
+                                                            int64_t vocab, int64_t *n_logits) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
+    PYTFM_CHECK_MIN_IN(func, vocab, 1);
+    PYTFM_CHECK_COUNT(func, n_logits, float, rows, vocab);
+    int64_t n_targets = 0;
+    PYTFM_CHECK_COUNT(func, &n_targets, int64_t, rows);
     return PYTFM_STATUS_OK;
 }
 
@@ -215,11 +371,15 @@ static inline pytfm_status pytfm__check_cross_entropy_forward(const char *func, 
                                                               const float *logits,
                                                               const int64_t *targets,
                                                               int64_t rows, int64_t vocab) {
-    PYTFM_TRY(pytfm__check_cross_entropy_sizes(func, rows, vocab));
+    int64_t n = 0;
+    PYTFM_TRY(pytfm__check_cross_entropy_sizes(func, rows, vocab, &n));
     PYTFM_CHECK_PTR_IN(func, loss, 1);
     PYTFM_CHECK_PTR_IN(func, lse, rows);
-    PYTFM_CHECK_PTR_IN(func, logits, rows);
+    PYTFM_CHECK_PTR_IN(func, logits, n);
     PYTFM_CHECK_PTR_IN(func, targets, rows);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(loss, 1, float),
+                         PYTFM_SPAN(lse, rows, float), PYTFM_SPAN(logits, n, float),
+                         PYTFM_SPAN(targets, rows, int64_t));
     return PYTFM_STATUS_OK;
 }
 
@@ -227,14 +387,20 @@ static inline pytfm_status
 pytfm__check_cross_entropy_backward(const char *func, const float *dlogits, const float *logits,
                                     const int64_t *targets, const float *lse, int64_t rows,
                                     int64_t vocab, float dloss) {
-    PYTFM_TRY(pytfm__check_cross_entropy_sizes(func, rows, vocab));
+    int64_t n = 0;
+    PYTFM_TRY(pytfm__check_cross_entropy_sizes(func, rows, vocab, &n));
     PYTFM_CHECK_FINITE_IN(func, dloss);
-    PYTFM_CHECK_PTR_IN(func, dlogits, rows);
-    PYTFM_CHECK_PTR_IN(func, logits, rows);
+    PYTFM_CHECK_PTR_IN(func, dlogits, n);
+    PYTFM_CHECK_PTR_IN(func, logits, n);
     PYTFM_CHECK_PTR_IN(func, targets, rows);
     PYTFM_CHECK_PTR_IN(func, lse, rows);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE,
+                         PYTFM_SPAN(dlogits, n, float), PYTFM_SPAN(logits, n, float),
+                         PYTFM_SPAN(targets, rows, int64_t), PYTFM_SPAN(lse, rows, float));
     return PYTFM_STATUS_OK;
 }
+
+/* ---- AdamW -------------------------------------------------------------------------------- */
 
 static inline pytfm_status pytfm__check_adamw(const char *func, const float *param,
                                               const float *m, const float *v, const float *grad,
@@ -249,10 +415,45 @@ static inline pytfm_status pytfm__check_adamw(const char *func, const float *par
     PYTFM_CHECK(isfinite(eps) && eps > 0.0, "%s: eps must be finite and > 0, got %g", func, eps);
     PYTFM_CHECK(isfinite(weight_decay) && weight_decay >= 0.0,
                 "%s: weight_decay must be finite and >= 0, got %g", func, weight_decay);
-    PYTFM_CHECK_PTR_IN(func, param, count);
-    PYTFM_CHECK_PTR_IN(func, m, count);
-    PYTFM_CHECK_PTR_IN(func, v, count);
-    PYTFM_CHECK_PTR_IN(func, grad, count);
+    int64_t n = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, count);
+    PYTFM_CHECK_PTR_IN(func, param, n);
+    PYTFM_CHECK_PTR_IN(func, m, n);
+    PYTFM_CHECK_PTR_IN(func, v, n);
+    PYTFM_CHECK_PTR_IN(func, grad, n);
+    PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(param, n, float),
+                         PYTFM_SPAN(m, n, float), PYTFM_SPAN(v, n, float),
+                         PYTFM_SPAN(grad, n, float));
+    return PYTFM_STATUS_OK;
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+/* the signs of attention's sizes (T: n_new for the decoding functions, named so) */
+static inline pytfm_status pytfm__check_attention_signs(const char *func, const char *t_name,
+                                                        int64_t B, int64_t T, int64_t H,
+                                                        int64_t D) {
+    PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0, "%s: B, %s, H must be >= 0, got %lld, %lld, %lld",
+                func, t_name, (long long)B, (long long)T, (long long)H);
+    PYTFM_CHECK(D >= 1, "%s: D must be >= 1, got %lld", func, (long long)D);
+    return PYTFM_STATUS_OK;
+}
+
+/* n_new tokens at positions [start, start + n_new) of a KV cache of Tmax positions, whose
+ * arrays [B, Tmax, H, D] hold *n_cache floats */
+static inline pytfm_status pytfm__check_cache_positions(const char *func, int64_t B,
+                                                        int64_t n_new, int64_t H, int64_t D,
+                                                        int64_t Tmax, int64_t start,
+                                                        int64_t *n_cache) {
+    PYTFM_CHECK(start >= 0, "%s: start must be >= 0, got %lld", func, (long long)start);
+    PYTFM_CHECK(Tmax >= 1, "%s: Tmax must be >= 1, got %lld", func, (long long)Tmax);
+    int64_t end = 0;
+    PYTFM_CHECK(pytfm__add_within(start, n_new, INT64_MAX, &end),
+                "%s: cache overflow: start = %lld plus n_new = %lld passes INT64_MAX", func,
+                (long long)start, (long long)n_new);
+    PYTFM_CHECK(end <= Tmax, "%s: cache overflow: positions [%lld, %lld) do not fit in Tmax = %lld",
+                func, (long long)start, (long long)end, (long long)Tmax);
+    PYTFM_CHECK_COUNT(func, n_cache, float, B, Tmax, H, D);
     return PYTFM_STATUS_OK;
 }
 
@@ -261,14 +462,19 @@ static inline pytfm_status pytfm__check_attention_forward(const char *func, cons
                                                           const float *k, const float *v,
                                                           int64_t B, int64_t T, int64_t H,
                                                           int64_t D, float scale) {
-    PYTFM_TRY(pytfm__check_attention_sizes(func, "T", B, T, H, D));
+    PYTFM_TRY(pytfm__check_attention_signs(func, "T", B, T, H, D));
     PYTFM_CHECK_FINITE_IN(func, scale);
-    const int64_t vectors = B * T * H; // of D floats each; lse has one per vector
-    PYTFM_CHECK_PTR_IN(func, o, vectors);
-    PYTFM_CHECK_PTR_IN(func, lse, vectors);
-    PYTFM_CHECK_PTR_IN(func, q, vectors);
-    PYTFM_CHECK_PTR_IN(func, k, vectors);
-    PYTFM_CHECK_PTR_IN(func, v, vectors);
+    int64_t n = 0, n_lse = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, B, T, H, D);
+    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, T);
+    PYTFM_CHECK_PTR_IN(func, o, n);
+    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
+    PYTFM_CHECK_PTR_IN(func, q, n);
+    PYTFM_CHECK_PTR_IN(func, k, n);
+    PYTFM_CHECK_PTR_IN(func, v, n);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(o, n, float),
+                         PYTFM_SPAN(lse, n_lse, float), PYTFM_SPAN(q, n, float),
+                         PYTFM_SPAN(k, n, float), PYTFM_SPAN(v, n, float));
     return PYTFM_STATUS_OK;
 }
 
@@ -277,18 +483,25 @@ pytfm__check_attention_backward(const char *func, const float *dq, const float *
                                 const float *dv, const float *dy, const float *q, const float *k,
                                 const float *v, const float *o, const float *lse, int64_t B,
                                 int64_t T, int64_t H, int64_t D, float scale) {
-    PYTFM_TRY(pytfm__check_attention_sizes(func, "T", B, T, H, D));
+    PYTFM_TRY(pytfm__check_attention_signs(func, "T", B, T, H, D));
     PYTFM_CHECK_FINITE_IN(func, scale);
-    const int64_t vectors = B * T * H;
-    PYTFM_CHECK_PTR_IN(func, dq, vectors);
-    PYTFM_CHECK_PTR_IN(func, dk, vectors);
-    PYTFM_CHECK_PTR_IN(func, dv, vectors);
-    PYTFM_CHECK_PTR_IN(func, dy, vectors);
-    PYTFM_CHECK_PTR_IN(func, q, vectors);
-    PYTFM_CHECK_PTR_IN(func, k, vectors);
-    PYTFM_CHECK_PTR_IN(func, v, vectors);
-    PYTFM_CHECK_PTR_IN(func, o, vectors);
-    PYTFM_CHECK_PTR_IN(func, lse, vectors);
+    int64_t n = 0, n_lse = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, B, T, H, D);
+    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, T);
+    PYTFM_CHECK_PTR_IN(func, dq, n);
+    PYTFM_CHECK_PTR_IN(func, dk, n);
+    PYTFM_CHECK_PTR_IN(func, dv, n);
+    PYTFM_CHECK_PTR_IN(func, dy, n);
+    PYTFM_CHECK_PTR_IN(func, q, n);
+    PYTFM_CHECK_PTR_IN(func, k, n);
+    PYTFM_CHECK_PTR_IN(func, v, n);
+    PYTFM_CHECK_PTR_IN(func, o, n);
+    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
+    PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dq, n, float),
+                         PYTFM_SPAN(dk, n, float), PYTFM_SPAN(dv, n, float),
+                         PYTFM_SPAN(dy, n, float), PYTFM_SPAN(q, n, float),
+                         PYTFM_SPAN(k, n, float), PYTFM_SPAN(v, n, float),
+                         PYTFM_SPAN(o, n, float), PYTFM_SPAN(lse, n_lse, float));
     return PYTFM_STATUS_OK;
 }
 
@@ -299,12 +512,17 @@ static inline pytfm_status pytfm__check_attention_cache_append(const char *func,
                                                                int64_t B, int64_t n_new,
                                                                int64_t H, int64_t D,
                                                                int64_t Tmax, int64_t start) {
-    PYTFM_TRY(pytfm__check_attention_sizes(func, "n_new", B, n_new, H, D));
-    PYTFM_TRY(pytfm__check_cache_positions(func, n_new, Tmax, start));
-    PYTFM_CHECK_PTR_IN(func, k_cache, B * H);
-    PYTFM_CHECK_PTR_IN(func, v_cache, B * H);
-    PYTFM_CHECK_PTR_IN(func, k, B * n_new * H);
-    PYTFM_CHECK_PTR_IN(func, v, B * n_new * H);
+    PYTFM_TRY(pytfm__check_attention_signs(func, "n_new", B, n_new, H, D));
+    int64_t n_cache = 0, n = 0;
+    PYTFM_TRY(pytfm__check_cache_positions(func, B, n_new, H, D, Tmax, start, &n_cache));
+    PYTFM_CHECK_COUNT(func, &n, float, B, n_new, H, D);
+    PYTFM_CHECK_PTR_IN(func, k_cache, n_cache);
+    PYTFM_CHECK_PTR_IN(func, v_cache, n_cache);
+    PYTFM_CHECK_PTR_IN(func, k, n);
+    PYTFM_CHECK_PTR_IN(func, v, n);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE,
+                         PYTFM_SPAN(k_cache, n_cache, float), PYTFM_SPAN(v_cache, n_cache, float),
+                         PYTFM_SPAN(k, n, float), PYTFM_SPAN(v, n, float));
     return PYTFM_STATUS_OK;
 }
 
@@ -313,15 +531,21 @@ pytfm__check_attention_decode(const char *func, const float *o, const float *lse
                               const float *k_cache, const float *v_cache, int64_t B,
                               int64_t n_new, int64_t H, int64_t D, int64_t Tmax, int64_t start,
                               float scale) {
-    PYTFM_TRY(pytfm__check_attention_sizes(func, "n_new", B, n_new, H, D));
-    PYTFM_TRY(pytfm__check_cache_positions(func, n_new, Tmax, start));
+    PYTFM_TRY(pytfm__check_attention_signs(func, "n_new", B, n_new, H, D));
+    int64_t n_cache = 0, n = 0, n_lse = 0;
+    PYTFM_TRY(pytfm__check_cache_positions(func, B, n_new, H, D, Tmax, start, &n_cache));
     PYTFM_CHECK_FINITE_IN(func, scale);
-    const int64_t vectors = B * n_new * H;
-    PYTFM_CHECK_PTR_IN(func, o, vectors);
-    PYTFM_CHECK_PTR_IN(func, lse, vectors);
-    PYTFM_CHECK_PTR_IN(func, q, vectors);
-    PYTFM_CHECK_PTR_IN(func, k_cache, B * H);
-    PYTFM_CHECK_PTR_IN(func, v_cache, B * H);
+    PYTFM_CHECK_COUNT(func, &n, float, B, n_new, H, D);
+    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, n_new);
+    PYTFM_CHECK_PTR_IN(func, o, n);
+    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
+    PYTFM_CHECK_PTR_IN(func, q, n);
+    PYTFM_CHECK_PTR_IN(func, k_cache, n_cache);
+    PYTFM_CHECK_PTR_IN(func, v_cache, n_cache);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(o, n, float),
+                         PYTFM_SPAN(lse, n_lse, float), PYTFM_SPAN(q, n, float),
+                         PYTFM_SPAN(k_cache, n_cache, float),
+                         PYTFM_SPAN(v_cache, n_cache, float));
     return PYTFM_STATUS_OK;
 }
 

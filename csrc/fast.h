@@ -48,6 +48,23 @@ typedef struct pytfm__fast_kernels {
 
 extern const pytfm__fast_kernels pytfm__fast_portable, pytfm__fast_avx2, pytfm__fast_avx512;
 
+/* One row of LayerNorm's forward, summed in double: the plain kernel's row (layernorm.c), and
+ * the fast kernels' fallback for the rare row whose float sums overflow or underflow
+ * (PYTFM_LN_FLOAT_SUMS_OK). Double holds the squares of any float's difference. */
+static inline void pytfm__layernorm_forward_row(float *y, float *mean, float *rstd,
+                                                const float *x, const float *w, const float *b,
+                                                int64_t cols, float eps) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < cols; j++) sum += x[j];
+    const double mu = sum / (double)cols;
+    double ss = 0.0;
+    for (int64_t j = 0; j < cols; j++) ss += (x[j] - mu) * (x[j] - mu);
+    const double rs = 1.0 / sqrt(ss / (double)cols + eps);
+    for (int64_t j = 0; j < cols; j++) y[j] = (float)((x[j] - mu) * rs) * w[j] + b[j];
+    *mean = (float)mu;
+    *rstd = (float)rs;
+}
+
 /* the kernels for isa, or NULL for PYTFM_ISA_PLAIN (the plain reference loops) */
 const pytfm__fast_kernels *pytfm__fast_for(int32_t isa);
 

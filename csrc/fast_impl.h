@@ -78,7 +78,12 @@ static void layernorm_forward(float *y, float *mean, float *rstd,
         for (int l = 0; l < LANES; l++) v[l] += (x[j + l] - x0 - d) * (x[j + l] - x0 - d);
     tail = 0.0f;
     for (; j < cols; j++) tail += (x[j] - x0 - d) * (x[j] - x0 - d);
-    const float rs = 1.0f / sqrtf((pytfm__lanes_sum(v) + tail) / (float)cols + eps);
+    const float ss = pytfm__lanes_sum(v) + tail;
+    if (!PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps)) { // squares past FLT_MAX or lost to underflow
+        pytfm__layernorm_forward_row(y, mean, rstd, x, w, b, cols, eps);
+        return;
+    }
+    const float rs = 1.0f / sqrtf(ss / (float)cols + eps);
     for (j = 0; j < cols; j++) y[j] = ((x[j] - x0 - d) * rs) * w[j] + b[j];
     *mean = x0 + d;
     *rstd = rs;
@@ -124,9 +129,9 @@ static void gelu_forward(float *y, const float *x, int64_t count) {
 
 static void gelu_backward(float *dx, const float *dy, const float *x, int64_t count) {
     for (int64_t i = 0; i < count; i++) { // dx may alias dy: each element is read before written
-        const float v = x[i], s = 1.0f / (1.0f + gelu_e_(v));
-        const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * v * v);
-        dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+        const float v = x[i], s = 1.0f / (1.0f + gelu_e_(v)), vt = PYTFM_GELU_TERM_V(v);
+        const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * vt * vt);
+        dx[i] = dy[i] * (s + 2.0f * vt * s * (1.0f - s) * du);
     }
 }
 

@@ -6,6 +6,10 @@
  * Computed through s = ½ (1 + tanh u) = 1 / (1 + e^(−2u)), an identity, so one expf replaces
  * the much slower tanhf; then ½ (1 − tanh² u) = 2 s (1 − s). The backward recomputes s from
  * x; nothing is saved beyond the input. Blocks of CHUNK elements go to threads.
+ * Every finite x gives a finite result, up to ±FLT_MAX: x³ may overflow to ±inf, which only
+ * sends e^(−2u) to 0 or +inf (s to 1 or 0, y to x or −0), and the backward's term in v·v is
+ * taken at v clamped to ±16 (PYTFM_GELU_TERM_V), past which it is 0. Non-finite x give what the
+ * reference gives: gelu(+inf) = +inf, gelu(−inf) = NaN (−inf · 0), gelu'(±inf) = NaN, NaN → NaN.
  */
 #include "checks.h"
 #include "fast.h"
@@ -46,9 +50,9 @@ pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x, int
     for (int64_t c = 0; c < count; c += CHUNK) {
         const int64_t end = PYTFM_MIN(count, c + CHUNK);
         for (int64_t i = c; i < end; i++) {
-            const float v = x[i], s = half_one_plus_tanh(v);
-            const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * v * v);
-            dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+            const float v = x[i], s = half_one_plus_tanh(v), vt = PYTFM_GELU_TERM_V(v);
+            const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * vt * vt);
+            dx[i] = dy[i] * (s + 2.0f * vt * s * (1.0f - s) * du);
         }
     }
     return PYTFM_STATUS_OK;

@@ -5,6 +5,7 @@
 #ifndef PYTFM_INTERNAL_H
 #define PYTFM_INTERNAL_H
 
+#include <float.h>
 #include <math.h>
 
 #include "pytfm.h"
@@ -17,6 +18,19 @@
  * (cuda/gelu.cu) kernels. */
 #define PYTFM_GELU_K 0.7978845608028654f /* sqrt(2/π) */
 #define PYTFM_GELU_A 0.044715f
+/* The backward's v used in the term 2 v s (1 − s) · k (1 + 3 a v²), s = ½ (1 + tanh u): past
+ * |v| = 16, e^(∓2u) is 0 or +inf in float, s is exactly 0 or 1 and the term is 0, so v is
+ * clamped to ±16 there and v·v cannot overflow into 0·inf = NaN for any finite v; ±inf is
+ * left as it is (NaN, as in the reference). */
+#define PYTFM_GELU_TERM_V(v)                                                                   \
+    ((v) > 16.0f && (v) <= FLT_MAX ? 16.0f : (v) < -16.0f && (v) >= -FLT_MAX ? -16.0f : (v))
+
+/* LayerNorm's float sums are used when Σ (x − μ)² is finite and var + eps is well above
+ * float's underflow (its small squares then keep their digits); a row of huge values (1e20:
+ * squares past FLT_MAX) or, with eps = 0, of tiny spread is summed again in double (the fast
+ * kernels and the CUDA one; the plain one always sums in double). */
+#define PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps)                                                  \
+    ((ss) <= FLT_MAX && (ss) / (float)(cols) + (eps) >= 1e-30f)
 
 /* Record a formatted message as this thread's last error and return status. */
 pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)
@@ -52,6 +66,47 @@ pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...)
 #define PYTFM_CHECK_FINITE(v) PYTFM_CHECK_FINITE_IN(__func__, v)
 #define PYTFM_CHECK_FINITE_IN(func, v)                                                         \
     PYTFM_CHECK(isfinite(v), "%s: %s must be finite, got %g", func, #v, (double)(v))
+
+/* ---- sizes and overlaps ------------------------------------------------------------------
+ * Every product of sizes and sum of offsets in the argument checks (checks.h) goes through
+ * pytfm__mul_within and pytfm__add_within, so that a size whose arithmetic would wrap is
+ * rejected instead of wrapping; once an array's element count has passed them, every index
+ * into it, and every product of its sizes a kernel forms, fits in an int64_t. */
+
+/* The most elements of elem_bytes bytes each one array may have: its byte count must fit in
+ * a ptrdiff_t (for float32, 2^61 − 1 on a 64-bit machine). */
+static inline int64_t pytfm__max_elems(size_t elem_bytes) {
+    return (int64_t)(PTRDIFF_MAX / (ptrdiff_t)elem_bytes);
+}
+
+/* *out = a·b for a, b >= 0, and 1; or 0, *out untouched, when a·b would exceed limit */
+static inline int pytfm__mul_within(int64_t a, int64_t b, int64_t limit, int64_t *out) {
+    if (a != 0 && b > limit / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* *out = a + b for a, b >= 0, and 1; or 0, *out untouched, when a + b would exceed limit */
+static inline int pytfm__add_within(int64_t a, int64_t b, int64_t limit, int64_t *out) {
+    if (b > limit - a) return 0;
+    *out = a + b;
+    return 1;
+}
+
+/* One buffer of a call, for the overlap check (pytfm__check_disjoint, checks.h): its public
+ * name, address and size in bytes (0, or a NULL p: it holds nothing and overlaps nothing). */
+typedef struct pytfm__span {
+    const char *name;
+    const void *p;
+    int64_t bytes;
+} pytfm__span;
+
+/* 1 when a and b share at least one byte */
+static inline int pytfm__overlap(pytfm__span a, pytfm__span b) {
+    if (!a.p || !b.p || a.bytes == 0 || b.bytes == 0) return 0;
+    const uintptr_t a0 = (uintptr_t)a.p, b0 = (uintptr_t)b.p;
+    return a0 < b0 + (uint64_t)b.bytes && b0 < a0 + (uint64_t)a.bytes;
+}
 
 /* Check that every index in ids[0..count) is in [0, limit), allowing `ignore` when
  * allow_ignore. Returns PYTFM_STATUS_OUT_OF_RANGE naming the first bad one. */

@@ -8,8 +8,11 @@
  *             dx = rstd · (g − mean(g) − x̂ · mean(g ∘ x̂))      (written)
  *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy            (accumulated)
  * Two passes over each row (mean, then centred variance), so the variance does not cancel
- * when |μ| ≫ σ. The plain version sums in double; the fast one (fast_impl.h) in float, over
- * x − x[0], whose small differences keep the digits of x − μ that a float sum of x rounds away.
+ * when |μ| ≫ σ. The plain version sums in double (pytfm__layernorm_forward_row, fast.h); the
+ * fast one (fast_impl.h) in float, over x − x[0], whose small differences keep the digits of
+ * x − μ that a float sum of x rounds away, and falls back to the plain row where the float sums
+ * overflow (values past ~1e19, whose squares pass FLT_MAX) or underflow (spread under ~1e-15
+ * with eps = 0): a check per row, the fallback as rare as such rows.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -28,19 +31,9 @@ pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const f
             k->layernorm_forward(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols, eps);
         return PYTFM_STATUS_OK;
     }
-    for (int64_t r = 0; r < rows; r++) { // the plain reference
-        const float *xr = x + r * cols;
-        float *yr = y + r * cols;
-        double sum = 0.0;
-        for (int64_t j = 0; j < cols; j++) sum += xr[j];
-        const double mu = sum / (double)cols;
-        double ss = 0.0;
-        for (int64_t j = 0; j < cols; j++) ss += (xr[j] - mu) * (xr[j] - mu);
-        const double rs = 1.0 / sqrt(ss / (double)cols + eps);
-        for (int64_t j = 0; j < cols; j++) yr[j] = (float)((xr[j] - mu) * rs) * w[j] + b[j];
-        mean[r] = (float)mu;
-        rstd[r] = (float)rs;
-    }
+    for (int64_t r = 0; r < rows; r++) // the plain reference
+        pytfm__layernorm_forward_row(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols,
+                                     eps);
     return PYTFM_STATUS_OK;
 }
 

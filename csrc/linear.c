@@ -14,7 +14,7 @@
 
 pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w, const float *b,
                                   int64_t rows, int64_t in, int64_t out) {
-    PYTFM_TRY(pytfm__check_linear_forward(__func__, y, x, w, rows, in, out));
+    PYTFM_TRY(pytfm__check_linear_forward(__func__, y, x, w, b, rows, in, out));
     const pytfm__product y_xwt = {y, x, w, rows, out, in, 0, 1, 0.0f};
     PYTFM_TRY(pytfm__sgemm_all(__func__, &y_xwt, 1));
     if (b) {
@@ -28,7 +28,7 @@ pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w, cons
 pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float *dy,
                                    const float *x, const float *w, int64_t rows, int64_t in,
                                    int64_t out) {
-    PYTFM_TRY(pytfm__check_linear_backward(__func__, dx, dw, dy, x, w, rows, in, out));
+    PYTFM_TRY(pytfm__check_linear_backward(__func__, dx, dw, db, dy, x, w, rows, in, out));
     const pytfm__product products[2] = {
         {dw, dy, x, out, in, rows, 1, 0, 1.0f}, // dW += dyᵀ·x: dy stored [rows, out] = op(A)ᵀ
         {dx, dy, w, rows, in, out, 0, 0, 0.0f}, // dx = dy·W, when dx is wanted

@@ -4,7 +4,10 @@
  *
  * The error message lives in thread-local storage: each thread sees its own last failure. The
  * thread count is one of the library's two process-wide settings (it changes speed, not
- * results); the other, the instruction-set cap, lives in isa.c.
+ * results); the other, the instruction-set cap, lives in isa.c. Whatever sets the thread count
+ * (pytfm_set_num_threads, or OMP_NUM_THREADS through OpenMP's default), the kernels use at
+ * most PYTFM_THREADS_PER_CORE threads per core: 100000 threads would each get a workspace,
+ * and 2^31 − 1 make libgomp end the process when it cannot create them.
  */
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -19,7 +22,7 @@
 #include "internal.h"
 
 static _Thread_local char last_error[512];
-static atomic_int num_threads; /* 0: OpenMP's default */
+static atomic_int num_threads; /* as set: 0 for OpenMP's default; clamped when read */
 
 pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...) {
     va_list args;
@@ -83,10 +86,28 @@ pytfm_status pytfm_set_num_threads(int32_t threads) {
     return PYTFM_STATUS_OK;
 }
 
+#if defined(_OPENMP)
+enum { PYTFM_THREADS_PER_CORE = 4 };
+
+/* PYTFM_THREADS_PER_CORE × the cores OpenMP may use (omp_get_num_procs: those of the process's
+ * CPU affinity), counted once: libgomp asks the kernel each time */
+static int max_threads(void) {
+    static atomic_int cached; /* 0 until the first call; racing first calls store one value */
+    int most = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (most == 0) {
+        const int procs = omp_get_num_procs();
+        most = PYTFM_THREADS_PER_CORE * (procs > 0 && procs < (1 << 20) ? procs : 1);
+        atomic_store_explicit(&cached, most, memory_order_relaxed);
+    }
+    return most;
+}
+#endif
+
 int32_t pytfm_get_num_threads(void) {
 #if defined(_OPENMP)
-    const int threads = atomic_load(&num_threads);
-    return threads > 0 ? threads : pytfm__default_threads();
+const int set = atomic_load(&num_threads), threads = set > 0 ? set : pytfm__default_threads();
+    const int most = max_threads();
+    return threads < 1 ? 1 : threads > most ? most : threads;
 #else
     return 1;
 #endif

@@ -3,7 +3,8 @@
  *
  *   forward:  u = k (x + a x³), k = sqrt(2/π), a = 0.044715;  y = ½ x (1 + tanh u)
  *   backward: dx = dy · (s + 2 x s (1 − s) · k (1 + 3 a x²)),  s = ½ (1 + tanh u) = 1/(1 + e^(−2u))
- * One thread per element in a grid-stride loop; in place (y == x, dx == dy) is allowed.
+ * One thread per element in a grid-stride loop; in place (y == x, dx == dy) is allowed. Finite
+ * and non-finite x as on the CPU (csrc/gelu.c): the backward's term at v clamped to ±16.
  */
 #include "pytfm_cuda.cuh"
 
@@ -29,9 +30,9 @@ static __global__ void gelu_backward_kernel(float *dx, const float *dy, const fl
                                             int64_t count) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float v = x[i], s = half_one_plus_tanh(v);
-        const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * v * v);
-        dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+        const float v = x[i], s = half_one_plus_tanh(v), vt = PYTFM_GELU_TERM_V(v);
+        const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * vt * vt);
+        dx[i] = dy[i] * (s + 2.0f * vt * s * (1.0f - s) * du);
     }
 }
 

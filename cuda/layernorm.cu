@@ -7,17 +7,40 @@
  *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy                      (accumulated)
  * Rows: a warp per row up to 1024 columns, a block per row beyond; two passes (mean, then the
  * centred variance), both over x − x0 (x0 the row's first value), as csrc/fast_impl.h does: when
- * |μ| ≫ σ those differences are small and exact, so no digits of x − μ are lost. The dw/db
- * column sums are a second kernel, the fixed-order column reduction of pytfm_cuda.cuh: no
- * atomics, the same bits on every run.
+ * |μ| ≫ σ those differences are small and exact, so no digits of x − μ are lost. A row whose
+ * float sums overflow or underflow (PYTFM_LN_FLOAT_SUMS_OK: values past ~1e19, or a tiny
+ * spread with eps = 0) is summed again in double, as the CPU kernels do. The dw/db column sums
+ * are a second kernel, the fixed-order column reduction of pytfm_cuda.cuh: no atomics, the
+ * same bits on every run.
  */
 #include "pytfm_cuda.cuh"
+
+/* the row again with double sums, as pytfm__layernorm_forward_row (csrc/fast.h) on the CPU */
+template <bool kWarp>
+static __device__ void layernorm_row_double(const pytfm__row_team<kWarp> &team, float *yr,
+                                            float *mean, float *rstd, const float *xr,
+                                            const float *w, const float *b, int64_t cols,
+                                            float eps, double *scratch) {
+    double sum = 0.0;
+    for (int64_t j = team.rank; j < cols; j += team.size) sum += xr[j];
+    const double mu = team.sum(sum, scratch) / (double)cols;
+    double ss = 0.0;
+    for (int64_t j = team.rank; j < cols; j += team.size) ss += (xr[j] - mu) * (xr[j] - mu);
+    const double rs = 1.0 / sqrt(team.sum(ss, scratch) / (double)cols + eps);
+    for (int64_t j = team.rank; j < cols; j += team.size)
+        yr[j] = (float)((xr[j] - mu) * rs) * w[j] + b[j];
+    if (team.rank == 0) {
+        *mean = (float)mu;
+        *rstd = (float)rs;
+    }
+}
 
 template <bool kWarp>
 static __global__ void layernorm_forward_kernel(float *y, float *mean, float *rstd,
                                                 const float *x, const float *w, const float *b,
                                                 int64_t rows, int64_t cols, float eps) {
     __shared__ float scratch[32];
+    __shared__ double wide_scratch[32];
     const pytfm__row_team<kWarp> team;
     for (int64_t r = team.first; r < rows; r += team.step) {
         const float *xr = x + r * cols;
@@ -29,7 +52,12 @@ static __global__ void layernorm_forward_kernel(float *y, float *mean, float *rs
         float ss = 0.0f;
         for (int64_t j = team.rank; j < cols; j += team.size)
             ss += (xr[j] - x0 - d) * (xr[j] - x0 - d);
-        const float rs = rsqrtf(team.sum(ss, scratch) / (float)cols + eps);
+        ss = team.sum(ss, scratch); // the same total in every thread: one branch for the team
+        if (!PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps)) {
+            layernorm_row_double(team, yr, mean + r, rstd + r, xr, w, b, cols, eps, wide_scratch);
+            continue;
+        }
+        const float rs = rsqrtf(ss / (float)cols + eps);
         for (int64_t j = team.rank; j < cols; j += team.size)
             yr[j] = (xr[j] - x0 - d) * rs * w[j] + b[j];
         if (team.rank == 0) {

@@ -18,7 +18,7 @@ static __global__ void add_bias_kernel(float *y, const float *b, int64_t rows, i
 extern "C" pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, const float *w,
                                                   const float *b, int64_t rows, int64_t in,
                                                   int64_t out, void *stream) {
-    PYTFM_TRY(pytfm__check_linear_forward(__func__, y, x, w, rows, in, out));
+    PYTFM_TRY(pytfm__check_linear_forward(__func__, y, x, w, b, rows, in, out));
     PYTFM_TRY(pytfm_sgemm_cuda(y, x, w, rows, out, in, 0, 1, 0.0f, stream));
     if (!b || rows == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(add_bias_kernel, dim3(pytfm__blocks(rows * out, 256, PYTFM_MAX_BLOCKS)),
@@ -38,7 +38,7 @@ extern "C" pytfm_status pytfm_linear_backward_cuda(float *dx, float *dw, float *
                                                    const float *dy, const float *x,
                                                    const float *w, int64_t rows, int64_t in,
                                                    int64_t out, void *stream) {
-    PYTFM_TRY(pytfm__check_linear_backward(__func__, dx, dw, dy, x, w, rows, in, out));
+    PYTFM_TRY(pytfm__check_linear_backward(__func__, dx, dw, db, dy, x, w, rows, in, out));
     if (dx) PYTFM_TRY(pytfm_sgemm_cuda(dx, dy, w, rows, in, out, 0, 0, 0.0f, stream));
     PYTFM_TRY(pytfm_sgemm_cuda(dw, dy, x, out, in, rows, 1, 0, 1.0f, stream)); // dy is op(A)ᵀ
     if (!db || rows == 0) return PYTFM_STATUS_OK;

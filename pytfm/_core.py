@@ -43,7 +43,11 @@ _CPU_FEATURES = {
 def set_num_threads(threads):
     """Threads for pytfm's kernels from now on (0: OpenMP's default, i.e. OMP_NUM_THREADS or
     all available cores). Results are the same at any thread count; only speed changes.
-    The environment variable PYTFM_NUM_THREADS sets it when pytfm is imported."""
+    Whatever sets it (this, PYTFM_NUM_THREADS, OMP_NUM_THREADS), the kernels use at most 4
+    threads per available core: a larger value is accepted and clamped, and get_num_threads()
+    reports the clamped count. Safe to call while another thread runs a kernel (it takes
+    effect from the next call). The environment variable PYTFM_NUM_THREADS sets it when pytfm
+    is imported."""
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int, got {type(threads).__name__}")
     if not 0 <= threads < 2**31:
@@ -52,7 +56,8 @@ def set_num_threads(threads):
 
 
 def get_num_threads():
-    """The number of threads the next kernel will use (1 in a build without OpenMP)."""
+    """The number of threads the next kernel will use, after the clamp to 4 per core (1 in a
+    build without OpenMP)."""
     return lib.pytfm_get_num_threads()
 
 

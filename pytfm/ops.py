@@ -220,13 +220,6 @@ class _Args:
             i = int(bad.ravel().argmax())
             raise ValueError(f"{name}[{i}] = {int(ids.ravel()[i])} is outside [0, {limit})")
 
-    def disjoint(self, *names):
-        """The arrays `names` must not share memory (an in-place update reads them all)."""
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:
-                if self.xp.may_share_memory(self.named[a], self.named[b]):
-                    raise ValueError(f"{a} and {b} must not share memory")
-
     # -- outputs and the call --
 
     def empty(self, shape):
@@ -490,7 +483,6 @@ def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
     same = dict(min_ndim=0, shape=param.shape, because="param.shape")
     grad = a.array("grad", **same)
     m, v = a.array("m", writable=True, **same), a.array("v", writable=True, **same)
-    a.disjoint("param", "grad", "m", "v")
     step = a.int("step")
     hyper = [a.float(name, kind="float64")
              for name in ("lr", "beta1", "beta2", "eps", "weight_decay")]

@@ -85,15 +85,30 @@ def rope_backward(dy, pos, base=10000.0):  # [B, T, H, D], [T] or [B, T] -> [B, 
     return np.concatenate([d0 * cos + d1 * sin, d1 * cos - d0 * sin], axis=-1)
 
 
+def _gelu_halves(x):  # [...] -> ½(1 + tanh u), ½(1 − tanh² u) for u = K(x + A x³)
+    """Both without cancellation: where tanh u is near ±1, 1 ± tanh u is computed from
+    e = e^(−2|u|) (1 + tanh u = 2e/(1 + e) for u < 0; 1 − tanh² u = 4e/(1 + e)²), which never
+    overflows: every float32 x, up to ±FLT_MAX, gives finite values (x³ fits in float64)."""
+    u = GELU_K * (x + GELU_A * x**3)
+    e = np.exp(-2.0 * np.abs(u))
+    t = np.tanh(u)
+    return np.where(u < 0, e / (1.0 + e), 0.5 * (1.0 + t)), 2.0 * e / (1.0 + e) ** 2
+
+
 def gelu_forward(x):  # [...] -> [...]
+    """0.5 x (1 + tanh u); +inf -> +inf, -inf -> NaN (-inf · 0), NaN -> NaN."""
     (x,) = _f64(x)
-    return 0.5 * x * (1.0 + np.tanh(GELU_K * (x + GELU_A * x**3)))
+    s, _ = _gelu_halves(x)
+    with np.errstate(invalid="ignore"):
+        return x * s
 
 
 def gelu_backward(dy, x):  # [...], [...] -> [...]
+    """dy (½(1 + tanh u) + x ½(1 − tanh² u) K (1 + 3A x²)); x = ±inf or NaN -> NaN."""
     dy, x = _f64(dy, x)
-    t = np.tanh(GELU_K * (x + GELU_A * x**3))
-    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * GELU_K * (1.0 + 3.0 * GELU_A * x**2))
+    s, q = _gelu_halves(x)
+    with np.errstate(invalid="ignore"):
+        return dy * (s + x * q * GELU_K * (1.0 + 3.0 * GELU_A * x**2))
 
 
 def embedding_forward(ids, table):  # int [...], [vocab, dim] -> [..., dim]

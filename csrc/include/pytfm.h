@@ -17,8 +17,19 @@
  *     (arguments, including index arrays, are validated before the first write), and
  *     pytfm_last_error() describes the failure in this thread.
  *   - Sizes must be >= 0; a size that makes the op meaningless (0 features, 0 classes) is an
- *     error, a zero row count is a no-op. Pointers may be NULL only where a comment says so,
- *     or where the buffer they point to has zero elements.
+ *     error, a zero row count is a no-op. Sizes whose array would not fit in memory (its byte
+ *     count, a product of sizes, past PTRDIFF_MAX; a cache position start + n_new past
+ *     INT64_MAX) are PYTFM_STATUS_INVALID_ARGUMENT, found before any pointer is read, so no
+ *     size product ever wraps (every function: tests/test_limits.py, tests/c/hostile_sizes.c).
+ *     Pointers may be NULL only where a comment says so, or where the buffer they point to has
+ *     zero elements.
+ *   - No output shares memory with another argument: every buffer a function writes or
+ *     accumulates into (gradients of parameters included) must not overlap, by address range,
+ *     any other buffer of the call, else PYTFM_STATUS_INVALID_ARGUMENT ("<function>: dw and x
+ *     must not share memory"). The only exceptions are exact in-place forms, where an output is
+ *     the very same buffer as an input, allowed where a comment says "may equal": GELU's y == x
+ *     and dx == dy, RoPE's y == x and dx == dy. Inputs may overlap each other. (Tests:
+ *     tests/test_extremes.py, with the float extremes of GELU, LayerNorm, softmax and exp.)
  *   - No function ends the process: failures are statuses, never a call to end the program.
  *   - Process-wide settings: two, the thread count (pytfm_set_num_threads) and the
  *     instruction-set cap (pytfm_set_max_isa). Both change speed; the cap also changes the last
@@ -73,7 +84,8 @@ extern "C" {
 /* ---- Status, errors, version, build information ------------------------------------- */
 /* Lives in: csrc/status.c (statuses, errors, scratch, thread count, build info), csrc/isa.c
  * (the instruction-set cap); Python pytfm/_core.py; tests: tests/test_errors.py,
- * test_build.py, test_sgemm.py (the cap). */
+ * test_build.py, test_sgemm.py (the cap), test_threads.py and c/thread_flips.c (the thread
+ * count). */
 
 typedef enum pytfm_status {
     PYTFM_STATUS_OK = 0,
@@ -98,15 +110,19 @@ PYTFM_API const char *pytfm_version(void);
 
 /* Threads used by the kernels (when built with OpenMP). The default, and the value after
  * pytfm_set_num_threads(0), is OpenMP's own (OMP_NUM_THREADS, else the available cores).
+ * Whatever the source (this setting, PYTFM_NUM_THREADS in Python, OMP_NUM_THREADS), the
+ * kernels use at most 4 threads per available core (4 × omp_get_num_procs(), the cores of the
+ * process's CPU affinity, counted once): a larger value is accepted and clamped to that.
  * One of the library's two process-wide settings (with the instruction-set cap below), like
  * a BLAS's thread setting: it changes speed only, never results, which are the same bits at
- * any thread count. A call that needs per-thread scratch reads it once, so a change from
- * another thread meanwhile is safe.
+ * any thread count. Each parallel region reads it once, and so does a call that sizes
+ * per-thread scratch for all of its regions: a change from another thread meanwhile is safe
+ * (it takes effect from the next call).
  * threads must be >= 0. Without OpenMP the setting is accepted and the kernels run on one
  * thread. */
 PYTFM_API pytfm_status pytfm_set_num_threads(int32_t threads);
 
-/* The number of threads the next kernel will use (1 without OpenMP). */
+/* The number of threads the next kernel will use, after the clamp above (1 without OpenMP). */
 PYTFM_API int32_t pytfm_get_num_threads(void);
 
 /* CPU features, as a bit mask in pytfm_build_info.cpu_features (detected at run time). */
@@ -233,7 +249,10 @@ PYTFM_API pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const 
  * test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* y = (x − mean) · rstd · w + b, rstd = 1/sqrt(var + eps), var the biased variance; accurate
  * to float32 rounding of the row's spread however far from zero the row lies (the fast and CUDA
- * kernels sum x − x[0], the plain one sums in double).
+ * kernels sum x − x[0], the plain one sums in double), and for rows of any finite values: a row
+ * whose float sums over- or underflow (values past about 1e19, whose squares pass FLT_MAX; a
+ * spread under about 1e-15 with eps = 0) is summed in double by the fast and CUDA kernels too.
+ * A row holding inf or NaN gives y and rstd NaN, as the reference does.
  *   y    [rows, cols] written
  *   mean [rows]       written, saved for the backward
  *   rstd [rows]       written, saved for the backward
@@ -250,6 +269,8 @@ PYTFM_API pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rst
  *   dy, x [rows, cols]; w [cols]; mean, rstd [rows] from the forward
  * x̂ is rebuilt from the saved float32 mean, whose rounding (eps·|mean|/2) moves it by that
  * much times rstd: rows far from zero relative to their spread lose that accuracy in dx, dw.
+ * x − mean is formed in float32: rows whose values lie more than FLT_MAX from their mean (of
+ * both signs near ±FLT_MAX) give inf and NaN here.
  * Scratch (the fast kernels, isa above PLAIN): the partial sums of dw and db over 16 fixed
  * chunks of rows, 2 · min(rows, 16) · cols floats.
  */
@@ -296,7 +317,9 @@ PYTFM_API pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int
  * pytfm/reference.py; tests in tests/: test_ops.py, test_reference.py, test_fast.py,
  * test_errors.py, test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* y = 0.5 x (1 + tanh(u)), u = sqrt(2/π) (x + 0.044715 x³), computed as x / (1 + e^(−2u))
- * (the same function, with one exp instead of a tanh)
+ * (the same function, with one exp instead of a tanh). Forward and backward are finite for
+ * every finite x, up to ±FLT_MAX; x = +inf gives y = +inf, x = −inf y = NaN (−inf · 0), and
+ * gelu'(±inf) and anything of NaN are NaN: what the reference (and PyTorch's formula) gives.
  *   y [count] written (may equal x), x [count]
  */
 PYTFM_API pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t count);
@@ -415,7 +438,8 @@ PYTFM_API pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv,
 
 /* Write n_new new keys and values into a KV cache at positions [start, start + n_new).
  *   k_cache, v_cache [B, Tmax, H, D] updated; k, v [B, n_new, H, D]
- *   start >= 0 and start + n_new <= Tmax (else PYTFM_STATUS_INVALID_ARGUMENT: cache overflow)
+ *   start >= 0 and start + n_new <= Tmax (else PYTFM_STATUS_INVALID_ARGUMENT: cache overflow,
+ *   also when start + n_new would pass INT64_MAX)
  */
 PYTFM_API pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache,
                                                     const float *k, const float *v, int64_t B,
