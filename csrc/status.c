@@ -105,7 +105,7 @@ static int max_threads(void) {
 
 int32_t pytfm_get_num_threads(void) {
 #if defined(_OPENMP)
-const int set = atomic_load(&num_threads), threads = set > 0 ? set : pytfm__default_threads();
+    const int set = atomic_load(&num_threads), threads = set > 0 ? set : pytfm__default_threads();
     const int most = max_threads();
     return threads < 1 ? 1 : threads > most ? most : threads;
 #else
