@@ -142,4 +142,7 @@ def test_a_huge_thread_count_from_the_environment_is_clamped(env):
     r = run_python(SNIPPET, **env)
     assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}"
     got, most = map(int, r.stdout.split())
-    assert got == most, r.stdout
+    if "PYTFM_NUM_THREADS" in env:
+        assert got == most, r.stdout
+    else:  # OpenMP's count is the default's ceiling; the default is the cores others leave free
+        assert 1 <= got <= most // 4, r.stdout
