@@ -41,8 +41,10 @@ _CPU_FEATURES = {
 
 
 def set_num_threads(threads):
-    """Threads for pytfm's kernels from now on (0: OpenMP's default, i.e. OMP_NUM_THREADS or
-    all available cores). Results are the same at any thread count; only speed changes.
+    """Threads for pytfm's kernels from now on. 0, the default: OpenMP's (OMP_NUM_THREADS or
+    all available cores), but no more than the cores other processes leave free (on Linux,
+    sampled every 100 ms), so that a busy neighbour does not slow the kernels down; a count
+    set here is kept. Results are the same at any thread count; only speed changes.
     Whatever sets it (this, PYTFM_NUM_THREADS, OMP_NUM_THREADS), the kernels use at most 4
     threads per available core: a larger value is accepted and clamped, and get_num_threads()
     reports the clamped count. Safe to call while another thread runs a kernel (it takes

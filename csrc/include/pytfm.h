@@ -83,9 +83,9 @@ extern "C" {
 
 /* ---- Status, errors, version, build information ------------------------------------- */
 /* Lives in: csrc/status.c (statuses, errors, scratch, thread count, build info), csrc/isa.c
- * (the instruction-set cap); Python pytfm/_core.py; tests: tests/test_errors.py,
- * test_build.py, test_sgemm.py (the cap), test_threads.py and c/thread_flips.c (the thread
- * count). */
+ * (the instruction-set cap), csrc/free_cores.c (the default thread count); Python
+ * pytfm/_core.py; tests: tests/test_errors.py, test_build.py, test_sgemm.py (the cap),
+ * test_threads.py, test_busy.py and c/thread_flips.c (the thread count); bench/busy.py. */
 
 typedef enum pytfm_status {
     PYTFM_STATUS_OK = 0,
@@ -109,8 +109,12 @@ PYTFM_API const char *pytfm_last_error(void);
 PYTFM_API const char *pytfm_version(void);
 
 /* Threads used by the kernels (when built with OpenMP). The default, and the value after
- * pytfm_set_num_threads(0), is OpenMP's own (OMP_NUM_THREADS, else the available cores).
- * Whatever the source (this setting, PYTFM_NUM_THREADS in Python, OMP_NUM_THREADS), the
+ * pytfm_set_num_threads(0), is OpenMP's own (OMP_NUM_THREADS, else the available cores), but
+ * no more than the cores that other processes leave free (csrc/free_cores.c; on Linux, when
+ * the process may run on every online CPU: the machine's runnable tasks less this process's,
+ * from /proc, sampled at most every 100 ms). A team of threads runs at the pace of its slowest
+ * one, so with one of two cores busy elsewhere, two threads were three times slower than one
+ * (bench/busy.py). A count set here or by PYTFM_NUM_THREADS is kept as given. Whatever the source (this setting, PYTFM_NUM_THREADS in Python, OMP_NUM_THREADS), the
  * kernels use at most 4 threads per available core (4 × omp_get_num_procs(), the cores of the
  * process's CPU affinity, counted once): a larger value is accepted and clamped to that.
  * One of the library's two process-wide settings (with the instruction-set cap below), like
