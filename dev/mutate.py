@@ -172,6 +172,13 @@ MUTATIONS = {
                                       "((ss) <= FLT_MAX)", EXTREMES),
     "cuda_ln_no_fallback": ("cuda/layernorm.cu", "if (!PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps)) {", "if (0) {", EXTREMES),
     "reference_gelu_cancels": ("pytfm/reference.py", "np.where(u < 0, e / (1.0 + e), 0.5 * (1.0 + t))", "0.5 * (1.0 + t)", EXTREMES),
+    # the default thread count, checkpoints and the example scripts' flags
+    "threads_default_ignores_neighbours": ("csrc/free_cores.c", "return PYTFM_MIN(omp_get_max_threads(), atomic_load(&free_cores));",
+                                           "return omp_get_max_threads();", ["tests/test_busy.py"]),
+    "ckpt_offsets_may_overlap": ("pytfm/checkpoint.py", "        if begin != at:\n", "        if begin > at:\n",
+                                 ["tests/test_checkpoint.py"]),
+    "tiny_no_write_probe": ("examples/train_tiny.py", "fd, probe = tempfile.mkstemp(prefix=\".write-test-\", dir=out)\n        os.close(fd)\n        os.unlink(probe)",
+                            "pass", ["tests/test_cli.py"]),
 }
 
 
