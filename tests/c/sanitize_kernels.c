@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "check.h"
 #include "pytfm.h"
 
 static uint32_t lcg = 12345u;
@@ -23,14 +24,6 @@ static int64_t *indices(int64_t count, int64_t limit) {
     for (int64_t i = 0; i < count; i++) p[i] = (int64_t)next() % limit;
     return p;
 }
-
-#define CHECK(call)                                                                            \
-    do {                                                                                       \
-        if ((call) != PYTFM_STATUS_OK) {                                                       \
-            fprintf(stderr, "%s failed: %s\n", #call, pytfm_last_error());                     \
-            return 1;                                                                          \
-        }                                                                                      \
-    } while (0)
 
 /* rows: the row count of the row-wise ops, T of attention and RoPE; a and b: the other sizes */
 static int run(int64_t rows, int64_t a, int64_t b) {

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
 #include "pytfm.h"
 
 enum { B = 2, T = 80, H = 3, D = 32, N = B * T * H * D, M = 150, K = 200, NN = 96 };
@@ -38,14 +39,6 @@ static void *flipper(void *arg) {
             pytfm_set_num_threads(counts[i]);
     return NULL;
 }
-
-#define CHECK(call)                                                                            \
-    do {                                                                                       \
-        if ((call) != PYTFM_STATUS_OK) {                                                       \
-            fprintf(stderr, "%s failed: %s\n", #call, pytfm_last_error());                     \
-            return 1;                                                                          \
-        }                                                                                      \
-    } while (0)
 
 static int run(results *r) {
     memset(r, 0, sizeof *r);
