@@ -175,6 +175,8 @@ MUTATIONS = {
     # the default thread count, checkpoints and the example scripts' flags
     "threads_default_ignores_neighbours": ("csrc/free_cores.c", "return PYTFM_MIN(omp_get_max_threads(), atomic_load(&free_cores));",
                                            "return omp_get_max_threads();", ["tests/test_busy.py"]),
+    "last_error_shared": ("csrc/status.c", "static _Thread_local char last_error[512];",
+                          "static char last_error[512];", ["tests/test_threads.py"]),
     "ckpt_offsets_may_overlap": ("pytfm/checkpoint.py", "        if begin != at:\n", "        if begin > at:\n",
                                  ["tests/test_checkpoint.py"]),
     "tiny_no_write_probe": ("examples/train_tiny.py", "fd, probe = tempfile.mkstemp(prefix=\".write-test-\", dir=out)\n        os.close(fd)\n        os.unlink(probe)",

@@ -146,3 +146,51 @@ def test_a_huge_thread_count_from_the_environment_is_clamped(env):
         assert got == most, r.stdout
     else:  # OpenMP's count is the default's ceiling; the default is the cores others leave free
         assert 1 <= got <= most // 4, r.stdout
+
+
+def test_kernels_called_from_several_threads_at_once_give_the_serial_bits():
+    in_subprocess("several_callers")
+
+
+def several_callers(callers=4, seconds=2.0):
+    """Python threads each calling the kernels at once (cffi lets go of the GIL during a call,
+    so their OpenMP teams really overlap), and two more whose calls fail in C with different
+    messages: every result equals the serial one, and each failing thread reads its own last
+    error."""
+    run = workload()
+    want = run()
+    x, table = np.ones((2, 3), np.float32), np.ones((3, 4), np.float32)
+    failures, stop = [], time.monotonic() + seconds
+    wrong_calls = {
+        "pytfm_layernorm_forward: eps must be >= 0":
+            lambda: ops.layernorm_forward(x, x[0], x[0], eps=-1.0),
+        "pytfm_embedding_forward: ids[1] = 5 is outside [0, 3)":
+            lambda: ops.embedding_forward(np.array([0, 5]), table),
+    }
+
+    def call():
+        try:
+            while time.monotonic() < stop:
+                if any(not np.array_equal(g, r) for g, r in zip(run(), want)):
+                    failures.append("a result changed")
+        except Exception as e:  # noqa: BLE001 - reported below, not lost with the thread
+            failures.append(repr(e))
+
+    def fail(message, wrong):
+        n = 0
+        while time.monotonic() < stop or n == 0:
+            try:
+                wrong()
+                failures.append(f"no error for {message}")
+            except ValueError as e:
+                if not str(e).startswith(message):
+                    failures.append(f"{str(e)!r} in the thread expecting {message!r}")
+            n += 1
+
+    threads = [threading.Thread(target=call) for _ in range(callers)]
+    threads += [threading.Thread(target=fail, args=item) for item in wrong_calls.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]
