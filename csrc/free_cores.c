@@ -21,6 +21,7 @@
 #include <dirent.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,9 +47,18 @@ static long long monotonic_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* where /proc is: the environment variable PYTFM_PROC_ROOT, read at each sample, lets the
+ * tests (tests/test_busy.py) show the sampling a machine of their making */
+static const char *proc_root(void) {
+    const char *root = getenv("PYTFM_PROC_ROOT");
+    return root && *root ? root : "/proc";
+}
+
 /* runnable tasks on the machine, the caller included; -1 when unknown */
 static int machine_running(void) {
-    FILE *f = fopen("/proc/loadavg", "r");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/loadavg", proc_root());
+    FILE *f = fopen(path, "r");
     if (!f) return -1;
     int running = -1;
     if (fscanf(f, "%*f %*f %*f %d/%*d", &running) != 1) running = -1;
@@ -58,13 +68,15 @@ static int machine_running(void) {
 
 /* this process's runnable threads, the caller included; -1 when unknown */
 static int own_running(void) {
-    DIR *dir = opendir("/proc/self/task");
+    char tasks[4096];
+    snprintf(tasks, sizeof tasks, "%s/self/task", proc_root());
+    DIR *dir = opendir(tasks);
     if (!dir) return -1;
     int running = 0;
     for (struct dirent *e; (e = readdir(dir)) != NULL;) {
         if (e->d_name[0] == '.') continue;
-        char path[64], line[512];
-        snprintf(path, sizeof path, "/proc/self/task/%.20s/stat", e->d_name);
+        char path[4200], line[512];
+        snprintf(path, sizeof path, "%s/%.20s/stat", tasks, e->d_name);
         FILE *f = fopen(path, "r");
         if (!f) continue; /* the thread has just exited */
         const size_t n = fread(line, 1, sizeof line - 1, f);

@@ -65,6 +65,9 @@ def main(argv=None):
     if not raw:
         p.error("--prompt must not be empty: generation continues at least one byte")
     model = load(p, args.checkpoint)
+    if model.cfg.vocab != data.VOCAB:  # the prompt's bytes are its token ids
+        p.error(f"checkpoint: its model has a vocabulary of {model.cfg.vocab} tokens, not the "
+                f"{data.VOCAB} bytes sample.py encodes text into")
     max_seq = model.cfg.max_seq
     if len(raw) > max_seq:
         p.error(f"--prompt is {len(raw)} bytes, longer than the model's context of {max_seq}")

@@ -199,8 +199,11 @@ def load_checkpoint(p, path, model=None, opt=None):
     """checkpoint.load, a bad file reported in one line: -> (model, step, extra)."""
     try:
         model, step, extra = checkpoint.load(path, model, opt)
-        if not isinstance(extra, dict):
-            raise checkpoint.CheckpointError(f"{path}: its extra metadata is not a dict")
+        log = extra.get("log", []) if isinstance(extra, dict) else None
+        if not isinstance(log, list) or not all(
+                isinstance(r, list) and len(r) == 6 and type(r[0]) is int for r in log):
+            raise checkpoint.CheckpointError(f"{path}: its extra metadata is not train_tiny's "
+                                             "(a dict whose log is a list of rows)")
         return model, step, extra
     except checkpoint.CheckpointError as e:  # all a malformed file can raise
         p.error(f"--resume: {e}")

@@ -45,7 +45,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0)
     """Continue prompt (int64 (B, T0), T0 >= 1) by max_new_tokens (>= 0) tokens
     -> (B, T0 + max_new_tokens).
     The total length may not exceed model.cfg.max_seq. Same seed (an integer >= 0), same
-    tokens."""
+    tokens; seed None draws fresh randomness."""
     prompt = np.asarray(prompt)
     if prompt.dtype.kind not in "iu":  # 1.5 or True must not become a token id silently
         raise TypeError(f"prompt must hold integer token ids, got dtype {prompt.dtype}")
@@ -61,17 +61,17 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0)
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     temperature, top_k = _sampling(temperature, top_k)
     if isinstance(seed, (bool, np.bool_)):
-        raise TypeError("seed must be an integer, got bool")
+        raise TypeError("seed must be an integer or None, got bool")
     try:
-        if operator.index(seed) < 0:
+        if seed is not None and operator.index(seed) < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
     except TypeError:
-        raise TypeError(f"seed must be an integer, got {type(seed).__name__}") from None
+        raise TypeError(f"seed must be an integer or None, got {type(seed).__name__}") from None
     if prompt.shape[1] + max_new_tokens > model.cfg.max_seq:
         raise ValueError(f"prompt of {prompt.shape[1]} tokens + {max_new_tokens} new ones exceeds "
                          f"max_seq = {model.cfg.max_seq}")
     rng = np.random.default_rng(seed)
-    caches = model.new_caches(prompt.shape[0])
+    caches = model.new_caches(prompt.shape[0], prompt.shape[1] + max_new_tokens)
     logits = model.decode(prompt, caches)[:, -1]
     out = [prompt]
     for i in range(max_new_tokens):

@@ -311,10 +311,12 @@ class GPT:
             dx = block.backward(dx)
         self.wte.backward(dx)  # the positional table, if any, is fixed
 
-    def new_caches(self, batch):
-        """One KV cache per block, for decode()."""
+    def new_caches(self, batch, max_len=None):
+        """One KV cache per block, for decode(), of max_len positions (default and at most
+        cfg.max_seq: a generation sizes them to what it will decode, not to the context)."""
         c = self.cfg
-        return [KVCache(batch, c.max_seq, c.n_head, c.d_model // c.n_head)
+        max_len = c.max_seq if max_len is None else min(max_len, c.max_seq)
+        return [KVCache(batch, max_len, c.n_head, c.d_model // c.n_head)
                 for _ in range(c.n_layer)]
 
     def decode(self, idx, caches):

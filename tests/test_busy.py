@@ -58,3 +58,29 @@ def test_default_thread_count_leaves_the_cores_that_neighbours_keep_busy():
 def test_default_thread_count_is_at_least_one_and_at_most_openmps():
     assert probe(seconds=0.2, OMP_NUM_THREADS="1") == 1
     assert 1 <= probe(seconds=0.2) <= CORES
+
+
+def fake_proc(root, machine_running, own_states):
+    """A /proc of our making (PYTFM_PROC_ROOT): loadavg with machine_running runnable tasks,
+    and this process's threads in the given states ("R" runnable, "S" asleep)."""
+    (root / "loadavg").write_text(f"0.50 0.40 0.30 {machine_running}/300 4242\n")
+    for i, state in enumerate(own_states):
+        task = root / "self" / "task" / str(100 + i)
+        task.mkdir(parents=True)
+        (task / "stat").write_text(f"{100 + i} (a (b) c) {state} 1 2 3\n")  # ')' in the name
+    return str(root)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or CORES < 2,
+                    reason="the neighbour count is read from Linux's /proc; needs 2 cores")
+@pytest.mark.parametrize("machine, own, others", [
+    (3, "RRS", 1),  # this process's own running threads are not neighbours
+    (1, "R", 0),
+    (CORES + 5, "RS", CORES + 4),  # more neighbours than cores: still one thread
+    (2, "RRRR", 0),  # fewer runnable than ours (the two reads are not one snapshot)
+])
+def test_the_default_counts_only_other_processes_tasks(tmp_path, machine, own, others):
+    if len(os.sched_getaffinity(0)) < os.cpu_count():
+        pytest.skip("this process may not run on every CPU: the default count does not adapt")
+    root = fake_proc(tmp_path, machine, own)
+    assert probe(PYTFM_PROC_ROOT=root) == max(1, CORES - others)

@@ -114,9 +114,11 @@ PYTFM_API const char *pytfm_version(void);
  * the process may run on every online CPU: the machine's runnable tasks less this process's,
  * from /proc, sampled at most every 100 ms). A team of threads runs at the pace of its slowest
  * one, so with one of two cores busy elsewhere, two threads were three times slower than one
- * (bench/busy.py). A count set here or by PYTFM_NUM_THREADS is kept as given. Whatever the source (this setting, PYTFM_NUM_THREADS in Python, OMP_NUM_THREADS), the
- * kernels use at most 4 threads per available core (4 × omp_get_num_procs(), the cores of the
- * process's CPU affinity, counted once): a larger value is accepted and clamped to that.
+ * (bench/busy.py). A count set here or by PYTFM_NUM_THREADS is not lowered for neighbours,
+ * only clamped: whatever the source (this setting, PYTFM_NUM_THREADS in Python,
+ * OMP_NUM_THREADS), the kernels use at most 4 threads per available core (4 ×
+ * omp_get_num_procs(), the cores of the process's CPU affinity, counted once): a larger value
+ * is accepted and clamped to that.
  * One of the library's two process-wide settings (with the instruction-set cap below), like
  * a BLAS's thread setting: it changes speed only, never results, which are the same bits at
  * any thread count. Each parallel region reads it once, and so does a call that sizes
