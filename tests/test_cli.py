@@ -2,6 +2,7 @@
 them: argparse's usage and one line naming the problem on stderr, exit status 2, no traceback,
 and nothing trained (the checks come first, so each case takes about an interpreter start)."""
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -78,6 +79,9 @@ def files(tmp_path):
     (tmp_path / "bad" / "model.safetensors").write_bytes(good[:100])  # truncated
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "model.safetensors").write_bytes(b"\x02" + b"\x00" * 7 + b"[]")
+    (tmp_path / "small").mkdir()  # a good checkpoint, of a model whose tokens are not bytes
+    checkpoint.save(str(tmp_path / "small" / "model.safetensors"),
+                    GPT(dataclasses.replace(CONFIG, vocab=50)))
     return tmp_path
 
 
@@ -208,6 +212,7 @@ SAMPLE_CASES = [
     (["bad/model.safetensors"], ["checkpoint", "truncated?"]),
     (["junk/model.safetensors"], ["checkpoint", "not an object"]),
     (["corpus.txt"], ["checkpoint", "corpus.txt"]),
+    (["small/model.safetensors"], ["checkpoint", "vocabulary of 50 tokens", "256 bytes"]),
     (["run/model.safetensors", "--prompt", ""], ["--prompt must not be empty"]),
     (["run/model.safetensors", "--prompt", "x" * 40],
      ["--prompt is 40 bytes, longer than the model's context of 32"]),

@@ -79,11 +79,12 @@ def run_cases(name, emu_path):
     """In this process: call name with every case of SPECS, its buffers tiny and then NULL,
     and its _cuda twin (NULL stream) through pytfm's library and on the emulator library at
     emu_path; print one JSON line per call: the mode, status, message, buffers intact."""
-    from pytfm._core import ffi, lib
+    from pytfm import _core
 
-    modes = [("tiny", ffi, lib, False, False), ("null", ffi, lib, True, False)]
+    ffi_, lib_ = _core.ffi, _core.lib
+    modes = [("tiny", ffi_, lib_, False, False), ("null", ffi_, lib_, True, False)]
     if name not in CPU_ONLY:
-        modes.append(("cuda", ffi, lib, False, True))
+        modes.append(("cuda", ffi_, lib_, False, True))
         if emu_path:
             import cuda_emu
 

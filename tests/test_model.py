@@ -244,6 +244,13 @@ def test_decoding_between_forward_and_backward_leaves_the_gradients_alone(tie):
         assert g.tobytes() == want[name].tobytes(), name
 
 
+def test_generation_sizes_its_caches_to_what_it_decodes_not_to_the_context():
+    # a context of 2**40 positions would be 32 TiB of caches: a checkpoint may well claim it
+    model = GPT(GPTConfig(vocab=256, d_model=8, n_layer=1, n_head=2, max_seq=2**40))
+    out = generate(model, np.array([[1, 2]]), 3, temperature=0)
+    assert out.shape == (1, 5) and (out[:, :2] == [[1, 2]]).all()
+
+
 @pytest.mark.parametrize("pos", ["rope", "sinusoidal", "none"])
 def test_greedy_generation_through_the_kv_cache_equals_full_recomputation(pos):
     model = tiny(pos, max_seq=24)
