@@ -44,25 +44,16 @@ VARIANTS = {
 NOISE = 0.95
 POLICY_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "PYTFM_NUM_THREADS")
 
-STEP = """
+# the step is bench/worker.py's, train_tiny's config (TRAIN[0]); threads 0: the default count
+STEP = f"""
 import statistics, sys, time
-import pytfm
-from pytfm import data
-from pytfm.nn import GPT, GPTConfig
-from pytfm.optim import AdamW, clip_grad_norm
+sys.path.insert(0, {HERE!r})
+import pytfm, worker
 threads, seconds = int(sys.argv[1]), float(sys.argv[2])
 if threads:
     pytfm.set_num_threads(threads)
-B, T = 8, 128
-model = GPT(GPTConfig(d_model=128, n_layer=4, n_head=4, max_seq=T, seed=0))
-opt = AdamW(model.params, model.grads, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-x, y = data.Batches(data.stdlib_corpus(), T, B, seed=0).batch("train", 0)
-def step():
-    model.zero_grad()
-    model.forward(x, y)
-    model.backward()
-    clip_grad_norm(model.grads, 1.0)
-    opt.step(1e-4)
+*_, T, B = worker.TRAIN[0]
+[(_, step)] = worker.train_cases("pytfm", threads, worker.TRAIN[:1])
 step()
 times, end = [], time.perf_counter() + seconds
 while time.perf_counter() < end or len(times) < 5:

@@ -186,13 +186,14 @@ def attention_cases(lib):
 # ---- a training step: forward, backward, clipping, AdamW ------------------------------------
 
 
-def train_cases(lib, threads):
+def train_cases(lib, threads, configs=TRAIN):
+    """[(case, step)]: one training step of each of configs (TRAIN's rows) by lib."""
     from pytfm import data
     from pytfm.nn import GPT, GPTConfig
     from pytfm.optim import AdamW, clip_grad_norm
 
     cases = []
-    for name, d, L, H, T, B in TRAIN:
+    for name, d, L, H, T, B in configs:
         model = GPT(GPTConfig(d_model=d, n_layer=L, n_head=H, max_seq=T, seed=0))
         batches = data.Batches(data.stdlib_corpus(), T, B, seed=0)
         x, y = batches.batch("train", 0)
