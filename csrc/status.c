@@ -79,6 +79,8 @@ const char *pytfm_last_error(void) { return last_error; }
 
 const char *pytfm_version(void) { return PYTFM_VERSION; }
 
+int32_t pytfm_abi_version(void) { return PYTFM_ABI_VERSION; }
+
 pytfm_status pytfm_set_num_threads(int32_t threads) {
     PYTFM_CHECK(threads >= 0, "%s: threads must be >= 0 (0: the default), got %d", __func__,
                 (int)threads);

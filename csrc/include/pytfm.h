@@ -68,6 +68,11 @@
 #define PYTFM_VERSION_MINOR 1
 #define PYTFM_VERSION_PATCH 0
 #define PYTFM_VERSION "0.1.0"
+/* The ABI number: raised when a function's signature, a struct's layout or an enum's values
+ * change incompatibly (new functions do not raise it). The CMake build names the shared
+ * library's SONAME after it (libpytfm.so.1); pytfm_abi_version() is the library's own, so a
+ * program can check at run time that it was compiled against a compatible header. */
+#define PYTFM_ABI_VERSION 1
 
 #if defined(PYTFM_BUILDING) && defined(__GNUC__)
 #define PYTFM_API __attribute__((visibility("default")))
@@ -107,6 +112,9 @@ PYTFM_API const char *pytfm_last_error(void);
 
 /* The library version, "MAJOR.MINOR.PATCH" (PYTFM_VERSION of the header it was built with). */
 PYTFM_API const char *pytfm_version(void);
+
+/* The library's PYTFM_ABI_VERSION (of the header it was built with). */
+PYTFM_API int32_t pytfm_abi_version(void);
 
 /* Threads used by the kernels (when built with OpenMP). The default, and the value after
  * pytfm_set_num_threads(0), is OpenMP's own (OMP_NUM_THREADS, else the available cores), but
@@ -463,6 +471,137 @@ PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float 
                                               const float *k_cache, const float *v_cache,
                                               int64_t B, int64_t n_new, int64_t H, int64_t D,
                                               int64_t Tmax, int64_t start, float scale);
+
+/* ---- Model: a GPT from a pytfm checkpoint, in C ----------------------------------------- */
+/* Lives in: csrc/json.c and csrc/safetensors.c (the checkpoint reader, internal header
+ * csrc/checkpoint.h), csrc/model.c (models and sessions), csrc/sample.c (the generator and
+ * sampling); example examples/generate.c; tests tests/test_c_model.py (against pytfm.nn),
+ * tests/test_c_checkpoint.py (malformed files), tests/c/open_checkpoints.c (the same under
+ * ASan), tests/fuzz/ (libFuzzer).
+ *
+ * The model pytfm.nn.GPT runs, read from a checkpoint written by pytfm.checkpoint.save (or
+ * examples/train_tiny.py): the forward pass on token sequences, and a session that decodes
+ * token by token through a KV cache, through the same kernels Python uses, in the same order,
+ * so that logits agree with Python's to float32 rounding (the same bits, where the thread
+ * count and instruction-set cap are the same).
+ *
+ * Handles are opaque. A model is read-only once opened: any number of threads may call
+ * pytfm_model_forward and use their own sessions of one model at once. A session belongs to one
+ * thread at a time. Close sessions before their model. Nothing is global: two models, or two
+ * sessions, share no state. */
+
+typedef struct pytfm_model pytfm_model;
+typedef struct pytfm_session pytfm_session;
+
+/* Where a model runs. Only the CPU for now; PYTFM_DEVICE_CUDA is NOT_SUPPORTED (reserved). */
+typedef enum pytfm_device {
+    PYTFM_DEVICE_CPU = 0,
+    PYTFM_DEVICE_CUDA = 1
+} pytfm_device;
+
+/* pytfm.nn.GPTConfig.pos */
+typedef enum pytfm_pos {
+    PYTFM_POS_ROPE = 0,       /* rotary embeddings on q and k */
+    PYTFM_POS_SINUSOIDAL = 1, /* a fixed sin/cos table added to the token embeddings */
+    PYTFM_POS_NONE = 2        /* no positions */
+} pytfm_pos;
+
+/* A model's shape, from the checkpoint's __metadata__ (GPTConfig and the training step). */
+typedef struct pytfm_model_config {
+    int64_t vocab;
+    int64_t d_model;
+    int64_t n_layer;
+    int64_t n_head;
+    int64_t max_seq;        /* the longest sequence: forward's T and a session's length */
+    int32_t pos;            /* a pytfm_pos */
+    int32_t tie_embeddings; /* 1: the LM head is the token embedding table */
+    int64_t n_params;       /* floats of parameters (a tied table counted once) */
+    int64_t step;           /* the training step the checkpoint was saved at */
+} pytfm_model_config;
+
+/* Open the checkpoint at path and read its parameters into memory (the file is closed when
+ * this returns). Every byte is checked before any is trusted: the safetensors header (length,
+ * strict UTF-8 JSON, dtypes, shapes, offsets that tile the data exactly), the pytfm
+ * __metadata__ (format, a GPTConfig that pytfm.nn accepts, step), and that the tensors are
+ * exactly the parameters that config implies, by name, dtype and shape (AdamW's moments,
+ * optim.m.<name> / optim.v.<name>, may be there too and are skipped). A file Python's
+ * pytfm.checkpoint.load rejects is rejected here too: PYTFM_STATUS_INVALID_ARGUMENT with a
+ * message naming the file and what is wrong; PYTFM_STATUS_NOT_SUPPORTED for a device other
+ * than PYTFM_DEVICE_CPU; PYTFM_STATUS_OUT_OF_MEMORY. On failure *model is set to NULL.
+ *   model   receives the handle (pytfm_model_close frees it)
+ *   device  a pytfm_device */
+PYTFM_API pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t device);
+
+/* As pytfm_model_open, from size bytes of a checkpoint in memory (copied: data may be freed
+ * once this returns). */
+PYTFM_API pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data,
+                                               size_t size, int32_t device);
+
+/* Free a model (NULL: nothing to do). Its sessions must be closed first. */
+PYTFM_API pytfm_status pytfm_model_close(pytfm_model *model);
+
+/* Fill *config with the model's shape. */
+PYTFM_API pytfm_status pytfm_model_get_config(const pytfm_model *model,
+                                              pytfm_model_config *config);
+
+/* The logits of every position of B sequences of T tokens, as pytfm.nn.GPT.forward(tokens).
+ *   logits [B, T, vocab] written;  tokens [B, T], each in [0, vocab) (else
+ *   PYTFM_STATUS_OUT_OF_RANGE);  1 <= T <= max_seq;  B >= 0
+ * Scratch: the activations of one layer for B·T tokens, about B·T·(10·d_model + vocab) floats
+ * plus attention's (pytfm_attention_forward). */
+PYTFM_API pytfm_status pytfm_model_forward(const pytfm_model *model, float *logits,
+                                           const int64_t *tokens, int64_t B, int64_t T);
+
+/* A decoding session of one sequence: KV caches for max_len positions (1 <= max_len <=
+ * max_seq; 0: max_seq), allocated here, about 2·n_layer·max_len·d_model floats. */
+PYTFM_API pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *model,
+                                          int64_t max_len);
+
+/* Free a session (NULL: nothing to do). */
+PYTFM_API pytfm_status pytfm_session_close(pytfm_session *session);
+
+/* Append n >= 1 tokens to the sequence (a prompt at once, or one token at a time) and write
+ * the logits [vocab] that follow the last of them, as pytfm.nn.GPT.decode; logits may be NULL
+ * to only fill the caches. Each token costs O(length · d_model) beyond its projections: no
+ * recomputation of the earlier ones. length + n > max_len is PYTFM_STATUS_INVALID_ARGUMENT and
+ * changes nothing (as does any failure).
+ *   logits [vocab] written;  tokens [n], each in [0, vocab) */
+PYTFM_API pytfm_status pytfm_session_feed(pytfm_session *session, float *logits,
+                                          const int64_t *tokens, int64_t n);
+
+/* The number of tokens fed since the session opened or was last reset. */
+PYTFM_API pytfm_status pytfm_session_length(const pytfm_session *session, int64_t *length);
+
+/* Forget every token (the caches are kept for reuse). */
+PYTFM_API pytfm_status pytfm_session_reset(pytfm_session *session);
+
+/* The random number generator of sampling: xoshiro256** (Blackman and Vigna, 2018), its
+ * state seeded by SplitMix64 from a 64-bit seed: state[i] = the i-th SplitMix64 output,
+ * i = 0..3, starting from x = seed (x += 0x9e3779b97f4a7c15; z = x;
+ * z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9; z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
+ * output z ^ (z >> 31)). The stream is part of the API: the same seed gives the same numbers
+ * on every machine and in every version with this ABI number. The state may be copied. */
+typedef struct pytfm_rng {
+    uint64_t state[4];
+} pytfm_rng;
+
+/* Seed *rng as above. */
+PYTFM_API pytfm_status pytfm_rng_seed(pytfm_rng *rng, uint64_t seed);
+
+/* The next 64-bit number of the stream. */
+PYTFM_API pytfm_status pytfm_rng_next(pytfm_rng *rng, uint64_t *value);
+
+/* Draw the next token from logits [vocab], as pytfm.generate.sample_next:
+ *   temperature == 0: the index of the largest logit (the first of equals; no random number
+ *   is drawn); temperature > 0 (finite): softmax((logits − max) / temperature) in double,
+ *   restricted to the logits >= the top_k-th largest (top_k <= 0 or >= vocab: all), then the
+ *   first index whose cumulative probability reaches u = (next >> 11) · 2^-53, one number of
+ *   rng's stream per draw (vocab − 1 if rounding leaves u above the total).
+ *   logits must be finite (else PYTFM_STATUS_INVALID_ARGUMENT). rng may be NULL when
+ *   temperature == 0.
+ * Scratch: vocab floats, for top_k < vocab. */
+PYTFM_API pytfm_status pytfm_sample(int64_t *token, const float *logits, int64_t vocab,
+                                    float temperature, int64_t top_k, pytfm_rng *rng);
 
 /* ---- CUDA: the GPU twins of the kernels above ---------------------------------------- */
 /* Each pytfm_<op>_<direction>_cuda takes the arguments of its CPU twin, in the same order and
