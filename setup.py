@@ -31,11 +31,28 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = "csrc"
 INCLUDE = os.path.join(CSRC, "include")
 HEADER = os.path.join(INCLUDE, "pytfm.h")
-# -fno-math-errno and -fno-trapping-math change no result (no errno from sqrtf, no FP exception
-# flags); they let the compiler vectorise the element-wise loops (csrc/fast_impl.h). No
-# -ffast-math: the kernels rely on IEEE semantics and a fixed order of operations.
-C_FLAGS = ["-std=c11", "-O3", "-fPIC", "-fvisibility=hidden", "-fno-math-errno",
-           "-fno-trapping-math", "-Wall", "-Wextra", "-Wpedantic"]
+FLAGS_FILE = os.path.join("cmake", "flags.txt")
+PC_TEMPLATE = os.path.join("cmake", "pytfm.pc.in")
+
+
+def read_flags():
+    """{name: [flag, ...]} of cmake/flags.txt, the one list of compiler flags that this build and
+    CMakeLists.txt both read (the reasons for the flags are written there)."""
+    path = os.path.join(ROOT, FLAGS_FILE)
+    flags = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                name, eq, value = line.partition("=")
+                if not eq:
+                    raise SetupError(f"{path}: expected NAME = flags, got {line!r}")
+                flags[name.strip()] = value.split()
+    return flags
+
+
+FLAGS = read_flags()
+C_FLAGS = FLAGS["C_FLAGS"]
 CUDA_DIR = "cuda"
 # the CUDA entry points of a CPU-only build that are not plain stubs; cuda_stub_source()
 # generates the others from the header
@@ -246,9 +263,8 @@ class BuildExt(build_ext):
 
     def build_cuda(self, cuda, lib_dir, werror):
         """nvcc -c each cuda/*.cu; its -Xptxas -v report goes to lib_dir/cuda_build.log."""
-        host = ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
-        host += ["-Werror"] if werror else []
-        flags = ["-std=c++17", "-O3", "-Xcompiler", ",".join(host), "-Xptxas", "-v",
+        host = FLAGS["CUDA_HOST_FLAGS"] + (["-Werror"] if werror else [])
+        flags = [*FLAGS["CUDA_FLAGS"], "-Xcompiler", ",".join(host), "-Xptxas", "-v",
                  "-DPYTFM_BUILDING", f"-I{INCLUDE}", f"-I{CSRC}", f"-I{CUDA_DIR}", *cuda.gencode]
         if werror:
             flags += ["-Werror", "all-warnings"]

@@ -128,6 +128,7 @@ def test_a_cpu_only_build_has_every_cuda_entry_point_and_each_says_not_supported
     for f in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy2(os.path.join(ROOT, f), tmp_path)
     shutil.copytree(os.path.join(ROOT, "csrc"), tmp_path / "csrc")
+    shutil.copytree(os.path.join(ROOT, "cmake"), tmp_path / "cmake")  # flags.txt, pytfm.pc.in
     shutil.copytree(os.path.join(ROOT, "pytfm"), tmp_path / "pytfm", ignore=shutil.ignore_patterns(
         "lib", "include", "*.so", "_pytfm_cffi.c", "__pycache__"))
     r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
