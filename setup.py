@@ -1,6 +1,8 @@
 """Build pytfm: libpytfm (C kernels, and the CUDA kernels when nvcc is found) into pytfm/lib,
+with a pkg-config file for C programs in pytfm/lib/pkgconfig (`python -m pytfm --pkgconfig-dir`),
 its header into pytfm/include, then the cffi extension pytfm._pytfm_cffi linked to that same
-library (rpath $ORIGIN/lib).
+library (rpath $ORIGIN/lib). CMakeLists.txt builds the same library without Python; both read
+the compiler flags from cmake/flags.txt and fill cmake/pytfm.pc.in.
 
 Environment:
   PYTFM_WERROR=1      compile the C and CUDA kernels with warnings as errors (CI does)
@@ -157,6 +159,31 @@ def cuda_stub_source(header_text, hand_written):
     return "\n".join(out) + "\n"
 
 
+def pc_file_text(version, libs_private):
+    """pytfm.pc for pip's installation (pytfm/lib/pkgconfig/), from cmake/pytfm.pc.in, the
+    template CMakeLists.txt fills for its own install."""
+    values = {
+        # relocatable: pytfm/lib/pkgconfig/../.. is the package folder, wherever the wheel lands
+        "PC_PREFIX": "${pcfiledir}/../..",
+        "PC_INCLUDEDIR": "${prefix}/include",
+        "PC_LIBDIR": "${prefix}/lib",
+        # libpytfm.so lies inside site-packages, where the run-time linker never looks: without
+        # this rpath `cc prog.c $(pkg-config --libs pytfm)` would build a program that does not
+        # start (the CMake install, in a system prefix, has no rpath)
+        "PC_RPATH": " -Wl,-rpath,${libdir}",
+        "PC_VERSION": version,
+        "PC_LIBS_PRIVATE": " ".join(libs_private),
+    }
+
+    def fill(m):
+        if m.group(1) not in values:
+            raise SetupError(f"{PC_TEMPLATE}: setup.py has no value for @{m.group(1)}@")
+        return values[m.group(1)]
+
+    with open(os.path.join(ROOT, PC_TEMPLATE), encoding="utf-8") as f:
+        return re.sub(r"@(\w+)@", fill, f.read())
+
+
 def read_version():
     with open(os.path.join(ROOT, HEADER), encoding="utf-8") as f:
         return re.search(r'#define PYTFM_VERSION "([^"]+)"', f.read()).group(1)
@@ -245,6 +272,10 @@ class BuildExt(build_ext):
         self.compiler.create_static_lib(objects, "pytfm", output_dir=lib_dir)
         with open(os.path.join(lib_dir, "static_link.txt"), "w") as f:
             f.write(" ".join(static_link) + "\n")
+        # pkg-config --static adds Libs.private: what libpytfm.a needs besides itself
+        os.makedirs(os.path.join(lib_dir, "pkgconfig"), exist_ok=True)
+        with open(os.path.join(lib_dir, "pkgconfig", "pytfm.pc"), "w", encoding="utf-8") as f:
+            f.write(pc_file_text(read_version(), ["-lm", *threads, *static_link]))
 
     def write_cuda_stubs(self):
         """Generate the plain CUDA stubs of a CPU-only build into the build folder (rewritten

@@ -1,9 +1,14 @@
-"""python -m pytfm [--cflags] [--libs | --static-libs] [--include-dir] [--lib-dir]
+"""python -m pytfm [--cflags] [--libs | --static-libs] [--{include,lib,pkgconfig}-dir]
 
 Without flags: print the build information. With flags: print what a C compiler needs to
 build against this installation's libpytfm, e.g.
 
     cc prog.c $(python -m pytfm --cflags --libs) -o prog
+
+or, through pkg-config (the folder holding this installation's pytfm.pc):
+
+    export PKG_CONFIG_PATH=$(python -m pytfm --pkgconfig-dir)
+    cc prog.c $(pkg-config --cflags --libs pytfm) -o prog
 """
 
 import argparse
@@ -13,6 +18,7 @@ import os
 HERE = os.path.dirname(os.path.abspath(__file__))
 INCLUDE_DIR = os.path.join(HERE, "include")
 LIB_DIR = os.path.join(HERE, "lib")
+PKGCONFIG_DIR = os.path.join(LIB_DIR, "pkgconfig")
 
 
 def _static_extras():
@@ -26,12 +32,15 @@ def _static_extras():
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m pytfm", description=__doc__.splitlines()[2])
+    p = argparse.ArgumentParser(prog="python -m pytfm", description=__doc__.split("\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cflags", action="store_true", help="include flags for pytfm.h")
     p.add_argument("--libs", action="store_true", help="link flags for the shared libpytfm")
     p.add_argument("--static-libs", action="store_true", help="link flags for libpytfm.a")
     p.add_argument("--include-dir", action="store_true", help="the folder holding pytfm.h")
     p.add_argument("--lib-dir", action="store_true", help="the folder holding libpytfm")
+    p.add_argument("--pkgconfig-dir", action="store_true",
+                   help="the folder holding pytfm.pc, for PKG_CONFIG_PATH")
     args = p.parse_args(argv)
 
     out = []
@@ -39,6 +48,8 @@ def main(argv=None):
         out.append(INCLUDE_DIR)
     if args.lib_dir:
         out.append(LIB_DIR)
+    if args.pkgconfig_dir:
+        out.append(PKGCONFIG_DIR)
     if args.cflags:
         out.append(f"-I{INCLUDE_DIR}")
     if args.libs:
