@@ -11,8 +11,8 @@ cmake_minimum_required(VERSION 3.18)
 
 foreach(var SOURCE_DIR OUTPUT)
     if(NOT DEFINED ${var})
-        message(FATAL_ERROR "cuda_stubs.cmake: pass -D${var}=..."
-                            " (cmake -DSOURCE_DIR=<checkout> -DOUTPUT=<file.c> -P ${CMAKE_SCRIPT_MODE_FILE})")
+        message(FATAL_ERROR "cuda_stubs.cmake: pass -D${var}=... (cmake -DSOURCE_DIR=<checkout> "
+                            "-DOUTPUT=<file.c> -P ${CMAKE_SCRIPT_MODE_FILE})")
     endif()
 endforeach()
 
@@ -65,13 +65,14 @@ foreach(def IN LISTS defs)
     list(APPEND defined "${CMAKE_MATCH_1}")
 endforeach()
 
-set(out "/* Generated from ${header_name} by setup.py's cuda_stub_source() or by\n")
-string(APPEND out " * cmake/cuda_stubs.cmake (the same bytes): the CUDA entry points of a build without\n")
-string(APPEND out " * CUDA that ${hand_written_name} does not define. Do not edit. */\n")
-string(APPEND out "#include \"internal.h\"\n\n")
-string(APPEND out "static pytfm_status no_cuda(const char *func) {\n")
-string(APPEND out "    return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED, \"%s: ${no_cuda_message}\", func);\n")
-string(APPEND out "}\n")
+string(CONCAT out
+       "/* Generated from ${header_name} by setup.py's cuda_stub_source() or by\n"
+       " * cmake/cuda_stubs.cmake (the same bytes): the CUDA entry points of a build without\n"
+       " * CUDA that ${hand_written_name} does not define. Do not edit. */\n"
+       "#include \"internal.h\"\n\n"
+       "static pytfm_status no_cuda(const char *func) {\n"
+       "    return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED, \"%s: ${no_cuda_message}\", func);\n"
+       "}\n")
 
 set(decl_regex
     "PYTFM_API${ws}+pytfm_status${ws}+(pytfm_cuda_${id}+|pytfm_${id}+_cuda)${ws}*\\(([^)]*)\\)")
@@ -105,7 +106,8 @@ foreach(decl IN LISTS decls)
             string(APPEND reads " (void)${CMAKE_MATCH_1};")
         endif()
     endforeach()
-    string(APPEND out "\npytfm_status ${name}(${params}) {\n    ${reads}\n    return no_cuda(__func__);\n}\n")
+    string(APPEND out "\npytfm_status ${name}(${params}) {\n    ${reads}\n"
+                      "    return no_cuda(__func__);\n}\n")
 endforeach()
 
 file(WRITE "${OUTPUT}" "${out}")

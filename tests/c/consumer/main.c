@@ -19,9 +19,9 @@ static int fail(const char *what) {
 int main(void) {
     const char *numbers =
         XSTR(PYTFM_VERSION_MAJOR) "." XSTR(PYTFM_VERSION_MINOR) "." XSTR(PYTFM_VERSION_PATCH);
-    if (strcmp(PYTFM_VERSION, numbers) != 0) return fail("PYTFM_VERSION is not MAJOR.MINOR.PATCH");
-    if (strcmp(pytfm_version(), PYTFM_VERSION) != 0) return fail("pytfm_version() != PYTFM_VERSION");
-    if (pytfm_abi_version() != PYTFM_ABI_VERSION) return fail("pytfm_abi_version() != PYTFM_ABI_VERSION");
+    if (strcmp(PYTFM_VERSION, numbers) != 0) return fail("PYTFM_VERSION != MAJOR.MINOR.PATCH");
+    if (strcmp(pytfm_version(), PYTFM_VERSION) != 0) return fail("pytfm_version() differs");
+    if (pytfm_abi_version() != PYTFM_ABI_VERSION) return fail("pytfm_abi_version() differs");
 #ifdef EXPECTED_ABI /* the CMake package's pytfm_ABI_VERSION */
     if (EXPECTED_ABI != PYTFM_ABI_VERSION) return fail("pytfm_ABI_VERSION != PYTFM_ABI_VERSION");
 #endif
