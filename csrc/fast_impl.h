@@ -184,7 +184,53 @@ static void attn_ds_row(float *dp, const float *p, int64_t nk, float delta, floa
     for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - delta) * scale;
 }
 
+/* one output of gemv: Σ x·w over LANES partial sums and a tail, combined as every row op */
+static inline float gemv_sum(const float s[LANES], float tail) {
+    return pytfm__lanes_sum(s) + tail;
+}
+
+/* Four rows of w at once: x is loaded once for all of them, and the 4·LANES accumulators keep
+ * the fused multiply-adds in flight. They are four named arrays: as one [4][LANES] array, GCC
+ * keeps them on the stack. Each row gets the bits it gets alone (the loop after). */
+static void gemv(float *y, const float *x, const float *w, const float *b, int64_t in,
+                 int64_t out) {
+    int64_t o = 0;
+    for (; o + 4 <= out; o += 4) {
+        const float *w0 = w + o * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
+        float s0[LANES] = {0}, s1[LANES] = {0}, s2[LANES] = {0}, s3[LANES] = {0};
+        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+        int64_t j = 0;
+        for (; j + LANES <= in; j += LANES)
+            for (int l = 0; l < LANES; l++) {
+                const float xj = x[j + l];
+                s0[l] = PYTFM_FMA(xj, w0[j + l], s0[l]);
+                s1[l] = PYTFM_FMA(xj, w1[j + l], s1[l]);
+                s2[l] = PYTFM_FMA(xj, w2[j + l], s2[l]);
+                s3[l] = PYTFM_FMA(xj, w3[j + l], s3[l]);
+            }
+        for (; j < in; j++) {
+            t0 = PYTFM_FMA(x[j], w0[j], t0);
+            t1 = PYTFM_FMA(x[j], w1[j], t1);
+            t2 = PYTFM_FMA(x[j], w2[j], t2);
+            t3 = PYTFM_FMA(x[j], w3[j], t3);
+        }
+        const float d[4] = {gemv_sum(s0, t0), gemv_sum(s1, t1), gemv_sum(s2, t2),
+                            gemv_sum(s3, t3)};
+        for (int r = 0; r < 4; r++) y[o + r] = b ? d[r] + b[o + r] : d[r];
+    }
+    for (; o < out; o++) {
+        const float *wo = w + o * in;
+        float s[LANES] = {0}, t = 0.0f;
+        int64_t j = 0;
+        for (; j + LANES <= in; j += LANES)
+            for (int l = 0; l < LANES; l++) s[l] = PYTFM_FMA(x[j + l], wo[j + l], s[l]);
+        for (; j < in; j++) t = PYTFM_FMA(x[j], wo[j], t);
+        y[o] = b ? gemv_sum(s, t) + b[o] : gemv_sum(s, t);
+    }
+}
+
 const pytfm__fast_kernels PYTFM_FAST_TABLE = {
     softmax_forward, softmax_backward, layernorm_forward, layernorm_backward, gelu_forward,
     gelu_backward, logsumexp, scaled_exp, adamw, attn_softmax_row, attn_p_row, attn_ds_row,
+    gemv,
 };

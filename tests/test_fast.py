@@ -161,6 +161,23 @@ def test_layernorm(isa, rows, cols, seed, offset):
 
 
 @pytest.mark.parametrize("isa", FAST)
+@given(n_in=cols_, out=st.sampled_from([1, 3, 4, 5, 63, 64, 65, 130]), bias=st.booleans(),
+       seed=seeds)
+def test_linear_one_row(isa, n_in, out, bias, seed):
+    """One row: the matrix-vector product (fast_impl.h gemv) against the plain sgemm loop."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    w = rng.standard_normal((out, n_in)).astype(np.float32)
+    b = rng.standard_normal(out).astype(np.float32) if bias else None
+    # each side's dot product is off the exact one by at most its roundings times Σ|x·w|: the
+    # plain loop n_in of them, the fast one sum_roundings(n_in) (n_in/16 per lane, the tree);
+    # the bias add one more each side
+    mag = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    tol = EPS32 * (n_in + sum_roundings(n_in) + 2) * mag
+    compare("linear.one_row", isa, lambda: [ops.linear_forward(x, w, b)], (EPS32, tol))
+
+
+@pytest.mark.parametrize("isa", FAST)
 @given(count=cols_, seed=seeds, scale=st.sampled_from([0.1, 1.0, 5.0, 50.0]))
 def test_gelu(isa, count, seed, scale):
     rng = np.random.default_rng(seed)
@@ -293,12 +310,14 @@ def test_every_op_gives_the_same_bits_at_any_thread_count():
         sm = ops.softmax_forward(x)
         loss, lse = ops.cross_entropy_forward(x, ids)
         lin = ops.linear_forward(x, W, b[:130])
+        Wide = rng.standard_normal((600, 257)).astype(np.float32)  # one row, 600 outputs
+        lin1 = ops.linear_forward(x[:1], Wide)
         p, m, v = x.copy(), np.zeros_like(x), np.zeros_like(x)
         ops.adamw_step(p, dy, m, v, step=1, lr=1e-3, weight_decay=0.1)
         out = [y, mean, rstd, *ops.layernorm_backward(dy, x, w, mean, rstd), sm,
                ops.softmax_backward(dy, sm), np.float32(loss), lse,
                ops.cross_entropy_backward(x, ids, lse), ops.gelu_forward(x),
-               ops.gelu_backward(dy, x), lin, *ops.linear_backward(lin, x, W),
+               ops.gelu_backward(dy, x), lin, lin1, *ops.linear_backward(lin, x, W),
                ops.embedding_forward(ids, table), ops.embedding_backward(dy, ids, 50),
                ops.rope_forward(q, np.arange(100)), p, m, v]
         """

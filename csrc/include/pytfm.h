@@ -193,7 +193,8 @@ PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
  *   x  [rows, in]
  *   w  [out, in]
  *   b  [out]        may be NULL: no bias
- * Scratch: as pytfm_sgemm, for the product x·Wᵀ.
+ * Scratch: as pytfm_sgemm, for the product x·Wᵀ; none for one row (rows = 1) above
+ * PYTFM_ISA_PLAIN, which is a matrix-vector product (a token decoded through a KV cache).
  */
 PYTFM_API pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w,
                                             const float *b, int64_t rows, int64_t in,
