@@ -25,10 +25,15 @@ pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w, cons
                                   int64_t rows, int64_t in, int64_t out) {
     PYTFM_TRY(pytfm__check_linear_forward(__func__, y, x, w, b, rows, in, out));
     const pytfm__fast_kernels *k = pytfm__fast();
+    if (rows == 1 && k && out * in <= 4 * PYTFM_TASK_ELEMS) { // no parallel region (internal.h)
+        k->gemv(y, x, w, in, b, in, out);
+        return PYTFM_STATUS_OK;
+    }
     if (rows == 1 && k) {
-        PYTFM_PARALLEL_FOR_IF(out * in > 4 * PYTFM_TASK_ELEMS)
+        PYTFM_PARALLEL_FOR
         for (int64_t o = 0; o < out; o += GEMV_BLOCK)
-            k->gemv(y + o, x, w + o * in, b ? b + o : NULL, in, PYTFM_MIN(GEMV_BLOCK, out - o));
+            k->gemv(y + o, x, w + o * in, in, b ? b + o : NULL, in,
+                    PYTFM_MIN(GEMV_BLOCK, out - o));
         return PYTFM_STATUS_OK;
     }
     const pytfm__product y_xwt = {y, x, w, rows, out, in, 0, 1, 0.0f};
