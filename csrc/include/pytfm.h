@@ -466,7 +466,9 @@ PYTFM_API pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cac
  * 0..start + i. Costs O((start + n_new)·D) per query: no [T, T] work.
  *   o   [B, n_new, H, D] written;  lse [B, H, n_new] written
  *   q   [B, n_new, H, D];  k_cache, v_cache [B, Tmax, H, D];  start + n_new <= Tmax
- * Scratch: as pytfm_attention_forward with T = start + n_new (fast version: n_new >= 8).
+ * Scratch: as pytfm_attention_forward with T = start + n_new, for n_new >= 8 (the tiled fast
+ * version); fewer queries run one row at a time (vectorised above PYTFM_ISA_PLAIN) and take
+ * none.
  */
 PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q,
                                               const float *k_cache, const float *v_cache,
