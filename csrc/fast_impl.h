@@ -253,9 +253,10 @@ static void attn_pv_row(float *o, const float *p, const float *v, int64_t ldv, i
     for (; c + 4 <= nk; c += 4) {
         const float *v0 = v + c * ldv, *v1 = v0 + ldv, *v2 = v1 + ldv, *v3 = v2 + ldv;
         const float p0 = p[c], p1 = p[c + 1], p2 = p[c + 2], p3 = p[c + 3];
-        for (int64_t d = 0; d < D; d++)
-            o[d] = PYTFM_FMA(p3, v3[d],
-                             PYTFM_FMA(p2, v2[d], PYTFM_FMA(p1, v1[d], PYTFM_FMA(p0, v0[d], o[d]))));
+        for (int64_t d = 0; d < D; d++) {
+            const float o1 = PYTFM_FMA(p1, v1[d], PYTFM_FMA(p0, v0[d], o[d]));
+            o[d] = PYTFM_FMA(p3, v3[d], PYTFM_FMA(p2, v2[d], o1));
+        }
     }
     for (; c < nk; c++)
         for (int64_t d = 0; d < D; d++) o[d] = PYTFM_FMA(p[c], v[c * ldv + d], o[d]);
