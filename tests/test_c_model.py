@@ -293,6 +293,19 @@ def test_the_generate_example_cuts_tokens_to_the_context(trained, generate_exe):
     assert b"--tokens 1000 cut to 60" in r.stderr
 
 
+def test_a_context_of_2_to_the_40_generates_with_sessions_sized_to_what_they_decode(
+        tmp_path, generate_exe):
+    # as pytfm.generate (test_model.py): caches for max_seq would be 64 TiB here
+    model = GPT(GPTConfig(vocab=256, d_model=8, n_layer=1, n_head=2, max_seq=2**40, seed=3))
+    path = saved(model, tmp_path / "huge.safetensors")
+    ref = generate(model, np.array([list(b"ab")]), 12, temperature=0.0)[0]
+    with CModel(path) as c:
+        assert c.config.max_seq == 2**40
+        assert c_generate(c, list(b"ab"), 12) == ref.tolist()
+    r = run_exe(generate_exe, path, "--prompt", "ab", "--tokens", 12, "--temperature", 0)
+    assert r.returncode == 0 and r.stdout == bytes(ref.tolist()) + b"\n", r.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     ([], "the following arguments are required: checkpoint"),
     (["{path}", "--tokens", "-1"], "--tokens must be >= 0"),
