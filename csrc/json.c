@@ -446,7 +446,7 @@ pytfm_status pytfm__json_check(const char *text, size_t size, pytfm__json_error 
                 st = fail(&c, c.pos, "expecting ',' delimiter or '%c'", close);
             }
         }
-        if (!next) break;
+        if (!next || st != PYTFM_STATUS_OK) break;
     }
     free(c.keys);
     return st;
