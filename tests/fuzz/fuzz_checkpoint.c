@@ -2,7 +2,8 @@
  * fuzz_checkpoint.c — libFuzzer target of the checkpoint reader (csrc/safetensors.c, json.c).
  *
  * Each input is read as a whole checkpoint by pytfm__weights_read_memory, and, when the input
- * is one strict JSON text by json.c's check, walked by json.c's readers. Beyond what ASan and
+ * is one strict JSON text by json.c's check, walked by json.c's readers and, if an object,
+ * read again as the header of a checkpoint (length field and zero data made to fit). Beyond what ASan and
  * UBSan see, the reader's promises are checked and a broken one traps: a status is OK,
  * INVALID_ARGUMENT or OUT_OF_MEMORY; a failure leaves no parameters and a message naming the
  * source; a success gives n_params floats, 64-byte aligned, of a config pytfm.nn would accept.
@@ -62,7 +63,8 @@ static void walk(pytfm__json v, int depth, char *scratch) {
     }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+/* Read one checkpoint and hold the reader to its promises. */
+static void read_checkpoint(const uint8_t *data, size_t size) {
     pytfm__weights w;
     const pytfm_status st = pytfm__weights_read_memory(&w, data, size, "<fuzz>");
     if (st == PYTFM_STATUS_OK) {
@@ -81,6 +83,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         EXPECT(w.params == NULL);
         EXPECT(strncmp(pytfm_last_error(), "<fuzz>: ", 8) == 0);
     }
+}
+
+/* The largest end of a data_offsets pair among the entries of a header object (at most
+ * 1 MiB, else 0): the data a checkpoint with this header holds. */
+static size_t data_size(pytfm__json header) {
+    size_t most = 0;
+    pytfm__json_iter it = pytfm__json_iter_of(header);
+    pytfm__json name, info, key, value, begin, end;
+    while (pytfm__json_next(&it, &name, &info)) {
+        pytfm__json_iter fields = pytfm__json_iter_of(info);
+        while (pytfm__json_next(&fields, &key, &value)) {
+            if (!pytfm__json_string_is(key, "data_offsets")) continue;
+            pytfm__json_iter pair = pytfm__json_iter_of(value);
+            if (!pytfm__json_next(&pair, NULL, &begin) || !pytfm__json_next(&pair, NULL, &end))
+                continue;
+            const pytfm__json_int e = pytfm__json_integer(end);
+            if (e.fits && e.value >= 0 && e.value <= (1 << 20) && (size_t)e.value > most)
+                most = (size_t)e.value;
+        }
+    }
+    return most;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    read_checkpoint(data, size);
 
     /* the input as one JSON text */
     pytfm__json_error err;
@@ -91,6 +118,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         char *scratch = malloc(size ? size : 1);
         if (scratch) walk(root, 0, scratch);
         free(scratch);
+        /* a JSON object is also read as the header of a checkpoint whose length field and
+         * data (zeros, as many as its offsets reach) fit it: byte noise rarely keeps them
+         * consistent, so this is how mutations of a header reach the pytfm checks */
+        if (pytfm__json_kind_of(root) == PYTFM__JSON_OBJECT) {
+            const size_t body = data_size(root);
+            uint8_t *file = calloc(8 + size + body, 1);
+            if (file) {
+                for (int i = 0; i < 8; i++) file[i] = (uint8_t)((uint64_t)size >> (8 * i));
+                memcpy(file + 8, data, size);
+                read_checkpoint(file, 8 + size + body);
+            }
+            free(file);
+        }
     } else {
         EXPECT(err.offset <= size && err.what[0]);
     }

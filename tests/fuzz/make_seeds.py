@@ -1,6 +1,7 @@
 """Write the fuzzer's seed corpus, tests/fuzz/seeds/: small valid checkpoints, as
 pytfm.checkpoint.save writes them, in each position mode, tied and untied, with and without
-AdamW state and extra, and a few bare JSON texts (the target also checks its input as JSON).
+AdamW state and extra, the headers of two of them alone, and a few bare JSON texts (the target
+also checks its input as JSON, and reads a JSON object as a header).
 
     python tests/fuzz/make_seeds.py [folder]
 
@@ -8,6 +9,7 @@ Deterministic: the same files every run (fixed seeds; json.dumps keeps the order
 
 import json
 import os
+import struct
 import sys
 
 import numpy as np
@@ -59,8 +61,14 @@ def main(folder):
             for g in model.grads.values():
                 g[...] = 0.5
             optimizer.step()
-        checkpoint.save(os.path.join(folder, name + ".safetensors"), model, step=3,
-                        optimizer=optimizer, extra=extra)
+        path = os.path.join(folder, name + ".safetensors")
+        checkpoint.save(path, model, step=3, optimizer=optimizer, extra=extra)
+        if adamw:  # its header alone: the target reads a JSON object as a header too
+            with open(path, "rb") as f:
+                blob = f.read()
+            (n,) = struct.unpack("<Q", blob[:8])
+            with open(os.path.join(folder, name + ".header.json"), "wb") as f:
+                f.write(blob[8:8 + n].rstrip(b" "))
     for name, text in JSON_TEXTS:
         with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
             f.write(text)
