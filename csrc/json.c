@@ -187,7 +187,7 @@ static const uchar *skip_value(const uchar *p, const uchar *end) {
         }
         return end;
     }
-    while (p < end && (is_digit(*p) || strchr("+-.eEtruefalsn", *p))) p++; /* number, literal */
+    while (p < end && *p && (is_digit(*p) || strchr("+-.eEtruefalsn", *p))) p++; /* a number */
     return p;
 }
 
@@ -199,16 +199,16 @@ static const uchar *skip_space_to(const uchar *p, const uchar *end) {
 /* ---- the check ----------------------------------------------------------------------------- */
 
 /* a key of an open object: where it is (its opening quote) and the hash of its text */
-typedef struct key {
+typedef struct open_key {
     const uchar *p;
     uint64_t hash;
-} key;
+} open_key;
 
 typedef struct checker {
     const uchar *s;
     size_t n, pos;
     pytfm__json_error *err;
-    key *keys; /* of the objects open, outermost first */
+    open_key *keys; /* of the objects open, outermost first */
     size_t n_keys, cap_keys;
 } checker;
 
@@ -340,7 +340,7 @@ static pytfm_status scan_key(checker *c) {
     if (lone) return fail(c, start, "a key holds a lone surrogate (not valid Unicode)");
     if (c->n_keys == c->cap_keys) {
         const size_t cap = c->cap_keys ? 2 * c->cap_keys : 16;
-        key *keys = cap <= SIZE_MAX / sizeof *keys ? realloc(c->keys, cap * sizeof *keys) : NULL;
+        open_key *keys = cap <= SIZE_MAX / sizeof *keys ? realloc(c->keys, cap * sizeof *keys) : NULL;
         if (!keys) {
             snprintf(c->err->what, sizeof c->err->what, "cannot allocate a list of %zu keys", cap);
             c->err->offset = start;
@@ -349,7 +349,7 @@ static pytfm_status scan_key(checker *c) {
         c->keys = keys;
         c->cap_keys = cap;
     }
-    c->keys[c->n_keys++] = (key){c->s + start, string_hash(c->s + start)};
+    c->keys[c->n_keys++] = (open_key){c->s + start, string_hash(c->s + start)};
     skip_space(c);
     if (c->pos >= c->n || c->s[c->pos] != ':') return fail(c, c->pos, "expecting ':' delimiter");
     c->pos++;
@@ -358,7 +358,7 @@ static pytfm_status scan_key(checker *c) {
 }
 
 static int key_order(const void *a, const void *b) {
-    const key *x = a, *y = b;
+    const open_key *x = a, *y = b;
     if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
     const int order = string_compare(x->p, y->p);
     if (order) return order;
@@ -367,7 +367,7 @@ static int key_order(const void *a, const void *b) {
 
 /* the object whose keys start at c->keys[first] has closed: refuse a duplicate, drop them */
 static pytfm_status close_object(checker *c, size_t first) {
-    key *keys = c->keys + first;
+    open_key *keys = c->keys + first;
     const size_t count = c->n_keys - first;
     if (count >= 2) {
         qsort(keys, count, sizeof *keys, key_order);
@@ -446,7 +446,7 @@ pytfm_status pytfm__json_check(const char *text, size_t size, pytfm__json_error 
                 st = fail(&c, c.pos, "expecting ',' delimiter or '%c'", close);
             }
         }
-        if (!next) break;
+        if (!next || st != PYTFM_STATUS_OK) break;
     }
     free(c.keys);
     return st;

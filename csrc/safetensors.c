@@ -357,30 +357,19 @@ static const char *unescape(reader *r, field f, size_t *at, size_t *len) {
     return out;
 }
 
-/* a non-negative int64 written in decimal (_count_field) */
+/* a non-negative int64 written in decimal (_count_field: [0-9]{1,19}, ASCII digits) */
 static pytfm_status count_field(reader *r, const char *key, field f, int64_t *value) {
-    char buf[SHOW];
-    /* the decimal digits are ASCII: comparing the escaped text would let "\u0031" through */
-    char digits[MAX_STEP_DIGITS + 1];
+    char shown[SHOW], digits[6 * MAX_STEP_DIGITS + 2]; /* each digit may be escaped: \u0031 */
     size_t n = 0;
-    int ok = f.value.n >= 2;
-    for (size_t i = 1; ok && i + 1 < f.value.n; i++) {
-        const char c = f.value.p[i];
-        if (c == '\\' && i + 5 < f.value.n && f.value.p[i + 1] == 'u' && f.value.p[i + 2] == '0' &&
-            f.value.p[i + 3] == '0' && f.value.p[i + 4] == '3' && f.value.p[i + 5] >= '0' &&
-            f.value.p[i + 5] <= '9') {
-            ok = n < MAX_STEP_DIGITS;
-            if (ok) digits[n++] = f.value.p[i + 5];
-            i += 5;
-        } else {
-            ok = c >= '0' && c <= '9' && n < MAX_STEP_DIGITS;
-            if (ok) digits[n++] = c;
-        }
-    }
+    if (f.value.n <= sizeof digits) n = pytfm__json_string_utf8(f.value, digits, NULL);
+    int ok = n >= 1 && n <= MAX_STEP_DIGITS;
     uint64_t v = 0;
-    for (size_t i = 0; ok && i < n; i++) v = v * 10 + (uint64_t)(digits[i] - '0');
-    if (!ok || n == 0 || v > (uint64_t)INT64_MAX)
-        return BAD(r, "%s is %s, not a non-negative int64", key, show(f.value, buf));
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = digits[i] >= '0' && digits[i] <= '9';
+        v = v * 10 + (uint64_t)(digits[i] - '0'); /* 19 digits fit in a uint64_t */
+    }
+    if (!ok || v > (uint64_t)INT64_MAX)
+        return BAD(r, "%s is %s, not a non-negative int64", key, show(f.value, shown));
     *value = (int64_t)v;
     return PYTFM_STATUS_OK;
 }
