@@ -193,7 +193,8 @@ PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
  *   x  [rows, in]
  *   w  [out, in]
  *   b  [out]        may be NULL: no bias
- * Scratch: as pytfm_sgemm, for the product x·Wᵀ.
+ * Scratch: as pytfm_sgemm, for the product x·Wᵀ; none for one row (rows = 1) above
+ * PYTFM_ISA_PLAIN, which is a matrix-vector product (a token decoded through a KV cache).
  */
 PYTFM_API pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w,
                                             const float *b, int64_t rows, int64_t in,
@@ -465,7 +466,9 @@ PYTFM_API pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cac
  * 0..start + i. Costs O((start + n_new)·D) per query: no [T, T] work.
  *   o   [B, n_new, H, D] written;  lse [B, H, n_new] written
  *   q   [B, n_new, H, D];  k_cache, v_cache [B, Tmax, H, D];  start + n_new <= Tmax
- * Scratch: as pytfm_attention_forward with T = start + n_new (fast version: n_new >= 8).
+ * Scratch: as pytfm_attention_forward with T = start + n_new, for n_new >= 8 (the tiled fast
+ * version); fewer queries run one row at a time (vectorised above PYTFM_ISA_PLAIN) and take
+ * none.
  */
 PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q,
                                               const float *k_cache, const float *v_cache,
@@ -546,14 +549,15 @@ PYTFM_API pytfm_status pytfm_model_get_config(const pytfm_model *model,
 
 /* The logits of every position of B sequences of T tokens, as pytfm.nn.GPT.forward(tokens).
  *   logits [B, T, vocab] written;  tokens [B, T], each in [0, vocab) (else
- *   PYTFM_STATUS_OUT_OF_RANGE);  1 <= T <= max_seq;  B >= 0
- * Scratch: the activations of one layer for B·T tokens, about B·T·(10·d_model + vocab) floats
- * plus attention's (pytfm_attention_forward). */
+ *   PYTFM_STATUS_OUT_OF_RANGE);  1 <= T <= max_seq;  B >= 0 (0: nothing to do)
+ * Scratch: the activations of one layer for B·T tokens, B·T·(12·d_model + n_head + 2) + 2·T
+ * floats, plus what the kernels take (pytfm_linear_forward's, pytfm_attention_forward's). */
 PYTFM_API pytfm_status pytfm_model_forward(const pytfm_model *model, float *logits,
                                            const int64_t *tokens, int64_t B, int64_t T);
 
 /* A decoding session of one sequence: KV caches for max_len positions (1 <= max_len <=
- * max_seq; 0: max_seq), allocated here, about 2·n_layer·max_len·d_model floats. */
+ * max_seq; 0: max_seq), allocated here, 2·n_layer·max_len·d_model floats. On failure
+ * *session is set to NULL. */
 PYTFM_API pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *model,
                                           int64_t max_len);
 
@@ -564,8 +568,11 @@ PYTFM_API pytfm_status pytfm_session_close(pytfm_session *session);
  * the logits [vocab] that follow the last of them, as pytfm.nn.GPT.decode; logits may be NULL
  * to only fill the caches. Each token costs O(length · d_model) beyond its projections: no
  * recomputation of the earlier ones. length + n > max_len is PYTFM_STATUS_INVALID_ARGUMENT and
- * changes nothing (as does any failure).
- *   logits [vocab] written;  tokens [n], each in [0, vocab) */
+ * changes nothing (as does any failure: the length stays, and with it what the next feed sees).
+ *   logits [vocab] written;  tokens [n], each in [0, vocab) (else PYTFM_STATUS_OUT_OF_RANGE)
+ * Scratch: as pytfm_model_forward with B = 1, T = n, plus n·vocab floats when n > 1 and logits
+ * is not NULL (the LM head runs on every new token, as in Python, so that the last one's
+ * logits are the bits GPT.decode gives). */
 PYTFM_API pytfm_status pytfm_session_feed(pytfm_session *session, float *logits,
                                           const int64_t *tokens, int64_t n);
 
@@ -599,7 +606,9 @@ PYTFM_API pytfm_status pytfm_rng_next(pytfm_rng *rng, uint64_t *value);
  *   rng's stream per draw (vocab − 1 if rounding leaves u above the total).
  *   logits must be finite (else PYTFM_STATUS_INVALID_ARGUMENT). rng may be NULL when
  *   temperature == 0.
- * Scratch: vocab floats, for top_k < vocab. */
+ * The sum of the probabilities is taken in NumPy's pairwise order, so that given the same u the
+ * token is Python's (but for a last-bit difference of exp, which moves a token only when u lies
+ * within about 1e-16 of a cumulative probability). No scratch. */
 PYTFM_API pytfm_status pytfm_sample(int64_t *token, const float *logits, int64_t vocab,
                                     float temperature, int64_t top_k, pytfm_rng *rng);
 
