@@ -163,6 +163,25 @@ def test_find_package_consumer_builds_and_runs_shared_and_static(cmake_install):
     assert not [n for n in needed_libraries(build / "consumer_static") if "pytfm" in n]
 
 
+def test_the_cmake_built_generator_continues_text_as_python_does(cmake_install, tmp_path):
+    """examples/generate.c as the standalone build makes it (build/examples/generate), on a
+    checkpoint pytfm.checkpoint.save wrote: greedy, its text is pytfm.generate.generate's."""
+    from pytfm import checkpoint
+    from pytfm.generate import generate
+    from pytfm.nn import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab=256, d_model=16, n_layer=2, n_head=2, max_seq=48, seed=5))
+    path = tmp_path / "model.safetensors"
+    checkpoint.save(str(path), model)
+    ref = generate(model, np.array([list(b"def ")]), 30, temperature=0.0)[0]
+    exe = cmake_install.build / "examples" / "generate"
+    r = subprocess.run([str(exe), str(path), "--prompt", "def ", "--tokens", "30",
+                        "--temperature", "0"], env=cmake_install.env, capture_output=True)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    assert r.stdout == bytes(ref.tolist()) + b"\n"
+    assert b"tokens/s" in r.stderr
+
+
 def test_find_package_version_rule(cmake_install):
     """0.x: the same minor version (semantic versioning lets 0.x break at a minor step); from
     1.0 on, the same major version, each no newer than what is installed."""
