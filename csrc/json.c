@@ -605,14 +605,14 @@ pytfm__json_int pytfm__json_integer(pytfm__json number) {
 }
 
 const char *pytfm__json_show(pytfm__json v, char *buf, size_t cap) {
-    if (v.n < cap) {
-        memcpy(buf, v.p, v.n);
-        buf[v.n] = 0;
-        return buf;
+    size_t len = v.n;
+    if (len >= cap) {
+        len = cap - 4;
+        while (len > 0 && ((uchar)v.p[len] & 0xC0) == 0x80) len--; /* a character boundary */
     }
-    size_t len = cap - 4;
-    while (len > 0 && ((uchar)v.p[len] & 0xC0) == 0x80) len--; /* a character boundary */
-    memcpy(buf, v.p, len);
-    memcpy(buf + len, "...", 4);
+    /* whitespace between tokens (the only control bytes a checked text has) as spaces: a
+     * message is one line */
+    for (size_t i = 0; i < len; i++) buf[i] = (uchar)v.p[i] < 0x20 ? ' ' : v.p[i];
+    memcpy(buf + len, v.n >= cap ? "..." : "", v.n >= cap ? 4 : 1);
     return buf;
 }

@@ -162,8 +162,8 @@ static int serve(void) {
         bad |= read_every_way(line, &status, &w, message, sizeof message);
         printf("%s ", json_verdict(line));
         if (status != PYTFM_STATUS_OK) {
-            for (char *p = message; *p; p++)
-                if (*p == '\n') *p = ' ';
+            for (char *p = message; *p; p++) /* one line (a path may hold any byte) */
+                if ((unsigned char)*p < 0x20) *p = ' ';
             printf("rejected %d %s\n", status, message);
         } else {
             const pytfm_model_config *c = &w.config;
