@@ -110,6 +110,40 @@ static void forward_all(const problem *p) {
     for (int64_t bh = 0; bh < p->B * p->H; bh++) forward_head(p, bh / p->H, bh % p->H);
 }
 
+/* ---- decoding a few queries: one row at a time, on the vectorised row kernels -------------- */
+
+enum { RK = 64 }; /* keys per tile */
+
+/* The forward's online softmax for each query row of (b, h) alone, tiles of RK keys: the
+ * scores as dot products along the keys' rows (fast.h gemv: no Kᵀ to build for one query),
+ * the tile's softmax step (attn_softmax_row), then o = alpha·o + P·V (attn_pv_row). */
+static void decode_head_rows(const problem *p, const pytfm__fast_kernels *fk, int64_t b,
+                             int64_t h) {
+    const int64_t D = p->D, HD = p->H * D;
+    const float *qb = p->q + (b * p->Tq * p->H + h) * D; // row t at qb + t·HD
+    const float *kb = p->k + (b * p->Ts * p->H + h) * D;
+    const float *vb = p->v + (b * p->Ts * p->H + h) * D;
+    float *ob = p->o + (b * p->Tq * p->H + h) * D;
+    float *lse = p->lse + (b * p->H + h) * p->Tq; // (b, h, :)
+    float s[RK];
+    for (int64_t r = 0; r < p->Tq; r++) {
+        const float *qr = qb + r * HD;
+        float *orow = ob + r * HD;
+        const int64_t kend = p->causal ? PYTFM_MIN(p->Tk, p->start + r + 1) : p->Tk;
+        float m = -INFINITY, l = 0.0f;
+        memset(orow, 0, (size_t)D * sizeof(float));
+        for (int64_t j0 = 0; j0 < kend; j0 += RK) {
+            const int64_t nk = PYTFM_MIN(RK, kend - j0);
+            fk->gemv(s, qr, kb + j0 * HD, HD, NULL, D, nk);
+            const float alpha = fk->attn_softmax_row(s, nk, nk, p->scale, &m, &l);
+            fk->attn_pv_row(orow, s, vb + j0 * HD, HD, nk, D, alpha);
+        }
+        const float inv = 1.0f / l;
+        for (int64_t d = 0; d < D; d++) orow[d] *= inv;
+        lse[r] = m + logf(l);
+    }
+}
+
 /* ---- the fast version: TQ×TK tiles through the sgemm micro-kernels ------------------------ */
 
 enum { TQ = 64, TK = 64, FAST_MIN_ROWS = 8 };
@@ -371,6 +405,18 @@ pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const 
                        D, start, scale, 1};
     fast_path f;
     if (fast_path_for(&f, n_new)) return forward_fast(__func__, &p, &f);
+    // a token or a few: row by row, heads to threads when there is work to share (the
+    // product is at most the cache's elements)
+    const int64_t work = B * H * (start + n_new) * D;
+    if (f.fk && (B * H == 1 || work <= PYTFM_TASK_ELEMS / n_new)) { // no parallel region
+        for (int64_t bh = 0; bh < B * H; bh++) decode_head_rows(&p, f.fk, bh / H, bh % H);
+        return PYTFM_STATUS_OK;
+    }
+    if (f.fk) {
+        PYTFM_PARALLEL_FOR
+        for (int64_t bh = 0; bh < B * H; bh++) decode_head_rows(&p, f.fk, bh / H, bh % H);
+        return PYTFM_STATUS_OK;
+    }
     forward_all(&p);
     return PYTFM_STATUS_OK;
 }

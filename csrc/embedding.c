@@ -15,6 +15,11 @@ pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *
                                      int64_t rows, int64_t vocab, int64_t dim) {
     PYTFM_TRY(pytfm__check_embedding_forward(__func__, y, ids, table, rows, vocab, dim));
     PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, rows, vocab, 0, 0));
+    if (pytfm__one_task(rows, dim)) { // no parallel region for one task
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(y + i * dim, table + ids[i] * dim, (size_t)dim * sizeof(float));
+        return PYTFM_STATUS_OK;
+    }
     PYTFM_PARALLEL_ROWS(rows, dim)
     for (int64_t i = 0; i < rows; i++)
         memcpy(y + i * dim, table + ids[i] * dim, (size_t)dim * sizeof(float));

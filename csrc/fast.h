@@ -44,6 +44,14 @@ typedef struct pytfm__fast_kernels {
     void (*attn_p_row)(float *s, int64_t vis, int64_t nk, float scale, float lse);
     /* backward: dp (dP) -> dS = P·(dP − delta)·scale, delta = dy_t · o_t of the query row */
     void (*attn_ds_row)(float *dp, const float *p, int64_t nk, float delta, float scale);
+    /* decoding, one query row: o = alpha·o + Σ_c p[c]·v_c over nk keys (row stride ldv) */
+    void (*attn_pv_row)(float *o, const float *p, const float *v, int64_t ldv, int64_t nk,
+                        int64_t D, float alpha);
+    /* y[o] = Σ_i x[i]·w[o·ldw + i] (+ b[o]) for o < out (b may be NULL), each sum over 16
+     * lanes as the row ops above: the linear layer's forward on one row (ldw = in), and a
+     * query's scores against a tile of keys (ldw = H·D) */
+    void (*gemv)(float *y, const float *x, const float *w, int64_t ldw, const float *b,
+                 int64_t in, int64_t out);
 } pytfm__fast_kernels;
 
 extern const pytfm__fast_kernels pytfm__fast_portable, pytfm__fast_avx2, pytfm__fast_avx512;

@@ -184,7 +184,86 @@ static void attn_ds_row(float *dp, const float *p, int64_t nk, float delta, floa
     for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - delta) * scale;
 }
 
+/* one output of gemv: Σ x·w over LANES partial sums and a tail, combined as every row op */
+static inline float gemv_sum(const float s[LANES], float tail) {
+    return pytfm__lanes_sum(s) + tail;
+}
+
+/* Four rows of w at once: x is loaded once for all of them, and the 4·LANES accumulators keep
+ * the fused multiply-adds in flight. They are four named arrays: as one [4][LANES] array, GCC
+ * keeps them on the stack. Each row gets the bits it gets alone (the loop after). The next
+ * four rows are prefetched meanwhile: w is usually read from L3 (a model's weights pass L2),
+ * and that took 5% off a decoded token (bench/c_generate.py; 8 or 16 rows ahead did worse). */
+static void gemv(float *y, const float *x, const float *w, int64_t ldw, const float *b,
+                 int64_t in, int64_t out) {
+    int64_t o = 0;
+    for (; o + 4 <= out; o += 4) {
+        const float *w0 = w + o * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        float s0[LANES] = {0}, s1[LANES] = {0}, s2[LANES] = {0}, s3[LANES] = {0};
+        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+        const float *next = o + 8 <= out ? w0 + 4 * ldw : w0; // the last block: itself
+        int64_t j = 0;
+        for (; j + LANES <= in; j += LANES) {
+            for (int r = 0; r < 4; r++) PYTFM_PREFETCH(next + r * ldw + j);
+            for (int l = 0; l < LANES; l++) {
+                const float xj = x[j + l];
+                s0[l] = PYTFM_FMA(xj, w0[j + l], s0[l]);
+                s1[l] = PYTFM_FMA(xj, w1[j + l], s1[l]);
+                s2[l] = PYTFM_FMA(xj, w2[j + l], s2[l]);
+                s3[l] = PYTFM_FMA(xj, w3[j + l], s3[l]);
+            }
+        }
+        for (; j < in; j++) {
+            t0 = PYTFM_FMA(x[j], w0[j], t0);
+            t1 = PYTFM_FMA(x[j], w1[j], t1);
+            t2 = PYTFM_FMA(x[j], w2[j], t2);
+            t3 = PYTFM_FMA(x[j], w3[j], t3);
+        }
+        // pytfm__lanes_sum's tree for the four rows side by side, so that it vectorises across
+        // them (one row at a time, it is a chain of scalar shuffles and adds)
+        float u[4][8], v[4][4], d[4];
+        for (int l = 0; l < 8; l++) {
+            u[0][l] = s0[l] + s0[l + 8], u[1][l] = s1[l] + s1[l + 8];
+            u[2][l] = s2[l] + s2[l + 8], u[3][l] = s3[l] + s3[l + 8];
+        }
+        for (int r = 0; r < 4; r++)
+            for (int l = 0; l < 4; l++) v[r][l] = u[r][l] + u[r][l + 4];
+        const float t[4] = {t0, t1, t2, t3};
+        for (int r = 0; r < 4; r++) d[r] = ((v[r][0] + v[r][2]) + (v[r][1] + v[r][3])) + t[r];
+        for (int r = 0; r < 4; r++) y[o + r] = b ? d[r] + b[o + r] : d[r];
+    }
+    for (; o < out; o++) {
+        const float *wo = w + o * ldw;
+        float s[LANES] = {0}, t = 0.0f;
+        int64_t j = 0;
+        for (; j + LANES <= in; j += LANES)
+            for (int l = 0; l < LANES; l++) s[l] = PYTFM_FMA(x[j + l], wo[j + l], s[l]);
+        for (; j < in; j++) t = PYTFM_FMA(x[j], wo[j], t);
+        y[o] = b ? gemv_sum(s, t) + b[o] : gemv_sum(s, t);
+    }
+}
+
+/* o = alpha·o + Σ_c p[c]·v[c·ldv ..] over nk keys, in order of c: four keys per pass, nested
+ * as the one-at-a-time sum would be (the same bits), so that o is loaded and stored once per
+ * four keys */
+static void attn_pv_row(float *o, const float *p, const float *v, int64_t ldv, int64_t nk,
+                        int64_t D, float alpha) {
+    for (int64_t d = 0; d < D; d++) o[d] *= alpha;
+    int64_t c = 0;
+    for (; c + 4 <= nk; c += 4) {
+        const float *v0 = v + c * ldv, *v1 = v0 + ldv, *v2 = v1 + ldv, *v3 = v2 + ldv;
+        const float p0 = p[c], p1 = p[c + 1], p2 = p[c + 2], p3 = p[c + 3];
+        for (int64_t d = 0; d < D; d++) {
+            const float o1 = PYTFM_FMA(p1, v1[d], PYTFM_FMA(p0, v0[d], o[d]));
+            o[d] = PYTFM_FMA(p3, v3[d], PYTFM_FMA(p2, v2[d], o1));
+        }
+    }
+    for (; c < nk; c++)
+        for (int64_t d = 0; d < D; d++) o[d] = PYTFM_FMA(p[c], v[c * ldv + d], o[d]);
+}
+
 const pytfm__fast_kernels PYTFM_FAST_TABLE = {
     softmax_forward, softmax_backward, layernorm_forward, layernorm_backward, gelu_forward,
     gelu_backward, logsumexp, scaled_exp, adamw, attn_softmax_row, attn_p_row, attn_ds_row,
+    attn_pv_row, gemv,
 };

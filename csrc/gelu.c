@@ -23,8 +23,12 @@ static inline float half_one_plus_tanh(float v) { // ½ (1 + tanh(k (v + a v³))
 pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t count) {
     PYTFM_TRY(pytfm__check_gelu_forward(__func__, y, x, count));
     const pytfm__fast_kernels *k = pytfm__fast();
+    if (k && count <= CHUNK) { // one chunk: no parallel region (see pytfm__one_task)
+        k->gelu_forward(y, x, count);
+        return PYTFM_STATUS_OK;
+    }
     if (k) {
-        PYTFM_PARALLEL_FOR_IF(count > CHUNK)
+        PYTFM_PARALLEL_FOR
         for (int64_t c = 0; c < count; c += CHUNK)
             k->gelu_forward(y + c, x + c, PYTFM_MIN(CHUNK, count - c));
         return PYTFM_STATUS_OK;
@@ -40,8 +44,12 @@ pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t count) {
 pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x, int64_t count) {
     PYTFM_TRY(pytfm__check_gelu_backward(__func__, dx, dy, x, count));
     const pytfm__fast_kernels *k = pytfm__fast();
+    if (k && count <= CHUNK) { // one chunk: no parallel region
+        k->gelu_backward(dx, dy, x, count);
+        return PYTFM_STATUS_OK;
+    }
     if (k) {
-        PYTFM_PARALLEL_FOR_IF(count > CHUNK)
+        PYTFM_PARALLEL_FOR
         for (int64_t c = 0; c < count; c += CHUNK)
             k->gelu_backward(dx + c, dy + c, x + c, PYTFM_MIN(CHUNK, count - c));
         return PYTFM_STATUS_OK;

@@ -170,6 +170,15 @@ static inline int64_t pytfm__rows_per_task(int64_t cols) {
     return cols >= PYTFM_TASK_ELEMS ? 1 : PYTFM_TASK_ELEMS / (cols > 0 ? cols : 1);
 }
 
+/* 1 when rows of cols floats make at most one task: then the loop runs as a plain loop, not
+ * under a parallel pragma whose `if` is false, because entering an OpenMP region costs about
+ * 0.35 µs (libgomp builds a team of one and wakes a futex) even when it runs on the calling
+ * thread alone; a decoded token calls some fifty kernels on rows of one token
+ * (bench/c_generate.py). */
+static inline int pytfm__one_task(int64_t rows, int64_t cols) {
+    return rows <= pytfm__rows_per_task(cols);
+}
+
 /* Σ a[i]·b[i] with eight independent partial sums (so the additions pipeline instead of
  * waiting on each other), combined in a fixed order: the same inputs give the same bits. */
 static inline float pytfm__dot(const float *a, const float *b, int64_t count) {

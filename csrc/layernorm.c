@@ -25,6 +25,11 @@ pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const f
                                      float eps) {
     PYTFM_TRY(pytfm__check_layernorm_forward(__func__, y, mean, rstd, x, w, b, rows, cols, eps));
     const pytfm__fast_kernels *k = pytfm__fast();
+    if (k && pytfm__one_task(rows, cols)) { // no parallel region for one task
+        for (int64_t r = 0; r < rows; r++)
+            k->layernorm_forward(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols, eps);
+        return PYTFM_STATUS_OK;
+    }
     if (k) {
         PYTFM_PARALLEL_ROWS(rows, cols)
         for (int64_t r = 0; r < rows; r++)

@@ -175,7 +175,7 @@ typedef struct acts {
     float *a;                /* [N, C] a LayerNorm's output, then attention's */
     float *qkv;              /* [N, 3C] c_attn's output; its first N·C floats then hold the */
                              /*   output of each c_proj before the residual add */
-    float *q, *k, *v;        /* [B, T, H, D] each */
+    float *q, *k, *v;        /* [B, T, H, D] each, adjacent (k = q + N·C) */
     float *h;                /* [N, 4C] c_fc's output, GELU in place */
     float *mean, *rstd, *lse; /* [N], [N], [B, H, T]: what the kernels save, unused here */
     float *head;             /* [N, vocab] all the rows' logits (a session fed N > 1 tokens) */
@@ -202,10 +202,9 @@ static pytfm_status block(const pytfm_model *m, const layer *L, const acts *s, i
         memcpy(s->k + r * C, s->qkv + r * 3 * C + C, (size_t)C * sizeof(float));
         memcpy(s->v + r * C, s->qkv + r * 3 * C + 2 * C, (size_t)C * sizeof(float));
     }
-    if (m->config.pos == PYTFM_POS_ROPE) {
-        PYTFM_TRY(pytfm_rope_forward(s->q, s->q, s->pos, B, T, H, D, 0, ROPE_BASE));
-        PYTFM_TRY(pytfm_rope_forward(s->k, s->k, s->pos, B, T, H, D, 0, ROPE_BASE));
-    }
+    if (m->config.pos == PYTFM_POS_ROPE) // q and k, adjacent: one [2B, T, H, D] array whose
+        // batches share the positions, so one table of angles serves both (the same bits)
+        PYTFM_TRY(pytfm_rope_forward(s->q, s->q, s->pos, 2 * B, T, H, D, 0, ROPE_BASE));
     if (k_cache) { // KVCache.attend: append, then attend to everything cached
         PYTFM_TRY(pytfm_attention_cache_append(k_cache, v_cache, s->k, s->v, 1, T, H, D,
                                                max_len, start));

@@ -37,18 +37,43 @@ static void rotate(float *out, const float *in, const int64_t *pos, int64_t B, i
     }
 }
 
+/* cos, sin of θ at position p: [half] each */
+static void angle_row(float *cs, float *sn, double p, int64_t D, double base, double sign) {
+    for (int64_t i = 0; i < D / 2; i++) {
+        const double theta = sign * p * pow(base, -2.0 * (double)i / (double)D);
+        cs[i] = (float)cos(theta);
+        sn[i] = (float)sin(theta);
+    }
+}
+
 /* cos, sin of θ for the position rows [0, count) of pos (row r = batch r / T, time r % T):
  * [count, half] each */
 static void angle_table(float *cs, float *sn, const int64_t *pos, int64_t count, int64_t T,
                         int64_t pos_stride, int64_t D, double base, double sign) {
     const int64_t half = D / 2;
-    PYTFM_PARALLEL_FOR_IF(count * half > PYTFM_TASK_ELEMS / 8)
-    for (int64_t r = 0; r < count; r++) {
-        const double p = (double)pos[r / T * pos_stride + r % T];
+    if (pytfm__one_task(count, half * 8)) { // no parallel region for one task
+        for (int64_t r = 0; r < count; r++)
+            angle_row(cs + r * half, sn + r * half, (double)pos[r / T * pos_stride + r % T], D,
+                      base, sign);
+        return;
+    }
+    PYTFM_PARALLEL_FOR
+    for (int64_t r = 0; r < count; r++)
+        angle_row(cs + r * half, sn + r * half, (double)pos[r / T * pos_stride + r % T], D, base,
+                  sign);
+}
+
+/* the (b, t) row bt of H·D floats, rotated by the angles c, s [half] */
+static void rotate_row(float *out, const float *in, const float *c, const float *s, int64_t bt,
+                       int64_t H, int64_t D) {
+    const int64_t half = D / 2;
+    for (int64_t h = 0; h < H; h++) {
+        const float *x = in + (bt * H + h) * D; // (b, t, h, :)
+        float *y = out + (bt * H + h) * D;
         for (int64_t i = 0; i < half; i++) {
-            const double theta = sign * p * pow(base, -2.0 * (double)i / (double)D);
-            cs[r * half + i] = (float)cos(theta);
-            sn[r * half + i] = (float)sin(theta);
+            const float x0 = x[i], x1 = x[i + half];
+            y[i] = x0 * c[i] - x1 * s[i];
+            y[i + half] = x1 * c[i] + x0 * s[i];
         }
     }
 }
@@ -62,17 +87,16 @@ static pytfm_status rotate_tabled(const char *func, float *out, const float *in,
     if (!cs) return PYTFM_STATUS_OUT_OF_MEMORY;
     float *sn = cs + pos_rows * half;
     angle_table(cs, sn, pos, pos_rows, T, pos_stride, D, base, sign);
-    PYTFM_PARALLEL_ROWS(B * T, H * D)
-    for (int64_t bt = 0; bt < B * T; bt++) { // the (b, t) rows of H·D floats
-        const float *c = cs + (pos_stride == 0 ? bt % T : bt) * half, *s = sn + (c - cs);
-        for (int64_t h = 0; h < H; h++) {
-            const float *x = in + (bt * H + h) * D; // (b, t, h, :)
-            float *y = out + (bt * H + h) * D;
-            for (int64_t i = 0; i < half; i++) {
-                const float x0 = x[i], x1 = x[i + half];
-                y[i] = x0 * c[i] - x1 * s[i];
-                y[i + half] = x1 * c[i] + x0 * s[i];
-            }
+    if (pytfm__one_task(B * T, H * D)) { // no parallel region for one task
+        for (int64_t bt = 0; bt < B * T; bt++) {
+            const float *c = cs + (pos_stride == 0 ? bt % T : bt) * half;
+            rotate_row(out, in, c, sn + (c - cs), bt, H, D);
+        }
+    } else {
+        PYTFM_PARALLEL_ROWS(B * T, H * D)
+        for (int64_t bt = 0; bt < B * T; bt++) {
+            const float *c = cs + (pos_stride == 0 ? bt % T : bt) * half;
+            rotate_row(out, in, c, sn + (c - cs), bt, H, D);
         }
     }
     free(cs);

@@ -18,6 +18,13 @@
 #define PYTFM_FMA(a, b, c) ((a) * (b) + (c))
 #endif
 
+/* a hint to fetch the cache line of p ahead of its use (nothing where there is no builtin) */
+#if defined(__GNUC__)
+#define PYTFM_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PYTFM_PREFETCH(p) ((void)(p))
+#endif
+
 /* 2^k for an integer-valued k in [-126, 127] (k = -127 gives 0), by building the float's
  * exponent field */
 static inline float pytfm__exp2i(float k) {

@@ -161,6 +161,23 @@ def test_layernorm(isa, rows, cols, seed, offset):
 
 
 @pytest.mark.parametrize("isa", FAST)
+@given(n_in=cols_, out=st.sampled_from([1, 3, 4, 5, 63, 64, 65, 130]), bias=st.booleans(),
+       seed=seeds)
+def test_linear_one_row(isa, n_in, out, bias, seed):
+    """One row: the matrix-vector product (fast_impl.h gemv) against the plain sgemm loop."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    w = rng.standard_normal((out, n_in)).astype(np.float32)
+    b = rng.standard_normal(out).astype(np.float32) if bias else None
+    # each side's dot product is off the exact one by at most its roundings times Σ|x·w|: the
+    # plain loop n_in of them, the fast one sum_roundings(n_in) (n_in/16 per lane, the tree);
+    # the bias add one more each side
+    mag = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    tol = EPS32 * (n_in + sum_roundings(n_in) + 2) * mag
+    compare("linear.one_row", isa, lambda: [ops.linear_forward(x, w, b)], (EPS32, tol))
+
+
+@pytest.mark.parametrize("isa", FAST)
 @given(count=cols_, seed=seeds, scale=st.sampled_from([0.1, 1.0, 5.0, 50.0]))
 def test_gelu(isa, count, seed, scale):
     rng = np.random.default_rng(seed)
@@ -264,6 +281,25 @@ def test_attention_decode(isa, T, prompt, seed):
 
 
 @pytest.mark.parametrize("isa", FAST)
+@given(B=st.sampled_from([1, 2]), n_new=st.sampled_from([1, 2, 7]), H=st.sampled_from([1, 3]),
+       D=st.sampled_from([1, 5, 16, 32, 33]), start=st.sampled_from([0, 1, 63, 64, 65, 150]),
+       seed=seeds)
+def test_attention_decode_rows(isa, B, n_new, H, D, start, seed):
+    """Fewer than 8 new queries: each row alone on the row kernels (scores by gemv, the online
+    softmax step, attn_pv_row), tiles of 64 keys, against the plain loop."""
+    rng = np.random.default_rng(seed)
+    Tmax = start + n_new + 3
+    kc, vc = (rng.standard_normal((B, Tmax, H, D)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((B, n_new, H, D)).astype(np.float32)
+    # as test_attention: dot products of length D (each side off by up to D roundings of
+    # sqrt(D)-sized terms), sums over up to T keys
+    T = start + n_new
+    bound = 4 * np.sqrt(D) * T * EPS32
+    compare("attention_decode_rows", isa, lambda: list(ops.attention_decode(q, kc, vc, start)),
+            (1e-5, bound))
+
+
+@pytest.mark.parametrize("isa", FAST)
 @given(B=st.sampled_from([1, 3]), T=st.sampled_from([1, 5, 64]), H=st.sampled_from([1, 4]),
        D=st.sampled_from([2, 6, 32, 34]), per_batch=st.booleans(), seed=seeds)
 def test_rope(isa, B, T, H, D, per_batch, seed):
@@ -293,13 +329,17 @@ def test_every_op_gives_the_same_bits_at_any_thread_count():
         sm = ops.softmax_forward(x)
         loss, lse = ops.cross_entropy_forward(x, ids)
         lin = ops.linear_forward(x, W, b[:130])
+        Wide = rng.standard_normal((600, 257)).astype(np.float32)  # one row, 600 outputs
+        lin1 = ops.linear_forward(x[:1], Wide)
+        kc, vc = (rng.standard_normal((2, 300, 3, 16)).astype(np.float32) for _ in range(2))
+        dec = ops.attention_decode(q[:, :1].copy(), kc, vc, start=250)  # 1 query, 6 heads
         p, m, v = x.copy(), np.zeros_like(x), np.zeros_like(x)
         ops.adamw_step(p, dy, m, v, step=1, lr=1e-3, weight_decay=0.1)
         out = [y, mean, rstd, *ops.layernorm_backward(dy, x, w, mean, rstd), sm,
                ops.softmax_backward(dy, sm), np.float32(loss), lse,
                ops.cross_entropy_backward(x, ids, lse), ops.gelu_forward(x),
-               ops.gelu_backward(dy, x), lin, *ops.linear_backward(lin, x, W),
+               ops.gelu_backward(dy, x), lin, lin1, *ops.linear_backward(lin, x, W),
                ops.embedding_forward(ids, table), ops.embedding_backward(dy, ids, 50),
-               ops.rope_forward(q, np.arange(100)), p, m, v]
+               ops.rope_forward(q, np.arange(100)), p, m, v, *dec]
         """
     )

@@ -193,7 +193,8 @@ PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
  *   x  [rows, in]
  *   w  [out, in]
  *   b  [out]        may be NULL: no bias
- * Scratch: as pytfm_sgemm, for the product x·Wᵀ.
+ * Scratch: as pytfm_sgemm, for the product x·Wᵀ; none for one row (rows = 1) above
+ * PYTFM_ISA_PLAIN, which is a matrix-vector product (a token decoded through a KV cache).
  */
 PYTFM_API pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w,
                                             const float *b, int64_t rows, int64_t in,
@@ -465,7 +466,9 @@ PYTFM_API pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cac
  * 0..start + i. Costs O((start + n_new)·D) per query: no [T, T] work.
  *   o   [B, n_new, H, D] written;  lse [B, H, n_new] written
  *   q   [B, n_new, H, D];  k_cache, v_cache [B, Tmax, H, D];  start + n_new <= Tmax
- * Scratch: as pytfm_attention_forward with T = start + n_new (fast version: n_new >= 8).
+ * Scratch: as pytfm_attention_forward with T = start + n_new, for n_new >= 8 (the tiled fast
+ * version); fewer queries run one row at a time (vectorised above PYTFM_ISA_PLAIN) and take
+ * none.
  */
 PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q,
                                               const float *k_cache, const float *v_cache,
