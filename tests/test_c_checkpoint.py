@@ -24,7 +24,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -492,7 +491,8 @@ HOSTILE = [
      r"missing: config \{'vocab': 8, 'd_model': 4, 'n_layer': 1152921504606846976"),
     ("vocab mismatch", edit_config(vocab=9), r"transformer.wte.weight is float32\[8, 4\], "
      r"config .* needs float32\[9, 4\]"),
-    ("d_model huge", edit_config(d_model=2**62, n_head=1), r"needs float32\[8, 4611686018427387904\]"),
+    ("d_model huge", edit_config(d_model=2**62, n_head=1),
+     r"needs float32\[8, 4611686018427387904\]"),
     ("untied, no lm_head", edit_config(tie_embeddings=False), r"tensor lm_head.weight is missing"),
     ("sinusoidal table", edit_header(big_table), r"needs a sinusoidal table of 4398046511104 "
      r"floats for \d+ stored parameters"),
@@ -683,7 +683,7 @@ def test_every_truncation_runs_clean_under_asan(tmp_path):
 def test_happy_path_same_config_and_parameters(tmp_path, server, pos, tie, adamw):
     blob = saved(pos, tie, adamw, n_layer=2, step=12345)
     path = write(str(tmp_path), "m", blob)
-    verdict, config, params = agree(server, path)
+    verdict, config, _ = agree(server, path)
     assert verdict == "ok" and config["step"] == 12345 and config["n_layer"] == 2
     for status, message, got in (c_open(path), c_open_memory(blob)):
         assert status == lib.PYTFM_STATUS_OK, message
