@@ -163,8 +163,10 @@ static int string_compare(const uchar *a, const uchar *b) {
 /* past the string at p (its opening quote) */
 static const uchar *skip_string_end(const uchar *p, const uchar *end) {
     for (p++; p < end; p++) {
-        if (*p == '\\') p++;
-        else if (*p == '"') return p + 1;
+        if (*p == '\\')
+            p++;
+        else if (*p == '"')
+            return p + 1;
     }
     return end;
 }
@@ -181,8 +183,10 @@ static const uchar *skip_value(const uchar *p, const uchar *end) {
                 p = skip_string_end(p, end);
                 continue;
             }
-            if (b == '{' || b == '[') depth++;
-            else if ((b == '}' || b == ']') && --depth == 0) return p + 1;
+            if (b == '{' || b == '[')
+                depth++;
+            else if ((b == '}' || b == ']') && --depth == 0)
+                return p + 1;
             p++;
         }
         return end;
@@ -253,9 +257,14 @@ static pytfm_status scan_string(checker *c, int *lone) {
         }
         if (i + 1 >= n) return fail(c, start, "unterminated string");
         switch (s[i + 1]) {
-        case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
-            i += 2;
-            continue;
+        case '"':
+        case '\\':
+        case '/':
+        case 'b':
+        case 'f':
+        case 'n':
+        case 'r':
+        case 't': i += 2; continue;
         case 'u': break;
         default:
             if (s[i + 1] >= 0x20 && s[i + 1] < 0x7F)
@@ -266,9 +275,12 @@ static pytfm_status scan_string(checker *c, int *lone) {
         if (cp < 0) return fail(c, i, "invalid \\uXXXX escape");
         i += 6;
         if (is_high(cp)) {
-            const int32_t low = i + 1 < n && s[i] == '\\' && s[i + 1] == 'u' ? hex4(s, n, i + 2) : -1;
-            if (is_low(low)) i += 6;
-            else *lone = 1;
+            const int32_t low =
+                i + 1 < n && s[i] == '\\' && s[i + 1] == 'u' ? hex4(s, n, i + 2) : -1;
+            if (is_low(low))
+                i += 6;
+            else
+                *lone = 1;
         } else if (is_low(cp)) {
             *lone = 1;
         }
@@ -287,7 +299,8 @@ static pytfm_status scan_number(checker *c) {
         return fail(c, start, "expecting a value");
     }
     const size_t first = i;
-    if (s[i] == '0') i++;
+    if (s[i] == '0')
+        i++;
     else
         while (i < n && is_digit(s[i])) i++;
     const size_t digits = i - first;
@@ -340,7 +353,8 @@ static pytfm_status scan_key(checker *c) {
     if (lone) return fail(c, start, "a key holds a lone surrogate (not valid Unicode)");
     if (c->n_keys == c->cap_keys) {
         const size_t cap = c->cap_keys ? 2 * c->cap_keys : 16;
-        open_key *keys = cap <= SIZE_MAX / sizeof *keys ? realloc(c->keys, cap * sizeof *keys) : NULL;
+        open_key *keys =
+            cap <= SIZE_MAX / sizeof *keys ? realloc(c->keys, cap * sizeof *keys) : NULL;
         if (!keys) {
             snprintf(c->err->what, sizeof c->err->what, "cannot allocate a list of %zu keys", cap);
             c->err->offset = start;
@@ -465,7 +479,8 @@ pytfm__json_kind pytfm__json_kind_of(pytfm__json v) {
     case '{': return PYTFM__JSON_OBJECT;
     case '[': return PYTFM__JSON_ARRAY;
     case '"': return PYTFM__JSON_STRING;
-    case 't': case 'f': return PYTFM__JSON_BOOL;
+    case 't':
+    case 'f': return PYTFM__JSON_BOOL;
     case 'n': return PYTFM__JSON_NULL;
     default: return PYTFM__JSON_NUMBER;
     }
@@ -572,8 +587,10 @@ pytfm__json_int pytfm__json_integer(pytfm__json number) {
     int overflow = 0;
     for (; p < end && is_digit(*p); p++) {
         const uint64_t d = (uint64_t)(*p - '0');
-        if (magnitude > (UINT64_MAX - d) / 10) overflow = 1;
-        else magnitude = magnitude * 10 + d;
+        if (magnitude > (UINT64_MAX - d) / 10)
+            overflow = 1;
+        else
+            magnitude = magnitude * 10 + d;
     }
     r.integer = p == end;
     if (!r.integer || overflow) return r;
@@ -588,14 +605,14 @@ pytfm__json_int pytfm__json_integer(pytfm__json number) {
 }
 
 const char *pytfm__json_show(pytfm__json v, char *buf, size_t cap) {
-    if (v.n < cap) {
-        memcpy(buf, v.p, v.n);
-        buf[v.n] = 0;
-        return buf;
+    size_t len = v.n;
+    if (len >= cap) {
+        len = cap - 4;
+        while (len > 0 && ((uchar)v.p[len] & 0xC0) == 0x80) len--; /* a character boundary */
     }
-    size_t len = cap - 4;
-    while (len > 0 && ((uchar)v.p[len] & 0xC0) == 0x80) len--; /* a character boundary */
-    memcpy(buf, v.p, len);
-    memcpy(buf + len, "...", 4);
+    /* whitespace between tokens (the only control bytes a checked text has) as spaces: a
+     * message is one line */
+    for (size_t i = 0; i < len; i++) buf[i] = (uchar)v.p[i] < 0x20 ? ' ' : v.p[i];
+    memcpy(buf + len, v.n >= cap ? "..." : "", v.n >= cap ? 4 : 1);
     return buf;
 }

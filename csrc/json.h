@@ -103,7 +103,7 @@ typedef struct pytfm__json_int {
 pytfm__json_int pytfm__json_integer(pytfm__json number);
 
 /* The text of v, for a message: at most cap − 1 bytes of it, cut on a character boundary and
- * ended by "..." when longer, NUL-terminated. cap >= 8. */
+ * ended by "..." when longer, control bytes (whitespace) as spaces, NUL-terminated. cap >= 8. */
 const char *pytfm__json_show(pytfm__json v, char *buf, size_t cap);
 
 #endif /* PYTFM_JSON_H */

@@ -75,11 +75,11 @@ typedef struct reader {
     size_t n_entries;
     char *names; /* the entries' names, unescaped */
     field format, config, step, optim_t, extra;
-    char *text;               /* the config, then extra, unescaped: their JSON texts */
-    pytfm_model_config cfg;   /* as checked */
-    char seed_shown[SHOW];    /* the config's seed, for messages */
-    int with_optimizer;       /* optim.t is there */
-    const entry **plan;       /* the parameters' entries, in param_shapes order */
+    char *text;             /* the config, then extra, unescaped: their JSON texts */
+    pytfm_model_config cfg; /* as checked */
+    char seed_shown[SHOW];  /* the config's seed, for messages */
+    int with_optimizer;     /* optim.t is there */
+    const entry **plan;     /* the parameters' entries, in param_shapes order */
     size_t n_plan;
 } reader;
 
@@ -128,8 +128,8 @@ static const char *show(pytfm__json v, char *buf) { return pytfm__json_show(v, b
 /* ---- 1. the safetensors layer ------------------------------------------------------------- */
 
 /* the length N of the header in the first 8 bytes of a file of size bytes */
-static pytfm_status check_length(reader *r, const unsigned char *head, size_t got,
-                                 uint64_t size, uint64_t *n) {
+static pytfm_status check_length(reader *r, const unsigned char *head, size_t got, uint64_t size,
+                                 uint64_t *n) {
     if (got < 8) return BAD(r, "%zu bytes is too short for a safetensors file", got);
     uint64_t length = 0;
     for (int i = 7; i >= 0; i--) length = length << 8 | head[i];
@@ -187,19 +187,28 @@ static pytfm_status check_entry(reader *r, pytfm__json key, pytfm__json info, en
     int have_dtype = 0, have_shape = 0, have_offsets = 0;
     pytfm__json_iter it = pytfm__json_iter_of(info);
     while (pytfm__json_next(&it, &k, &v)) {
-        if (pytfm__json_string_is(k, "dtype")) dtype = v, have_dtype = 1;
-        else if (pytfm__json_string_is(k, "shape")) shape = v, have_shape = 1;
-        else if (pytfm__json_string_is(k, "data_offsets")) offsets = v, have_offsets = 1;
-        else if (!unknown.p) unknown = k;
+        if (pytfm__json_string_is(k, "dtype"))
+            dtype = v, have_dtype = 1;
+        else if (pytfm__json_string_is(k, "shape"))
+            shape = v, have_shape = 1;
+        else if (pytfm__json_string_is(k, "data_offsets"))
+            offsets = v, have_offsets = 1;
+        else if (!unknown.p)
+            unknown = k;
     }
     if (!have_offsets) return BAD(r, "tensor %s: its entry has no data_offsets", where);
     if (!have_dtype) return BAD(r, "tensor %s: its entry has no dtype", where);
     if (!have_shape) return BAD(r, "tensor %s: its entry has no shape", where);
-    if (unknown.p) return BAD(r, "tensor %s: its entry has an unknown key %s", where, show(unknown, a));
+    if (unknown.p)
+        return BAD(r, "tensor %s: its entry has an unknown key %s", where, show(unknown, a));
 
-    if (pytfm__json_string_is(dtype, "F32")) e->dtype = DTYPE_F32;
-    else if (pytfm__json_string_is(dtype, "I64")) e->dtype = DTYPE_I64;
-    else return BAD(r, "tensor %s: unsupported dtype %s (pytfm reads F32, I64)", where, show(dtype, a));
+    if (pytfm__json_string_is(dtype, "F32"))
+        e->dtype = DTYPE_F32;
+    else if (pytfm__json_string_is(dtype, "I64"))
+        e->dtype = DTYPE_I64;
+    else
+        return BAD(r, "tensor %s: unsupported dtype %s (pytfm reads F32, I64)", where,
+                   show(dtype, a));
 
     /* the shape's ints; its bytes, as NumPy would count them (_nbytes): the product of the
      * non-zero dimensions and the item size must fit in int64, even for an empty array */
@@ -217,7 +226,8 @@ static pytfm_status check_entry(reader *r, pytfm__json key, pytfm__json info, en
         if (!fits || !pytfm__mul_within(nbytes, d ? d : 1, INT64_MAX, &nbytes)) fits_all = 0;
     }
     if (!ok)
-        return BAD(r, "tensor %s: shape %s is not a list of non-negative ints", where, show(shape, a));
+        return BAD(r, "tensor %s: shape %s is not a list of non-negative ints", where,
+                   show(shape, a));
     if (ndim > MAX_NDIM)
         return BAD(r, "tensor %s: %zu dimensions, NumPy allows %d", where, ndim, MAX_NDIM);
     e->shape = shape;
@@ -226,7 +236,8 @@ static pytfm_status check_entry(reader *r, pytfm__json key, pytfm__json info, en
     pytfm__json begin_v, end_v;
     pytfm__json_iter pair = pytfm__json_iter_of(offsets);
     pytfm__json_int begin = {0}, end = {0};
-    int pair_ok = pytfm__json_kind_of(offsets) == PYTFM__JSON_ARRAY && pytfm__json_count(offsets) == 2;
+    int pair_ok =
+        pytfm__json_kind_of(offsets) == PYTFM__JSON_ARRAY && pytfm__json_count(offsets) == 2;
     if (pair_ok) {
         pytfm__json_next(&pair, NULL, &begin_v);
         pytfm__json_next(&pair, NULL, &end_v);
@@ -245,10 +256,13 @@ static pytfm_status check_entry(reader *r, pytfm__json key, pytfm__json info, en
     const int begin_neg = begin.negative && !(begin.fits && begin.value == 0);
     const int end_neg = end.negative && !(end.fits && end.value == 0);
     if (begin_neg || end_neg || (end.fits && (!begin.fits || begin.value > end.value)))
-        return BAD(r, "tensor %s: data_offsets %s are negative or reversed", where, show(offsets, a));
+        return BAD(r, "tensor %s: data_offsets %s are negative or reversed", where,
+                   show(offsets, a));
     if (!end.fits || end.value > r->body)
-        return BAD(r, "tensor %s: data_offsets %s run past the end of the data (%lld bytes): "
-                      "truncated file?", where, show(offsets, a), (long long)r->body);
+        return BAD(r,
+                   "tensor %s: data_offsets %s run past the end of the data (%lld bytes): "
+                   "truncated file?",
+                   where, show(offsets, a), (long long)r->body);
     if (!fits_all)
         return BAD(r, "tensor %s: shape %s is too large for NumPy", where, show(shape, a));
     if (empty) nbytes = 0;
@@ -270,7 +284,7 @@ static int by_offsets(const void *x, const void *y) {
 
 /* the entries' data, in offset order, tile the data exactly (_check_layout) */
 static pytfm_status check_layout(reader *r) {
-    qsort(r->entries, r->n_entries, sizeof *r->entries, by_offsets);
+    if (r->n_entries > 1) qsort(r->entries, r->n_entries, sizeof *r->entries, by_offsets);
     int64_t at = 0;
     const entry *previous = NULL;
     char a[SHOW], b[SHOW + 8];
@@ -282,13 +296,15 @@ static pytfm_status check_layout(reader *r) {
                 snprintf(after, sizeof after, "tensor %s",
                          show_name(previous->name, previous->name_len, b));
             if (e->begin < at)
-                return BAD(r, "tensor %s (data_offsets [%lld, %lld]) overlaps %s, which ends at %lld",
+                return BAD(r,
+                           "tensor %s (data_offsets [%lld, %lld]) overlaps %s, which ends at %lld",
                            show_name(e->name, e->name_len, a), (long long)e->begin,
                            (long long)e->end, after, (long long)at);
-            return BAD(r, "tensor %s (data_offsets [%lld, %lld]) leaves a gap of %lld bytes after "
-                          "%s, which ends at %lld", show_name(e->name, e->name_len, a),
-                       (long long)e->begin, (long long)e->end, (long long)(e->begin - at), after,
-                       (long long)at);
+            return BAD(r,
+                       "tensor %s (data_offsets [%lld, %lld]) leaves a gap of %lld bytes after "
+                       "%s, which ends at %lld",
+                       show_name(e->name, e->name_len, a), (long long)e->begin, (long long)e->end,
+                       (long long)(e->begin - at), after, (long long)at);
         }
         at = e->end;
         previous = e;
@@ -303,8 +319,7 @@ static pytfm_status check_layout(reader *r) {
 static pytfm_status check_header(reader *r) {
     const char *why = "";
     const size_t bad = pytfm__utf8_check(r->header, r->header_size, &why);
-    if (bad < r->header_size)
-        return BAD(r, "the header is not UTF-8 (byte %zu: %s)", 8 + bad, why);
+    if (bad < r->header_size) return BAD(r, "the header is not UTF-8 (byte %zu: %s)", 8 + bad, why);
     pytfm__json_error err;
     const pytfm_status st = pytfm__json_check(r->header, r->header_size, &err);
     if (st == PYTFM_STATUS_OUT_OF_MEMORY)
@@ -321,28 +336,36 @@ static pytfm_status check_header(reader *r) {
     size_t names = 0;
     pytfm__json_iter it = pytfm__json_iter_of(root);
     while (pytfm__json_next(&it, &key, &value)) {
-        if (pytfm__json_string_is(key, "__metadata__")) {
+        if (pytfm__json_string_is(key, "__metadata__"))
             meta = value;
-        } else {
-            r->n_entries++;
+        else
             names += key.n; /* its unescaped name is no longer */
-        }
     }
     PYTFM_TRY(check_metadata(r, meta.p ? &meta : NULL));
 
-    r->entries = calloc(r->n_entries ? r->n_entries : 1, sizeof *r->entries);
+    /* the list of entries grows as they pass: a header of a million bare "k": 1 members is
+     * refused at the first, before a list of a million entries is made */
+    size_t cap = 0;
     r->names = malloc(names ? names : 1);
-    if (!r->entries || !r->names)
-        return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate a list of %zu tensors",
-                    r->n_entries);
+    if (!r->names)
+        return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes of names", names);
     char *name = r->names;
-    size_t i = 0;
     it = pytfm__json_iter_of(root);
     while (pytfm__json_next(&it, &key, &value)) {
         if (pytfm__json_string_is(key, "__metadata__")) continue;
-        r->entries[i].index = i;
-        PYTFM_TRY(check_entry(r, key, value, &r->entries[i], &name));
-        i++;
+        if (r->n_entries == cap) {
+            cap = cap ? 2 * cap : 64;
+            entry *grown =
+                cap <= SIZE_MAX / sizeof *grown ? realloc(r->entries, cap * sizeof *grown) : NULL;
+            if (!grown)
+                return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate a list of %zu tensors",
+                            cap);
+            r->entries = grown;
+        }
+        entry *e = &r->entries[r->n_entries];
+        *e = (entry){.index = r->n_entries};
+        PYTFM_TRY(check_entry(r, key, value, e, &name));
+        r->n_entries++;
     }
     return check_layout(r);
 }
@@ -375,8 +398,7 @@ static pytfm_status count_field(reader *r, const char *key, field f, int64_t *va
 }
 
 /* a metadata field's JSON text, checked; *root its value */
-static pytfm_status json_field(reader *r, const char *key, field f, size_t *at,
-                               pytfm__json *root) {
+static pytfm_status json_field(reader *r, const char *key, field f, size_t *at, pytfm__json *root) {
     size_t len = 0;
     const char *text = unescape(r, f, at, &len);
     pytfm__json_error err;
@@ -403,12 +425,16 @@ static pytfm_status check_config(reader *r, const pytfm__json *values) {
                                       ? pytfm__json_integer(v)
                                       : (pytfm__json_int){0, 0, 0, 0};
         if (!i.integer)
-            return BAD(r, "config: GPTConfig.%s must be an int, got %s", CONFIG_FIELDS[k], show(v, a));
+            return BAD(r, "config: GPTConfig.%s must be an int, got %s", CONFIG_FIELDS[k],
+                       show(v, a));
         if (k == SEED) {
             if (i.negative && !(i.fits && i.value == 0))
-                return BAD(r, "config: GPTConfig.seed must be a non-negative int, got %s", show(v, a));
-            if (i.fits) snprintf(r->seed_shown, sizeof r->seed_shown, "%lld", (long long)i.value);
-            else show(v, r->seed_shown);
+                return BAD(r, "config: GPTConfig.seed must be a non-negative int, got %s",
+                           show(v, a));
+            if (i.fits)
+                snprintf(r->seed_shown, sizeof r->seed_shown, "%lld", (long long)i.value);
+            else
+                show(v, r->seed_shown);
         } else if (!i.fits || i.value < 1) {
             return BAD(r, "config: GPTConfig.%s must be a positive int (below 2**63), got %s",
                        CONFIG_FIELDS[k], show(v, a));
@@ -418,9 +444,12 @@ static pytfm_status check_config(reader *r, const pytfm__json *values) {
     const pytfm__json pos = values[POS], tie = values[TIE];
     if (pytfm__json_kind_of(pos) != PYTFM__JSON_STRING)
         return BAD(r, "config: GPTConfig.pos must be a str, got %s", show(pos, a));
-    if (pytfm__json_string_is(pos, "rope")) r->cfg.pos = PYTFM_POS_ROPE;
-    else if (pytfm__json_string_is(pos, "sinusoidal")) r->cfg.pos = PYTFM_POS_SINUSOIDAL;
-    else if (pytfm__json_string_is(pos, "none")) r->cfg.pos = PYTFM_POS_NONE;
+    if (pytfm__json_string_is(pos, "rope"))
+        r->cfg.pos = PYTFM_POS_ROPE;
+    else if (pytfm__json_string_is(pos, "sinusoidal"))
+        r->cfg.pos = PYTFM_POS_SINUSOIDAL;
+    else if (pytfm__json_string_is(pos, "none"))
+        r->cfg.pos = PYTFM_POS_NONE;
     else
         return BAD(r, "config: GPTConfig.pos must be one of ('rope', 'sinusoidal', 'none'), got %s",
                    show(pos, a));
@@ -462,8 +491,10 @@ static pytfm_status check_pytfm(reader *r) {
     while (pytfm__json_next(&it, &key, &value)) {
         size_t k = 0;
         while (k < N_FIELDS && !pytfm__json_string_is(key, CONFIG_FIELDS[k])) k++;
-        if (k < N_FIELDS) values[k] = value;
-        else if (!unknown.p) unknown = key;
+        if (k < N_FIELDS)
+            values[k] = value;
+        else if (!unknown.p)
+            unknown = key;
     }
     for (size_t k = 0; k < N_FIELDS; k++)
         if (!values[k].p) return BAD(r, "config has no %s", CONFIG_FIELDS[k]);
@@ -552,6 +583,7 @@ static int by_name(const void *x, const void *y) {
 
 static entry *lookup(const reader *r, const char *name) {
     const entry key = {.name = name, .name_len = strlen(name)};
+    if (!r->n_entries) return NULL; /* no list to search (nor to pass to bsearch) */
     return bsearch(&key, r->entries, r->n_entries, sizeof *r->entries, by_name);
 }
 
@@ -570,8 +602,10 @@ static const char *show_config(const reader *r, char *buf, size_t cap) {
 
 static const char *show_shape(const expected *x, char *buf, size_t cap) {
     if (!x->valid) return snprintf(buf, cap, "[more than int64 holds]"), buf;
-    if (x->ndim == 1) snprintf(buf, cap, "[%lld]", (long long)x->shape[0]);
-    else snprintf(buf, cap, "[%lld, %lld]", (long long)x->shape[0], (long long)x->shape[1]);
+    if (x->ndim == 1)
+        snprintf(buf, cap, "[%lld]", (long long)x->shape[0]);
+    else
+        snprintf(buf, cap, "[%lld, %lld]", (long long)x->shape[0], (long long)x->shape[1]);
     return buf;
 }
 
@@ -597,7 +631,7 @@ static pytfm_status check_one(reader *r, const char *key, const expected *x, con
 }
 
 static pytfm_status check_tensors(reader *r) {
-    qsort(r->entries, r->n_entries, sizeof *r->entries, by_name);
+    if (r->n_entries > 1) qsort(r->entries, r->n_entries, sizeof *r->entries, by_name);
     r->plan = malloc((r->n_entries ? r->n_entries : 1) * sizeof *r->plan);
     if (!r->plan) return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate a tensor list");
     int64_t count = 0;
@@ -647,9 +681,10 @@ static pytfm_status check_tensors(reader *r) {
         if (!fits || table > (count > MAX_TABLE ? count : MAX_TABLE)) {
             char config[320], size[32] = "more than 2**63";
             if (fits) snprintf(size, sizeof size, "%lld", (long long)table);
-            return BAD(r, "config %s needs a sinusoidal table of %s floats for %lld stored "
-                          "parameters", show_config(r, config, sizeof config), size,
-                       (long long)count);
+            return BAD(r,
+                       "config %s needs a sinusoidal table of %s floats for %lld stored "
+                       "parameters",
+                       show_config(r, config, sizeof config), size, (long long)count);
         }
     }
     r->cfg.n_params = count;

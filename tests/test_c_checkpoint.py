@@ -24,7 +24,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -395,6 +394,9 @@ HOSTILE = [
      r"nested more than 1000 levels deep"),
     ("nested 1001 deep", edit_text('{"', '{"deep": ' + "[" * 1001 + "]" * 1001 + ', "'),
      r"nested more than 1000 levels deep"),
+    ("header {}", lambda: pack(b"{}"), r"not a pytfm checkpoint \(no pytfm config"),
+    ("no tensors", lambda: pack({"__metadata__": base()[0]["__metadata__"]}),
+     r"tensor transformer.wte.weight is missing"),
     ("header is an array", lambda: pack(b"[]", b""), r"the header is a JSON array, not an object"),
     ("header is a string", lambda: pack(b'"x"', b""), r"the header is a JSON string"),
     ("duplicate tensor", edit_text(', "transformer.ln_f.weight"',
@@ -489,7 +491,8 @@ HOSTILE = [
      r"missing: config \{'vocab': 8, 'd_model': 4, 'n_layer': 1152921504606846976"),
     ("vocab mismatch", edit_config(vocab=9), r"transformer.wte.weight is float32\[8, 4\], "
      r"config .* needs float32\[9, 4\]"),
-    ("d_model huge", edit_config(d_model=2**62, n_head=1), r"needs float32\[8, 4611686018427387904\]"),
+    ("d_model huge", edit_config(d_model=2**62, n_head=1),
+     r"needs float32\[8, 4611686018427387904\]"),
     ("untied, no lm_head", edit_config(tie_embeddings=False), r"tensor lm_head.weight is missing"),
     ("sinusoidal table", edit_header(big_table), r"needs a sinusoidal table of 4398046511104 "
      r"floats for \d+ stored parameters"),
@@ -617,6 +620,28 @@ def test_a_huge_header_length_within_the_file_is_refused_by_its_limit(tmp_path):
         checkpoint.load(path)
 
 
+@pytest.mark.parametrize("kind", ["bare members", "empty tensors"])
+def test_a_header_of_many_members_is_refused_fast(tmp_path, kind):
+    """A header of 200 000 members that are not entries (refused at the first, before any list
+    of them is made), or of 200 000 valid empty tensors (each checked, sorted, looked up)."""
+    meta = json.dumps(base()[0]["__metadata__"])
+    if kind == "bare members":
+        members = ", ".join(f'"k{i}": {i}' for i in range(200_000))
+        match = r"tensor 'k0': its entry is a JSON number, not an object"
+    else:
+        members = ", ".join(f'"k{i}": {{"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}'
+                            for i in range(200_000))
+        match = r"tensor transformer.wte.weight is missing"
+    path = write(str(tmp_path), kind, pack(f'{{"__metadata__": {meta}, {members}}}'))
+    start = time.perf_counter()
+    status, message, _ = c_open(path)
+    elapsed = time.perf_counter() - start
+    assert status == INVALID and re.search(match, message), message
+    assert elapsed < 2, elapsed  # a million empty tensors: C 0.8 s here, Python 12 s
+    with pytest.raises(CheckpointError):
+        checkpoint.load(path)
+
+
 def test_what_cannot_be_opened_is_an_error_naming_the_path(tmp_path):
     for path, why in [(str(tmp_path / "missing"), "No such file"), (str(tmp_path), "not a "
                                                                    "regular file")]:
@@ -658,7 +683,7 @@ def test_every_truncation_runs_clean_under_asan(tmp_path):
 def test_happy_path_same_config_and_parameters(tmp_path, server, pos, tie, adamw):
     blob = saved(pos, tie, adamw, n_layer=2, step=12345)
     path = write(str(tmp_path), "m", blob)
-    verdict, config, params = agree(server, path)
+    verdict, config, _ = agree(server, path)
     assert verdict == "ok" and config["step"] == 12345 and config["n_layer"] == 2
     for status, message, got in (c_open(path), c_open_memory(blob)):
         assert status == lib.PYTFM_STATUS_OK, message

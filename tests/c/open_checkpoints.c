@@ -10,9 +10,9 @@
  *                              "<N> files: <A> accepted, <R> rejected, every way agreed"
  *   open_checkpoints --serve   reads paths from stdin, one a line, and answers each with one
  *                              line: "json-ok " or "json-bad " (is the whole file one JSON
- *                              text, by json.c's check?), then "ok <vocab> <d_model> <n_layer> <n_head> <max_seq> <pos>
- *                              <tie> <n_params> <step> <the parameters' bytes in hex>" or
- *                              "rejected <status> <message>" (for the agreement tests)
+ *                              text, by json.c's check?), then "ok <vocab> <d_model> <n_layer>
+ * <n_head> <max_seq> <pos> <tie> <n_params> <step> <the parameters' bytes in hex>" or "rejected
+ * <status> <message>" (for the agreement tests)
  *
  * Exit status 1 when the ways disagree (status, config or parameters), when a failed read
  * leaves parameters behind, when a rejection's message does not start with its source, or when
@@ -64,8 +64,8 @@ static int starts_with(const char *s, const char *prefix) {
 
 /* Read path every way. 0: they agree (*status and *w from the file reader, w->params owned
  * by the caller); 1: they do not (said on stderr). */
-static int read_every_way(const char *path, pytfm_status *status, pytfm__weights *w,
-                          char *message, size_t cap) {
+static int read_every_way(const char *path, pytfm_status *status, pytfm__weights *w, char *message,
+                          size_t cap) {
     unsigned char *data = NULL;
     size_t size = 0;
     *status = pytfm__weights_read_file(w, path);
@@ -92,8 +92,8 @@ static int read_every_way(const char *path, pytfm_status *status, pytfm__weights
             bad = 1;
         }
         if (!starts_with(message, path) || !starts_with(mmessage, "<memory>: ")) {
-            fprintf(stderr, "%s: a message does not name its source: '%s' / '%s'\n", path,
-                    message, mmessage);
+            fprintf(stderr, "%s: a message does not name its source: '%s' / '%s'\n", path, message,
+                    mmessage);
             bad = 1;
         }
         if (ms != PYTFM_STATUS_INVALID_ARGUMENT && ms != PYTFM_STATUS_OUT_OF_MEMORY) {
@@ -124,9 +124,8 @@ static int read_every_way(const char *path, pytfm_status *status, pytfm__weights
                     way ? "pytfm_model_open_memory" : "pytfm_model_open", ps, *status,
                     pytfm_last_error());
             bad = 1;
-        } else if (ps == PYTFM_STATUS_OK &&
-                   (pytfm_model_get_config(model, &c) != PYTFM_STATUS_OK ||
-                    !same_config(&c, &w->config))) {
+        } else if (ps == PYTFM_STATUS_OK && (pytfm_model_get_config(model, &c) != PYTFM_STATUS_OK ||
+                                             !same_config(&c, &w->config))) {
             fprintf(stderr, "%s: the model's config is not the reader's\n", path);
             bad = 1;
         } else if (ps != PYTFM_STATUS_OK && model) {
@@ -163,8 +162,8 @@ static int serve(void) {
         bad |= read_every_way(line, &status, &w, message, sizeof message);
         printf("%s ", json_verdict(line));
         if (status != PYTFM_STATUS_OK) {
-            for (char *p = message; *p; p++)
-                if (*p == '\n') *p = ' ';
+            for (char *p = message; *p; p++) /* one line (a path may hold any byte) */
+                if ((unsigned char)*p < 0x20) *p = ' ';
             printf("rejected %d %s\n", status, message);
         } else {
             const pytfm_model_config *c = &w.config;
@@ -196,8 +195,10 @@ int main(int argc, char **argv) {
         char message[512];
         bad |= read_every_way(argv[i], &status, &w, message, sizeof message);
         accepted += status == PYTFM_STATUS_OK;
-        if (status == PYTFM_STATUS_OK) printf("%s: ok\n", argv[i]);
-        else printf("rejected: %s\n", message);
+        if (status == PYTFM_STATUS_OK)
+            printf("%s: ok\n", argv[i]);
+        else
+            printf("rejected: %s\n", message);
         free(w.params);
     }
     if (bad) return 1;

@@ -3,8 +3,8 @@
  *
  * Each input is read as a whole checkpoint by pytfm__weights_read_memory, and, when the input
  * is one strict JSON text by json.c's check, walked by json.c's readers and, if an object,
- * read again as the header of a checkpoint (length field and zero data made to fit). Beyond what ASan and
- * UBSan see, the reader's promises are checked and a broken one traps: a status is OK,
+ * read again as the header of a checkpoint (length field and zero data made to fit). Beyond what
+ * ASan and UBSan see, the reader's promises are checked and a broken one traps: a status is OK,
  * INVALID_ARGUMENT or OUT_OF_MEMORY; a failure leaves no parameters and a message naming the
  * source; a success gives n_params floats, 64-byte aligned, of a config pytfm.nn would accept.
  *
@@ -21,9 +21,9 @@
 #include "json.h"
 #include "pytfm.h"
 
-#define EXPECT(cond)                                                                           \
-    do {                                                                                       \
-        if (!(cond)) __builtin_trap();                                                         \
+#define EXPECT(cond)                                                                               \
+    do {                                                                                           \
+        if (!(cond)) __builtin_trap();                                                             \
     } while (0)
 
 /* every value of a checked text read back: kinds, strings, numbers, counts */

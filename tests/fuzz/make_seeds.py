@@ -32,6 +32,13 @@ CHECKPOINTS = [
     ("none_untied_2layers", dict(pos="none", n_layer=2, tie_embeddings=False), False, None),
 ]
 
+# headers alone (the target reads a JSON object as a header), at the edges of what the config
+# may hold: (file, checkpoint whose header is edited, config changes)
+HEADERS = [
+    ("sinusoidal_long.header.json", "sinusoidal_untied", dict(max_seq=2**22)),  # table 2**23
+    ("big_seed.header.json", "rope_tied", dict(seed=2**70)),
+]
+
 JSON_TEXTS = [
     ("config.json", json.dumps({"vocab": 2, "d_model": 2, "n_layer": 1, "n_head": 1,
                                 "max_seq": 2, "pos": "rope", "tie_embeddings": True,
@@ -51,6 +58,13 @@ def small(pos="rope", tie_embeddings=True, n_layer=1, n_head=1, d_model=2):
     return model
 
 
+def header_of(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    return blob[8:8 + n].rstrip(b" ")
+
+
 def main(folder):
     os.makedirs(folder, exist_ok=True)
     for name, changes, adamw, extra in CHECKPOINTS:
@@ -64,11 +78,15 @@ def main(folder):
         path = os.path.join(folder, name + ".safetensors")
         checkpoint.save(path, model, step=3, optimizer=optimizer, extra=extra)
         if adamw:  # its header alone: the target reads a JSON object as a header too
-            with open(path, "rb") as f:
-                blob = f.read()
-            (n,) = struct.unpack("<Q", blob[:8])
             with open(os.path.join(folder, name + ".header.json"), "wb") as f:
-                f.write(blob[8:8 + n].rstrip(b" "))
+                f.write(header_of(path))
+    for name, source, changes in HEADERS:
+        header = json.loads(header_of(os.path.join(folder, source + ".safetensors")))
+        config = json.loads(header["__metadata__"]["config"])
+        config.update(changes)
+        header["__metadata__"]["config"] = json.dumps(config)
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            f.write(json.dumps(header))
     for name, text in JSON_TEXTS:
         with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
             f.write(text)
