@@ -234,25 +234,38 @@ int main(int argc, char **argv) {
                 "note: --tokens %lld cut to %lld: the model's context is %lld and the prompt "
                 "takes %lld\n",
                 o.tokens, (long long)n_new, (long long)cfg.max_seq, (long long)n_prompt);
+    // the session first: it checks that its caches, n_prompt + n_new positions, fit in memory,
+    // so the token buffer's size below cannot wrap (a context of 2^62 is a legal checkpoint)
     pytfm_session *session = NULL;
-    int64_t *out = malloc((size_t)(n_prompt + n_new) * sizeof *out);
+    pytfm_status st = pytfm_session_open(&session, model, n_prompt + n_new);
+    if (st != PYTFM_STATUS_OK) {
+        fprintf(stderr, "generate: error: %s\n", pytfm_last_error());
+        pytfm_model_close(model);
+        return 1;
+    }
+    const uint64_t n_out = (uint64_t)(n_prompt + n_new);
+    int64_t *out = n_out <= SIZE_MAX / sizeof *out ? malloc((size_t)n_out * sizeof *out) : NULL;
     float *logits = malloc((size_t)cfg.vocab * sizeof *logits);
     if (!out || !logits) {
-        fprintf(stderr, "generate: error: cannot allocate the tokens and logits\n");
+        fprintf(stderr, "generate: error: cannot allocate %llu tokens and their logits\n",
+                (unsigned long long)n_out);
         free(out);
         free(logits);
+        pytfm_session_close(session);
         pytfm_model_close(model);
         return 1;
     }
     for (int64_t i = 0; i < n_prompt; i++) out[i] = (unsigned char)o.prompt[i];
     double t_prompt = 0.0, t_new = 0.0;
-    pytfm_status st = pytfm_session_open(&session, model, n_prompt + n_new);
-    if (st == PYTFM_STATUS_OK)
-        st = generate(session, out, logits, n_prompt, n_new, &o, cfg.vocab, &t_prompt, &t_new);
+    st = generate(session, out, logits, n_prompt, n_new, &o, cfg.vocab, &t_prompt, &t_new);
     if (st == PYTFM_STATUS_OK) {
         for (int64_t i = 0; i < n_prompt + n_new; i++) putchar((int)out[i]);
         putchar('\n');
-        fflush(stdout);
+        if (fflush(stdout) != 0 || ferror(stdout)) { // a full disk, a closed pipe: say so
+            fprintf(stderr, "generate: error: cannot write the text to stdout: %s\n",
+                    strerror(errno));
+            code = 1;
+        }
         fprintf(stderr,
                 "generate: prompt of %lld tokens in %.2f ms; %lld new tokens in %.2f ms: %.0f "
                 "tokens/s, threads: %d\n",

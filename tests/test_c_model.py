@@ -263,8 +263,11 @@ def generate_exe(tmp_path_factory):
     """examples/generate.c built as the README says, warnings as errors."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     assert cc, "a C compiler is needed to build pytfm itself"
+    # the flags of the pytfm these tests import (installed, or an in-place build on PYTHONPATH)
+    import pytfm
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
     flags = subprocess.run([sys.executable, "-m", "pytfm", "--cflags", "--libs"], check=True,
-                           capture_output=True, text=True, cwd="/").stdout.split()
+                           capture_output=True, text=True, cwd="/", env=env).stdout.split()
     exe = tmp_path_factory.mktemp("generate") / "generate"
     subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
                     os.path.join(ROOT, "examples", "generate.c"), *flags, "-o", str(exe)],
@@ -304,6 +307,30 @@ def test_a_context_of_2_to_the_40_generates_with_sessions_sized_to_what_they_dec
         assert c_generate(c, list(b"ab"), 12) == ref.tolist()
     r = run_exe(generate_exe, path, "--prompt", "ab", "--tokens", 12, "--temperature", 0)
     assert r.returncode == 0 and r.stdout == bytes(ref.tolist()) + b"\n", r.stderr
+
+
+@pytest.mark.parametrize("max_seq", [2**61 + 8, 2**62])
+def test_asking_for_a_context_past_memory_is_an_error_not_an_overflow(tmp_path, generate_exe,
+                                                                      max_seq):
+    """A legal checkpoint (RoPE: max_seq changes no tensor) whose context, asked for whole, is
+    more positions than memory holds: the session's size check says so before any buffer is
+    sized from it (the token buffer's byte count used to wrap, and the prompt overflowed it)."""
+    model = GPT(GPTConfig(vocab=256, d_model=16, n_layer=1, n_head=2, max_seq=max_seq, seed=4))
+    path = saved(model, tmp_path / "huge.safetensors")
+    r = run_exe(generate_exe, path, "--prompt", "0123456789abcdefghijklmnopqrstuvwxyz",
+                "--tokens", 2**63 - 1)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert r.stdout == b""
+    assert b"generate: error: pytfm_session_open" in r.stderr, r.stderr
+    assert b"would pass PTRDIFF_MAX bytes" in r.stderr, r.stderr
+
+
+def test_a_text_that_cannot_be_written_is_an_error(trained, generate_exe):
+    _, path = trained
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run([generate_exe, path, "--tokens", "10"], stdout=full,
+                           stderr=subprocess.PIPE)
+    assert r.returncode == 1 and b"cannot write the text to stdout" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args,message", [
@@ -681,7 +708,10 @@ def test_threads_sharing_one_model_get_one_threads_results(trained):
 
 
 def test_results_are_the_same_bits_at_one_and_three_threads(tmp_path):
-    path = saved(small("rope", False, d_model=64, max_seq=64), tmp_path / "m.safetensors")
+    # d_model 256: a one-token feed's larger products (c_fc: 1024 x 256) pass linear.c's
+    # threshold for a parallel matrix-vector product, so the threaded paths run too
+    path = saved(small("rope", False, d_model=256, n_layer=1, max_seq=64),
+                 tmp_path / "m.safetensors")
     code = f"""
         import numpy as np
         from pytfm._core import ffi, lib
