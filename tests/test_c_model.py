@@ -275,6 +275,26 @@ def generate_exe(tmp_path_factory):
     return str(exe)
 
 
+@pytest.fixture(scope="module")
+def generate_asan_exe(generate_exe, tmp_path_factory):
+    """examples/generate.c under AddressSanitizer (the library as built): a write past a buffer
+    of its own is a failure, not silent corruption."""
+    import pytfm
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
+    flags = subprocess.run([sys.executable, "-m", "pytfm", "--cflags", "--libs"], check=True,
+                           capture_output=True, text=True, cwd="/", env=env).stdout.split()
+    exe = tmp_path_factory.mktemp("generate_asan") / "generate"
+    r = subprocess.run([cc, "-std=c11", "-g", "-fsanitize=address,undefined",
+                        os.path.join(ROOT, "examples", "generate.c"), *flags, "-o", str(exe)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot build generate.c under ASan: {r.stderr[-2000:]}")
+        pytest.skip("the C compiler cannot link the sanitizer runtimes here")
+    return str(exe)
+
+
 def run_exe(exe, *args):
     return subprocess.run([exe, *map(str, args)], capture_output=True)
 
@@ -310,14 +330,14 @@ def test_a_context_of_2_to_the_40_generates_with_sessions_sized_to_what_they_dec
 
 
 @pytest.mark.parametrize("max_seq", [2**61 + 8, 2**62])
-def test_asking_for_a_context_past_memory_is_an_error_not_an_overflow(tmp_path, generate_exe,
-                                                                      max_seq):
+def test_asking_for_a_context_past_memory_is_an_error_not_an_overflow(tmp_path,
+                                                                      generate_asan_exe, max_seq):
     """A legal checkpoint (RoPE: max_seq changes no tensor) whose context, asked for whole, is
     more positions than memory holds: the session's size check says so before any buffer is
     sized from it (the token buffer's byte count used to wrap, and the prompt overflowed it)."""
     model = GPT(GPTConfig(vocab=256, d_model=16, n_layer=1, n_head=2, max_seq=max_seq, seed=4))
     path = saved(model, tmp_path / "huge.safetensors")
-    r = run_exe(generate_exe, path, "--prompt", "0123456789abcdefghijklmnopqrstuvwxyz",
+    r = run_exe(generate_asan_exe, path, "--prompt", "0123456789abcdefghijklmnopqrstuvwxyz",
                 "--tokens", 2**63 - 1)
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert r.stdout == b""
