@@ -15,8 +15,9 @@ optim.t), that the tensors are exactly the parameters the config implies, names,
 dtypes, and that the sinusoidal table GPT(cfg) would allocate (it is not stored) is not out of
 all proportion to them, before it builds or touches a model. Only then does it read the data,
 and only after that does it copy into a given model and optimizer: a load that fails leaves
-them as they were. Whatever the bytes, load_file and load raise nothing but CheckpointError
-(naming the file and the tensor or field), or OSError from the file system.
+them as they were. A path that is not a regular file (a folder; a FIFO, refused at once, not
+waited on) is a CheckpointError. Whatever the bytes, load_file and load raise nothing but
+CheckpointError (naming the file and the tensor or field), or OSError from the file system.
 
 Writing goes to a temporary file next to the checkpoint, .tmp-<name>.<8 hex digits>, which the
 writer holds locked (flock) while it writes, fsyncs and renames it over the checkpoint; then the
@@ -36,6 +37,7 @@ import os
 import re
 import reprlib
 import secrets
+import stat
 import struct
 from dataclasses import asdict, fields
 
@@ -237,9 +239,25 @@ def _read_data(f, path, entries):
     return {name: tensors[name] for name, *_ in entries}
 
 
+def _open_regular(path):
+    """path opened for reading as a binary file object; CheckpointError when it is not a
+    regular file. Opened O_NONBLOCK, so that a FIFO is refused at once instead of the open
+    waiting, forever, for a writer (O_NOCTTY: nor may a terminal become the controlling one);
+    the flag is cleared before anything is read. As csrc/safetensors.c opens it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def load_file(path):
     """-> ({name: array}, {str: str}); raises CheckpointError for a bad file."""
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         metadata, entries = _read_header(f, path)
         return _read_data(f, path, entries), metadata
 
@@ -393,7 +411,7 @@ def load(path, model=None, optimizer=None):
     given. Returns (model, step, extra). Everything is checked before anything is built or
     copied: on any error, model and optimizer are as they were. A model or optimizer that does
     not hold float32 arrays of the config's parameter shapes is a ValueError."""
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         meta, entries = _read_header(f, path)
         cfg, step, extra, t = _check_pytfm_metadata(path, meta)
         shapes = _check_tensors(path, cfg, t is not None, entries)

@@ -21,6 +21,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -647,6 +648,47 @@ def test_what_cannot_be_opened_is_an_error_naming_the_path(tmp_path):
                                                                    "regular file")]:
         status, message, _ = c_open(path)
         assert status == INVALID and message.startswith(f"{path}: ") and why in message, message
+
+
+FIFO_OPEN = """
+import sys
+from pytfm import checkpoint
+from pytfm._core import ffi, lib
+path = sys.argv[2]
+if sys.argv[1] == "c":
+    model = ffi.new("pytfm_model **")
+    status = lib.pytfm_model_open(model, path.encode(), lib.PYTFM_DEVICE_CPU)
+    print(status, ffi.string(lib.pytfm_last_error()).decode())
+else:
+    for load in (checkpoint.load, checkpoint.load_file):
+        try:
+            load(path)
+            print("accepted")
+        except checkpoint.CheckpointError as e:
+            print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.parametrize("reader", ["c", "python"])
+def test_a_fifo_is_refused_at_once_naming_the_path(tmp_path, reader):
+    """Opening a FIFO for reading waits for a writer unless opened O_NONBLOCK: both readers
+    must refuse it as not a regular file without waiting. Run in a child process with a
+    timeout, so that a reader that blocks fails the test instead of hanging it."""
+    import pytfm
+
+    path = str(tmp_path / "fifo.safetensors")
+    os.mkfifo(path)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
+    try:
+        run = subprocess.run([sys.executable, "-c", FIFO_OPEN, reader, path], capture_output=True,
+                             text=True, env=env, cwd="/", timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"opening the FIFO {path} blocked ({reader} reader)")
+    assert run.returncode == 0, run.stderr[-2000:]
+    if reader == "c":
+        assert run.stdout == f"{INVALID} {path}: not a regular file\n", run.stdout
+    else:
+        assert run.stdout == f"CheckpointError {path}: not a regular file\n" * 2, run.stdout
 
 
 def test_every_truncation_of_a_small_file_is_rejected(tmp_path):

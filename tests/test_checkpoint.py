@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -493,7 +494,8 @@ def test_a_failed_load_leaves_the_model_and_optimizer_alone(saved, monkeypatch):
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.truncate(size - 4)
-    monkeypatch.setattr(os, "fstat", lambda fd: types.SimpleNamespace(st_size=size))
+    monkeypatch.setattr(os, "fstat", lambda fd: types.SimpleNamespace(st_size=size,
+                                                                      st_mode=stat.S_IFREG))
     with pytest.raises(CheckpointError, match="the file ended inside tensor"):
         checkpoint.load(path, model, opt)
     monkeypatch.undo()
