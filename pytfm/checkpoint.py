@@ -51,6 +51,10 @@ MAX_HEADER = 100_000_000  # bytes: the reference implementation's limit
 _MAX_NDIM = 32  # NumPy 1.x's limit (2.x allows 64)
 _MAX_INT = 2**63 - 1  # step and optim.t reach the kernels as int64_t
 _MAX_TABLE = 2**24  # floats of sinusoidal table allowed beyond the stored parameters' count
+# JSON containers open at once, at most: the header (3 deep), config (1) and extra. Explicit,
+# and far below any interpreter's recursion limit, so that the verdict never depends on the
+# stack json.loads runs on; csrc/json.h PYTFM__JSON_MAX_DEPTH is the same number.
+MAX_JSON_DEPTH = 64
 
 
 class CheckpointError(ValueError):
@@ -101,12 +105,43 @@ def _constant(name):
     raise ValueError(f"{name} is not JSON")
 
 
+# what is not a bracket of the JSON's own: strings (escapes and all; unterminated: to the
+# end) and runs of anything else
+_NOT_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[^"\[\]{}]+', re.DOTALL)
+
+
+def _json_depth_error(text):
+    """The message for a text whose containers nest more than MAX_JSON_DEPTH deep, else None.
+    Brackets are counted outside strings, over the first value only (what follows it is
+    extra data json.loads refuses); where a closing bracket has no opening one the text is
+    malformed there, and the scan leaves it to json.loads."""
+    if text.lstrip(" \t\n\r")[:1] not in ("[", "{"):
+        return None  # no container at the top: nothing can nest
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return None
+    depth = 0
+    for c in _NOT_BRACKETS.sub("", text):
+        if c in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return f"nested more than {MAX_JSON_DEPTH} levels deep"
+        else:
+            depth -= 1
+            if depth <= 0:
+                return None
+    return None
+
+
 def _parse_json(text):
-    """RFC 8259 JSON: duplicate keys, NaN and Infinity are errors. Any failure, deep nesting
-    included, is a ValueError."""
+    """RFC 8259 JSON: duplicate keys, NaN and Infinity are errors, and so is nesting more than
+    MAX_JSON_DEPTH containers deep (checked first, as csrc/json.c does, so that the verdict is
+    the same whatever the interpreter's recursion limit). Any failure is a ValueError."""
+    deep = _json_depth_error(text)
+    if deep:
+        raise ValueError(deep)
     try:
         return json.loads(text, object_pairs_hook=_object, parse_constant=_constant)
-    except RecursionError:
+    except RecursionError:  # not reached within MAX_JSON_DEPTH: kept as a guard
         raise ValueError("nested too deeply") from None
 
 
@@ -389,13 +424,22 @@ def _fsync_folder(folder):
 
 def save(path, model, step=0, optimizer=None, extra=None):
     """Save a GPT (and optionally its AdamW state) with its config and step. extra must be
-    JSON (RFC 8259: NaN and Infinity are not), as load() will check."""
+    JSON (RFC 8259: NaN and Infinity are not) nested at most MAX_JSON_DEPTH (64) containers
+    deep ({"a": [1]} is 2 deep), as load() will check: else ValueError, and nothing is
+    written."""
     step = operator.index(step)
     if not 0 <= step <= _MAX_INT:
         raise ValueError(f"step must be a non-negative int64, got {step}")
+    too_deep = f"extra is nested more than {MAX_JSON_DEPTH} levels deep (load() would refuse it)"
+    try:
+        extra_json = json.dumps(extra or {}, allow_nan=False)
+    except RecursionError:
+        raise ValueError(too_deep) from None
+    if _json_depth_error(extra_json):
+        raise ValueError(too_deep)
     tensors = dict(model.params)
     meta = {"format": "pytfm", "config": json.dumps(asdict(model.cfg)), "step": str(step),
-            "extra": json.dumps(extra or {}, allow_nan=False)}
+            "extra": extra_json}
     if optimizer is not None:
         state = optimizer.state()
         meta["optim.t"] = str(state["t"])

@@ -42,6 +42,7 @@ CSRC = os.path.join(ROOT, "csrc")
 FUZZ = os.path.join(ROOT, "tests", "fuzz")
 REGRESSIONS = os.path.join(FUZZ, "regressions")
 INVALID = lib.PYTFM_STATUS_INVALID_ARGUMENT
+DEPTH = checkpoint.MAX_JSON_DEPTH  # csrc/json.h PYTFM__JSON_MAX_DEPTH
 POS = {"rope": 0, "sinusoidal": 1, "none": 2}
 needs_csrc = pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the source checkout")
 
@@ -392,9 +393,12 @@ HOSTILE = [
     ("int of 4301 digits", edit_text("[8, 4]", "[" + "1" * 4301 + ", 4]"),
      r"an integer of 4301 digits"),
     ("nested 5000 deep", edit_text('{"', '{"deep": ' + "[" * 5000 + "]" * 5000 + ', "'),
-     r"nested more than 1000 levels deep"),
-    ("nested 1001 deep", edit_text('{"', '{"deep": ' + "[" * 1001 + "]" * 1001 + ', "'),
-     r"nested more than 1000 levels deep"),
+     rf"not valid JSON \(nested more than {DEPTH} levels deep"),
+    ("nested a level too deep", edit_text('{"', '{"deep": ' + "[" * DEPTH + "]" * DEPTH + ', "'),
+     rf"not valid JSON \(nested more than {DEPTH} levels deep"),  # the header's { is one
+    ("nested objects too deep", edit_text('{"', '{"deep": ' + '{"a": ' * DEPTH + "1" +
+                                          "}" * DEPTH + ', "'),
+     rf"not valid JSON \(nested more than {DEPTH} levels deep"),
     ("header {}", lambda: pack(b"{}"), r"not a pytfm checkpoint \(no pytfm config"),
     ("no tensors", lambda: pack({"__metadata__": base()[0]["__metadata__"]}),
      r"tensor transformer.wte.weight is missing"),
@@ -516,7 +520,11 @@ HOSTILE = [
      r"\(duplicate key"),
     ("extra lone surrogate key", edit_meta(extra='{"\\ud800": 1}'), r"extra is not valid JSON"),
     ("extra 4301 digits", edit_meta(extra="1" * 4301), r"an integer of 4301 digits"),
-    ("extra nested 1001", edit_meta(extra="[" * 1001 + "]" * 1001), r"nested more than 1000"),
+    ("extra nested a level too deep", edit_meta(extra="[" * (DEPTH + 1) + "]" * (DEPTH + 1)),
+     rf"extra is not valid JSON \(nested more than {DEPTH} levels deep"),
+    ("config nested too deep", edit_text('{\\"vocab\\": 8', '{\\"x\\": ' + "[" * DEPTH +
+                                         "]" * DEPTH + ', \\"vocab\\": 8'),
+     rf"config is not valid JSON \(nested more than {DEPTH} levels deep"),
     ("extra empty", edit_meta(extra=""), r"extra is not valid JSON \(expecting a value"),
     # the tensors
     ("missing tensor", edit_header(lambda h: h.pop("transformer.ln_f.bias") and None),
@@ -791,7 +799,7 @@ ACCEPTED = [
     ("extra big ints", dict(meta={"extra": json.dumps([2**64, -(10**4299), int("1" * 4300)])})),
     ("extra lone surrogate value", dict(meta={"extra": '["\\ud800", {"k": "\\udfff"}]'})),
     ("extra surrogate pair key", dict(meta={"extra": '{"\\ud83d\\ude00": 1}'})),
-    ("extra nested 500", dict(meta={"extra": "[" * 500 + "]" * 500})),
+    ("extra nested to the limit", dict(meta={"extra": "[" * DEPTH + "]" * DEPTH})),
     ("extra not an object", dict(meta={"extra": " 7 "})),
     ("extra absent", dict(change=lambda h: h["__metadata__"].pop("extra") and None)),
     ("NaN and odd floats in the data", dict(body=special_floats)),
@@ -804,14 +812,79 @@ def test_what_python_accepts_c_accepts_identically(tmp_path, server, name, kw):
     assert agree(server, path)[0] == "ok"
 
 
-def test_c_nests_as_deep_as_python_from_a_test(tmp_path, server):
-    """The one place the readers may differ: JSON nested nearly 1000 deep, where Python stops
-    by its recursion limit less the stack it parses from (which a test's is deeper than any
-    program's) and C at 1000. Both take 900 levels in extra; both refuse 1001."""
-    for depth, verdict in [(900, "ok"), (1001, "rejected")]:
-        path = write(str(tmp_path), f"deep{depth}",
-                     accepted_edit(meta={"extra": "[" * depth + "]" * depth}))
-        assert agree(server, path)[0] == verdict, depth
+def nested(depth, kind):
+    """A JSON text of depth containers, one inside the other: arrays or objects."""
+    if kind == "arrays":
+        return "[" * depth + "]" * depth
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+def py_json_verdict(path):
+    """Python's verdict on the whole file as one JSON text, in the words of the driver."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        checkpoint._parse_json(raw.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError included
+        return "json-bad"
+    return "json-ok"
+
+
+NESTED_SCRIPT = """
+import sys
+from pytfm import checkpoint
+sep = sys.argv.index("--")
+for limit in (sys.getrecursionlimit(), 100_000):
+    sys.setrecursionlimit(limit)
+    for path in sys.argv[1:sep]:
+        try:
+            checkpoint.load(path)
+            print("ok")
+        except checkpoint.CheckpointError:
+            print("rejected")
+    for path in sys.argv[sep + 1:]:
+        try:
+            checkpoint._parse_json(open(path, encoding="utf-8").read())
+            print("json-ok")
+        except ValueError:
+            print("json-bad")
+"""
+
+
+@pytest.mark.parametrize("kind", ["arrays", "objects"])
+def test_c_and_python_nest_to_the_same_explicit_limit(tmp_path, server, kind):
+    """JSON nested DEPTH - 1 and DEPTH containers deep is taken by both readers, DEPTH + 1
+    refused by both: as a checkpoint's extra, and as a bare text (json.c's check against
+    _parse_json). Python's limit is its own constant, not the interpreter's recursion limit:
+    the same verdicts from this test (a deep stack), from a script (a shallow one), and in each
+    with the recursion limit raised to 100 000 (under which json.loads alone would take
+    thousands of levels)."""
+    band = [(DEPTH - 1, "ok"), (DEPTH, "ok"), (DEPTH + 1, "rejected")]
+    files, bare = [], []
+    for depth, _ in band:
+        text = nested(depth, kind)
+        files.append(write(str(tmp_path), f"extra{depth}", accepted_edit(meta={"extra": text})))
+        bare.append(write(str(tmp_path), f"bare{depth}", text.encode()))
+    verdicts = [verdict for _, verdict in band]
+    json_verdicts = ["json-" + ("ok" if v == "ok" else "bad") for v in verdicts]
+    for path, verdict in zip(files, verdicts):
+        assert agree(server, path)[0] == verdict, path
+    assert [server.verdict(path)[0] for path in bare] == json_verdicts
+    limit = sys.getrecursionlimit()
+    for recursion_limit in (limit, 100_000):
+        sys.setrecursionlimit(recursion_limit)
+        try:
+            assert [py_verdict(path)[0] for path in files] == verdicts, recursion_limit
+            assert [py_json_verdict(path) for path in bare] == json_verdicts, recursion_limit
+        finally:
+            sys.setrecursionlimit(limit)
+    import pytfm
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
+    run = subprocess.run([sys.executable, "-c", NESTED_SCRIPT, *files, "--", *bare],
+                         capture_output=True, text=True, env=env, cwd="/", timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == (verdicts + json_verdicts) * 2
 
 
 # ---- hypothesis: mutations of real checkpoints, verdict by verdict ---------------------------
