@@ -87,6 +87,10 @@ size_t pytfm__json_count(pytfm__json container);
 /* 1 when the string value s, unescaped, is the ASCII text lit. */
 int pytfm__json_string_is(pytfm__json s, const char *lit);
 
+/* <0, 0 or >0 as the string values a and b, unescaped, compare code point by code point (a
+ * prefix first): Python's order of str, so that min() of keys is the key sorted() puts first. */
+int pytfm__json_string_compare(pytfm__json a, pytfm__json b);
+
 /* Unescape the string value s into out, which must hold s.n bytes (the unescaped text is never
  * longer than the escaped one); its length in bytes. *lone (may be NULL) is set to 1 when s
  * holds a lone surrogate (an escape such as \ud800 unpaired: Python keeps it in a str that

@@ -193,8 +193,8 @@ static pytfm_status check_entry(reader *r, pytfm__json key, pytfm__json info, en
             shape = v, have_shape = 1;
         else if (pytfm__json_string_is(k, "data_offsets"))
             offsets = v, have_offsets = 1;
-        else if (!unknown.p)
-            unknown = k;
+        else if (!unknown.p || pytfm__json_string_compare(k, unknown) < 0)
+            unknown = k; /* the first in code point order, as Python's sorted() names it */
     }
     if (!have_offsets) return BAD(r, "tensor %s: its entry has no data_offsets", where);
     if (!have_dtype) return BAD(r, "tensor %s: its entry has no dtype", where);

@@ -13,6 +13,7 @@ The parameters C read are compared through that driver (its --serve mode prints 
 public API does not hand them out.
 """
 
+import ast
 import functools
 import itertools
 import json
@@ -432,6 +433,16 @@ HOSTILE = [
     ("no shape", entry(WTE, shape=DELETE), r"its entry has no shape"),
     ("no data_offsets", entry(WTE, data_offsets=DELETE), r"its entry has no data_offsets"),
     ("unknown key", entry(WTE, extra=1), r"its entry has an unknown key \"extra\""),
+    # two: both readers name the first in code point order, not the first written
+    ("unknown keys", entry(WTE, zz=1, extra=1), r"its entry has an unknown key \"extra\"$"),
+    ("unknown keys by code point", edit_text('"dtype": "F32", "shape": [8, 4]',
+                                             '"dtype": "F32", "\\u00e9": 1, "z": 2, '
+                                             '"shape": [8, 4]'),
+     r"its entry has an unknown key \"z\"$"),  # not "\u00e9": escapes compare unescaped
+    ("unknown keys past the BMP", edit_text('"dtype": "F32", "shape": [8, 4]',
+                                            '"dtype": "F32", "\\ud83d\\ude00": 1, '
+                                            '"\\uffff": 2, "shape": [8, 4]'),
+     r"its entry has an unknown key \"\\uffff\"$"),  # U+FFFF before U+1F600, as Python
     ("dtype F16", entry(WTE, dtype="F16"), r"unsupported dtype \"F16\" \(pytfm reads F32, I64\)"),
     ("dtype f32", entry(WTE, dtype="f32"), r"unsupported dtype"),
     ("dtype an int", entry(WTE, dtype=4), r"unsupported dtype 4"),
@@ -581,6 +592,20 @@ def test_hostile_file_is_rejected_by_c_and_python(tmp_path, name, make, match):
     assert message.startswith("<memory>: ") and re.search(match, message), message
     with pytest.raises(CheckpointError):
         checkpoint.load(path)
+
+
+@pytest.mark.parametrize("name", ["unknown keys", "unknown keys by code point",
+                                  "unknown keys past the BMP"])
+def test_both_readers_name_the_same_of_two_unknown_keys(tmp_path, name):
+    """C shows the key as JSON, Python as a repr: read back, they are the same str."""
+    make = next(make for case, make, _ in HOSTILE if case == name)
+    path = write(str(tmp_path), name, make())
+    _, message, _ = c_open(path)
+    c_key = json.loads(re.search(r"unknown key (.*)$", message).group(1))
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load(path)
+    py_key = ast.literal_eval(re.search(r"unknown key (.*)$", str(raised.value)).group(1))
+    assert c_key == py_key, (message, str(raised.value))
 
 
 @needs_csrc
