@@ -615,7 +615,8 @@ PYTFM_API pytfm_status pytfm_rng_next(pytfm_rng *rng, uint64_t *value);
 
 /* Draw the next token from logits [vocab], as pytfm.generate.sample_next:
  *   temperature == 0: the index of the largest logit (the first of equals; no random number
- *   is drawn); temperature > 0 (finite): softmax((logits − max) / temperature) in double,
+ *   is drawn); temperature > 0 (finite; a double, as Python's float, so that 0.8 is Python's
+ *   0.8 and not the float nearest it): softmax((logits − max) / temperature) in double,
  *   restricted to the logits >= the top_k-th largest (top_k <= 0 or >= vocab: all), then the
  *   first index whose cumulative probability reaches u = (next >> 11) · 2^-53, one number of
  *   rng's stream per draw (vocab − 1 if rounding leaves u above the total).
@@ -625,7 +626,7 @@ PYTFM_API pytfm_status pytfm_rng_next(pytfm_rng *rng, uint64_t *value);
  * token is Python's (but for a last-bit difference of exp, which moves a token only when u lies
  * within about 1e-16 of a cumulative probability). No scratch. */
 PYTFM_API pytfm_status pytfm_sample(int64_t *token, const float *logits, int64_t vocab,
-                                    float temperature, int64_t top_k, pytfm_rng *rng);
+                                    double temperature, int64_t top_k, pytfm_rng *rng);
 
 /* ---- CUDA: the GPU twins of the kernels above ---------------------------------------- */
 /* Each pytfm_<op>_<direction>_cuda takes the arguments of its CPU twin, in the same order and
