@@ -181,10 +181,26 @@ def driver(sanitized=True):
 
 
 def asan_driver():
+    """The ASan driver; where the sanitizers do not link, a skip, but a failure under CI (the
+    environment variable CI set), which must run these tests, as the fuzzer fixture does."""
     exe = driver(True)
     if exe is None:
-        pytest.skip("the C compiler cannot link sanitizer runtimes (libasan/libubsan) here")
+        message = ("the C compiler cannot link sanitizer runtimes (libasan/libubsan) here: "
+                   "install them (Debian/Ubuntu: gcc's libasan and libubsan packages)")
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
     return exe
+
+
+def test_without_sanitizers_the_asan_tests_skip_but_fail_under_ci(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "driver", lambda sanitized=True: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="cannot link sanitizer runtimes"):
+        asan_driver()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="cannot link sanitizer runtimes"):
+        asan_driver()
 
 
 def run_driver(paths):
