@@ -541,6 +541,10 @@ int pytfm__json_string_is(pytfm__json s, const char *lit) {
     }
 }
 
+int pytfm__json_string_compare(pytfm__json a, pytfm__json b) {
+    return string_compare((const uchar *)a.p, (const uchar *)b.p);
+}
+
 size_t pytfm__json_string_utf8(pytfm__json s, char *out, int *lone) {
     uchar *o = (uchar *)out;
     if (lone) *lone = 0;

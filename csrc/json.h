@@ -5,9 +5,10 @@
  * pytfm.checkpoint._parse_json does: RFC 8259 JSON, strict UTF-8, no duplicate keys (compared
  * after unescaping), no key holding a lone surrogate, no NaN or Infinity. Python's interpreter
  * limits are kept too, so that both readers refuse the same texts: an integer of more than
- * 4300 digits (Python's int conversion limit) and nesting deeper than 1000 levels (Python's
- * default recursion limit; Python itself stops a little earlier, by the depth of the stack
- * it parses from). Only then are values read, through cursors into the checked text that
+ * 4300 digits (Python's int conversion limit) and nesting deeper than PYTFM__JSON_MAX_DEPTH
+ * containers (pytfm.checkpoint.MAX_JSON_DEPTH, the same number, which Python checks before
+ * json.loads so that its verdict never depends on the recursion limit or the stack it parses
+ * from). Only then are values read, through cursors into the checked text that
  * allocate nothing: pytfm__json_next walks an object's members or an array's items, and the
  * readers of strings and numbers below assume a checked text.
  *
@@ -22,7 +23,10 @@
 
 #include "pytfm.h"
 
-enum { PYTFM__JSON_MAX_DEPTH = 1000, PYTFM__JSON_MAX_INT_DIGITS = 4300 };
+/* PYTFM__JSON_MAX_DEPTH: containers open at once, at most; pytfm/checkpoint.py
+ * MAX_JSON_DEPTH is the same number (change both). Far above what pytfm writes (3 deep), far
+ * below any interpreter's recursion limit. */
+enum { PYTFM__JSON_MAX_DEPTH = 64, PYTFM__JSON_MAX_INT_DIGITS = 4300 };
 
 /* Where and why a text is not JSON: offset is a byte offset into the text checked. */
 typedef struct pytfm__json_error {
@@ -82,6 +86,10 @@ size_t pytfm__json_count(pytfm__json container);
 
 /* 1 when the string value s, unescaped, is the ASCII text lit. */
 int pytfm__json_string_is(pytfm__json s, const char *lit);
+
+/* <0, 0 or >0 as the string values a and b, unescaped, compare code point by code point (a
+ * prefix first): Python's order of str, so that min() of keys is the key sorted() puts first. */
+int pytfm__json_string_compare(pytfm__json a, pytfm__json b);
 
 /* Unescape the string value s into out, which must hold s.n bytes (the unescaped text is never
  * longer than the escaped one); its length in bytes. *lone (may be NULL) is set to 1 when s

@@ -49,22 +49,18 @@ struct pytfm_model {
     float *pe;     /* [max_seq, C] sinusoidal positions, or NULL */
 };
 
-/* pytfm.nn.sinusoidal_positions(max_seq, C): computed in double as NumPy does, then cast to
- * float: pe[t, 2i] = sin(t·inv_i), pe[t, 2i + 1] = cos(t·inv_i), inv_i = 10000^(−2i/C). The
- * reader has checked its size (a table at most max(n_params, 2^24) floats, as
- * pytfm.checkpoint.load). */
+/* pytfm.nn.sinusoidal_positions(max_seq, C), by the same function (pytfm_sinusoidal_positions,
+ * positions.c). The reader has checked its size (a table at most max(n_params, 2^24) floats,
+ * as pytfm.checkpoint.load) and that C is even. */
 static pytfm_status sinusoidal_table(float **pe, const char *func, int64_t max_seq, int64_t C) {
     int64_t count = 0;
     PYTFM_CHECK_COUNT(func, &count, float, max_seq, C);
     float *t = pytfm__scratch(func, count, sizeof(float));
     if (!t) return PYTFM_STATUS_OUT_OF_MEMORY;
-    for (int64_t i = 0; 2 * i < C; i++) {
-        const double inv = pow(10000.0, -(double)(2 * i) / (double)C);
-        for (int64_t p = 0; p < max_seq; p++) {
-            const double angle = (double)p * inv;
-            t[p * C + 2 * i] = (float)sin(angle);
-            t[p * C + 2 * i + 1] = (float)cos(angle);
-        }
+    const pytfm_status st = pytfm_sinusoidal_positions(t, max_seq, C);
+    if (st != PYTFM_STATUS_OK) {
+        free(t);
+        return st;
     }
     *pe = t;
     return PYTFM_STATUS_OK;

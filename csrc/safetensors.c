@@ -193,8 +193,8 @@ static pytfm_status check_entry(reader *r, pytfm__json key, pytfm__json info, en
             shape = v, have_shape = 1;
         else if (pytfm__json_string_is(k, "data_offsets"))
             offsets = v, have_offsets = 1;
-        else if (!unknown.p)
-            unknown = k;
+        else if (!unknown.p || pytfm__json_string_compare(k, unknown) < 0)
+            unknown = k; /* the first in code point order, as Python's sorted() names it */
     }
     if (!have_offsets) return BAD(r, "tensor %s: its entry has no data_offsets", where);
     if (!have_dtype) return BAD(r, "tensor %s: its entry has no dtype", where);
@@ -795,6 +795,13 @@ static pytfm_status read_fd(reader *r, int fd, char **header, float **params) {
         return BAD(r, "cannot stat: %s", why);
     }
     if (!S_ISREG(sb.st_mode)) return BAD(r, "not a regular file");
+    /* opened O_NONBLOCK (see pytfm__weights_read_file); a regular file reads the same either
+     * way, but clear it so that every read below is an ordinary blocking one */
+    const int flags = fcntl(fd, F_GETFL);
+    if (flags == -1 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == -1) {
+        strerror_r(errno, why, sizeof why);
+        return BAD(r, "cannot clear O_NONBLOCK: %s", why);
+    }
     const uint64_t size = (uint64_t)sb.st_size;
     unsigned char head[8];
     size_t got = 0;
@@ -833,7 +840,10 @@ pytfm_status pytfm__weights_read_file(pytfm__weights *w, const char *path) {
     if (!path)
         return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: path must not be NULL", __func__);
     reader r = {.source = path};
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait, forever, for a writer,
+     * before read_fd's fstat could refuse it as not a regular file; O_NOCTTY: a terminal
+     * named by path must not become the process's controlling terminal */
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) {
         char why[128] = "unknown error";
         strerror_r(errno, why, sizeof why);

@@ -128,17 +128,17 @@ static double pairwise_sum(const softmax_terms *s, int64_t i0, int64_t n) {
     return pairwise_sum(s, i0, n2) + pairwise_sum(s, i0 + n2, n - n2);
 }
 
-pytfm_status pytfm_sample(int64_t *token, const float *logits, int64_t vocab, float temperature,
-                          int64_t top_k, pytfm_rng *rng) {
+pytfm_status pytfm_sample(int64_t *token, const float *logits, int64_t vocab,
+                          double temperature, int64_t top_k, pytfm_rng *rng) {
     PYTFM_CHECK(vocab >= 1, "%s: vocab must be >= 1, got %lld", __func__, (long long)vocab);
-    PYTFM_CHECK(isfinite(temperature) && temperature >= 0.0f,
+    PYTFM_CHECK(isfinite(temperature) && temperature >= 0.0,
                 "%s: temperature must be finite and >= 0 (0: greedy), got %g", __func__,
-                (double)temperature);
+                temperature);
     int64_t n = 0;
     PYTFM_CHECK_COUNT(__func__, &n, float, vocab);
     PYTFM_CHECK(token != NULL, "%s: token must not be NULL", __func__);
     PYTFM_CHECK(logits != NULL, "%s: logits must not be NULL", __func__);
-    PYTFM_CHECK(rng != NULL || temperature == 0.0f,
+    PYTFM_CHECK(rng != NULL || temperature == 0.0,
                 "%s: rng must not be NULL when temperature > 0", __func__);
     PYTFM_CHECK_DISJOINT(__func__, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE,
                          PYTFM_SPAN(token, 1, int64_t),
@@ -152,7 +152,7 @@ pytfm_status pytfm_sample(int64_t *token, const float *logits, int64_t vocab, fl
                                (long long)i, (double)logits[i]);
         if (logits[i] > logits[best]) best = i; // the first of equals, as argmax
     }
-    if (temperature == 0.0f) {
+    if (temperature == 0.0) {
         *token = best;
         return PYTFM_STATUS_OK;
     }

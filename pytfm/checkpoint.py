@@ -15,8 +15,9 @@ optim.t), that the tensors are exactly the parameters the config implies, names,
 dtypes, and that the sinusoidal table GPT(cfg) would allocate (it is not stored) is not out of
 all proportion to them, before it builds or touches a model. Only then does it read the data,
 and only after that does it copy into a given model and optimizer: a load that fails leaves
-them as they were. Whatever the bytes, load_file and load raise nothing but CheckpointError
-(naming the file and the tensor or field), or OSError from the file system.
+them as they were. A path that is not a regular file (a folder; a FIFO, refused at once, not
+waited on) is a CheckpointError. Whatever the bytes, load_file and load raise nothing but
+CheckpointError (naming the file and the tensor or field), or OSError from the file system.
 
 Writing goes to a temporary file next to the checkpoint, .tmp-<name>.<8 hex digits>, which the
 writer holds locked (flock) while it writes, fsyncs and renames it over the checkpoint; then the
@@ -36,6 +37,7 @@ import os
 import re
 import reprlib
 import secrets
+import stat
 import struct
 from dataclasses import asdict, fields
 
@@ -49,6 +51,10 @@ MAX_HEADER = 100_000_000  # bytes: the reference implementation's limit
 _MAX_NDIM = 32  # NumPy 1.x's limit (2.x allows 64)
 _MAX_INT = 2**63 - 1  # step and optim.t reach the kernels as int64_t
 _MAX_TABLE = 2**24  # floats of sinusoidal table allowed beyond the stored parameters' count
+# JSON containers open at once, at most: the header (3 deep), config (1) and extra. Explicit,
+# and far below any interpreter's recursion limit, so that the verdict never depends on the
+# stack json.loads runs on; csrc/json.h PYTFM__JSON_MAX_DEPTH is the same number.
+MAX_JSON_DEPTH = 64
 
 
 class CheckpointError(ValueError):
@@ -99,12 +105,43 @@ def _constant(name):
     raise ValueError(f"{name} is not JSON")
 
 
+# what is not a bracket of the JSON's own: strings (escapes and all; unterminated: to the
+# end) and runs of anything else
+_NOT_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[^"\[\]{}]+', re.DOTALL)
+
+
+def _json_depth_error(text):
+    """The message for a text whose containers nest more than MAX_JSON_DEPTH deep, else None.
+    Brackets are counted outside strings, over the first value only (what follows it is
+    extra data json.loads refuses); where a closing bracket has no opening one the text is
+    malformed there, and the scan leaves it to json.loads."""
+    if text.lstrip(" \t\n\r")[:1] not in ("[", "{"):
+        return None  # no container at the top: nothing can nest
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return None
+    depth = 0
+    for c in _NOT_BRACKETS.sub("", text):
+        if c in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return f"nested more than {MAX_JSON_DEPTH} levels deep"
+        else:
+            depth -= 1
+            if depth <= 0:
+                return None
+    return None
+
+
 def _parse_json(text):
-    """RFC 8259 JSON: duplicate keys, NaN and Infinity are errors. Any failure, deep nesting
-    included, is a ValueError."""
+    """RFC 8259 JSON: duplicate keys, NaN and Infinity are errors, and so is nesting more than
+    MAX_JSON_DEPTH containers deep (checked first, as csrc/json.c does, so that the verdict is
+    the same whatever the interpreter's recursion limit). Any failure is a ValueError."""
+    deep = _json_depth_error(text)
+    if deep:
+        raise ValueError(deep)
     try:
         return json.loads(text, object_pairs_hook=_object, parse_constant=_constant)
-    except RecursionError:
+    except RecursionError:  # not reached within MAX_JSON_DEPTH: kept as a guard
         raise ValueError("nested too deeply") from None
 
 
@@ -237,9 +274,25 @@ def _read_data(f, path, entries):
     return {name: tensors[name] for name, *_ in entries}
 
 
+def _open_regular(path):
+    """path opened for reading as a binary file object; CheckpointError when it is not a
+    regular file. Opened O_NONBLOCK, so that a FIFO is refused at once instead of the open
+    waiting, forever, for a writer (O_NOCTTY: nor may a terminal become the controlling one);
+    the flag is cleared before anything is read. As csrc/safetensors.c opens it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def load_file(path):
     """-> ({name: array}, {str: str}); raises CheckpointError for a bad file."""
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         metadata, entries = _read_header(f, path)
         return _read_data(f, path, entries), metadata
 
@@ -371,13 +424,22 @@ def _fsync_folder(folder):
 
 def save(path, model, step=0, optimizer=None, extra=None):
     """Save a GPT (and optionally its AdamW state) with its config and step. extra must be
-    JSON (RFC 8259: NaN and Infinity are not), as load() will check."""
+    JSON (RFC 8259: NaN and Infinity are not) nested at most MAX_JSON_DEPTH (64) containers
+    deep ({"a": [1]} is 2 deep), as load() will check: else ValueError, and nothing is
+    written."""
     step = operator.index(step)
     if not 0 <= step <= _MAX_INT:
         raise ValueError(f"step must be a non-negative int64, got {step}")
+    too_deep = f"extra is nested more than {MAX_JSON_DEPTH} levels deep (load() would refuse it)"
+    try:
+        extra_json = json.dumps(extra or {}, allow_nan=False)
+    except RecursionError:
+        raise ValueError(too_deep) from None
+    if _json_depth_error(extra_json):
+        raise ValueError(too_deep)
     tensors = dict(model.params)
     meta = {"format": "pytfm", "config": json.dumps(asdict(model.cfg)), "step": str(step),
-            "extra": json.dumps(extra or {}, allow_nan=False)}
+            "extra": extra_json}
     if optimizer is not None:
         state = optimizer.state()
         meta["optim.t"] = str(state["t"])
@@ -393,7 +455,7 @@ def load(path, model=None, optimizer=None):
     given. Returns (model, step, extra). Everything is checked before anything is built or
     copied: on any error, model and optimizer are as they were. A model or optimizer that does
     not hold float32 arrays of the config's parameter shapes is a ValueError."""
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         meta, entries = _read_header(f, path)
         cfg, step, extra, t = _check_pytfm_metadata(path, meta)
         shapes = _check_tensors(path, cfg, t is not None, entries)

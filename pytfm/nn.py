@@ -237,11 +237,7 @@ class Block:
 
 
 def sinusoidal_positions(T, d):  # (T, d): sin on even features, cos on odd (Vaswani et al.)
-    pos = np.arange(T)[:, None]
-    inv = 10000.0 ** (-np.arange(0, d, 2) / d)
-    pe = np.zeros((T, d))
-    pe[:, 0::2], pe[:, 1::2] = np.sin(pos * inv), np.cos(pos * inv)
-    return pe.astype(np.float32)
+    return ops.sinusoidal_positions(T, d)  # the C model's table: the same bits
 
 
 class GPT:

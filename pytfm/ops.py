@@ -379,6 +379,27 @@ def rope_backward(dy, pos, base=10000.0):
     return _rope(_Args("pytfm_rope_backward", locals()), "dy")
 
 
+# ---- sinusoidal positions -------------------------------------------------------------------
+
+
+def sinusoidal_positions(T, dim):
+    """The sinusoidal position table.  -> pe [T, dim]: pe[t, 2i] = sin(t·inv_i),
+    pe[t, 2i + 1] = cos(t·inv_i), inv_i = 10000^(−2i/dim), in double, rounded to float32 once.
+    T >= 0, dim even and >= 2. The C model computes its table with the same function."""
+    a = _Args("pytfm_sinusoidal_positions", locals())
+    T, dim = a.int("T"), a.int("dim")
+    if T < 0:
+        raise ValueError(f"T must be >= 0, got {T}")
+    if dim < 2 or dim % 2:
+        raise ValueError(f"dim must be even and >= 2, got {dim}")
+    try:
+        pe = a.empty((T, dim))
+    except ValueError as e:  # NumPy: "array is too big", naming no argument
+        raise ValueError(f"pe of shape ({T}, {dim}) cannot be allocated: {e}") from None
+    a.call(pe, T, dim)
+    return pe
+
+
 # ---- gelu -----------------------------------------------------------------------------------
 
 

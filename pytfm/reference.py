@@ -62,6 +62,14 @@ def layernorm_backward(dy, x, w, mean, rstd):  # [..., cols] x2, [cols], [...] x
     return dx, (dy * xhat).reshape(-1, cols).sum(axis=0), dy.reshape(-1, cols).sum(axis=0)
 
 
+def sinusoidal_positions(T, dim):  # -> [T, dim]: sin on even features, cos on odd
+    pos = np.arange(T)[:, None]
+    inv = 10000.0 ** (-np.arange(0, dim, 2) / dim)
+    pe = np.zeros((T, dim))
+    pe[:, 0::2], pe[:, 1::2] = np.sin(pos * inv), np.cos(pos * inv)
+    return pe
+
+
 def rope_angles(pos, D, base=10000.0):  # [T] or [B, T] -> [T, D/2] or [B, T, D/2]
     inv_freq = base ** (-np.arange(0, D, 2, dtype=np.float64) / D)
     return np.asarray(pos, dtype=np.float64)[..., None] * inv_freq

@@ -13,6 +13,7 @@ The parameters C read are compared through that driver (its --serve mode prints 
 public API does not hand them out.
 """
 
+import ast
 import functools
 import itertools
 import json
@@ -21,6 +22,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -41,6 +43,7 @@ CSRC = os.path.join(ROOT, "csrc")
 FUZZ = os.path.join(ROOT, "tests", "fuzz")
 REGRESSIONS = os.path.join(FUZZ, "regressions")
 INVALID = lib.PYTFM_STATUS_INVALID_ARGUMENT
+DEPTH = checkpoint.MAX_JSON_DEPTH  # csrc/json.h PYTFM__JSON_MAX_DEPTH
 POS = {"rope": 0, "sinusoidal": 1, "none": 2}
 needs_csrc = pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the source checkout")
 
@@ -178,10 +181,26 @@ def driver(sanitized=True):
 
 
 def asan_driver():
+    """The ASan driver; where the sanitizers do not link, a skip, but a failure under CI (the
+    environment variable CI set), which must run these tests, as the fuzzer fixture does."""
     exe = driver(True)
     if exe is None:
-        pytest.skip("the C compiler cannot link sanitizer runtimes (libasan/libubsan) here")
+        message = ("the C compiler cannot link sanitizer runtimes (libasan/libubsan) here: "
+                   "install them (Debian/Ubuntu: gcc's libasan and libubsan packages)")
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
     return exe
+
+
+def test_without_sanitizers_the_asan_tests_skip_but_fail_under_ci(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "driver", lambda sanitized=True: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="cannot link sanitizer runtimes"):
+        asan_driver()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="cannot link sanitizer runtimes"):
+        asan_driver()
 
 
 def run_driver(paths):
@@ -391,9 +410,12 @@ HOSTILE = [
     ("int of 4301 digits", edit_text("[8, 4]", "[" + "1" * 4301 + ", 4]"),
      r"an integer of 4301 digits"),
     ("nested 5000 deep", edit_text('{"', '{"deep": ' + "[" * 5000 + "]" * 5000 + ', "'),
-     r"nested more than 1000 levels deep"),
-    ("nested 1001 deep", edit_text('{"', '{"deep": ' + "[" * 1001 + "]" * 1001 + ', "'),
-     r"nested more than 1000 levels deep"),
+     rf"not valid JSON \(nested more than {DEPTH} levels deep"),
+    ("nested a level too deep", edit_text('{"', '{"deep": ' + "[" * DEPTH + "]" * DEPTH + ', "'),
+     rf"not valid JSON \(nested more than {DEPTH} levels deep"),  # the header's { is one
+    ("nested objects too deep", edit_text('{"', '{"deep": ' + '{"a": ' * DEPTH + "1" +
+                                          "}" * DEPTH + ', "'),
+     rf"not valid JSON \(nested more than {DEPTH} levels deep"),
     ("header {}", lambda: pack(b"{}"), r"not a pytfm checkpoint \(no pytfm config"),
     ("no tensors", lambda: pack({"__metadata__": base()[0]["__metadata__"]}),
      r"tensor transformer.wte.weight is missing"),
@@ -427,6 +449,16 @@ HOSTILE = [
     ("no shape", entry(WTE, shape=DELETE), r"its entry has no shape"),
     ("no data_offsets", entry(WTE, data_offsets=DELETE), r"its entry has no data_offsets"),
     ("unknown key", entry(WTE, extra=1), r"its entry has an unknown key \"extra\""),
+    # two: both readers name the first in code point order, not the first written
+    ("unknown keys", entry(WTE, zz=1, extra=1), r"its entry has an unknown key \"extra\"$"),
+    ("unknown keys by code point", edit_text('"dtype": "F32", "shape": [8, 4]',
+                                             '"dtype": "F32", "\\u00e9": 1, "z": 2, '
+                                             '"shape": [8, 4]'),
+     r"its entry has an unknown key \"z\"$"),  # not "\u00e9": escapes compare unescaped
+    ("unknown keys past the BMP", edit_text('"dtype": "F32", "shape": [8, 4]',
+                                            '"dtype": "F32", "\\ud83d\\ude00": 1, '
+                                            '"\\uffff": 2, "shape": [8, 4]'),
+     r"its entry has an unknown key \"\\uffff\"$"),  # U+FFFF before U+1F600, as Python
     ("dtype F16", entry(WTE, dtype="F16"), r"unsupported dtype \"F16\" \(pytfm reads F32, I64\)"),
     ("dtype f32", entry(WTE, dtype="f32"), r"unsupported dtype"),
     ("dtype an int", entry(WTE, dtype=4), r"unsupported dtype 4"),
@@ -515,7 +547,11 @@ HOSTILE = [
      r"\(duplicate key"),
     ("extra lone surrogate key", edit_meta(extra='{"\\ud800": 1}'), r"extra is not valid JSON"),
     ("extra 4301 digits", edit_meta(extra="1" * 4301), r"an integer of 4301 digits"),
-    ("extra nested 1001", edit_meta(extra="[" * 1001 + "]" * 1001), r"nested more than 1000"),
+    ("extra nested a level too deep", edit_meta(extra="[" * (DEPTH + 1) + "]" * (DEPTH + 1)),
+     rf"extra is not valid JSON \(nested more than {DEPTH} levels deep"),
+    ("config nested too deep", edit_text('{\\"vocab\\": 8', '{\\"x\\": ' + "[" * DEPTH +
+                                         "]" * DEPTH + ', \\"vocab\\": 8'),
+     rf"config is not valid JSON \(nested more than {DEPTH} levels deep"),
     ("extra empty", edit_meta(extra=""), r"extra is not valid JSON \(expecting a value"),
     # the tensors
     ("missing tensor", edit_header(lambda h: h.pop("transformer.ln_f.bias") and None),
@@ -572,6 +608,20 @@ def test_hostile_file_is_rejected_by_c_and_python(tmp_path, name, make, match):
     assert message.startswith("<memory>: ") and re.search(match, message), message
     with pytest.raises(CheckpointError):
         checkpoint.load(path)
+
+
+@pytest.mark.parametrize("name", ["unknown keys", "unknown keys by code point",
+                                  "unknown keys past the BMP"])
+def test_both_readers_name_the_same_of_two_unknown_keys(tmp_path, name):
+    """C shows the key as JSON, Python as a repr: read back, they are the same str."""
+    make = next(make for case, make, _ in HOSTILE if case == name)
+    path = write(str(tmp_path), name, make())
+    _, message, _ = c_open(path)
+    c_key = json.loads(re.search(r"unknown key (.*)$", message).group(1))
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load(path)
+    py_key = ast.literal_eval(re.search(r"unknown key (.*)$", str(raised.value)).group(1))
+    assert c_key == py_key, (message, str(raised.value))
 
 
 @needs_csrc
@@ -647,6 +697,47 @@ def test_what_cannot_be_opened_is_an_error_naming_the_path(tmp_path):
                                                                    "regular file")]:
         status, message, _ = c_open(path)
         assert status == INVALID and message.startswith(f"{path}: ") and why in message, message
+
+
+FIFO_OPEN = """
+import sys
+from pytfm import checkpoint
+from pytfm._core import ffi, lib
+path = sys.argv[2]
+if sys.argv[1] == "c":
+    model = ffi.new("pytfm_model **")
+    status = lib.pytfm_model_open(model, path.encode(), lib.PYTFM_DEVICE_CPU)
+    print(status, ffi.string(lib.pytfm_last_error()).decode())
+else:
+    for load in (checkpoint.load, checkpoint.load_file):
+        try:
+            load(path)
+            print("accepted")
+        except checkpoint.CheckpointError as e:
+            print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.parametrize("reader", ["c", "python"])
+def test_a_fifo_is_refused_at_once_naming_the_path(tmp_path, reader):
+    """Opening a FIFO for reading waits for a writer unless opened O_NONBLOCK: both readers
+    must refuse it as not a regular file without waiting. Run in a child process with a
+    timeout, so that a reader that blocks fails the test instead of hanging it."""
+    import pytfm
+
+    path = str(tmp_path / "fifo.safetensors")
+    os.mkfifo(path)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
+    try:
+        run = subprocess.run([sys.executable, "-c", FIFO_OPEN, reader, path], capture_output=True,
+                             text=True, env=env, cwd="/", timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"opening the FIFO {path} blocked ({reader} reader)")
+    assert run.returncode == 0, run.stderr[-2000:]
+    if reader == "c":
+        assert run.stdout == f"{INVALID} {path}: not a regular file\n", run.stdout
+    else:
+        assert run.stdout == f"CheckpointError {path}: not a regular file\n" * 2, run.stdout
 
 
 def test_every_truncation_of_a_small_file_is_rejected(tmp_path):
@@ -749,7 +840,7 @@ ACCEPTED = [
     ("extra big ints", dict(meta={"extra": json.dumps([2**64, -(10**4299), int("1" * 4300)])})),
     ("extra lone surrogate value", dict(meta={"extra": '["\\ud800", {"k": "\\udfff"}]'})),
     ("extra surrogate pair key", dict(meta={"extra": '{"\\ud83d\\ude00": 1}'})),
-    ("extra nested 500", dict(meta={"extra": "[" * 500 + "]" * 500})),
+    ("extra nested to the limit", dict(meta={"extra": "[" * DEPTH + "]" * DEPTH})),
     ("extra not an object", dict(meta={"extra": " 7 "})),
     ("extra absent", dict(change=lambda h: h["__metadata__"].pop("extra") and None)),
     ("NaN and odd floats in the data", dict(body=special_floats)),
@@ -762,14 +853,79 @@ def test_what_python_accepts_c_accepts_identically(tmp_path, server, name, kw):
     assert agree(server, path)[0] == "ok"
 
 
-def test_c_nests_as_deep_as_python_from_a_test(tmp_path, server):
-    """The one place the readers may differ: JSON nested nearly 1000 deep, where Python stops
-    by its recursion limit less the stack it parses from (which a test's is deeper than any
-    program's) and C at 1000. Both take 900 levels in extra; both refuse 1001."""
-    for depth, verdict in [(900, "ok"), (1001, "rejected")]:
-        path = write(str(tmp_path), f"deep{depth}",
-                     accepted_edit(meta={"extra": "[" * depth + "]" * depth}))
-        assert agree(server, path)[0] == verdict, depth
+def nested(depth, kind):
+    """A JSON text of depth containers, one inside the other: arrays or objects."""
+    if kind == "arrays":
+        return "[" * depth + "]" * depth
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+def py_json_verdict(path):
+    """Python's verdict on the whole file as one JSON text, in the words of the driver."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        checkpoint._parse_json(raw.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError included
+        return "json-bad"
+    return "json-ok"
+
+
+NESTED_SCRIPT = """
+import sys
+from pytfm import checkpoint
+sep = sys.argv.index("--")
+for limit in (sys.getrecursionlimit(), 100_000):
+    sys.setrecursionlimit(limit)
+    for path in sys.argv[1:sep]:
+        try:
+            checkpoint.load(path)
+            print("ok")
+        except checkpoint.CheckpointError:
+            print("rejected")
+    for path in sys.argv[sep + 1:]:
+        try:
+            checkpoint._parse_json(open(path, encoding="utf-8").read())
+            print("json-ok")
+        except ValueError:
+            print("json-bad")
+"""
+
+
+@pytest.mark.parametrize("kind", ["arrays", "objects"])
+def test_c_and_python_nest_to_the_same_explicit_limit(tmp_path, server, kind):
+    """JSON nested DEPTH - 1 and DEPTH containers deep is taken by both readers, DEPTH + 1
+    refused by both: as a checkpoint's extra, and as a bare text (json.c's check against
+    _parse_json). Python's limit is its own constant, not the interpreter's recursion limit:
+    the same verdicts from this test (a deep stack), from a script (a shallow one), and in each
+    with the recursion limit raised to 100 000 (under which json.loads alone would take
+    thousands of levels)."""
+    band = [(DEPTH - 1, "ok"), (DEPTH, "ok"), (DEPTH + 1, "rejected")]
+    files, bare = [], []
+    for depth, _ in band:
+        text = nested(depth, kind)
+        files.append(write(str(tmp_path), f"extra{depth}", accepted_edit(meta={"extra": text})))
+        bare.append(write(str(tmp_path), f"bare{depth}", text.encode()))
+    verdicts = [verdict for _, verdict in band]
+    json_verdicts = ["json-" + ("ok" if v == "ok" else "bad") for v in verdicts]
+    for path, verdict in zip(files, verdicts):
+        assert agree(server, path)[0] == verdict, path
+    assert [server.verdict(path)[0] for path in bare] == json_verdicts
+    limit = sys.getrecursionlimit()
+    for recursion_limit in (limit, 100_000):
+        sys.setrecursionlimit(recursion_limit)
+        try:
+            assert [py_verdict(path)[0] for path in files] == verdicts, recursion_limit
+            assert [py_json_verdict(path) for path in bare] == json_verdicts, recursion_limit
+        finally:
+            sys.setrecursionlimit(limit)
+    import pytfm
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
+    run = subprocess.run([sys.executable, "-c", NESTED_SCRIPT, *files, "--", *bare],
+                         capture_output=True, text=True, env=env, cwd="/", timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == (verdicts + json_verdicts) * 2
 
 
 # ---- hypothesis: mutations of real checkpoints, verdict by verdict ---------------------------

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -245,9 +246,9 @@ def raw_header(header):
     ("duplicate field", lambda t: t.replace(b'"dtype": "F32"', b'"dtype": "F32", "dtype": "F32"',
                                             1), "duplicate key 'dtype'"),
     ("deep nesting", lambda t: b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-     "nested too deeply"),
+     "nested more than 64 levels deep"),
     ("deep objects", lambda t: b'{"x": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_001,
-     "nested too deeply"),
+     "nested more than 64 levels deep"),
     ("not UTF-8", lambda t: t.replace(b"transformer", b"transf\xffrmer", 1),
      r"the header is not UTF-8 \(byte \d+: invalid start byte\)"),
     ("UTF-16", lambda t: t.decode().encode("utf-16"), "the header is not UTF-8"),
@@ -334,7 +335,8 @@ PYTFM = {
     "optim.t negative": (lambda h: with_meta(h, **{"optim.t": "-2"}), "optim.t is '-2', not"),
     "extra not JSON": (lambda h: with_meta(h, extra="{"), "extra is not valid JSON"),
     "extra NaN": (lambda h: with_meta(h, extra='{"loss": NaN}'), "extra is not valid JSON"),
-    "extra nested deeply": (lambda h: with_meta(h, extra="[" * 100_000), "nested too deeply"),
+    "extra nested deeply": (lambda h: with_meta(h, extra="[" * 100_000),
+                            "nested more than 64 levels deep"),
 }
 
 
@@ -493,7 +495,8 @@ def test_a_failed_load_leaves_the_model_and_optimizer_alone(saved, monkeypatch):
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.truncate(size - 4)
-    monkeypatch.setattr(os, "fstat", lambda fd: types.SimpleNamespace(st_size=size))
+    monkeypatch.setattr(os, "fstat", lambda fd: types.SimpleNamespace(st_size=size,
+                                                                      st_mode=stat.S_IFREG))
     with pytest.raises(CheckpointError, match="the file ended inside tensor"):
         checkpoint.load(path, model, opt)
     monkeypatch.undo()
@@ -637,6 +640,59 @@ def test_save_refuses_what_load_would_refuse(tmp_path):
     with pytest.raises(ValueError, match="cannot store a tensor named"):
         checkpoint.save_file(path, {"\ud800": np.zeros(1, np.float32)}, {})
     assert not os.path.exists(path) and temporaries(tmp_path) == []
+
+
+def deep_list(depth):
+    value = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_save_refuses_an_extra_nested_deeper_than_load_reads(tmp_path):
+    """extra nested MAX_JSON_DEPTH deep is saved and loaded back; one level more, or far more
+    (past what json.dumps can recurse), is a ValueError from save() and nothing is written."""
+    path = str(tmp_path / "m.safetensors")
+    model, _ = small()
+    limit = checkpoint.MAX_JSON_DEPTH
+    assert limit == 64
+    for extra in [deep_list(limit), {"a": deep_list(limit - 1)}]:
+        checkpoint.save(path, model, extra=extra)
+        assert checkpoint.load(path)[2] == extra
+    os.unlink(path)
+    for extra in [deep_list(limit + 1), {"a": deep_list(limit)}, deep_list(100_000)]:
+        with pytest.raises(ValueError, match=f"extra is nested more than {limit} levels deep"):
+            checkpoint.save(path, model, extra=extra)
+    assert not os.path.exists(path) and temporaries(tmp_path) == []
+
+
+DEEP = "nested more than 64 levels deep"
+
+
+@pytest.mark.parametrize("text, error", [
+    ("[" * 64 + "]" * 64, None),
+    ("[" * 65 + "]" * 65, DEEP),
+    ('{"a": ' * 64 + "1" + "}" * 64, None),
+    ('{"a": ' * 65 + "1" + "}" * 65, DEEP),
+    ('["' + "[" * 100 + '"]', None),  # brackets in strings are text
+    ('{"k\\"[[[[": ' + "[" * 63 + "]" * 63 + "}", None),  # an escaped quote ends no string
+    ('{"k\\\\": ' + "[" * 64 + "]" * 64 + "}", DEEP),  # an escaped backslash escapes no quote
+    ("[" * 32 + "]" * 32 + " " + "[" * 40 + "]" * 40, "Extra data"),  # json.loads's
+])
+def test_parse_json_nests_to_its_explicit_limit(text, error):
+    """The depth pre-scan counts brackets outside strings; its limit holds whatever the
+    recursion limit."""
+    limit = sys.getrecursionlimit()
+    for recursion_limit in (limit, 100_000):
+        sys.setrecursionlimit(recursion_limit)
+        try:
+            if error is None:
+                checkpoint._parse_json(text)
+            else:
+                with pytest.raises(ValueError, match=error):
+                    checkpoint._parse_json(text)
+        finally:
+            sys.setrecursionlimit(limit)
 
 
 # ---- fuzzing --------------------------------------------------------------------------------

@@ -57,6 +57,8 @@ SPECS = {
     "pytfm_layernorm_backward": ("F F F F F F F F {0} {1}", RC),
     "pytfm_rope_forward": ("F F I {0} {1} {2} {3} {4} 10000.0", ROPE),
     "pytfm_rope_backward": ("F F I {0} {1} {2} {3} {4} 10000.0", ROPE),
+    "pytfm_sinusoidal_positions": ("F {0} {1}", [(P62, 2), (2, P62), (P31, P32), (P61, 2),
+                                                 (I64_MAX, 2), (1, I64_MAX - 1), (3, P61)]),
     "pytfm_gelu_forward": ("F F {0}", COUNT),
     "pytfm_gelu_backward": ("F F F {0}", COUNT),
     "pytfm_embedding_forward": ("F I F {0} {1} {2}", EMB),
@@ -71,7 +73,8 @@ SPECS = {
 }
 SPECS["pytfm_sgemm_plain"] = SPECS["pytfm_sgemm"]
 CPU_ONLY = {"pytfm_sgemm_plain", "pytfm_attention_forward", "pytfm_attention_backward",
-            "pytfm_attention_cache_append", "pytfm_attention_decode"}  # no CUDA twin yet
+            "pytfm_attention_cache_append", "pytfm_attention_decode",
+            "pytfm_sinusoidal_positions"}  # no CUDA twin (yet)
 MARK = 1234.5  # what the tiny buffers hold before the call
 
 

@@ -326,6 +326,21 @@ PYTFM_API pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int
                                            int64_t B, int64_t T, int64_t H, int64_t D,
                                            int64_t pos_stride, double base);
 
+/* ---- Sinusoidal positions (Vaswani et al., 2017) ------------------------------------ */
+/* Lives in: csrc/positions.c (one version, parallel over rows), no CUDA twin, Python
+ * pytfm/ops.py sinusoidal_positions (pytfm.nn.sinusoidal_positions calls it; so does the C
+ * model, csrc/model.c, for pos = PYTFM_POS_SINUSOIDAL), reference pytfm/reference.py
+ * sinusoidal_positions; tests in tests/: test_positions.py, test_c_model.py, test_limits.py,
+ * test_sanitizers.py (c/hostile_sizes.c). */
+/* The table added to the token embeddings of a sinusoidal GPT: for t in [0, T), i in
+ * [0, dim/2), with inv_i = 10000^(−2i/dim), computed in double and each value then rounded
+ * to float:
+ *   pe[t, 2i] = sin(t · inv_i),   pe[t, 2i + 1] = cos(t · inv_i)
+ *   pe [T, dim] written;  T >= 0;  dim even and >= 2
+ * The one implementation, so that Python and the C model use the same bits; the same at any
+ * thread count. */
+PYTFM_API pytfm_status pytfm_sinusoidal_positions(float *pe, int64_t T, int64_t dim);
+
 /* ---- GELU, tanh approximation (as GPT-2) --------------------------------------------- */
 /* Lives in: csrc/gelu.c (plain loop; fast: fast_impl.h gelu_forward/backward), checks csrc/checks.h
  * pytfm__check_gelu_*, CUDA cuda/gelu.cu, Python pytfm/ops.py gelu_forward/backward, reference
@@ -600,7 +615,8 @@ PYTFM_API pytfm_status pytfm_rng_next(pytfm_rng *rng, uint64_t *value);
 
 /* Draw the next token from logits [vocab], as pytfm.generate.sample_next:
  *   temperature == 0: the index of the largest logit (the first of equals; no random number
- *   is drawn); temperature > 0 (finite): softmax((logits − max) / temperature) in double,
+ *   is drawn); temperature > 0 (finite; a double, as Python's float, so that 0.8 is Python's
+ *   0.8 and not the float nearest it): softmax((logits − max) / temperature) in double,
  *   restricted to the logits >= the top_k-th largest (top_k <= 0 or >= vocab: all), then the
  *   first index whose cumulative probability reaches u = (next >> 11) · 2^-53, one number of
  *   rng's stream per draw (vocab − 1 if rounding leaves u above the total).
@@ -610,7 +626,7 @@ PYTFM_API pytfm_status pytfm_rng_next(pytfm_rng *rng, uint64_t *value);
  * token is Python's (but for a last-bit difference of exp, which moves a token only when u lies
  * within about 1e-16 of a cumulative probability). No scratch. */
 PYTFM_API pytfm_status pytfm_sample(int64_t *token, const float *logits, int64_t vocab,
-                                    float temperature, int64_t top_k, pytfm_rng *rng);
+                                    double temperature, int64_t top_k, pytfm_rng *rng);
 
 /* ---- CUDA: the GPU twins of the kernels above ---------------------------------------- */
 /* Each pytfm_<op>_<direction>_cuda takes the arguments of its CPU twin, in the same order and

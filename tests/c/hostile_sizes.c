@@ -54,6 +54,8 @@ static const int64_t rope[][5] = {{P31, P31, 1, 2, 0},  {1, P62, 1, 2, 0},   {1,
                                   {1, 1, 1, P62, 0},    {2, 4, 1, 2, MAX},   {P32, 1, 1, 2, P32},
                                   {3, 1, 1, 2, P62},    {MAX, 1, 1, 2, 0},
                                   {1 << 16, 1 << 16, 1 << 16, 1 << 16, 0}};
+static const int64_t positions[][2] = {{P62, 2}, {2, P62},  {P31, P32},       {P61, 2},
+                                       {MAX, 2}, {3, P61},  {1, MAX - 1}};
 static const int64_t cache[][6] = { /* B, n_new, H, D, Tmax, start */
     {1, 1, 1, 1, 4, MAX},   {1, 2, 1, 1, MAX, MAX - 1}, {1, MAX, 1, 1, 4, 1},
     {P32, 1, P32, 1, 4, 0}, {1, 1, 1, 1, P62, 0},       {1, 1, 1, MAX, 4, 0},
@@ -88,6 +90,8 @@ static int hostile(void) {
         REJECT(pytfm_rope_forward(f[0], f[1], ids, s[0], s[1], s[2], s[3], s[4], 10000.0));
         REJECT(pytfm_rope_backward(f[0], f[1], ids, s[0], s[1], s[2], s[3], s[4], 10000.0));
     }
+    for (size_t i = 0; i < COUNT(positions); i++)
+        REJECT(pytfm_sinusoidal_positions(f[0], positions[i][0], positions[i][1]));
     for (size_t i = 0; i < COUNT(counts); i++) {
         REJECT(pytfm_gelu_forward(f[0], f[1], counts[i]));
         REJECT(pytfm_gelu_backward(f[0], f[1], f[2], counts[i]));
