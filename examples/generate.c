@@ -78,7 +78,7 @@ static int parse_int(const char *text, long long lo, long long hi, long long *va
 typedef struct options {
     const char *checkpoint, *prompt;
     long long tokens, top_k, seed, threads;
-    float temperature;
+    double temperature;
 } options;
 
 /* argv into *o; 0, or the exit status of a bad command line (-1: --help was printed) */
@@ -126,7 +126,7 @@ static int parse(int argc, char **argv, options *o) {
                 return fail("argument --temperature: invalid float value: '%s'", value);
             if (!(t >= 0.0 && isfinite((float)t)))
                 return fail("--temperature must be finite and >= 0 (0: greedy), got %s", value);
-            o->temperature = (float)t;
+            o->temperature = t;
             break;
         }
         case 3:
