@@ -38,7 +38,8 @@
 enum { SAMPLE_NS = 100 * 1000 * 1000 };
 
 static atomic_llong next_sample_ns; /* monotonic time of the next sample */
-static atomic_int last_others;      /* other processes' runnable tasks at the last sample */
+static atomic_int last_others = -1; /* other processes' runnable tasks at the last sample;
+                                     * -1 before the first */
 static atomic_int free_cores = 1;   /* this process's cores less the others' tasks, at least 1 */
 
 static long long monotonic_ns(void) {
@@ -94,7 +95,10 @@ static void sample(void) {
     int others = machine < 0 || own < 0 ? 0 : machine - own;
     others = others > 0 ? others : 0;
     const int last = atomic_exchange(&last_others, others);
-    others = PYTFM_MIN(others, last); /* seen twice in a row: a blip is not a neighbour */
+    /* seen twice in a row: a blip is not a neighbour. The first sample is taken as it is: a
+     * program's first kernels would otherwise run a full team beside a busy neighbour for the
+     * first 100 ms (a short C program's whole prompt: 100 ms instead of 1.5) */
+    if (last >= 0) others = PYTFM_MIN(others, last);
     /* this process's cores (its affinity), read here because reading them is a system call;
      * with fewer than all online CPUs the others' tasks may be on cores that are not ours */
     const int cores = omp_get_num_procs();

@@ -84,3 +84,18 @@ def test_the_default_counts_only_other_processes_tasks(tmp_path, machine, own, o
         pytest.skip("this process may not run on every CPU: the default count does not adapt")
     root = fake_proc(tmp_path, machine, own)
     assert probe(PYTFM_PROC_ROOT=root) == max(1, CORES - others)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or CORES < 2,
+                    reason="the neighbour count is read from Linux's /proc; needs 2 cores")
+def test_the_first_call_already_leaves_the_busy_cores(tmp_path):
+    """The very first kernel of a process sees the neighbours: the two-sample filter starts
+    from the first sample, not from an imagined idle one (a short C program's prompt used to
+    run a full team beside a busy neighbour: 100 ms instead of 1.5)."""
+    if len(os.sched_getaffinity(0)) < os.cpu_count():
+        pytest.skip("this process may not run on every CPU: the default count does not adapt")
+    root = fake_proc(tmp_path, CORES + 5, "R")
+    code = "import pytfm; print(pytfm.get_num_threads())"
+    out = run_python(code, PYTFM_PROC_ROOT=root)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == 1
