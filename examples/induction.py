@@ -198,7 +198,7 @@ def write_csv(path, results):
 def draw_map(ax, P, tokens, second, title):
     """One head's attention map on one sequence, the copies' boundaries marked."""
     Tq = len(tokens)
-    ax.imshow(np.ma.masked_where(np.triu(np.ones((Tq, Tq), bool), 1), P), cmap="viridis",
+    image = ax.imshow(np.ma.masked_where(np.triu(np.ones((Tq, Tq), bool), 1), P), cmap="viridis",
               vmin=0, vmax=1)
     ax.set_xticks(range(Tq), [str(t) for t in tokens], rotation=90, fontsize=5)
     ax.set_yticks(range(Tq), [str(t) for t in tokens], fontsize=5)
@@ -209,6 +209,7 @@ def draw_map(ax, P, tokens, second, title):
     ax.set_xlabel("key (token id)", fontsize=8)
     ax.set_ylabel("query (token id)", fontsize=8)
     ax.set_title(title, fontsize=9)
+    return image
 
 
 def plot(path, results, held_out, formed):
@@ -218,7 +219,7 @@ def plot(path, results, held_out, formed):
     import matplotlib.pyplot as plt
 
     fig = plt.figure(figsize=(15, 9.5))
-    grid = fig.add_gridspec(2, 6, height_ratios=[1, 1.15])
+    grid = fig.add_gridspec(2, 7, height_ratios=[1, 1.15], width_ratios=[1] * 6 + [0.1])
     ax_loss, ax_score = fig.add_subplot(grid[0, :3]), fig.add_subplot(grid[0, 3:])
     for pos, color in (("rope", "C0"), ("none", "C3")):
         steps = [s for s, _ in results[pos][1]]
@@ -232,7 +233,7 @@ def plot(path, results, held_out, formed):
         ax_score.plot(steps, [m["previous"].max() for m in hist], color=color, ls="--",
                       label=f"pos={pos}: best layer-0 previous-token score")
     ax_score.axhline(FORMED, color="grey", lw=0.8, ls=":")
-    for ax, y, corner in ((ax_loss, 0.6, "center right"), (ax_score, 0.97, "upper left")):
+    for ax, y, corner in ((ax_loss, 0.88, "center right"), (ax_score, 0.97, "upper left")):
         if formed is not None:
             ax.axvline(formed, color="black", lw=1, ls="--")
             ax.text(formed, y, f" induction head\n forms (step {formed})",
@@ -260,7 +261,8 @@ def plot(path, results, held_out, formed):
               (none_maps[1][b, none_head], f"pos=none, layer 1 head {none_head}: induction "
                f"{none_end['induction'][none_head]:.2f}")]
     for i, (P, title) in enumerate(panels):
-        draw_map(fig.add_subplot(grid[1, 2 * i:2 * i + 2]), P, x[b], second[b], title)
+        image = draw_map(fig.add_subplot(grid[1, 2 * i:2 * i + 2]), P, x[b], second[b], title)
+    fig.colorbar(image, cax=fig.add_subplot(grid[1, 6]), label="attention weight")
     fig.suptitle("an induction head forming in a 2-layer attention-only GPT (dashed white: "
                  "where the repeated segment starts, and its second copy)", fontsize=11)
     fig.tight_layout()
