@@ -7,9 +7,10 @@ Training a model of N parameters on D tokens costs about C = 6·N·D floating-po
 (2·N per token for the forward pass, 4·N for the backward). For each compute budget C in
 --budgets and each model size in --sizes, the script trains a fresh model on the stdlib corpus
 (pytfm.data, as train_tiny.py) for D = C / (6·N) tokens, the learning rate on a cosine
-schedule that ends with the run, and measures its validation loss. At a fixed budget a small
-model sees many tokens and a large one few; somewhere between lies the size N*(C) with the
-lowest loss. The script finds it two ways:
+schedule that ends with the run, and measures its loss on the whole held-out tenth of the
+corpus (the same 400k bytes for every run). At a fixed budget a small model sees many tokens
+and a large one few; somewhere between lies the size N*(C) with the lowest loss. The script
+finds it two ways:
 
   1. isoFLOP parabolas (Hoffmann et al.'s approach 2): per budget, fit loss = a·(ln N)² +
      b·ln N + c through the sizes; N* is the minimum, exp(−b / 2a) (trusted only when it lies
@@ -43,7 +44,7 @@ from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
 SIZES = "16x2x2,24x2x2,32x2x2,48x3x3,64x4x4"
 BUDGETS = "3e11,1e12,3e12"  # FLOPs; the largest one takes about 2/3 of the sweep's time
 QUICK = dict(sizes="8x1x1,16x1x2,24x2x2", budgets="2e8,6e8", context=16, batch=8,
-             val_batches=4)
+             val_tokens=16384)
 CHINCHILLA_RATIO = 20  # tokens per parameter of a compute-optimal model (Hoffmann et al.)
 
 
@@ -56,8 +57,8 @@ def parser():
     p.add_argument("--budgets", help=f"comma-separated FLOPs (default {BUDGETS})")
     p.add_argument("--context", type=int, help="tokens per window (default 64)")
     p.add_argument("--batch", type=int, help="windows per step (default 16)")
-    p.add_argument("--val-batches", type=int, help="batches the validation loss averages over "
-                   "(default 32)")
+    p.add_argument("--val-tokens", type=int, help="the validation loss is measured on this "
+                   "many tokens of the held-out text (default 0: all of it, 400k)")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -94,11 +95,11 @@ def parse_args(argv=None):
     p = parser()
     args = p.parse_args(argv)
     defaults = QUICK if args.quick else dict(sizes=SIZES, budgets=BUDGETS, context=64,
-                                             batch=16, val_batches=32)
+                                             batch=16, val_tokens=0)
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    for name, low in (("context", 2), ("batch", 1), ("val_batches", 1), ("seed", 0)):
+    for name, low in (("context", 2), ("batch", 1), ("val_tokens", 0), ("seed", 0)):
         if getattr(args, name) < low:
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if not 0 < args.lr < math.inf:
@@ -122,7 +123,7 @@ def run_key(args, size, budget):
     """What makes two runs the same run: a rerun skips a finished run with this key."""
     return {"d_model": size[0], "n_layer": size[1], "n_head": size[2], "budget": budget,
             "context": args.context, "batch": args.batch, "lr": args.lr, "seed": args.seed,
-            "val_batches": args.val_batches}
+            "val_tokens": args.val_tokens}
 
 
 def train_run(args, size, budget, batches):
@@ -146,12 +147,23 @@ def train_run(args, size, budget, batches):
         clip_grad_norm(model.grads, 1.0)
         opt.step(lr)
         recent = (recent + [loss])[-50:]
-    val = np.mean([model.forward(*batches.batch("val", i), save=False)[1]
-                   for i in range(args.val_batches)])
+    val = val_loss(model, batches.splits["val"], args.context, args.val_tokens)
     tokens = steps * tokens_per_step
     return dict(run_key(args, size, budget), params=n_params, steps=steps, tokens=tokens,
                 flops=6 * n_params * tokens, train_loss=round(float(np.mean(recent)), 5),
                 val_loss=round(float(val), 5), seconds=round(time.perf_counter() - start, 1))
+
+
+def val_loss(model, text, context, limit, batch=64):
+    """The mean loss over the held-out text (its first `limit` tokens; 0: all), cut into
+    windows of `context` tokens: the same bytes for every run, so that the runs differ only in
+    what they learnt, not in which windows were drawn to test them."""
+    text = text[:limit + 1] if limit else text
+    n = (len(text) - 1) // context
+    x, y = text[:n * context].reshape(n, context), text[1:n * context + 1].reshape(n, context)
+    total = sum(model.forward(x[i:i + batch], y[i:i + batch], save=False)[1] * len(x[i:i + batch])
+                for i in range(0, n, batch))
+    return total / n
 
 
 def read_runs(path):

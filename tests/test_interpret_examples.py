@@ -157,7 +157,7 @@ SCALING_CASES = [
     (["--budgets", "1e12,-1"], ["--budgets must be finite and > 0"]),
     (["--budgets", "lots"], ["--budgets", "not a comma-separated list of numbers"]),
     (["--context", "1"], ["--context must be >= 2, got 1"]),
-    (["--val-batches", "0"], ["--val-batches must be >= 1, got 0"]),
+    (["--val-tokens", "-1"], ["--val-tokens must be >= 0, got -1"]),
     (["--lr", "0"], ["--lr must be finite and > 0, got 0.0"]),
     (["--out", "plain"], ["--out", "plain exists and is not a folder"]),
 ]
