@@ -1,6 +1,6 @@
 """Watch an induction head form: a 2-layer attention-only GPT on repeated random tokens.
 
-    python examples/induction.py             # two runs of 3000 steps: about 3 min on 2 cores
+    python examples/induction.py             # two runs of 3000 steps: 1.5-5 min on 2 cores
     python examples/induction.py --quick     # a few steps, to see that it runs (the tests)
 
 Each training sequence is 32 random tokens (of 64) whose end is a segment of k random tokens,
@@ -14,13 +14,14 @@ copies a_{i+1} to the output. k varies from sequence to sequence, so a head that
 distance back cannot do it; it must match content.
 
 The script trains the same model twice, with RoPE positions and with pos='none', and every
---eval-every steps measures on 64 held-out sequences the loss on each copy and each head's
-scores (pytfm.interpret: induction score in layer 1, previous-token score in layer 0). The
-induction head has formed at the first evaluation where a layer-1 head's induction score
-reaches 0.5 (uniform attention scores about 0.07 here): the in-context loss, on the second
-copy, falls at that moment from above 3 nats towards 0. Without positions, layer 0 cannot tell
-the previous token from any other (keys carry no position), no previous-token head can form,
-and neither can the induction head: the second copy stays near the first.
+--eval-every steps measures on 64 held-out sequences the loss on the second copy (from a2 on),
+the loss on the rest (random tokens) and each head's scores (pytfm.interpret: induction score
+in layer 1, previous-token score in layer 0). The induction head has formed at the first
+evaluation where a layer-1 head's induction score reaches 0.5 (uniform attention: 0.06): the
+in-context loss, on the second copy, falls at that moment from above 3 nats towards 0.
+Without positions, layer 0 cannot tell the previous token from any other (keys carry no
+position), no previous-token head can form, and neither can the induction head: the loss on
+the second copy stays near that on the random rest.
 
 The model is attention-only, as in Olsson et al.'s small models: each block's MLP is zeroed and
 kept at zero (its output is then exactly 0). With the MLPs trained too, 3000 to 5000 steps at
@@ -106,13 +107,14 @@ def token_losses(logits, y):  # (B, T, vocab), (B, T) -> (B, T): −log p(y)
 
 
 def measure(model, x, y, second):
-    """Loss on each copy and every head's scores on the held-out sequences."""
+    """The loss on the second copy (a2 .. ak) and on the rest (the random tokens before it),
+    and every head's scores, on the held-out sequences."""
     logits, _ = model.forward(x, save=False)
     nll = token_losses(logits, y)
     maps = model.attention_probs(x)
-    return {"first": float(nll[~second].mean()), "second": float(nll[second].mean()),
+    return {"rest": float(nll[~second].mean()), "second": float(nll[second].mean()),
             "induction": interpret.induction(maps[1], x),
-            "previous": interpret.previous_token(maps[0]), "maps": maps}
+            "previous": interpret.previous_token(maps[0])}
 
 
 def train(pos, args, held_out):
@@ -131,8 +133,8 @@ def train(pos, args, held_out):
             m = measure(model, *held_out)
             history.append((step, m))
             if step % (5 * args.eval_every) == 0 or step == args.steps:
-                print(f"pos={pos:4s} step {step:5d} | loss first copy {m['first']:.3f}, second "
-                      f"copy {m['second']:.3f} | induction (layer 1) {fmt(m['induction'])} | "
+                print(f"pos={pos:4s} step {step:5d} | loss second copy {m['second']:.3f}, rest "
+                      f"{m['rest']:.3f} | induction (layer 1) {fmt(m['induction'])} | "
                       f"previous-token (layer 0) {fmt(m['previous'])} | "
                       f"{time.perf_counter() - start:.0f} s", flush=True)
         if step == args.steps:
@@ -175,8 +177,8 @@ def summary(pos, history, chance):
               f"{history[1][0] - step0} steps, where a layer-1 head's induction score reached "
               f"{FORMED}; uniform attention: {chance:.2f}). The in-context loss: "
               + ", ".join(f"{m['second']:.2f} nats at step {step}" for step, m in around))
-    print(f"  at step {end_step}: loss on the second copy {last['second']:.3f} nats, on the "
-          f"first copy {last['first']:.3f} (unpredictable: ln {VOCAB} = {math.log(VOCAB):.2f})")
+    print(f"  at step {end_step}: loss on the second copy {last['second']:.3f} nats, on the rest "
+          f"{last['rest']:.3f} (random tokens: ln {VOCAB} = {math.log(VOCAB):.2f})")
     print(f"  induction scores of layer 1's heads: {fmt(last['induction'])} (best: head {head})")
     print(f"  previous-token scores of layer 0's heads: {fmt(last['previous'])}")
     return at
@@ -186,12 +188,12 @@ def write_csv(path, results):
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         heads = len(results["rope"][1][0][1]["induction"])
-        w.writerow(["pos", "step", "loss_first_copy", "loss_second_copy"]
+        w.writerow(["pos", "step", "loss_second_copy", "loss_rest"]
                    + [f"induction_l1_h{h}" for h in range(heads)]
                    + [f"previous_token_l0_h{h}" for h in range(heads)])
         for pos, (_, history) in results.items():
             for step, m in history:
-                w.writerow([pos, step, round(m["first"], 5), round(m["second"], 5),
+                w.writerow([pos, step, round(m["second"], 5), round(m["rest"], 5),
                             *np.round(m["induction"], 4), *np.round(m["previous"], 4)])
 
 
@@ -226,8 +228,8 @@ def plot(path, results, held_out, formed):
         hist = [m for _, m in results[pos][1]]
         ax_loss.plot(steps, [m["second"] for m in hist], color=color,
                      label=f"pos={pos}: second copy (in-context)")
-        ax_loss.plot(steps, [m["first"] for m in hist], color=color, ls=":",
-                     label=f"pos={pos}: first copy")
+        ax_loss.plot(steps, [m["rest"] for m in hist], color=color, ls=":",
+                     label=f"pos={pos}: the rest (random)")
         ax_score.plot(steps, [m["induction"].max() for m in hist], color=color,
                       label=f"pos={pos}: best layer-1 induction score")
         ax_score.plot(steps, [m["previous"].max() for m in hist], color=color, ls="--",
@@ -249,16 +251,17 @@ def plot(path, results, held_out, formed):
 
     x, _, second = held_out
     b = int(np.argmax(second.sum(axis=1)))  # the held-out sequence with the longest repeat
-    rope_maps, none_maps = results["rope"][1][-1][1]["maps"], results["none"][1][-1][1]["maps"]
+    rope_maps = results["rope"][0].attention_probs(x[b:b + 1])  # the trained models' maps
+    none_maps = results["none"][0].attention_probs(x[b:b + 1])
     rope_end, none_end = results["rope"][1][-1][1], results["none"][1][-1][1]
     prev_head = int(np.argmax(rope_end["previous"]))
     ind_head = int(np.argmax(rope_end["induction"]))
     none_head = int(np.argmax(none_end["induction"]))
-    panels = [(rope_maps[0][b, prev_head], f"pos=rope, layer 0 head {prev_head}: previous-token"
+    panels = [(rope_maps[0][0, prev_head], f"pos=rope, layer 0 head {prev_head}: previous-token"
                f" {rope_end['previous'][prev_head]:.2f}"),
-              (rope_maps[1][b, ind_head], f"pos=rope, layer 1 head {ind_head}: induction "
+              (rope_maps[1][0, ind_head], f"pos=rope, layer 1 head {ind_head}: induction "
                f"{rope_end['induction'][ind_head]:.2f}"),
-              (none_maps[1][b, none_head], f"pos=none, layer 1 head {none_head}: induction "
+              (none_maps[1][0, none_head], f"pos=none, layer 1 head {none_head}: induction "
                f"{none_end['induction'][none_head]:.2f}")]
     for i, (P, title) in enumerate(panels):
         image = draw_map(fig.add_subplot(grid[1, 2 * i:2 * i + 2]), P, x[b], second[b], title)

@@ -205,7 +205,7 @@ def test_induction_quick_run_writes_its_numbers_and_png(tmp_path):
     out = run("induction", "--quick", "--out", "ind", cwd=tmp_path)
     assert "pos=rope:" in out and "pos=none:" in out and "uniform attention" in out
     rows = (tmp_path / "ind" / "induction.csv").read_text().splitlines()
-    assert rows[0].startswith("pos,step,loss_first_copy,loss_second_copy,induction_l1_h0")
+    assert rows[0].startswith("pos,step,loss_second_copy,loss_rest,induction_l1_h0")
     assert len(rows) == 1 + 2 * 4  # steps 0, 10, 20, 30 for each pos
     assert_png(tmp_path / "ind" / "induction.png")
 
