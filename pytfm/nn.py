@@ -5,7 +5,8 @@ self.saved, and backward(dy), right below it, reads it, returns the gradient of 
 ACCUMULATES the gradients of its parameters. There is no autograd. forward(..., save=False)
 runs the same code without writing self.saved; decoding through KV caches (GPT.decode) and
 evaluation (GPT.forward without targets, or with save=False) run that way, so they may come
-between a forward() and its backward() without changing the gradients.
+between a forward() and its backward() without changing the gradients. So does
+GPT.attention_probs, which shows the attention weights of a short input.
 
 All parameters live in one dict, model.params, and their gradients in model.grads, keyed by
 the names a PyTorch GPT-2 (nanoGPT) state dict uses: transformer.wte.weight,
@@ -22,6 +23,7 @@ from . import ops
 from .kvcache import KVCache
 
 POSITIONS = ("rope", "sinusoidal", "none")
+MAX_ATTENTION_BYTES = 2**28  # GPT.attention_probs refuses maps larger than 256 MiB in all
 
 
 @dataclass
@@ -168,6 +170,7 @@ class CausalSelfAttention:
         self.c_attn = Linear(P, f"{name}.c_attn", cfg.d_model, 3 * cfg.d_model)
         self.c_proj = Linear(P, f"{name}.c_proj", cfg.d_model, cfg.d_model, std=proj_std)
         self.saved = None
+        self.probe = None  # a list only while GPT.attention_probs runs: it gets (q, k, lse)
 
     def forward(self, x, pos, save=True, cache=None):  # (B, T, C), int64 (T,) -> (B, T, C)
         """With a KV cache, x holds the new tokens only (at positions pos): they attend to
@@ -186,6 +189,8 @@ class CausalSelfAttention:
             o, lse = ops.attention_forward(q, k, v, causal=True)  # (B, T, H, hd), (B, H, T)
             if save:
                 self.saved = (q, k, v, o, lse, pos)
+            if self.probe is not None:
+                self.probe.append((q, k, lse))
         return self.c_proj.forward(o.reshape(B, T, C), save)
 
     def backward(self, dy):  # (B, T, C) -> (B, T, C)
@@ -196,6 +201,20 @@ class CausalSelfAttention:
             dq, dk = ops.rope_backward(dq, pos), ops.rope_backward(dk, pos)
         B, T = dy.shape[:2]
         return self.c_attn.backward(np.stack([dq, dk, dv], axis=2).reshape(B, T, -1))
+
+
+def attention_probs(q, k, lse):  # [B, T, H, D] x2, lse [B, H, T] -> P [B, H, T, T]
+    """The causal attention weights ops.attention_forward(q, k, v) used, rebuilt from its q, k
+    and the lse it returned (the kernel never stores them): P[b, h, t, s] = exp(scale·q_t·k_s −
+    lse_t) for s <= t and 0 for s > t, scale = 1/sqrt(D) (the kernel's default). Each row sums
+    to 1 because lse_t = log Σ_{s<=t} exp(scale·q_t·k_s). Computed in float64, returned as
+    float32; [B, H, T, T] floats: for short inputs."""
+    T, D = q.shape[1], q.shape[3]
+    scores = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k.astype(np.float64))
+    scores /= math.sqrt(D)
+    scores -= lse[..., None]
+    scores[..., np.triu(np.ones((T, T), bool), k=1)] = -np.inf  # s > t: the causal mask
+    return np.exp(scores, out=scores).astype(np.float32)  # (in place: a float64 copy at most)
 
 
 class MLP:
@@ -306,6 +325,43 @@ class GPT:
         for block in reversed(self.blocks):
             dx = block.backward(dx)
         self.wte.backward(dx)  # the positional table, if any, is fixed
+
+    def attention_probs(self, idx, layers=None):
+        """The attention weights of the tokens idx (B, T) in each layer (every layer, or the
+        indices in layers): {layer: P (B, n_head, T, T)}, where P[b, h, t, s] is the weight
+        query t of head h gives key s (zero for s > t; each row sums to 1).
+
+        Runs the ordinary forward pass with save=False (a pending backward() is not disturbed)
+        while the asked layers hand over their q, k (after RoPE) and the lse their attention
+        kernel returned; P is rebuilt from those (attention_probs above), so it is what the
+        kernel computed. Nothing is kept once this returns, and training never asks. The maps
+        take B·n_head·T²·len(layers) floats: more than MAX_ATTENTION_BYTES is a ValueError."""
+        n_layer, H = self.cfg.n_layer, self.cfg.n_head
+        layers = list(range(n_layer)) if layers is None else list(layers)
+        for i in layers:
+            if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or \
+                    not 0 <= i < n_layer:
+                raise ValueError(f"layers: {i!r} is not a layer index in [0, {n_layer})")
+        if np.ndim(idx) != 2:
+            raise ValueError(f"idx must be token ids of shape (B, T), got shape {np.shape(idx)}")
+        B, T = np.shape(idx)
+        size = 4 * B * H * T * T * len(set(layers))
+        if size > MAX_ATTENTION_BYTES:
+            most = math.isqrt(MAX_ATTENTION_BYTES // (4 * B * H * len(set(layers))))
+            raise ValueError(
+                f"attention maps of {B} sequence(s) x {H} heads x {len(set(layers))} layer(s) x "
+                f"T² for T = {T} take {size / 2**20:,.0f} MiB, more than the "
+                f"{MAX_ATTENTION_BYTES // 2**20} MiB allowed (MAX_ATTENTION_BYTES): they are "
+                f"for short inputs (at most T = {most} here)")
+        attns = [self.blocks[i].attn for i in set(layers)]
+        try:
+            for attn in attns:
+                attn.probe = []
+            self._logits(idx, 0, False, [None] * n_layer)
+            return {i: attention_probs(*self.blocks[i].attn.probe[0]) for i in layers}
+        finally:
+            for attn in attns:
+                attn.probe = None
 
     def new_caches(self, batch, max_len=None):
         """One KV cache per block, for decode(), of max_len positions (default and at most
