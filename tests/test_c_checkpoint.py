@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 import pytest
+from checkpoint_edits import edit_structure, pack, unpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -77,20 +78,6 @@ def saved(pos="rope", tie=True, adamw=True, extra=(("note", "hi"),), step=3, **k
                         extra=dict(extra))
         with open(path, "rb") as f:
             return f.read()
-
-
-def pack(header, body=b"", length=None):
-    """A safetensors file from a header (dict, str or bytes) and the data bytes."""
-    if isinstance(header, dict):
-        header = json.dumps(header)
-    head = header.encode() if isinstance(header, str) else header
-    return struct.pack("<Q", len(head) if length is None else length) + head + body
-
-
-def unpack(blob):
-    """-> (header dict, data bytes) of a file pytfm wrote."""
-    (n,) = struct.unpack("<Q", blob[:8])
-    return json.loads(blob[8:8 + n]), blob[8 + n:]
 
 
 def base():
@@ -682,7 +669,7 @@ def test_a_header_of_many_members_is_refused_fast(tmp_path, kind):
         members = ", ".join(f'"k{i}": {{"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}'
                             for i in range(200_000))
         match = r"tensor transformer.wte.weight is missing"
-    path = write(str(tmp_path), kind, pack(f'{{"__metadata__": {meta}, {members}}}'))
+    path = write(str(tmp_path), kind, pack(f'{{"__metadata__": {meta}, {members}}}'.encode()))
     start = time.perf_counter()
     status, message, _ = c_open(path)
     elapsed = time.perf_counter() - start
@@ -796,7 +783,7 @@ def accepted_edit(change=None, text=None, meta=None, config=None, body=None):
     for old, new in text or []:
         assert old in head, old
         head = head.replace(old, new)
-    return pack(head, data if body is None else body(data))
+    return pack(head.encode(), data if body is None else body(data))
 
 
 def metadata_last(h):
@@ -952,41 +939,12 @@ TEXT_EDITS = [b'"', b"\\", b"\\u", b"\\ud800", b"\\ud83d\\ude00", b"\xff", b"\xc
               b" ", b"\x00", b"0", b"9" * 20]
 
 
-def edit_structure(draw, blob):
-    """Replace, delete or rename a value of the header, or of the config inside it."""
-    header, body = unpack(blob)
-    parent = header
-    while True:
-        keys = list(parent) if isinstance(parent, dict) else list(range(len(parent)))
-        if not keys:
-            break
-        key = draw(st.sampled_from(keys))
-        if key == "config" and draw(st.booleans()):
-            config = json.loads(parent[key])
-            config[draw(st.sampled_from(sorted(config)))] = draw(JSON)
-            parent[key] = json.dumps(config)
-            break
-        if not isinstance(parent[key], (dict, list)) or draw(st.booleans()):
-            action = draw(st.sampled_from(["replace", "delete", "rename"]))
-            if action == "replace" or isinstance(parent, list):
-                parent[key] = draw(JSON)
-            elif action == "delete":
-                del parent[key]
-            else:
-                name = draw(st.sampled_from(["__metadata__", "", "optim.t", "step", *parent]))
-                parent[name] = parent.pop(key)
-            break
-        parent = parent[key]
-    head = json.dumps(header).encode()
-    return pack(head, body, length=len(head) + draw(st.sampled_from([0, 0, 0, 1, -1, 8])))
-
-
 def mutate(draw):
     blob = seeds()[draw(st.integers(0, len(seeds()) - 1))]
     kind = draw(st.sampled_from(["flip", "truncate", "splice", "text", "structure",
                                  "structure"]))
     if kind == "structure":
-        return edit_structure(draw, blob)
+        return edit_structure(draw, blob, JSON)
     data = bytearray(blob)
     (n,) = struct.unpack("<Q", blob[:8])
     if kind == "flip":

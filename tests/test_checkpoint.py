@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import stat
-import struct
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
+from checkpoint_edits import edit_structure, pack, unpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,18 +43,6 @@ def small(pos="rope", tie=True, seed=0, **kw):
         g[...] = rng.standard_normal(g.shape)
     opt.step()
     return model, opt
-
-
-def pack(header, body=b"", length=None):
-    """A safetensors file from a header (dict, or raw bytes) and the data bytes."""
-    head = header if isinstance(header, bytes) else json.dumps(header).encode()
-    return struct.pack("<Q", len(head) if length is None else length) + head + body
-
-
-def unpack(blob):
-    """-> (header dict, data bytes) of a file pytfm wrote."""
-    (n,) = struct.unpack("<Q", blob[:8])
-    return json.loads(blob[8:8 + n]), blob[8 + n:]
 
 
 @pytest.fixture
@@ -721,43 +709,12 @@ JSON = st.recursive(
     max_leaves=6)
 
 
-def edit_header(draw, blob):
-    """Replace, delete or rename one value somewhere in the header (or in its config), keeping
-    the length field right most of the time. Every choice is a small draw, so a falsifying
-    example reads as the edit, not as kilobytes."""
-    header, body = unpack(blob)
-    parent = header
-    while True:  # walk down to a random container
-        keys = list(parent) if isinstance(parent, dict) else list(range(len(parent)))
-        if not keys:
-            break
-        key = draw(st.sampled_from(keys))
-        if key == "config" and draw(st.booleans()):
-            config = json.loads(parent[key])
-            config[draw(st.sampled_from(sorted(config)))] = draw(JSON)
-            parent[key] = json.dumps(config)
-            break
-        if not isinstance(parent[key], (dict, list)) or draw(st.booleans()):
-            action = draw(st.sampled_from(["replace", "delete", "rename"]))
-            if action == "replace" or isinstance(parent, list):
-                parent[key] = draw(JSON)
-            elif action == "delete":
-                del parent[key]
-            else:
-                name = draw(st.sampled_from(["__metadata__", "", "optim.t", *parent]))
-                parent[name] = parent.pop(key)
-            break
-        parent = parent[key]
-    head = json.dumps(header).encode()
-    return pack(head, body, length=len(head) + draw(st.sampled_from([0, 0, 0, 1, -1, 8])))
-
-
 def mutate(draw):
     """A real checkpoint with bits flipped, cut short, spliced or its header edited."""
     blob = seeds()[draw(st.integers(0, len(seeds()) - 1))]
     kind = draw(st.sampled_from(["flip", "truncate", "splice", "header"]))
     if kind == "header":
-        return edit_header(draw, blob)
+        return edit_structure(draw, blob, JSON)
     data = bytearray(blob)
     if kind == "flip":
         for pos in draw(st.lists(st.integers(0, len(data) - 1), min_size=1, max_size=8)):
