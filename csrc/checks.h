@@ -249,33 +249,78 @@ pytfm__check_layernorm_backward(const char *func, const float *dx, const float *
 /* ---- RoPE --------------------------------------------------------------------------------- */
 
 /* out, in: y, x (forward) or dx, dy (backward) [B, T, H, D]; out may be in itself */
-static inline pytfm_status pytfm__check_rope(const char *func, const float *out, const float *in,
-                                             const int64_t *pos, int64_t B, int64_t T, int64_t H,
-                                             int64_t D, int64_t pos_stride, double base) {
-    PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0, "%s: B, T, H must be >= 0, got %lld, %lld, %lld",
-                func, (long long)B, (long long)T, (long long)H);
+/* RoPE's positions pos[b·pos_stride + t] (b < B, t < T): their count, (B − 1)·pos_stride + T,
+ * in *n_pos; its base; D even */
+static inline pytfm_status pytfm__check_positions(const char *func, int64_t B, int64_t T,
+                                                  int64_t D, int64_t pos_stride, double base,
+                                                  int64_t *n_pos) {
     PYTFM_CHECK(D >= 2 && D % 2 == 0, "%s: D must be even and >= 2, got %lld", func,
                 (long long)D);
     PYTFM_CHECK(pos_stride >= 0, "%s: pos_stride must be >= 0, got %lld", func,
                 (long long)pos_stride);
     PYTFM_CHECK(isfinite(base) && base > 0.0, "%s: base must be finite and > 0, got %g", func,
                 base);
-    int64_t n = 0, n_pos = 0; // pos[b·pos_stride + t] for b < B, t < T: (B − 1)·pos_stride + T
-    PYTFM_CHECK_COUNT(func, &n, float, B, T, H, D);
+    *n_pos = 0;
     if (B > 0 && T > 0) {
         const int64_t limit = pytfm__max_elems(sizeof(int64_t));
-        PYTFM_CHECK(pytfm__mul_within(B - 1, pos_stride, limit, &n_pos) &&
-                        pytfm__add_within(n_pos, T, limit, &n_pos),
+        PYTFM_CHECK(pytfm__mul_within(B - 1, pos_stride, limit, n_pos) &&
+                        pytfm__add_within(*n_pos, T, limit, n_pos),
                     "%s: pos_stride = %lld is too large for B = %lld, T = %lld: the positions "
                     "(B − 1)·pos_stride + T would pass PTRDIFF_MAX bytes",
                     func, (long long)pos_stride, (long long)B, (long long)T);
     }
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_rope(const char *func, const float *out, const float *in,
+                                             const int64_t *pos, int64_t B, int64_t T, int64_t H,
+                                             int64_t D, int64_t pos_stride, double base) {
+    PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0, "%s: B, T, H must be >= 0, got %lld, %lld, %lld",
+                func, (long long)B, (long long)T, (long long)H);
+    int64_t n = 0, n_pos = 0;
+    PYTFM_TRY(pytfm__check_positions(func, B, T, D, pos_stride, base, &n_pos));
+    PYTFM_CHECK_COUNT(func, &n, float, B, T, H, D);
     PYTFM_CHECK(out != NULL || n == 0, "%s: output must not be NULL", func);
     PYTFM_CHECK(in != NULL || n == 0, "%s: input must not be NULL", func);
     PYTFM_CHECK(pos != NULL || n_pos == 0, "%s: pos must not be NULL", func);
     const pytfm__span output = {"output", out, n * (int64_t)sizeof(float)};
     const pytfm__span input = {"input", in, n * (int64_t)sizeof(float)};
     PYTFM_CHECK_DISJOINT(func, 1, 0, 1, output, input, PYTFM_SPAN(pos, n_pos, int64_t));
+    return PYTFM_STATUS_OK;
+}
+
+/* The split of a fused QKV projection (rope.c): parts q, k, v (or dq, dk, dv) [B, T, H, D],
+ * fused qkv (or dqkv) [B, T, 3, H, D]; forward writes the parts, backward the fused array. The
+ * sizes and positions follow RoPE's rules (D even only when rope is on). */
+static inline pytfm_status pytfm__check_qkv_split(const char *func, const float *q,
+                                                  const float *k, const float *v,
+                                                  const float *qkv, const int64_t *pos,
+                                                  int64_t B, int64_t T, int64_t H, int64_t D,
+                                                  int64_t pos_stride, double base, int32_t rope,
+                                                  int backward) {
+    PYTFM_CHECK(B >= 0 && T >= 0 && H >= 0 && D >= 1,
+                "%s: B, T, H must be >= 0 and D >= 1, got %lld, %lld, %lld, %lld", func,
+                (long long)B, (long long)T, (long long)H, (long long)D);
+    int64_t n = 0, n3 = 0, n_pos = 0;
+    if (rope) PYTFM_TRY(pytfm__check_positions(func, B, T, D, pos_stride, base, &n_pos));
+    PYTFM_CHECK_COUNT(func, &n3, float, B, T, 3, H, D);
+    n = n3 / 3;
+    PYTFM_CHECK(pos != NULL || n_pos == 0, "%s: pos must not be NULL", func);
+    const char *part = backward ? "dq, dk, dv" : "q, k, v", *fused = backward ? "dqkv" : "qkv";
+    PYTFM_CHECK((q != NULL && k != NULL && v != NULL) || n == 0, "%s: %s must not be NULL", func,
+                part);
+    PYTFM_CHECK(qkv != NULL || n == 0, "%s: %s must not be NULL", func, fused);
+    if (backward) {
+        PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE,
+                             PYTFM_SPAN(qkv, n3, float), PYTFM_SPAN(q, n, float),
+                             PYTFM_SPAN(k, n, float), PYTFM_SPAN(v, n, float),
+                             PYTFM_SPAN(pos, n_pos, int64_t));
+    } else {
+        PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE,
+                             PYTFM_SPAN(q, n, float), PYTFM_SPAN(k, n, float),
+                             PYTFM_SPAN(v, n, float), PYTFM_SPAN(qkv, n3, float),
+                             PYTFM_SPAN(pos, n_pos, int64_t));
+    }
     return PYTFM_STATUS_OK;
 }
 

@@ -351,21 +351,29 @@ def layernorm_backward(dy, x, w, mean, rstd, *, dw=None, db=None):
 # ---- rope -----------------------------------------------------------------------------------
 
 
-def _rope(a, name):
-    """Rotate the [B, T, H, D] argument `name` by the angles of pos (forward or backward)."""
-    x = a.array(name, ndim=4)
-    B, T, H, D = x.shape
+def _positions(a, name, shape):
+    """RoPE's positions for the [B, T, H, D] array `name` of shape `shape`: (pos, pos_stride,
+    base), pos an int64 [T] (one row shared by the batch, stride 0) or [B, T] (stride T)."""
+    B, T, D = shape[0], shape[1], shape[-1]
     if D < 2 or D % 2:
-        raise ValueError(f"{name}.shape[3] (head dim D) must be even and >= 2, got {x.shape}")
+        raise ValueError(f"{name}.shape[{len(shape) - 1}] (head dim D) must be even and >= 2 "
+                         f"for RoPE, got {shape}")
     pos = a.array("pos", dtype=_I64)
     if pos.shape not in ((T,), (B, T)):
         raise ValueError(
             f"pos must have shape (T,) = {(T,)} or (B, T) = {(B, T)} for {name} of shape "
-            f"{x.shape}, got {pos.shape}"
+            f"{shape}, got {pos.shape}"
         )
-    base = a.float("base", kind="float64")
+    return pos, T if pos.ndim == 2 else 0, a.float("base", kind="float64")
+
+
+def _rope(a, name):
+    """Rotate the [B, T, H, D] argument `name` by the angles of pos (forward or backward)."""
+    x = a.array(name, ndim=4)
+    B, T, H, D = x.shape
+    pos, stride, base = _positions(a, name, x.shape)
     y = a.empty_like(x)
-    a.call(y, x, pos, B, T, H, D, T if pos.ndim == 2 else 0, base)
+    a.call(y, x, pos, B, T, H, D, stride, base)
     return y
 
 
@@ -377,6 +385,38 @@ def rope_forward(x, pos, base=10000.0):
 def rope_backward(dy, pos, base=10000.0):
     """The inverse rotation.  dy [B, T, H, D], pos int64 [T] or [B, T] -> dx [B, T, H, D]"""
     return _rope(_Args("pytfm_rope_backward", locals()), "dy")
+
+
+# ---- the fused QKV projection's split -------------------------------------------------------
+
+
+def qkv_split_forward(qkv, pos=None, base=10000.0):
+    """q, k, v out of a fused QKV projection, q and k rotated by RoPE at pos (not rotated when
+    pos is None).  qkv [B, T, 3, H, D], pos int64 [T] or [B, T] or None -> q, k, v [B, T, H, D]
+    each; the same bits as slicing qkv and calling rope_forward on q and k."""
+    a = _Args("pytfm_qkv_split_forward", locals())
+    qkv = a.array("qkv", ndim=5, last="head dim D")
+    B, T, three, H, D = qkv.shape
+    if three != 3:
+        raise ValueError(f"qkv.shape[2] must be 3 (q, k, v), got shape {qkv.shape}")
+    part = (B, T, H, D)
+    pos, stride, base = (None, 0, 1.0) if pos is None else _positions(a, "qkv", qkv.shape)
+    q, k, v = (a.empty(part) for _ in range(3))
+    a.call(q, k, v, qkv, pos, B, T, H, D, stride, base, int(pos is not None))
+    return q, k, v
+
+
+def qkv_split_backward(dq, dk, dv, pos=None, base=10000.0):
+    """The gradient of qkv_split_forward, in the fused layout: dq, dk rotated back (when pos is
+    given) and dv.  dq, dk, dv [B, T, H, D], pos as the forward -> dqkv [B, T, 3, H, D]"""
+    a = _Args("pytfm_qkv_split_backward", locals())
+    dq = a.array("dq", ndim=4, last="head dim D")
+    dk, dv = (a.array(n, shape=dq.shape, because="dq's shape") for n in ("dk", "dv"))
+    B, T, H, D = dq.shape
+    pos, stride, base = (None, 0, 1.0) if pos is None else _positions(a, "dq", dq.shape)
+    dqkv = a.empty((B, T, 3, H, D))
+    a.call(dqkv, dq, dk, dv, pos, B, T, H, D, stride, base, int(pos is not None))
+    return dqkv
 
 
 # ---- sinusoidal positions -------------------------------------------------------------------
@@ -508,6 +548,16 @@ def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
     hyper = [a.float(name, kind="float64")
              for name in ("lr", "beta1", "beta2", "eps", "weight_decay")]
     a.call(param, m, v, grad, param.size, step, *hyper)
+
+
+def sum_squares(x):
+    """Σ x² over every element of the float32 array x, summed in double (a Python float); the
+    same at any thread count."""
+    a = _Args("pytfm_sum_squares", locals())
+    x = a.array("x", min_ndim=0)
+    out = ffi.new("double *")
+    a.call(out, x, x.size)
+    return float(out[0])
 
 
 # ---- attention ------------------------------------------------------------------------------

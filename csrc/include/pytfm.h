@@ -326,6 +326,34 @@ PYTFM_API pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int
                                            int64_t B, int64_t T, int64_t H, int64_t D,
                                            int64_t pos_stride, double base);
 
+/* ---- The fused QKV projection's split, with RoPE on q and k ------------------------- */
+/* Lives in: csrc/rope.c (the same plain and fast paths as RoPE), checks csrc/checks.h
+ * pytfm__check_qkv_split, no CUDA twin yet, Python pytfm/ops.py qkv_split_forward/backward
+ * (pytfm/nn.py CausalSelfAttention), tests in tests/: test_qkv_split.py, test_model.py. */
+/* The attention block's c_attn output holds q, k, v interleaved per token; the attention
+ * kernels take each as its own [B, T, H, D] array. In one pass over the fused array:
+ *   q [b, t] = R(θ) qkv[b, t, 0],  k [b, t] = R(θ) qkv[b, t, 1],  v [b, t] = qkv[b, t, 2]
+ * with R(θ) pytfm_rope_forward's rotation at position pos[b * pos_stride + t] when rope != 0,
+ * the identity (a copy) when rope == 0 (pos and base then unused; pos may be NULL).
+ *   q, k, v [B, T, H, D] written;  qkv [B, T, 3, H, D];  D >= 1, even when rope != 0
+ *   pos, pos_stride, base: as pytfm_rope_forward
+ * The same bits as slicing qkv and calling pytfm_rope_forward on q and k. No buffer may share
+ * memory with another. Scratch: as pytfm_rope_forward (when rope != 0).
+ */
+PYTFM_API pytfm_status pytfm_qkv_split_forward(float *q, float *k, float *v, const float *qkv,
+                                               const int64_t *pos, int64_t B, int64_t T,
+                                               int64_t H, int64_t D, int64_t pos_stride,
+                                               double base, int32_t rope);
+
+/* Its backward, back into the fused layout (the gradient c_attn's backward takes):
+ *   dqkv [b, t, 0] = R(−θ) dq [b, t],  dqkv [b, t, 1] = R(−θ) dk [b, t],  dqkv [b, t, 2] = dv [b, t]
+ *   dqkv [B, T, 3, H, D] written;  dq, dk, dv [B, T, H, D]; the rest as the forward
+ */
+PYTFM_API pytfm_status pytfm_qkv_split_backward(float *dqkv, const float *dq, const float *dk,
+                                                const float *dv, const int64_t *pos, int64_t B,
+                                                int64_t T, int64_t H, int64_t D,
+                                                int64_t pos_stride, double base, int32_t rope);
+
 /* ---- Sinusoidal positions (Vaswani et al., 2017) ------------------------------------ */
 /* Lives in: csrc/positions.c (one version, parallel over rows), no CUDA twin, Python
  * pytfm/ops.py sinusoidal_positions (pytfm.nn.sinusoidal_positions calls it; so does the C
@@ -429,6 +457,15 @@ PYTFM_API pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float 
 PYTFM_API pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *grad,
                                         int64_t count, int64_t step, double lr, double beta1,
                                         double beta2, double eps, double weight_decay);
+
+/* The sum of squares of a flat array, for gradient clipping's global norm (pytfm/optim.py
+ * clip_grad_norm over the model's one gradient buffer). Lives in csrc/adamw.c; Python
+ * pytfm/ops.py sum_squares; tests in tests/test_flat.py.
+ *   *out = Σ_i x[i]² in double: blocks of 16384 elements each summed in order, then the block
+ *   sums in order (the same bits at any thread count); x [count], count >= 0
+ * Scratch: one double per block, when there are more than 64 blocks.
+ */
+PYTFM_API pytfm_status pytfm_sum_squares(double *out, const float *x, int64_t count);
 
 /* ---- Attention: multi-head scaled dot-product, flash-style ------------------------- */
 /* Lives in: csrc/attention.c (plain: forward_head/backward_head; fast: *_head_fast on sgemm's
