@@ -11,7 +11,9 @@ GPT.attention_probs, which shows the attention weights of a short input.
 All parameters live in one dict, model.params, and their gradients in model.grads, keyed by
 the names a PyTorch GPT-2 (nanoGPT) state dict uses: transformer.wte.weight,
 transformer.h.0.attn.c_attn.weight, ... Layers hold references to those arrays, which are only
-ever updated in place.
+ever updated in place. Both dicts are FlatDicts: every array is a view into one flat buffer
+(model.params.buffer, model.grads.buffer; matrices first, then vectors), so that zeroing the
+gradients, clipping them, AdamW's step and a data-parallel all-reduce each take one call.
 """
 
 import math
@@ -86,22 +88,89 @@ def param_shapes(cfg):
         yield "lm_head.weight", (cfg.vocab, C)
 
 
-class Parameters:
-    """The model's parameters and gradients: two dicts of float32 arrays with the same keys."""
+ALIGN = 16  # floats: every parameter's view starts on a 64-byte boundary
 
-    def __init__(self, seed):
-        self.params, self.grads = {}, {}
-        self.rng = np.random.default_rng(seed)
+
+def _aligned_zeros(n):  # -> float32 [n], zeros, its first element 64-byte aligned
+    raw = np.zeros(n + ALIGN, np.float32)
+    start = (-raw.ctypes.data % (4 * ALIGN)) // 4
+    return raw[start:start + n]
+
+
+def flat_layout(shapes):
+    """{name: (offset, shape)} for (name, shape) pairs: where each array lies in one flat
+    buffer, and the buffer's size. The matrices (ndim >= 2, the parameters AdamW decays) come
+    first and the vectors after them, so that each group is one span of the buffer; within a
+    group, the order given. Each offset is a multiple of ALIGN; the few floats of padding
+    between views stay zero through every step (their gradient is zero)."""
+    shapes = list(shapes)
+    layout, offset = {}, 0
+    for decayed in (True, False):
+        for name, shape in shapes:
+            if (len(shape) >= 2) == decayed:
+                layout[name] = (offset, tuple(shape))
+                offset += -(-math.prod(shape) // ALIGN) * ALIGN
+    return {name: layout[name] for name, _ in shapes}, offset  # in the order given
+
+
+class FlatDict(dict):
+    """A dict of named float32 arrays that are views into one flat buffer, .buffer (1-D,
+    C-contiguous, 64-byte aligned), laid out by flat_layout (.layout, .size): the model's
+    parameters, their gradients, and AdamW's moments are each one of these, so that zeroing,
+    clipping, the optimizer step, and an all-reduce are each one call over .buffer.
+
+    The views keep their names and shapes; assigning to a name copies into its view (the
+    layers hold references to the views, so an array must never be replaced), and names can
+    be neither added nor removed."""
+
+    def __init__(self, layout, size):
+        buffer = _aligned_zeros(size)
+        super().__init__((name, buffer[off:off + math.prod(shape)].reshape(shape))
+                         for name, (off, shape) in layout.items())
+        self.buffer, self.layout, self.size = buffer, layout, size
+
+    def zeros_like(self):
+        """A FlatDict of the same layout, all zeros."""
+        return FlatDict(self.layout, self.size)
+
+    def __setitem__(self, name, value):
+        if name not in self:
+            raise KeyError(f"{name!r} is not one of this FlatDict's arrays: names are fixed")
+        view = self[name]
+        value = np.asarray(value)
+        if value.shape != view.shape:
+            raise ValueError(f"{name} has shape {view.shape}, got an array of shape "
+                             f"{value.shape}")
+        view[...] = value
+
+    def __delitem__(self, name):
+        raise TypeError("a FlatDict's names are fixed: its arrays are views into one buffer")
+
+    def _fixed(self, *args, **kwargs):
+        raise TypeError("a FlatDict's names are fixed: its arrays are views into one buffer")
+
+    pop = popitem = clear = update = setdefault = _fixed
+
+
+class Parameters:
+    """The model's parameters and gradients: two FlatDicts of one layout (param_shapes order),
+    filled by add() in the order the layers are built, drawing from one generator."""
+
+    def __init__(self, cfg):
+        self.params = FlatDict(*flat_layout(param_shapes(cfg)))
+        self.grads = self.params.zeros_like()
+        self.rng = np.random.default_rng(cfg.seed)
 
     def add(self, name, shape, std=None):
-        """A new parameter: normal(0, std) when std is given, else ones for 'weight', zeros."""
+        """Parameter `name`: normal(0, std) when std is given (drawn in float64, rounded to
+        float32), else ones for 'weight', zeros otherwise; returns (its view, its gradient's)."""
+        p = self.params[name]
+        assert p.shape == tuple(shape), (name, p.shape, shape)  # param_shapes agrees with nn
         if std is not None:
-            value = self.rng.normal(0.0, std, shape)
-        else:
-            value = np.ones(shape) if name.endswith(".weight") else np.zeros(shape)
-        self.params[name] = value.astype(np.float32)
-        self.grads[name] = np.zeros(shape, np.float32)
-        return self.params[name], self.grads[name]
+            p[...] = self.rng.normal(0.0, std, shape)
+        elif name.endswith(".weight"):
+            p.fill(1.0)
+        return p, self.grads[name]
 
 
 class Linear:
@@ -180,9 +249,7 @@ class CausalSelfAttention:
         save = save and cache is None
         B, T, C = x.shape
         qkv = self.c_attn.forward(x, save).reshape(B, T, 3, self.H, self.hd)
-        q, k, v = (np.ascontiguousarray(qkv[:, :, i]) for i in range(3))  # (B, T, H, hd)
-        if self.rope:
-            q, k = ops.rope_forward(q, pos), ops.rope_forward(k, pos)
+        q, k, v = ops.qkv_split_forward(qkv, pos if self.rope else None)  # (B, T, H, hd)
         if cache is not None:
             o = cache.attend(q, k, v)
         else:
@@ -197,10 +264,8 @@ class CausalSelfAttention:
         q, k, v, o, lse, pos = self.saved
         do = self.c_proj.backward(dy).reshape(o.shape)  # (B, T, H, hd)
         dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True)
-        if self.rope:
-            dq, dk = ops.rope_backward(dq, pos), ops.rope_backward(dk, pos)
-        B, T = dy.shape[:2]
-        return self.c_attn.backward(np.stack([dq, dk, dv], axis=2).reshape(B, T, -1))
+        dqkv = ops.qkv_split_backward(dq, dk, dv, pos if self.rope else None)  # (B, T, 3, H, hd)
+        return self.c_attn.backward(dqkv.reshape(dy.shape[:2] + (-1,)))
 
 
 def attention_probs(q, k, lse):  # [B, T, H, D] x2, lse [B, H, T] -> P [B, H, T, T]
@@ -246,13 +311,21 @@ class Block:
         self.mlp = MLP(P, f"{name}.mlp", cfg, proj_std)
 
     def forward(self, x, pos, save=True, cache=None):  # (B, T, C) -> (B, T, C)
+        # The residual adds go in place into each sublayer's output, a fresh array nobody
+        # keeps (never into x: ln_1 keeps it for its backward).
         save = save and cache is None  # decoding through a cache saves nothing
-        h = x + self.attn.forward(self.ln_1.forward(x, save), pos, save, cache)
-        return h + self.mlp.forward(self.ln_2.forward(h, save), save)
+        h = self.attn.forward(self.ln_1.forward(x, save), pos, save, cache)
+        h += x
+        y = self.mlp.forward(self.ln_2.forward(h, save), save)
+        y += h
+        return y
 
     def backward(self, dy):  # (B, T, C) -> (B, T, C)
-        dh = dy + self.ln_2.backward(self.mlp.backward(dy))
-        return dh + self.ln_1.backward(self.attn.backward(dh))
+        dh = self.ln_2.backward(self.mlp.backward(dy))  # fresh: add the residual's in place
+        dh += dy
+        dx = self.ln_1.backward(self.attn.backward(dh))
+        dx += dh
+        return dx
 
 
 def sinusoidal_positions(T, d):  # (T, d): sin on even features, cos on odd (Vaswani et al.)
@@ -264,7 +337,7 @@ class GPT:
 
     def __init__(self, cfg):
         self.cfg = cfg
-        P = Parameters(cfg.seed)
+        P = Parameters(cfg)
         self.wte = Embedding(P, "transformer.wte", cfg.vocab, cfg.d_model)
         sinusoidal = cfg.pos == "sinusoidal"
         self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) if sinusoidal else None
@@ -279,8 +352,7 @@ class GPT:
         return sum(p.size for p in self.params.values())
 
     def zero_grad(self):
-        for g in self.grads.values():
-            g.fill(0.0)
+        self.grads.buffer.fill(0.0)
 
     def _logits(self, idx, start, save, caches):  # int64 (B, T) -> (B, T, vocab)
         """The tokens idx at positions [start, start + T): the whole sequence (start 0, no

@@ -23,7 +23,12 @@ def _lr(name, v):
 
 class AdamW:
     """torch.optim.AdamW over a dict of parameters. As in GPT-2 / nanoGPT, weight decay applies
-    to matrices and embeddings (ndim >= 2) only, not to biases and LayerNorm parameters."""
+    to matrices and embeddings (ndim >= 2) only, not to biases and LayerNorm parameters.
+
+    For a model's parameters and gradients (FlatDicts of one layout, pytfm.nn) the moments m
+    and v are FlatDicts of that layout too, and a step is two calls of the fused kernel: one
+    over the span of matrices, with weight decay, one over the vectors after it, without. Each
+    element's update is the one the per-parameter loop (any other dict) gives, bit for bit."""
 
     def __init__(self, params, grads, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
         # the kernel's own rules, checked here so that a bad value fails now, not at step 1
@@ -36,18 +41,28 @@ class AdamW:
         self.weight_decay = _real("weight_decay", weight_decay, lambda f: 0 <= f < math.inf,
                                   "finite and >= 0")
         self.params, self.grads = params, grads
-        self.m = {k: np.zeros_like(p) for k, p in params.items()}
-        self.v = {k: np.zeros_like(p) for k, p in params.items()}
+        self.spans = _decay_spans(params, grads)  # None: one call per parameter
+        if self.spans is None:
+            self.m = {k: np.zeros_like(p) for k, p in params.items()}
+            self.v = {k: np.zeros_like(p) for k, p in params.items()}
+        else:
+            self.m, self.v = params.zeros_like(), params.zeros_like()
         self.t = 0  # steps taken
 
     def step(self, lr=None):
         """One step over every parameter, at lr (None: the lr given to the constructor)."""
         lr = self.lr if lr is None else _lr("lr", lr)
         self.t += 1
+        hyper = (self.t, lr, self.betas[0], self.betas[1], self.eps)
+        if self.spans is not None:
+            flat = (self.params.buffer, self.grads.buffer, self.m.buffer, self.v.buffer)
+            for (lo, hi), wd in zip(self.spans, (self.weight_decay, 0.0)):
+                if hi > lo:
+                    ops.adamw_step(*(a[lo:hi] for a in flat), *hyper, wd)
+            return
         for name, p in self.params.items():
             wd = self.weight_decay if p.ndim >= 2 else 0.0
-            ops.adamw_step(p, self.grads[name], self.m[name], self.v[name], self.t, lr,
-                           self.betas[0], self.betas[1], self.eps, wd)
+            ops.adamw_step(p, self.grads[name], self.m[name], self.v[name], *hyper, wd)
 
     def state(self):
         """Everything needed to continue identically: {'t': int, 'm': {...}, 'v': {...}}."""
@@ -60,15 +75,33 @@ class AdamW:
             self.v[name][...] = state["v"][name]
 
 
+def _decay_spans(params, grads):
+    """((0, end), (end, size)) of the flat buffers: the matrices (decayed) before end, the
+    vectors from it, when params and grads are FlatDicts of one layout that keeps them apart
+    (pytfm.nn's does); else None."""
+    flat = getattr(params, "layout", None)
+    if flat is None or getattr(grads, "layout", None) != flat:
+        return None
+    matrices = [off + math.prod(shape) for off, shape in flat.values() if len(shape) >= 2]
+    vectors = [off for off, shape in flat.values() if len(shape) < 2]
+    end = max(matrices, default=0)
+    if vectors and min(vectors) < end:
+        return None
+    return (0, end), (end, params.size)
+
+
 def clip_grad_norm(grads, max_norm):
     """Scale all gradients in place so that their global L2 norm is at most max_norm.
     Returns the norm before clipping (as torch.nn.utils.clip_grad_norm_). max_norm = inf
-    measures without clipping."""
+    measures without clipping. The squares are summed in double: over a FlatDict's buffer in
+    one call, else array by array."""
     max_norm = _real("max_norm", max_norm, lambda f: f >= 0, ">= 0 (inf: no clipping)")
-    norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    buffer = getattr(grads, "buffer", None)
+    arrays = [buffer] if buffer is not None else list(grads.values())
+    norm = math.sqrt(sum(ops.sum_squares(g) for g in arrays))
     if norm > max_norm:
         scale = np.float32(max_norm / (norm + 1e-6))
-        for g in grads.values():
+        for g in arrays:
             g *= scale
     return norm
 
