@@ -193,14 +193,9 @@ static pytfm_status block(const pytfm_model *m, const layer *L, const acts *s, i
     PYTFM_TRY(pytfm_layernorm_forward(s->a, s->mean, s->rstd, s->x, L->ln_1_w, L->ln_1_b, N, C,
                                       LN_EPS));
     PYTFM_TRY(pytfm_linear_forward(s->qkv, s->a, L->attn_w, L->attn_b, N, C, 3 * C));
-    for (int64_t r = 0; r < N; r++) { // qkv (B, T, 3, H, D) -> q, k, v (B, T, H, D)
-        memcpy(s->q + r * C, s->qkv + r * 3 * C, (size_t)C * sizeof(float));
-        memcpy(s->k + r * C, s->qkv + r * 3 * C + C, (size_t)C * sizeof(float));
-        memcpy(s->v + r * C, s->qkv + r * 3 * C + 2 * C, (size_t)C * sizeof(float));
-    }
-    if (m->config.pos == PYTFM_POS_ROPE) // q and k, adjacent: one [2B, T, H, D] array whose
-        // batches share the positions, so one table of angles serves both (the same bits)
-        PYTFM_TRY(pytfm_rope_forward(s->q, s->q, s->pos, 2 * B, T, H, D, 0, ROPE_BASE));
+    // qkv (B, T, 3, H, D) -> q, k, v (B, T, H, D), q and k rotated: as pytfm.nn does it
+    PYTFM_TRY(pytfm_qkv_split_forward(s->q, s->k, s->v, s->qkv, s->pos, B, T, H, D, 0,
+                                      ROPE_BASE, m->config.pos == PYTFM_POS_ROPE));
     if (k_cache) { // KVCache.attend: append, then attend to everything cached
         PYTFM_TRY(pytfm_attention_cache_append(k_cache, v_cache, s->k, s->v, 1, T, H, D,
                                                max_len, start));
