@@ -40,12 +40,16 @@ _CPTRS = {_F32: "float *", _I64: "int64_t *"}  # device pointers
 # ---- the one dispatch path ------------------------------------------------------------------
 
 
+_NOT_CUPY = frozenset((np.ndarray, int, float, bool, type(None)))  # the common cases, at once
+
+
 def _is_cupy(a):
-    return type(a).__module__.split(".")[0] == "cupy"
+    t = type(a)
+    return t not in _NOT_CUPY and t.__module__.split(".")[0] == "cupy"
 
 
 def _is_array(a):
-    return isinstance(a, np.ndarray) or _is_cupy(a)
+    return type(a) is np.ndarray or isinstance(a, np.ndarray) or _is_cupy(a)
 
 
 _INT64 = (-(2**63), 2**63 - 1)  # what an int64_t argument holds
