@@ -124,6 +124,16 @@ MUTATIONS = {
     "stub_wrong_status": ("setup.py", "return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,",
                           "return pytfm__fail(PYTFM_STATUS_INTERNAL,", ["tests/test_build.py"]),
     "stub_device_count_one": ("csrc/cuda_stub.c", "*count = 0;", "*count = 1;", ["tests/test_build.py"]),
+    # issue 14: the QKV split, the flat buffers' optimizer step and clipping norm
+    "qkv_split_v_from_k": ("csrc/rope.c", "{v, qkv + 2 * hd, hd, 3 * hd, 0}}", "{v, qkv + hd, hd, 3 * hd, 0}}",
+                           ["tests/test_qkv_split.py"]),
+    "qkv_split_backward_same_sign": ("csrc/rope.c", "return run_streams(__func__, st, 3, pos, B, T, H, D, pos_stride, base, -1.0);",
+                                     "return run_streams(__func__, st, 3, pos, B, T, H, D, pos_stride, base, +1.0);",
+                                     ["tests/test_qkv_split.py"]),
+    "sum_squares_drops_last_block": ("csrc/adamw.c", "for (int64_t c = 0; c < blocks; c++) total += sums[c];",
+                                     "for (int64_t c = 0; c + 1 < blocks; c++) total += sums[c];", ["tests/test_flat.py"]),
+    "flat_adamw_decays_vectors": ("pytfm/optim.py", "zip(self.spans, (self.weight_decay, 0.0))",
+                                  "zip(self.spans, (self.weight_decay, self.weight_decay))", ["tests/test_flat.py"]),
     # issue 16, sizes: an element count multiplied unchecked (m·n = 2^64 wraps to 0), the bound
     # one past PTRDIFF_MAX bytes, start + n_new and RoPE's pos extent unchecked
     "size_product_unchecked": ("csrc/checks.h", "if (pytfm__mul_within(c, sizes[i], limit, &c)) continue;",
@@ -132,8 +142,8 @@ MUTATIONS = {
                             "if (a != 0 && b > limit / a + 1) return 0;", LIMITS),
     "cache_end_wraps": ("csrc/checks.h", "PYTFM_CHECK(pytfm__add_within(start, n_new, INT64_MAX, &end),",
                         "end = start + n_new;\n    PYTFM_CHECK(1,", LIMITS),
-    "rope_pos_stride_unchecked": ("csrc/checks.h", "PYTFM_CHECK(pytfm__mul_within(B - 1, pos_stride, limit, &n_pos) &&",
-                                  "PYTFM_CHECK((n_pos = (B - 1) * pos_stride, 1) &&", LIMITS),
+    "rope_pos_stride_unchecked": ("csrc/checks.h", "PYTFM_CHECK(pytfm__mul_within(B - 1, pos_stride, limit, n_pos) &&",
+                                  "PYTFM_CHECK((*n_pos = (B - 1) * pos_stride, 1) &&", LIMITS),
     # issue 16, overlaps: an accumulator not counted as an output, overlaps seen in one direction
     # only, a partial overlap let through where the exact in-place form is allowed
     "linear_dw_may_alias": ("csrc/checks.h", "PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n.x, float),",
