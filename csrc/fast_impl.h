@@ -12,15 +12,40 @@
 
 #define LANES PYTFM_LANES
 
+/* The largest of x[0 .. count) that is not NaN (-inf if none), compared as integers: a float's
+ * bits, with the magnitude bits flipped when it is negative, order as the floats do (−0 just
+ * below +0), and GCC vectorises an integer maximum, where a float `x > m ? x : m` it leaves as
+ * sixteen scalar maxss (not a max it may reorder: NaN and the sign of zero). NaN is mapped
+ * below every key, so it is ignored as the float comparison ignores it. */
+static inline int32_t max_key_(float v) {
+    int32_t b;
+    memcpy(&b, &v, sizeof b);
+    const int32_t key = b ^ ((b >> 31) & INT32_MAX);
+    // NaN: below -inf's key, by masks (as a select, GCC makes it a branch and no vector)
+    const int32_t nan = -(int32_t)((b & INT32_MAX) > 0x7f800000);
+    return (key & ~nan) | (INT32_MIN & nan);
+}
+
 static float max_(const float *x, int64_t count) {
-    float s[LANES];
-    for (int l = 0; l < LANES; l++) s[l] = -INFINITY;
+    int32_t s[LANES];
+    for (int l = 0; l < LANES; l++) s[l] = INT32_MIN;
     int64_t j = 0;
     for (; j + LANES <= count; j += LANES)
-        for (int l = 0; l < LANES; l++) s[l] = x[j + l] > s[l] ? x[j + l] : s[l];
-    float m = pytfm__lanes_max(s);
-    for (; j < count; j++) m = x[j] > m ? x[j] : m;
-    return m;
+        for (int l = 0; l < LANES; l++) {
+            const int32_t k = max_key_(x[j + l]);
+            s[l] = k > s[l] ? k : s[l];
+        }
+    int32_t m = s[0];
+    for (int l = 1; l < LANES; l++) m = s[l] > m ? s[l] : m;
+    for (; j < count; j++) {
+        const int32_t k = max_key_(x[j]);
+        m = k > m ? k : m;
+    }
+    if (m == INT32_MIN) return -INFINITY; // empty, or all NaN
+    m ^= (m >> 31) & INT32_MAX; // the key back to the float's bits (the map is its own inverse)
+    float f;
+    memcpy(&f, &m, sizeof f);
+    return f;
 }
 
 /* y = e^(x − c), returning Σ y */
@@ -138,10 +163,14 @@ static void gelu_backward(float *dx, const float *dy, const float *x, int64_t co
 /* log Σ e^x[j], shifted by the maximum */
 static float logsumexp(const float *x, int64_t cols) {
     const float mx = max_(x, cols);
-    float s[LANES] = {0};
+    float s[LANES] = {0}, s2[LANES] = {0};
     int64_t j = 0;
-    for (; j + LANES <= cols; j += LANES)
-        for (int l = 0; l < LANES; l++) s[l] += pytfm__expf(x[j + l] - mx);
+    for (; j + 2 * LANES <= cols; j += 2 * LANES)
+        for (int l = 0; l < LANES; l++) {
+            s[l] += pytfm__expf(x[j + l] - mx);
+            s2[l] += pytfm__expf(x[j + LANES + l] - mx);
+        }
+    for (int l = 0; l < LANES; l++) s[l] += s2[l];
     float tail = 0.0f;
     for (; j < cols; j++) tail += pytfm__expf(x[j] - mx);
     return mx + logf(pytfm__lanes_sum(s) + tail);
