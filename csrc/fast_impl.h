@@ -12,19 +12,57 @@
 
 #define LANES PYTFM_LANES
 
-static float max_(const float *x, int64_t count) {
-    float s[LANES];
-    for (int l = 0; l < LANES; l++) s[l] = -INFINITY;
-    int64_t j = 0;
-    for (; j + LANES <= count; j += LANES)
-        for (int l = 0; l < LANES; l++) s[l] = x[j + l] > s[l] ? x[j + l] : s[l];
-    float m = pytfm__lanes_max(s);
-    for (; j < count; j++) m = x[j] > m ? x[j] : m;
-    return m;
+/* The largest of x[0 .. count) that is not NaN (-inf if none), compared as integers: a float's
+ * bits, with the magnitude bits flipped when it is negative, order as the floats do (−0 just
+ * below +0), and GCC vectorises an integer maximum, where a float `x > m ? x : m` it leaves as
+ * sixteen scalar maxss (not a max it may reorder: NaN and the sign of zero). NaN is mapped
+ * below every key, so it is ignored as the float comparison ignores it. */
+static inline int32_t max_key_(float v) {
+    int32_t b;
+    memcpy(&b, &v, sizeof b);
+    const int32_t key = b ^ ((b >> 31) & INT32_MAX);
+    // NaN: below -inf's key, by masks (as a select, GCC makes it a branch and no vector)
+    const int32_t nan = -(int32_t)((b & INT32_MAX) > 0x7f800000);
+    return (key & ~nan) | (INT32_MIN & nan);
 }
 
-/* y = e^(x − c), returning Σ y */
-static float exp_shifted_(float *y, const float *x, float c, int64_t count) {
+static float max_(const float *x, int64_t count) {
+    int32_t s[LANES];
+    for (int l = 0; l < LANES; l++) s[l] = INT32_MIN;
+    int64_t j = 0;
+    for (; j + LANES <= count; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            const int32_t k = max_key_(x[j + l]);
+            s[l] = k > s[l] ? k : s[l];
+        }
+    int32_t m = s[0];
+    for (int l = 1; l < LANES; l++) m = s[l] > m ? s[l] : m;
+    for (; j < count; j++) {
+        const int32_t k = max_key_(x[j]);
+        m = k > m ? k : m;
+    }
+    if (m == INT32_MIN) return -INFINITY; // empty, or all NaN
+    m ^= (m >> 31) & INT32_MAX; // the key back to the float's bits (the map is its own inverse)
+    float f;
+    memcpy(&f, &m, sizeof f);
+    return f;
+}
+
+/* Hints to fetch count floats from p (_w_: to be written) into the cache: a row that the
+ * next call reads from memory, while this one works from L1. As a loop of their own: a
+ * prefetch inside a vectorised loop's body makes GCC give up on vectorising it. */
+static void prefetch_(const float *p, int64_t count) {
+    for (int64_t j = 0; j < count; j += 16) PYTFM_PREFETCH(p + j);
+}
+
+static void prefetch_w_(float *p, int64_t count) {
+    for (int64_t j = 0; j < count; j += 16) PYTFM_PREFETCH_W(p + j);
+}
+
+/* y = e^(x − c), returning Σ y. y and x are distinct (restrict): GCC then vectorises the loop
+ * without an overlap check per vector and keeps the sums in registers (with a possible
+ * overlap it did neither, and reloaded the constants in the loop). */
+static float exp_shifted_(float *restrict y, const float *restrict x, float c, int64_t count) {
     float s[LANES] = {0};
     int64_t j = 0;
     for (; j + LANES <= count; j += LANES)
@@ -41,14 +79,31 @@ static float exp_shifted_(float *y, const float *x, float c, int64_t count) {
     return pytfm__lanes_sum(s) + tail;
 }
 
-static void softmax_forward(float *y, const float *x, int64_t cols) {
+/* the same in place, s = e^(s − c): the same operations, the same bits */
+static float exp_shifted_in_place_(float *s, float c, int64_t count) {
+    float t[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= count; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            s[j + l] = pytfm__expf(s[j + l] - c);
+            t[l] += s[j + l];
+        }
+    float tail = 0.0f;
+    for (; j < count; j++) {
+        s[j] = pytfm__expf(s[j] - c);
+        tail += s[j];
+    }
+    return pytfm__lanes_sum(t) + tail;
+}
+
+static void softmax_forward(float *restrict y, const float *restrict x, int64_t cols) {
     const float sum = exp_shifted_(y, x, max_(x, cols), cols);
     const float inv = 1.0f / sum;
     for (int64_t j = 0; j < cols; j++) y[j] *= inv;
 }
 
-static void softmax_backward(float *dx, const float *dy,
-                             const float *y, int64_t cols) {
+static void softmax_backward(float *restrict dx, const float *restrict dy,
+                             const float *restrict y, int64_t cols) {
     float s[LANES] = {0};
     int64_t j = 0;
     for (; j + LANES <= cols; j += LANES)
@@ -59,9 +114,10 @@ static void softmax_backward(float *dx, const float *dy,
     for (j = 0; j < cols; j++) dx[j] = y[j] * (dy[j] - dot);
 }
 
-static void layernorm_forward(float *y, float *mean, float *rstd,
-                              const float *x, const float *w,
-                              const float *b, int64_t cols, float eps) {
+static void layernorm_forward(float *restrict y, float *restrict mean, float *restrict rstd,
+                              const float *restrict x, const float *restrict w,
+                              const float *restrict b, int64_t cols, float eps,
+                              const float *next_x, float *next_y) {
     // The sums run over x − x0, x0 the row's first value: when |μ| ≫ σ the differences are
     // small and exact (x and x0 within a factor 2 of each other), so neither μ nor x − μ loses
     // the digits a float sum of x would round away at |μ|.
@@ -74,6 +130,7 @@ static void layernorm_forward(float *y, float *mean, float *rstd,
     for (; j < cols; j++) tail += x[j] - x0;
     const float d = (pytfm__lanes_sum(s) + tail) / (float)cols; // μ − x0
     float v[LANES] = {0}; // two-pass variance: Σ (x − μ)², x − μ as (x − x0) − d
+    prefetch_(next_x, cols); // the next row's x arrives while this one is read from L1
     for (j = 0; j + LANES <= cols; j += LANES)
         for (int l = 0; l < LANES; l++) v[l] += (x[j + l] - x0 - d) * (x[j + l] - x0 - d);
     tail = 0.0f;
@@ -84,14 +141,16 @@ static void layernorm_forward(float *y, float *mean, float *rstd,
         return;
     }
     const float rs = 1.0f / sqrtf(ss / (float)cols + eps);
+    prefetch_w_(next_y, cols);
     for (j = 0; j < cols; j++) y[j] = ((x[j] - x0 - d) * rs) * w[j] + b[j];
     *mean = x0 + d;
     *rstd = rs;
 }
 
-static void layernorm_backward(float *dx, float *dw, float *db,
-                               const float *dy, const float *x,
-                               const float *w, float mu, float rs, int64_t cols) {
+static void layernorm_backward(float *restrict dx, float *restrict dw, float *restrict db,
+                               const float *restrict dy, const float *restrict x,
+                               const float *restrict w, float mu, float rs, int64_t cols,
+                               const float *next_dy, const float *next_x, float *next_dx) {
     float sg[LANES] = {0}, sgx[LANES] = {0}; // Σ g and Σ g·x̂, g = dy·w
     int64_t j = 0;
     for (; j + LANES <= cols; j += LANES)
@@ -112,6 +171,9 @@ static void layernorm_backward(float *dx, float *dw, float *db,
     }
     const float g_mean = (pytfm__lanes_sum(sg) + tg) / (float)cols;
     const float gx_mean = (pytfm__lanes_sum(sgx) + tgx) / (float)cols;
+    prefetch_(next_dy, cols); // the next row's inputs while this one is read from L1
+    prefetch_(next_x, cols);
+    prefetch_w_(next_dx, cols);
     for (j = 0; j < cols; j++) {
         const float xhat = (x[j] - mu) * rs;
         dx[j] = rs * (dy[j] * w[j] - g_mean - xhat * gx_mean);
@@ -135,19 +197,39 @@ static void gelu_backward(float *dx, const float *dy, const float *x, int64_t co
     }
 }
 
-/* log Σ e^x[j], shifted by the maximum */
-static float logsumexp(const float *x, int64_t cols) {
-    const float mx = max_(x, cols);
-    float s[LANES] = {0};
-    int64_t j = 0;
-    for (; j + LANES <= cols; j += LANES)
-        for (int l = 0; l < LANES; l++) s[l] += pytfm__expf(x[j + l] - mx);
-    float tail = 0.0f;
-    for (; j < cols; j++) tail += pytfm__expf(x[j] - mx);
-    return mx + logf(pytfm__lanes_sum(s) + tail);
+/* log Σ e^x[j] in one pass over the row from memory: blocks of LSE_BLOCK floats (8 KB), each
+ * block's maximum first, then its exponentials while it is in L1, shifted by the running
+ * maximum m; when a block raises m, the sum so far is scaled by e^(m − m'). A row of at most
+ * LSE_BLOCK floats is the two-pass max + log Σ e^(x − max) exactly (the same bits). While m is
+ * -inf (every value so far -inf or NaN) the shift is 0: the sum is then 0, or NaN if a NaN was
+ * seen, and stays so when scaled; a row without a finite maximum gives NaN, as the plain
+ * kernel's e^(-inf − (-inf)) does. */
+enum { LSE_BLOCK = 2048 };
+
+static float logsumexp(const float *restrict x, int64_t cols) {
+    float m = -INFINITY, s[LANES] = {0}, tail = 0.0f;
+    for (int64_t j0 = 0; j0 < cols; j0 += LSE_BLOCK) {
+        const float *xb = x + j0;
+        const int64_t n = PYTFM_MIN((int64_t)LSE_BLOCK, cols - j0);
+        const float bm = max_(xb, n);
+        if (bm > m) {
+            const float f = pytfm__expf(m - bm); // 0 for the first block (m = -inf)
+            for (int l = 0; l < LANES; l++) s[l] *= f;
+            tail *= f;
+            m = bm;
+        }
+        const float c = m > -INFINITY ? m : 0.0f;
+        int64_t j = 0;
+        for (; j + LANES <= n; j += LANES)
+            for (int l = 0; l < LANES; l++) s[l] += pytfm__expf(xb[j + l] - c);
+        for (; j < n; j++) tail += pytfm__expf(xb[j] - c);
+    }
+    if (!(m > -INFINITY)) return NAN;
+    return m + logf(pytfm__lanes_sum(s) + tail);
 }
 
-static void scaled_exp(float *d, const float *x, float lse, float scale, int64_t cols) {
+static void scaled_exp(float *restrict d, const float *restrict x, float lse, float scale,
+                       int64_t cols) {
     for (int64_t j = 0; j < cols; j++) d[j] = scale * pytfm__expf(x[j] - lse);
 }
 
@@ -168,7 +250,7 @@ static float attn_softmax_row(float *s, int64_t vis, int64_t nk, float scale, fl
     for (int64_t j = 0; j < vis; j++) s[j] *= scale;
     const float mx_tile = max_(s, vis), mx = mx_tile > *m ? mx_tile : *m;
     const float alpha = pytfm__expf(*m - mx); // 0 on a row's first tile (m = -inf)
-    const float sum = exp_shifted_(s, s, mx, vis);
+    const float sum = exp_shifted_in_place_(s, mx, vis);
     for (int64_t j = vis; j < nk; j++) s[j] = 0.0f;
     *l = *l * alpha + sum;
     *m = mx;

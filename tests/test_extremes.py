@@ -9,6 +9,8 @@ the CUDA kernels through the emulator.
 - LayerNorm's variance is right for rows of huge values (squares past FLT_MAX) and of tiny
   spread with eps = 0 (squares lost to underflow);
 - softmax of rows holding ±3e38;
+- cross-entropy of rows holding ±inf, NaN, huge or far-negative logits: the plain kernel's
+  answer from the fast one-pass logsumexp;
 - a gradient accumulator that shares memory with another argument is rejected, naming both,
   and nothing is written.
 """
@@ -250,6 +252,54 @@ def test_softmax_of_rows_holding_3e38(isa):
     assert_close("extremes.softmax.forward", y, ry, atol=1e-7, rtol=1e-6)
     assert_close("extremes.softmax.backward", dx, ref.softmax_backward(dy, ry),
                  atol=1e-6 * (1 + np.abs(dy).max()), rtol=1e-5)
+
+
+# ---- cross-entropy ------------------------------------------------------------------------
+
+
+def ce_rows(cols):
+    """Rows of logits that test the fast logsumexp's one pass (blocks of 2048 floats, each
+    block's maximum first, the running sum scaled when a block raises it): ±inf, NaN, -inf
+    before and after the finite values, a maximum in the last block, rows far below 0 whose
+    every e^(x − max) but the largest underflows, and huge logits."""
+    rng = np.random.default_rng(7)
+    base = (rng.standard_normal(cols) * 3).astype(np.float32)
+    rows = [base.copy() for _ in range(11)]
+    rows[0][:] = -np.inf                      # no finite maximum: NaN, as the plain kernel
+    rows[1][: cols // 2] = -np.inf            # -inf first (a whole block when cols > 4096)
+    rows[2][cols // 2:] = -np.inf             # -inf after
+    rows[3][cols - 1] = np.inf                # +inf last: NaN
+    rows[4][cols // 3] = np.nan               # NaN: NaN
+    rows[5][cols - 1] = 200.0                 # the maximum in the last block: rescaled sum
+    rows[6] = rows[6] - np.float32(1e4)       # far below 0: same answer shifted
+    rows[7] = rows[7] * np.float32(40)        # e^(x − max) underflows for most x
+    rows[8][0] = FLT_MAX                      # huge logits
+    rows[8][cols - 1] = -FLT_MAX
+    rows[9][: cols - 1] = -np.inf             # one finite value, at the end
+    rows[10][:] = np.float32(-3e38)
+    return np.stack(rows).astype(np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS[1:])
+@pytest.mark.parametrize("cols", [1000, 2048, 5000])
+def test_cross_entropy_of_extreme_rows_is_the_plain_kernels_answer(isa, cols):
+    logits = ce_rows(cols)
+    targets = np.zeros(len(logits), np.int64)
+    with max_isa("plain"):
+        _, want = ops.cross_entropy_forward(logits, targets)
+        dwant = ops.cross_entropy_backward(logits, targets, want)
+    with max_isa(isa):
+        _, lse = ops.cross_entropy_forward(logits, targets)
+        d = ops.cross_entropy_backward(logits, targets, lse)
+    np.testing.assert_array_equal(np.isnan(lse), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(lse), np.isinf(want))
+    ok = np.isfinite(want)
+    # a float sum of cols terms (rounded per lane) vs a double one, e^ within 3 ulp
+    assert_close("extremes.cross_entropy.lse", lse[ok], want[ok], atol=0.0,
+                 rtol=EPS32 * (cols / 16 + 20))
+    np.testing.assert_array_equal(np.isnan(d), np.isnan(dwant))
+    fin = np.isfinite(dwant)
+    assert_close("extremes.cross_entropy.dlogits", d[fin], dwant[fin], atol=1e-9, rtol=1e-4)
 
 
 # ---- aliasing -----------------------------------------------------------------------------
