@@ -21,15 +21,11 @@ typedef struct pytfm__adamw_consts {
 typedef struct pytfm__fast_kernels {
     void (*softmax_forward)(float *y, const float *x, int64_t cols);
     void (*softmax_backward)(float *dx, const float *dy, const float *y, int64_t cols);
-    /* next_*: where the next row's buffers are (or this row's, for the last), prefetched while
-     * this row is computed from L1; no buffer may overlap another */
     void (*layernorm_forward)(float *y, float *mean, float *rstd, const float *x,
-                              const float *w, const float *b, int64_t cols, float eps,
-                              const float *next_x, float *next_y);
+                              const float *w, const float *b, int64_t cols, float eps);
     /* dx written; dw, db accumulated (per-chunk partial sums) */
     void (*layernorm_backward)(float *dx, float *dw, float *db, const float *dy, const float *x,
-                               const float *w, float mean, float rstd, int64_t cols,
-                               const float *next_dy, const float *next_x, float *next_dx);
+                               const float *w, float mean, float rstd, int64_t cols);
     /* a chunk of count elements of a flat array */
     void (*gelu_forward)(float *y, const float *x, int64_t count);
     void (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t count);

@@ -48,17 +48,6 @@ static float max_(const float *x, int64_t count) {
     return f;
 }
 
-/* Hints to fetch count floats from p (_w_: to be written) into the cache: a row that the
- * next call reads from memory, while this one works from L1. As a loop of their own: a
- * prefetch inside a vectorised loop's body makes GCC give up on vectorising it. */
-static void prefetch_(const float *p, int64_t count) {
-    for (int64_t j = 0; j < count; j += 16) PYTFM_PREFETCH(p + j);
-}
-
-static void prefetch_w_(float *p, int64_t count) {
-    for (int64_t j = 0; j < count; j += 16) PYTFM_PREFETCH_W(p + j);
-}
-
 /* y = e^(x − c), returning Σ y. y and x are distinct (restrict): GCC then vectorises the loop
  * without an overlap check per vector and keeps the sums in registers (with a possible
  * overlap it did neither, and reloaded the constants in the loop). */
@@ -116,8 +105,7 @@ static void softmax_backward(float *restrict dx, const float *restrict dy,
 
 static void layernorm_forward(float *restrict y, float *restrict mean, float *restrict rstd,
                               const float *restrict x, const float *restrict w,
-                              const float *restrict b, int64_t cols, float eps,
-                              const float *next_x, float *next_y) {
+                              const float *restrict b, int64_t cols, float eps) {
     // The sums run over x − x0, x0 the row's first value: when |μ| ≫ σ the differences are
     // small and exact (x and x0 within a factor 2 of each other), so neither μ nor x − μ loses
     // the digits a float sum of x would round away at |μ|.
@@ -130,7 +118,6 @@ static void layernorm_forward(float *restrict y, float *restrict mean, float *re
     for (; j < cols; j++) tail += x[j] - x0;
     const float d = (pytfm__lanes_sum(s) + tail) / (float)cols; // μ − x0
     float v[LANES] = {0}; // two-pass variance: Σ (x − μ)², x − μ as (x − x0) − d
-    prefetch_(next_x, cols); // the next row's x arrives while this one is read from L1
     for (j = 0; j + LANES <= cols; j += LANES)
         for (int l = 0; l < LANES; l++) v[l] += (x[j + l] - x0 - d) * (x[j + l] - x0 - d);
     tail = 0.0f;
@@ -141,7 +128,6 @@ static void layernorm_forward(float *restrict y, float *restrict mean, float *re
         return;
     }
     const float rs = 1.0f / sqrtf(ss / (float)cols + eps);
-    prefetch_w_(next_y, cols);
     for (j = 0; j < cols; j++) y[j] = ((x[j] - x0 - d) * rs) * w[j] + b[j];
     *mean = x0 + d;
     *rstd = rs;
@@ -149,8 +135,7 @@ static void layernorm_forward(float *restrict y, float *restrict mean, float *re
 
 static void layernorm_backward(float *restrict dx, float *restrict dw, float *restrict db,
                                const float *restrict dy, const float *restrict x,
-                               const float *restrict w, float mu, float rs, int64_t cols,
-                               const float *next_dy, const float *next_x, float *next_dx) {
+                               const float *restrict w, float mu, float rs, int64_t cols) {
     float sg[LANES] = {0}, sgx[LANES] = {0}; // Σ g and Σ g·x̂, g = dy·w
     int64_t j = 0;
     for (; j + LANES <= cols; j += LANES)
@@ -171,9 +156,6 @@ static void layernorm_backward(float *restrict dx, float *restrict dw, float *re
     }
     const float g_mean = (pytfm__lanes_sum(sg) + tg) / (float)cols;
     const float gx_mean = (pytfm__lanes_sum(sgx) + tgx) / (float)cols;
-    prefetch_(next_dy, cols); // the next row's inputs while this one is read from L1
-    prefetch_(next_x, cols);
-    prefetch_w_(next_dx, cols);
     for (j = 0; j < cols; j++) {
         const float xhat = (x[j] - mu) * rs;
         dx[j] = rs * (dy[j] * w[j] - g_mean - xhat * gx_mean);

@@ -20,15 +20,6 @@
 #include "checks.h"
 #include "fast.h"
 
-/* row r of the fast forward, which prefetches row r + 1 (the last row: itself) meanwhile */
-static inline void forward_row(const pytfm__fast_kernels *k, float *y, float *mean, float *rstd,
-                               const float *x, const float *w, const float *b, int64_t r,
-                               int64_t rows, int64_t cols, float eps) {
-    const int64_t next = (r + 1 < rows ? r + 1 : r) * cols;
-    k->layernorm_forward(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols, eps,
-                         x + next, y + next);
-}
-
 pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
                                      const float *w, const float *b, int64_t rows, int64_t cols,
                                      float eps) {
@@ -36,13 +27,13 @@ pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd, const f
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k && pytfm__one_task(rows, cols)) { // no parallel region for one task
         for (int64_t r = 0; r < rows; r++)
-            forward_row(k, y, mean, rstd, x, w, b, r, rows, cols, eps);
+            k->layernorm_forward(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols, eps);
         return PYTFM_STATUS_OK;
     }
     if (k) {
         PYTFM_PARALLEL_ROWS(rows, cols)
         for (int64_t r = 0; r < rows; r++)
-            forward_row(k, y, mean, rstd, x, w, b, r, rows, cols, eps);
+            k->layernorm_forward(y + r * cols, mean + r, rstd + r, x + r * cols, w, b, cols, eps);
         return PYTFM_STATUS_OK;
     }
     for (int64_t r = 0; r < rows; r++) // the plain reference
@@ -67,11 +58,9 @@ static pytfm_status backward_fast(const char *func, const pytfm__fast_kernels *k
     for (int64_t c = 0; c < chunks; c++) {
         float *pdw = part + 2 * c * cols, *pdb = pdw + cols;
         memset(pdw, 0, (size_t)(2 * cols) * sizeof(float));
-        for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; r++) {
-            const int64_t next = (r + 1 < rows ? r + 1 : r) * cols; // prefetched meanwhile
+        for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; r++)
             k->layernorm_backward(dx + r * cols, pdw, pdb, dy + r * cols, x + r * cols, w,
-                                  mean[r], rstd[r], cols, dy + next, x + next, dx + next);
-        }
+                                  mean[r], rstd[r], cols);
     }
     for (int64_t c = 0; c < chunks; c++)
         for (int64_t j = 0; j < cols; j++) {

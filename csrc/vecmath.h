@@ -18,14 +18,11 @@
 #define PYTFM_FMA(a, b, c) ((a) * (b) + (c))
 #endif
 
-/* a hint to fetch the cache line of p ahead of its use (nothing where there is no builtin);
- * _W: a line about to be written (fetched for ownership) */
+/* a hint to fetch the cache line of p ahead of its use (nothing where there is no builtin) */
 #if defined(__GNUC__)
 #define PYTFM_PREFETCH(p) __builtin_prefetch(p)
-#define PYTFM_PREFETCH_W(p) __builtin_prefetch((p), 1)
 #else
 #define PYTFM_PREFETCH(p) ((void)(p))
-#define PYTFM_PREFETCH_W(p) ((void)(p))
 #endif
 
 /* e^x to within 3 ulp (2.81 measured over every float) for results of at least 2^-125.5
