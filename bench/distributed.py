@@ -36,11 +36,16 @@ from common import cpu_name, worker_env  # noqa: E402
 from worker import TRAIN  # noqa: E402
 
 CONFIGS = {row[0]: row for row in TRAIN}
-RUNS = ((1, 1), (1, 2), (2, 1))  # (ranks, threads per rank)
+# (ranks, threads per rank, rows of the global batch): the last is what one rank of 2 x 1
+# computes, alone on the machine: the 2-rank step it would take without communication and
+# without the two ranks slowing each other down (memory bandwidth, caches, neighbours)
+RUNS = ((1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1, 2))
+LABELS = {RUNS[0]: "1 rank x 1 thread", RUNS[1]: "1 rank x 2 threads",
+          RUNS[2]: "2 ranks x 1 thread", RUNS[3]: "1 x 1, half batch"}
 TARGETS = {"vs 1x1": 1.8, "vs 1x2": 0.95, "comm": 0.10}  # issue 15
 
 
-def worker(config, steps, warmup):
+def worker(config, steps, warmup, divide):
     """Under mpiexec: time `steps` training steps after `warmup`; rank 0 prints one JSON line."""
     from time import perf_counter
 
@@ -51,11 +56,12 @@ def worker(config, steps, warmup):
 
     world = distributed.init()
     _, d, L, H, T, B = CONFIGS[config]
+    B //= divide
     model = GPT(GPTConfig(d_model=d, n_layer=L, n_head=H, max_seq=T, seed=0))
     opt = AdamW(model.params, model.grads, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     batches = data.Batches(data.stdlib_corpus(), T, B, seed=0)
     world.broadcast(model.params.buffer)
-    step_s, comm_s = [], []
+    step_s, comm_s, compute_s = [], [], []
     for s in range(warmup + steps):
         world.barrier()
         t0 = perf_counter()
@@ -73,6 +79,7 @@ def worker(config, steps, warmup):
         if s >= warmup:
             step_s.append(t3 - t0)
             comm_s.append(t2 - t1)
+            compute_s.append(t1 - t0)
     alone = []
     for _ in range(5):
         world.barrier()
@@ -82,6 +89,7 @@ def worker(config, steps, warmup):
     if world.root:
         print(json.dumps({"ranks": world.size, "threads": pytfm.get_num_threads(),
                           "step_s": statistics.median(step_s), "comm_s": statistics.median(comm_s),
+                          "compute_s": statistics.median(compute_s),
                           "alone_s": statistics.median(alone), "tokens": B * T,
                           "params": model.num_params(), "grad_bytes": model.grads.buffer.nbytes}))
 
@@ -91,9 +99,10 @@ def find_mpiexec():
     return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
 
 
-def run(mpiexec, config, ranks, threads, steps, warmup):
+def run(mpiexec, config, ranks, threads, divide, steps, warmup):
     cmd = [mpiexec, "-n", str(ranks), sys.executable, os.path.abspath(__file__), "--worker",
-           "--config", config, "--steps", str(steps), "--warmup", str(warmup)]
+           "--config", config, "--steps", str(steps), "--warmup", str(warmup), "--divide",
+           str(divide)]
     env = worker_env(threads, PYTFM_NUM_THREADS=threads)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if r.returncode:
@@ -113,10 +122,11 @@ def main():
     p.add_argument("--steps", type=int, default=3, help="timed steps per run (default 3)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--divide", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
     if args.worker:
-        return worker(args.config, args.steps, args.warmup)
+        return worker(args.config, args.steps, args.warmup, args.divide)
     mpiexec = find_mpiexec()
     try:
         import mpi4py  # noqa: F401
@@ -132,35 +142,39 @@ def main():
     results = {run_: [] for run_ in RUNS}
     start = time.perf_counter()
     for i in range(args.rounds):
-        for ranks, threads in (RUNS if i % 2 == 0 else RUNS[::-1]):
-            results[(ranks, threads)].append(
-                run(mpiexec, args.config, ranks, threads, args.steps, args.warmup))
+        for key in (RUNS if i % 2 == 0 else RUNS[::-1]):
+            results[key].append(run(mpiexec, args.config, *key, args.steps, args.warmup))
     first = results[RUNS[0]][0]
     rate = {k: statistics.median(x["tokens"] / x["step_s"] for x in v)
             for k, v in results.items()}
     print(f"{first['params']:,} parameters, {first['grad_bytes'] / 1e6:.1f} MB of gradients; "
           f"{time.perf_counter() - start:.0f} s")
-    print(f"{'run':20s} {'tokens/s':>9s} {'step ms':>8s}   tokens/s per round")
-    for (ranks, threads), v in results.items():
+    print(f"{'run':20s} {'tokens/s':>9s} {'step ms':>8s} {'fwd+bwd':>8s}   tokens/s per round")
+    for key, v in results.items():
         per = ", ".join(f"{x['tokens'] / x['step_s']:.0f}" for x in v)
         step = statistics.median(x["step_s"] for x in v) * 1e3
-        label = f"{ranks} rank{'s' * (ranks > 1)} x {threads} thread{'s' * (threads > 1)}"
-        print(f"{label:20s} {rate[(ranks, threads)]:9.0f} {step:8.0f}   {per}")
-    two = results[(2, 1)]
+        compute = statistics.median(x["compute_s"] for x in v) * 1e3
+        print(f"{LABELS[key]:20s} {rate[key]:9.0f} {step:8.0f} {compute:8.0f}   {per}")
+    two, half = results[RUNS[2]], results[RUNS[3]]
     step = statistics.median(x["step_s"] for x in two)
     comm = statistics.median(x["comm_s"] for x in two)
     alone = statistics.median(x["alone_s"] for x in two)
-    r11, r12 = rate[(2, 1)] / rate[(1, 1)], rate[(2, 1)] / rate[(1, 2)]
+    r11, r12 = rate[RUNS[2]] / rate[RUNS[0]], rate[RUNS[2]] / rate[RUNS[1]]
     print(f"2x1 / 1x1 = {r11:.2f}  {verdict(r11, TARGETS['vs 1x1'])}")
     print(f"2x1 / 1x2 = {r12:.2f}  {verdict(r12, TARGETS['vs 1x2'])}")
     print(f"communication at 2 ranks: {comm * 1e3:.1f} ms of a {step * 1e3:.0f} ms step in the "
           f"step = {comm / step:.1%}  {verdict(comm / step, TARGETS['comm'], at_most=True)}; "
           f"alone {alone * 1e3:.1f} ms for {first['grad_bytes'] / 1e6:.1f} MB "
           f"({first['grad_bytes'] / alone / 1e9:.1f} GB/s)")
+    mine = statistics.median(x["compute_s"] for x in two)
+    alone_half = statistics.median(x["compute_s"] for x in half)
+    print(f"a rank's forward + backward: {mine * 1e3:.0f} ms at 2 ranks, {alone_half * 1e3:.0f} ms "
+          f"for the same rows alone ({mine / alone_half - 1:+.0%}: the two ranks slowing each "
+          "other down, not communication)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": args.config, "cpu": cpu_name(),
-                       "runs": {f"{r}x{t}": v for (r, t), v in results.items()}}, f, indent=1)
+                       "runs": {LABELS[k]: v for k, v in results.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":
