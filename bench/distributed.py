@@ -169,8 +169,8 @@ def main():
     mine = statistics.median(x["compute_s"] for x in two)
     alone_half = statistics.median(x["compute_s"] for x in half)
     print(f"a rank's forward + backward: {mine * 1e3:.0f} ms at 2 ranks, {alone_half * 1e3:.0f} ms "
-          f"for the same rows alone ({mine / alone_half - 1:+.0%}: the two ranks slowing each "
-          "other down, not communication)")
+          f"for the same rows alone ({mine / alone_half - 1:+.0%}: what running beside the other "
+          "rank costs, apart from communication)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": args.config, "cpu": cpu_name(),
