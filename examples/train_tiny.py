@@ -3,6 +3,7 @@
     python examples/train_tiny.py               # 0.83M parameters, context 128, < 1 min on 2 cores
     python examples/train_tiny.py --steps 1000 --text my.txt --out run1
     python examples/train_tiny.py --out run1 --resume          # continue an interrupted run
+    mpiexec -n 2 python examples/train_tiny.py                 # two processes (pytfm[mpi])
 
 With no --text it learns from the Python standard library's own source files, which every
 machine has. It prints a progress line every --log-every steps and the validation loss every
@@ -12,6 +13,12 @@ a loss that turns NaN or inf stops the run and leaves the last good checkpoint a
 Every flag and path is checked before training (--out by creating it and writing a test file):
 a bad one stops the script with its usage and one line naming the flag, exit status 2.
 Sample from a checkpoint later with examples/sample.py.
+
+Under mpiexec -n N (pytfm.distributed) the N ranks train the same run together: --batch is the
+global batch, each rank trains its rows of it, and the gradients are averaged every step. Rank
+0 alone checks the flags, reads the text (and sends it to the others), reads and writes the
+checkpoint, the log and the plot, and prints; the progress line shows the global tokens/s and
+the rank count. A checkpoint resumes on any number of ranks. A rank that fails ends them all.
 """
 
 import argparse
@@ -27,7 +34,7 @@ from dataclasses import asdict
 import numpy as np
 
 import pytfm
-from pytfm import checkpoint, data
+from pytfm import checkpoint, data, distributed
 from pytfm.generate import generate
 from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
@@ -235,10 +242,16 @@ def clock(seconds):
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def val_loss(model, batches, n_batches=4):
-    # save=False: an evaluation leaves the state of the model's backward() alone
-    losses = [model.forward(*batches.batch("val", i), save=False)[1] for i in range(n_batches)]
-    return float(np.mean(losses))
+def val_loss(model, batches, world=None, n_batches=4):
+    """The mean loss of the first n_batches validation batches; under N ranks each scores its
+    rows of each batch, weighted by its share, and the shares are summed."""
+    world = world or distributed.World(None)
+    losses = []
+    for i in range(n_batches):
+        x, y, share = world.shard(*batches.batch("val", i))
+        # save=False: an evaluation leaves the state of the model's backward() alone
+        losses.append(model.forward(x, y, save=False)[1] * share)
+    return float(np.mean(world.sum(losses)))
 
 
 def write_log(path, rows):
@@ -268,79 +281,127 @@ def plot(path, rows):
     return True
 
 
-def main(argv=None, interrupt_at=None):
-    """Returns the exit status. interrupt_at=k acts as a Ctrl-C after step k (for tests). A bad
-    flag or path exits with status 2 and one line naming it (parser.error) before the text is
-    read or the model built; --resume reads its checkpoint first to compare it with the
-    flags."""
+def prepare(argv, ranks):
+    """Everything before training that reads or writes a file or may fail on a flag: on rank 0
+    alone under N ranks. -> (args, checkpoint path, the text's tokens as uint8)."""
     p = parser()
     args = p.parse_args(argv)
     check_numbers(p, args)
     if args.device == "cuda":
         p.error("--device cuda: the model has no CUDA backend yet (no CUDA attention) "
                 f"(build_info()['cuda'] is {pytfm.build_info()['cuda']}); use --device cpu")
+    if args.batch < ranks:
+        p.error(f"--batch {args.batch} is the global batch, split over the {ranks} ranks: it "
+                f"must be at least {ranks}, one row each")
     check_text(p, args)
     ckpt = check_out(p, args)
     if args.resume:
         check_resume(p, args, ckpt)
-    log_path = os.path.join(args.out, "loss.csv")
-
     try:
         tokens = data.text_corpus(args.text) if args.text is not None else data.stdlib_corpus()
     except (OSError, ValueError, RuntimeError) as e:  # a pipe that turned out short, ...
         p.error(f"--text: {e}" if args.text else f"the stdlib corpus: {e}")
     if len(tokens) < min_text_bytes(args.context):
         context_too_long(p, args, len(tokens))
+    # bytes: a quarter of the int64s' size to send to the other ranks (the text or even the
+    # stdlib may exist only on rank 0's machine)
+    return args, ckpt, tokens.astype(np.uint8)
+
+
+def resume(ckpt, model, opt):
+    """Rank 0: the checkpoint into model and opt. -> (step, log rows, opt.t)."""
+    model, step, extra = load_checkpoint(parser(), ckpt, model, opt)
+    print(f"resumed {ckpt} at step {step}")
+    return step, [r for r in extra.get("log", []) if r[0] <= step], opt.t
+
+
+def main(argv=None, interrupt_at=None):
+    """Returns the exit status. interrupt_at=k acts as a Ctrl-C after step k (for tests). A bad
+    flag or path exits with status 2 and one line naming it (parser.error) before the text is
+    read or the model built; --resume reads its checkpoint first to compare it with the
+    flags. Under mpiexec every rank returns the same status, and an exception on one rank
+    ends them all (pytfm.distributed)."""
+    world = distributed.init()
+    with world.guard():
+        return run(world, argv, interrupt_at)
+
+
+def run(world, argv, interrupt_at):
+    args, ckpt, tokens = world.on_root(prepare, argv, world.size)
+    tokens = tokens.astype(np.int64)
+    log_path = os.path.join(args.out, "loss.csv")
     batches = data.Batches(tokens, args.context, args.batch, seed=args.seed)
     cfg = GPTConfig(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
                     max_seq=args.context, pos=args.pos, seed=args.seed)
     model = GPT(cfg)
     opt = AdamW(model.params, model.grads, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     step, rows = 0, []
-    if args.resume:
-        model, step, extra = load_checkpoint(p, ckpt, model, opt)
-        rows = [r for r in extra.get("log", []) if r[0] <= step]
-        print(f"resumed {ckpt} at step {step}")
-    print(f"pytfm {pytfm.__version__}: GPT with {model.num_params():,} parameters "
-          f"({cfg.n_layer} layers, d={cfg.d_model}, {cfg.n_head} heads, context {cfg.max_seq}, "
-          f"pos={cfg.pos}); {len(tokens):,} bytes of "
-          f"{'text from ' + args.text if args.text else 'Python stdlib source'}")
+    if args.resume:  # saved on any number of ranks: the state is the same
+        step, rows, opt.t = world.on_root(resume, ckpt, model, opt)
+        world.broadcast(opt.m.buffer)
+        world.broadcast(opt.v.buffer)
+    world.broadcast(model.params.buffer)  # every rank starts from rank 0's parameters
+    ranks = ""
+    if world.size > 1:
+        threads = pytfm.get_num_threads()
+        ranks = f"; {world.size} ranks, {threads} thread{'s' * (threads > 1)} each"
+    if world.root:
+        print(f"pytfm {pytfm.__version__}: GPT with {model.num_params():,} parameters "
+              f"({cfg.n_layer} layers, d={cfg.d_model}, {cfg.n_head} heads, context "
+              f"{cfg.max_seq}, pos={cfg.pos}); {len(tokens):,} bytes of "
+              f"{'text from ' + args.text if args.text else 'Python stdlib source'}{ranks}")
 
     stop = []  # Ctrl-C: finish the step, then save
     previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
     try:
-        return train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at)
+        return train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at,
+                     world)
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
-def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at):
+def quiet(*_, **__):
+    pass
+
+
+def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at, world=None):
+    """The training loop. Under N ranks: each trains its rows of every batch; the loss, the
+    gradients and every decision to stop are agreed through the world's collectives, so that
+    all ranks take the same steps; rank 0 alone writes and prints."""
+    world = world or distributed.World(None)
+    say = print if world.root else quiet
     cfg = model.cfg
+    on = f" on {world.size} ranks" if world.size > 1 else ""
 
     def save():
-        checkpoint.save(ckpt, model, step, opt, extra={"log": rows, "args": vars(args)})
+        world.check_identical(model.params.buffer)  # a divergence stops the run, not saved
+        if world.root:
+            checkpoint.save(ckpt, model, step, opt, extra={"log": rows, "args": vars(args)})
 
     start, first_step, tokens_done = time.perf_counter(), step, 0
-    while step < args.steps and not stop:
+    while step < args.steps and not world.any(stop):  # Ctrl-C on any rank stops all
         lr = cosine_lr(step, args.lr, args.warmup, args.steps, min_lr=args.lr / 10)
-        x, y = batches.batch("train", step)
+        x, y, share = world.shard(*batches.batch("train", step))
         model.zero_grad()
         _, loss = model.forward(x, y)
+        loss = float(world.sum([loss * share])[0])  # the global batch's mean loss
         if not math.isfinite(loss):
-            print(f"\nstep {step + 1}: the loss became {loss}; stopping. The last good checkpoint "
-                  f"({ckpt}) is left as it was.", file=sys.stderr)
+            say(f"\nstep {step + 1}: the loss became {loss}; stopping. The last good checkpoint "
+                f"({ckpt}) is left as it was.", file=sys.stderr)
             return 1
         model.backward()
+        world.average_gradients(model.grads, share)
         clip_grad_norm(model.grads, 1.0)
         opt.step(lr)
         step += 1
-        tokens_done += x.size
+        tokens_done += args.batch * args.context  # the global batch's
         elapsed = time.perf_counter() - start
         rate = tokens_done / elapsed
-        vl = val_loss(model, batches) if step % args.eval_every == 0 or step == args.steps else ""
+        vl = val_loss(model, batches, world) \
+            if step % args.eval_every == 0 or step == args.steps else ""
         if vl != "" and not math.isfinite(vl):
-            print(f"\nstep {step}: the validation loss became {vl}; stopping. The last good "
-                  f"checkpoint ({ckpt}) is left as it was.", file=sys.stderr)
+            say(f"\nstep {step}: the validation loss became {vl}; stopping. The last good "
+                f"checkpoint ({ckpt}) is left as it was.", file=sys.stderr)
             return 1
         if step == interrupt_at:
             stop.append(True)
@@ -349,15 +410,18 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
         if step % args.log_every == 0 or vl != "" or step == 1:
             left = (args.steps - step) * elapsed / (step - first_step)
             val = f" | val {vl:.4f}" if vl != "" else ""
-            print(f"step {step:5d}/{args.steps} | loss {loss:.4f}{val} | {rate:6.0f} tok/s | "
-                  f"{clock(elapsed)} elapsed | {clock(left)} left", flush=True)
+            say(f"step {step:5d}/{args.steps} | loss {loss:.4f}{val} | {rate:6.0f} tok/s{on} | "
+                f"{clock(elapsed)} elapsed | {clock(left)} left", flush=True)
         if vl != "":
             save()
     save()
-    write_log(log_path, rows)
-    if stop:
-        print(f"\ninterrupted: checkpoint saved at step {step} in {ckpt}; continue with --resume")
+    if world.root:
+        write_log(log_path, rows)
+    if world.any(stop):
+        say(f"\ninterrupted: checkpoint saved at step {step} in {ckpt}; continue with --resume")
         return 130
+    if not world.root:
+        return 0
     plotted = plot(os.path.join(args.out, "loss.png"), rows)
     print(f"saved {ckpt}, {log_path}" + (" and loss.png" if plotted else ""))
     if args.sample_tokens == 0:

@@ -1,0 +1,271 @@
+"""pytfm.distributed — data-parallel training on MPI: the same run on 1 process or on N.
+
+    mpiexec -n 2 python examples/train_tiny.py      # two ranks train one global batch
+
+Each of N ranks (processes, on one machine or several) holds the whole model. A step:
+
+  1. every rank draws the global batch of the step (data.Batches.batch depends only on seed,
+     split and step) and keeps its rows, shard_rows(B, rank, N): contiguous, sizes differing
+     by at most one, their union exactly the batch one process would train on;
+  2. forward and backward on those rows: the gradient of the mean loss over them;
+  3. average_gradients: the gradient buffer scaled by the rank's share of the batch's targets,
+     then summed over the ranks in place: the mean gradient of the global batch, the same bits
+     on every rank;
+  4. clipping and AdamW on every rank: the same gradients and parameters in, the same out (the
+     kernels' results do not depend on the thread count either).
+
+Identical parameters for any N. Every rank starts from rank 0's parameters (broadcast). MPI
+does not promise that an all-reduce gives every rank the same bits when N > 2: an
+implementation may add the N terms in a different order on each rank. With N = 2 each element
+is one addition, a + b on one rank and b + a on the other, and IEEE addition commutes: one
+in-place Allreduce. With N > 2 the sum is a Reduce_scatter (each element added up on exactly
+one rank) and an Allgatherv (those bits copied to all): the two halves of a ring all-reduce, the
+same bytes on the wire, identical by construction. check_identical() compares digests of a
+buffer across ranks; train_tiny.py calls it before each checkpoint.
+
+2 ranks at global batch B against 1 rank at batch B: the same batch, the same mean gradient up
+to float32 rounding (the weight-gradient sums over the B·T rows are split in two partial sums).
+
+Scalars (losses, flags) go through sum() and any(): an Allgather and a sum in rank order, so
+every rank gets the same value (and so the same decision to stop).
+
+Faults. Under N > 1 an exception that escapes on one rank (through guard() or to the top) prints
+its traceback and one line naming the rank, then calls MPI_Abort, which ends every rank within
+a second or so (the launcher prints that it did). A rank killed outright is seen by the launcher
+(mpiexec), which ends the others. Neither hangs. A checkpoint is only written by rank 0, to a
+temporary file renamed over the old one (pytfm.checkpoint), so a kill mid-write leaves the old
+file or the new one, whole.
+
+Threads: when several ranks share a machine and neither PYTFM_NUM_THREADS nor OMP_NUM_THREADS
+is set, each rank takes the cores it may run on divided by the ranks on that machine (at least
+one): 1 for 2 ranks on 2 cores.
+
+Without mpi4py (pip install "pytfm[mpi]": mpi4py and the mpich wheels) a process that no MPI
+launcher started is a world of one rank and everything above is a no-op; one that a launcher
+started says what to install.
+"""
+
+import contextlib
+import hashlib
+import os
+import sys
+import traceback
+
+import numpy as np
+
+from ._core import set_num_threads
+
+INSTALL = 'pip install "pytfm[mpi]"  (mpi4py and the mpich wheels from PyPI)'
+# what an MPI launcher puts in each rank's environment: MPICH's and Intel MPI's hydra (PMI_*),
+# Open MPI (OMPI_*), PMIx launchers
+_LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
+
+_world = None
+
+
+def launched():
+    """Whether an MPI launcher (mpiexec, mpirun) started this process: the name of the variable
+    that says so, else None."""
+    return next((v for v in _LAUNCHER_VARS if v in os.environ), None)
+
+
+def init():
+    """The World this process belongs to (the same object on every call): rank 0 of 1 when no
+    MPI launcher started it, else MPI's COMM_WORLD, which needs mpi4py (ImportError saying
+    what to install without it)."""
+    global _world
+    if _world is None:
+        var = launched()
+        if var is None:
+            _world = World(None)
+        else:
+            try:
+                from mpi4py import MPI
+            except ImportError as e:
+                raise ImportError(f"pytfm.distributed: an MPI launcher started this process "
+                                  f"({var} is set) but mpi4py cannot be imported ({e}); "
+                                  f"install it: {INSTALL}") from None
+            _world = World(MPI.COMM_WORLD)
+    return _world
+
+
+def shard_rows(batch, rank, size):
+    """The rows [lo, hi) of a global batch of `batch` rows that rank `rank` of `size` trains:
+    contiguous, in rank order, sizes differing by at most one; over all ranks exactly
+    range(batch). Needs batch >= size (every rank at least one row)."""
+    if not 0 <= rank < size:
+        raise ValueError(f"rank must be in [0, {size}), got {rank}")
+    if batch < size:
+        raise ValueError(f"a global batch of {batch} rows cannot give each of {size} ranks a row")
+    return rank * batch // size, (rank + 1) * batch // size
+
+
+class AgreedExit(SystemExit):
+    """An exit every rank takes together (a usage error rank 0 found): guard() lets it pass."""
+
+
+class World:
+    """The ranks of one data-parallel job: .rank, .size, .root (rank 0?), and the few
+    collectives training needs. World(None) is a single process: no MPI, every method the
+    identity or a no-op."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.Get_rank() if comm is not None else 0
+        self.size = comm.Get_size() if comm is not None else 1
+        self.root = self.rank == 0
+        self.threads = None  # the count set for this rank's kernels, if any
+        if self.size > 1:
+            self._pick_threads()
+            sys.excepthook = self._excepthook
+
+    def _pick_threads(self):
+        if os.environ.get("PYTFM_NUM_THREADS", "").strip() or os.environ.get("OMP_NUM_THREADS"):
+            return  # the user's choice
+        from mpi4py import MPI
+
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        here = local.Get_size()
+        local.Free()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+        self.threads = max(1, cores // here)
+        set_num_threads(self.threads)
+
+    # ---- faults ------------------------------------------------------------------------------
+
+    def abort(self, message, status=1):
+        """Print message (prefixed with this rank) to stderr and end every rank: MPI_Abort.
+        In a single process: SystemExit(status)."""
+        print(f"pytfm.distributed: rank {self.rank} of {self.size}: {message}", file=sys.stderr,
+              flush=True)
+        if self.comm is None:
+            raise SystemExit(status)
+        self.comm.Abort(status)
+
+    def _excepthook(self, kind, value, tb):
+        traceback.print_exception(kind, value, tb)
+        self.abort(f"{kind.__name__}: {value}; aborting all {self.size} ranks", 1)
+
+    @contextlib.contextmanager
+    def guard(self):
+        """Run a block in which any exception on one rank ends every rank (abort) rather than
+        leave the others waiting in a collective forever. An exit all ranks take together
+        (AgreedExit) or SystemExit(0) passes; so does everything in a single process."""
+        if self.size == 1:
+            yield self
+            return
+        try:
+            yield self
+        except AgreedExit:
+            raise
+        except SystemExit as e:
+            if e.code in (None, 0):
+                raise
+            self.abort(f"exited with status {e.code} while the others ran; aborting all "
+                       f"{self.size} ranks")
+        except BaseException as e:
+            traceback.print_exc()
+            self.abort(f"{type(e).__name__}: {e}; aborting all {self.size} ranks")
+
+    def on_root(self, fn, *args):
+        """fn(*args) on rank 0 alone (reading files, checking flags, printing) and its result,
+        pickled, on every rank. A SystemExit there (a usage error) becomes every rank's, as
+        AgreedExit with its code. In a single process: fn(*args), as it is."""
+        if self.size == 1:
+            return fn(*args)
+        result = exit_code = None
+        if self.root:
+            try:
+                result = fn(*args)
+            except SystemExit as e:
+                exit_code = e.code
+            except BaseException as e:
+                traceback.print_exc()
+                self.abort(f"{type(e).__name__}: {e}; aborting all {self.size} ranks")
+        result, exit_code = self.comm.bcast((result, exit_code), root=0)
+        if exit_code is not None:
+            raise AgreedExit(exit_code)
+        return result
+
+    # ---- the data -----------------------------------------------------------------------------
+
+    def shard(self, x, y):
+        """This rank's rows of a global batch x, y (B, ...) and its share of the batch's
+        targets (those >= 0), the weight of its mean loss and gradient in the global mean:
+        (x rows, y rows, share). One rank: (x, y, 1.0)."""
+        if self.size == 1:
+            return x, y, 1.0
+        lo, hi = shard_rows(len(x), self.rank, self.size)
+        valid, mine = int(np.count_nonzero(y >= 0)), int(np.count_nonzero(y[lo:hi] >= 0))
+        return x[lo:hi], y[lo:hi], (mine / valid if valid else 0.0)
+
+    # ---- collectives --------------------------------------------------------------------------
+
+    def broadcast(self, buffer):
+        """Rank 0's contents of a NumPy array into the same array on every rank, in place."""
+        if self.size > 1:
+            self.comm.Bcast(buffer, root=0)
+
+    def sum(self, values):
+        """The sum over ranks of a few float values (a list), the same float64 bits on every
+        rank: gathered, then added in rank order. One rank: the values, as float64."""
+        mine = np.asarray(values, dtype=np.float64).ravel()
+        if self.size == 1:
+            return mine
+        everyone = np.empty((self.size, mine.size), np.float64)
+        self.comm.Allgather(mine, everyone)
+        return everyone.sum(axis=0)  # the rows in rank order, on every rank alike
+
+    def any(self, flag):
+        """Whether flag is true on any rank (every rank gets the same answer)."""
+        return bool(self.sum([1.0 if flag else 0.0])[0] > 0) if self.size > 1 else bool(flag)
+
+    def average_gradients(self, grads, share):
+        """grads (a FlatDict: one buffer) := sum over ranks of share_r * grads_r, in place, the
+        same bits on every rank. share is this rank's weight in the global mean (shard()); with
+        equal shares and N a power of two the scaling is exact."""
+        if self.size == 1:
+            if share != 1.0:
+                grads.buffer *= np.float32(share)
+            return
+        grads.buffer *= np.float32(share)
+        self.sum_in_place(grads.buffer)
+
+    def sum_in_place(self, buffer):
+        """buffer := the elementwise sum of every rank's buffer (float32, 1-D), identical bits
+        on every rank (see the module's docstring)."""
+        if self.size == 1:
+            return
+        from mpi4py import MPI
+
+        # A GPU collective plugs in here: a CuPy array on the device would go to
+        # cupy.cuda.nccl.NcclCommunicator.allReduce (a communicator built from an id that rank
+        # 0 broadcasts over self.comm), which sums in a fixed ring order on every rank.
+        if self.size == 2:
+            self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)  # a + b == b + a
+            return
+        n = buffer.size
+        counts = [(r + 1) * n // self.size - r * n // self.size for r in range(self.size)]
+        starts = [r * n // self.size for r in range(self.size)]
+        mine = np.empty(counts[self.rank], buffer.dtype)
+        self.comm.Reduce_scatter(buffer, mine, counts, op=MPI.SUM)
+        buffer[starts[self.rank]:starts[self.rank] + mine.size] = mine
+        self.comm.Allgatherv(MPI.IN_PLACE, [buffer, counts, starts, MPI.FLOAT])
+
+    def check_identical(self, buffer, what="the parameters"):
+        """Raise RuntimeError unless buffer holds the same bytes on every rank (digests
+        compared; cheap next to a step)."""
+        if self.size == 1:
+            return
+        digest = hashlib.blake2b(memoryview(np.ascontiguousarray(buffer)).cast("B"),
+                                 digest_size=16).digest()
+        digests = self.comm.allgather(digest)
+        differ = [r for r, d in enumerate(digests) if d != digests[0]]
+        if differ:
+            raise RuntimeError(f"{what} differ between rank 0 and rank(s) "
+                               f"{', '.join(map(str, differ))}")
+
+    def barrier(self):
+        if self.size > 1:
+            self.comm.Barrier()
