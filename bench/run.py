@@ -15,10 +15,19 @@ Groups and what each ratio is (> 1: pytfm is faster):
              its PyTorch twin (tests/torch_twin.py, same weights and maths), in tokens/s: the
              train_tiny.py default (d=128, 4 layers, 4 heads, 8x128 tokens) and a 6-layer d=384
              GPT (6 heads, 8x256 tokens).
+  breakdown  pytfm alone (no peer): where the time of those two training steps goes, per C
+             kernel (op direction: pytfm_linear_forward, pytfm_adamw_step, ...): its calls, ms
+             and share of a step, then the time outside the kernels (Python, NumPy, the checks
+             in pytfm.ops) and the total. Plain steps give the step time; separate steps, in
+             batches taking turns with them, run with pytfm's cffi library object swapped for a
+             proxy that adds each C call's wall time to its function's total (no kernel is named
+             in bench/, so new ones show up), and pytfm.ops's functions wrapped to tell their
+             own time apart. Outside = plain step - the kernels' sum; the instrumented steps'
+             total against the plain ones is printed as the instrumentation's overhead.
 Every library runs in a process of its own (bench/worker.py) at the given thread count, so no
 two thread pools share a process; processes are interleaved over --rounds rounds (the order
 alternates) and each figure is the median over rounds of a per-round median. torch's parts are
-skipped, and say so, where torch is not installed. Targets (issue 5) are marked ok / MISS.
+skipped, and say so, where torch is not installed. Targets (issues 5 and 14) are marked ok / MISS.
 """
 
 import argparse
@@ -33,6 +42,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import breakdown  # noqa: E402  (the breakdown group's tables)
 import worker  # noqa: E402  (the sizes and the bytes each op moves)
 from common import cpu_name, worker_env  # noqa: E402
 
@@ -93,6 +103,25 @@ def describe(case, t_pytfm, t_peer):
     return t_pytfm * 1e3, t_peer * 1e3, "ms"
 
 
+def show_ratios(rows):
+    """The ratio table: one row per case and thread count."""
+    head = f"{'case':44s} {'thr':>3s} {'pytfm':>9s} {'peer':>9s} {'unit':8s} {'ratio':>6s}"
+    head += f" {'target':>7s}"
+    print(head)
+    print("-" * len(head))
+    for r in sorted(rows, key=lambda r: (r["case"].split("/")[0], r["threads"], r["case"])):
+        if "ratio" not in r:
+            print(
+                f"{r['case']:44s} {r['threads']:3d} {r['pytfm_s'] * 1e3:8.2f}ms  (no {r['peer']})"
+            )
+            continue
+        mark = "" if r["target"] is None else f"{r['target']:.2f} {'ok' if r['ok'] else 'MISS'}"
+        print(
+            f"{r['case']:44s} {r['threads']:3d} {r['pytfm']:9.1f} {r['peer_figure']:9.1f} "
+            f"{r['unit']:8s} {r['ratio']:6.2f} {mark}"
+        )
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", nargs="+", choices=sorted(GROUPS), default=sorted(GROUPS))
@@ -118,7 +147,7 @@ def main(argv=None):
 
     rows = []
     for (threads, lib, case), ts in sorted(times.items()):
-        if lib != "pytfm":
+        if lib != "pytfm" or case.startswith("breakdown/"):
             continue
         peer = PEER[case.split("/")[0]]
         peer_ts = times.get((threads, peer, case))
@@ -143,26 +172,15 @@ def main(argv=None):
         f"pytfm benchmarks: {cpu_name()}, "
         f"{os.cpu_count()} CPUs, {args.rounds} rounds, medians; ratio = peer time / pytfm time"
     )
-    if not have_torch:
+    if not have_torch and {"attention", "train"} & set(args.groups):
         print(
             "torch is not installed: attention and training comparisons skipped "
             "(pip install torch==2.13.0)"
         )
-    head = f"{'case':44s} {'thr':>3s} {'pytfm':>9s} {'peer':>9s} {'unit':8s} {'ratio':>6s}"
-    head += f" {'target':>7s}"
-    print(head)
-    print("-" * len(head))
-    for r in sorted(rows, key=lambda r: (r["case"].split("/")[0], r["threads"], r["case"])):
-        if "ratio" not in r:
-            print(
-                f"{r['case']:44s} {r['threads']:3d} {r['pytfm_s'] * 1e3:8.2f}ms  (no {r['peer']})"
-            )
-            continue
-        mark = "" if r["target"] is None else f"{r['target']:.2f} {'ok' if r['ok'] else 'MISS'}"
-        print(
-            f"{r['case']:44s} {r['threads']:3d} {r['pytfm']:9.1f} {r['peer_figure']:9.1f} "
-            f"{r['unit']:8s} {r['ratio']:6.2f} {mark}"
-        )
+    if rows:
+        show_ratios(rows)
+    steps = breakdown.tables(times, worker.TRAIN)
+    breakdown.show(steps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -171,6 +189,7 @@ def main(argv=None):
                     "threads": args.threads,
                     "torch": have_torch,
                     "rows": rows,
+                    "breakdown": steps,
                     "raw": [
                         {"threads": t, "lib": lib, "case": c, "seconds": ts}
                         for (t, lib, c), ts in sorted(times.items())
