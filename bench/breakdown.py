@@ -33,6 +33,9 @@ takes the median over rounds of each and makes the tables with tables(), show() 
     breakdown/CONFIG/kernel/NAME        seconds in the C function NAME
     breakdown/CONFIG/calls/NAME         calls of NAME (a count, not seconds)
     breakdown/CONFIG/numpy/NAME         seconds in np.NAME called by pytfm modules but ops
+    breakdown/CONFIG/share/FIGURE       FIGURE (outside, ops, kernel/NAME, numpy/NAME) over net,
+                                        in each pair (a median of shares is steadier than a
+                                        share of medians when the machine's load comes and goes)
 """
 
 import contextlib
@@ -244,17 +247,22 @@ def measure(step, budget=3.0, min_pairs=3):
             else:
                 p = t
         wrappers = sum(clock.calls.values()) * cost_kernel + clock.wrapped_calls * cost_python
+        net = q - wrappers
+        spent = {
+            "outside": net - clock.in_kernels,
+            "ops": clock.in_ops - clock.calls_in_ops * cost_kernel,
+            **{f"kernel/{k}": v for k, v in clock.seconds.items()},
+            **{f"numpy/{k}": v for k, v in clock.numpy.items()},
+        }
         pairs.append({
             "step": p,
             "instrumented": q,
             "overhead": q - p,
             "wrappers": wrappers,
-            "net": q - wrappers,
-            "outside": q - wrappers - clock.in_kernels,
-            "ops": clock.in_ops - clock.calls_in_ops * cost_kernel,
-            **{f"kernel/{k}": v for k, v in clock.seconds.items()},
+            "net": net,
+            **spent,
+            **{f"share/{k}": v / net for k, v in spent.items()},
             **{f"calls/{k}": v for k, v in clock.calls.items()},
-            **{f"numpy/{k}": v for k, v in clock.numpy.items()},
         })
     names = {name for pair in pairs for name in pair}
     return {name: statistics.median(pair.get(name, 0) for pair in pairs) for name in names}
@@ -278,9 +286,10 @@ def figures(configs):
 
 def tables(times, configs):
     """One table per config and thread count, from bench/run.py's {(threads, lib, case):
-    [value per round]}: each figure is the median over rounds of the worker's medians over
-    pairs of steps; shares are of the instrumented step less the wrappers' cost ("net"), in
-    which the kernels and "outside" were measured, and add up to 100 % only nearly (medians)."""
+    [value per round]}. Each figure is the median over rounds of the worker's medians over
+    pairs of steps: ms, and shares of the instrumented step less the wrappers' cost ("net"),
+    the step in which the kernels and what lies outside them were measured. Being medians, the
+    shares add up to 100 % only nearly."""
     med = {}
     for (threads, lib, case), values in times.items():
         if lib == "pytfm" and case.startswith("breakdown/"):
@@ -291,82 +300,77 @@ def tables(times, configs):
             c = label(config)
             if (threads, f"{c}/step") not in med:
                 continue
-            step, net = med[threads, f"{c}/step"], med[threads, f"{c}/net"]
-            kernels = [
-                {
-                    "kernel": case.split("/", 2)[2],
-                    "calls": med[threads, f"{c}/calls/{case.split('/', 2)[2]}"],
-                    "ms": value * 1e3,
-                    "share": value / net,
-                }
-                for (t, case), value in med.items()
-                if t == threads and case.startswith(f"{c}/kernel/")
-            ]
-            kernels.sort(key=lambda k: -k["ms"])
-            outside = med[threads, f"{c}/outside"]
-            ops = med[threads, f"{c}/ops"]
-            numpy = {
-                case.split("/", 2)[2]: value * 1e3
-                for (t, case), value in med.items()
-                if t == threads and case.startswith(f"{c}/numpy/")
-            }
+
+            def row(figure, c=c, threads=threads):
+                return {"ms": med[threads, f"{c}/{figure}"] * 1e3,
+                        "share": med[threads, f"{c}/share/{figure}"]}
+
+            def named(kind, c=c, threads=threads):
+                prefix = f"{c}/{kind}/"
+                names = [case[len(prefix):] for t, case in med if t == threads and
+                         case.startswith(prefix)]
+                rows = [{"name": name, **row(f"{kind}/{name}")} for name in names]
+                return sorted(rows, key=lambda r: -r["share"])
+
+            kernels = named("kernel")
+            for k in kernels:
+                k["calls"] = med[threads, f"{c}/calls/{k['name']}"]
+            numpy = named("numpy")
+            outside, ops = row("outside"), row("ops")
             table = {
                 "config": c,
                 "threads": threads,
-                "step_ms": step * 1e3,
+                "step_ms": med[threads, f"{c}/step"] * 1e3,
                 "instrumented_ms": med[threads, f"{c}/instrumented"] * 1e3,
                 "overhead_ms": med[threads, f"{c}/overhead"] * 1e3,
                 "wrappers_ms": med[threads, f"{c}/wrappers"] * 1e3,
-                "net_ms": net * 1e3,
+                "net_ms": med[threads, f"{c}/net"] * 1e3,
                 "kernels": kernels,
-                "kernels_ms": sum(k["ms"] for k in kernels),
-                "outside_ms": outside * 1e3,
-                "outside_share": outside / net,
-                "ops_wrappers_ms": ops * 1e3,
-                "numpy_ms": dict(sorted(numpy.items(), key=lambda kv: -kv[1])),
-                "rest_ms": (outside - ops) * 1e3 - sum(numpy.values()),
+                "kernels_sum": {key: sum(k[key] for k in kernels) for key in ("ms", "share")},
+                "outside": outside,
+                "ops": ops,
+                "numpy": numpy,
+                "rest": {key: outside[key] - ops[key] - sum(n[key] for n in numpy)
+                         for key in ("ms", "share")},
             }
             if config[0] == "tiny":
                 table["target"] = OUTSIDE_TARGET
-                table["ok"] = outside / net <= OUTSIDE_TARGET
+                table["ok"] = outside["share"] <= OUTSIDE_TARGET
             out.append(table)
     return out
 
 
 def show(tables, file=sys.stdout):
+    """Print tables() as text: the kernels by share, then what lies outside them."""
     for t in tables:
         threads = f"{t['threads']} thread{'s' if t['threads'] > 1 else ''}"
-        print(
-            f"\nstep breakdown: {t['config']}, {threads}: step {t['step_ms']:.2f} ms (plain "
-            f"steps); instrumented {t['instrumented_ms']:.2f} ms, {t['overhead_ms']:+.2f} ms "
-            f"measured, of which the wrappers' calibrated cost {t['wrappers_ms']:.2f} ms",
-            file=file,
-        )
+        print(f"\nstep breakdown: {t['config']}, {threads}: step {t['step_ms']:.2f} ms "
+              "(plain steps)", file=file)
+        print(f"  instrumented steps: {t['instrumented_ms']:.2f} ms, {t['overhead_ms']:+.2f} ms "
+              f"against their plain pairs; the wrappers' calibrated cost {t['wrappers_ms']:.2f} "
+              "ms", file=file)
         head = f"  {'kernel (op direction)':48s} {'calls':>6s} {'ms/step':>9s} {'%':>6s}"
         print(head, file=file)
         print("  " + "-" * (len(head) - 2), file=file)
-        net = t["net_ms"]
         for k in t["kernels"]:
-            print(
-                f"  {k['kernel']:48s} {k['calls']:6.0f} {k['ms']:9.3f} {k['share'] * 100:6.1f}",
-                file=file,
-            )
+            print(f"  {k['name']:48s} {k['calls']:6.0f} {k['ms']:9.3f} {k['share']:6.1%}",
+                  file=file)
         rows = [
-            ("the kernels (sum)", t["kernels_ms"]),
-            ("outside the kernels", t["outside_ms"]),
-            ("  in pytfm.ops around the kernels (checks, outputs)", t["ops_wrappers_ms"]),
+            ("the kernels (sum)", t["kernels_sum"]),
+            ("outside the kernels", t["outside"]),
+            ("  in pytfm.ops around the kernels (checks, outputs)", t["ops"]),
         ]
-        numpy = t["numpy_ms"].items()
-        rows += [(f"  np.{name} called by nn.py, optim.py, ...", ms) for name, ms in numpy]
+        rows += [(f"  np.{n['name']} called by nn.py, optim.py, ...", n) for n in t["numpy"]]
         rows += [
-            ("  the rest (Python; NumPy operators, methods)", t["rest_ms"]),
-            ("total (instrumented step less the wrappers' cost)", net),
+            ("  the rest (Python; NumPy operators, methods)", t["rest"]),
+            ("total (instrumented step less the wrappers' cost)",
+             {"ms": t["net_ms"], "share": 1.0}),
         ]
-        for name, ms in rows:
-            print(f"  {name:55s} {ms:9.3f} {ms / net * 100:6.1f}", file=file)
+        for name, r in rows:
+            print(f"  {name:55s} {r['ms']:9.3f} {r['share']:6.1%}", file=file)
         if "target" in t:
             print(
                 f"  target: outside the kernels <= {t['target']:.0%} of the tiny step: "
-                f"{t['outside_share']:.1%} {'ok' if t['ok'] else 'MISS'}",
+                f"{t['outside']['share']:.1%} {'ok' if t['ok'] else 'MISS'}",
                 file=file,
             )
