@@ -54,8 +54,8 @@ OUTSIDE_TARGET = 0.10  # issue 14: time outside the kernels <= 10 % of the tiny 
 
 
 class Clock:
-    """Counts, while installed (`with clock:`), the time of every C call pytfm makes and the
-    time pytfm.ops functions spend around them."""
+    """Counts, while installed (`with clock:`), the time of every C call pytfm makes, the time
+    pytfm.ops functions spend around them, and the np.* calls of the other pytfm modules."""
 
     def __init__(self):
         self.seconds, self.calls = {}, {}  # C function name -> total seconds, calls
@@ -237,15 +237,13 @@ def measure(step, budget=3.0, min_pairs=3):
     pairs, t_start = [], time.perf_counter()
     while len(pairs) < min_pairs or time.perf_counter() - t_start < budget:
         clock.reset()
+        took = {}
         for instrumented in (False, True) if len(pairs) % 2 == 0 else (True, False):
             with clock if instrumented else contextlib.nullcontext():
                 t0 = time.perf_counter()
                 step()
-                t = time.perf_counter() - t0
-            if instrumented:
-                q = t
-            else:
-                p = t
+                took[instrumented] = time.perf_counter() - t0
+        p, q = took[False], took[True]
         wrappers = sum(clock.calls.values()) * cost_kernel + clock.wrapped_calls * cost_python
         net = q - wrappers
         spent = {
@@ -286,10 +284,11 @@ def figures(configs):
 
 def tables(times, configs):
     """One table per config and thread count, from bench/run.py's {(threads, lib, case):
-    [value per round]}. Each figure is the median over rounds of the worker's medians over
-    pairs of steps: ms, and shares of the instrumented step less the wrappers' cost ("net"),
-    the step in which the kernels and what lies outside them were measured. Being medians, the
-    shares add up to 100 % only nearly."""
+    [value per round]}. Each share is the median over rounds of the worker's median over pairs
+    of steps of a figure's share of the instrumented step less the wrappers' cost ("net", the
+    step in which the kernels and what lies outside them were measured); "ms" is that share of
+    the median net step, so that the two columns agree, and "measured_ms" the median of the
+    figure's own time. Being medians, the shares add up to 100 % only nearly."""
     med = {}
     for (threads, lib, case), values in times.items():
         if lib == "pytfm" and case.startswith("breakdown/"):
@@ -301,9 +300,12 @@ def tables(times, configs):
             if (threads, f"{c}/step") not in med:
                 continue
 
-            def row(figure, c=c, threads=threads):
-                return {"ms": med[threads, f"{c}/{figure}"] * 1e3,
-                        "share": med[threads, f"{c}/share/{figure}"]}
+            net = med[threads, f"{c}/net"]
+
+            def row(figure, c=c, threads=threads, net=net):
+                share = med[threads, f"{c}/share/{figure}"]
+                return {"ms": share * net * 1e3, "share": share,
+                        "measured_ms": med[threads, f"{c}/{figure}"] * 1e3}
 
             def named(kind, c=c, threads=threads):
                 prefix = f"{c}/{kind}/"
@@ -324,14 +326,15 @@ def tables(times, configs):
                 "instrumented_ms": med[threads, f"{c}/instrumented"] * 1e3,
                 "overhead_ms": med[threads, f"{c}/overhead"] * 1e3,
                 "wrappers_ms": med[threads, f"{c}/wrappers"] * 1e3,
-                "net_ms": med[threads, f"{c}/net"] * 1e3,
+                "net_ms": net * 1e3,
                 "kernels": kernels,
-                "kernels_sum": {key: sum(k[key] for k in kernels) for key in ("ms", "share")},
+                "kernels_sum": {key: sum(k[key] for k in kernels)
+                                for key in ("ms", "share", "measured_ms")},
                 "outside": outside,
                 "ops": ops,
                 "numpy": numpy,
                 "rest": {key: outside[key] - ops[key] - sum(n[key] for n in numpy)
-                         for key in ("ms", "share")},
+                         for key in ("ms", "share", "measured_ms")},
             }
             if config[0] == "tiny":
                 table["target"] = OUTSIDE_TARGET
