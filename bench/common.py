@@ -1,5 +1,5 @@
 """What the benchmarks share: their worker processes' environment, the attention calls they
-time, and the model's PyTorch twin (tests/torch_twin.py)."""
+time, the training step they time, and the model's PyTorch twin (tests/torch_twin.py)."""
 
 import os
 import platform
@@ -69,3 +69,31 @@ def attention_calls(lib, q, k, v, dy):
         return a.grad, b.grad, c.grad
 
     return fwd, fwd_bwd
+
+
+def train_model(d, n_layer, n_head, context, batch):
+    """(model, x, y): pytfm's GPT of that size (seed 0) and one batch of the stdlib corpus."""
+    from pytfm import data
+    from pytfm.nn import GPT, GPTConfig
+
+    model = GPT(GPTConfig(d_model=d, n_layer=n_layer, n_head=n_head, max_seq=context, seed=0))
+    x, y = data.Batches(data.stdlib_corpus(), context, batch, seed=0).batch("train", 0)
+    return model, x, y
+
+
+def pytfm_step(model, x, y):
+    """One training step of model on (x, y) as a function: zero the gradients, forward,
+    backward, clip the gradient norm to 1, AdamW. The train group times it against the twin,
+    the breakdown group splits its time."""
+    from pytfm.optim import AdamW, clip_grad_norm
+
+    opt = AdamW(model.params, model.grads, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def step():
+        model.zero_grad()
+        model.forward(x, y)
+        model.backward()
+        clip_grad_norm(model.grads, 1.0)
+        opt.step(1e-4)
+
+    return step

@@ -15,10 +15,23 @@ Groups and what each ratio is (> 1: pytfm is faster):
              its PyTorch twin (tests/torch_twin.py, same weights and maths), in tokens/s: the
              train_tiny.py default (d=128, 4 layers, 4 heads, 8x128 tokens) and a 6-layer d=384
              GPT (6 heads, 8x256 tokens).
+  breakdown  pytfm alone (no peer): where the time of those two training steps goes, per C
+             kernel (op direction: pytfm_linear_forward, pytfm_adamw_step, ...): its calls, ms
+             and share of a step, then the time outside the kernels, split into pytfm.ops's
+             own (checks, outputs), nn.py's and optim.py's np.* calls and the rest (Python,
+             NumPy operators), and the total; target (issue 14): outside <= 10 % of the tiny
+             step. Each plain step is paired with an instrumented one, in which every pytfm
+             module's reference to the cffi library is a proxy adding each C call's wall time
+             to its function's total (no kernel is named in bench/: new ones show up), and the
+             ops functions and nn's and optim's NumPy are wrapped likewise. Shares are taken
+             within each instrumented step, less the wrappers' calibrated cost (~1 us a call):
+             on a busy machine two steps differ by more than the whole outside time. The step
+             time printed is the plain steps'; the instrumented ones' excess over their pairs
+             is printed as the overhead (bench/breakdown.py has the details).
 Every library runs in a process of its own (bench/worker.py) at the given thread count, so no
 two thread pools share a process; processes are interleaved over --rounds rounds (the order
 alternates) and each figure is the median over rounds of a per-round median. torch's parts are
-skipped, and say so, where torch is not installed. Targets (issue 5) are marked ok / MISS.
+skipped, and say so, where torch is not installed. Targets (issues 5 and 14) are marked ok / MISS.
 """
 
 import argparse
@@ -33,6 +46,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import breakdown  # noqa: E402  (the breakdown group's tables)
 import worker  # noqa: E402  (the sizes and the bytes each op moves)
 from common import cpu_name, worker_env  # noqa: E402
 
@@ -93,6 +107,25 @@ def describe(case, t_pytfm, t_peer):
     return t_pytfm * 1e3, t_peer * 1e3, "ms"
 
 
+def show_ratios(rows):
+    """The ratio table: one row per case and thread count."""
+    head = f"{'case':44s} {'thr':>3s} {'pytfm':>9s} {'peer':>9s} {'unit':8s} {'ratio':>6s}"
+    head += f" {'target':>7s}"
+    print(head)
+    print("-" * len(head))
+    for r in sorted(rows, key=lambda r: (r["case"].split("/")[0], r["threads"], r["case"])):
+        if "ratio" not in r:
+            print(
+                f"{r['case']:44s} {r['threads']:3d} {r['pytfm_s'] * 1e3:8.2f}ms  (no {r['peer']})"
+            )
+            continue
+        mark = "" if r["target"] is None else f"{r['target']:.2f} {'ok' if r['ok'] else 'MISS'}"
+        print(
+            f"{r['case']:44s} {r['threads']:3d} {r['pytfm']:9.1f} {r['peer_figure']:9.1f} "
+            f"{r['unit']:8s} {r['ratio']:6.2f} {mark}"
+        )
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", nargs="+", choices=sorted(GROUPS), default=sorted(GROUPS))
@@ -104,7 +137,7 @@ def main(argv=None):
     have_torch = importlib.util.find_spec("torch") is not None
     libs = ["pytfm", "numpy"] + (["torch"] if have_torch else [])
     times = {}  # (threads, lib, case) -> [seconds per round]
-    t0 = time.time()
+    t0, load = time.time(), [os.getloadavg()[0]]  # others' work on the cores skews every figure
     for rnd in range(args.rounds):
         for threads in args.threads:
             order = libs if rnd % 2 == 0 else libs[::-1]
@@ -116,9 +149,10 @@ def main(argv=None):
                     times.setdefault((threads, lib, case), []).append(t)
         print(f"round {rnd + 1}/{args.rounds} done ({time.time() - t0:.0f} s)", file=sys.stderr)
 
+    load.append(os.getloadavg()[0])
     rows = []
     for (threads, lib, case), ts in sorted(times.items()):
-        if lib != "pytfm":
+        if lib != "pytfm" or case.startswith("breakdown/"):
             continue
         peer = PEER[case.split("/")[0]]
         peer_ts = times.get((threads, peer, case))
@@ -141,28 +175,18 @@ def main(argv=None):
 
     print(
         f"pytfm benchmarks: {cpu_name()}, "
-        f"{os.cpu_count()} CPUs, {args.rounds} rounds, medians; ratio = peer time / pytfm time"
+        f"{os.cpu_count()} CPUs (load average {load[0]:.1f} before, {load[1]:.1f} after), "
+        f"{args.rounds} rounds, medians; ratio = peer time / pytfm time"
     )
-    if not have_torch:
+    if not have_torch and {"attention", "train"} & set(args.groups):
         print(
             "torch is not installed: attention and training comparisons skipped "
             "(pip install torch==2.13.0)"
         )
-    head = f"{'case':44s} {'thr':>3s} {'pytfm':>9s} {'peer':>9s} {'unit':8s} {'ratio':>6s}"
-    head += f" {'target':>7s}"
-    print(head)
-    print("-" * len(head))
-    for r in sorted(rows, key=lambda r: (r["case"].split("/")[0], r["threads"], r["case"])):
-        if "ratio" not in r:
-            print(
-                f"{r['case']:44s} {r['threads']:3d} {r['pytfm_s'] * 1e3:8.2f}ms  (no {r['peer']})"
-            )
-            continue
-        mark = "" if r["target"] is None else f"{r['target']:.2f} {'ok' if r['ok'] else 'MISS'}"
-        print(
-            f"{r['case']:44s} {r['threads']:3d} {r['pytfm']:9.1f} {r['peer_figure']:9.1f} "
-            f"{r['unit']:8s} {r['ratio']:6.2f} {mark}"
-        )
+    if rows:
+        show_ratios(rows)
+    steps = breakdown.tables(times, worker.TRAIN)
+    breakdown.show(steps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -170,7 +194,9 @@ def main(argv=None):
                     "rounds": args.rounds,
                     "threads": args.threads,
                     "torch": have_torch,
+                    "load_average": load,
                     "rows": rows,
+                    "breakdown": steps,
                     "raw": [
                         {"threads": t, "lib": lib, "case": c, "seconds": ts}
                         for (t, lib, c), ts in sorted(times.items())

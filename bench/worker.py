@@ -5,6 +5,7 @@
 Prints one JSON object {case: seconds per call} for every case LIB takes part in. Each case is
 timed as the median of 5 batches of calls (a batch lasts at least ~50 ms, after one warm-up
 call); bench/run.py repeats rounds, interleaving the libraries, and takes medians over them.
+The breakdown group's figures (pytfm only) are bench/breakdown.py's, per training step.
 Only LIB is imported (NumPy always): pytfm's OpenMP threads, OpenBLAS's and torch's never
 share a process.
 """
@@ -15,7 +16,7 @@ import sys
 import time
 
 import numpy as np
-from common import attention_calls, torch_twin  # bench/ is this script's folder
+from common import attention_calls, pytfm_step, torch_twin, train_model  # bench/: this folder
 
 # the sizes every library is measured at (bench/run.py reads them too)
 SQUARE = (128, 256, 512, 1024, 2048)
@@ -188,24 +189,11 @@ def attention_cases(lib):
 
 def train_cases(lib, threads, configs=TRAIN):
     """[(case, step)]: one training step of each of configs (TRAIN's rows) by lib."""
-    from pytfm import data
-    from pytfm.nn import GPT, GPTConfig
-    from pytfm.optim import AdamW, clip_grad_norm
-
     cases = []
     for name, d, L, H, T, B in configs:
-        model = GPT(GPTConfig(d_model=d, n_layer=L, n_head=H, max_seq=T, seed=0))
-        batches = data.Batches(data.stdlib_corpus(), T, B, seed=0)
-        x, y = batches.batch("train", 0)
+        model, x, y = train_model(d, L, H, T, B)
         if lib == "pytfm":
-            opt = AdamW(model.params, model.grads, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-
-            def step(model=model, opt=opt, x=x, y=y):
-                model.zero_grad()
-                model.forward(x, y)
-                model.backward()
-                clip_grad_norm(model.grads, 1.0)
-                opt.step(1e-4)
+            step = pytfm_step(model, x, y)
         else:
             import torch
 
@@ -228,6 +216,7 @@ GROUPS = {
     "ew": ("pytfm", "numpy"),
     "attention": ("pytfm", "torch"),
     "train": ("pytfm", "torch"),
+    "breakdown": ("pytfm",),  # bench/breakdown.py: where a pytfm training step's time goes
 }
 
 
@@ -253,7 +242,12 @@ def main():
             cases += attention_cases(lib)
         elif g == "train":
             cases += train_cases(lib, threads)
-    print(json.dumps({name: timeit(f) for name, f in cases}))
+    figures = {name: timeit(f) for name, f in cases}
+    if lib == "pytfm" and "breakdown" in groups:
+        import breakdown
+
+        figures.update(breakdown.figures(TRAIN))
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":
