@@ -277,10 +277,10 @@ static int64_t scratch_floats(const blocking *bl) {
  * the packing buffers */
 static void gemm_blocked(const pytfm__product *g, const pytfm__micro *uk, const blocking *bl,
                          float *buf) {
-    const int64_t mr = uk->mr, nr = uk->nr, threads = bl->threads;
+    const int64_t mr = uk->mr, nr = uk->nr;
     const int64_t row_tiles = (g->m + mr - 1) / mr, col_tiles = (g->n + nr - 1) / nr;
 #if defined(_OPENMP)
-#pragma omp parallel num_threads((int)threads) if (threads > 1)
+#pragma omp parallel num_threads((int)bl->threads) if (bl->threads > 1)
 #endif
     {
 #if defined(_OPENMP)
