@@ -185,9 +185,10 @@ PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
 /* ---- Linear: y = x·Wᵀ + b ------------------------------------------------------------ */
 /* Lives in: csrc/linear.c (its products through sgemm.c's plain or packed kernels), checks
  * csrc/checks.h pytfm__check_linear_*, CUDA cuda/linear.cu, Python pytfm/ops.py
- * linear_forward/backward, reference pytfm/reference.py; tests in tests/: test_ops.py,
- * test_properties.py, test_reference.py, test_fast.py, test_memory.py, test_errors.py,
- * test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
+ * linear_forward/backward and linear_gelu_forward (CPU only), reference pytfm/reference.py;
+ * tests in tests/: test_ops.py, test_linear_fused.py, test_properties.py, test_reference.py,
+ * test_fast.py, test_memory.py, test_errors.py, test_sanitizers.py, test_cuda_emu.py,
+ * test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* W is stored [out, in], as torch.nn.Linear.weight, so weights map one-to-one.
  *   y  [rows, out]  written
  *   x  [rows, in]
