@@ -146,6 +146,24 @@ static inline pytfm_status pytfm__check_linear_forward(const char *func, const f
     return PYTFM_STATUS_OK;
 }
 
+/* y (the GELU) and h (the pre-activation) are both outputs */
+static inline pytfm_status pytfm__check_linear_gelu_forward(const char *func, const float *y,
+                                                            const float *h, const float *x,
+                                                            const float *w, const float *b,
+                                                            int64_t rows, int64_t in,
+                                                            int64_t out) {
+    pytfm__linear_counts n = {0, 0, 0};
+    PYTFM_TRY(pytfm__check_linear_sizes(func, rows, in, out, &n));
+    PYTFM_CHECK_PTR_IN(func, y, n.y);
+    PYTFM_CHECK_PTR_IN(func, h, n.y);
+    PYTFM_CHECK_PTR_IN(func, x, n.x);
+    PYTFM_CHECK_PTR_IN(func, w, n.w);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n.y, float),
+                         PYTFM_SPAN(h, n.y, float), PYTFM_SPAN(x, n.x, float),
+                         PYTFM_SPAN(w, n.w, float), PYTFM_SPAN(b, out, float));
+    return PYTFM_STATUS_OK;
+}
+
 static inline pytfm_status pytfm__check_linear_backward(const char *func, const float *dx,
                                                         const float *dw, const float *db,
                                                         const float *dy, const float *x,

@@ -195,19 +195,33 @@ static inline void pytfm__axpy(float *y, float alpha, const float *x, int64_t co
     for (int64_t i = 0; i < count; i++) y[i] += alpha * x[i];
 }
 
-/* One product C = β·C + op(A)·op(B), with the arguments of pytfm_sgemm. */
+/* What a product does to each element of C once its sum is complete (the linear layer's
+ * output pass): C[i, j] += bias[j] when bias, then act[i, j] = gelu(C[i, j]) when act, through
+ * gelu_row (a row kernel, y[0..count) = gelu(x[0..count)), element by element: it is called on
+ * pieces of rows, so its result must not depend on where a piece starts or ends). The blocked
+ * driver applies it to each micro-tile of C after the tile's last k slice, while the tile is
+ * still in L1; the plain path in a separate pass over C. Same bits either way. */
+typedef struct pytfm__epilogue {
+    const float *bias; // [n], or NULL
+    float *act;        // [m, n], as C, or NULL
+    void (*gelu_row)(float *y, const float *x, int64_t count);
+} pytfm__epilogue;
+
+/* One product C = β·C + op(A)·op(B), with the arguments of pytfm_sgemm, then the epilogue
+ * (NULL: none). */
 typedef struct pytfm__product {
     float *c;
     const float *a, *b;
     int64_t m, n, k;
     int trans_a, trans_b;
     float beta;
+    const pytfm__epilogue *epilogue;
 } pytfm__product;
 
-/* The products in order, each as pytfm_sgemm computes it (sgemm.c), for kernels built on it
- * (linear.c). One scratch allocation, made before the first write, serves them all: when it
- * fails, func's PYTFM_STATUS_OUT_OF_MEMORY is returned and no output has changed. The
- * arguments are not checked here. */
+/* The products in order, each as pytfm_sgemm computes it (sgemm.c), and its epilogue, for
+ * kernels built on it (linear.c). One scratch allocation, made before the first write, serves
+ * them all: when it fails, func's PYTFM_STATUS_OUT_OF_MEMORY is returned and no output has
+ * changed. The arguments are not checked here. */
 pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, int count);
 
 /* An mr×nr register micro-kernel of sgemm.c, also used by attention.c:

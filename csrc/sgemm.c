@@ -9,21 +9,41 @@
  *
  * The plain kernel is the obviously-correct loop, kept as the oracle and as the path for CPUs
  * without AVX2. The fast ones follow BLIS (Van Zee & van de Geijn, "BLIS: A Framework for
- * Rapidly Instantiating BLAS Functionality", 2015): each thread owns a band of C's rows (or of
- * its columns when there are too few rows to share), and for each NC-wide panel of B and each
- * KC-deep slice of k it copies ("packs") that part of op(B) once into micro-panels of NR
+ * Rapidly Instantiating BLAS Functionality", 2015): each thread owns a band of C's rows or of
+ * its columns (whichever side is longer), and for each NC-wide panel of its columns of B and
+ * each KC-deep slice of k it copies ("packs") that part of op(B) into micro-panels of NR
  * columns, then for each MC-row block of op(A) (packed into micro-panels of MR rows when that
  * pays, see pack_a_pays; else read in place) runs an MR×NR register micro-kernel over every
  * (rows of A, micro-panel of B) pair. The micro-kernel keeps its MR×NR tile of C in registers
  * for the whole KC slice: MR·NR/8 (AVX2) or MR·NR/16 (AVX-512) accumulators, the broadcast A
  * value fused into the FMA. Packing turns the transposes into copies and zero-pads ragged
- * edges; the tile's ragged edge is written through a mask.
- * Sizes: a KC×NR micro-panel of B (12 KiB for AVX2, 24 KiB for AVX-512) stays in L1 while the
- * MC×KC block of A (72 KiB) streams from L2; the KC×NC panel of B (≤ 768 KiB) sits in L2.
- * KC = 192 measured faster than 256 here (n = 256, 512: ~110 against ~85 GFLOP/s on one
- * thread, in alternating runs). The packing buffers are scratch, allocated once per call
- * (pytfm__scratch): 72 KiB per thread for A when it is packed, and one panel of B shared by
- * all threads (split by rows) or one per thread (split by columns): under 1 MiB per thread.
+ * edges; the tile's ragged edge is written through a mask. An optional epilogue (the linear
+ * layer's bias and GELU, internal.h) runs on each tile after its last k slice.
+ * What the measurements chose (a C harness timing pytfm_sgemm, best of 15 batches on this
+ * 2-core Zen 4 EPYC: 32 KiB L1d and 1 MiB L2 per core, 32 MiB L3; one thread, GFLOP/s):
+ *  - C's tile is prefetched when the micro-kernel starts (prefetch_c): it is read and written
+ *    once per k slice, rows n floats apart, from L3 at large n; n = 1024: 74-79 -> 83-88,
+ *    n = 2048: 72-77 -> 83.
+ *  - MC × KC × NC = 144 × 384 × 2048 (was 96 × 192 × 1024): a deeper k slice reads and writes
+ *    C half as often; the MC×KC block of A (216 KiB) sits in L2, the KC×NR micro-panel of B
+ *    (48 KiB for AVX-512) in L1 and L2, the KC×NC panel of B (3 MiB) in L3, from where each
+ *    micro-panel is read once per MC rows. n = 1024: 84-87 -> 91-92, n = 2048: 84-86 -> 94,
+ *    dx = dy·W of the d=384 model (2048×384, k = 1536): 80-85 -> 96.
+ *  - the packing copies: fixed-size inline copies instead of memcpy calls (memcpy was 10% of
+ *    the dW product's time, perf), 8×8 AVX2 transposes for the transposing ones (op(B) of
+ *    y = x·Wᵀ, op(A) when packed untransposed), and the next rows prefetched (prefetch_row);
+ *    train_tiny's dW (128×512, k = 1024) 83-91 -> 87-93, y = x·Wᵀ of d=384 (2048×1152,
+ *    k = 384) 93-95 -> 95-99.
+ *  - each thread packs its own panels (blocking, below): two threads went from 148-171 to
+ *    167-175 at n = 256...2048 (alternating runs), and share no barrier that a busy neighbour
+ *    on one core could stall the other on.
+ * With all of these, `python -m bench --groups sgemm --threads 1 2 --rounds 3` (medians) had
+ * pytfm at 0.89-0.96 of OpenBLAS on one thread (n = 256...2048; 0.89 at n = 2048) and
+ * 0.91-1.08 on two (0.71-1.33 and 0.53-0.73 at n >= 512 before); the linear layers'
+ * products 0.88-1.00 and 0.87-1.14 (0.74-1.37 and 0.04-2.58 before: the two threads then
+ * waited at barriers, which a busy neighbour on one core stalls).
+ * The packing buffers are scratch, allocated once per call (pytfm__scratch): per thread, 216
+ * KiB for A when it is packed and one KC×NC slice of B (less for a narrow C): at most 3.2 MiB.
  * Every element of C is summed by one thread in one fixed order (the k slices in turn, each in
  * p order), so the result does not depend on the thread count.
  */
@@ -66,7 +86,74 @@ static void sgemm_plain(float *c, const float *a, const float *b, int64_t m, int
 
 /* ---- the blocked driver, shared by the micro-kernels ------------------------------------- */
 
-enum { MC = 96, KC = 192, NC = 1024 };
+enum { MC = 144, KC = 384, NC = 2048 };
+
+/* count floats from src to dst. For the micro-tile widths the size is a constant, which the
+ * compiler turns into a few vector moves: a call to memcpy for 32 bytes costs more than the
+ * copy, and was 10% of the dW product's time (1152×384, k = 2048, perf). */
+static inline void copy_floats(float *dst, const float *src, int count) {
+    switch (count) {
+    case 6: memcpy(dst, src, 6 * sizeof(float)); break;
+    case 8: memcpy(dst, src, 8 * sizeof(float)); break;
+    case 16: memcpy(dst, src, 16 * sizeof(float)); break;
+    case 32: memcpy(dst, src, 32 * sizeof(float)); break;
+    default: memcpy(dst, src, (size_t)count * sizeof(float));
+    }
+}
+
+/* The copies below read short pieces of rows a row apart (n or m floats: 2 KiB at n = 512), a
+ * stride the hardware prefetchers follow late or not at all: fetch the piece PF_AHEAD rows on
+ * while copying this one (within the k slice). The dW product of train_tiny (128×512,
+ * k = 1024, one thread) went from 83-91 to 87-93 GFLOP/s. */
+enum { PF_AHEAD = 16 };
+static inline void prefetch_row(const float *p, int count) {
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + count - 1);
+}
+
+/* dst[p·ldd + r] = src[r·lds + p] for r, p < 8: the transposing copies of the packing, eight
+ * rows at a time (the scalar loop wrote each float to its own place, a column apart) */
+#ifdef PYTFM_HAVE_X86_KERNELS
+__attribute__((target("avx2"))) static void transpose8(float *dst, int64_t ldd, const float *src,
+                                                       int64_t lds) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i += 2) { // pairs of rows interleaved
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) { // quads of rows: 4 floats of one column in each half
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) { // the two quads' halves: whole columns
+        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#else
+static void transpose8(float *dst, int64_t ldd, const float *src, int64_t lds) {
+    for (int p = 0; p < 8; p++)
+        for (int r = 0; r < 8; r++) dst[p * ldd + r] = src[r * lds + p];
+}
+#endif
+
+/* dst[p·ldd + r] = src[r·lds + p] for r < rows, p < kc; 0 for rows <= r < width (a multiple of
+ * 8 or not: the tail goes one float at a time) */
+static void pack_transposed(float *dst, int64_t ldd, const float *src, int64_t lds, int rows,
+                            int width, int64_t kc) {
+    int r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        int64_t p = 0;
+        for (; p + 8 <= kc; p += 8) transpose8(dst + p * ldd + r, ldd, src + r * lds + p, lds);
+        for (; p < kc; p++)
+            for (int i = r; i < r + 8; i++) dst[p * ldd + i] = src[i * lds + p];
+    }
+    for (int64_t p = 0; p < kc; p++)
+        for (int i = r; i < width; i++) dst[p * ldd + i] = i < rows ? src[i * lds + p] : 0.0f;
+}
 
 /* rows [i0, i0+mc) × k slice [p0, p0+kc) of op(A) into micro-panels of mr rows: panel q holds,
  * for each p, the mr values op(A)[i0 + q·mr .. +mr, p0 + p] (zeros past mc). */
@@ -77,18 +164,17 @@ static void pack_a(float *dst, const pytfm__product *g, int mr, int64_t i0, int6
     for (int64_t ir = 0; ir < mc; ir += mr, dst += mr * kc) {
         const int rows = (int)PYTFM_MIN(mr, mc - ir);
         if (g->trans_a && rows == mr) // the mr values for one p are contiguous in a
-            for (int64_t p = 0; p < kc; p++)
-                memcpy(dst + p * mr, a + (p0 + p) * m + i0 + ir, (size_t)mr * sizeof(float));
+            for (int64_t p = 0; p < kc; p++) {
+                if (p + PF_AHEAD < kc) prefetch_row(a + (p0 + p + PF_AHEAD) * m + i0 + ir, mr);
+                copy_floats(dst + p * mr, a + (p0 + p) * m + i0 + ir, mr);
+            }
         else if (g->trans_a)
             for (int64_t p = 0; p < kc; p++) {
                 const float *src = a + (p0 + p) * m + i0 + ir;
                 for (int r = 0; r < mr; r++) dst[p * mr + r] = r < rows ? src[r] : 0.0f;
             }
-        else // each row of a is contiguous: read along it, write with stride mr
-            for (int r = 0; r < mr; r++) {
-                const float *src = a + (i0 + ir + PYTFM_MIN(r, rows - 1)) * k + p0;
-                for (int64_t p = 0; p < kc; p++) dst[p * mr + r] = src[p];
-            }
+        else // each row of a is contiguous: a transposing copy
+            pack_transposed(dst, mr, a + (i0 + ir) * k + p0, k, rows, mr, kc);
     }
 }
 
@@ -106,19 +192,31 @@ static void pack_b(float *dst, const pytfm__product *g, int nr, int64_t p0, int6
     const int64_t n = g->n, k = g->k;
     for (int64_t jr = 0; jr < nc; jr += nr, dst += nr * kc) {
         const int cols = (int)PYTFM_MIN(nr, nc - jr);
-        if (g->trans_b) // column j of op(B) is row j of b
-            for (int j = 0; j < nr; j++) {
-                const float *src = b + (j0 + jr + j) * k + p0;
-                for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = j < cols ? src[p] : 0.0f;
-            }
+        if (g->trans_b) // column j of op(B) is row j of b: a transposing copy
+            pack_transposed(dst, nr, b + (j0 + jr) * k + p0, k, cols, nr, kc);
         else if (cols == nr) // a row of the panel is nr contiguous floats of b
-            for (int64_t p = 0; p < kc; p++)
-                memcpy(dst + p * nr, b + (p0 + p) * n + j0 + jr, (size_t)nr * sizeof(float));
+            for (int64_t p = 0; p < kc; p++) {
+                if (p + PF_AHEAD < kc) prefetch_row(b + (p0 + p + PF_AHEAD) * n + j0 + jr, nr);
+                copy_floats(dst + p * nr, b + (p0 + p) * n + j0 + jr, nr);
+            }
         else
             for (int64_t p = 0; p < kc; p++) {
                 const float *src = b + (p0 + p) * n + j0 + jr;
                 for (int j = 0; j < nr; j++) dst[p * nr + j] = j < cols ? src[j] : 0.0f;
             }
+    }
+}
+
+/* the epilogue on the finished rows × cols block of C at c (row stride g->n), whose first
+ * element is C[i0, j0] */
+static void finish(const pytfm__product *g, float *c, int64_t i0, int64_t j0, int64_t rows,
+                   int64_t cols) {
+    const pytfm__epilogue *e = g->epilogue;
+    for (int64_t r = 0; r < rows; r++) {
+        float *cr = c + r * g->n;
+        if (e->bias)
+            for (int64_t j = 0; j < cols; j++) cr[j] += e->bias[j0 + j];
+        if (e->act) e->gelu_row(e->act + (i0 + r) * g->n + j0, cr, cols);
     }
 }
 
@@ -129,6 +227,7 @@ static void rows_times_panel(const pytfm__product *g, const pytfm__micro *uk, fl
                              int64_t pc, int64_t kc) {
     const int mr = uk->mr, nr = uk->nr;
     const float bt = pc == 0 ? g->beta : 1.0f; // later slices add to what is there
+    const int last = pc + kc == g->k && g->epilogue; // the tiles are finished: the epilogue
     for (int64_t ic = i0; ic < i1; ic += MC) {
         const int64_t mc = PYTFM_MIN(MC, i1 - ic);
         // op(A) element (i, p) at a[i·a_sr + p·a_sp]: A's own rows, or packed panels
@@ -139,51 +238,54 @@ static void rows_times_panel(const pytfm__product *g, const pytfm__micro *uk, fl
             a = pa, a_sp = mr, a_sr = 1, a_panel = mr * kc;
         }
         for (int64_t jr = 0; jr < nc; jr += nr)
-            for (int64_t ir = 0; ir < mc; ir += mr)
-                uk->run(g->c + (ic + ir) * g->n + jc + jr, g->n,
-                        a + (a_panel ? ir / mr * a_panel : ir * a_sr), a_sp, a_sr, pb + jr * kc,
-                        nr, kc, (int)PYTFM_MIN(mr, mc - ir), (int)PYTFM_MIN(nr, nc - jr), bt);
+            for (int64_t ir = 0; ir < mc; ir += mr) {
+                float *c = g->c + (ic + ir) * g->n + jc + jr;
+                const int rows = (int)PYTFM_MIN(mr, mc - ir), cols = (int)PYTFM_MIN(nr, nc - jr);
+                uk->run(c, g->n, a + (a_panel ? ir / mr * a_panel : ir * a_sr), a_sp, a_sr,
+                        pb + jr * kc, nr, kc, rows, cols, bt);
+                if (last) finish(g, c, ic + ir, jc + jr, rows, cols);
+            }
     }
 }
 
 /* How gemm_blocked splits one product among threads, and the packing buffers that takes. C
- * goes to threads in whole micro-tiles: by rows when there are enough of them, the threads
- * then sharing each packed slice of B (each packs a share of its micro-panels, then all wait
- * at a barrier); else by columns, each thread packing its own. */
+ * goes to threads in whole micro-tiles, by rows or by columns, whichever side is longer; each
+ * thread packs the slices of op(B) and the blocks of op(A) it uses into buffers of its own,
+ * so the threads never wait for each other (the panels they would share cost a barrier or
+ * two per k slice, and the cores' L2 caches are private anyway); what is packed twice is the
+ * op(B) (split by rows) or op(A) (by columns) of the other side, under 1/(mc) of the work. */
 typedef struct blocking {
     int64_t threads; // that share this product
     int by_rows;
-    int64_t a_size;  // floats of packed op(A) per thread: MC·KC, or 0 when A is read in place
-    int64_t b_size;  // floats of one packed KC×NC slice of op(B) (narrower for a narrow C)
-    int64_t b_count; // slices of op(B): 1 shared (by rows), or one per thread (by columns)
+    int64_t a_size; // floats of packed op(A) per thread: MC·KC, or 0 when A is read in place
+    int64_t b_size; // floats of one packed KC×NC slice of op(B) per thread (less for narrow C)
 } blocking;
 
 static blocking plan(const pytfm__product *g, const pytfm__micro *uk, int64_t threads) {
     const int64_t row_tiles = (g->m + uk->mr - 1) / uk->mr;
     const int64_t col_tiles = (g->n + uk->nr - 1) / uk->nr;
     blocking bl;
-    bl.by_rows = row_tiles >= threads || row_tiles >= col_tiles;
+    bl.by_rows = g->m >= g->n;
     bl.threads = PYTFM_MIN(threads, bl.by_rows ? row_tiles : col_tiles);
+    const int64_t cols = bl.by_rows ? col_tiles : (col_tiles + bl.threads - 1) / bl.threads;
     bl.a_size = pack_a_pays(g) ? (int64_t)MC * KC : 0;
-    bl.b_size = (int64_t)KC * PYTFM_MIN(NC, col_tiles * uk->nr);
-    bl.b_count = bl.by_rows ? 1 : bl.threads;
+    bl.b_size = (int64_t)KC * PYTFM_MIN(NC, cols * uk->nr);
     return bl;
 }
 
-/* the packing buffers' floats: at most (72 KiB + 768 KiB) / 4 per thread */
+/* the packing buffers' floats: at most (216 KiB + 3 MiB) / 4 per thread */
 static int64_t scratch_floats(const blocking *bl) {
-    return bl->threads * bl->a_size + bl->b_count * bl->b_size;
+    return bl->threads * (bl->a_size + bl->b_size);
 }
 
 /* the product, split among threads as bl says, with buf (scratch_floats(bl) floats) holding
  * the packing buffers */
 static void gemm_blocked(const pytfm__product *g, const pytfm__micro *uk, const blocking *bl,
                          float *buf) {
-    const int64_t nr = uk->nr, threads = bl->threads, a_size = bl->a_size;
-    const int by_rows = bl->by_rows;
-    const int64_t row_tiles = (g->m + uk->mr - 1) / uk->mr, col_tiles = (g->n + nr - 1) / nr;
+    const int64_t mr = uk->mr, nr = uk->nr;
+    const int64_t row_tiles = (g->m + mr - 1) / mr, col_tiles = (g->n + nr - 1) / nr;
 #if defined(_OPENMP)
-#pragma omp parallel num_threads((int)threads) if (threads > 1)
+#pragma omp parallel num_threads((int)bl->threads) if (bl->threads > 1)
 #endif
     {
 #if defined(_OPENMP)
@@ -191,38 +293,20 @@ static void gemm_blocked(const pytfm__product *g, const pytfm__micro *uk, const 
 #else
         const int64_t t = 0, team = 1;
 #endif
-        float *pa = a_size ? buf + t * a_size : NULL;
-        float *pb = buf + threads * a_size + (by_rows ? 0 : t * bl->b_size);
-        const int64_t tiles = by_rows ? row_tiles : col_tiles;
+        float *pa = buf + t * (bl->a_size + bl->b_size), *pb = pa + bl->a_size;
+        const int64_t tiles = bl->by_rows ? row_tiles : col_tiles;
         const int64_t lo = tiles * t / team, hi = tiles * (t + 1) / team;
-        if (by_rows) {
-            const int64_t i0 = lo * uk->mr, i1 = PYTFM_MIN(hi * uk->mr, g->m);
-            for (int64_t jc = 0; jc < g->n; jc += NC) {
-                const int64_t nc = PYTFM_MIN(NC, g->n - jc), panels = (nc + nr - 1) / nr;
-                for (int64_t pc = 0; pc < g->k; pc += KC) {
-                    const int64_t kc = PYTFM_MIN(KC, g->k - pc);
-                    const int64_t q0 = panels * t / team, q1 = panels * (t + 1) / team;
-                    if (q1 > q0) // this thread's share of the slice's micro-panels
-                        pack_b(pb + q0 * nr * kc, g, (int)nr, pc, kc, jc + q0 * nr,
-                               PYTFM_MIN(nc, q1 * nr) - q0 * nr);
-#if defined(_OPENMP)
-#pragma omp barrier
-#endif
-                    rows_times_panel(g, uk, pa, pb, i0, i1, jc, nc, pc, kc);
-#if defined(_OPENMP)
-#pragma omp barrier
-#endif
-                }
-            }
-        } else {
-            const int64_t j0 = lo * nr, j1 = PYTFM_MIN(hi * nr, g->n);
-            for (int64_t jc = j0; jc < j1; jc += NC) {
-                const int64_t nc = PYTFM_MIN(NC, j1 - jc);
-                for (int64_t pc = 0; pc < g->k; pc += KC) {
-                    const int64_t kc = PYTFM_MIN(KC, g->k - pc);
-                    pack_b(pb, g, (int)nr, pc, kc, jc, nc);
-                    rows_times_panel(g, uk, pa, pb, 0, g->m, jc, nc, pc, kc);
-                }
+        int64_t i0 = 0, i1 = g->m, j0 = 0, j1 = g->n; // this thread's block of C
+        if (bl->by_rows)
+            i0 = lo * mr, i1 = PYTFM_MIN(hi * mr, g->m);
+        else
+            j0 = lo * nr, j1 = PYTFM_MIN(hi * nr, g->n);
+        for (int64_t jc = j0; jc < j1; jc += NC) {
+            const int64_t nc = PYTFM_MIN(NC, j1 - jc);
+            for (int64_t pc = 0; pc < g->k; pc += KC) {
+                const int64_t kc = PYTFM_MIN(KC, g->k - pc);
+                pack_b(pb, g, (int)nr, pc, kc, jc, nc);
+                rows_times_panel(g, uk, bl->a_size ? pa : NULL, pb, i0, i1, jc, nc, pc, kc);
             }
         }
     }
@@ -235,6 +319,16 @@ static void gemm_blocked(const pytfm__product *g, const pytfm__micro *uk, const 
  * past it); B's lanes past `cols` are masked off, as are C's. */
 
 #ifdef PYTFM_HAVE_X86_KERNELS
+
+/* C's tile is read (β ≠ 0) and written only after the k loop, by which time it may have left
+ * the caches, its rows ldc apart where no hardware prefetcher follows: fetch its lines now (the
+ * first and last element of each row), while the loop runs */
+static inline void prefetch_c(const float *c, int64_t ldc, int rows, int cols) {
+    for (int r = 0; r < rows; r++) {
+        __builtin_prefetch(c + r * ldc, 1, 3);
+        __builtin_prefetch(c + r * ldc + cols - 1, 1, 3);
+    }
+}
 
 /* AVX2+FMA, 6×16: twelve ymm accumulators (named variables, as below), two B loads and six
  * broadcasts per p; AVX2 masked loads are slow, so full-width tiles take a loop of their own */
@@ -270,6 +364,7 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(float *c, int64_t ldc
     const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane);
     const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane);
     AVX2_ROWS(AVX2_DECLARE)
+    prefetch_c(c, ldc, rows, cols);
     if (cols == NR_AVX2)
         for (int64_t p = 0; p < kc; p++, a += a_sp, b += ldb) {
             const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
@@ -318,6 +413,7 @@ __attribute__((target("avx512f"))) static void micro_avx512(float *c, int64_t ld
     const __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
     const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols > 16 ? (__mmask16)((1u << (cols - 16)) - 1) : 0;
     AVX512_ROWS(AVX512_DECLARE)
+    prefetch_c(c, ldc, rows, cols);
     for (int64_t p = 0; p < kc; p++, a += a_sp, b += ldb) {
         const __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16);
         AVX512_ROWS(AVX512_STEP)
@@ -373,6 +469,10 @@ pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, 
         } else if (g->m > 0 && g->n > 0) { // k = 0 too: no products, C = β·C
             sgemm_plain(g->c, g->a, g->b, g->m, g->n, g->k, g->trans_a != 0, g->trans_b != 0,
                         g->beta);
+            if (g->epilogue) {
+                PYTFM_PARALLEL_ROWS(g->m, g->n)
+                for (int64_t r = 0; r < g->m; r++) finish(g, g->c + r * g->n, r, 0, 1, g->n);
+            }
         }
     }
     free(buf);
@@ -382,7 +482,7 @@ pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, 
 pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
                          int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
     PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
-    const pytfm__product p = {c, a, b, m, n, k, trans_a, trans_b, beta};
+    const pytfm__product p = {c, a, b, m, n, k, trans_a, trans_b, beta, NULL};
     return pytfm__sgemm_all(__func__, &p, 1);
 }
 

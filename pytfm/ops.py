@@ -279,6 +279,16 @@ def linear_forward(x, w, b=None):
     return y
 
 
+def linear_gelu_forward(x, w, b=None):
+    """h = x·wᵀ + b, y = gelu(h).  x [..., in], w [out, in], b [out] or None -> (y, h) [..., out]"""
+    a = _Args("pytfm_linear_gelu_forward", locals())
+    x, w, rows, inn, out = _linear_dims(a)
+    b = a.array("b", shape=(out,), because="w.shape[0]", optional=True)
+    y, h = a.empty(x.shape[:-1] + (out,)), a.empty(x.shape[:-1] + (out,))
+    a.call(y, h, x, w, b, rows, inn, out)
+    return y, h
+
+
 def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None):
     """dy [..., out], x [..., in], w [out, in] -> (dx [..., in], dw [out, in], db [out] or None
     when has_bias is False)"""

@@ -11,14 +11,14 @@ from helpers import assert_close, assert_same_bits_at_any_thread_count, max_isa,
 from pytfm._core import check, ffi, lib
 
 EPS32 = float(np.finfo(np.float32).eps)
-# 1, odd, and one either side of the micro-tiles (6×16, 8×32), the row block (96), the column
-# panel (1024) and the k slice (192)
+# 1, odd, and one either side of the micro-tiles (6×16, 8×32), the row block (144), the column
+# panel (2048) and the k slice (384)
 edges = st.one_of(
     st.integers(1, 40),
-    st.sampled_from([5, 6, 7, 8, 9, 15, 16, 17, 31, 32, 33, 95, 96, 97, 193]),
+    st.sampled_from([5, 6, 7, 8, 9, 15, 16, 17, 31, 32, 33, 143, 144, 145, 289]),
 )
-wide = st.one_of(edges, st.sampled_from([1023, 1024, 1025]))
-depths = st.one_of(st.integers(1, 40), st.sampled_from([191, 192, 193, 385]))
+wide = st.one_of(edges, st.sampled_from([2047, 2048, 2049]))
+depths = st.one_of(st.integers(1, 40), st.sampled_from([383, 384, 385, 769]))
 ISAS = ["avx2", "avx512"]
 
 
@@ -50,8 +50,9 @@ def test_fast_sgemm_matches_plain_and_float64(isa, m, n, k, ta, tb, beta, seed):
 
 
 def test_sgemm_is_the_same_at_any_thread_count():
-    """Bit-identical at 1, 2 and 3 threads, for C split by rows (300×90) and by columns (5×700),
-    with every kernel this CPU has."""
+    """Bit-identical at 1, 2 and 3 threads, for C split by rows (300×90, two k slices or more)
+    and by columns (5×700, 90×300 with trans_a and β = 1), trans_b, and rows past one column
+    panel (2100×2050), with every kernel this CPU has."""
     assert_same_bits_at_any_thread_count(
         """
         import numpy as np
@@ -59,13 +60,14 @@ def test_sgemm_is_the_same_at_any_thread_count():
         rng = np.random.default_rng(1)
         p = lambda x: ffi.from_buffer("float[]", x)
         out = []
-        for m, n, k in ((300, 90, 700), (5, 700, 300)):
-            a = rng.standard_normal((m, k), dtype=np.float32)
-            b = rng.standard_normal((k, n), dtype=np.float32)
+        for m, n, k, ta, tb in ((300, 90, 700, 0, 0), (5, 700, 300, 0, 0), (90, 300, 800, 1, 0),
+                                (300, 90, 400, 0, 1), (2100, 2050, 9, 0, 0)):
+            a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+            b = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
             for isa in (lib.PYTFM_ISA_PLAIN, lib.PYTFM_ISA_AVX2, lib.PYTFM_ISA_AVX512):
                 assert lib.pytfm_set_max_isa(isa) == 0
-                c = np.empty((m, n), np.float32)
-                assert lib.pytfm_sgemm(p(c), p(a), p(b), m, n, k, 0, 0, 0.0) == 0
+                c = np.ones((m, n), np.float32)
+                assert lib.pytfm_sgemm(p(c), p(a), p(b), m, n, k, ta, tb, float(ta)) == 0
                 out += [c, np.int32(lib.pytfm_get_isa())]
         """
     )

@@ -185,9 +185,10 @@ PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
 /* ---- Linear: y = x·Wᵀ + b ------------------------------------------------------------ */
 /* Lives in: csrc/linear.c (its products through sgemm.c's plain or packed kernels), checks
  * csrc/checks.h pytfm__check_linear_*, CUDA cuda/linear.cu, Python pytfm/ops.py
- * linear_forward/backward, reference pytfm/reference.py; tests in tests/: test_ops.py,
- * test_properties.py, test_reference.py, test_fast.py, test_memory.py, test_errors.py,
- * test_sanitizers.py, test_cuda_emu.py, test_cuda_dispatch.py, test_cuda_gpu.py. */
+ * linear_forward/backward and linear_gelu_forward (CPU only), reference pytfm/reference.py;
+ * tests in tests/: test_ops.py, test_linear_fused.py, test_properties.py, test_reference.py,
+ * test_fast.py, test_memory.py, test_errors.py, test_sanitizers.py, test_cuda_emu.py,
+ * test_cuda_dispatch.py, test_cuda_gpu.py. */
 /* W is stored [out, in], as torch.nn.Linear.weight, so weights map one-to-one.
  *   y  [rows, out]  written
  *   x  [rows, in]
@@ -199,6 +200,17 @@ PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
 PYTFM_API pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w,
                                             const float *b, int64_t rows, int64_t in,
                                             int64_t out);
+
+/* The linear layer followed by GELU (an MLP's first layer), in one pass over the output:
+ *   y  [rows, out]  written: gelu(h), exactly pytfm_gelu_forward's result on h
+ *   h  [rows, out]  written: x·Wᵀ + b, exactly pytfm_linear_forward's result (the
+ *                   pre-activation, which pytfm_gelu_backward takes as its x)
+ *   x, w, b         as pytfm_linear_forward (b may be NULL: no bias)
+ * y and h must not share memory with each other or with the inputs.
+ * Scratch: as pytfm_linear_forward. */
+PYTFM_API pytfm_status pytfm_linear_gelu_forward(float *y, float *h, const float *x,
+                                                 const float *w, const float *b, int64_t rows,
+                                                 int64_t in, int64_t out);
 
 /*   dx [rows, in]  written: dy·W; may be NULL when not needed
  *   dw [out, in]   accumulated: += dyᵀ·x
@@ -223,11 +235,11 @@ PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, co
  * register micro-kernel (pytfm_get_isa() says which), or the plain loop below AVX2;
  * pytfm_sgemm_plain is always the plain loop, kept as the reference the fast ones are tested
  * against. Each gives the same bits at any thread count.
- * Scratch (the packed kernels only, for m, n, k >= 1): packing buffers, under 1 MiB per
- * thread: 72 KiB per thread for op(A) when it is packed (trans_a, or n >= 512), and a slice
- * of op(B), 192 × min(n, 1024) floats (n rounded up to the micro-kernel's width) shared by the
- * threads, or one per thread when they split C by columns (too few rows to give each thread
- * a band). pytfm_sgemm_plain allocates nothing.
+ * Scratch (the packed kernels only, for m, n, k >= 1): packing buffers, at most 3.2 MiB per
+ * thread: 216 KiB for op(A) when it is packed (trans_a, or n >= 512), and a slice of op(B),
+ * 384 × min(w, 2048) floats, w the columns of C the thread computes (all n when the threads
+ * split C by rows, m >= n; n / threads when by columns), rounded up to the micro-kernel's
+ * width. pytfm_sgemm_plain allocates nothing.
  */
 PYTFM_API pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m,
                                    int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
