@@ -190,6 +190,13 @@ class Linear:
             self.saved = x
         return ops.linear_forward(x, self.w, self.b)
 
+    def forward_gelu(self, x, save=True):  # (..., in) -> gelu(h), h = x·wᵀ + b: (..., out) each
+        """The layer followed by GELU, in one pass over the output (the bias and GELU applied to
+        each tile of the product while it is in cache): (gelu(h), h)."""
+        if save:
+            self.saved = x
+        return ops.linear_gelu_forward(x, self.w, self.b)
+
     def backward(self, dy):  # (..., out) -> (..., in)
         x = self.saved
         has_bias = self.b is not None
@@ -289,10 +296,10 @@ class MLP:
         self.saved = None
 
     def forward(self, x, save=True):  # (B, T, C) -> (B, T, C)
-        h = self.c_fc.forward(x, save)  # (B, T, 4C), GELU's input
+        g, h = self.c_fc.forward_gelu(x, save)  # (B, T, 4C): gelu(h), and h, GELU's input
         if save:
             self.saved = h
-        return self.c_proj.forward(ops.gelu_forward(h), save)
+        return self.c_proj.forward(g, save)
 
     def backward(self, dy):  # (B, T, C) -> (B, T, C)
         h = self.saved
