@@ -106,7 +106,6 @@ call = lambda: [ops.rope_backward(dy, pos)]
 out_bytes = 4 * B * T * H * D
 scratch_bytes = 4 * T * D  # rotate_tabled: cos and sin, [T, D/2] each
 """),
-    # the smallest scratch: under 1 MiB, so the margin is the narrowest here
     "sgemm": ("pytfm_sgemm", True, """
 m, n, k = 64, 1024, 192
 a, b, c = randn(m, k), randn(k, n), np.empty((m, n), np.float32)
@@ -116,9 +115,9 @@ def call():
     return [c.copy()]
 watched = lambda: [c]  # a failed product writes nothing
 out_bytes = 0  # C is the caller's
-# gemm_blocked, C split by rows (8 or more row tiles, 2 threads): an MC×KC = 96×192 block of A
-# per thread and one KC×NC = 192×1024 panel of B that the threads share
-scratch_bytes = 4 * (threads * 96 * 192 + 192 * 1024)
+# gemm_blocked, C split by columns (m < n), 2 threads: per thread an MC×KC = 144×384 block of A
+# (packed: n >= 512) and its own KC×512 panel of B (its half of C's 1024 columns)
+scratch_bytes = 4 * threads * (144 * 384 + 384 * 512)
 """),
     # dx = dy·W and dW += dyᵀ·x share one scratch allocation made before either is written.
     # The room left fits dx's product's scratch but not dW's, so two allocations, one per
@@ -135,10 +134,11 @@ failing_call = lambda: check(lib.pytfm_linear_backward(P(dx0), P(dw0), P(db0), P
                                                        P(w), rows, inn, out))
 watched = lambda: [dx0, dw0, db0]
 out_bytes = 0  # all three are the caller's
-# dW += dyᵀ·x packs op(A) (transposed): an MC×KC = 96×192 block per thread and a KC×256 panel
-# of B; dx = dy·W reads A in place (n = 256 < 512) and needs the panel alone
-scratch_bytes = 4 * (threads * 96 * 192 + 192 * inn)
-room_bytes = 4 * 192 * inn * 11 // 8  # dx's 192 KiB fit, dW's 336 KiB do not
+# Both products split C by columns (m < n = 256), 2 threads. dW += dyᵀ·x packs op(A)
+# (transposed): per thread an MC×KC = 144×384 block and a KC×128 panel of B (its half of the
+# 256 columns); dx = dy·W reads A in place (n = 256 < 512) and needs the panels alone
+scratch_bytes = 4 * threads * (144 * 384 + 384 * inn // 2)
+room_bytes = 4 * threads * 384 * (inn // 2) * 11 // 8  # dx's 384 KiB fit, dW's 816 KiB do not
 """),
 }
 
