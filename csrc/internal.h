@@ -199,8 +199,8 @@ static inline void pytfm__axpy(float *y, float alpha, const float *x, int64_t co
  * output pass): C[i, j] += bias[j] when bias, then act[i, j] = gelu(C[i, j]) when act, through
  * gelu_row (a row kernel, y[0..count) = gelu(x[0..count)), element by element: it is called on
  * pieces of rows, so its result must not depend on where a piece starts or ends). The blocked
- * driver applies it to each micro-tile of C after the tile's last k slice, while the tile is
- * still in L1; the plain path in a separate pass over C. Same bits either way. */
+ * driver applies it to each MC×NC block of C after the block's last k slice, while the block
+ * is still in L2; the plain path in a separate pass over C. Same bits either way. */
 typedef struct pytfm__epilogue {
     const float *bias; // [n], or NULL
     float *act;        // [m, n], as C, or NULL

@@ -8,8 +8,8 @@
  *             db[o] += Σ_r dy[r, o]                    (accumulated)
  * Nothing is saved: the backward needs x and W, which the caller still has.
  * With GELU after it (the MLP's first layer): h = x·Wᵀ + b, y = gelu(h) (gelu.c), h saved for
- * GELU's backward. The bias and the GELU are the product's epilogue (internal.h): each tile
- * of h gets them as soon as its sum is complete, while it is in L1, instead of in passes of
+ * GELU's backward. The bias and the GELU are the product's epilogue (internal.h): each block
+ * of h gets them as soon as its sum is complete, while it is in L2, instead of in passes of
  * their own over h in memory. The products go
  * through sgemm.c (transposes are handled by its packing, not by copies); the backward's two
  * share one scratch allocation, so that its failure leaves dx, dW and db as they were.
@@ -26,7 +26,7 @@
 enum { GEMV_BLOCK = 64 }; /* outputs per parallel task of a one-row product */
 
 /* h = x·Wᵀ + b, and y = gelu(h) when y is not NULL: both forwards. The bias and the GELU are
- * the product's epilogue (sgemm.c applies it to each tile of h while the tile is in L1); the
+ * the product's epilogue (sgemm.c applies it to each block of h while the block is in L2); the
  * plain ISA, which has no row kernel for GELU to lend the epilogue, and the one-row product
  * take the GELU as pytfm_gelu_forward's own pass, whose bits the epilogue's equal. */
 static pytfm_status forward(const char *func, float *y, float *h, const float *x, const float *w,
