@@ -134,6 +134,11 @@ MUTATIONS = {
                                      "for (int64_t c = 0; c + 1 < blocks; c++) total += sums[c];", ["tests/test_flat.py"]),
     "flat_adamw_decays_vectors": ("pytfm/optim.py", "zip(self.spans, (self.weight_decay, 0.0))",
                                   "zip(self.spans, (self.weight_decay, self.weight_decay))", ["tests/test_flat.py"]),
+    "epilogue_before_last_slice": ("csrc/sgemm.c", "const int last = pc + kc == g->k && g->epilogue;",
+                                   "const int last = pc == 0 && g->epilogue;", ["tests/test_linear_fused.py"]),
+    "epilogue_skips_last_row": ("csrc/sgemm.c", "    for (int64_t r = 0; r < rows; r++) {\n        float *cr = c + r * g->n;",
+                                "    for (int64_t r = 0; r + 1 < rows; r++) {\n        float *cr = c + r * g->n;",
+                                ["tests/test_linear_fused.py"]),
     # issue 16, sizes: an element count multiplied unchecked (m·n = 2^64 wraps to 0), the bound
     # one past PTRDIFF_MAX bytes, start + n_new and RoPE's pos extent unchecked
     "size_product_unchecked": ("csrc/checks.h", "if (pytfm__mul_within(c, sizes[i], limit, &c)) continue;",
