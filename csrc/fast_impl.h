@@ -244,8 +244,10 @@ static void attn_p_row(float *s, int64_t vis, int64_t nk, float scale, float lse
     for (int64_t j = vis; j < nk; j++) s[j] = 0.0f;
 }
 
-static void attn_ds_row(float *dp, const float *p, int64_t nk, float delta, float scale) {
-    for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - delta) * scale;
+static void attn_ds_row(float *dp, const float *p, int64_t vis, int64_t nk, float delta,
+                        float scale) {
+    for (int64_t j = 0; j < vis; j++) dp[j] = p[j] * (dp[j] - delta) * scale;
+    for (int64_t j = vis; j < nk; j++) dp[j] = 0.0f;
 }
 
 /* one output of gemv: Σ x·w over LANES partial sums and a tail, combined as every row op */
