@@ -26,16 +26,20 @@
  * The plain version (first below) takes one query row and one key at a time. Its extra memory
  * is on the stack, whatever T is: BK scores and the running m and l of BQ query rows (forward),
  * delta of BQ rows (backward). The fast version (after it; used where sgemm has a
- * micro-kernel, for at least FAST_MIN_ROWS queries) runs the same algorithm on TQ×TK tiles,
- * with every product a call of sgemm's register micro-kernels straight on the caller's rows
- * (q, k, v, dy, dq, dk, dv, o through their row stride H·D) and on the tile of scores:
- * S = Q Kᵀ, O += P V forward; S, then dV += Pᵀ dY, dP = dY Vᵀ, dK += dSᵀ Q, dQ += dS K
- * backward (FlashAttention-2's loop order: key tiles outside, so dK and dV of a tile stay
- * hot). Only Kᵀ (and Vᵀ for the backward) are copied, once per head, so that the
- * micro-kernel reads them along contiguous rows. Its scratch, one workspace per thread,
- * allocated once per call, is linear in T (Tk = T, or start + n_new when decoding):
+ * micro-kernel, for at least FAST_MIN_ROWS queries) runs the same algorithm on tiles, TQ×TK
+ * forward (a row's keys in one tile up to Tk = TK: no rescaling at all there) and TQB×TKB
+ * backward, with every product a call of sgemm's register micro-kernels straight on the
+ * caller's rows (q, k, v, dy, dq, dk, dv, o through their row stride H·D) and on the tile of
+ * scores: S = Q Kᵀ, O += P V forward; S, then dV += Pᵀ dY, dP = dY Vᵀ, dK += dSᵀ Q,
+ * dQ += dS K backward (FlashAttention-2's loop order: key tiles outside, so dK and dV of a
+ * tile stay hot). On the causal diagonal each product skips, micro-tile by micro-tile, what no
+ * row of the micro-tile sees (scores_gemm, rows_gemm, cols_gemm): at the model's T = 128 the
+ * diagonal is most of the work, and computing its tiles in full took 1.5× the products. Only
+ * Kᵀ (and Vᵀ for the backward) are copied, once per head, so that the micro-kernel reads them
+ * along contiguous rows. Its scratch, one workspace per thread, allocated once per call, is
+ * linear in T (Tk = T, or start + n_new when decoding):
  *   forward:  Kᵀ, the TQ×TK scores, m and l:        D·Tk + TQ·TK + 2·TQ floats
- *   backward: Kᵀ, Vᵀ, the scores, dP and delta:     2·D·T + 2·TQ·TK + T floats
+ *   backward: Kᵀ, Vᵀ, the scores, dP and delta:     2·D·T + 2·TQB·TKB + T floats
  */
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +153,8 @@ static void decode_head_rows(const problem *p, const pytfm__fast_kernels *fk, in
 /* Query rows and keys per tile: forward TQ×TK (one key tile covers a whole row when Tk <= TK,
  * so the online softmax rescales nothing), backward TQB×TKB. */
 enum { TQ = 64, TK = 256, TQB = 64, TKB = 64, FAST_MIN_ROWS = 8 };
+_Static_assert(TK % 16 == 0 && TKB % 16 == 0 && RK % 16 == 0,
+               "attn_softmax_row and attn_p_row may write a row up to vis rounded up to 16");
 
 /* In a tile of query rows i0.. and keys j0.., row r sees the keys c <= r + diag (causal:
  * diag = start + i0 − j0; otherwise diag = the tile's key count, so every key). The products

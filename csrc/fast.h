@@ -37,7 +37,8 @@ typedef struct pytfm__fast_kernels {
     /* Attention, one query row of a key tile of nk keys of which the first vis are visible:
      * the forward's online-softmax step turns s (raw scores q·k) into P = e^(scale·s − m')
      * (0 past vis), updates the running max m and sum l, and returns e^(m − m'), the factor
-     * the row's output so far must be scaled by. */
+     * the row's output so far must be scaled by. This one and attn_p_row work in whole
+     * vectors: s must have room for vis rounded up to 16 floats, whatever it holds past vis. */
     float (*attn_softmax_row)(float *s, int64_t vis, int64_t nk, float scale, float *m,
                               float *l);
     /* backward: s (raw scores) -> P = e^(scale·s − lse), 0 past vis */
