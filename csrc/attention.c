@@ -26,16 +26,20 @@
  * The plain version (first below) takes one query row and one key at a time. Its extra memory
  * is on the stack, whatever T is: BK scores and the running m and l of BQ query rows (forward),
  * delta of BQ rows (backward). The fast version (after it; used where sgemm has a
- * micro-kernel, for at least FAST_MIN_ROWS queries) runs the same algorithm on TQ×TK tiles,
- * with every product a call of sgemm's register micro-kernels straight on the caller's rows
- * (q, k, v, dy, dq, dk, dv, o through their row stride H·D) and on the tile of scores:
- * S = Q Kᵀ, O += P V forward; S, then dV += Pᵀ dY, dP = dY Vᵀ, dK += dSᵀ Q, dQ += dS K
- * backward (FlashAttention-2's loop order: key tiles outside, so dK and dV of a tile stay
- * hot). Only Kᵀ (and Vᵀ for the backward) are copied, once per head, so that the
- * micro-kernel reads them along contiguous rows. Its scratch, one workspace per thread,
- * allocated once per call, is linear in T (Tk = T, or start + n_new when decoding):
+ * micro-kernel, for at least FAST_MIN_ROWS queries) runs the same algorithm on tiles, TQ×TK
+ * forward (a row's keys in one tile up to Tk = TK: no rescaling at all there) and TQB×TKB
+ * backward, with every product a call of sgemm's register micro-kernels straight on the
+ * caller's rows (q, k, v, dy, dq, dk, dv, o through their row stride H·D) and on the tile of
+ * scores: S = Q Kᵀ, O += P V forward; S, then dV += Pᵀ dY, dP = dY Vᵀ, dK += dSᵀ Q,
+ * dQ += dS K backward (FlashAttention-2's loop order: key tiles outside, so dK and dV of a
+ * tile stay hot). On the causal diagonal each product skips, micro-tile by micro-tile, what no
+ * row of the micro-tile sees (scores_gemm, rows_gemm, cols_gemm): at the model's T = 128 the
+ * diagonal is most of the work, and computing its tiles in full took 1.5× the products. Only
+ * Kᵀ (and Vᵀ for the backward) are copied, once per head, so that the micro-kernel reads them
+ * along contiguous rows. Its scratch, one workspace per thread, allocated once per call, is
+ * linear in T (Tk = T, or start + n_new when decoding):
  *   forward:  Kᵀ, the TQ×TK scores, m and l:        D·Tk + TQ·TK + 2·TQ floats
- *   backward: Kᵀ, Vᵀ, the scores, dP and delta:     2·D·T + 2·TQ·TK + T floats
+ *   backward: Kᵀ, Vᵀ, the scores, dP and delta:     2·D·T + 2·TQB·TKB + T floats
  */
 #include <stdlib.h>
 #include <string.h>
@@ -144,27 +148,82 @@ static void decode_head_rows(const problem *p, const pytfm__fast_kernels *fk, in
     }
 }
 
-/* ---- the fast version: TQ×TK tiles through the sgemm micro-kernels ------------------------ */
+/* ---- the fast version: tiles through the sgemm micro-kernels ------------------------------ */
 
-enum { TQ = 64, TK = 64, FAST_MIN_ROWS = 8 };
+/* Query rows and keys per tile: forward TQ×TK (one key tile covers a whole row when Tk <= TK,
+ * so the online softmax rescales nothing), backward TQB×TKB. */
+enum { TQ = 64, TK = 256, TQB = 64, TKB = 64, FAST_MIN_ROWS = 8 };
+_Static_assert(TK % 16 == 0 && TKB % 16 == 0 && RK % 16 == 0,
+               "attn_softmax_row and attn_p_row may write a row up to vis rounded up to 16");
 
-/* C[m, n] (row stride ldc) = bt·C + A·B over kc, A(p, r) = a[p·a_sp + r·a_sr],
- * B(p, j) = b[p·ldb + j]: every micro-tile of it */
-static void tile_gemm(const pytfm__micro *uk, float *c, int64_t ldc, const float *a, int64_t a_sp,
-                      int64_t a_sr, const float *b, int64_t ldb, int64_t m, int64_t n, int64_t kc,
-                      float bt) {
-    for (int64_t j = 0; j < n; j += uk->nr)
-        for (int64_t i = 0; i < m; i += uk->mr)
-            uk->run(c + i * ldc + j, ldc, a + i * a_sr, a_sp, a_sr, b + j, ldb, kc,
-                    (int)PYTFM_MIN(uk->mr, m - i), (int)PYTFM_MIN(uk->nr, n - j), bt);
+/* In a tile of query rows i0.. and keys j0.., row r sees the keys c <= r + diag (causal:
+ * diag = start + i0 − j0; otherwise diag = the tile's key count, so every key). The products
+ * below skip what no row of a micro-tile sees, so that a tile on the diagonal costs about half
+ * a full one instead of all of it. */
+
+/* the keys [0, lim) that the block of mr rows holding row r reads (the row of that block seen
+ * last: the block runs from r rounded down to a multiple of mr, and stops at m); n at most */
+static inline int64_t block_keys(int64_t r, int mr, int64_t m, int64_t n, int64_t diag) {
+    const int64_t lim = PYTFM_MIN(r / mr * mr + mr, m) + diag;
+    return lim < 0 ? 0 : PYTFM_MIN(n, lim);
 }
 
-/* dst [D, rows] = the transpose of rows rows of D floats, row stride HD */
+/* Scores C[m, n] (row stride ldc) = A·Bᵀ over kc = D, A's rows a + r·lda (q or dy as they lie),
+ * B's transposed bt_ [kc, ldb] (Kᵀ or Vᵀ): the micro-tiles that some row of theirs sees; the
+ * rest of C is left as it was (the row kernels read a row only up to what it sees). */
+static void scores_gemm(const pytfm__micro *uk, float *c, int64_t ldc, const float *a,
+                        int64_t lda, const float *bt_, int64_t ldb, int64_t m, int64_t n,
+                        int64_t kc, int64_t diag) {
+    for (int64_t j = 0; j < n; j += uk->nr)
+        for (int64_t i = 0; i < m; i += uk->mr)
+            if (block_keys(i, uk->mr, m, n, diag) > j)
+                uk->run(c + i * ldc + j, ldc, a + i * lda, 1, lda, bt_ + j, ldb, kc,
+                        (int)PYTFM_MIN(uk->mr, m - i), (int)PYTFM_MIN(uk->nr, n - j), 0.0f);
+}
+
+/* C[m, n] = bt·C + A·B, A [m, kc] the rows of P or dS (row stride lda), B's rows b + p·ldb (v
+ * or k as they lie): each block of rows sums only the keys it sees (its P is 0 past them);
+ * bt = 0 writes every row, even one that sees nothing */
+static void rows_gemm(const pytfm__micro *uk, float *c, int64_t ldc, const float *a, int64_t lda,
+                      const float *b, int64_t ldb, int64_t m, int64_t n, int64_t kc, float bt,
+                      int64_t diag) {
+    for (int64_t j = 0; j < n; j += uk->nr)
+        for (int64_t i = 0; i < m; i += uk->mr) {
+            const int64_t lim = block_keys(i, uk->mr, m, kc, diag);
+            if (lim > 0 || bt == 0.0f)
+                uk->run(c + i * ldc + j, ldc, a + i * lda, 1, lda, b + j, ldb, lim,
+                        (int)PYTFM_MIN(uk->mr, m - i), (int)PYTFM_MIN(uk->nr, n - j), bt);
+        }
+}
+
+/* C[m, n] += Aᵀ·B over the kc query rows: C's rows are keys, A [kc, lda] is P or dS (read down
+ * its columns), B's rows b + p·ldb (dy or q as they lie); a block of keys starts its sum at
+ * the first query row that sees its first key (the rows above have P = 0 there) */
+static void cols_gemm(const pytfm__micro *uk, float *c, int64_t ldc, const float *a, int64_t lda,
+                      const float *b, int64_t ldb, int64_t m, int64_t n, int64_t kc,
+                      int64_t diag) {
+    for (int64_t j = 0; j < n; j += uk->nr)
+        for (int64_t i = 0; i < m; i += uk->mr) {
+            const int64_t p0 = i - diag > 0 ? i - diag : 0; // key i is seen from row i − diag on
+            if (p0 < kc)
+                uk->run(c + i * ldc + j, ldc, a + p0 * lda + i, lda, 1, b + p0 * ldb + j, ldb,
+                        kc - p0, (int)PYTFM_MIN(uk->mr, m - i), (int)PYTFM_MIN(uk->nr, n - j),
+                        1.0f);
+        }
+}
+
+/* dst [D, rows] = the transpose of rows rows of D floats, row stride HD: eight rows at a time,
+ * a fixed count that the compiler keeps in registers (each of the eight is read along d, each
+ * row of dst written eight floats at a time) */
 static void transpose_rows(float *dst, const float *src, int64_t rows, int64_t D, int64_t HD) {
-    for (int64_t t0 = 0; t0 < rows; t0 += 16) // 16 rows at a time: each is read once per block
+    int64_t t0 = 0;
+    for (; t0 + 8 <= rows; t0 += 8) {
+        const float *s = src + t0 * HD;
         for (int64_t d = 0; d < D; d++)
-            for (int64_t t = t0; t < PYTFM_MIN(rows, t0 + 16); t++)
-                dst[d * rows + t] = src[t * HD + d];
+            for (int i = 0; i < 8; i++) dst[d * rows + t0 + i] = s[i * HD + d];
+    }
+    for (; t0 < rows; t0++)
+        for (int64_t d = 0; d < D; d++) dst[d * rows + t0] = src[t0 * HD + d];
 }
 
 typedef struct {
@@ -175,11 +234,12 @@ typedef struct {
 /* the scratch floats of one thread (see the top of the file); D·Tk and D·T are at most the
  * floats of k, which the checks let through only when they fit */
 static int64_t forward_ws_floats(const problem *p) { return p->D * p->Tk + TQ * TK + 2 * TQ; }
-static int64_t backward_ws_floats(int64_t T, int64_t D) { return 2 * D * T + 2 * TQ * TK + T; }
+static int64_t backward_ws_floats(int64_t T, int64_t D) { return 2 * D * T + 2 * TQB * TKB + T; }
 
 static void forward_head_fast(const problem *p, const fast_path *f, float *ws, int64_t b,
                               int64_t h) {
     const int64_t D = p->D, HD = p->H * D, Tk = p->Tk;
+    const int mr = f->uk->mr;
     const float *qb = p->q + (b * p->Tq * p->H + h) * D; // row t at qb + t·HD
     const float *kb = p->k + (b * p->Ts * p->H + h) * D;
     const float *vb = p->v + (b * p->Ts * p->H + h) * D;
@@ -193,25 +253,28 @@ static void forward_head_fast(const problem *p, const fast_path *f, float *ws, i
         for (int64_t r = 0; r < nq; r++) {
             m[r] = -INFINITY;
             l[r] = 0.0f;
-            memset(ob + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
         }
         for (int64_t j0 = 0; j0 < kend; j0 += TK) {
             const int64_t nk = PYTFM_MIN(TK, kend - j0);
+            const int64_t diag = p->causal ? p->start + i0 - j0 : nk;
             // S = Q_i K_jᵀ [nq, nk]
-            tile_gemm(f->uk, s, TK, qb + i0 * HD, 1, HD, kt + j0, Tk, nq, nk, D, 0.0f);
+            scores_gemm(f->uk, s, TK, qb + i0 * HD, HD, kt + j0, Tk, nq, nk, D, diag);
             for (int64_t r = 0; r < nq; r++) {
                 float *sr = s + r * TK;
+                const int64_t lim = block_keys(r, mr, nq, nk, diag); // what O += P V reads
                 const int64_t vis = p->causal ? PYTFM_MIN(nk, p->start + i0 + r - j0 + 1) : nk;
                 if (vis <= 0) { // no key of this tile is visible: P = 0, nothing to rescale
-                    memset(sr, 0, (size_t)nk * sizeof(float));
+                    memset(sr, 0, (size_t)lim * sizeof(float));
                     continue;
                 }
-                const float alpha = f->fk->attn_softmax_row(sr, vis, nk, p->scale, m + r, l + r);
+                const float alpha = f->fk->attn_softmax_row(sr, vis, lim, p->scale, m + r, l + r);
+                if (j0 == 0) continue; // O is written, not rescaled, by the first tile's P V
                 if (alpha != 1.0f)
                     for (int64_t d = 0; d < D; d++) ob[(i0 + r) * HD + d] *= alpha;
             }
-            // O_i += P V_j
-            tile_gemm(f->uk, ob + i0 * HD, HD, s, 1, TK, vb + j0 * HD, HD, nq, D, nk, 1.0f);
+            // O_i = P V_j on the first key tile, O_i += P V_j after it
+            rows_gemm(f->uk, ob + i0 * HD, HD, s, TK, vb + j0 * HD, HD, nq, D, nk,
+                      j0 == 0 ? 0.0f : 1.0f, diag);
         }
         for (int64_t r = 0; r < nq; r++) {
             const float inv = 1.0f / l[r];
@@ -259,7 +322,8 @@ static void backward_head_fast(const fast_path *f, float *ws, float *dq, float *
                                float scale, int causal) {
     // pointers already offset to (b, 0, h, 0) / (b, h, 0), as in backward_head
     const int64_t HD = H * D;
-    float *kt = ws, *vt = kt + D * T, *s = vt + D * T, *dp = s + TQ * TK, *delta = dp + TQ * TK;
+    float *kt = ws, *vt = kt + D * T, *s = vt + D * T, *dp = s + TQB * TKB;
+    float *delta = dp + TQB * TKB;
     transpose_rows(kt, k, T, D, HD);
     transpose_rows(vt, v, T, D, HD);
     for (int64_t t = 0; t < T; t++) {
@@ -268,27 +332,31 @@ static void backward_head_fast(const fast_path *f, float *ws, float *dq, float *
         memset(dk + t * HD, 0, (size_t)D * sizeof(float));
         memset(dv + t * HD, 0, (size_t)D * sizeof(float));
     }
-    for (int64_t j0 = 0; j0 < T; j0 += TK) {
-        const int64_t nk = PYTFM_MIN(TK, T - j0);
-        for (int64_t i0 = causal ? j0 / TQ * TQ : 0; i0 < T; i0 += TQ) {
-            const int64_t nq = PYTFM_MIN(TQ, T - i0);
-            // forward: S = scale · Q_i K_jᵀ, P = exp(S − lse)
-            tile_gemm(f->uk, s, TK, q + i0 * HD, 1, HD, kt + j0, T, nq, nk, D, 0.0f);
+    for (int64_t j0 = 0; j0 < T; j0 += TKB) {
+        const int64_t nk = PYTFM_MIN(TKB, T - j0);
+        for (int64_t i0 = causal ? j0 / TQB * TQB : 0; i0 < T; i0 += TQB) {
+            const int64_t nq = PYTFM_MIN(TQB, T - i0), diag = causal ? i0 - j0 : nk;
+            // forward: S = scale · Q_i K_jᵀ, P = exp(S − lse) (0 where not seen, to the tile's
+            // end: dV and dK read P and dS down their columns)
+            scores_gemm(f->uk, s, TKB, q + i0 * HD, HD, kt + j0, T, nq, nk, D, diag);
             for (int64_t r = 0; r < nq; r++) {
                 const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
                 if (vis <= 0)
-                    memset(s + r * TK, 0, (size_t)nk * sizeof(float));
+                    memset(s + r * TKB, 0, (size_t)nk * sizeof(float));
                 else
-                    f->fk->attn_p_row(s + r * TK, vis, nk, scale, lse[i0 + r]);
+                    f->fk->attn_p_row(s + r * TKB, vis, nk, scale, lse[i0 + r]);
             }
             // dV_j += Pᵀ dY_i;  dP = dY_i V_jᵀ;  dS = P (dP − delta) scale
-            tile_gemm(f->uk, dv + j0 * HD, HD, s, TK, 1, dy + i0 * HD, HD, nk, D, nq, 1.0f);
-            tile_gemm(f->uk, dp, TK, dy + i0 * HD, 1, HD, vt + j0, T, nq, nk, D, 0.0f);
-            for (int64_t r = 0; r < nq; r++)
-                f->fk->attn_ds_row(dp + r * TK, s + r * TK, nk, delta[i0 + r], scale);
+            cols_gemm(f->uk, dv + j0 * HD, HD, s, TKB, dy + i0 * HD, HD, nk, D, nq, diag);
+            scores_gemm(f->uk, dp, TKB, dy + i0 * HD, HD, vt + j0, T, nq, nk, D, diag);
+            for (int64_t r = 0; r < nq; r++) {
+                const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
+                f->fk->attn_ds_row(dp + r * TKB, s + r * TKB, vis < 0 ? 0 : vis, nk,
+                                   delta[i0 + r], scale);
+            }
             // dK_j += dSᵀ Q_i;  dQ_i += dS K_j
-            tile_gemm(f->uk, dk + j0 * HD, HD, dp, TK, 1, q + i0 * HD, HD, nk, D, nq, 1.0f);
-            tile_gemm(f->uk, dq + i0 * HD, HD, dp, 1, TK, k + j0 * HD, HD, nq, D, nk, 1.0f);
+            cols_gemm(f->uk, dk + j0 * HD, HD, dp, TKB, q + i0 * HD, HD, nk, D, nq, diag);
+            rows_gemm(f->uk, dq + i0 * HD, HD, dp, TKB, k + j0 * HD, HD, nq, D, nk, 1.0f, diag);
         }
     }
 }

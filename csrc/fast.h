@@ -37,13 +37,16 @@ typedef struct pytfm__fast_kernels {
     /* Attention, one query row of a key tile of nk keys of which the first vis are visible:
      * the forward's online-softmax step turns s (raw scores q·k) into P = e^(scale·s − m')
      * (0 past vis), updates the running max m and sum l, and returns e^(m − m'), the factor
-     * the row's output so far must be scaled by. */
+     * the row's output so far must be scaled by. This one and attn_p_row work in whole
+     * vectors: s must have room for vis rounded up to 16 floats, whatever it holds past vis. */
     float (*attn_softmax_row)(float *s, int64_t vis, int64_t nk, float scale, float *m,
                               float *l);
     /* backward: s (raw scores) -> P = e^(scale·s − lse), 0 past vis */
     void (*attn_p_row)(float *s, int64_t vis, int64_t nk, float scale, float lse);
-    /* backward: dp (dP) -> dS = P·(dP − delta)·scale, delta = dy_t · o_t of the query row */
-    void (*attn_ds_row)(float *dp, const float *p, int64_t nk, float delta, float scale);
+    /* backward: dp (dP) -> dS = P·(dP − delta)·scale, delta = dy_t · o_t of the query row;
+     * 0 past vis (dp there may be anything: it is not read) */
+    void (*attn_ds_row)(float *dp, const float *p, int64_t vis, int64_t nk, float delta,
+                        float scale);
     /* decoding, one query row: o = alpha·o + Σ_c p[c]·v_c over nk keys (row stride ldv) */
     void (*attn_pv_row)(float *o, const float *p, const float *v, int64_t ldv, int64_t nk,
                         int64_t D, float alpha);

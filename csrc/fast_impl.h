@@ -68,23 +68,6 @@ static float exp_shifted_(float *restrict y, const float *restrict x, float c, i
     return pytfm__lanes_sum(s) + tail;
 }
 
-/* the same in place, s = e^(s − c): the same operations, the same bits */
-static float exp_shifted_in_place_(float *s, float c, int64_t count) {
-    float t[LANES] = {0};
-    int64_t j = 0;
-    for (; j + LANES <= count; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            s[j + l] = pytfm__expf(s[j + l] - c);
-            t[l] += s[j + l];
-        }
-    float tail = 0.0f;
-    for (; j < count; j++) {
-        s[j] = pytfm__expf(s[j] - c);
-        tail += s[j];
-    }
-    return pytfm__lanes_sum(t) + tail;
-}
-
 static void softmax_forward(float *restrict y, const float *restrict x, int64_t cols) {
     const float sum = exp_shifted_(y, x, max_(x, cols), cols);
     const float inv = 1.0f / sum;
@@ -227,25 +210,61 @@ static void adamw(float *p, float *m, float *v, const float *g, int64_t count,
     }
 }
 
+/* The attention row kernels work in whole vectors of LANES: a row's last, partial vector is
+ * computed in all its lanes, and the lanes past vis are then replaced by 0 (a select, so that
+ * whatever s holds there, even NaN, is dropped); s has room for vis rounded up to LANES
+ * floats (fast.h). A causal row's vis is seldom a multiple of LANES, and a scalar tail of up
+ * to fifteen exponentials per row cost as much as the vectors before it. */
+static inline int64_t lanes_up_(int64_t count) { return (count + LANES - 1) / LANES * LANES; }
+
 static float attn_softmax_row(float *s, int64_t vis, int64_t nk, float scale, float *m,
                               float *l) {
-    for (int64_t j = 0; j < vis; j++) s[j] *= scale;
-    const float mx_tile = max_(s, vis), mx = mx_tile > *m ? mx_tile : *m;
+    const int64_t padded = lanes_up_(vis);
+    int32_t k[LANES];
+    for (int i = 0; i < LANES; i++) k[i] = INT32_MIN;
+    for (int64_t j = 0; j < padded; j += LANES) // the scaled scores and their max (as max_)
+        for (int i = 0; i < LANES; i++) {
+            const float x = s[j + i] * scale;
+            s[j + i] = x;
+            const int32_t key = j + i < vis ? max_key_(x) : INT32_MIN;
+            k[i] = key > k[i] ? key : k[i];
+        }
+    int32_t mk = k[0];
+    for (int i = 1; i < LANES; i++) mk = k[i] > mk ? k[i] : mk;
+    float mx_tile = -INFINITY; // empty, or all NaN
+    if (mk != INT32_MIN) {
+        mk ^= (mk >> 31) & INT32_MAX;
+        memcpy(&mx_tile, &mk, sizeof mx_tile);
+    }
+    const float mx = mx_tile > *m ? mx_tile : *m;
     const float alpha = pytfm__expf(*m - mx); // 0 on a row's first tile (m = -inf)
-    const float sum = exp_shifted_in_place_(s, mx, vis);
-    for (int64_t j = vis; j < nk; j++) s[j] = 0.0f;
-    *l = *l * alpha + sum;
+    float t[LANES] = {0};
+    for (int64_t j = 0; j < padded; j += LANES)
+        for (int i = 0; i < LANES; i++) {
+            const float e = pytfm__expf(s[j + i] - mx);
+            s[j + i] = j + i < vis ? e : 0.0f;
+            t[i] += s[j + i];
+        }
+    for (int64_t j = padded; j < nk; j++) s[j] = 0.0f;
+    *l = *l * alpha + pytfm__lanes_sum(t);
     *m = mx;
     return alpha;
 }
 
 static void attn_p_row(float *s, int64_t vis, int64_t nk, float scale, float lse) {
-    for (int64_t j = 0; j < vis; j++) s[j] = pytfm__expf(scale * s[j] - lse);
-    for (int64_t j = vis; j < nk; j++) s[j] = 0.0f;
+    const int64_t padded = lanes_up_(vis);
+    for (int64_t j = 0; j < padded; j += LANES)
+        for (int i = 0; i < LANES; i++) {
+            const float e = pytfm__expf(scale * s[j + i] - lse);
+            s[j + i] = j + i < vis ? e : 0.0f;
+        }
+    for (int64_t j = padded; j < nk; j++) s[j] = 0.0f;
 }
 
-static void attn_ds_row(float *dp, const float *p, int64_t nk, float delta, float scale) {
-    for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - delta) * scale;
+static void attn_ds_row(float *dp, const float *p, int64_t vis, int64_t nk, float delta,
+                        float scale) {
+    for (int64_t j = 0; j < vis; j++) dp[j] = p[j] * (dp[j] - delta) * scale;
+    for (int64_t j = vis; j < nk; j++) dp[j] = 0.0f;
 }
 
 /* one output of gemv: Σ x·w over LANES partial sums and a tail, combined as every row op */

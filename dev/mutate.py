@@ -56,9 +56,10 @@ MUTATIONS = {
     "fast_exp_coefficient": ("csrc/vecmath.h", "p = PYTFM_FMA(p, r, 1.6666665459e-1f);",
                              "p = PYTFM_FMA(p, r, 1.6e-1f);", FAST),
     "fast_softmax_tail_dropped": ("csrc/fast_impl.h", "for (; j < cols; j++) tail += dy[j] * y[j];", "", FAST),
-    "attn_fast_no_rescale": ("csrc/attention.c", "if (alpha != 1.0f)", "if (0)", FAST),
-    "attn_fast_dq_overwrites": ("csrc/attention.c", "k + j0 * HD, HD, nq, D, nk, 1.0f);",
-                                "k + j0 * HD, HD, nq, D, nk, 0.0f);", FAST),
+    # a rescale happens past the forward's 256-key tile: test_attention_across_the_key_tiles
+    "attn_fast_no_rescale": ("csrc/attention.c", "if (alpha != 1.0f)", "if (0)", ATT),
+    "attn_fast_dq_overwrites": ("csrc/attention.c", "k + j0 * HD, HD, nq, D, nk, 1.0f, diag);",
+                                "k + j0 * HD, HD, nq, D, nk, 0.0f, diag);", FAST),
     "attn_no_rescale": ("csrc/attention.c", "for (int64_t d = 0; d < D; d++) orow[d] *= alpha;", "", ATT),
     "attn_causal_sees_next": ("csrc/attention.c", "p->start + i0 + r - j0 + 1) : nk;",
                               "p->start + i0 + r - j0 + 2) : nk;", ATT),

@@ -65,6 +65,16 @@ def test_attention_matches_the_reference(B, T, H, D, causal, scale, seed):
         assert_close(f"attention.backward.{name}", g, r, atol=4 * rel * amax(r) + floor)
 
 
+@pytest.mark.parametrize("T", [128, 255, 256, 257, 300])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_across_the_key_tiles(T, causal):
+    """Lengths around the fast forward's 256-key tile (one tile per row up to 256, then a
+    second one and the online rescale) and the model's T = 128, where the diagonal's
+    micro-tiles are skipped in every product; against the reference, forward and backward."""
+    test_attention_matches_the_reference.hypothesis.inner_test(
+        B=1, T=T, H=2, D=32, causal=causal, scale=None, seed=T)
+
+
 @given(T=st.integers(1, 24), H=st.sampled_from([1, 3]), D=st.sampled_from([1, 8, 16]),
        data=st.data(), seed=seeds)
 def test_attention_without_mask_is_permutation_equivariant(T, H, D, data, seed):

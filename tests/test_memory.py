@@ -60,7 +60,8 @@ print(json.dumps({{"message": message, "same": same, "kept": kept, "room": room,
 
 # (C function, needs sgemm's micro-kernels, set-up that defines call() -> list of arrays,
 # out_bytes (what the Python wrapper allocates for the results) and scratch_bytes)
-TQ_TK = 64 * 64  # attention.c: the fast path's TQ×TK tile of scores
+TQ_TK = 64 * 256  # attention.c: the forward's TQ×TK tile of scores
+TQB_TKB = 64 * 64  # and the backward's TQB×TKB
 CASES = {
     "attention_forward": ("pytfm_attention_forward", True, f"""
 B, T, H, D = 1, 512, 1, 4096
@@ -75,7 +76,7 @@ q, k, v, dy = randn(B, T, H, D), randn(B, T, H, D), randn(B, T, H, D), randn(B, 
 o, lse = ops.attention_forward(q, k, v)
 call = lambda: list(ops.attention_backward(dy, q, k, v, o, lse))
 out_bytes = 4 * 3 * B * T * H * D  # dq, dk, dv
-scratch_bytes = 4 * threads * (2 * D * T + 2 * {TQ_TK} + T)  # backward_fast, per thread
+scratch_bytes = 4 * threads * (2 * D * T + 2 * {TQB_TKB} + T)  # backward_fast, per thread
 """),
     "attention_decode": ("pytfm_attention_decode", True, f"""
 B, Tmax, H, D, start, n_new = 1, 512, 1, 4096, 448, 64  # n_new >= 8: the tiled path

@@ -495,7 +495,7 @@ PYTFM_API pytfm_status pytfm_sum_squares(double *out, const float *x, int64_t co
  *   q, k, v [B, T, H, D] (the layout a fused QKV projection produces, no permute needed)
  *   D >= 1; scale finite, usually 1/sqrt(D)
  * Scratch (the fast version: isa AVX2 or above, T >= 8): per thread, a copy of one head's
- * keys transposed and a 64×64 tile of scores, D·T + 4224 floats (linear in T). The plain
+ * keys transposed and a 64×256 tile of scores, D·T + 16512 floats (linear in T). The plain
  * version allocates nothing: under 1 KiB of stack per thread.
  */
 PYTFM_API pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q,
