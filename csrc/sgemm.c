@@ -43,9 +43,9 @@
  *    on one core could stall the other on.
  * With all of these, `python -m bench --groups sgemm --threads 1 2 --rounds 3` (medians) had
  * pytfm at 0.89-0.96 of OpenBLAS on one thread (n = 256...2048; 0.89 at n = 2048) and
- * 0.91-1.08 on two (0.71-1.33 and 0.53-0.73 at n >= 512 before); the linear layers'
- * products 0.88-1.00 and 0.87-1.14 (0.74-1.37 and 0.04-2.58 before: the two threads then
- * waited at barriers, which a busy neighbour on one core stalls).
+ * 0.91-1.08 on two (0.53-0.73 at n >= 512 before); the linear layers' products 0.88-1.00 and
+ * 0.87-1.14 (the before run's two-thread figures swung too widely to compare: the threads
+ * then waited at barriers, which a busy neighbour on one core stalls).
  * The packing buffers are scratch, allocated once per call (pytfm__scratch): per thread, 216
  * KiB for A when it is packed and one KC×NC slice of B (less for a narrow C): at most 3.2 MiB.
  * Every element of C is summed by one thread in one fixed order (the k slices in turn, each in

@@ -225,11 +225,8 @@ class World:
         """grads (a FlatDict: one buffer) := sum over ranks of share_r * grads_r, in place, the
         same bits on every rank. share is this rank's weight in the global mean (shard()); with
         equal shares and N a power of two the scaling is exact."""
-        if self.size == 1:
-            if share != 1.0:
-                grads.buffer *= np.float32(share)
-            return
-        grads.buffer *= np.float32(share)
+        if share != 1.0:  # one rank's share is 1: nothing to scale
+            grads.buffer *= np.float32(share)
         self.sum_in_place(grads.buffer)
 
     def sum_in_place(self, buffer):
