@@ -777,6 +777,63 @@ PYTFM_API pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, c
                                              double beta1, double beta2, double eps,
                                              double weight_decay, void *stream);
 
+/* The fused split of the QKV projection (RoPE on q and k), as pytfm_qkv_split_*: a thread per
+ * rotated pair (or copied element). pos lives on the device and is not checked. */
+PYTFM_API pytfm_status pytfm_qkv_split_forward_cuda(float *q, float *k, float *v,
+                                                    const float *qkv, const int64_t *pos,
+                                                    int64_t B, int64_t T, int64_t H, int64_t D,
+                                                    int64_t pos_stride, double base,
+                                                    int32_t rope, void *stream);
+
+PYTFM_API pytfm_status pytfm_qkv_split_backward_cuda(float *dqkv, const float *dq,
+                                                     const float *dk, const float *dv,
+                                                     const int64_t *pos, int64_t B, int64_t T,
+                                                     int64_t H, int64_t D, int64_t pos_stride,
+                                                     double base, int32_t rope, void *stream);
+
+/* As pytfm_linear_gelu_forward: h = x·Wᵀ + b and y = gelu(h), the same values as
+ * pytfm_linear_forward_cuda then pytfm_gelu_forward_cuda. */
+PYTFM_API pytfm_status pytfm_linear_gelu_forward_cuda(float *y, float *h, const float *x,
+                                                      const float *w, const float *b,
+                                                      int64_t rows, int64_t in, int64_t out,
+                                                      void *stream);
+
+/* As pytfm_sum_squares, with out a DEVICE pointer to one double (written): gradient clipping
+ * without a copy to the host. A fixed order: the same bits on every run. */
+PYTFM_API pytfm_status pytfm_sum_squares_cuda(double *out, const float *x, int64_t count,
+                                              void *stream);
+
+/* Attention on the GPU, FlashAttention-2's structure in float32: the same arguments, shapes,
+ * rules and results (to float32 rounding) as pytfm_attention_forward/backward/cache_append/
+ * decode. Memory linear in T; head dims 1 <= D <= PYTFM_CUDA_ATTENTION_MAX_D (a larger D is
+ * PYTFM_STATUS_INVALID_ARGUMENT); the backward is deterministic (no atomics: the same bits on
+ * every run). Any scratch is allocated on the stream and freed after use. */
+#define PYTFM_CUDA_ATTENTION_MAX_D 128
+
+PYTFM_API pytfm_status pytfm_attention_forward_cuda(float *o, float *lse, const float *q,
+                                                    const float *k, const float *v, int64_t B,
+                                                    int64_t T, int64_t H, int64_t D,
+                                                    float scale, int32_t causal, void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, float *dv,
+                                                     const float *dy, const float *q,
+                                                     const float *k, const float *v,
+                                                     const float *o, const float *lse,
+                                                     int64_t B, int64_t T, int64_t H, int64_t D,
+                                                     float scale, int32_t causal, void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_cache_append_cuda(float *k_cache, float *v_cache,
+                                                         const float *k, const float *v,
+                                                         int64_t B, int64_t n_new, int64_t H,
+                                                         int64_t D, int64_t Tmax,
+                                                         int64_t start, void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const float *q,
+                                                   const float *k_cache, const float *v_cache,
+                                                   int64_t B, int64_t n_new, int64_t H,
+                                                   int64_t D, int64_t Tmax, int64_t start,
+                                                   float scale, void *stream);
+
 /* PYTFM_CDEF_END */
 
 #ifdef __cplusplus
