@@ -307,6 +307,7 @@ const char *cudaGetErrorString(cudaError_t error) {
     switch (error) {
     case cudaSuccess: return "no error";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInsufficientDriver:
         return "CUDA driver version is insufficient for CUDA runtime version";
     case cudaErrorInvalidConfiguration:
@@ -318,6 +319,7 @@ const char *cudaGetErrorString(cudaError_t error) {
 const char *cudaGetErrorName(cudaError_t error) {
     switch (error) {
     case cudaSuccess: return "cudaSuccess";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
@@ -332,3 +334,13 @@ cudaError_t cudaGetDeviceCount(int *count) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+
+cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t) {
+    *ptr = malloc(bytes ? bytes : 1);
+    return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFreeAsync(void *ptr, cudaStream_t) {
+    free(ptr);
+    return cudaSuccess;
+}

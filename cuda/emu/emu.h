@@ -22,7 +22,7 @@
  * It provides what the kernels of cuda/ use (threadIdx, blockIdx, blockDim, gridDim, static
  * __shared__ memory, __launch_bounds__ (ignored), __syncthreads, __shfl_xor_sync, rsqrtf, and
  * the runtime calls cudaGetLastError, cudaGetErrorString/Name, cudaGetDeviceCount and
- * cudaStreamSynchronize), and what the coming attention and SGEMM kernels (issues 10 and 12)
+ * cudaStreamSynchronize, cudaMallocAsync/cudaFreeAsync for scratch), and what the coming attention and SGEMM kernels (issues 10 and 12)
  * are written with: dynamic shared memory (PYTFM_DYNAMIC_SHARED, sized by PYTFM_LAUNCH's
  * shared_bytes) and the other three shuffles. Each is checked in tests/cuda/emu_selftest.cu.
  * No atomics or votes: a kernel that needs one adds it here, with a check of it there.
@@ -49,6 +49,7 @@ typedef struct pytfm_emu_stream *cudaStream_t;
 
 enum cudaError {
     cudaSuccess = 0,
+    cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInsufficientDriver = 35,
     cudaErrorNoDevice = 100,
@@ -61,6 +62,9 @@ const char *cudaGetErrorString(cudaError_t error);
 const char *cudaGetErrorName(cudaError_t error);
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+/* Stream-ordered scratch: host memory here (malloc and free; launches run at once). */
+cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
 
 namespace pytfm_emu {
 
