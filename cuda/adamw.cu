@@ -5,6 +5,15 @@
  *   param ← param − (lr / (1 − β1ᵗ)) · m / (sqrt(v) / sqrt(1 − β2ᵗ) + eps)
  * The scalars are computed once on the host in double, exactly as the CPU twin does; each
  * thread then does the float32 work of one element (grid-stride loop).
+ *
+ * pytfm_sum_squares_cuda, Σ x² in double for gradient clipping, without atomics so the bits
+ * are the same on every run: a bounded grid of G blocks, thread t of block g summing
+ * x[i]² for i = g·256 + t, + G·256, ... in order, each block's threads combined by the fixed
+ * tree of pytfm__block_sum into partial[g]; then one block sums partial[0..G) the same way
+ * into *out. G depends only on count (and the build), so the order does too. G = 1 (count
+ * up to 256) writes *out directly; otherwise the G doubles are scratch from cudaMallocAsync
+ * on the stream, freed there once the second kernel is queued. The order differs from the
+ * CPU's (csrc/adamw.c: blocks of 16384 in index order): the two agree to double rounding.
  */
 #include "pytfm_cuda.cuh"
 
@@ -41,4 +50,61 @@ extern "C" pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, 
     s.eps = (float)eps;
     return PYTFM_LAUNCH(adamw_kernel, dim3(pytfm__blocks(count, 256, PYTFM_MAX_BLOCKS)),
                         dim3(256), 0, stream, param, m, v, grad, count, s);
+}
+
+/* ---- Σ x², in double ------------------------------------------------------------------- */
+
+enum { SUM_THREADS = 256, SUM_BLOCKS = 1024 }; // at most 1024 partial sums: 8 KiB of scratch
+
+/* partial[blockIdx.x] = this block's grid-stride share of Σ x[i]² */
+static __global__ void __launch_bounds__(SUM_THREADS)
+sum_squares_kernel(double *partial, const float *x, int64_t count) {
+    __shared__ double scratch[PYTFM_WARP];
+    double acc = 0.0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x)
+        acc += (double)x[i] * (double)x[i];
+    acc = pytfm__block_sum(acc, scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+/* *out = Σ partial[0..n), by one block */
+static __global__ void __launch_bounds__(SUM_THREADS)
+sum_partials_kernel(double *out, const double *partial, int64_t n) {
+    __shared__ double scratch[PYTFM_WARP];
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+    acc = pytfm__block_sum(acc, scratch);
+    if (threadIdx.x == 0) *out = acc;
+}
+
+extern "C" pytfm_status pytfm_sum_squares_cuda(double *out, const float *x, int64_t count,
+                                               void *stream) {
+    PYTFM_CHECK(count >= 0, "%s: count must be >= 0, got %lld", __func__, (long long)count);
+    PYTFM_CHECK(out != NULL, "%s: out must not be NULL", __func__);
+    PYTFM_CHECK(x != NULL || count == 0, "%s: x must not be NULL", __func__);
+    const int64_t cap = PYTFM_MIN((int64_t)PYTFM_MAX_BLOCKS, (int64_t)SUM_BLOCKS);
+    const unsigned blocks = count == 0 ? 1u : pytfm__blocks(count, SUM_THREADS, cap);
+    if (blocks == 1) // count <= 256 (0 included: writes 0)
+        return PYTFM_LAUNCH(sum_squares_kernel, dim3(1), dim3(SUM_THREADS), 0, stream, out, x,
+                            count);
+    double *partial = NULL;
+    const cudaError_t err = cudaMallocAsync((void **)&partial, blocks * sizeof(double),
+                                            (cudaStream_t)stream);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError(); // not left behind for the next launch to report
+        return pytfm__fail(err == cudaErrorMemoryAllocation ? PYTFM_STATUS_OUT_OF_MEMORY
+                                                            : PYTFM_STATUS_CUDA_ERROR,
+                           "%s: no scratch for %u partial sums: %s", __func__, blocks,
+                           cudaGetErrorString(err));
+    }
+    pytfm_status st = PYTFM_LAUNCH(sum_squares_kernel, dim3(blocks), dim3(SUM_THREADS), 0,
+                                   stream, partial, x, count);
+    if (st == PYTFM_STATUS_OK)
+        st = PYTFM_LAUNCH(sum_partials_kernel, dim3(1), dim3(SUM_THREADS), 0, stream, out,
+                          (const double *)partial, (int64_t)blocks);
+    // freed in stream order, after the kernels that use it (or at once if they never ran)
+    const cudaError_t freed = cudaFreeAsync(partial, (cudaStream_t)stream);
+    if (freed != cudaSuccess) (void)cudaGetLastError();
+    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status(__func__, freed);
 }

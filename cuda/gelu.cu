@@ -6,11 +6,7 @@
  * One thread per element in a grid-stride loop; in place (y == x, dx == dy) is allowed. Finite
  * and non-finite x as on the CPU (csrc/gelu.c): the backward's term at v clamped to ±16.
  */
-#include "pytfm_cuda.cuh"
-
-static __device__ __forceinline__ float half_one_plus_tanh(float v) { // ½ (1 + tanh(k (v + a v³)))
-    return 1.0f / (1.0f + expf(-2.0f * PYTFM_GELU_K * (v + PYTFM_GELU_A * v * v * v)));
-}
+#include "gelu.cuh" /* half_one_plus_tanh, pytfm__gelu: shared with linear.cu's linear + GELU */
 
 static __global__ void gelu_forward_kernel(float *y, const float *x, int64_t count) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;

@@ -4,10 +4,12 @@
  *   x [rows, in], W [out, in], b [out], y [rows, out]
  *   forward:  y = x·Wᵀ (pytfm_sgemm_cuda, trans_b), then y[r, :] += b
  *   backward: dx = dy·W (written), dW += dyᵀ·x (β = 1), db += column sums of dy
+ *   linear + GELU: h = x·Wᵀ (the same SGEMM), then one pass h[r, :] += b, y = gelu(h):
+ *     the same float operations as the forward then gelu.cu's forward, one pass fewer over h.
  * The bias column sums are the fixed-order column reduction of pytfm_cuda.cuh: no atomics,
  * the same bits on every run.
  */
-#include "pytfm_cuda.cuh"
+#include "gelu.cuh" /* pytfm__gelu, as gelu.cu computes it; includes pytfm_cuda.cuh */
 
 static __global__ void add_bias_kernel(float *y, const float *b, int64_t rows, int64_t out) {
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * out;
@@ -23,6 +25,32 @@ extern "C" pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, cons
     if (!b || rows == 0) return PYTFM_STATUS_OK;
     return PYTFM_LAUNCH(add_bias_kernel, dim3(pytfm__blocks(rows * out, 256, PYTFM_MAX_BLOCKS)),
                         dim3(256), 0, stream, y, b, rows, out);
+}
+
+/* h[r, j] += b[j] (b may be NULL), y[r, j] = gelu(h[r, j]): add_bias_kernel then
+ * gelu_forward_kernel in one pass (without a bias, h is only read) */
+static __global__ void bias_gelu_kernel(float *y, float *h, const float *b, int64_t rows,
+                                        int64_t out) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * out;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        float v = h[e];
+        if (b) {
+            v += b[e % out];
+            h[e] = v;
+        }
+        y[e] = pytfm__gelu(v);
+    }
+}
+
+extern "C" pytfm_status pytfm_linear_gelu_forward_cuda(float *y, float *h, const float *x,
+                                                       const float *w, const float *b,
+                                                       int64_t rows, int64_t in, int64_t out,
+                                                       void *stream) {
+    PYTFM_TRY(pytfm__check_linear_gelu_forward(__func__, y, h, x, w, b, rows, in, out));
+    PYTFM_TRY(pytfm_sgemm_cuda(h, x, w, rows, out, in, 0, 1, 0.0f, stream));
+    if (rows == 0) return PYTFM_STATUS_OK;
+    return PYTFM_LAUNCH(bias_gelu_kernel, dim3(pytfm__blocks(rows * out, 256, PYTFM_MAX_BLOCKS)),
+                        dim3(256), 0, stream, y, h, b, rows, out);
 }
 
 /* db[j] += Σ_r dy[r, j] */

@@ -565,10 +565,18 @@ def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
 
 
 def sum_squares(x):
-    """Σ x² over every element of the float32 array x, summed in double (a Python float); the
-    same at any thread count."""
+    """Σ x² over every element of the float32 array x, summed in double.
+
+    NumPy: a Python float, the same at any thread count. CuPy: a 0-d cupy float64 array on
+    the device, written there by the kernel (no copy to the host: float() of it, or .get(),
+    reads it back when it is wanted), the same bits on every run; the two agree to double
+    rounding, not bit for bit (their sums are combined in another order)."""
     a = _Args("pytfm_sum_squares", locals())
     x = a.array("x", min_ndim=0)
+    if a.gpu:
+        out = a.xp.empty((), np.float64)
+        a.call(ffi.cast("double *", out.data.ptr), x, x.size)
+        return out
     out = ffi.new("double *")
     a.call(out, x, x.size)
     return float(out[0])

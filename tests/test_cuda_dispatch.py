@@ -204,3 +204,40 @@ def test_an_op_runs_on_cupy_once_its_kernel_has_a_cuda_twin(cp, monkeypatch):
     ptr, dims, scale, causal, stream = calls[0]
     assert ptr == q.data.ptr and dims == (1, 3, 2, 4) and scale == 0.5 and causal is False
     assert pytfm._core.ffi.typeof(stream).cname == "void *"
+
+
+def test_qkv_split_linear_gelu_and_sum_squares_on_cupy(cp):
+    """The twins the GPU model needs besides attention, through ops on (stand-in) CuPy arrays:
+    outputs made by the array module, the same results as the NumPy path."""
+    rng = np.random.default_rng(2)
+    r = lambda *s: rng.standard_normal(s).astype(np.float32)
+    qkv, pos = r(2, 3, 3, 2, 8), np.array([[5, 6, 7], [0, 1, 2]], np.int64)
+    for p in (None, pos, pos[1]):
+        gp = None if p is None else cp.asarray(p)
+        got = ops.qkv_split_forward(cp.asarray(qkv), gp)
+        for g, c in zip(got, ops.qkv_split_forward(qkv, p)):
+            assert type(g) is ndarray and g.shape == (2, 3, 2, 8)
+            np.testing.assert_allclose(g, c, rtol=1e-6, atol=1e-6)
+        grads = [r(2, 3, 2, 8) for _ in range(3)]
+        dqkv = ops.qkv_split_backward(*(cp.asarray(a) for a in grads), gp)
+        assert type(dqkv) is ndarray and dqkv.shape == qkv.shape
+        np.testing.assert_allclose(dqkv, ops.qkv_split_backward(*grads, p), rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match="qkv is a CuPy array but pos is a NumPy array"):
+        ops.qkv_split_forward(cp.asarray(qkv), pos)
+    with pytest.raises(ValueError, match=r"pos must have shape \(T,\) = \(3,\) or \(B, T\)"):
+        ops.qkv_split_forward(cp.asarray(qkv), cp.asarray(pos[:, :2]))
+
+    x, w, b = r(2, 5, 9), r(7, 9), r(7)
+    for bias in (b, None):
+        y, h = ops.linear_gelu_forward(cp.asarray(x), cp.asarray(w),
+                                       None if bias is None else cp.asarray(bias))
+        cy, ch = ops.linear_gelu_forward(x, w, bias)
+        for g, c in ((y, cy), (h, ch)):
+            assert type(g) is ndarray and g.shape == (2, 5, 7)
+            np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
+
+    for a in (r(1000), r(3, 4), np.zeros(0, np.float32)):
+        s = ops.sum_squares(cp.asarray(a))
+        assert type(s) is ndarray and s.shape == () and s.dtype == np.float64  # on the device
+        c = ops.sum_squares(a)
+        assert isinstance(c, float) and abs(float(s) - c) <= 1e-12 * c

@@ -372,3 +372,167 @@ def test_adamw(emu, order, count, step, weight_decay):
         scale = abs(before) + abs(r - before) + abs(grad) * 0.1 * (name == "m")
         close(f"adamw.{name}", got, r, c, atol=8 * EPS32 * scale + 1e-12)
     g.check()
+
+
+# ---- the twins the GPU model needs besides attention (issue 10) --------------------------
+
+QKV_CASES = [  # (B, T, H, D, pos): "none" is rope off (D may then be odd), [T] or [B, T]
+    (1, 1, 1, 2, "shared"), (1, 1, 1, 2, "none"), (1, 1, 3, 1, "none"),
+    (2, 3, 5, 6, "per-batch"), (2, 3, 5, 6, "shared"), (2, 3, 2, 5, "none"),
+    (1, 33, 2, 64, "per-batch"), (1, 33, 2, 64, "none"), (3, 7, 1, 10, "shared"),
+    (3, 1, 4, 8, "per-batch"), (3, 5, 3, 7, "none"),
+]
+
+
+def bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+@pytest.mark.parametrize("B,T,H,D,kind", QKV_CASES)
+def test_qkv_split(emu, order, B, T, H, D, kind):
+    """q, k: the same bits as pytfm_rope_forward_cuda on the slices of qkv (the same device
+    code), v (and everything without rope) an exact copy; against the reference and the C
+    kernel to float rounding. The backward likewise, into the fused layout."""
+    rng = np.random.default_rng(B * T * H * D + len(kind))
+    g = Guarded()
+    qkv = f32(rng, (B, T, 3, H, D))
+    rope = kind != "none"
+    pos = None
+    if rope:
+        pos = rng.integers(-50, 5000, (B, T)) if kind == "per-batch" else 7 + np.arange(T)
+    stride = T if kind == "per-batch" else 0
+    gpos = g(pos, np.int64) if rope else None
+    parts = [np.ascontiguousarray(qkv[:, :, i]) for i in range(3)]
+    q, k, v = (g.empty((B, T, H, D)) for _ in range(3))
+    emu.call("pytfm_qkv_split_forward_cuda", q, k, v, g(qkv), gpos, B, T, H, D, stride, 10000.0,
+             int(rope))
+    cq, ck, cv = ops.qkv_split_forward(qkv, pos)
+    np.testing.assert_array_equal(bits(v), bits(parts[2]))
+    np.testing.assert_array_equal(bits(cv), bits(v))
+    for name, got, part, c in (("q", q, parts[0], cq), ("k", k, parts[1], ck)):
+        if not rope:
+            np.testing.assert_array_equal(bits(got), bits(part))
+            continue
+        same = g.empty(part.shape)
+        emu.call("pytfm_rope_forward_cuda", same, g(part), gpos, B, T, H, D, stride, 10000.0)
+        np.testing.assert_array_equal(bits(got), bits(same))
+        close(f"qkv_split.forward.{name}", got, ref.rope_forward(part, pos), c,
+              atol=4 * EPS32 * float(abs(part).max()))
+
+    dq, dk, dv = (f32(rng, (B, T, H, D)) for _ in range(3))
+    dqkv = g.empty((B, T, 3, H, D))
+    emu.call("pytfm_qkv_split_backward_cuda", dqkv, g(dq), g(dk), g(dv), gpos, B, T, H, D,
+             stride, 10000.0, int(rope))
+    cdqkv = ops.qkv_split_backward(dq, dk, dv, pos)
+    np.testing.assert_array_equal(bits(dqkv[:, :, 2]), bits(dv))
+    np.testing.assert_array_equal(bits(cdqkv[:, :, 2]), bits(dv))
+    for i, (name, grad) in enumerate((("dq", dq), ("dk", dk))):
+        if not rope:
+            np.testing.assert_array_equal(bits(dqkv[:, :, i]), bits(grad))
+            continue
+        same = g.empty(grad.shape)
+        emu.call("pytfm_rope_backward_cuda", same, g(grad), gpos, B, T, H, D, stride, 10000.0)
+        np.testing.assert_array_equal(bits(dqkv[:, :, i]), bits(same))
+        close(f"qkv_split.backward.{name}", dqkv[:, :, i], ref.rope_backward(grad, pos),
+              cdqkv[:, :, i], atol=4 * EPS32 * float(abs(grad).max()))
+    g.check()
+
+
+def test_qkv_split_checks_its_arguments(emu):
+    qkv, out = np.ones((1, 2, 3, 1, 4), np.float32), np.zeros((3, 1, 2, 1, 4), np.float32)
+    pos = np.arange(2, dtype=np.int64)
+    with pytest.raises(EmuError, match="pytfm_qkv_split_forward_cuda: D must be even"):
+        emu.call("pytfm_qkv_split_forward_cuda", out[0], out[1], out[2], qkv, pos, 1, 2, 1, 3, 0,
+                 10000.0, 1)
+    with pytest.raises(EmuError, match="pytfm_qkv_split_forward_cuda: pos must not be NULL"):
+        emu.call("pytfm_qkv_split_forward_cuda", out[0], out[1], out[2], qkv, None, 1, 2, 1, 4, 0,
+                 10000.0, 1)
+    with pytest.raises(EmuError, match="pytfm_qkv_split_backward_cuda: .* must not share memory"):
+        emu.call("pytfm_qkv_split_backward_cuda", qkv, out[0], out[0], qkv[:, :, 0], pos, 1, 2,
+                 1, 4, 0, 10000.0, 1)
+    emu.call("pytfm_qkv_split_forward_cuda", out[0], out[1], out[2], qkv, None, 1, 2, 1, 3, 0,
+             10000.0, 0)  # rope off: odd D and no positions are fine
+
+
+@pytest.mark.parametrize("rows", [1, 33, 65])
+@pytest.mark.parametrize("inn,out", [(1, 1), (5, 7), (17, 65)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_gelu(emu, order, rows, inn, out, bias):
+    """h and y: the same bits as pytfm_linear_forward_cuda then pytfm_gelu_forward_cuda; the
+    reference and the C kernel to float rounding."""
+    rng = np.random.default_rng(rows * 100 + inn * 10 + out)
+    g = Guarded()
+    x, w = f32(rng, (rows, inn)), f32(rng, (out, inn))
+    b = f32(rng, out) if bias else None
+    gb = g(b) if bias else None
+    y, h = g.empty((rows, out)), g.empty((rows, out))
+    emu.call("pytfm_linear_gelu_forward_cuda", y, h, g(x), g(w), gb, rows, inn, out)
+    h2, y2 = g.empty((rows, out)), g.empty((rows, out))
+    emu.call("pytfm_linear_forward_cuda", h2, g(x), g(w), gb, rows, inn, out)
+    emu.call("pytfm_gelu_forward_cuda", y2, h2, rows * out)
+    np.testing.assert_array_equal(bits(h), bits(h2))
+    np.testing.assert_array_equal(bits(y), bits(y2))
+    rh = ref.linear_forward(x, w, b)
+    cy, ch = ops.linear_gelu_forward(x, w, b)
+    atol_h = 2 * inn * EPS32 * ref.linear_forward(abs(x), abs(w), None if b is None else abs(b))
+    close("linear_gelu.h", h, rh, ch, atol=atol_h)
+    # |gelu'| <= 1.13: h's error carries over, plus gelu's own few roundings
+    close("linear_gelu.y", y, ref.gelu_forward(rh), cy,
+          atol=1.2 * atol_h + 4 * EPS32 * (1.0 + abs(rh)))
+    g.check()
+
+
+def test_linear_gelu_refuses_aliases(emu):
+    x, w = np.ones((3, 4), np.float32), np.ones((4, 4), np.float32)
+    y, h = np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float32)
+    with pytest.raises(EmuError, match="pytfm_linear_gelu_forward_cuda: .* must not share memory"):
+        emu.call("pytfm_linear_gelu_forward_cuda", y, y, x, w, None, 3, 4, 4)
+    with pytest.raises(EmuError, match="pytfm_linear_gelu_forward_cuda: .* must not share memory"):
+        emu.call("pytfm_linear_gelu_forward_cuda", y, x, x, w, None, 3, 4, 4)
+    with pytest.raises(EmuError, match="pytfm_linear_gelu_forward_cuda: .* must not share memory"):
+        emu.call("pytfm_linear_gelu_forward_cuda", y, h, x, w, h[0], 3, 4, 4)
+    assert (y == 0).all() and (h == 0).all()  # refused before anything is written
+
+
+def sum_squares_cuda(emu, x, count=None):
+    """pytfm_sum_squares_cuda into a guarded double: its neighbours must keep their bits."""
+    out = np.array([np.nan] * 3)
+    marks = out.view(np.uint64).copy()
+    emu.call("pytfm_sum_squares_cuda", emu.ffi.cast("double *", out.ctypes.data + 8), x,
+             x.size if count is None else count)
+    np.testing.assert_array_equal(out.view(np.uint64)[[0, 2]], marks[[0, 2]])
+    return out[1]
+
+
+@pytest.mark.parametrize("count", [0, 1, 255, 256, 257, 769, 5000])
+def test_sum_squares(emu, count):
+    """256 threads a block, 3 blocks under the emulator: 257 is one past a block, 769 one past
+    a round of the grid-stride loop, 5000 several rounds. Both thread orders give the same bits
+    (a fixed order of additions); the value is Σ x² to double rounding."""
+    import math
+
+    rng = np.random.default_rng(count)
+    g = Guarded()
+    x = g(f32(rng, count, 2.0))
+    got = {}
+    for reverse in (0, 1):
+        emu.lib.pytfm_emu_set_order(reverse)
+        got[reverse] = sum_squares_cuda(emu, x)
+    emu.lib.pytfm_emu_set_order(0)
+    assert got[0].tobytes() == got[1].tobytes()
+    want = math.fsum(float(v) ** 2 for v in x)  # correctly rounded
+    tol = (count + 1) * 2.0**-52 * want
+    assert abs(got[0] - want) <= tol, (got[0], want)
+    assert abs(got[0] - ops.sum_squares(np.asarray(x))) <= 2 * tol
+    assert count or got[0] == 0.0  # count 0 writes 0
+    g.check()
+
+
+def test_sum_squares_checks_its_arguments(emu):
+    x = np.ones(4, np.float32)
+    with pytest.raises(EmuError, match="pytfm_sum_squares_cuda: count must be >= 0, got -1"):
+        sum_squares_cuda(emu, x, -1)
+    with pytest.raises(EmuError, match="pytfm_sum_squares_cuda: out must not be NULL"):
+        emu.call("pytfm_sum_squares_cuda", None, x, 4)
+    with pytest.raises(EmuError, match="pytfm_sum_squares_cuda: x must not be NULL"):
+        emu.call("pytfm_sum_squares_cuda", emu.ffi.new("double *"), None, 4)
