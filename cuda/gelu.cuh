@@ -11,7 +11,8 @@
 
 #include "pytfm_cuda.cuh"
 
-static __device__ __forceinline__ float half_one_plus_tanh(float v) { // ½ (1 + tanh(k (v + a v³)))
+// ½ (1 + tanh(k (v + a v³)))
+static __device__ __forceinline__ float half_one_plus_tanh(float v) {
     return 1.0f / (1.0f + expf(-2.0f * PYTFM_GELU_K * (v + PYTFM_GELU_A * v * v * v)));
 }
 

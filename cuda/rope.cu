@@ -15,8 +15,9 @@
  * With rope, a thread per pair (b, t, h, i) computes its angle once, with the same code as
  * rope_kernel (rope_cos_sin, rotate_pair), and rotates q's and k's pair and copies v's: q and
  * k are the same bits as pytfm_rope_forward_cuda on the slices. Without rope (D may be odd) a
- * thread per element copies. Both directions walk three "parts" (row bt of H·D floats read at
- * in[p] + bt·in_stride, written at out[p] + bt·out_stride), as csrc/rope.c's streams.
+ * thread per element (b, t, h, d) copies it in each part. Both directions walk three "parts"
+ * (row bt of H·D floats read at in[p] + bt·in_stride, written at out[p] + bt·out_stride), as
+ * csrc/rope.c's streams.
  */
 #include "pytfm_cuda.cuh"
 
@@ -91,7 +92,8 @@ static __global__ void qkv_rope_kernel(qkv_parts parts, const int64_t *pos, int6
         const int64_t bt = bth / H, b = bt / T, t = bt % T, h = bth % H;
         float c, s;
         rope_cos_sin(&c, &s, pos[b * pos_stride + t], i, D, base, sign);
-        const int64_t out_off = bt * parts.out_stride + h * D, in_off = bt * parts.in_stride + h * D;
+        const int64_t out_off = bt * parts.out_stride + h * D,
+                      in_off = bt * parts.in_stride + h * D;
         for (int p = 0; p < 2; p++)
             rotate_pair(parts.out[p] + out_off, parts.in[p] + in_off, i, half, c, s);
         float *v_out = parts.out[2] + out_off;
@@ -101,13 +103,14 @@ static __global__ void qkv_rope_kernel(qkv_parts parts, const int64_t *pos, int6
     }
 }
 
-/* rope off: element e = (bt·3 + p)·H·D + j, so that the fused side is walked in order */
+/* rope off: a thread per element (bt, j) of a part copies it in all three (the parts indexed
+ * by constants: a runtime index would put them in local memory) */
 static __global__ void qkv_copy_kernel(qkv_parts parts, int64_t rows, int64_t hd) {
-    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * 3 * hd;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * hd;
          e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t j = e % hd, bt = e / (3 * hd);
-        const int p = (int)(e / hd % 3);
-        parts.out[p][bt * parts.out_stride + j] = parts.in[p][bt * parts.in_stride + j];
+        const int64_t j = e % hd, bt = e / hd;
+        for (int p = 0; p < 3; p++)
+            parts.out[p][bt * parts.out_stride + j] = parts.in[p][bt * parts.in_stride + j];
     }
 }
 
@@ -116,7 +119,7 @@ static pytfm_status qkv_split(const char *func, const qkv_parts &parts, const in
                               double base, int32_t rope, double sign, void *stream) {
     if (B * T * H == 0) return PYTFM_STATUS_OK; // pos may then be NULL: nothing to read
     if (!rope) {
-        const int64_t n = B * T * 3 * H * D;
+        const int64_t n = B * T * H * D;
         return pytfm__launch(func, qkv_copy_kernel,
                              dim3(pytfm__blocks(n, 256, PYTFM_MAX_BLOCKS)), dim3(256), 0, stream,
                              parts, B * T, H * D);
