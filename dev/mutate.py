@@ -199,6 +199,20 @@ MUTATIONS = {
                                  ["tests/test_checkpoint.py"]),
     "tiny_no_write_probe": ("examples/train_tiny.py", "fd, probe = tempfile.mkstemp(prefix=\".write-test-\", dir=out)\n        os.close(fd)\n        os.unlink(probe)",
                             "pass", ["tests/test_cli.py"]),
+    # issue 10: the CUDA twins of the QKV split, the linear layer + GELU and the sum of squares
+    "cuda_qkv_v_from_k": ("cuda/rope.cu", "const float *v_in = parts.in[2] + in_off;",
+                          "const float *v_in = parts.in[1] + in_off;", EMU),
+    "cuda_qkv_backward_same_sign": ("cuda/rope.cu", "pos_stride, base, rope, -1.0, stream);",
+                                    "pos_stride, base, rope, +1.0, stream);", EMU),
+    "cuda_qkv_pos_ignores_batch": ("cuda/rope.cu", "h = bth % H;\n        float c, s;\n        rope_cos_sin(&c, &s, pos[b * pos_stride + t]",
+                                   "h = bth % H;\n        float c, s;\n        rope_cos_sin(&c, &s, pos[t]", EMU),
+    "cuda_qkv_copy_skips_v": ("cuda/rope.cu", "for (int p = 0; p < 3; p++)", "for (int p = 0; p < 2; p++)", EMU),
+    "cuda_linear_gelu_into_h": ("cuda/linear.cu", "y[e] = pytfm__gelu(v);", "h[e] = pytfm__gelu(v);", EMU),
+    "cuda_linear_gelu_h_without_bias": ("cuda/linear.cu", "            h[e] = v;\n", "", EMU),
+    "cuda_sum_squares_drops_last_partial": ("cuda/adamw.cu", "i < n; i += blockDim.x) acc += partial[i];",
+                                            "i + 1 < n; i += blockDim.x) acc += partial[i];", EMU),
+    "cuda_sum_squares_no_grid_stride": ("cuda/adamw.cu", "i += (int64_t)gridDim.x * blockDim.x)\n        acc += (double)x[i]",
+                                        "i += count)\n        acc += (double)x[i]", EMU),
 }
 
 
