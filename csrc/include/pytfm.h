@@ -185,7 +185,7 @@ PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
 /* ---- Linear: y = x·Wᵀ + b ------------------------------------------------------------ */
 /* Lives in: csrc/linear.c (its products through sgemm.c's plain or packed kernels), checks
  * csrc/checks.h pytfm__check_linear_*, CUDA cuda/linear.cu, Python pytfm/ops.py
- * linear_forward/backward and linear_gelu_forward (CPU only), reference pytfm/reference.py;
+ * linear_forward/backward and linear_gelu_forward, reference pytfm/reference.py;
  * tests in tests/: test_ops.py, test_linear_fused.py, test_properties.py, test_reference.py,
  * test_fast.py, test_memory.py, test_errors.py, test_sanitizers.py, test_cuda_emu.py,
  * test_cuda_dispatch.py, test_cuda_gpu.py. */
@@ -340,8 +340,9 @@ PYTFM_API pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int
 
 /* ---- The fused QKV projection's split, with RoPE on q and k ------------------------- */
 /* Lives in: csrc/rope.c (the same plain and fast paths as RoPE), checks csrc/checks.h
- * pytfm__check_qkv_split, no CUDA twin yet, Python pytfm/ops.py qkv_split_forward/backward
- * (pytfm/nn.py CausalSelfAttention), tests in tests/: test_qkv_split.py, test_model.py. */
+ * pytfm__check_qkv_split, CUDA cuda/rope.cu, Python pytfm/ops.py qkv_split_forward/backward
+ * (pytfm/nn.py CausalSelfAttention), tests in tests/: test_qkv_split.py, test_model.py,
+ * test_cuda_emu.py, test_cuda_dispatch.py. */
 /* The attention block's c_attn output holds q, k, v interleaved per token; the attention
  * kernels take each as its own [B, T, H, D] array. In one pass over the fused array:
  *   q [b, t] = R(θ) qkv[b, t, 0],  k [b, t] = R(θ) qkv[b, t, 1],  v [b, t] = qkv[b, t, 2]
@@ -471,8 +472,9 @@ PYTFM_API pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const 
                                         double beta2, double eps, double weight_decay);
 
 /* The sum of squares of a flat array, for gradient clipping's global norm (pytfm/optim.py
- * clip_grad_norm over the model's one gradient buffer). Lives in csrc/adamw.c; Python
- * pytfm/ops.py sum_squares; tests in tests/test_flat.py.
+ * clip_grad_norm over the model's one gradient buffer). Lives in csrc/adamw.c, CUDA
+ * cuda/adamw.cu; Python pytfm/ops.py sum_squares; tests in tests/: test_flat.py,
+ * test_cuda_emu.py, test_cuda_dispatch.py.
  *   *out = Σ_i x[i]² in double: blocks of 16384 elements each summed in order, then the block
  *   sums in order (the same bits at any thread count); x [count], count >= 0
  * Scratch: one double per block, when there are more than 64 blocks.
