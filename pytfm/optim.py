@@ -134,7 +134,9 @@ def _clip_on_device(arrays, max_norm):
     for g in arrays:  # added in the CPU path's order: the same float64 bits
         total = total + xp.asarray(ops.sum_squares(g), dtype=np.float64)
     norm = xp.sqrt(total)
-    scale = xp.where(norm > max_norm, max_norm / (norm + 1e-6), 1.0).astype(np.float32)
+    # where, not minimum: the CPU path clips only when norm > max_norm (and not for a NaN)
+    scale = xp.where(norm > max_norm, max_norm / (norm + 1e-6), xp.ones_like(norm))
+    scale = scale.astype(np.float32)
     for g in arrays:
         g *= scale
     return norm

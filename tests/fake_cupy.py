@@ -156,6 +156,7 @@ def new(strict=False):
     cp.zeros = lambda shape, dtype=np.float64: np.zeros(shape, dtype).view(ndarray)
     cp.empty_like = lambda a: np.empty_like(_plain(a)).view(ndarray)
     cp.zeros_like = lambda a: np.zeros_like(_plain(a)).view(ndarray)
+    cp.ones_like = lambda a: np.ones_like(_plain(a)).view(ndarray)
     cp.arange = lambda *args, dtype=None: np.arange(*args, dtype=dtype).view(ndarray)
     cp.sqrt = np.sqrt  # ufuncs: ndarray.__array_ufunc__ keeps the results ours
     cp.where, cp.stack, cp.concatenate = _where, _stack, _concatenate

@@ -378,6 +378,10 @@ def test_train_tiny_trains_saves_and_samples_on_the_gpu_path(cp, tmp_path, capsy
     model, at, _ = checkpoint.load(tmp_path / "gpu" / "model.safetensors")
     assert at == 5 and model.device == "cpu"
     assert "sample (temperature 0.8, top-k 40):" in gpu_out
+    # stopped after step 3, which prints nothing: its loss is read before the save
+    assert tt.main(tiny_run(tmp_path, "stop", "--device", "cuda"), interrupt_at=3) == 130
+    _, at, extra = checkpoint.load(tmp_path / "stop" / "model.safetensors")
+    assert at == 3 and [row[1] for row in extra["log"]] == [float(r[1]) for r in gpu_log[:3]]
 
 
 def test_train_tiny_stops_on_a_bad_loss_read_late_on_the_gpu(cp, tmp_path, capsys, monkeypatch):
