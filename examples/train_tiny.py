@@ -3,6 +3,7 @@
     python examples/train_tiny.py               # 0.83M parameters, context 128, < 1 min on 2 cores
     python examples/train_tiny.py --steps 1000 --text my.txt --out run1
     python examples/train_tiny.py --out run1 --resume          # continue an interrupted run
+    python examples/train_tiny.py --device cuda                # on the GPU (CuPy, CUDA build)
     mpiexec -n 2 python examples/train_tiny.py                 # two processes (pytfm[mpi])
 
 With no --text it learns from the Python standard library's own source files, which every
@@ -13,6 +14,12 @@ a loss that turns NaN or inf stops the run and leaves the last good checkpoint a
 Every flag and path is checked before training (--out by creating it and writing a test file):
 a bad one stops the script with its usage and one line naming the flag, exit status 2.
 Sample from a checkpoint later with examples/sample.py.
+
+--device cuda trains, evaluates, saves and samples on the GPU, in one process: each batch is
+copied to the device, and each step's loss stays there until a progress line prints it (then
+the losses of the steps since the last line are read back in one copy, and checked for NaN or
+inf: a bad one stops the run there, before anything is saved). Without CuPy, a CUDA build of
+pytfm or a GPU it stops at once with a sentence saying which (exit status 2).
 
 Under mpiexec -n N (pytfm.distributed) the N ranks train the same run together: --batch is the
 global batch, each rank trains its rows of it, and the gradients are averaged every step. Rank
@@ -35,6 +42,7 @@ import numpy as np
 
 import pytfm
 from pytfm import checkpoint, data, distributed
+from pytfm import device as devices
 from pytfm.generate import generate
 from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
@@ -250,7 +258,8 @@ def val_loss(model, batches, world=None, n_batches=4):
     for i in range(n_batches):
         x, y, share = world.shard(*batches.batch("val", i))
         # save=False: an evaluation leaves the state of the model's backward() alone
-        losses.append(model.forward(x, y, save=False)[1] * share)
+        x, y = devices.to_device(x, model.device), devices.to_device(y, model.device)
+        losses.append(float(model.forward(x, y, save=False)[1]) * share)
     return float(np.mean(world.sum(losses)))
 
 
@@ -288,8 +297,12 @@ def prepare(argv, ranks):
     args = p.parse_args(argv)
     check_numbers(p, args)
     if args.device == "cuda":
-        p.error("--device cuda: the model has no CUDA backend yet (no CUDA attention) "
-                f"(build_info()['cuda'] is {pytfm.build_info()['cuda']}); use --device cpu")
+        problem = devices.cuda_problem()
+        if problem is not None:
+            p.error(f"--device cuda: {problem} (--device cpu trains on the CPU)")
+        if ranks > 1:
+            p.error(f"--device cuda trains in one process, not {ranks} ranks: run it without "
+                    "mpiexec")
     if args.batch < ranks:
         p.error(f"--batch {args.batch} is the global batch, split over the {ranks} ranks: it "
                 f"must be at least {ranks}, one row each")
@@ -333,7 +346,7 @@ def run(world, argv, interrupt_at):
     batches = data.Batches(tokens, args.context, args.batch, seed=args.seed)
     cfg = GPTConfig(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
                     max_seq=args.context, pos=args.pos, seed=args.seed)
-    model = GPT(cfg)
+    model = GPT(cfg, device=args.device)
     opt = AdamW(model.params, model.grads, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     step, rows = 0, []
     if args.resume:  # saved on any number of ranks: the state is the same
@@ -378,42 +391,73 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
         if world.root:
             checkpoint.save(ckpt, model, step, opt, extra={"log": rows, "args": vars(args)})
 
+    gpu = model.device == "cuda"
+    unread = []  # on the GPU: (row, loss on the device) of each step whose loss is not read yet
+
+    def read_losses():
+        """On the GPU: the losses of the unread steps, copied back at once into their rows ->
+        the last one; None, once said, when one is not finite."""
+        values = devices.to_host(model.xp.stack([loss for _, loss in unread])).tolist()
+        for (row, _), value in zip(unread, values):
+            if not math.isfinite(value):
+                say(f"\nstep {row[0]}: the loss became {value}; stopping. The last good "
+                    f"checkpoint ({ckpt}) is left as it was.", file=sys.stderr)
+                return None
+            row[1] = round(value, 5)
+        unread.clear()
+        return values[-1]
+
     start, first_step, tokens_done = time.perf_counter(), step, 0
     while step < args.steps and not world.any(stop):  # Ctrl-C on any rank stops all
         lr = cosine_lr(step, args.lr, args.warmup, args.steps, min_lr=args.lr / 10)
         x, y, share = world.shard(*batches.batch("train", step))
+        if gpu:
+            x, y = devices.to_device(x, "cuda"), devices.to_device(y, "cuda")
         model.zero_grad()
         _, loss = model.forward(x, y)
-        loss = float(world.sum([loss * share])[0])  # the global batch's mean loss
-        if not math.isfinite(loss):
-            say(f"\nstep {step + 1}: the loss became {loss}; stopping. The last good checkpoint "
-                f"({ckpt}) is left as it was.", file=sys.stderr)
-            return 1
+        if not gpu:  # on the GPU the loss is read when it is printed
+            loss = float(world.sum([loss * share])[0])  # the global batch's mean loss
+            if not math.isfinite(loss):
+                say(f"\nstep {step + 1}: the loss became {loss}; stopping. The last good "
+                    f"checkpoint ({ckpt}) is left as it was.", file=sys.stderr)
+                return 1
         model.backward()
         world.average_gradients(model.grads, share)
         clip_grad_norm(model.grads, 1.0)
         opt.step(lr)
         step += 1
         tokens_done += args.batch * args.context  # the global batch's
+        row = [step, None, "", lr, 0, 0.0]  # the losses, the rate and the time filled in below
+        rows.append(row)
+        evaluating = step % args.eval_every == 0 or step == args.steps
+        printing = step % args.log_every == 0 or evaluating or step == 1
+        if gpu:
+            unread.append((row, loss))
+            if printing:
+                loss = read_losses()
+                if loss is None:
+                    return 1
+        else:
+            row[1] = round(loss, 5)
         elapsed = time.perf_counter() - start
         rate = tokens_done / elapsed
-        vl = val_loss(model, batches, world) \
-            if step % args.eval_every == 0 or step == args.steps else ""
+        vl = val_loss(model, batches, world) if evaluating else ""
         if vl != "" and not math.isfinite(vl):
             say(f"\nstep {step}: the validation loss became {vl}; stopping. The last good "
                 f"checkpoint ({ckpt}) is left as it was.", file=sys.stderr)
             return 1
         if step == interrupt_at:
             stop.append(True)
-        rows.append([step, round(loss, 5), vl if vl == "" else round(vl, 5), lr, round(rate),
-                     round(elapsed, 2)])
-        if step % args.log_every == 0 or vl != "" or step == 1:
+        row[2:] = [vl if vl == "" else round(vl, 5), lr, round(rate), round(elapsed, 2)]
+        if printing:
             left = (args.steps - step) * elapsed / (step - first_step)
             val = f" | val {vl:.4f}" if vl != "" else ""
             say(f"step {step:5d}/{args.steps} | loss {loss:.4f}{val} | {rate:6.0f} tok/s{on} | "
                 f"{clock(elapsed)} elapsed | {clock(left)} left", flush=True)
         if vl != "":
             save()
+    if unread and read_losses() is None:  # stopped between two progress lines
+        return 1
     save()
     if world.root:
         write_log(log_path, rows)

@@ -4,11 +4,11 @@
     y, mean, rstd = pytfm.ops.layernorm_forward(x, w, b)
 
 pytfm.ops holds one function per op direction (stateless); pytfm.KVCache the keys and values
-of a decoding run; pytfm.nn a GPT with hand-written backward passes; pytfm.reference the float64
-NumPy oracle.
+of a decoding run; pytfm.nn a GPT with hand-written backward passes (on the CPU, or on the GPU
+with CuPy: pytfm.device); pytfm.reference the float64 NumPy oracle.
 """
 
-from . import ops
+from . import device, ops
 from ._core import (
     PytfmError,
     _settings_from_environment,
@@ -24,5 +24,5 @@ from .kvcache import KVCache
 __version__ = version()
 _settings_from_environment()
 
-__all__ = ["KVCache", "PytfmError", "__version__", "build_info", "get_isa", "get_num_threads",
-           "ops", "set_max_isa", "set_num_threads"]
+__all__ = ["KVCache", "PytfmError", "__version__", "build_info", "device", "get_isa",
+           "get_num_threads", "ops", "set_max_isa", "set_num_threads"]

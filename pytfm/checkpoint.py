@@ -15,7 +15,13 @@ optim.t), that the tensors are exactly the parameters the config implies, names,
 dtypes, and that the sinusoidal table GPT(cfg) would allocate (it is not stored) is not out of
 all proportion to them, before it builds or touches a model. Only then does it read the data,
 and only after that does it copy into a given model and optimizer: a load that fails leaves
-them as they were. A path that is not a regular file (a folder; a FIFO, refused at once, not
+them as they were.
+
+A model on the GPU writes the same file as on the CPU (its parameters and the optimizer's
+moments are copied to the host, each FlatDict in one transfer), and a file loads into a model
+on either device (the tensors are copied into its arrays there).
+
+A path that is not a regular file (a folder; a FIFO, refused at once, not
 waited on) is a CheckpointError. Whatever the bytes, load_file and load raise nothing but
 CheckpointError (naming the file and the tensor or field), or OSError from the file system.
 
@@ -43,6 +49,7 @@ from dataclasses import asdict, fields
 
 import numpy as np
 
+from . import device as devices
 from .nn import GPT, GPTConfig, param_shapes
 
 _DTYPES = {"F32": np.dtype("<f4"), "I64": np.dtype("<i8")}
@@ -437,24 +444,36 @@ def save(path, model, step=0, optimizer=None, extra=None):
         raise ValueError(too_deep) from None
     if _json_depth_error(extra_json):
         raise ValueError(too_deep)
-    tensors = dict(model.params)
+    tensors = dict(_on_host(model.params))
     meta = {"format": "pytfm", "config": json.dumps(asdict(model.cfg)), "step": str(step),
             "extra": extra_json}
     if optimizer is not None:
         state = optimizer.state()
         meta["optim.t"] = str(state["t"])
+        m, v = _on_host(state["m"]), _on_host(state["v"])
         for name in model.params:
-            tensors[f"optim.m.{name}"] = state["m"][name]
-            tensors[f"optim.v.{name}"] = state["v"][name]
+            tensors[f"optim.m.{name}"] = m[name]
+            tensors[f"optim.v.{name}"] = v[name]
     save_file(path, tensors, meta)
 
 
-def load(path, model=None, optimizer=None):
-    """Load a checkpoint. With model=None a GPT is built from the stored config; otherwise the
-    stored config must be model's and the tensors are copied into it. Restores optimizer when
-    given. Returns (model, step, extra). Everything is checked before anything is built or
-    copied: on any error, model and optimizer are as they were. A model or optimizer that does
-    not hold float32 arrays of the config's parameter shapes is a ValueError."""
+def _on_host(arrays):
+    """{name: NumPy array} of a FlatDict (copied in one transfer when it is on the GPU) or of
+    a dict of arrays."""
+    if hasattr(arrays, "to") and hasattr(arrays, "layout"):
+        return arrays.to("cpu")
+    return {name: devices.to_host(a) for name, a in arrays.items()}
+
+
+def load(path, model=None, optimizer=None, device="cpu"):
+    """Load a checkpoint. With model=None a GPT is built from the stored config, on device;
+    otherwise the stored config must be model's and the tensors are copied into it, on its
+    device (device is then not used). Restores optimizer when given. Returns (model, step,
+    extra). Everything is checked before anything is built or copied: on any error, model and
+    optimizer are as they were. A model or optimizer that does not hold float32 arrays of the
+    config's parameter shapes is a ValueError."""
+    if model is None:
+        devices.array_module(device)  # a bad device fails before the file is read
     with _open_regular(path) as f:
         meta, entries = _read_header(f, path)
         cfg, step, extra, t = _check_pytfm_metadata(path, meta)
@@ -472,9 +491,12 @@ def load(path, model=None, optimizer=None):
             _check_arrays("the optimizer's second moments", state["v"], shapes)
         tensors = _read_data(f, path, entries)
     if model is None:
-        model = GPT(cfg)
-    for name, p in model.params.items():
-        p[...] = tensors[name]
+        model = GPT(cfg, device)
+    if hasattr(model.params, "copy_from"):  # a FlatDict: on the GPU, one copy of the buffer
+        model.params.copy_from(tensors)
+    else:
+        for name, p in model.params.items():
+            p[...] = devices.to_device(tensors[name], devices.device_of(p))
     if optimizer is not None:
         optimizer.load_state({"t": t, "m": {k: tensors[f"optim.m.{k}"] for k in shapes},
                               "v": {k: tensors[f"optim.v.{k}"] for k in shapes}})

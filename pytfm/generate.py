@@ -2,6 +2,10 @@
 
 The prompt is run once through decode() (filling the caches), then each new token costs one
 decode step over the cache: O(context) work per token, not a full recomputation.
+
+For a model on the GPU the prompt is copied there and decoding runs there; each step reads the
+last position's logits (B, vocab) back and samples on the host, with the same NumPy generator
+and float64 arithmetic as on the CPU: the tokens are the CPU's wherever the logits are.
 """
 
 import math
@@ -9,6 +13,7 @@ import operator
 
 import numpy as np
 
+from . import device as devices
 from .ops import _float, _int
 
 
@@ -45,8 +50,9 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0)
     """Continue prompt (int64 (B, T0), T0 >= 1) by max_new_tokens (>= 0) tokens
     -> (B, T0 + max_new_tokens).
     The total length may not exceed model.cfg.max_seq. Same seed (an integer >= 0), same
-    tokens; seed None draws fresh randomness."""
-    prompt = np.asarray(prompt)
+    tokens; seed None draws fresh randomness. The prompt may be a NumPy or a CuPy array; the
+    result is a NumPy array, whatever model.device is."""
+    prompt = devices.to_host(prompt)
     if prompt.dtype.kind not in "iu":  # 1.5 or True must not become a token id silently
         raise TypeError(f"prompt must hold integer token ids, got dtype {prompt.dtype}")
     if prompt.ndim != 2 or prompt.shape[1] < 1:
@@ -71,12 +77,13 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0)
         raise ValueError(f"prompt of {prompt.shape[1]} tokens + {max_new_tokens} new ones exceeds "
                          f"max_seq = {model.cfg.max_seq}")
     rng = np.random.default_rng(seed)
+    device = getattr(model, "device", "cpu")
     caches = model.new_caches(prompt.shape[0], prompt.shape[1] + max_new_tokens)
-    logits = model.decode(prompt, caches)[:, -1]
+    logits = model.decode(devices.to_device(prompt, device), caches)[:, -1]
     out = [prompt]
     for i in range(max_new_tokens):
-        token = sample_next(logits, rng, temperature, top_k)[:, None]
+        token = sample_next(devices.to_host(logits), rng, temperature, top_k)[:, None]
         out.append(token)
         if i + 1 < max_new_tokens:
-            logits = model.decode(token, caches)[:, -1]
+            logits = model.decode(devices.to_device(token, device), caches)[:, -1]
     return np.concatenate(out, axis=1)

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from . import device as devices
 from . import ops
 from .ops import _Args, _heads, _int
 
@@ -21,17 +22,19 @@ class KVCache:
 
     attend() appends k and v at positions [len(cache), len(cache) + n_new) and returns the
     causal attention of q to everything cached: the same result as ops.attention_forward over
-    the whole sequence, at O(len·D) per new token. The caches are NumPy arrays (attention has
-    no CUDA kernel yet).
+    the whole sequence, at O(len·D) per new token. The caches live on device: NumPy arrays
+    for "cpu", CuPy arrays for "cuda" (then q, k, v are CuPy arrays too).
     """
 
-    def __init__(self, batch, max_len, n_head, head_dim):
+    def __init__(self, batch, max_len, n_head, head_dim, device="cpu"):
         shape = (_int("batch", batch), _int("max_len", max_len), _int("n_head", n_head),
                  _int("head_dim", head_dim))
         if min(shape) < 1:
             raise ValueError(f"KVCache sizes must all be >= 1, got {shape}")
-        self.k = np.zeros(shape, np.float32)  # (B, Tmax, H, D)
-        self.v = np.zeros(shape, np.float32)
+        xp = devices.array_module(device)
+        self.k = xp.zeros(shape, np.float32)  # (B, Tmax, H, D)
+        self.v = xp.zeros(shape, np.float32)
+        self.device = device
         self.length = 0  # positions [0, length) hold keys and values
 
     def __len__(self):

@@ -14,6 +14,12 @@ transformer.h.0.attn.c_attn.weight, ... Layers hold references to those arrays, 
 ever updated in place. Both dicts are FlatDicts: every array is a view into one flat buffer
 (model.params.buffer, model.grads.buffer; matrices first, then vectors), so that zeroing the
 gradients, clipping them, AdamW's step and a data-parallel all-reduce each take one call.
+
+Devices: GPT(cfg, device="cuda") (or model.to("cuda")) keeps every array on the GPU as a CuPy
+array, and each op runs its CUDA twin (pytfm.ops picks the backend from the arrays); model.device
+says which. Nothing is read back to the host inside a training step (forward, backward,
+zero_grad, clipping, AdamW): the loss is a 0-d device array until float(loss) reads it. The
+inputs (token ids, targets) must be on the model's device: cupy.asarray(idx).
 """
 
 import math
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import device as devices
 from . import ops
 from .kvcache import KVCache
 
@@ -115,29 +122,57 @@ def flat_layout(shapes):
 
 class FlatDict(dict):
     """A dict of named float32 arrays that are views into one flat buffer, .buffer (1-D,
-    C-contiguous, 64-byte aligned), laid out by flat_layout (.layout, .size): the model's
+    C-contiguous; 64-byte aligned on the host, CuPy's 256-byte alignment on the GPU), laid out
+    by flat_layout (.layout, .size), on .device ("cpu": NumPy, "cuda": CuPy): the model's
     parameters, their gradients, and AdamW's moments are each one of these, so that zeroing,
     clipping, the optimizer step, and an all-reduce are each one call over .buffer.
 
     The views keep their names and shapes; assigning to a name copies into its view (the
     layers hold references to the views, so an array must never be replaced), and names can
-    be neither added nor removed."""
+    be neither added nor removed. .stale is set on the FlatDicts a GPT.to() left behind."""
 
-    def __init__(self, layout, size):
-        buffer = _aligned_zeros(size)
+    def __init__(self, layout, size, device="cpu", buffer=None):
+        if buffer is None:
+            xp = devices.array_module(device)
+            buffer = _aligned_zeros(size) if xp is np else xp.zeros(size, np.float32)
         super().__init__((name, buffer[off:off + math.prod(shape)].reshape(shape))
                          for name, (off, shape) in layout.items())
-        self.buffer, self.layout, self.size = buffer, layout, size
+        self.buffer, self.layout, self.size, self.device = buffer, layout, size, device
+        self.stale = False
 
     def zeros_like(self):
-        """A FlatDict of the same layout, all zeros."""
-        return FlatDict(self.layout, self.size)
+        """A FlatDict of the same layout on the same device, all zeros."""
+        return FlatDict(self.layout, self.size, self.device)
+
+    def to(self, device):
+        """This FlatDict on device: itself when it is there already, else a copy (the buffer
+        copied in one transfer)."""
+        if devices.check(device) == self.device:
+            return self
+        if device == "cpu":
+            buffer = _aligned_zeros(self.size)
+            buffer[...] = devices.to_host(self.buffer)
+        else:
+            buffer = devices.array_module(device).asarray(self.buffer)
+        return FlatDict(self.layout, self.size, device, buffer)
+
+    def copy_from(self, arrays):
+        """Copy {name: array} (every name of this FlatDict; NumPy or CuPy arrays of the views'
+        shapes) into the views. On the GPU, host arrays are gathered into one host buffer and
+        copied in one transfer."""
+        if self.device == "cuda" and not any(map(ops._is_cupy, arrays.values())):
+            staging = FlatDict(self.layout, self.size)
+            staging.copy_from(arrays)
+            self.buffer[...] = devices.to_device(staging.buffer, "cuda")
+            return
+        for name in self:
+            self[name] = arrays[name]
 
     def __setitem__(self, name, value):
         if name not in self:
             raise KeyError(f"{name!r} is not one of this FlatDict's arrays: names are fixed")
         view = self[name]
-        value = np.asarray(value)
+        value = devices.to_device(value, self.device)
         if value.shape != view.shape:
             raise ValueError(f"{name} has shape {view.shape}, got an array of shape "
                              f"{value.shape}")
@@ -280,7 +315,9 @@ def attention_probs(q, k, lse):  # [B, T, H, D] x2, lse [B, H, T] -> P [B, H, T,
     and the lse it returned (the kernel never stores them): P[b, h, t, s] = exp(scale·q_t·k_s −
     lse_t) for s <= t and 0 for s > t, scale = 1/sqrt(D) (the kernel's default). Each row sums
     to 1 because lse_t = log Σ_{s<=t} exp(scale·q_t·k_s). Computed in float64, returned as
-    float32; [B, H, T, T] floats: for short inputs."""
+    float32; [B, H, T, T] floats: for short inputs. Device arrays are copied to the host
+    first: the maps are for analysis, and come back as NumPy arrays."""
+    q, k, lse = (devices.to_host(a) for a in (q, k, lse))
     T, D = q.shape[1], q.shape[3]
     scores = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k.astype(np.float64))
     scores /= math.sqrt(D)
@@ -340,9 +377,15 @@ def sinusoidal_positions(T, d):  # (T, d): sin on even features, cos on odd (Vas
 
 
 class GPT:
-    """Decoder-only transformer: embedding → n_layer blocks → LayerNorm → LM head."""
+    """Decoder-only transformer: embedding → n_layer blocks → LayerNorm → LM head.
 
-    def __init__(self, cfg):
+    device: "cpu" (NumPy arrays, the C kernels) or "cuda" (CuPy arrays on the current GPU, the
+    CUDA kernels; pytfm.device.CudaUnavailable says why when the GPU cannot be used). The
+    parameters are drawn on the host from cfg.seed whatever the device, so GPT(cfg,
+    device="cuda") starts from the same bits as GPT(cfg), copied over in one transfer."""
+
+    def __init__(self, cfg, device="cpu"):
+        devices.array_module(device)  # a bad name or an unusable GPU fails before any work
         self.cfg = cfg
         P = Parameters(cfg)
         self.wte = Embedding(P, "transformer.wte", cfg.vocab, cfg.d_model)
@@ -353,7 +396,49 @@ class GPT:
         self.lm_head = Linear(P, "lm_head", cfg.d_model, cfg.vocab, bias=False,
                               tied=self.wte if cfg.tie_embeddings else None)
         self.params, self.grads = P.params, P.grads
-        self.saved = None
+        self.saved, self.device, self.xp = None, "cpu", np
+        self.to(device)
+
+    def to(self, device):
+        """Move the model to device ("cpu" or "cuda") and return it. Its parameters and
+        gradients become new FlatDicts there (each buffer copied in one transfer), which the
+        layers then hold; what a forward saved for its backward is dropped. Make the optimizer
+        AFTER moving the model, as in torch: one made before still holds the old arrays (its
+        step() refuses them: they are marked stale)."""
+        xp = devices.array_module(device)
+        if device == self.device:
+            return self
+        params, grads = self.params.to(device), self.grads.to(device)
+        moved = {}  # id of an old array -> the array that replaces it
+        for old, new in ((self.params, params), (self.grads, grads)):
+            moved.update((id(old[name]), new[name]) for name in old)
+            old.stale = True
+        for layer in self._layers():
+            for attr, value in list(vars(layer).items()):
+                if id(value) in moved:
+                    setattr(layer, attr, moved[id(value)])
+            layer.saved = None
+        self.params, self.grads = params, grads
+        if self.pe is not None:
+            self.pe = devices.to_device(self.pe, device)
+        self.saved, self.device, self.xp = None, device, xp
+        return self
+
+    def _layers(self):
+        """Every layer object, each once (a tied LM head shares the embedding's arrays)."""
+        yield self.wte
+        for block in self.blocks:
+            yield from (block.ln_1, block.attn, block.attn.c_attn, block.attn.c_proj,
+                        block.ln_2, block.mlp, block.mlp.c_fc, block.mlp.c_proj)
+        yield self.ln_f
+        yield self.lm_head
+
+    def _check_input(self, name, a):
+        """Token ids must be on the model's device (ops checks the rest)."""
+        if devices.device_of(a) != self.device:
+            how = "cupy.asarray(" if self.device == "cuda" else "cupy.asnumpy("
+            raise TypeError(f"{name} is on {devices.device_of(a)} but the model is on "
+                            f"{self.device}: move it there first ({how}{name}))")
 
     def num_params(self):
         return sum(p.size for p in self.params.values())
@@ -364,6 +449,7 @@ class GPT:
     def _logits(self, idx, start, save, caches):  # int64 (B, T) -> (B, T, vocab)
         """The tokens idx at positions [start, start + T): the whole sequence (start 0, no
         caches) or new tokens decoded through one KV cache per block."""
+        self._check_input("idx", idx)
         T = idx.shape[1]
         if start + T > self.cfg.max_seq:
             raise ValueError(
@@ -371,20 +457,25 @@ class GPT:
         x = self.wte.forward(idx, save)  # (B, T, C)
         if self.pe is not None:
             x += self.pe[start:start + T]
-        pos = np.arange(start, start + T, dtype=np.int64)
+        pos = self.xp.arange(start, start + T, dtype=np.int64)
         for block, cache in zip(self.blocks, caches):
             x = block.forward(x, pos, save, cache)
         return self.lm_head.forward(self.ln_f.forward(x, save), save)
 
     def forward(self, idx, targets=None, *, save=None):
         """idx int64 (B, T) -> logits (B, T, vocab), and the mean cross-entropy loss of the
-        targets (B, T) when given (-1 marks a position to ignore), else None.
+        targets (B, T) when given (-1 marks a position to ignore), else None. idx and targets
+        are on the model's device; on the GPU, logits and the loss are too (the loss a 0-d
+        array: float(loss) reads it back).
 
         save: keep what backward() needs (the default when targets are given); pass
         save=False to evaluate a loss without touching the state of a pending backward()."""
         save = targets is not None if save is None else save
         if save and targets is None:
             raise ValueError("forward(save=True) needs targets: backward() starts at the loss")
+        self._check_input("idx", idx)
+        if targets is not None:
+            self._check_input("targets", targets)
         logits = self._logits(idx, 0, save, [None] * self.cfg.n_layer)
         loss = lse = None
         if targets is not None:
@@ -414,7 +505,8 @@ class GPT:
         while the asked layers hand over their q, k (after RoPE) and the lse their attention
         kernel returned; P is rebuilt from those (attention_probs above), so it is what the
         kernel computed. Nothing is kept once this returns, and training never asks. The maps
-        take B·n_head·T²·len(layers) floats: more than MAX_ATTENTION_BYTES is a ValueError."""
+        take B·n_head·T²·len(layers) floats: more than MAX_ATTENTION_BYTES is a ValueError.
+        On the GPU, idx may be on either device, and the maps come back as NumPy arrays."""
         n_layer, H = self.cfg.n_layer, self.cfg.n_head
         layers = list(range(n_layer)) if layers is None else list(layers)
         for i in layers:
@@ -436,6 +528,8 @@ class GPT:
         try:
             for attn in attns:
                 attn.probe = []
+            if self.device != "cpu":
+                idx = devices.to_device(idx, self.device)
             self._logits(idx, 0, False, [None] * n_layer)
             return {i: attention_probs(*self.blocks[i].attn.probe[0]) for i in layers}
         finally:
@@ -444,14 +538,16 @@ class GPT:
 
     def new_caches(self, batch, max_len=None):
         """One KV cache per block, for decode(), of max_len positions (default and at most
-        cfg.max_seq: a generation sizes them to what it will decode, not to the context)."""
+        cfg.max_seq: a generation sizes them to what it will decode, not to the context), on
+        the model's device."""
         c = self.cfg
         max_len = c.max_seq if max_len is None else min(max_len, c.max_seq)
-        return [KVCache(batch, max_len, c.n_head, c.d_model // c.n_head)
+        return [KVCache(batch, max_len, c.n_head, c.d_model // c.n_head, device=self.device)
                 for _ in range(c.n_layer)]
 
     def decode(self, idx, caches):
         """Logits (B, n_new, vocab) of n_new new tokens idx (B, n_new), which follow the
         len(caches[0]) tokens already decoded; appends their keys and values to the caches.
+        idx, the caches and the logits are on the model's device.
         Saves nothing: a forward() and its backward() may be on either side of it."""
         return self._logits(idx, len(caches[0]), False, caches)

@@ -525,13 +525,14 @@ def cross_entropy_forward(logits, targets, ignore_index=-1):
     """Mean softmax cross-entropy over targets != ignore_index (0.0 if there are none).
 
     logits [..., vocab], targets int64 [...] -> (loss: float, lse [...]), lse the per-row
-    log-sum-exp that cross_entropy_backward takes.
+    log-sum-exp that cross_entropy_backward takes. On CuPy arrays the loss stays on the device,
+    a 0-d float32 array (float(loss) reads it back).
     """
     a = _Args("pytfm_cross_entropy_forward", locals())
     logits, targets, vocab, ignore_index = _cross_entropy_dims(a)
     loss, lse = a.empty(1), a.empty(targets.shape)
     a.call(loss, lse, logits, targets, targets.size, vocab, ignore_index)
-    return float(loss[0]), lse
+    return (loss.reshape(()) if a.gpu else float(loss[0])), lse
 
 
 def cross_entropy_backward(logits, targets, lse, ignore_index=-1, dloss=1.0):

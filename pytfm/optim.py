@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 
+from . import device as devices
 from . import ops
 from .ops import _float, _int
 
@@ -28,7 +29,11 @@ class AdamW:
     For a model's parameters and gradients (FlatDicts of one layout, pytfm.nn) the moments m
     and v are FlatDicts of that layout too, and a step is two calls of the fused kernel: one
     over the span of matrices, with weight decay, one over the vectors after it, without. Each
-    element's update is the one the per-parameter loop (any other dict) gives, bit for bit."""
+    element's update is the one the per-parameter loop (any other dict) gives, bit for bit.
+
+    The moments live where the parameters do (on the GPU for a model there): make the
+    optimizer after moving the model (GPT.to), as in torch; step() refuses parameters a move
+    left behind."""
 
     def __init__(self, params, grads, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
         # the kernel's own rules, checked here so that a bad value fails now, not at step 1
@@ -42,9 +47,9 @@ class AdamW:
                                   "finite and >= 0")
         self.params, self.grads = params, grads
         self.spans = _decay_spans(params, grads)  # None: one call per parameter
-        if self.spans is None:
-            self.m = {k: np.zeros_like(p) for k, p in params.items()}
-            self.v = {k: np.zeros_like(p) for k, p in params.items()}
+        if self.spans is None:  # each moment where its parameter is
+            self.m = {k: devices.module_of(p).zeros_like(p) for k, p in params.items()}
+            self.v = {k: devices.module_of(p).zeros_like(p) for k, p in params.items()}
         else:
             self.m, self.v = params.zeros_like(), params.zeros_like()
         self.t = 0  # steps taken
@@ -52,6 +57,9 @@ class AdamW:
     def step(self, lr=None):
         """One step over every parameter, at lr (None: the lr given to the constructor)."""
         lr = self.lr if lr is None else _lr("lr", lr)
+        if getattr(self.params, "stale", False):
+            raise RuntimeError("the model was moved (GPT.to) after this optimizer was made: its "
+                               "parameters are elsewhere now; make the optimizer after moving")
         self.t += 1
         hyper = (self.t, lr, self.betas[0], self.betas[1], self.eps)
         if self.spans is not None:
@@ -65,14 +73,20 @@ class AdamW:
             ops.adamw_step(p, self.grads[name], self.m[name], self.v[name], *hyper, wd)
 
     def state(self):
-        """Everything needed to continue identically: {'t': int, 'm': {...}, 'v': {...}}."""
+        """Everything needed to continue identically: {'t': int, 'm': {...}, 'v': {...}}, the
+        moments where the parameters are (pytfm.checkpoint copies them to the host)."""
         return {"t": self.t, "m": self.m, "v": self.v}
 
     def load_state(self, state):
+        """Continue from state (as state() gives; its moments NumPy or CuPy arrays, copied
+        to where this optimizer's are)."""
         self.t = int(state["t"])
-        for name in self.params:
-            self.m[name][...] = state["m"][name]
-            self.v[name][...] = state["v"][name]
+        for mine, theirs in ((self.m, state["m"]), (self.v, state["v"])):
+            if hasattr(mine, "copy_from"):  # a FlatDict: one copy of the buffer
+                mine.copy_from({name: theirs[name] for name in self.params})
+                continue
+            for name in self.params:
+                mine[name][...] = devices.to_device(theirs[name], devices.device_of(mine[name]))
 
 
 def _decay_spans(params, grads):
@@ -94,15 +108,37 @@ def clip_grad_norm(grads, max_norm):
     """Scale all gradients in place so that their global L2 norm is at most max_norm.
     Returns the norm before clipping (as torch.nn.utils.clip_grad_norm_). max_norm = inf
     measures without clipping. The squares are summed in double: over a FlatDict's buffer in
-    one call, else array by array."""
+    one call, else array by array.
+
+    On the GPU (CuPy gradients) nothing is read back: the norm is computed, compared and
+    applied on the device, and returned as a 0-d float64 CuPy array (float(norm) reads it).
+    The scale is the CPU's, max_norm / (norm + 1e-6) rounded to float32, or exactly 1 when
+    the norm is within max_norm, so the gradients get the CPU path's bits."""
     max_norm = _real("max_norm", max_norm, lambda f: f >= 0, ">= 0 (inf: no clipping)")
     buffer = getattr(grads, "buffer", None)
     arrays = [buffer] if buffer is not None else list(grads.values())
+    if arrays and ops._is_cupy(arrays[0]):
+        return _clip_on_device(arrays, max_norm)
     norm = math.sqrt(sum(ops.sum_squares(g) for g in arrays))
     if norm > max_norm:
         scale = np.float32(max_norm / (norm + 1e-6))
         for g in arrays:
             g *= scale
+    return norm
+
+
+def _clip_on_device(arrays, max_norm):
+    """clip_grad_norm for CuPy arrays, without a transfer: -> the norm, a 0-d device array."""
+    xp = devices.module_of(arrays[0])
+    total = xp.zeros((), np.float64)
+    for g in arrays:  # added in the CPU path's order: the same float64 bits
+        total = total + xp.asarray(ops.sum_squares(g), dtype=np.float64)
+    norm = xp.sqrt(total)
+    # where, not minimum: the CPU path clips only when norm > max_norm (and not for a NaN)
+    scale = xp.where(norm > max_norm, max_norm / (norm + 1e-6), xp.ones_like(norm))
+    scale = scale.astype(np.float32)
+    for g in arrays:
+        g *= scale
     return norm
 
 

@@ -3,13 +3,16 @@ arrays in disguise (their .data.ptr is host memory), and the library's _cuda fun
 by the emulator build of cuda/ (tests/cuda_emu.py). So the dispatch (which backend, the shape
 checks, outputs allocated by the array module, pointers from .data.ptr, the current stream, the
 index checks done in Python for device arrays) runs end to end here and must give what the
-NumPy path gives. tests/test_cuda_gpu.py runs the same path with real CuPy on a GPU.
+NumPy path gives. The stand-in and the emulated library live in tests/fake_cupy.py (also used
+by tests/test_cuda_model.py); tests/test_cuda_gpu.py runs the same path with real CuPy on a GPU.
 """
 
 import types
 
+import fake_cupy
 import numpy as np
 import pytest
+from fake_cupy import EmulatedLib, ndarray  # noqa: F401 - EmulatedLib: for the tests below
 
 import pytfm
 from pytfm import ops
@@ -17,76 +20,10 @@ from pytfm import ops
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-class ndarray(np.ndarray):  # noqa: N801 - stands in for cupy.ndarray
-    @property
-    def data(self):
-        return types.SimpleNamespace(ptr=self.ctypes.data)
-
-    @property
-    def device(self):
-        return types.SimpleNamespace(id=0)
-
-
-ndarray.__module__ = "cupy"
-
-
-def fake_cupy():
-    streams = []
-    cp = types.ModuleType("cupy")
-    cp.ndarray = ndarray
-    cp.asarray = lambda a: np.ascontiguousarray(a).view(ndarray)
-    cp.empty = lambda shape, dtype: np.empty(shape, dtype).view(ndarray)
-    cp.zeros = lambda shape, dtype: np.zeros(shape, dtype).view(ndarray)
-    cp.empty_like = lambda a: np.empty_like(a).view(ndarray)
-    cp.may_share_memory = np.may_share_memory
-
-    def current_stream():
-        streams.append(0)
-        return types.SimpleNamespace(ptr=0)
-
-    cp.cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0),
-                                    get_current_stream=current_stream)
-    cp.streams_asked = streams
-    return cp
-
-
-class EmulatedLib:
-    """pytfm's lib, with every _cuda function answered by the emulator library instead."""
-
-    def __init__(self, emu):
-        self.emu = emu
-
-    def __getattr__(self, name):
-        if not name.endswith("_cuda"):
-            return getattr(pytfm._core.lib, name)
-        core, emu = pytfm._core.ffi, self.emu.ffi
-        fn = getattr(self.emu.lib, name)
-
-        def call(*args):
-            conv = []
-            for a in args:
-                if isinstance(a, core.CData):  # a pointer made by pytfm's own ffi
-                    a = emu.cast(core.getctype(core.typeof(a)), int(core.cast("uintptr_t", a)))
-                conv.append(a)
-            return fn(*conv)
-
-        return call
-
-
 @pytest.fixture
 def cp(emu, monkeypatch):
-    fake = fake_cupy()
-    monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
-    monkeypatch.setattr(ops, "lib", EmulatedLib(emu))
-
-    def check(status):  # as pytfm._core.check, with the emulator library's message
-        if status == 0:
-            return
-        message = emu.error()
-        raise (ValueError if status in (1, 2) else pytfm.PytfmError)(message)
-
-    monkeypatch.setattr(ops, "check", check)
-    return fake
+    """The stand-in cupy module (tests/fake_cupy.py), with pytfm.ops.lib the emulator's."""
+    return fake_cupy.install(monkeypatch, emu)
 
 
 def test_cupy_arrays_run_the_cuda_kernels_and_match_numpy(cp):
@@ -130,7 +67,8 @@ def test_cupy_arrays_run_the_cuda_kernels_and_match_numpy(cp):
     targets[2] = -1
     loss, lse = ops.cross_entropy_forward(cp.asarray(logits), cp.asarray(targets))
     closs, clse = ops.cross_entropy_forward(logits, targets)
-    assert isinstance(loss, float) and abs(loss - closs) <= 1e-5 * abs(closs)
+    assert type(loss) is ndarray and loss.shape == ()  # the loss stays on the device
+    assert abs(float(loss) - closs) <= 1e-5 * abs(closs)
     np.testing.assert_allclose(
         ops.cross_entropy_backward(cp.asarray(logits), cp.asarray(targets), lse, dloss=2.0),
         ops.cross_entropy_backward(logits, targets, clse, dloss=2.0), atol=1e-7, rtol=1e-5)

@@ -345,10 +345,12 @@ def test_ctrl_c_saves_a_resumable_checkpoint(tmp_path, corpus):
 
 
 @needs_checkout
-def test_cuda_device_fails_clearly_until_the_backend_exists(tmp_path, corpus, capsys):
+def test_cuda_device_fails_clearly_without_a_gpu(tmp_path, corpus, capsys, monkeypatch):
     tt = load_train_tiny()
+    why = "no CUDA GPU was found (no device, or no NVIDIA driver)"
+    monkeypatch.setattr(tt.devices, "cuda_problem", lambda: why)  # as here, on any machine
     with pytest.raises(SystemExit) as raised:  # a usage error, as for any flag (tests/test_cli.py)
         tt.main(tiny_args(tmp_path / "g", corpus, "--device", "cuda"))
     assert raised.value.code == 2
-    assert "--device cuda: the model has no CUDA backend yet" in capsys.readouterr().err
+    assert f"--device cuda: {why} (--device cpu trains on the CPU)" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()  # checked before --out is created

@@ -1,0 +1,103 @@
+"""pytfm.device — where a model's arrays live: "cpu" (NumPy) or "cuda" (CuPy, on the current GPU).
+
+    problem = pytfm.device.cuda_problem()   # None, or one sentence: why the GPU cannot be used
+    xp = pytfm.device.array_module("cuda")  # cupy, or CudaUnavailable with that sentence
+
+The GPU needs three things, checked in this order: CuPy, a pytfm built with CUDA (nvcc found
+at install time), and a CUDA GPU with its driver. The checks go through pytfm.ops.lib (the
+module attribute), so that tests may answer them with another library. CuPy is imported only
+when a "cuda" device is asked for.
+"""
+
+import numpy as np
+
+from . import ops
+from ._core import ffi
+
+DEVICES = ("cpu", "cuda")
+
+
+class CudaUnavailable(RuntimeError):
+    """The GPU was asked for but cannot be used; the message says why, in one sentence."""
+
+
+def check(device, name="device"):
+    """device, once it is one of DEVICES; else ValueError naming the argument `name`."""
+    if not isinstance(device, str) or device not in DEVICES:
+        raise ValueError(f"{name} must be 'cpu' or 'cuda', got {device!r}")
+    return device
+
+
+def cuda_problem():
+    """None when the GPU can be used, else one sentence that says why not: CuPy missing, pytfm
+    built without CUDA, or no CUDA GPU (or driver), the first that applies."""
+    try:
+        import cupy  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name not in ("cupy", None):
+            return f"CuPy cannot be imported ({e}): reinstall it (pip install cupy-cuda13x)"
+        return "CuPy is not installed (pip install cupy-cuda13x)"
+    except ImportError as e:  # installed, but broken (a missing CUDA library, ...)
+        return f"CuPy cannot be imported ({e}): reinstall it (pip install cupy-cuda13x)"
+    info = ffi.new("pytfm_build_info *")
+    if ops.lib.pytfm_get_build_info(info) != ops.lib.PYTFM_STATUS_OK or not info.cuda:
+        return ("pytfm was built without CUDA (nvcc was not found when it was installed): "
+                "reinstall it with nvcc on PATH")
+    count = ffi.new("int32_t *")
+    if ops.lib.pytfm_cuda_device_count(count) != ops.lib.PYTFM_STATUS_OK:
+        error = ffi.string(ops.lib.pytfm_last_error()).decode("utf-8", "replace")
+        return f"the CUDA runtime could not count the GPUs ({error})"
+    if count[0] < 1:
+        return "no CUDA GPU was found (no device, or no NVIDIA driver)"
+    return None
+
+
+def require_cuda():
+    """Raise CudaUnavailable, saying why, unless the GPU can be used."""
+    problem = cuda_problem()
+    if problem is not None:
+        raise CudaUnavailable(problem)
+
+
+def array_module(device, name="device"):
+    """The array module of device: numpy for "cpu", cupy for "cuda" (after require_cuda())."""
+    if check(device, name) == "cpu":
+        return np
+    require_cuda()
+    import cupy
+
+    return cupy
+
+
+def device_of(a):
+    """ "cuda" for a CuPy array, "cpu" for anything else."""
+    return "cuda" if ops._is_cupy(a) else "cpu"
+
+
+def module_of(a):
+    """The array module of the array a: cupy for a CuPy array, numpy otherwise."""
+    if ops._is_cupy(a):
+        import cupy
+
+        return cupy
+    return np
+
+
+def to_host(a):
+    """a as a NumPy array: a CuPy array is copied to the host (the one place the device is
+    read), anything else goes through numpy.asarray."""
+    if ops._is_cupy(a):
+        import cupy
+
+        return cupy.asnumpy(a)
+    return np.asarray(a)
+
+
+def to_device(a, device):
+    """a (NumPy, CuPy, or what numpy.asarray takes) as an array on device: copied when it is
+    elsewhere, as it is when it is there already."""
+    if device == "cpu":
+        return to_host(a)
+    import cupy
+
+    return cupy.asarray(a)
