@@ -259,7 +259,7 @@ def val_loss(model, batches, world=None, n_batches=4):
         x, y, share = world.shard(*batches.batch("val", i))
         # save=False: an evaluation leaves the state of the model's backward() alone
         x, y = devices.to_device(x, model.device), devices.to_device(y, model.device)
-        losses.append(float(model.forward(x, y, save=False)[1]) * share)
+        losses.append(float(model.forward(x, y, save=False, check_ids=False)[1]) * share)
     return float(np.mean(world.sum(losses)))
 
 
@@ -414,7 +414,7 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
         if gpu:
             x, y = devices.to_device(x, "cuda"), devices.to_device(y, "cuda")
         model.zero_grad()
-        _, loss = model.forward(x, y)
+        _, loss = model.forward(x, y, check_ids=False)  # bytes: always below vocab = 256
         if not gpu:  # on the GPU the loss is read when it is printed
             loss = float(world.sum([loss * share])[0])  # the global batch's mean loss
             if not math.isfinite(loss):

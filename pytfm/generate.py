@@ -79,11 +79,13 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0)
     rng = np.random.default_rng(seed)
     device = getattr(model, "device", "cpu")
     caches = model.new_caches(prompt.shape[0], prompt.shape[1] + max_new_tokens)
-    logits = model.decode(devices.to_device(prompt, device), caches)[:, -1]
+    # the prompt was checked above, and sampled tokens are below vocab: no check on the GPU
+    logits = model.decode(devices.to_device(prompt, device), caches, check_ids=False)[:, -1]
     out = [prompt]
     for i in range(max_new_tokens):
         token = sample_next(devices.to_host(logits), rng, temperature, top_k)[:, None]
         out.append(token)
         if i + 1 < max_new_tokens:
-            logits = model.decode(devices.to_device(token, device), caches)[:, -1]
+            token = devices.to_device(token, device)
+            logits = model.decode(token, caches, check_ids=False)[:, -1]
     return np.concatenate(out, axis=1)

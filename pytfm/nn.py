@@ -247,11 +247,11 @@ class Embedding:
     def forward(self, ids, save=True):  # int64 (B, T) -> (B, T, dim)
         if save:
             self.saved = ids
-        return ops.embedding_forward(ids, self.w)
+        return ops.embedding_forward(ids, self.w, check_ids=False)  # GPT._inputs did
 
     def backward(self, dy):  # (B, T, dim) -> None (the ids have no gradient)
         ids = self.saved
-        ops.embedding_backward(dy, ids, self.w.shape[0], dtable=self.dw)
+        ops.embedding_backward(dy, ids, self.w.shape[0], dtable=self.dw, check_ids=False)
 
 
 class LayerNorm:
@@ -433,12 +433,20 @@ class GPT:
         yield self.ln_f
         yield self.lm_head
 
-    def _check_input(self, name, a):
-        """Token ids must be on the model's device (ops checks the rest)."""
-        if devices.device_of(a) != self.device:
-            how = "cupy.asarray(" if self.device == "cuda" else "cupy.asnumpy("
-            raise TypeError(f"{name} is on {devices.device_of(a)} but the model is on "
-                            f"{self.device}: move it there first ({how}{name}))")
+    def _check_inputs(self, idx, targets=None, check_ids=True):
+        """Token ids must be on the model's device. On the CPU the C kernels check their values;
+        on the GPU the kernels cannot (pytfm.h), so they are checked here, idx and targets with
+        one read of the device, unless the caller vouches for them (check_ids=False)."""
+        named = [("idx", idx)] + ([("targets", targets)] if targets is not None else [])
+        for name, a in named:
+            if devices.device_of(a) != self.device:
+                how = "cupy.asarray(" if self.device == "cuda" else "cupy.asnumpy("
+                raise TypeError(f"{name} is on {devices.device_of(a)} but the model is on "
+                                f"{self.device}: move it there first ({how}{name}))")
+        if self.device != "cpu" and ops._bool("check_ids", check_ids):
+            vocab = self.cfg.vocab
+            ops.check_index_arrays(*((name, a, vocab, -1 if name == "targets" else None)
+                                     for name, a in named))
 
     def num_params(self):
         return sum(p.size for p in self.params.values())
@@ -447,9 +455,8 @@ class GPT:
         self.grads.buffer.fill(0.0)
 
     def _logits(self, idx, start, save, caches):  # int64 (B, T) -> (B, T, vocab)
-        """The tokens idx at positions [start, start + T): the whole sequence (start 0, no
-        caches) or new tokens decoded through one KV cache per block."""
-        self._check_input("idx", idx)
+        """The tokens idx (checked by the caller) at positions [start, start + T): the whole
+        sequence (start 0, no caches) or new tokens decoded through one KV cache per block."""
         T = idx.shape[1]
         if start + T > self.cfg.max_seq:
             raise ValueError(
@@ -462,24 +469,25 @@ class GPT:
             x = block.forward(x, pos, save, cache)
         return self.lm_head.forward(self.ln_f.forward(x, save), save)
 
-    def forward(self, idx, targets=None, *, save=None):
+    def forward(self, idx, targets=None, *, save=None, check_ids=True):
         """idx int64 (B, T) -> logits (B, T, vocab), and the mean cross-entropy loss of the
         targets (B, T) when given (-1 marks a position to ignore), else None. idx and targets
         are on the model's device; on the GPU, logits and the loss are too (the loss a 0-d
         array: float(loss) reads it back).
 
         save: keep what backward() needs (the default when targets are given); pass
-        save=False to evaluate a loss without touching the state of a pending backward()."""
+        save=False to evaluate a loss without touching the state of a pending backward().
+        check_ids=False skips the GPU's check of the ids' values (one read of the device, the
+        only one in a training step) when the caller knows them to be in [0, vocab) (-1 for a
+        target); an id outside would then make the loss NaN. The CPU always checks."""
         save = targets is not None if save is None else save
         if save and targets is None:
             raise ValueError("forward(save=True) needs targets: backward() starts at the loss")
-        self._check_input("idx", idx)
-        if targets is not None:
-            self._check_input("targets", targets)
+        self._check_inputs(idx, targets, check_ids)
         logits = self._logits(idx, 0, save, [None] * self.cfg.n_layer)
         loss = lse = None
         if targets is not None:
-            loss, lse = ops.cross_entropy_forward(logits, targets)  # lse (B, T)
+            loss, lse = ops.cross_entropy_forward(logits, targets, check_ids=False)  # lse (B, T)
         if save:
             self.saved = (logits, targets, lse)
         return logits, loss
@@ -490,7 +498,7 @@ class GPT:
         if self.saved is None:
             raise RuntimeError("backward() needs a preceding forward(idx, targets) with targets")
         logits, targets, lse = self.saved
-        dlogits = ops.cross_entropy_backward(logits, targets, lse)  # (B, T, vocab)
+        dlogits = ops.cross_entropy_backward(logits, targets, lse, check_ids=False)  # (B, T, V)
         dx = self.ln_f.backward(self.lm_head.backward(dlogits))  # (B, T, C)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
@@ -530,6 +538,7 @@ class GPT:
                 attn.probe = []
             if self.device != "cpu":
                 idx = devices.to_device(idx, self.device)
+            self._check_inputs(idx)
             self._logits(idx, 0, False, [None] * n_layer)
             return {i: attention_probs(*self.blocks[i].attn.probe[0]) for i in layers}
         finally:
@@ -545,9 +554,10 @@ class GPT:
         return [KVCache(batch, max_len, c.n_head, c.d_model // c.n_head, device=self.device)
                 for _ in range(c.n_layer)]
 
-    def decode(self, idx, caches):
+    def decode(self, idx, caches, *, check_ids=True):
         """Logits (B, n_new, vocab) of n_new new tokens idx (B, n_new), which follow the
         len(caches[0]) tokens already decoded; appends their keys and values to the caches.
-        idx, the caches and the logits are on the model's device.
+        idx, the caches and the logits are on the model's device; check_ids as forward().
         Saves nothing: a forward() and its backward() may be on either side of it."""
+        self._check_inputs(idx, check_ids=check_ids)
         return self._logits(idx, len(caches[0]), False, caches)

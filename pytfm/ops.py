@@ -105,6 +105,24 @@ def _bool(name, v):
     return bool(v)
 
 
+def check_index_arrays(*specs):
+    """Raise ValueError for the first id outside [0, limit) (ignore, when not None, is allowed
+    too) in each (name, ids, limit, ignore) of specs, for NumPy or CuPy int arrays alike; on the
+    device, one read for all of them together (what pytfm.nn does once per batch)."""
+    bads = []
+    for _, ids, limit, ignore in specs:
+        bad = (ids < 0) | (ids >= limit)
+        if ignore is not None:
+            bad &= ids != ignore
+        bads.append(bad)
+    if not bads or not bool(sum(b.any() for b in bads)):  # (a 0-d sum on the device: one read)
+        return
+    for (name, ids, limit, _), bad in zip(specs, bads):
+        if bool(bad.any()):
+            i = int(bad.ravel().argmax())
+            raise ValueError(f"{name}[{i}] = {int(ids.ravel()[i])} is outside [0, {limit})")
+
+
 class _Args:
     """The arguments of one call to the C function `kernel`, by name (an op's locals()).
 
@@ -213,16 +231,11 @@ class _Args:
 
     def ids(self, name, limit, ignore=None):
         """Device index arrays are not checked by the CUDA kernels (that needs a copy to the
-        host): check them here, as the C kernels do, before anything is written."""
-        ids = self.named[name]
-        if not self.gpu or ids.size == 0:
-            return
-        bad = (ids < 0) | (ids >= limit)
-        if ignore is not None:
-            bad &= ids != ignore
-        if bool(bad.any()):
-            i = int(bad.ravel().argmax())
-            raise ValueError(f"{name}[{i}] = {int(ids.ravel()[i])} is outside [0, {limit})")
+        host): check them here, as the C kernels do, before anything is written, unless the
+        caller says it did (check_ids=False). That check reads the device once."""
+        check = _bool("check_ids", self.named.get("check_ids", True))
+        if self.gpu and check:
+            check_index_arrays((name, self.named[name], limit, ignore))
 
     # -- outputs and the call --
 
@@ -479,8 +492,9 @@ def gelu_backward(dy, x):
 # ---- embedding ------------------------------------------------------------------------------
 
 
-def embedding_forward(ids, table):
-    """ids int64 [...] in [0, vocab), table [vocab, dim] -> y [..., dim]"""
+def embedding_forward(ids, table, *, check_ids=True):
+    """ids int64 [...] in [0, vocab), table [vocab, dim] -> y [..., dim]. check_ids=False: the
+    caller checked the ids (on CuPy arrays the check reads the device; see _Args.ids)."""
     a = _Args("pytfm_embedding_forward", locals())
     ids = a.array("ids", dtype=_I64, min_ndim=0)
     table = a.array("table", ndim=2)
@@ -493,8 +507,9 @@ def embedding_forward(ids, table):
     return y
 
 
-def embedding_backward(dy, ids, vocab, *, dtable=None):
-    """dy [..., dim], ids int64 [...] -> dtable [vocab, dim] (repeated ids add up)"""
+def embedding_backward(dy, ids, vocab, *, dtable=None, check_ids=True):
+    """dy [..., dim], ids int64 [...] -> dtable [vocab, dim] (repeated ids add up); check_ids as
+    embedding_forward"""
     a = _Args("pytfm_embedding_backward", locals())
     ids = a.array("ids", dtype=_I64, min_ndim=0)
     dy = a.array("dy", last="the embedding dim", lead=ids.shape, because="ids.shape + (dim,)")
@@ -521,12 +536,13 @@ def _cross_entropy_dims(a):
     return logits, targets, logits.shape[-1], ignore_index
 
 
-def cross_entropy_forward(logits, targets, ignore_index=-1):
+def cross_entropy_forward(logits, targets, ignore_index=-1, *, check_ids=True):
     """Mean softmax cross-entropy over targets != ignore_index (0.0 if there are none).
 
     logits [..., vocab], targets int64 [...] -> (loss: float, lse [...]), lse the per-row
     log-sum-exp that cross_entropy_backward takes. On CuPy arrays the loss stays on the device,
-    a 0-d float32 array (float(loss) reads it back).
+    a 0-d float32 array (float(loss) reads it back). check_ids=False: the caller checked the
+    targets (on CuPy arrays the check reads the device).
     """
     a = _Args("pytfm_cross_entropy_forward", locals())
     logits, targets, vocab, ignore_index = _cross_entropy_dims(a)
@@ -535,8 +551,9 @@ def cross_entropy_forward(logits, targets, ignore_index=-1):
     return (loss.reshape(()) if a.gpu else float(loss[0])), lse
 
 
-def cross_entropy_backward(logits, targets, lse, ignore_index=-1, dloss=1.0):
-    """-> dlogits [..., vocab], the gradient of dloss · loss; lse from cross_entropy_forward."""
+def cross_entropy_backward(logits, targets, lse, ignore_index=-1, dloss=1.0, *, check_ids=True):
+    """-> dlogits [..., vocab], the gradient of dloss · loss; lse from cross_entropy_forward;
+    check_ids as cross_entropy_forward."""
     a = _Args("pytfm_cross_entropy_backward", locals())
     logits, targets, vocab, ignore_index = _cross_entropy_dims(a)
     lse = a.array("lse", min_ndim=0, shape=targets.shape, because="logits.shape[:-1]")

@@ -66,11 +66,11 @@ def assert_close(name, got, want, atol):
     assert err <= atol, f"{name}: max error {err:.3g} over {atol:.3g}"
 
 
-def step(model, x, y, max_norm=None, opt=None, lr=None):
+def step(model, x, y, max_norm=None, opt=None, lr=None, check_ids=True):
     """zero_grad, forward, backward (then the clip and the optimizer step when asked) ->
     (loss, norm or None)."""
     model.zero_grad()
-    _, loss = model.forward(x, y)
+    _, loss = model.forward(x, y, check_ids=check_ids)
     model.backward()
     norm = clip_grad_norm(model.grads, max_norm) if max_norm is not None else None
     if opt is not None:
@@ -108,23 +108,18 @@ def test_a_training_step_gives_the_cpu_models_loss_and_gradients(cp, name):
     assert not host(gpu.grads.buffer)[padding].any()  # (d_model 30 has some)
 
 
-def test_nothing_is_read_back_inside_a_training_step(cp, monkeypatch):
+def test_nothing_is_read_back_inside_a_training_step(cp):
     """zero_grad, forward, backward, the clip and AdamW's step leave everything on the device;
-    the loss is read when asked. (pytfm.ops checks device index arrays, ids and targets, on
-    the host, one bool each: those reads are ops', not the model's, and are left out here.)"""
-    real_ids = ops._Args.ids
-
-    def ids_without_counting(self, *args):
-        before = cp.reads()
-        real_ids(self, *args)
-        fake_cupy._STATE.reads = before
-
-    monkeypatch.setattr(ops._Args, "ids", ids_without_counting)
+    the loss is read when asked. The ids' check is the one read, and check_ids=False (the ids
+    known to be good, as train_tiny's bytes are) skips it."""
     model = GPT(TINY, device="cuda")
     opt = AdamW(model.params, model.grads, lr=1e-2)
     x, y = on_device(cp, *batch(TINY))
     before = cp.reads()
-    loss, norm = step(model, x, y, max_norm=0.5, opt=opt)
+    step(model, x, y, max_norm=0.5, opt=opt)
+    assert cp.reads() == before + 1, "the ids' check reads the device once a step"
+    before = cp.reads()
+    loss, norm = step(model, x, y, max_norm=0.5, opt=opt, check_ids=False)
     assert cp.reads() == before, "a training step read from the device"
     assert type(norm) is cp.ndarray and norm.shape == () and norm.dtype == np.float64
     assert math.isfinite(float(loss)) and cp.reads() == before + 1
@@ -316,6 +311,21 @@ def test_an_unknown_device_is_a_value_error_naming_the_argument(tmp_path):
         KVCache(1, 4, 2, 4, device=0)
     with pytest.raises(ValueError, match=r"device must be 'cpu' or 'cuda', got None"):
         checkpoint.load(tmp_path / "none.safetensors", device=None)
+
+
+def test_ids_outside_the_vocabulary_are_refused_on_the_device_too(cp):
+    gpu = GPT(TINY, device="cuda")
+    x, y = batch(TINY)
+    bad_x, bad_y = x.copy(), y.copy()
+    bad_x[1, 2], bad_y[0, 3] = TINY.vocab, -2
+    with pytest.raises(ValueError, match=rf"idx\[{x.shape[1] + 2}\] = {TINY.vocab} is outside"):
+        gpu.forward(*on_device(cp, bad_x, y))
+    with pytest.raises(ValueError, match=r"targets\[3\] = -2 is outside"):
+        gpu.forward(*on_device(cp, x, bad_y))
+    y[0, 3] = -1  # ignored, not bad
+    gpu.forward(*on_device(cp, x, y))
+    with pytest.raises(ValueError, match="is outside"):
+        gpu.decode(cp.asarray(bad_x), gpu.new_caches(x.shape[0]))
 
 
 def test_inputs_on_the_other_device_are_refused_clearly(cp):
