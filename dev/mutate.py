@@ -212,6 +212,8 @@ MUTATIONS = {
                                    ["tests/test_cuda_attention.py"]),
     "cuda_attn_vector_load_unaligned": ("cuda/attention.cu", "vv = vec && pytfm__aligned4(a.v);", "vv = vec;",
                                         ["tests/test_cuda_attention.py"]),
+    "cuda_attn_no_shared_optin": ("cuda/pytfm_cuda.cuh", "    if (bytes <= 48 * 1024) return PYTFM_STATUS_OK;\n",
+                                  "    return PYTFM_STATUS_OK;\n", ["tests/test_cuda_attention.py"]),
 }
 
 
