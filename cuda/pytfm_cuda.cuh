@@ -41,12 +41,60 @@ static pytfm_status pytfm__launch(const char *func, void (*kernel)(P...), dim3 g
     kernel<<<grid, block, shared_bytes, (cudaStream_t)stream>>>(args...);
 #else
     (void)stream;
-    pytfm_emu::launch(grid, block, shared_bytes, [=] { kernel(args...); });
+    // the kernel's address keys its shared memory limit (cudaFuncSetAttribute)
+    pytfm_emu::launch(grid, block, shared_bytes, [=] { kernel(args...); },
+                      reinterpret_cast<const void *>(kernel));
 #endif
     return pytfm__cuda_status(func, cudaGetLastError());
 }
 
 #define PYTFM_LAUNCH(...) pytfm__launch(__func__, __VA_ARGS__)
+
+/* Let kernel's launches ask for `bytes` of dynamic shared memory: beyond 48 KiB the GPU needs
+ * the opt-in (up to 227 KiB on sm_90, 163 KiB on sm_80); below, it is a no-op. Call it before
+ * each PYTFM_LAUNCH that needs it (a host call of a microsecond; per device, so no caching). */
+template <typename... P>
+static pytfm_status pytfm__allow_shared(const char *func, void (*kernel)(P...), size_t bytes) {
+    if (bytes <= 48 * 1024) return PYTFM_STATUS_OK;
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (err != cudaSuccess) (void)cudaGetLastError(); // not left for the next launch to report
+    return pytfm__cuda_status(func, err);
+}
+
+#define PYTFM_ALLOW_SHARED(...) pytfm__allow_shared(__func__, __VA_ARGS__)
+
+/* ---- float4 accesses ----------------------------------------------------------------- */
+
+/* 4 floats at p, which must be 16-byte aligned: one 128-bit access on the GPU. The emulator
+ * checks the alignment and fails the launch, naming the thread, where the GPU would fault
+ * with a misaligned address; a kernel tests pytfm__aligned4 on its inputs (a CuPy view such as
+ * x[1:] is contiguous but offset by a float) and keeps a scalar path for the rest. */
+static __device__ __forceinline__ bool pytfm__aligned4(const void *p) {
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+static __device__ __forceinline__ float4 pytfm__load4(const float *p) {
+#ifdef PYTFM_EMULATE
+    if (!pytfm__aligned4(p))
+        pytfm_emu::fail_launch("pytfm__load4 of %p, which is not 16-byte aligned", (const void *)p);
+    float4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+#else
+    return *reinterpret_cast<const float4 *>(p);
+#endif
+}
+
+static __device__ __forceinline__ void pytfm__store4(float *p, float4 v) {
+#ifdef PYTFM_EMULATE
+    if (!pytfm__aligned4(p))
+        pytfm_emu::fail_launch("pytfm__store4 to %p, which is not 16-byte aligned", (void *)p);
+    memcpy(p, &v, sizeof v);
+#else
+    *reinterpret_cast<float4 *>(p) = v;
+#endif
+}
 
 /* Blocks for `items` work items of `per_block` each, capped (kernels loop over the rest). */
 static inline unsigned pytfm__blocks(int64_t items, int64_t per_block, int64_t cap) {

@@ -214,6 +214,21 @@ MUTATIONS = {
                                             "i + 1 < n; i += blockDim.x) acc += partial[i];", EMU),
     "cuda_sum_squares_no_grid_stride": ("cuda/adamw.cu", "i += (int64_t)gridDim.x * blockDim.x)\n        acc += (double)x[i]",
                                         "i += count)\n        acc += (double)x[i]", EMU),
+    # the GPU attention (cuda/attention.cu), run by tests/test_cuda_attention.py on the emulator
+    "cuda_attn_no_barrier_before_pv": ("cuda/attention.cu", "        __syncthreads(); // P is whole\n", "", ["tests/test_cuda_attention.py"]),
+    "cuda_attn_causal_bound": ("cuda/attention.cu", "(a.causal && j0 + c > pos)", "(a.causal && j0 + c > pos + 1)",
+                               ["tests/test_cuda_attention.py"]),
+    "cuda_attn_no_rescale": ("cuda/attention.cu", "acc[i][d] *= alpha;", "acc[i][d] *= 1.0f;", ["tests/test_cuda_attention.py"]),
+    "cuda_attn_dq_skips_first_tile": ("cuda/attention.cu", "for (int64_t j0 = 0; j0 < j_end; j0 += BK) {",
+                                      "for (int64_t j0 = BK; j0 < j_end; j0 += BK) {", ["tests/test_cuda_attention.py"]),
+    "cuda_attn_dkdv_wrong_delta": ("cuda/attention.cu", "dlt[t] = t < nq ? delta[i0 + t] : 0.0f;",
+                                   "dlt[t] = t < nq ? delta[i0] : 0.0f;", ["tests/test_cuda_attention.py"]),
+    "cuda_attn_merge_unweighted": ("cuda/attention.cu", "acc += w * po[s * o_split + e];", "acc += po[s * o_split + e];",
+                                   ["tests/test_cuda_attention.py"]),
+    "cuda_attn_vector_load_unaligned": ("cuda/attention.cu", "vv = vec && pytfm__aligned4(a.v);", "vv = vec;",
+                                        ["tests/test_cuda_attention.py"]),
+    "cuda_attn_no_shared_optin": ("cuda/pytfm_cuda.cuh", "    if (bytes <= 48 * 1024) return PYTFM_STATUS_OK;\n",
+                                  "    return PYTFM_STATUS_OK;\n", ["tests/test_cuda_attention.py"]),
 }
 
 

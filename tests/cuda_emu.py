@@ -27,6 +27,9 @@ pytfm_status emu_shuffle_exit(float *out);
 pytfm_status emu_mixed_shuffle(int *out);
 pytfm_status emu_block_sum(float *out, const float *in, int blocks, int threads,
                            int shared_bytes);
+pytfm_status emu_vector_copy(float *out, const float *in, int n, int offset);
+pytfm_status emu_big_shared(float *out, int bytes, int limit);
+pytfm_status emu_malloc_async(float *out, const float *in, int n);
 """
 
 

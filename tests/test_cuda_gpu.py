@@ -123,3 +123,83 @@ def test_runs_on_the_current_stream():
         y = ops.softmax_forward(gx)
     stream.synchronize()
     same("softmax.stream", y, ops.softmax_forward(x), 1e-7, 1e-4)
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+
+def attention_rel(q, k, scale, T):
+    """Relative error to expect in probabilities and outputs (tests/test_attention.py)."""
+    delta = 8 * q.shape[-1] ** 0.5 * EPS32 * float(abs(q).max()) * float(abs(k).max()) * scale
+    return np.expm1(2 * (delta + EPS32)) + 8 * (T**0.5 + 1) * EPS32
+
+
+@pytest.mark.parametrize("B,T,H,D,causal", [(2, 1, 3, 64, True), (1, 65, 2, 80, False),
+                                            (2, 300, 4, 128, True), (1, 257, 3, 7, True),
+                                            (4, 4096, 8, 64, True),
+                                            (7000, 3, 10, 8, True)])  # B·H = 70000 blocks
+def test_attention(B, T, H, D, causal):
+    rng = np.random.default_rng(T + D)
+    (q, gq), (k, gk), (v, gv), (dy, gdy) = (both(rng, (B, T, H, D)) for _ in range(4))
+    scale = 1 / np.sqrt(D)
+    rel = attention_rel(q, k, scale, T)
+    o, lse = ops.attention_forward(q, k, v, causal)
+    go, glse = ops.attention_forward(gq, gk, gv, causal)
+    same("attention.forward.o", go, o, 2 * rel * float(abs(v).max()))
+    same("attention.forward.lse", glse, lse, 2 * rel + EPS32 * float(abs(lse).max()))
+    grads = ops.attention_backward(dy, q, k, v, o, lse, causal)
+    ggrads = ops.attention_backward(gdy, gq, gk, gv, go, glse, causal)
+    noise = rel * scale * D**0.5 * float(abs(dy).max()) * float(abs(v).max())
+    floors = (noise * float(abs(k).max()), noise * float(abs(q).max()), rel * float(abs(dy).max()))
+    for name, g, c, floor in zip(("dq", "dk", "dv"), ggrads, grads, floors):
+        same(f"attention.backward.{name}", g, c, 8 * rel * float(abs(c).max()) + 2 * floor)
+    again = ops.attention_backward(gdy, gq, gk, gv, go, glse, causal)  # no atomics: same bits
+    for g, g2 in zip(ggrads, again):
+        assert bool((g.view(cp.uint32) == g2.view(cp.uint32)).all())
+
+
+def test_attention_on_views_offset_by_one_float():
+    """x[1:] of a larger array is contiguous but 4 bytes past a 16-byte boundary: the kernels
+    take their scalar loads there, with the same results as the float4 ones."""
+    rng = np.random.default_rng(5)
+    B, T, H, D = 2, 130, 4, 64
+    n = B * T * H * D
+    flat = [cp.asarray(rng.standard_normal(n + 1).astype(np.float32)) for _ in range(4)]
+    views = [f[1:].reshape(B, T, H, D) for f in flat]
+    assert all(x.data.ptr % 16 == 4 for x in views)
+    copies = [cp.ascontiguousarray(x.copy()) for x in views]
+    o1, lse1 = ops.attention_forward(*views[:3])
+    o2, lse2 = ops.attention_forward(*copies[:3])
+    assert bool((o1 == o2).all()) and bool((lse1 == lse2).all())
+    g1 = ops.attention_backward(views[3], *views[:3], o1, lse1)
+    g2 = ops.attention_backward(copies[3], *copies[:3], o2, lse2)
+    for a, b in zip(g1, g2):
+        assert bool((a == b).all())
+    q, k, v = (cp.asnumpy(x) for x in copies[:3])
+    same("attention.view.o", o1, ops.attention_forward(q, k, v)[0],
+         2 * attention_rel(q, k, 1 / np.sqrt(D), T) * float(abs(v).max()))
+
+
+@pytest.mark.parametrize("B,H,D,n_new,start,Tmax", [(1, 8, 64, 1, 3000, 4096),
+                                                    (1, 2, 80, 5, 1000, 1100),
+                                                    (1, 4, 128, 100, 2000, 2100),
+                                                    (8, 32, 64, 1, 500, 512)])
+def test_attention_decode_and_cache_append(B, H, D, n_new, start, Tmax):
+    rng = np.random.default_rng(start)
+    (kc, gkc), (vc, gvc) = both(rng, (B, Tmax, H, D)), both(rng, (B, Tmax, H, D))
+    (k, gk), (v, gv), (q, gq) = (both(rng, (B, n_new, H, D)) for _ in range(3))
+    ops.attention_cache_append(kc, vc, k, v, start)
+    ops.attention_cache_append(gkc, gvc, gk, gv, start)
+    same("attention.cache_append.k", gkc, kc, 0, 0)
+    same("attention.cache_append.v", gvc, vc, 0, 0)
+    o, lse = ops.attention_decode(q, kc, vc, start)
+    go, glse = ops.attention_decode(gq, gkc, gvc, start)
+    rel = attention_rel(q, kc, 1 / np.sqrt(D), start + n_new)
+    same("attention.decode.o", go, o, 2 * rel * float(abs(vc).max()))
+    same("attention.decode.lse", glse, lse, 2 * rel + EPS32 * float(abs(lse).max()))
+
+
+def test_attention_head_dim_above_128_is_an_error():
+    q = cp.ones((1, 2, 1, 129), cp.float32)
+    with pytest.raises(ValueError, match=r"D must be <= 128"):
+        ops.attention_forward(q, q, q)

@@ -483,11 +483,12 @@ PYTFM_API pytfm_status pytfm_sum_squares(double *out, const float *x, int64_t co
 
 /* ---- Attention: multi-head scaled dot-product, flash-style ------------------------- */
 /* Lives in: csrc/attention.c (plain: forward_head/backward_head; fast: *_head_fast on sgemm's
- * micro-kernels), checks csrc/checks.h pytfm__check_attention_*, no CUDA twin yet, Python
- * pytfm/ops.py attention_* (KV cache class: pytfm/kvcache.py), reference pytfm/reference.py; tests
+ * micro-kernels), checks csrc/checks.h pytfm__check_attention_*, CUDA twin cuda/attention.cu
+ * (the *_cuda functions at the end of this header), Python pytfm/ops.py attention_* (CuPy
+ * arrays run the twin; KV cache class: pytfm/kvcache.py), reference pytfm/reference.py; tests
  * in tests/: test_attention.py (properties, decoding), test_reference.py, test_fast.py,
- * test_memory.py, test_sanitizers.py, test_model.py, test_cuda_dispatch.py (CuPy input: a clear
- * TypeError). */
+ * test_memory.py, test_sanitizers.py, test_model.py, test_cuda_attention.py (the twin under
+ * the emulator), test_cuda_gpu.py (on a GPU). */
 /* O = softmax(scale · q kᵀ [+ causal mask]) v for every batch b and head h, computed tile by
  * tile with an online softmax: the [T, T] score matrix is never stored. With causal != 0,
  * position t attends to keys 0..t only, and tiles above the diagonal are skipped. Parallel

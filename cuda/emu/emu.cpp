@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -51,6 +52,10 @@ static int reverse_order; // run the fibers of a block last to first (pytfm_emu_
 static thread_local cudaError_t last_error = cudaSuccess;
 static thread_local std::string last_message;
 
+/* per kernel (its address), the dynamic shared memory limit raised by cudaFuncSetAttribute */
+static std::mutex limits_lock;
+static std::map<const void *, int> shared_limits;
+
 static void fail(Launch &l, const char *fmt, ...) {
     if (!l.error.empty()) return;
     char buf[512];
@@ -67,6 +72,20 @@ static std::string thread_name(const Fiber &f) {
     char buf[48];
     snprintf(buf, sizeof buf, "(%u,%u,%u)", f.tid.x, f.tid.y, f.tid.z);
     return buf;
+}
+
+void fail_launch(const char *fmt, ...) {
+    char buf[400];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(buf, sizeof buf, fmt, args);
+    va_end(args);
+    if (!active || !active->current) { // not inside a kernel: a host-side misuse
+        last_error = cudaErrorLaunchFailure;
+        last_message = std::string("emulator: ") + buf;
+        return;
+    }
+    fail(*active, "thread %s: %s", thread_name(*active->current).c_str(), buf);
 }
 
 const dim3 &thread_idx() { return active->current->tid; }
@@ -239,16 +258,28 @@ static void run_block(Launch &l, char *stacks, size_t stack_size) {
     }
 }
 
-void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body) {
+void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body,
+            const void *key) {
     const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    size_t shared_limit = PYTFM_EMU_DEFAULT_SHARED;
+    {
+        std::lock_guard<std::mutex> lock(limits_lock);
+        const auto it = shared_limits.find(key);
+        if (it != shared_limits.end()) shared_limit = (size_t)it->second;
+    }
     if (!grid.x || !grid.y || !grid.z || !threads || threads > 1024 || block.z > 64 ||
-        grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u || shmem > 48 * 1024) {
+        grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u || shmem > shared_limit) {
         last_error = cudaErrorInvalidConfiguration;
-        char buf[256];
+        char buf[400];
         snprintf(buf, sizeof buf,
                  "invalid configuration argument (emulator: grid (%u,%u,%u), block (%u,%u,%u), "
-                 "%zu bytes of dynamic shared memory)",
-                 grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem);
+                 "%zu bytes of dynamic shared memory%s)",
+                 grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem,
+                 shmem <= shared_limit ? ""
+                 : shared_limit == PYTFM_EMU_DEFAULT_SHARED
+                     ? "; over 48 KiB needs cudaFuncSetAttribute(kernel, "
+                       "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first"
+                     : "; more than this kernel's cudaFuncAttributeMaxDynamicSharedMemorySize");
         last_message = buf;
         return;
     }
@@ -273,6 +304,7 @@ void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &bo
     l.body = &body;
     l.fibers.resize(threads);
     l.shmem.resize(shmem ? shmem : 1);
+    l.current = nullptr;
     active = &l;
     for (unsigned z = 0; z < grid.z && l.error.empty(); z++)
         for (unsigned y = 0; y < grid.y && l.error.empty(); y++)
@@ -308,6 +340,7 @@ const char *cudaGetErrorString(cudaError_t error) {
     case cudaSuccess: return "no error";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorInsufficientDriver:
         return "CUDA driver version is insufficient for CUDA runtime version";
     case cudaErrorInvalidConfiguration:
@@ -320,6 +353,7 @@ const char *cudaGetErrorName(cudaError_t error) {
     switch (error) {
     case cudaSuccess: return "cudaSuccess";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
@@ -342,5 +376,17 @@ cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t) {
 
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t) {
     free(ptr);
+    return cudaSuccess;
+}
+
+/* cudaFuncSetAttribute: only the dynamic shared memory limit, 0 to 227 KiB (the GPU refuses
+ * more with cudaErrorInvalidValue, and so does this). */
+cudaError_t pytfm_emu_func_set_attribute(const void *func, enum cudaFuncAttribute attr,
+                                         int value) {
+    if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+        value > PYTFM_EMU_MAX_OPTIN_SHARED)
+        return cudaErrorInvalidValue;
+    std::lock_guard<std::mutex> lock(pytfm_emu::limits_lock);
+    pytfm_emu::shared_limits[func] = value;
     return cudaSuccess;
 }

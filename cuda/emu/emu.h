@@ -16,16 +16,22 @@
  *     every block, so a kernel that reads shared memory before writing it sees garbage, as it
  *     could on a GPU. One launch runs at a time in a process (a mutex serialises them).
  * "Device pointers" are host pointers; streams are ignored. Launch configurations are checked
- * as the GPU would: at most 1024 threads per block, no empty grid, 48 KiB of dynamic shared
- * memory.
+ * as the GPU would: at most 1024 threads per block, no empty grid, and 48 KiB of dynamic shared
+ * memory unless cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+ * bytes) raised that kernel's limit first (to at most 227 KiB, 232448 bytes: sm_90's opt-in
+ * maximum; more is cudaErrorInvalidValue). The launch names the kernel by its address
+ * (pytfm__launch in cuda/pytfm_cuda.cuh passes it), so the raised limit is that kernel's only.
+ * Vector accesses (float4, through pytfm__load4 / pytfm__store4 of pytfm_cuda.cuh) must be
+ * 16-byte aligned, as on the GPU: a misaligned one fails the launch naming the thread
+ * (fail_launch), where the GPU would raise a misaligned address error.
  *
  * It provides what the kernels of cuda/ use (threadIdx, blockIdx, blockDim, gridDim, static
- * __shared__ memory, __launch_bounds__ (ignored), __syncthreads, __shfl_xor_sync, rsqrtf, and
- * the runtime calls cudaGetLastError, cudaGetErrorString/Name, cudaGetDeviceCount and
- * cudaStreamSynchronize, cudaMallocAsync/cudaFreeAsync for scratch), and what the coming attention and SGEMM kernels (issues 10 and 12)
- * are written with: dynamic shared memory (PYTFM_DYNAMIC_SHARED, sized by PYTFM_LAUNCH's
- * shared_bytes) and the other three shuffles. Each is checked in tests/cuda/emu_selftest.cu.
- * No atomics or votes: a kernel that needs one adds it here, with a check of it there.
+ * and dynamic __shared__ memory (PYTFM_DYNAMIC_SHARED, sized by PYTFM_LAUNCH's shared_bytes),
+ * __launch_bounds__ (ignored), __syncthreads, the four shuffles, float4 and make_float4,
+ * rsqrtf, and the runtime calls cudaGetLastError, cudaGetErrorString/Name, cudaGetDeviceCount,
+ * cudaStreamSynchronize, cudaMallocAsync/cudaFreeAsync for scratch and cudaFuncSetAttribute).
+ * Each is checked in tests/cuda/emu_selftest.cu. No atomics or votes: a kernel that needs one
+ * adds it here, with a check of it there.
  */
 #ifndef PYTFM_EMU_H
 #define PYTFM_EMU_H
@@ -49,6 +55,7 @@ typedef struct pytfm_emu_stream *cudaStream_t;
 
 enum cudaError {
     cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInsufficientDriver = 35,
@@ -66,6 +73,23 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t stream);
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
 
+/* The one function attribute the kernels set: the most dynamic shared memory a launch of that
+ * kernel may ask for (48 KiB unless raised; at most PYTFM_EMU_MAX_OPTIN_SHARED). */
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum { PYTFM_EMU_DEFAULT_SHARED = 48 * 1024, PYTFM_EMU_MAX_OPTIN_SHARED = 232448 };
+cudaError_t pytfm_emu_func_set_attribute(const void *func, enum cudaFuncAttribute attr,
+                                         int value);
+template <class F> cudaError_t cudaFuncSetAttribute(F *func, enum cudaFuncAttribute attr,
+                                                    int value) {
+    return pytfm_emu_func_set_attribute(reinterpret_cast<const void *>(func), attr, value);
+}
+
+/* 16-byte vectors; only as a whole (x, y, z, w), as the kernels use them */
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+
 namespace pytfm_emu {
 
 enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR };
@@ -77,7 +101,12 @@ const dim3 &grid_dim();
 void *dynamic_shared();
 void syncthreads();
 uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width);
-void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body);
+/* Run body as the kernel `key` (its address: the key of its shared memory limit) */
+void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body,
+            const void *key);
+/* Fail the running launch with a message (printf format) that names the calling thread and
+ * its block; the thread goes on (the launch stops after this block). */
+void fail_launch(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 template <class T> T shfl(WarpOp op, unsigned mask, T v, int arg, int width) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a word");

@@ -3,7 +3,9 @@
  * the four shuffles against their definitions, a missing barrier over static and dynamic shared
  * memory (both filled with NaN before the block), a barrier that not every thread reaches, a
  * shuffle waiting for a lane that left, lanes of a warp at different shuffles, bad launch
- * configurations (48 KiB of dynamic shared memory at most).
+ * configurations (48 KiB of dynamic shared memory unless cudaFuncSetAttribute raised the
+ * kernel's limit, 227 KiB at most), float4 accesses (16-byte aligned or a launch error),
+ * cudaMallocAsync scratch.
  * Built only into the emulator's test library, never into libpytfm.
  */
 #include "pytfm_cuda.cuh"
@@ -86,4 +88,50 @@ EXPORT pytfm_status emu_block_sum(float *out, const float *in, int blocks, int t
                                   int shared_bytes) {
     return PYTFM_LAUNCH(block_sum_kernel, dim3(blocks), dim3(threads), (size_t)shared_bytes,
                         nullptr, out, in);
+}
+
+/* out[i] = in[offset + i] for i < 4·n, a float4 per thread through pytfm__load4/pytfm__store4:
+ * in + offset is misaligned unless offset is a multiple of 4 */
+static __global__ void vector_copy_kernel(float *out, const float *in) {
+    pytfm__store4(out + 4 * threadIdx.x, pytfm__load4(in + 4 * threadIdx.x));
+}
+
+EXPORT pytfm_status emu_vector_copy(float *out, const float *in, int n, int offset) {
+    return PYTFM_LAUNCH(vector_copy_kernel, dim3(1), dim3(n), 0, nullptr, out, in + offset);
+}
+
+/* 64 threads write the last 64 floats of `bytes` of dynamic shared memory and read them back
+ * reversed: out[t] = 63 − t. With limit >= 0, cudaFuncSetAttribute sets the kernel's limit
+ * first (its status returned if it fails). */
+static __global__ void big_shared_kernel(float *out, int count) {
+    PYTFM_DYNAMIC_SHARED(float, s);
+    s[count - 64 + threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = s[count - 1 - threadIdx.x];
+}
+
+EXPORT pytfm_status emu_big_shared(float *out, int bytes, int limit) {
+    if (limit >= 0) {
+        const cudaError_t err = cudaFuncSetAttribute(
+            big_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+        if (err != cudaSuccess) return pytfm__cuda_status("emu_big_shared", err);
+    }
+    return PYTFM_LAUNCH(big_shared_kernel, dim3(1), dim3(64), (size_t)bytes, nullptr, out,
+                        bytes / 4);
+}
+
+/* out[i] = 2·in[i] through n floats of scratch from cudaMallocAsync, freed by cudaFreeAsync */
+static __global__ void scale_kernel(float *out, const float *in, int n, float by) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = by * in[i];
+}
+
+EXPORT pytfm_status emu_malloc_async(float *out, const float *in, int n) {
+    float *scratch = nullptr;
+    PYTFM_TRY(pytfm__cuda_status("cudaMallocAsync",
+                                 cudaMallocAsync((void **)&scratch, n * sizeof(float), nullptr)));
+    pytfm_status st = PYTFM_LAUNCH(scale_kernel, dim3(1), dim3(64), 0, nullptr, scratch, in, n, 2.0f);
+    if (st == PYTFM_STATUS_OK)
+        st = PYTFM_LAUNCH(scale_kernel, dim3(1), dim3(64), 0, nullptr, out, scratch, n, 1.0f);
+    const cudaError_t err = cudaFreeAsync(scratch, nullptr);
+    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status("cudaFreeAsync", err);
 }

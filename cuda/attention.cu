@@ -1,0 +1,654 @@
+/*
+ * attention.cu — multi-head scaled dot-product attention on the GPU, FlashAttention-2's
+ * structure in float32 on the CUDA cores; the twin of csrc/attention.c.
+ *
+ *   q, k, v, o [B, T, H, D] (row (b, t, h) at ((b·T + t)·H + h)·D; the next t is H·D on)
+ *   S = scale · q kᵀ per (b, h),  P = softmax(S) row-wise (causal: keys s <= t),  O = P v,
+ *   lse_t = log Σ_s exp(S_ts)  ([B, H, T], saved for the backward)
+ *
+ * Forward: a block per (batch·head, tile of BQ queries), batch·head in gridDim.x (y stops at
+ * 65535, x does not). The block keeps its Q tile in shared memory and streams the K and V tiles
+ * of BK keys through it; per query row a running max m and sum l (the online softmax):
+ *   m' = max(m, max_s S_ts),  l ← l·e^(m−m') + Σ_s e^(S_ts−m'),  O_t ← O_t·e^(m−m') + Σ_s e^(S_ts−m') v_s
+ * and one division O_t / l at the end; scores are kept in base 2 (q is scaled by
+ * scale·log2 e as it is loaded, exp2f), lse = (m + log2 l)·ln 2. A row that saw no key (l = 0:
+ * an empty split of the decode) gives o = 0 and lse = −inf, not NaN. Causal tiles above the
+ * diagonal are never loaded; on the diagonal the keys past a row's position are masked.
+ *
+ * Register tiling, as in an SGEMM: the TX = 8 lanes of a row group share a score row; thread
+ * (tx, ty) owns score rows ty + TY·i (i < RM) and key columns tx + 8·j (j < 8), so S = Q·Kᵀ is
+ * RM×8 outputs per thread from RM + 8 float4 shared loads per 4 steps of d, and O += P·V is
+ * RM rows × the float4 chunks tx·4 + 32·jj of d (jj < DP/32) per thread. Row max and sum are
+ * shuffles among the 8 lanes. Shared rows are padded (DP + 4 floats for Q, K, V; BK + 8 for
+ * P) so that the 8 lanes' float4 reads of 8 consecutive rows, and the row groups' reads of
+ * P, fall in distinct banks. Head dims are padded to a class DP of 32, 64 or 128 (D = 80 runs
+ * in the 128 one; products stop at D rounded up to 4, loads zero-pad the rest), D > 128 is
+ * an error. Global loads are float4 where D % 4 == 0 and the pointer is 16-byte aligned, a
+ * scalar path otherwise (a CuPy view such as x[1:] is contiguous but offset by a float).
+ * Memory: shared tiles only; nothing depends on T.
+ *
+ * Backward (dy the gradient of O), P recomputed from q, k and lse:
+ *   delta_t = Σ_d dy_td O_td          (first, into scratch [B, H, T] on the stream)
+ *   dP_ts = dy_t · v_s,  dS_ts = P_ts (dP_ts − delta_t)
+ *   dV_s = Σ_t P_ts dy_t,  dK_s = scale · Σ_t dS_ts q_t,  dQ_t = scale · Σ_s dS_ts k_s
+ * dK and dV: a block per (batch·head, tile of BK keys) walks the query tiles (from the
+ * diagonal when causal), Pᵀ and dSᵀ computed with the keys as rows. dQ: a second kernel, a
+ * block per query tile walking the key tiles, recomputes P and dS once more and sums dS·K. No
+ * atomics anywhere: every sum has one order, the same bits on every run.
+ *
+ * Decode: n_new queries at positions [start, start + n_new) against the cache [B, Tmax, H, D],
+ * keys [0, start + n_new): the forward kernel with a query offset and the cache's row count.
+ * When batch·heads × query tiles cannot fill the GPU, the keys are split over gridDim.z; each
+ * split writes its own (o, lse) into scratch and a merge kernel combines them:
+ *   lse = log Σ_s e^(lse_s),  o = Σ_s e^(lse_s − lse) o_s
+ * cache_append is a grid-stride copy.
+ */
+#include "pytfm_cuda.cuh"
+
+#ifdef __CUDACC__
+#define UNROLL _Pragma("unroll")
+#else
+#define UNROLL
+#endif
+
+enum {
+    BK = 64,                  // keys per tile (and query rows per backward tile)
+    TX = 8,                   // lanes that share a score row
+    LDP = BK + 8,             // the row stride of the P and dS tiles in shared memory
+    FWD_THREADS = 128,        // forward: TY = 16 row groups (RM = 4: 64 queries, 1: 16)
+    BWD_THREADS = 256,        // backward: TY = 32 row groups, RM = 2: 64 rows
+    BWD_RM = BK / (BWD_THREADS / TX),
+};
+
+static constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+#ifdef PYTFM_EMULATE
+// a small "GPU", so that the tests' few heads take the decode's split path
+enum { ATTN_SMS = 4, SPLIT_MIN_KEYS = BK };
+#else
+// an H200 has 132 SMs (a smaller GPU runs the same splits in more waves)
+enum { ATTN_SMS = 132, SPLIT_MIN_KEYS = 4 * BK };
+#endif
+
+// ---- tiles in shared memory ----------------------------------------------------------------
+
+/* Rows [0, ROWS) of a tile into dst [ROWS][DP + 4]: row r is src + r·stride (r < n), its D
+ * floats times mul; zero past n rows and D columns, so the products need no bounds test.
+ * vec: D % 4 == 0 and src 16-byte aligned (then every row is), one float4 per 4 floats. */
+template <int ROWS, int DP, int NT>
+static __device__ void load_rows(float *dst, const float *src, int64_t stride, int n, int D,
+                                 bool vec, float mul) {
+    constexpr int C = DP / 4;
+    for (int e = threadIdx.x; e < ROWS * C; e += NT) {
+        const int r = e / C, d = e % C * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < n && d < D) {
+            const float *p = src + r * stride + d;
+            if (vec) {
+                x = pytfm__load4(p);
+            } else {
+                x.x = p[0];
+                if (d + 1 < D) x.y = p[1];
+                if (d + 2 < D) x.z = p[2];
+                if (d + 3 < D) x.w = p[3];
+            }
+            x.x *= mul;
+            x.y *= mul;
+            x.z *= mul;
+            x.w *= mul;
+        }
+        pytfm__store4(dst + r * (DP + 4) + d, x);
+    }
+}
+
+/* s[i][j] = Σ_{d < D4} A[ty + TY·i][d] · Bm[tx + 8·j][d]  (A, Bm row stride LD; D4 = D rounded
+ * up to 4: past D both are 0) */
+template <int RM, int TY, int LD>
+static __device__ __forceinline__ void scores(float (&s)[RM][8], const float *A, const float *Bm,
+                                              int D4, int tx, int ty) {
+    UNROLL
+    for (int i = 0; i < RM; i++)
+        UNROLL
+        for (int j = 0; j < 8; j++) s[i][j] = 0.0f;
+    for (int d = 0; d < D4; d += 4) {
+        float4 a[RM], b[8];
+        UNROLL
+        for (int i = 0; i < RM; i++) a[i] = pytfm__load4(A + (ty + TY * i) * LD + d);
+        UNROLL
+        for (int j = 0; j < 8; j++) b[j] = pytfm__load4(Bm + (tx + 8 * j) * LD + d);
+        UNROLL
+        for (int i = 0; i < RM; i++)
+            UNROLL
+            for (int j = 0; j < 8; j++) {
+                float t = fmaf(a[i].x, b[j].x, s[i][j]);
+                t = fmaf(a[i].y, b[j].y, t);
+                t = fmaf(a[i].z, b[j].z, t);
+                s[i][j] = fmaf(a[i].w, b[j].w, t);
+            }
+    }
+}
+
+/* acc[i][4·jj + e] += Σ_{c < n4} P[ty + TY·i][c] · V[c][tx·4 + 32·jj + e]  (P row stride LDP,
+ * V row stride DP + 4; n4 a multiple of 4 whose P columns past the real ones are 0 and V rows
+ * 0); the chunks of d at or past D are skipped */
+template <int RM, int TY, int DP>
+static __device__ __forceinline__ void accumulate(float (&acc)[RM][DP / 8], const float *P,
+                                                  const float *V, int n4, int D, int tx, int ty) {
+    constexpr int LD = DP + 4;
+    for (int c = 0; c < n4; c += 4) {
+        float4 p[RM];
+        UNROLL
+        for (int i = 0; i < RM; i++) p[i] = pytfm__load4(P + (ty + TY * i) * LDP + c);
+        UNROLL
+        for (int jj = 0; jj < DP / 32; jj++) {
+            const int d = tx * 4 + 32 * jj;
+            if (d >= D) continue;
+            const float4 v0 = pytfm__load4(V + c * LD + d), v1 = pytfm__load4(V + (c + 1) * LD + d),
+                         v2 = pytfm__load4(V + (c + 2) * LD + d),
+                         v3 = pytfm__load4(V + (c + 3) * LD + d);
+            UNROLL
+            for (int i = 0; i < RM; i++) {
+                float *o = acc[i] + 4 * jj;
+                o[0] = fmaf(p[i].w, v3.x, fmaf(p[i].z, v2.x, fmaf(p[i].y, v1.x, fmaf(p[i].x, v0.x, o[0]))));
+                o[1] = fmaf(p[i].w, v3.y, fmaf(p[i].z, v2.y, fmaf(p[i].y, v1.y, fmaf(p[i].x, v0.y, o[1]))));
+                o[2] = fmaf(p[i].w, v3.z, fmaf(p[i].z, v2.z, fmaf(p[i].y, v1.z, fmaf(p[i].x, v0.z, o[2]))));
+                o[3] = fmaf(p[i].w, v3.w, fmaf(p[i].z, v2.w, fmaf(p[i].y, v1.w, fmaf(p[i].x, v0.w, o[3]))));
+            }
+        }
+    }
+}
+
+/* Row r of a [.., D] output at dst (row stride HD) from this thread's chunks of acc[i]·mul */
+template <int DP>
+static __device__ __forceinline__ void store_row(float *dst, const float *acc, float mul, int D,
+                                                 bool vec, int tx) {
+    UNROLL
+    for (int jj = 0; jj < DP / 32; jj++) {
+        const int d = tx * 4 + 32 * jj;
+        if (d >= D) continue;
+        const float4 x = make_float4(acc[4 * jj] * mul, acc[4 * jj + 1] * mul,
+                                     acc[4 * jj + 2] * mul, acc[4 * jj + 3] * mul);
+        if (vec) {
+            pytfm__store4(dst + d, x);
+        } else {
+            dst[d] = x.x;
+            if (d + 1 < D) dst[d + 1] = x.y;
+            if (d + 2 < D) dst[d + 2] = x.z;
+            if (d + 3 < D) dst[d + 3] = x.w;
+        }
+    }
+}
+
+/* max and sum over the TX = 8 lanes of a score row (lanes 8g .. 8g + 7 of the warp) */
+static __device__ __forceinline__ float row_max(float v) {
+    for (int o = 1; o < TX; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ float row_sum(float v) {
+    for (int o = 1; o < TX; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ---- forward (and decode) ------------------------------------------------------------------
+
+struct forward_args {
+    float *o, *lse;             // o rows ((b·Tq + t)·H + h)·D, lse [B, H, Tq]
+    const float *q, *k, *v;     // q like o; k, v rows ((b·Ts + s)·H + h)·D
+    int64_t Tq, Tk, Ts, H;      // queries, keys seen, key rows per batch, heads
+    int64_t start;              // query t sits at position start + t (causal: sees keys <= it)
+    int64_t split_keys;         // keys per split (blockIdx.z), a multiple of BK
+    int64_t o_split, lse_split; // floats between two splits' o and lse (the decode's scratch)
+    int D;
+    float scale2; // scale · log2 e: scores in base 2
+    int causal;
+};
+
+template <int DP, int RM> static constexpr size_t forward_shared() {
+    return sizeof(float) * ((size_t)(RM * (FWD_THREADS / TX) + 2 * BK) * (DP + 4) +
+                            (size_t)RM * (FWD_THREADS / TX) * LDP);
+}
+
+template <int DP, int RM>
+static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kernel(forward_args a) {
+    constexpr int TY = FWD_THREADS / TX, BQ = RM * TY, LD = DP + 4;
+    PYTFM_DYNAMIC_SHARED(float4, smem);
+    float *Qs = (float *)smem, *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD, *Ps = Vs + BK * LD;
+    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX, D = a.D, D4 = (D + 3) & ~3;
+    const int64_t H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
+    // the last query tiles see the most keys when causal: they go first (no long tail)
+    const int64_t i0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * BQ;
+    const int nq = (int)PYTFM_MIN((int64_t)BQ, a.Tq - i0);
+    // the keys of this block: its split's, up to its last row's position when causal
+    const int64_t j_begin = (int64_t)blockIdx.z * a.split_keys;
+    int64_t j_end = PYTFM_MIN(a.Tk, j_begin + a.split_keys);
+    if (a.causal) j_end = PYTFM_MIN(j_end, a.start + i0 + nq);
+    const float *k = a.k + (b * a.Ts * H + h) * D, *v = a.v + (b * a.Ts * H + h) * D;
+    const bool vec = (D & 3) == 0, vk = vec && pytfm__aligned4(a.k), vv = vec && pytfm__aligned4(a.v);
+    load_rows<BQ, DP, FWD_THREADS>(Qs, a.q + ((b * a.Tq + i0) * H + h) * D, HD, nq, D,
+                                   vec && pytfm__aligned4(a.q), a.scale2);
+    float m[RM], l[RM], acc[RM][DP / 8] = {};
+    UNROLL
+    for (int i = 0; i < RM; i++) m[i] = -INFINITY, l[i] = 0.0f;
+    for (int64_t j0 = j_begin; j0 < j_end; j0 += BK) {
+        const int nk = (int)PYTFM_MIN((int64_t)BK, j_end - j0);
+        __syncthreads(); // every thread is done with the last tile's Ks, Vs and Ps
+        load_rows<BK, DP, FWD_THREADS>(Ks, k + j0 * HD, HD, nk, D, vk, 1.0f);
+        load_rows<BK, DP, FWD_THREADS>(Vs, v + j0 * HD, HD, nk, D, vv, 1.0f);
+        __syncthreads();
+        float s[RM][8];
+        scores<RM, TY, LD>(s, Qs, Ks, D4, tx, ty);
+        // keys past the tile's end, or past a row's position, do not count
+        const bool edge = nk < BK || (a.causal && j0 + BK - 1 > a.start + i0);
+        UNROLL
+        for (int i = 0; i < RM; i++) {
+            const int64_t pos = a.start + i0 + ty + TY * i;
+            float mx = m[i];
+            UNROLL
+            for (int j = 0; j < 8; j++) {
+                const int c = tx + 8 * j;
+                if (edge && (c >= nk || (a.causal && j0 + c > pos))) s[i][j] = -INFINITY;
+                mx = fmaxf(mx, s[i][j]);
+            }
+            mx = row_max(mx);
+            const float base = mx == -INFINITY ? 0.0f : mx; // no key yet: every p is 0
+            const float alpha = exp2f(m[i] - base);         // 0 on a row's first keys
+            float sum = 0.0f;
+            UNROLL
+            for (int j = 0; j < 8; j++) {
+                s[i][j] = exp2f(s[i][j] - base);
+                sum += s[i][j];
+            }
+            l[i] = l[i] * alpha + row_sum(sum);
+            m[i] = mx;
+            UNROLL
+            for (int d = 0; d < DP / 8; d++) acc[i][d] *= alpha;
+            UNROLL
+            for (int j = 0; j < 8; j++) Ps[(ty + TY * i) * LDP + tx + 8 * j] = s[i][j];
+        }
+        __syncthreads(); // P is whole
+        accumulate<RM, TY, DP>(acc, Ps, Vs, (nk + 3) & ~3, D, tx, ty);
+    }
+    float *o = a.o + blockIdx.z * a.o_split + ((b * a.Tq + i0) * H + h) * D;
+    float *lse = a.lse + blockIdx.z * a.lse_split + (b * H + h) * a.Tq + i0;
+    const bool vo = vec && pytfm__aligned4(a.o);
+    UNROLL
+    for (int i = 0; i < RM; i++) {
+        const int r = ty + TY * i;
+        if (r >= nq) continue;
+        if (tx == 0) lse[r] = l[i] > 0.0f ? (m[i] + log2f(l[i])) * LN2 : -INFINITY;
+        store_row<DP>(o + r * HD, acc[i], l[i] > 0.0f ? 1.0f / l[i] : 0.0f, D, vo, tx);
+    }
+}
+
+/* o[b, t, h, :] and lse[b, h, t] from the splits' partial results (po like o, plse like lse,
+ * split s at s·o_split, s·lse_split): w_s = e^(lse_s − max lse), o = Σ_s w_s o_s / Σ_s w_s,
+ * lse = max + log Σ_s w_s; a thread per element of o, splits in order. */
+static __global__ void attention_merge_kernel(float *o, float *lse, const float *po,
+                                              const float *plse, int64_t Tq, int64_t H, int D,
+                                              int64_t count, int splits, int64_t o_split,
+                                              int64_t lse_split) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < count;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = e / D, h = row % H, t = row / H % Tq, b = row / (H * Tq);
+        const int64_t at = (b * H + h) * Tq + t;
+        float mx = -INFINITY;
+        for (int s = 0; s < splits; s++) mx = fmaxf(mx, plse[s * lse_split + at]);
+        float wsum = 0.0f, acc = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            const float w = mx == -INFINITY ? 0.0f : expf(plse[s * lse_split + at] - mx);
+            wsum += w;
+            acc += w * po[s * o_split + e];
+        }
+        o[e] = wsum > 0.0f ? acc / wsum : 0.0f;
+        if (e % D == 0) lse[at] = wsum > 0.0f ? mx + logf(wsum) : -INFINITY;
+    }
+}
+
+// ---- backward ------------------------------------------------------------------------------
+
+/* delta[b, h, t] = Σ_d dy[b, t, h, d] · o[b, t, h, d]: a warp per row (b, t, h) */
+static __global__ void attention_delta_kernel(float *delta, const float *dy, const float *o,
+                                              int64_t rows, int64_t T, int64_t H, int D) {
+    const pytfm__row_team<true> team;
+    for (int64_t r = team.first; r < rows; r += team.step) {
+        float s = 0.0f;
+        for (int d = (int)team.rank; d < D; d += PYTFM_WARP) s += dy[r * D + d] * o[r * D + d];
+        s = pytfm__warp_sum(s);
+        const int64_t h = r % H, t = r / H % T, b = r / (H * T);
+        if (team.rank == 0) delta[(b * H + h) * T + t] = s;
+    }
+}
+
+struct backward_args {
+    float *dq, *dk, *dv;
+    const float *dy, *q, *k, *v, *lse, *delta; // delta [B, H, T] from attention_delta_kernel
+    int64_t T, H;
+    int D;
+    float scale, scale2; // scale, and scale · log2 e
+    int causal;
+};
+
+template <int DP> static constexpr size_t dkdv_shared() {
+    return sizeof(float) * ((size_t)4 * BK * (DP + 4) + (size_t)BK * LDP + 2 * BK);
+}
+
+/* dK and dV of a tile of BK keys (rows ty + TY·i of the thread), walking the query tiles of
+ * BK rows (the columns tx + 8·j): Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ, then dV += Pᵀ·dY and dK += dSᵀ·Q
+ * through one shared tile (P first, then dS). */
+template <int DP>
+static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(backward_args a) {
+    constexpr int TY = BWD_THREADS / TX, RM = BWD_RM, LD = DP + 4;
+    PYTFM_DYNAMIC_SHARED(float4, smem);
+    float *Ks = (float *)smem, *Vs = Ks + BK * LD, *Qs = Vs + BK * LD, *dYs = Qs + BK * LD;
+    float *Ps = dYs + BK * LD, *lse2 = Ps + BK * LDP, *dlt = lse2 + BK;
+    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX, D = a.D, D4 = (D + 3) & ~3;
+    const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
+    const int64_t j0 = (int64_t)blockIdx.y * BK, base = (b * T * H + h) * D; // (b, 0, h, 0)
+    const int nk = (int)PYTFM_MIN((int64_t)BK, T - j0);
+    const bool vec = (D & 3) == 0, vq = vec && pytfm__aligned4(a.q),
+               vdy = vec && pytfm__aligned4(a.dy);
+    load_rows<BK, DP, BWD_THREADS>(Ks, a.k + base + j0 * HD, HD, nk, D,
+                                   vec && pytfm__aligned4(a.k), 1.0f);
+    load_rows<BK, DP, BWD_THREADS>(Vs, a.v + base + j0 * HD, HD, nk, D,
+                                   vec && pytfm__aligned4(a.v), 1.0f);
+    const float *lse = a.lse + (b * H + h) * T, *delta = a.delta + (b * H + h) * T;
+    float dk[RM][DP / 8] = {}, dv[RM][DP / 8] = {};
+    // causal: the query rows before j0 see none of these keys (BK rows per query tile too)
+    for (int64_t i0 = a.causal ? j0 : 0; i0 < T; i0 += BK) {
+        const int nq = (int)PYTFM_MIN((int64_t)BK, T - i0);
+        __syncthreads(); // every thread is done with the last query tile
+        load_rows<BK, DP, BWD_THREADS>(Qs, a.q + base + i0 * HD, HD, nq, D, vq, 1.0f);
+        load_rows<BK, DP, BWD_THREADS>(dYs, a.dy + base + i0 * HD, HD, nq, D, vdy, 1.0f);
+        for (int t = threadIdx.x; t < BK; t += BWD_THREADS) {
+            lse2[t] = t < nq ? lse[i0 + t] * LOG2E : 0.0f;
+            dlt[t] = t < nq ? delta[i0 + t] : 0.0f;
+        }
+        __syncthreads();
+        float p[RM][8], ds[RM][8];
+        scores<RM, TY, LD>(p, Ks, Qs, D4, tx, ty);  // Sᵀ: keys × queries
+        scores<RM, TY, LD>(ds, Vs, dYs, D4, tx, ty); // dPᵀ
+        UNROLL
+        for (int i = 0; i < RM; i++) {
+            const int64_t key = j0 + ty + TY * i;
+            UNROLL
+            for (int j = 0; j < 8; j++) {
+                const int r = tx + 8 * j;
+                const bool seen = r < nq && (!a.causal || key <= i0 + r);
+                p[i][j] = seen ? exp2f(p[i][j] * a.scale2 - lse2[r]) : 0.0f;
+                ds[i][j] = p[i][j] * (ds[i][j] - dlt[r]);
+                Ps[(ty + TY * i) * LDP + r] = p[i][j];
+            }
+        }
+        __syncthreads(); // Pᵀ is whole
+        accumulate<RM, TY, DP>(dv, Ps, dYs, (nq + 3) & ~3, D, tx, ty); // dV += Pᵀ·dY
+        __syncthreads(); // every thread is done with Pᵀ
+        UNROLL
+        for (int i = 0; i < RM; i++)
+            UNROLL
+            for (int j = 0; j < 8; j++) Ps[(ty + TY * i) * LDP + tx + 8 * j] = ds[i][j];
+        __syncthreads(); // dSᵀ is whole
+        accumulate<RM, TY, DP>(dk, Ps, Qs, (nq + 3) & ~3, D, tx, ty); // dK += dSᵀ·Q
+    }
+    const bool vdk = vec && pytfm__aligned4(a.dk), vdv = vec && pytfm__aligned4(a.dv);
+    UNROLL
+    for (int i = 0; i < RM; i++) {
+        const int c = ty + TY * i;
+        if (c >= nk) continue;
+        store_row<DP>(a.dk + base + (j0 + c) * HD, dk[i], a.scale, D, vdk, tx);
+        store_row<DP>(a.dv + base + (j0 + c) * HD, dv[i], 1.0f, D, vdv, tx);
+    }
+}
+
+template <int DP> static constexpr size_t dq_shared() {
+    return sizeof(float) * ((size_t)4 * BK * (DP + 4) + (size_t)BK * LDP);
+}
+
+/* dQ of a tile of BK query rows (ty + TY·i), walking the key tiles (columns tx + 8·j) up to
+ * the diagonal when causal: S = Q·Kᵀ, dP = dY·Vᵀ, dS through shared memory, dQ += dS·K. */
+template <int DP>
+static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backward_args a) {
+    constexpr int TY = BWD_THREADS / TX, RM = BWD_RM, LD = DP + 4;
+    PYTFM_DYNAMIC_SHARED(float4, smem);
+    float *Qs = (float *)smem, *dYs = Qs + BK * LD, *Ks = dYs + BK * LD, *Vs = Ks + BK * LD;
+    float *dSs = Vs + BK * LD;
+    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX, D = a.D, D4 = (D + 3) & ~3;
+    const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
+    // the last query tiles walk the most keys when causal: they go first
+    const int64_t i0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * BK, base = (b * T * H + h) * D;
+    const int nq = (int)PYTFM_MIN((int64_t)BK, T - i0);
+    const bool vec = (D & 3) == 0, vk = vec && pytfm__aligned4(a.k),
+               vv = vec && pytfm__aligned4(a.v);
+    load_rows<BK, DP, BWD_THREADS>(Qs, a.q + base + i0 * HD, HD, nq, D,
+                                   vec && pytfm__aligned4(a.q), 1.0f);
+    load_rows<BK, DP, BWD_THREADS>(dYs, a.dy + base + i0 * HD, HD, nq, D,
+                                   vec && pytfm__aligned4(a.dy), 1.0f);
+    float lse2[RM], dlt[RM], dq[RM][DP / 8] = {};
+    UNROLL
+    for (int i = 0; i < RM; i++) {
+        const int r = ty + TY * i;
+        lse2[i] = r < nq ? a.lse[(b * H + h) * T + i0 + r] * LOG2E : 0.0f;
+        dlt[i] = r < nq ? a.delta[(b * H + h) * T + i0 + r] : 0.0f;
+    }
+    const int64_t j_end = a.causal ? i0 + nq : T;
+    for (int64_t j0 = 0; j0 < j_end; j0 += BK) {
+        const int nk = (int)PYTFM_MIN((int64_t)BK, j_end - j0);
+        __syncthreads(); // every thread is done with the last key tile
+        load_rows<BK, DP, BWD_THREADS>(Ks, a.k + base + j0 * HD, HD, nk, D, vk, 1.0f);
+        load_rows<BK, DP, BWD_THREADS>(Vs, a.v + base + j0 * HD, HD, nk, D, vv, 1.0f);
+        __syncthreads();
+        float s[RM][8], dp[RM][8];
+        scores<RM, TY, LD>(s, Qs, Ks, D4, tx, ty);
+        scores<RM, TY, LD>(dp, dYs, Vs, D4, tx, ty);
+        UNROLL
+        for (int i = 0; i < RM; i++) {
+            const int r = ty + TY * i;
+            UNROLL
+            for (int j = 0; j < 8; j++) {
+                const int c = tx + 8 * j;
+                const bool seen = c < nk && r < nq && (!a.causal || j0 + c <= i0 + r);
+                const float p = seen ? exp2f(s[i][j] * a.scale2 - lse2[i]) : 0.0f;
+                dSs[r * LDP + c] = p * (dp[i][j] - dlt[i]);
+            }
+        }
+        __syncthreads(); // dS is whole
+        accumulate<RM, TY, DP>(dq, dSs, Ks, (nk + 3) & ~3, D, tx, ty);
+    }
+    const bool vdq = vec && pytfm__aligned4(a.dq);
+    UNROLL
+    for (int i = 0; i < RM; i++) {
+        const int r = ty + TY * i;
+        if (r < nq) store_row<DP>(a.dq + base + (i0 + r) * HD, dq[i], a.scale, D, vdq, tx);
+    }
+}
+
+// ---- cache append --------------------------------------------------------------------------
+
+/* cache[b, start + t, h, d] = new[b, t, h, d] for k and v: e walks the new elements, whose
+ * per_batch = n_new·H·D are consecutive in the cache too (at b·cache_batch + offset) */
+static __global__ void attention_cache_append_kernel(float *k_cache, float *v_cache,
+                                                     const float *k, const float *v,
+                                                     int64_t count, int64_t per_batch,
+                                                     int64_t cache_batch, int64_t offset) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < count;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t dst = e / per_batch * cache_batch + offset + e % per_batch;
+        k_cache[dst] = k[e];
+        v_cache[dst] = v[e];
+    }
+}
+
+// ---- launchers -----------------------------------------------------------------------------
+
+/* the padded head dim a D runs in (D <= PYTFM_CUDA_ATTENTION_MAX_D, checked) */
+static int head_class(int64_t D) { return D <= 32 ? 32 : D <= 64 ? 64 : 128; }
+
+static pytfm_status check_head_dim(const char *func, int64_t D) {
+    PYTFM_CHECK(D <= PYTFM_CUDA_ATTENTION_MAX_D,
+                "%s: D must be <= %d (PYTFM_CUDA_ATTENTION_MAX_D, the largest head dim the GPU "
+                "kernels take), got %lld",
+                func, PYTFM_CUDA_ATTENTION_MAX_D, (long long)D);
+    return PYTFM_STATUS_OK;
+}
+
+/* batch·heads in gridDim.x (up to 2^31 − 1), `tiles` of rows in gridDim.y (up to 65535) */
+static pytfm_status check_grid(const char *func, int64_t BH, int64_t rows, int64_t tile,
+                               const char *what) {
+    PYTFM_CHECK(BH <= 2147483647, "%s: B·H must be <= 2147483647 (blocks in gridDim.x), got %lld",
+                func, (long long)BH);
+    PYTFM_CHECK((rows + tile - 1) / tile <= 65535,
+                "%s: %s must be <= %lld (65535 tiles of %lld in gridDim.y), got %lld", func, what,
+                65535LL * tile, (long long)tile, (long long)rows);
+    return PYTFM_STATUS_OK;
+}
+
+template <int DP, int RM>
+static pytfm_status forward_launch(const char *func, const forward_args &a, int64_t BH,
+                                   int64_t splits, void *stream) {
+    constexpr int BQ = RM * (FWD_THREADS / TX);
+    constexpr size_t bytes = forward_shared<DP, RM>();
+    static_assert(DP % 32 == 0 && bytes <= 163 * 1024, "within sm_80's shared memory");
+    PYTFM_TRY(pytfm__allow_shared(func, attention_forward_kernel<DP, RM>, bytes));
+    const dim3 grid((unsigned)BH, (unsigned)((a.Tq + BQ - 1) / BQ), (unsigned)splits);
+    return pytfm__launch(func, attention_forward_kernel<DP, RM>, grid, dim3(FWD_THREADS), bytes,
+                         stream, a);
+}
+
+/* the forward over every (b, h) and query tile, 64 queries a tile, or 16 (rm = 1) */
+static pytfm_status forward_any(const char *func, const forward_args &a, int64_t BH,
+                                int64_t splits, int rm, void *stream) {
+    switch (head_class(a.D) * 10 + rm) {
+    case 321: return forward_launch<32, 1>(func, a, BH, splits, stream);
+    case 324: return forward_launch<32, 4>(func, a, BH, splits, stream);
+    case 641: return forward_launch<64, 1>(func, a, BH, splits, stream);
+    case 644: return forward_launch<64, 4>(func, a, BH, splits, stream);
+    case 1281: return forward_launch<128, 1>(func, a, BH, splits, stream);
+    default: return forward_launch<128, 4>(func, a, BH, splits, stream);
+    }
+}
+
+extern "C" pytfm_status pytfm_attention_forward_cuda(float *o, float *lse, const float *q,
+                                                     const float *k, const float *v, int64_t B,
+                                                     int64_t T, int64_t H, int64_t D,
+                                                     float scale, int32_t causal, void *stream) {
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, D, scale));
+    PYTFM_TRY(check_head_dim(__func__, D));
+    if (B * T * H == 0) return PYTFM_STATUS_OK;
+    PYTFM_TRY(check_grid(__func__, B * H, T, 4 * (FWD_THREADS / TX), "T"));
+    forward_args a = {o, lse, q, k, v, T, T, T, H, 0, T, 0, 0, (int)D, scale * LOG2E, causal != 0};
+    return forward_any(__func__, a, B * H, 1, 4, stream);
+}
+
+template <int DP>
+static pytfm_status backward_launch(const char *func, const backward_args &a, int64_t BH,
+                                    void *stream) {
+    constexpr size_t kv_bytes = dkdv_shared<DP>(), q_bytes = dq_shared<DP>();
+    static_assert(DP % 32 == 0 && kv_bytes <= 163 * 1024 && q_bytes <= 163 * 1024,
+                  "within sm_80's shared memory");
+    const dim3 grid((unsigned)BH, (unsigned)((a.T + BK - 1) / BK));
+    PYTFM_TRY(pytfm__allow_shared(func, attention_dkdv_kernel<DP>, kv_bytes));
+    PYTFM_TRY(pytfm__launch(func, attention_dkdv_kernel<DP>, grid, dim3(BWD_THREADS), kv_bytes,
+                            stream, a));
+    PYTFM_TRY(pytfm__allow_shared(func, attention_dq_kernel<DP>, q_bytes));
+    return pytfm__launch(func, attention_dq_kernel<DP>, grid, dim3(BWD_THREADS), q_bytes, stream,
+                         a);
+}
+
+extern "C" pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, float *dv,
+                                                      const float *dy, const float *q,
+                                                      const float *k, const float *v,
+                                                      const float *o, const float *lse,
+                                                      int64_t B, int64_t T, int64_t H, int64_t D,
+                                                      float scale, int32_t causal,
+                                                      void *stream) {
+    PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
+                                              D, scale));
+    PYTFM_TRY(check_head_dim(__func__, D));
+    if (B * T * H == 0) return PYTFM_STATUS_OK;
+    PYTFM_TRY(check_grid(__func__, B * H, T, BK, "T"));
+    float *delta = nullptr;
+    PYTFM_TRY(pytfm__cuda_status(__func__, cudaMallocAsync((void **)&delta,
+                                                           (size_t)(B * H * T) * sizeof(float),
+                                                           (cudaStream_t)stream)));
+    const int64_t rows = B * T * H;
+    pytfm_status st = pytfm__launch(__func__, attention_delta_kernel,
+                                    dim3(pytfm__blocks(rows, PYTFM_ROW_THREADS / PYTFM_WARP,
+                                                       PYTFM_MAX_BLOCKS)),
+                                    dim3(PYTFM_ROW_THREADS), 0, stream, delta, dy, o, rows, T, H,
+                                    (int)D);
+    if (st == PYTFM_STATUS_OK) {
+        const backward_args a = {dq, dk, dv, dy, q, k, v, lse, delta, T, H, (int)D, scale,
+                                 scale * LOG2E, causal != 0};
+        switch (head_class(D)) {
+        case 32: st = backward_launch<32>(__func__, a, B * H, stream); break;
+        case 64: st = backward_launch<64>(__func__, a, B * H, stream); break;
+        default: st = backward_launch<128>(__func__, a, B * H, stream); break;
+        }
+    }
+    const cudaError_t freed = cudaFreeAsync(delta, (cudaStream_t)stream);
+    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status(__func__, freed);
+}
+
+extern "C" pytfm_status pytfm_attention_cache_append_cuda(float *k_cache, float *v_cache,
+                                                          const float *k, const float *v,
+                                                          int64_t B, int64_t n_new, int64_t H,
+                                                          int64_t D, int64_t Tmax,
+                                                          int64_t start, void *stream) {
+    PYTFM_TRY(pytfm__check_attention_cache_append(__func__, k_cache, v_cache, k, v, B, n_new, H,
+                                                  D, Tmax, start));
+    const int64_t count = B * n_new * H * D;
+    if (count == 0) return PYTFM_STATUS_OK;
+    return PYTFM_LAUNCH(attention_cache_append_kernel,
+                        dim3(pytfm__blocks(count, PYTFM_ROW_THREADS, PYTFM_MAX_BLOCKS)),
+                        dim3(PYTFM_ROW_THREADS), 0, stream, k_cache, v_cache, k, v, count,
+                        n_new * H * D, Tmax * H * D, start * H * D);
+}
+
+extern "C" pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const float *q,
+                                                    const float *k_cache, const float *v_cache,
+                                                    int64_t B, int64_t n_new, int64_t H,
+                                                    int64_t D, int64_t Tmax, int64_t start,
+                                                    float scale, void *stream) {
+    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, D,
+                                            Tmax, start, scale));
+    PYTFM_TRY(check_head_dim(__func__, D));
+    if (B * n_new * H == 0) return PYTFM_STATUS_OK;
+    const int rm = n_new <= FWD_THREADS / TX ? 1 : 4; // a token or a few: tiles of 16 queries
+    const int64_t BQ = rm * (FWD_THREADS / TX), Tk = start + n_new;
+    PYTFM_TRY(check_grid(__func__, B * H, n_new, BQ, "n_new"));
+    forward_args a = {o, lse, q, k_cache, v_cache, n_new, Tk, Tmax, H, start, Tk, 0, 0, (int)D,
+                      scale * LOG2E, 1};
+    // too few blocks to fill the GPU: split the keys too, about two blocks per SM in all
+    const int64_t blocks = B * H * ((n_new + BQ - 1) / BQ);
+    int64_t splits = 1;
+    if (blocks < ATTN_SMS) {
+        splits = PYTFM_MIN((2 * ATTN_SMS + blocks - 1) / blocks,
+                           (Tk + SPLIT_MIN_KEYS - 1) / SPLIT_MIN_KEYS);
+        a.split_keys = ((Tk + splits - 1) / splits + BK - 1) / BK * BK;
+        splits = (Tk + a.split_keys - 1) / a.split_keys;
+    }
+    if (splits == 1) {
+        a.split_keys = Tk;
+        return forward_any(__func__, a, B * H, 1, rm, stream);
+    }
+    // each split's o and lse, laid out like o and lse, then merged
+    const int64_t count = B * n_new * H * D, n_lse = B * H * n_new;
+    float *scratch = nullptr;
+    PYTFM_TRY(pytfm__cuda_status(
+        __func__, cudaMallocAsync((void **)&scratch,
+                                  (size_t)(splits * (count + n_lse)) * sizeof(float),
+                                  (cudaStream_t)stream)));
+    a.o = scratch;
+    a.lse = scratch + splits * count;
+    a.o_split = count;
+    a.lse_split = n_lse;
+    pytfm_status st = forward_any(__func__, a, B * H, splits, rm, stream);
+    if (st == PYTFM_STATUS_OK)
+        st = pytfm__launch(__func__, attention_merge_kernel,
+                           dim3(pytfm__blocks(count, PYTFM_ROW_THREADS, PYTFM_MAX_BLOCKS)),
+                           dim3(PYTFM_ROW_THREADS), 0, stream, o, lse, (const float *)a.o,
+                           (const float *)a.lse, n_new, H, (int)D, count, (int)splits, count,
+                           n_lse);
+    const cudaError_t freed = cudaFreeAsync(scratch, (cudaStream_t)stream);
+    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status(__func__, freed);
+}
