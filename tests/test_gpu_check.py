@@ -337,3 +337,43 @@ def test_help_and_usage_error():
     assert r.returncode == 0 and "carry=[\"gpu_wheels\"]" in r.stdout
     r = subprocess.run(["bash", SCRIPT, "--bogus"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
+
+
+# ---- bench/cuda_ops.py's pure-Python parts (the GPU part runs only on a GPU) -------------------
+
+
+def test_bench_imports_without_cupy_or_torch():
+    code = ("import sys, bench.cuda_ops; "
+            "assert not {'cupy', 'torch'} & set(sys.modules), sorted(sys.modules)")
+    r = subprocess.run([os.sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("l2", [40_000_000, 50 * 2**20, 60_000_000, 60 * 2**20, 96_000_000])
+def test_bench_bandwidth_inputs_are_at_least_four_times_the_l2(l2):
+    from bench.cuda_ops import bandwidth_shapes, input_bytes
+
+    shapes = bandwidth_shapes(l2)
+    for row, sizes in input_bytes(shapes).items():
+        for nbytes in sizes:
+            # at least 4x (the rule), and not far past it (the run must fit the lease)
+            assert 4 * l2 <= nbytes <= 5 * l2, (row, nbytes / l2)
+    (copy,) = shapes["copy"]
+    assert 4 * copy >= 64 * l2
+
+
+def test_bench_row_shows_the_ratio_and_whether_the_target_is_met():
+    from bench.cuda_ops import HEAD, format_row
+
+    met = format_row("softmax_forward 78848x768", 1e-4, 3500.0, "GB/s", "copy same B", 4000.0,
+                     ("issue 12", 0.75), "484 MB moved")
+    assert re.search(r" 100\.0 +3500\.0 GB/s +copy same B +4000\.0 +0\.88x +>=0\.75x yes  "
+                     r"issue 12; 484 MB moved$", met), met
+    below = format_row("attention fwd+bwd T=4096", 2e-3, 10.0, "TFLOP/s", "torch SDPA", 20.0,
+                       ("issue 10", 0.8))
+    assert re.search(r" 0\.50x +>=0\.80x NO   issue 10$", below), below
+    plain = format_row("device-to-device copy", 1e-3, 4300.0, "GB/s")
+    assert re.search(r"GB/s +- +- +- -$", plain), plain
+    # the columns line up with the header
+    assert len(met.split("  issue")[0]) == len(HEAD.split("  note")[0])
