@@ -158,13 +158,15 @@ run_step() {
         RC=124
     elif [ "$RC" = 127 ]; then
         STATUS="FAIL (command not found: $1)"
-    else
-        STATUS="FAIL (exit $RC)"
+    else  # with the output's last line, which usually names the error
+        local last
+        last="$(grep -v '^[[:space:]]*$' "$LOG" | tail -n 1 | cut -c 1-100)"
+        STATUS="FAIL (exit $RC)${last:+: $last}"
     fi
 }
 step() { run_step "$@"; record "$NAME" "$STATUS" "$SECS"; }
 # a step that cannot start (a tool is missing): recorded at once, no time spent
-cannot() { say ""; say "==== $1: $2"; record "$1" "$2" 0.0; }
+cannot() { say ""; record "$1" "$2" 0.0; }
 
 say "pytfm gpu_check $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')" \
     "$(date -u +%FT%TZ) on $(hostname 2>/dev/null || echo '?')"
@@ -203,10 +205,16 @@ case "$RC" in
             python3 setup.py build_ext --inplace
         ;;
 esac
-step import 60 python3 -c "import pytfm
+run_step import 60 python3 -c "import pytfm
 info = pytfm.build_info()
 print(pytfm.__file__, info)
 assert info['cuda'], 'pytfm was built without CUDA'"
+# the cause in the table: a twin declared in pytfm.h but not built leaves an undefined symbol
+if [ "$RC" != 0 ] && [ "$RC" != 125 ]; then
+    why="$(grep -m 1 -oE 'undefined symbol: [A-Za-z0-9_]+|pytfm was built without CUDA' "$LOG")"
+    [ -n "$why" ] && STATUS="FAIL (exit $RC): $why"
+fi
+record "$NAME" "$STATUS" "$SECS"
 
 # ---- the GPU ---------------------------------------------------------------------------------
 if command -v nvidia-smi >/dev/null; then

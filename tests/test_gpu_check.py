@@ -41,6 +41,8 @@ case "$1" in
     case "$2" in
     "import cffi, pycparser") has_cffi ;;
     "import pytfm"*)
+        [ "${STUB_IMPORT:-ok}" = undefined ] && {
+            echo "ImportError: pytfm/_pytfm_cffi.abi3.so: undefined symbol: pytfm_x_cuda"; exit 1; }
         [ -f pytfm/lib/cuda_build.log ] && { echo "pytfm (stub) {'cuda': 1}"; exit 0; }
         echo "ImportError: pytfm's compiled module is missing"; exit 1 ;;
     "import cupy"*)
@@ -236,7 +238,10 @@ def test_everything_passes(tmp_path):
 
 def test_werror_build_fails_then_plain_build_passes(tmp_path):
     r = run_check(tmp_path, STUB_BUILD="werror")
-    assert r.rows["build-werror"] == "FAIL (exit 1): retried without PYTFM_WERROR"
+    error = ("cuda/attention.cu(40): error #177-D: variable y was declared but never "
+             "referenced (warnings treated as errors)")
+    # the status holds the output's last line, cut at 100 characters
+    assert r.rows["build-werror"] == f"FAIL (exit 1): {error[:100]}: retried without PYTFM_WERROR"
     assert r.rows["build-plain"] == "ok"
     assert "warnings treated as errors" in r.report
     assert "the warnings-as-errors build failed: building once more without " \
@@ -249,23 +254,24 @@ def test_werror_build_fails_then_plain_build_passes(tmp_path):
 def test_build_fails_both_ways_and_every_later_step_still_reports(tmp_path):
     r = run_check(tmp_path, STUB_BUILD="fail")
     assert list(r.rows) == ALL_STEPS[:2] + ["build-plain"] + ALL_STEPS[2:]
-    assert r.rows["build-werror"].startswith("FAIL (exit 1)")
-    assert r.rows["build-plain"] == "FAIL (exit 1)"
-    assert r.report.count("identifier x is undefined") == 2
-    assert r.rows["import"] == "FAIL (exit 1)"
-    assert "ImportError" in r.report
+    undefined = "FAIL (exit 1): cuda/attention.cu(12): error: identifier x is undefined"
+    assert r.rows["build-werror"] == undefined + ": retried without PYTFM_WERROR"
+    assert r.rows["build-plain"] == undefined
+    assert r.report.count("\ncuda/attention.cu(12): error: identifier x is undefined") == 2
+    assert r.rows["import"] == "FAIL (exit 1): ImportError: pytfm's compiled module is missing"
     # the GPU steps still ran (the stubs answer as a GPU machine would)
     for s in ("nvidia-smi", "gpu", "gpu-tests", "sanitizer-memcheck", "bench"):
         assert r.rows[s] == "ok", (s, r.rows)
-    assert r.rows["registers"] == "FAIL (exit 1)"
-    assert "no pytfm/lib/cuda_build.log: the CUDA build did not run" in r.report
+    assert r.rows["registers"] == "FAIL (exit 1): no pytfm/lib/cuda_build.log: the CUDA build " \
+                                  "did not run (or wrote no report)"
     assert r.rc == 1
 
 
 def test_no_gpu_each_gpu_step_says_so(tmp_path):
-    r = run_check(tmp_path, smi=False, STUB_GPU=0, STUB_TESTS="skip")
+    r = run_check(tmp_path, smi=False, STUB_GPU=0, STUB_TESTS="skip", STUB_IMPORT="undefined")
+    assert r.rows["import"] == "FAIL (exit 1): undefined symbol: pytfm_x_cuda"
     assert r.rows["nvidia-smi"].startswith("FAIL (nvidia-smi not found on PATH")
-    assert r.rows["gpu"] == "FAIL (exit 1)" and "CuPy sees no CUDA device" in r.report
+    assert r.rows["gpu"] == "FAIL (exit 1): AssertionError: CuPy sees no CUDA device"
     assert r.rows["gpu-tests"] == "FAIL (no test ran: every test skipped, reasons above)"
     assert "no CUDA GPU here" in r.report
     assert r.rows["bench"] == "ok" and r.rows["registers"] == "ok"  # they still ran
@@ -318,7 +324,7 @@ def test_missing_wheels_say_how_to_get_them(tmp_path):
     assert r.rows["wheels"].startswith("FAIL (no cffi and pycparser wheels in ")
     assert "scripts/fetch_gpu_wheels.sh" in r.rows["wheels"] and "carry" in r.rows["wheels"]
     assert "No module named 'cffi'" in r.report  # the build then fails, and says why
-    assert r.rows["build-plain"] == "FAIL (exit 1)"
+    assert r.rows["build-plain"] == "FAIL (exit 1): ModuleNotFoundError: No module named 'cffi'"
     assert r.rows["gpu"] == "ok" and r.rows["registers"].startswith("FAIL")
     assert r.rc == 1
 
