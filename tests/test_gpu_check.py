@@ -12,6 +12,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import textwrap
 import time
 import types
@@ -296,10 +297,21 @@ def test_deadline_skips_the_remaining_steps(tmp_path):
     assert re.fullmatch(r"TIMEOUT \(killed after [34] s\)", r.rows["build-werror"]), r.rows
     assert "build-plain" not in r.rows  # a build that timed out is not tried again
     later = ALL_STEPS[2:]
-    assert all(re.fullmatch(r"SKIPPED \(deadline: -?\d+ s left of 4 s\)", r.rows[s])
-               for s in later), r.rows
+    assert all(re.fullmatch(r"SKIPPED \(deadline: -?\d+ s left of 4 s(, \d+ s of it kept for "
+                            r"the bench)?\)", r.rows[s]) for s in later), r.rows
     assert "gpu_check: 11 steps, 10 failed or skipped" in r.stdout
     assert r.rc == 1
+
+
+def test_slow_steps_leave_the_bench_its_time(tmp_path):
+    # as if a slow build had left 140 s: the tests may take what is above 135 s, the sanitizers
+    # are skipped, the bench gets 120 s and the register report the last 15
+    r = run_check(tmp_path, GPU_CHECK_BUDGET=140, GPU_CHECK_MIN_STEP=1, STUB_TESTS="hang")
+    assert re.fullmatch(r"TIMEOUT \(killed after [345] s\)", r.rows["gpu-tests"]), r.rows
+    assert re.fullmatch(r"SKIPPED \(deadline: 13[3-6] s left of 140 s, 135 s of it kept for "
+                        r"the bench\)", r.rows["sanitizer-memcheck"]), r.rows
+    assert r.rows["bench"] == "ok" and r.rows["registers"] == "ok"
+    assert re.search(r"budget 1(1\d|20) s", r.report)  # what is left, less 15 s
 
 
 def test_sanitizer_refusing_is_reported_and_not_a_failure(tmp_path):
@@ -351,7 +363,7 @@ def test_help_and_usage_error():
 def test_bench_imports_without_cupy_or_torch():
     code = ("import sys, bench.cuda_ops; "
             "assert not {'cupy', 'torch'} & set(sys.modules), sorted(sys.modules)")
-    r = subprocess.run([os.sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode == 0, r.stderr
 
