@@ -1,6 +1,20 @@
-"""Every CUDA kernel once, on small awkward sizes, through pytfm.ops with CuPy arrays: the
-workload scripts/gpu_check.sh hands to compute-sanitizer (memcheck, racecheck). Exit status 0
-when every call returned and the device synchronised without error."""
+"""Every CUDA kernel once, on small awkward sizes, through pytfm.ops with CuPy arrays, then one
+training step and a short generation of a tiny GPT on the GPU: the workload
+scripts/gpu_check.sh hands to compute-sanitizer (memcheck, racecheck, synccheck).
+
+    python scripts/cuda_small_run.py          # PYTFM_SMALL_RUN_NO_POOL=1: CuPy's pools off
+
+With PYTFM_SMALL_RUN_NO_POOL=1 CuPy allocates every array with its own cudaMalloc (no memory
+pool), so memcheck sees where each array ends: a read one past an array's end inside a pooled
+block would go unseen. Each section runs on its own, synchronises the device and prints ok or
+its error; one that fails (a twin not built, an error the device reports) does not stop the
+others. Exit status 0 when every section passed, 1 otherwise.
+"""
+
+import math
+import os
+import sys
+import traceback
 
 import cupy as cp
 import numpy as np
@@ -8,10 +22,27 @@ import numpy as np
 from pytfm import ops
 from pytfm._core import check, ffi, lib
 
+if os.environ.get("PYTFM_SMALL_RUN_NO_POOL") == "1":
+    cp.cuda.set_allocator(None)
+    cp.cuda.set_pinned_memory_allocator(None)
 
-def main():
-    rng = np.random.default_rng(0)
-    r = lambda *shape: cp.asarray(rng.standard_normal(shape).astype(np.float32))
+rng = np.random.default_rng(0)
+
+
+def r(*shape):
+    return cp.asarray(rng.standard_normal(shape).astype(np.float32))
+
+
+def unaligned(*shape):
+    """A random array whose data starts 4 bytes into its allocation: not 16-byte aligned, so
+    kernels that use float4 loads must take their scalar path."""
+    n = math.prod(shape)
+    flat = cp.empty(n + 1, cp.float32)
+    flat[1:] = r(n)
+    return flat[1:].reshape(shape)
+
+
+def core_ops():
     for rows, inn, out in ((1, 1, 1), (65, 17, 63), (33, 64, 129)):
         x, w, b, dy = r(rows, inn), r(out, inn), r(out), r(rows, out)
         ops.linear_forward(x, w, b)
@@ -34,9 +65,102 @@ def main():
     ids = cp.asarray(rng.integers(0, 7, size=40))
     ops.embedding_forward(ids, r(7, 33))
     ops.embedding_backward(r(40, 33), ids, 7)
-    check(lib.pytfm_cuda_stream_synchronize(ffi.NULL))
-    print("cuda_small_run: every kernel ran")
+
+
+def fused_ops():
+    """qkv_split (with and without RoPE), linear_gelu_forward, sum_squares."""
+    for B, T, H, D in ((1, 1, 1, 2), (2, 65, 3, 10), (1, 7, 2, 80)):
+        qkv = r(B, T, 3, H, D)
+        pos = cp.arange(T, dtype=cp.int64)
+        for p in (pos, None):
+            ops.qkv_split_forward(qkv, p)
+            ops.qkv_split_backward(r(B, T, H, D), r(B, T, H, D), r(B, T, H, D), p)
+    for rows, inn, out in ((1, 1, 1), (65, 17, 63), (33, 64, 129)):
+        x, w, b = r(rows, inn), r(out, inn), r(out)
+        ops.linear_gelu_forward(x, w, b)
+        ops.linear_gelu_forward(x, w, None)
+    for count in (1, 1000, 100003):
+        total = ops.sum_squares(r(count))
+        assert math.isfinite(float(total)), total
+
+
+def attention():
+    """forward and backward (causal and not) on sizes one past a tile, D = 80 and 128, an
+    unaligned view; cache_append then decode, a long cache with few batch·heads (the split over
+    the cache length)."""
+    for B, T, H, D in ((1, 1, 1, 16), (2, 65, 3, 32), (1, 33, 2, 80), (1, 17, 1, 128)):
+        for causal in (True, False):
+            q, k, v, dy = r(B, T, H, D), r(B, T, H, D), r(B, T, H, D), r(B, T, H, D)
+            o, lse = ops.attention_forward(q, k, v, causal=causal)
+            ops.attention_backward(dy, q, k, v, o, lse, causal=causal)
+    q, k, v, dy = (unaligned(1, 9, 2, 16) for _ in range(4))
+    o, lse = ops.attention_forward(q, k, v)
+    ops.attention_backward(dy, q, k, v, o, lse)
+    for B, H, D, Tmax, prompt in ((2, 3, 32, 70, 65), (1, 1, 64, 1000, 996)):
+        k_cache, v_cache = cp.zeros((B, Tmax, H, D), cp.float32), cp.zeros((B, Tmax, H, D),
+                                                                         cp.float32)
+        ops.attention_cache_append(k_cache, v_cache, r(B, prompt, H, D), r(B, prompt, H, D), 0)
+        start = prompt
+        for n_new in (1, 3):
+            ops.attention_cache_append(k_cache, v_cache, r(B, n_new, H, D), r(B, n_new, H, D),
+                                       start)
+            ops.attention_decode(r(B, n_new, H, D), k_cache, v_cache, start)
+            start += n_new
+
+
+def gpt_train_step():
+    """One training step of a tiny GPT on the GPU, as examples/train_tiny.py takes it."""
+    from pytfm.nn import GPT, GPTConfig
+    from pytfm.optim import AdamW, clip_grad_norm
+
+    cfg = GPTConfig(d_model=32, n_layer=2, n_head=2, max_seq=17)
+    model = GPT(cfg, device="cuda")
+    opt = AdamW(model.params, model.grads, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    x = cp.asarray(rng.integers(0, cfg.vocab, size=(2, 17)), dtype=cp.int64)
+    y = cp.asarray(rng.integers(0, cfg.vocab, size=(2, 17)), dtype=cp.int64)
+    model.zero_grad()
+    _, loss = model.forward(x, y)
+    model.backward()
+    clip_grad_norm(model.grads, 1.0)
+    opt.step()
+    loss = float(loss)
+    assert math.isfinite(loss), loss
+    print(f"  loss {loss:.4f}")
+    return model
+
+
+def gpt_generate():
+    """Greedy generation through the KV cache (cache_append and decode) of a tiny GPU GPT."""
+    from pytfm.generate import generate
+    from pytfm.nn import GPT, GPTConfig
+
+    model = GPT(GPTConfig(d_model=32, n_layer=2, n_head=2, max_seq=17), device="cuda")
+    out = generate(model, np.array([[1, 2, 3]], dtype=np.int64), 5, temperature=0)
+    print(f"  tokens {cp.asnumpy(cp.asarray(out)).tolist()}")
+
+
+SECTIONS = [core_ops, fused_ops, attention, gpt_train_step, gpt_generate]
+
+
+def main():
+    failed = []
+    for section in SECTIONS:
+        print(f"{section.__name__} ...", flush=True)
+        try:
+            section()
+            check(lib.pytfm_cuda_stream_synchronize(ffi.NULL))
+            cp.cuda.Device().synchronize()
+            print(f"{section.__name__}: ok", flush=True)
+        except Exception:  # report it and go on: each section is checked on its own
+            failed.append(section.__name__)
+            print(f"{section.__name__}: FAILED\n{traceback.format_exc()}", flush=True)
+    if failed:
+        print(f"cuda_small_run: {len(failed)} of {len(SECTIONS)} sections failed: "
+              f"{', '.join(failed)}")
+        return 1
+    print(f"cuda_small_run: every kernel ran ({len(SECTIONS)} sections)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
