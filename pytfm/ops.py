@@ -7,8 +7,8 @@ in pytfm.h: rows and cols, count (a flat array's elements), vocab, B, T, H, D, n
 
 Backends: NumPy arrays run the C kernels; CuPy arrays run their CUDA twins (pytfm_*_cuda) on
 CuPy's current stream and return CuPy arrays (cupy is imported only when one arrives). All the
-arrays of one call must be of one kind and, for CuPy, on the current device. An op whose kernel
-has no CUDA twin (attention, so far) takes NumPy arrays only.
+arrays of one call must be of one kind and, for CuPy, on the current device. Every op with array
+arguments has a CUDA twin; a library without one (an older build) takes NumPy arrays only.
 
 Gradient rule, as in the C library: activation gradients are returned fresh; parameter
 gradients (dw, db, dtable) are returned fresh too, unless an array is passed through the

@@ -96,8 +96,6 @@ def test_cupy_arguments_are_checked_like_numpy_ones(cp):
     with pytest.raises(ValueError, match=r"targets\[0\] = -5 is outside \[0, 4\)"):
         ops.cross_entropy_forward(cp.asarray(np.ones((2, 4), np.float32)),
                                   cp.asarray(np.array([-5, -1])))
-    with pytest.raises(TypeError, match="q is a CuPy array, but this operation runs on NumPy"):
-        ops.attention_forward(cp.asarray(np.ones((1, 2, 1, 4), np.float32)), None, None)
 
 
 def test_one_dispatch_path_decides_the_backend_from_the_kernel_it_calls(cp, monkeypatch):
@@ -114,14 +112,22 @@ def test_one_dispatch_path_decides_the_backend_from_the_kernel_it_calls(cp, monk
 
 
 def test_an_op_runs_on_cupy_once_its_kernel_has_a_cuda_twin(cp, monkeypatch):
-    """Attention has no pytfm_attention_forward_cuda yet: CuPy input is a TypeError, decided
-    by that symbol alone (KVCache too). Give lib the symbol and the same call reaches it, with
-    device pointers and the current stream, and nothing else in ops changes."""
+    """Whether an op runs on CuPy is decided by its _cuda symbol alone: a library without
+    pytfm_attention_forward_cuda (a build from before the GPU attention) makes CuPy input a
+    TypeError. Give lib the symbol and the same call reaches it, with device pointers and the
+    current stream, and nothing else in ops changes."""
     q = cp.asarray(np.ones((1, 3, 2, 4), np.float32))
-    with pytest.raises(TypeError, match="q is a CuPy array, but this operation runs on NumPy"):
-        ops.attention_forward(q, q, q)
-    with pytest.raises(TypeError, match="q is a CuPy array, but this operation runs on NumPy"):
-        pytfm.KVCache(1, 4, 2, 4).attend(q, q, q)
+
+    class WithoutAttention(type(ops.lib)):
+        def __getattr__(self, name):
+            if name == "pytfm_attention_forward_cuda":
+                raise AttributeError(name)
+            return super().__getattr__(name)
+
+    with monkeypatch.context() as m:
+        m.setattr(ops, "lib", WithoutAttention(ops.lib.emu))
+        with pytest.raises(TypeError, match="q is a CuPy array, but this operation runs on Num"):
+            ops.attention_forward(q, q, q)
 
     calls = []
 
