@@ -3,21 +3,55 @@
  * and the engine of the linear layer.
  *
  *   c [m, n]; a [m, k] ([k, m] with trans_a); b [k, n] ([n, k] with trans_b)
- * Tiled: a block of 256 threads owns a 64×64 tile of C. For each slice of 16 along k, the
- * threads copy the 64×16 piece of op(A) and the 16×64 piece of op(B) into shared memory
- * (zero past the edges, so no bounds test in the inner loop), wait, then each thread
- * accumulates its 4×4 outputs in registers from 4 + 4 shared loads per step of k (register
- * blocking: 16 FMAs per 8 loads). Thread (tx, ty) owns rows ty + 16i and columns tx + 16j, so
- * a warp reads Bs rows without bank conflicts and writes C in 64-byte runs.
- * β = 0 does not read C (NaN in C does not leak). This is the plain tiled kernel; part 2 of
- * the CUDA work tunes it (vector loads, double buffering, larger tiles).
+ *
+ * β = 0 does not read C (NaN in C does not leak); k = 0 gives β·C. Two kernels:
+ *
+ * pytfm_sgemm_plain_cuda, the plain tiled kernel, kept as the oracle the fast one is tested
+ * against (as pytfm_sgemm_plain is on the CPU): a block of 256 threads owns a 64×64 tile of C.
+ * For each slice of 16 along k, the threads copy the 64×16 piece of op(A) and the 16×64 piece
+ * of op(B) into shared memory (zero past the edges, so no bounds test in the inner loop), wait,
+ * then each thread accumulates its 4×4 outputs in registers from 4 + 4 shared loads per step of
+ * k (register blocking: 16 FMAs per 8 loads). Thread (tx, ty) owns rows ty + 16i and columns
+ * tx + 16j, so a warp reads Bs rows without bank conflicts and writes C in 64-byte runs.
+ *
+ * pytfm_sgemm_cuda, the fast one (siboehm's SGEMM_CUDA kernels 5–10 and llm.c's matmul in
+ * outline): 2-D block tiling with 8×8 outputs per thread in registers, warp tiling, 128-bit
+ * loads, double buffering with cp.async.
+ *  - Tiles per size class: 128×128 (256 threads, 8×8 each, a warp 32×64) when there are at
+ *    least two per SM (the two blocks an SM holds at once), else 64×64 (128 threads, 4×8 each)
+ *    so that a product such as 1024×1024 (64 big tiles for 132 SMs) still fills the GPU.
+ *    Blocks walk the tiles in gridDim.x (any m, n: no 65535 cap), GROUP tile rows at a time.
+ *  - Shared tiles are k-major, As [FK][BM + 4] and Bs [FK][BN + 4] (FK = 8), twice (double
+ *    buffering): per step of k a thread reads its rows and columns as TM/4 + TN/4 float4s (a
+ *    warp: 4 broadcast A reads, 8 consecutive B reads, no bank conflicts) for TM·TN FMAs:
+ *    8×8 outputs, 64 FMAs per 4 shared loads (the plain kernel: 16 per 8).
+ *  - Loads without transposing copies, whatever the layout: an operand whose rows in memory are
+ *    k (Aᵀ when trans_a, B when not) lies in the shared tile as in memory and goes there by
+ *    cp.async (sm_80+: no registers, no wait until the slice is needed); one whose rows are k
+ *    long (A when not trans_a, Bᵀ when trans_b) is read as float4s along k into registers
+ *    while the current slice's products run, and stored transposed after them (the + 4 pad
+ *    spreads those stores over all 32 banks). The linear layer's products: y = x·Wᵀ
+ *    (trans_b) both staged, dx = dy·W one of each, dW = dyᵀ·x (trans_a) both by cp.async.
+ *  - float4 (16-byte cp.async, LDG.128, STG.128) where the operand's base is 16-byte aligned
+ *    and its row length a multiple of 4; 4-byte cp.async and scalar loads otherwise (a CuPy
+ *    view offset by a float). Edges are zero-filled (cp.async's src-size 0), stores masked.
+ *  - One barrier per slice: after it the next slice is in (cp.async.wait_group 0 before it)
+ *    and the buffer just read is free for the slice after.
+ * The sum over k runs in order with fmaf from 0, as in the plain kernel: the two give the same
+ * bits (β = 0).
+ *
+ * ESTIMATE (no GPU was available; nvcc's -Xptxas -v report for sm_90 in the build log, not a
+ * measurement), of the fraction of cuBLAS FP32 (cupy.matmul) on an H200:
+ * @ESTIMATE@
  */
 #include "pytfm_cuda.cuh"
+
+/* ---- the plain kernel: the oracle ----------------------------------------------------- */
 
 enum { BM = 64, BN = 64, BK = 16, TM = 4, TN = 4, THREADS = (BM / TM) * (BN / TN) };
 
 static __global__ void __launch_bounds__(THREADS)
-sgemm_kernel(float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k,
+sgemm_plain_kernel(float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k,
              int32_t trans_a, int32_t trans_b, float beta) {
     __shared__ float As[BK][BM], Bs[BK][BN];
     const int tx = threadIdx.x % (BN / TN), ty = threadIdx.x / (BN / TN);
@@ -57,9 +91,229 @@ sgemm_kernel(float *c, const float *a, const float *b, int64_t m, int64_t n, int
     }
 }
 
-extern "C" pytfm_status pytfm_sgemm_cuda(float *c, const float *a, const float *b, int64_t m,
-                                         int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
-                                         float beta, void *stream) {
+
+/* ---- the fast kernel ------------------------------------------------------------------ */
+
+#ifdef __CUDACC__
+#define UNROLL _Pragma("unroll")
+#else
+#define UNROLL
+#endif
+
+#ifdef PYTFM_EMULATE
+// a one-SM "GPU", so that the tests' small products take the big tiles too
+enum { SGEMM_SMS = 1, SGEMM_MAX_GRID = PYTFM_MAX_BLOCKS }; // and the loop over tiles walked
+#else
+// an H200 has 132 SMs (a smaller GPU runs the same tiles in more waves)
+enum { SGEMM_SMS = 132, SGEMM_MAX_GRID = 2147483647 };
+#endif
+
+enum {
+    FK = 8,    // the k-slice of a shared tile (one barrier per FK steps of k)
+    PAD = 4,   // floats past each shared row: a float4 apart, so the transposing stores of the
+               // staged loads fall in 32 distinct banks (row stride ≡ 4 banks mod 32)
+    GROUP = 8, // tile rows walked together (see the tile order below)
+};
+
+/* A class of tiles: each thread TM×TN outputs (TM, TN ∈ {4, 8}: one or two float4 in a row
+ * and a column), a warp 4 × 8 threads (4·TM rows × 8·TN columns), a block WM × WN warps. */
+template <int TM_, int TN_, int WM_, int WN_, int MIN_BLOCKS_> struct Tile {
+    static constexpr int TM = TM_, TN = TN_, WM = WM_, WN = WN_, MIN_BLOCKS = MIN_BLOCKS_;
+    static constexpr int BM = WM * 4 * TM, BN = WN * 8 * TN, THREADS = WM * WN * 32;
+    static constexpr int LDA = BM + PAD, LDB = BN + PAD; // shared row strides
+    static constexpr size_t SHARED = 2 * FK * (LDA + LDB) * sizeof(float); // both buffers
+};
+using Big = Tile<8, 8, 4, 2, 2>;   // 128×128, 256 threads, 2 blocks per SM (≤ 128 registers)
+using Small = Tile<4, 8, 4, 1, 4>; // 64×64, 128 threads: when the big tiles cannot fill the GPU
+
+/* op(A)'s rows of k when trans_a (a [k, m]), op(B)'s when not (b [k, n]): rows p of k, columns
+ * x < extent, row stride extent. The slice [p0, p0 + FK) × [x0, x0 + X) goes with cp.async into
+ * S [FK][X + PAD] as it lies (no transpose, no registers); zero past the edges. vec: the base
+ * 16-byte aligned and extent % 4 == 0 (then every float4 is aligned and wholly in or out);
+ * otherwise 4-byte copies (a CuPy view offset by a float). */
+template <int X, int NT>
+static __device__ __forceinline__ void load_async(float *S, const float *g, int64_t extent,
+                                                  int64_t k, int64_t p0, int64_t x0, bool vec) {
+    constexpr int C = X / 4, N = FK * C / NT;
+    static_assert(FK * C % NT == 0, "whole chunks per thread");
+    UNROLL
+    for (int r = 0; r < N; r++) {
+        const int e = threadIdx.x + r * NT, p = e / C, x = e % C * 4;
+        const int64_t gp = p0 + p, gx = x0 + x;
+        float *d = S + p * (X + PAD) + x;
+        if (vec) {
+            const bool in = gp < k && gx < extent;
+            pytfm__cp_async16(d, in ? g + gp * extent + gx : g, in ? 16 : 0);
+        } else {
+            UNROLL
+            for (int q = 0; q < 4; q++) {
+                const bool in = gp < k && gx + q < extent;
+                pytfm__cp_async4(d + q, in ? g + gp * extent + gx + q : g, in ? 4 : 0);
+            }
+        }
+    }
+}
+
+/* op(A) when not trans_a (a [m, k]), op(B) when trans_b (b [n, k]): rows x < extent, k along
+ * the row. The slice [x0, x0 + X) × [p0, p0 + FK) is loaded into registers (a float4 of 4
+ * consecutive k per chunk, coalesced: two threads read a row's 32 bytes) and stored transposed
+ * into S [FK][X + PAD] after the current slice's products, so those hide the loads' latency.
+ * vec: the base 16-byte aligned and k % 4 == 0; otherwise scalar loads. */
+template <int X, int NT> struct Staged {
+    static constexpr int C = FK / 4, N = X * C / NT;
+    static_assert(X * C % NT == 0, "whole chunks per thread");
+    float4 v[N];
+
+    __device__ __forceinline__ void load(const float *g, int64_t extent, int64_t k, int64_t p0,
+                                         int64_t x0, bool vec) {
+        UNROLL
+        for (int r = 0; r < N; r++) {
+            const int e = threadIdx.x + r * NT, x = e / C, p = e % C * 4;
+            const int64_t gx = x0 + x, gp = p0 + p;
+            float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (gx < extent) {
+                const float *s = g + gx * k + gp;
+                if (vec) {
+                    if (gp < k) t = pytfm__load4(s);
+                } else {
+                    if (gp < k) t.x = s[0];
+                    if (gp + 1 < k) t.y = s[1];
+                    if (gp + 2 < k) t.z = s[2];
+                    if (gp + 3 < k) t.w = s[3];
+                }
+            }
+            v[r] = t;
+        }
+    }
+
+    __device__ __forceinline__ void store(float *S) const {
+        UNROLL
+        for (int r = 0; r < N; r++) {
+            const int e = threadIdx.x + r * NT, x = e / C, p = e % C * 4;
+            S[(p + 0) * (X + PAD) + x] = v[r].x;
+            S[(p + 1) * (X + PAD) + x] = v[r].y;
+            S[(p + 2) * (X + PAD) + x] = v[r].z;
+            S[(p + 3) * (X + PAD) + x] = v[r].w;
+        }
+    }
+};
+
+/* C = β·C + op(A)·op(B), a T::BM × T::BN tile of C per block and turn of the loop over tiles
+ * (blocks past the grid walk the rest). vec: bit 0 A, bit 1 B, bit 2 C take float4s. */
+template <class T, bool TA, bool TB>
+static __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
+sgemm_fast_kernel(float *__restrict__ c, const float *__restrict__ a,
+                  const float *__restrict__ b, int64_t m, int64_t n, int64_t k, float beta,
+                  int vec) {
+    constexpr int TM = T::TM, TN = T::TN, BM = T::BM, BN = T::BN, NT = T::THREADS;
+    constexpr int LDA = T::LDA, LDB = T::LDB;
+    PYTFM_DYNAMIC_SHARED(float, smem);
+    float *const As = smem, *const Bs = smem + 2 * FK * LDA; // [2][FK][LDA], [2][FK][LDB]
+    const bool va = vec & 1, vb = vec & 2, vc = vec & 4;
+    // thread (lane / 8, lane % 8) of warp (wm, wn): rows r0 + 16g + q (g < TM/4), columns
+    // c0 + 32g + q (g < TN/4), q < 4: a warp's float4 reads of a B row are 8 distinct
+    // consecutive ones, of an A row 4 broadcast ones (no bank conflicts); its stores of C are
+    // 128-byte runs
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int r0 = warp / T::WN * 4 * TM + lane / 8 * 4, c0 = warp % T::WN * 8 * TN + lane % 8 * 4;
+    const int64_t tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN;
+    const int64_t slices = (k + FK - 1) / FK;
+    Staged<BM, NT> sa;
+    Staged<BN, NT> sb;
+    for (int64_t t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x) {
+        // GROUP tile rows at a time, down their columns: the blocks running together share
+        // rows of A and columns of B in L2
+        const int64_t span = GROUP * tiles_n, first = t / span * GROUP;
+        const int64_t rows = PYTFM_MIN(tiles_m - first, (int64_t)GROUP);
+        const int64_t bm = (first + t % span % rows) * BM, bn = t % span / rows * BN;
+        float acc[TM][TN];
+        UNROLL
+        for (int i = 0; i < TM; i++)
+            UNROLL
+            for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+
+        if (slices > 0) { // slice 0 into buffer 0
+            if (TA) load_async<BM, NT>(As, a, m, k, 0, bm, va);
+            else sa.load(a, m, k, 0, bm, va), sa.store(As);
+            if (!TB) load_async<BN, NT>(Bs, b, n, k, 0, bn, vb);
+            else sb.load(b, n, k, 0, bn, vb), sb.store(Bs);
+            pytfm__cp_async_commit();
+            pytfm__cp_async_wait<0>();
+            __syncthreads();
+        }
+        for (int64_t s = 0; s < slices; s++) {
+            const float *Ac = As + (s & 1) * FK * LDA, *Bc = Bs + (s & 1) * FK * LDB;
+            float *An = As + (~s & 1) * FK * LDA, *Bn = Bs + (~s & 1) * FK * LDB;
+            const bool next = s + 1 < slices;
+            if (next) { // slice s + 1 starts on its way into the other buffer
+                const int64_t p1 = (s + 1) * FK;
+                if (TA) load_async<BM, NT>(An, a, m, k, p1, bm, va);
+                else sa.load(a, m, k, p1, bm, va);
+                if (!TB) load_async<BN, NT>(Bn, b, n, k, p1, bn, vb);
+                else sb.load(b, n, k, p1, bn, vb);
+                pytfm__cp_async_commit();
+            }
+            UNROLL
+            for (int p = 0; p < FK; p++) { // TM·TN FMAs per TM/4 + TN/4 float4 shared loads
+                float ra[TM], rb[TN];
+                UNROLL
+                for (int g = 0; g < TM / 4; g++) {
+                    const float4 v = pytfm__load4(Ac + p * LDA + r0 + 16 * g);
+                    ra[4 * g] = v.x, ra[4 * g + 1] = v.y, ra[4 * g + 2] = v.z, ra[4 * g + 3] = v.w;
+                }
+                UNROLL
+                for (int g = 0; g < TN / 4; g++) {
+                    const float4 v = pytfm__load4(Bc + p * LDB + c0 + 32 * g);
+                    rb[4 * g] = v.x, rb[4 * g + 1] = v.y, rb[4 * g + 2] = v.z, rb[4 * g + 3] = v.w;
+                }
+                UNROLL
+                for (int i = 0; i < TM; i++)
+                    UNROLL
+                    for (int j = 0; j < TN; j++) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
+            }
+            if (next) {
+                if (!TA) sa.store(An);
+                if (TB) sb.store(Bn);
+            }
+            pytfm__cp_async_wait<0>();
+            __syncthreads(); // slice s + 1 is in for everyone, and buffer s & 1 is free again
+        }
+
+        UNROLL
+        for (int i = 0; i < TM; i++) {
+            const int64_t gi = bm + r0 + 16 * (i / 4) + i % 4;
+            if (gi >= m) continue;
+            float *crow = c + gi * n;
+            UNROLL
+            for (int g = 0; g < TN / 4; g++) {
+                const int64_t gj = bn + c0 + 32 * g;
+                const float *v = &acc[i][4 * g];
+                if (vc && gj + 3 < n) {
+                    float4 o = make_float4(v[0], v[1], v[2], v[3]);
+                    if (beta != 0.0f) {
+                        const float4 old = pytfm__load4(crow + gj);
+                        o.x = beta * old.x + v[0];
+                        o.y = beta * old.y + v[1];
+                        o.z = beta * old.z + v[2];
+                        o.w = beta * old.w + v[3];
+                    }
+                    pytfm__store4(crow + gj, o);
+                } else {
+                    UNROLL
+                    for (int q = 0; q < 4; q++)
+                        if (gj + q < n)
+                            crow[gj + q] = beta == 0.0f ? v[q] : beta * crow[gj + q] + v[q];
+                }
+            }
+        }
+    }
+}
+
+/* ---- host launchers ------------------------------------------------------------------- */
+
+extern "C" pytfm_status pytfm_sgemm_plain_cuda(float *c, const float *a, const float *b,
+                                               int64_t m, int64_t n, int64_t k, int32_t trans_a,
+                                               int32_t trans_b, float beta, void *stream) {
     PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
     PYTFM_CHECK((n + BN - 1) / BN <= 65535, "%s: n must be <= %d, got %lld", __func__,
                 65535 * BN, (long long)n);
@@ -67,6 +321,43 @@ extern "C" pytfm_status pytfm_sgemm_cuda(float *c, const float *a, const float *
                   "each thread copies whole tiles' worth");
     if (m == 0 || n == 0) return PYTFM_STATUS_OK;
     const dim3 grid(pytfm__blocks(m, BM, 2147483647), pytfm__blocks(n, BN, 65535));
-    return PYTFM_LAUNCH(sgemm_kernel, grid, dim3(THREADS), 0, stream, c, a, b, m, n, k, trans_a,
-                        trans_b, beta);
+    return PYTFM_LAUNCH(sgemm_plain_kernel, grid, dim3(THREADS), 0, stream, c, a, b, m, n, k,
+                        trans_a, trans_b, beta);
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+template <class T>
+static pytfm_status launch_fast(const char *func, float *c, const float *a, const float *b,
+                                int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
+                                float beta, void *stream) {
+    static_assert(T::SHARED <= 48 * 1024, "no opt-in needed");
+    // vectorised along each operand's contiguous axis where its base allows
+    const int vec = (aligned16(a) && (trans_a ? m : k) % 4 == 0) |
+                    (aligned16(b) && (trans_b ? k : n) % 4 == 0) << 1 |
+                    (aligned16(c) && n % 4 == 0) << 2;
+    const int64_t tiles = ((m + T::BM - 1) / T::BM) * ((n + T::BN - 1) / T::BN);
+    const dim3 grid(pytfm__blocks(tiles, 1, SGEMM_MAX_GRID)), block(T::THREADS);
+    void (*kernel)(float *, const float *, const float *, int64_t, int64_t, int64_t, float,
+                   int) = trans_a ? trans_b ? sgemm_fast_kernel<T, true, true>
+                                            : sgemm_fast_kernel<T, true, false>
+                                  : trans_b ? sgemm_fast_kernel<T, false, true>
+                                            : sgemm_fast_kernel<T, false, false>;
+    return pytfm__launch(func, kernel, grid, block, T::SHARED, stream, c, a, b, m, n, k, beta,
+                         vec);
+}
+
+extern "C" pytfm_status pytfm_sgemm_cuda(float *c, const float *a, const float *b, int64_t m,
+                                         int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                                         float beta, void *stream) {
+    PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
+    if (m == 0 || n == 0) return PYTFM_STATUS_OK;
+    // the big tiles when they give every SM the two blocks it holds at once, else 4× as many
+    // small ones (m = n = 1024: 64 big tiles, 256 small)
+    const int64_t big = ((m + Big::BM - 1) / Big::BM) * ((n + Big::BN - 1) / Big::BN);
+    if (big >= (int64_t)Big::MIN_BLOCKS * SGEMM_SMS)
+        return launch_fast<Big>(__func__, c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta,
+                                stream);
+    return launch_fast<Small>(__func__, c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta,
+                              stream);
 }
