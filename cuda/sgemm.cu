@@ -20,7 +20,8 @@
  *  - Tiles per size class: 128×128 (256 threads, 8×8 each, a warp 32×64) when there are at
  *    least two per SM (the two blocks an SM holds at once), else 64×64 (128 threads, 4×8 each)
  *    so that a product such as 1024×1024 (64 big tiles for 132 SMs) still fills the GPU.
- *    Blocks walk the tiles in gridDim.x (any m, n: no 65535 cap), GROUP tile rows at a time.
+ *    A block per tile, all in gridDim.x (any m and n: no 65535 cap), GROUP tile rows at a time
+ *    down their columns (neighbouring blocks share rows of A and columns of B in L2).
  *  - Shared tiles are k-major, As [FK][BM + 4] and Bs [FK][BN + 4] (FK = 8), twice (double
  *    buffering): per step of k a thread reads its rows and columns as TM/4 + TN/4 float4s (a
  *    warp: 4 broadcast A reads, 8 consecutive B reads, no bank conflicts) for TM·TN FMAs:
@@ -102,10 +103,10 @@ sgemm_plain_kernel(float *c, const float *a, const float *b, int64_t m, int64_t 
 
 #ifdef PYTFM_EMULATE
 // a one-SM "GPU", so that the tests' small products take the big tiles too
-enum { SGEMM_SMS = 1, SGEMM_MAX_GRID = PYTFM_MAX_BLOCKS }; // and the loop over tiles walked
+enum { SGEMM_SMS = 1 };
 #else
 // an H200 has 132 SMs (a smaller GPU runs the same tiles in more waves)
-enum { SGEMM_SMS = 132, SGEMM_MAX_GRID = 2147483647 };
+enum { SGEMM_SMS = 132 };
 #endif
 
 enum {
@@ -127,35 +128,52 @@ using Big = Tile<8, 8, 4, 2, 2>;   // 128×128, 256 threads, 2 blocks per SM (�
 using Small = Tile<4, 8, 4, 1, 4>; // 64×64, 128 threads: when the big tiles cannot fill the GPU
 
 /* op(A)'s rows of k when trans_a (a [k, m]), op(B)'s when not (b [k, n]): rows p of k, columns
- * x < extent, row stride extent. The slice [p0, p0 + FK) × [x0, x0 + X) goes with cp.async into
- * S [FK][X + PAD] as it lies (no transpose, no registers); zero past the edges. vec: the base
- * 16-byte aligned and extent % 4 == 0 (then every float4 is aligned and wholly in or out);
+ * x < extent, row stride extent. Each slice [p0, p0 + FK) × [x0, x0 + X) goes with cp.async
+ * into S [FK][X + PAD] as it lies (no transpose, no registers); zero past the edges. vec: the
+ * base 16-byte aligned and extent % 4 == 0 (then every float4 is aligned and wholly in or out);
  * otherwise 4-byte copies (a CuPy view offset by a float). */
-template <int X, int NT>
-static __device__ __forceinline__ void load_async(float *S, const float *g, int64_t extent,
-                                                  int64_t k, int64_t p0, int64_t x0, bool vec) {
-    constexpr int C = X / 4, N = FK * C / NT;
+template <int X, int NT> struct AsyncLoader {
+    static constexpr int C = X / 4, N = FK * C / NT;
     static_assert(FK * C % NT == 0, "whole chunks per thread");
-    UNROLL
-    for (int r = 0; r < N; r++) {
-        const int e = threadIdx.x + r * NT, p = e / C, x = e % C * 4;
-        const int64_t gp = p0 + p, gx = x0 + x;
-        float *d = S + p * (X + PAD) + x;
-        if (vec) {
-            const bool in = gp < k && gx < extent;
-            pytfm__cp_async16(d, in ? g + gp * extent + gx : g, in ? 16 : 0);
-        } else {
-            UNROLL
-            for (int q = 0; q < 4; q++) {
-                const bool in = gp < k && gx + q < extent;
-                pytfm__cp_async4(d + q, in ? g + gp * extent + gx + q : g, in ? 4 : 0);
-            }
+    const float *src[N]; // this thread's chunk r of the next slice
+    int cols[N];         // how many of its 4 floats lie inside the operand
+
+    __device__ __forceinline__ void start(const float *g, int64_t extent, int64_t x0) {
+        UNROLL
+        for (int r = 0; r < N; r++) {
+            const int e = threadIdx.x + r * NT, p = e / C, x = e % C * 4;
+            const int64_t left = extent - x0 - x;
+            src[r] = g + p * extent + x0 + x;
+            cols[r] = left < 0 ? 0 : left < 4 ? (int)left : 4;
         }
     }
-}
+
+    /* the slice at p0 into S (g: a valid address for the copies that read nothing), then on
+     * to the next one, FK rows (stride floats) down */
+    __device__ __forceinline__ void issue(float *S, const float *g, int64_t k, int64_t p0,
+                                          int64_t stride, bool vec) {
+        UNROLL
+        for (int r = 0; r < N; r++) {
+            const int e = threadIdx.x + r * NT, p = e / C, x = e % C * 4;
+            float *d = S + p * (X + PAD) + x;
+            const bool in = p0 + p < k;
+            if (vec) {
+                const int bytes = in ? 4 * cols[r] : 0;
+                pytfm__cp_async16(d, bytes ? src[r] : g, bytes);
+            } else {
+                UNROLL
+                for (int q = 0; q < 4; q++) {
+                    const bool ok = in && q < cols[r];
+                    pytfm__cp_async4(d + q, ok ? src[r] + q : g, ok ? 4 : 0);
+                }
+            }
+            src[r] += stride;
+        }
+    }
+};
 
 /* op(A) when not trans_a (a [m, k]), op(B) when trans_b (b [n, k]): rows x < extent, k along
- * the row. The slice [x0, x0 + X) × [p0, p0 + FK) is loaded into registers (a float4 of 4
+ * the row. Each slice [x0, x0 + X) × [p0, p0 + FK) is loaded into registers (a float4 of 4
  * consecutive k per chunk, coalesced: two threads read a row's 32 bytes) and stored transposed
  * into S [FK][X + PAD] after the current slice's products, so those hide the loads' latency.
  * vec: the base 16-byte aligned and k % 4 == 0; otherwise scalar loads. */
@@ -163,16 +181,28 @@ template <int X, int NT> struct Staged {
     static constexpr int C = FK / 4, N = X * C / NT;
     static_assert(X * C % NT == 0, "whole chunks per thread");
     float4 v[N];
+    const float *src[N]; // this thread's chunk r of the next slice
+    bool row[N];         // whether its row lies inside the operand
 
-    __device__ __forceinline__ void load(const float *g, int64_t extent, int64_t k, int64_t p0,
-                                         int64_t x0, bool vec) {
+    __device__ __forceinline__ void start(const float *g, int64_t extent, int64_t k,
+                                          int64_t x0) {
         UNROLL
         for (int r = 0; r < N; r++) {
             const int e = threadIdx.x + r * NT, x = e / C, p = e % C * 4;
-            const int64_t gx = x0 + x, gp = p0 + p;
+            src[r] = g + (x0 + x) * k + p;
+            row[r] = x0 + x < extent;
+        }
+    }
+
+    /* the slice at p0 into registers, then on to the next one, FK floats along */
+    __device__ __forceinline__ void load(int64_t k, int64_t p0, bool vec) {
+        UNROLL
+        for (int r = 0; r < N; r++) {
+            const int e = threadIdx.x + r * NT, p = e % C * 4;
+            const int64_t gp = p0 + p;
+            const float *s = src[r];
             float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (gx < extent) {
-                const float *s = g + gx * k + gp;
+            if (row[r]) {
                 if (vec) {
                     if (gp < k) t = pytfm__load4(s);
                 } else {
@@ -183,6 +213,7 @@ template <int X, int NT> struct Staged {
                 }
             }
             v[r] = t;
+            src[r] += FK;
         }
     }
 
@@ -198,8 +229,19 @@ template <int X, int NT> struct Staged {
     }
 };
 
-/* C = β·C + op(A)·op(B), a T::BM × T::BN tile of C per block and turn of the loop over tiles
- * (blocks past the grid walk the rest). vec: bit 0 A, bit 1 B, bit 2 C take float4s. */
+/* The first row and column of C's tile t: GROUP tile rows at a time, down their columns, so
+ * that the blocks running together share rows of A and columns of B in L2. */
+template <int BM, int BN>
+static __device__ __forceinline__ void tile_origin(int64_t t, int64_t tiles_m, int64_t tiles_n,
+                                                   int64_t *bm, int64_t *bn) {
+    const int64_t span = GROUP * tiles_n, first = t / span * GROUP;
+    const int64_t rows = PYTFM_MIN(tiles_m - first, (int64_t)GROUP);
+    *bm = (first + t % span % rows) * BM;
+    *bn = t % span / rows * BN;
+}
+
+/* C = β·C + op(A)·op(B), a T::BM × T::BN tile of C per block (tile_origin(blockIdx.x)).
+ * vec: bit 0 A, bit 1 B, bit 2 C take float4s. */
 template <class T, bool TA, bool TB>
 static __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
 sgemm_fast_kernel(float *__restrict__ c, const float *__restrict__ a,
@@ -216,94 +258,97 @@ sgemm_fast_kernel(float *__restrict__ c, const float *__restrict__ a,
     // 128-byte runs
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int r0 = warp / T::WN * 4 * TM + lane / 8 * 4, c0 = warp % T::WN * 8 * TN + lane % 8 * 4;
-    const int64_t tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN;
+    int64_t bm, bn; // the tile's first row and column
+    tile_origin<BM, BN>(blockIdx.x, (m + BM - 1) / BM, (n + BN - 1) / BN, &bm, &bn);
     const int64_t slices = (k + FK - 1) / FK;
+    AsyncLoader<BM, NT> la;
+    AsyncLoader<BN, NT> lb;
     Staged<BM, NT> sa;
     Staged<BN, NT> sb;
-    for (int64_t t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x) {
-        // GROUP tile rows at a time, down their columns: the blocks running together share
-        // rows of A and columns of B in L2
-        const int64_t span = GROUP * tiles_n, first = t / span * GROUP;
-        const int64_t rows = PYTFM_MIN(tiles_m - first, (int64_t)GROUP);
-        const int64_t bm = (first + t % span % rows) * BM, bn = t % span / rows * BN;
-        float acc[TM][TN];
+    float acc[TM][TN];
+    UNROLL
+    for (int i = 0; i < TM; i++)
         UNROLL
-        for (int i = 0; i < TM; i++)
-            UNROLL
-            for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+        for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
 
-        if (slices > 0) { // slice 0 into buffer 0
-            if (TA) load_async<BM, NT>(As, a, m, k, 0, bm, va);
-            else sa.load(a, m, k, 0, bm, va), sa.store(As);
-            if (!TB) load_async<BN, NT>(Bs, b, n, k, 0, bn, vb);
-            else sb.load(b, n, k, 0, bn, vb), sb.store(Bs);
+    if (TA) la.start(a, m, bm);
+    else sa.start(a, m, k, bm);
+    if (!TB) lb.start(b, n, bn);
+    else sb.start(b, n, k, bn);
+    if (slices > 0) { // slice 0 into buffer 0
+        if (TA) la.issue(As, a, k, 0, FK * m, va);
+        else sa.load(k, 0, va), sa.store(As);
+        if (!TB) lb.issue(Bs, b, k, 0, FK * n, vb);
+        else sb.load(k, 0, vb), sb.store(Bs);
+        pytfm__cp_async_commit();
+        pytfm__cp_async_wait<0>();
+        __syncthreads();
+    }
+    for (int64_t s = 0; s < slices; s++) {
+        const int cur = (int)(s & 1); // the buffer of this slice
+        const float *Ac = As + cur * FK * LDA, *Bc = Bs + cur * FK * LDB;
+        float *An = As + (cur ^ 1) * FK * LDA, *Bn = Bs + (cur ^ 1) * FK * LDB;
+        const bool next = s + 1 < slices;
+        if (next) { // the next slice starts on its way into the other buffer
+            const int64_t p1 = (s + 1) * FK;
+            if (TA) la.issue(An, a, k, p1, FK * m, va);
+            else sa.load(k, p1, va);
+            if (!TB) lb.issue(Bn, b, k, p1, FK * n, vb);
+            else sb.load(k, p1, vb);
             pytfm__cp_async_commit();
-            pytfm__cp_async_wait<0>();
-            __syncthreads();
         }
-        for (int64_t s = 0; s < slices; s++) {
-            const float *Ac = As + (s & 1) * FK * LDA, *Bc = Bs + (s & 1) * FK * LDB;
-            float *An = As + (~s & 1) * FK * LDA, *Bn = Bs + (~s & 1) * FK * LDB;
-            const bool next = s + 1 < slices;
-            if (next) { // slice s + 1 starts on its way into the other buffer
-                const int64_t p1 = (s + 1) * FK;
-                if (TA) load_async<BM, NT>(An, a, m, k, p1, bm, va);
-                else sa.load(a, m, k, p1, bm, va);
-                if (!TB) load_async<BN, NT>(Bn, b, n, k, p1, bn, vb);
-                else sb.load(b, n, k, p1, bn, vb);
-                pytfm__cp_async_commit();
-            }
-            UNROLL
-            for (int p = 0; p < FK; p++) { // TM·TN FMAs per TM/4 + TN/4 float4 shared loads
-                float ra[TM], rb[TN];
-                UNROLL
-                for (int g = 0; g < TM / 4; g++) {
-                    const float4 v = pytfm__load4(Ac + p * LDA + r0 + 16 * g);
-                    ra[4 * g] = v.x, ra[4 * g + 1] = v.y, ra[4 * g + 2] = v.z, ra[4 * g + 3] = v.w;
-                }
-                UNROLL
-                for (int g = 0; g < TN / 4; g++) {
-                    const float4 v = pytfm__load4(Bc + p * LDB + c0 + 32 * g);
-                    rb[4 * g] = v.x, rb[4 * g + 1] = v.y, rb[4 * g + 2] = v.z, rb[4 * g + 3] = v.w;
-                }
-                UNROLL
-                for (int i = 0; i < TM; i++)
-                    UNROLL
-                    for (int j = 0; j < TN; j++) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
-            }
-            if (next) {
-                if (!TA) sa.store(An);
-                if (TB) sb.store(Bn);
-            }
-            pytfm__cp_async_wait<0>();
-            __syncthreads(); // slice s + 1 is in for everyone, and buffer s & 1 is free again
-        }
-
         UNROLL
-        for (int i = 0; i < TM; i++) {
-            const int64_t gi = bm + r0 + 16 * (i / 4) + i % 4;
-            if (gi >= m) continue;
-            float *crow = c + gi * n;
+        for (int p = 0; p < FK; p++) { // TM·TN FMAs per TM/4 + TN/4 float4 shared loads
+            float ra[TM], rb[TN];
+            UNROLL
+            for (int g = 0; g < TM / 4; g++) {
+                const float4 v = pytfm__load4(Ac + p * LDA + r0 + 16 * g);
+                ra[4 * g] = v.x, ra[4 * g + 1] = v.y, ra[4 * g + 2] = v.z, ra[4 * g + 3] = v.w;
+            }
             UNROLL
             for (int g = 0; g < TN / 4; g++) {
-                const int64_t gj = bn + c0 + 32 * g;
-                const float *v = &acc[i][4 * g];
-                if (vc && gj + 3 < n) {
-                    float4 o = make_float4(v[0], v[1], v[2], v[3]);
-                    if (beta != 0.0f) {
-                        const float4 old = pytfm__load4(crow + gj);
-                        o.x = beta * old.x + v[0];
-                        o.y = beta * old.y + v[1];
-                        o.z = beta * old.z + v[2];
-                        o.w = beta * old.w + v[3];
-                    }
-                    pytfm__store4(crow + gj, o);
-                } else {
-                    UNROLL
-                    for (int q = 0; q < 4; q++)
-                        if (gj + q < n)
-                            crow[gj + q] = beta == 0.0f ? v[q] : beta * crow[gj + q] + v[q];
+                const float4 v = pytfm__load4(Bc + p * LDB + c0 + 32 * g);
+                rb[4 * g] = v.x, rb[4 * g + 1] = v.y, rb[4 * g + 2] = v.z, rb[4 * g + 3] = v.w;
+            }
+            UNROLL
+            for (int i = 0; i < TM; i++)
+                UNROLL
+                for (int j = 0; j < TN; j++) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
+        }
+        if (next) {
+            if (!TA) sa.store(An);
+            if (TB) sb.store(Bn);
+        }
+        pytfm__cp_async_wait<0>();
+        __syncthreads(); // the next slice is in for everyone, and buffer cur free again
+    }
+
+    float *const corner = c + (bm + r0) * n + bn + c0; // this thread's first output
+    const int64_t rows_in = m - bm - r0, cols_in = n - bn - c0; // may be <= 0
+    UNROLL
+    for (int i = 0; i < TM; i++) {
+        const int di = 16 * (i / 4) + i % 4;
+        if (di >= rows_in) continue;
+        float *crow = corner + di * n;
+        UNROLL
+        for (int g = 0; g < TN / 4; g++) {
+            const int dj = 32 * g;
+            const float *v = &acc[i][4 * g];
+            if (vc && dj + 3 < cols_in) {
+                float4 o = make_float4(v[0], v[1], v[2], v[3]);
+                if (beta != 0.0f) {
+                    const float4 old = pytfm__load4(crow + dj);
+                    o.x = beta * old.x + v[0];
+                    o.y = beta * old.y + v[1];
+                    o.z = beta * old.z + v[2];
+                    o.w = beta * old.w + v[3];
                 }
+                pytfm__store4(crow + dj, o);
+            } else {
+                UNROLL
+                for (int q = 0; q < 4; q++)
+                    if (dj + q < cols_in)
+                        crow[dj + q] = beta == 0.0f ? v[q] : beta * crow[dj + q] + v[q];
             }
         }
     }
@@ -336,8 +381,11 @@ static pytfm_status launch_fast(const char *func, float *c, const float *a, cons
     const int vec = (aligned16(a) && (trans_a ? m : k) % 4 == 0) |
                     (aligned16(b) && (trans_b ? k : n) % 4 == 0) << 1 |
                     (aligned16(c) && n % 4 == 0) << 2;
+    // a block per tile in gridDim.x: 2^31 − 1 of them are 35 TB of C at the least
     const int64_t tiles = ((m + T::BM - 1) / T::BM) * ((n + T::BN - 1) / T::BN);
-    const dim3 grid(pytfm__blocks(tiles, 1, SGEMM_MAX_GRID)), block(T::THREADS);
+    PYTFM_CHECK(tiles <= 2147483647, "%s: m·n must be under 2^31 tiles of %d×%d, got %lld×%lld",
+                func, T::BM, T::BN, (long long)m, (long long)n);
+    const dim3 grid((unsigned)tiles), block(T::THREADS);
     void (*kernel)(float *, const float *, const float *, int64_t, int64_t, int64_t, float,
                    int) = trans_a ? trans_b ? sgemm_fast_kernel<T, true, true>
                                             : sgemm_fast_kernel<T, true, false>

@@ -235,13 +235,12 @@ MUTATIONS = {
     # emulator: a slice read before its cp.async wait, the next slice written into the buffer
     # others still read, edges (the k-slice past k loaded; C's row m stored), float4s on an
     # operand offset by a float, the staged loader's chunks mapped one way and stored another
-    "cuda_sgemm_fast_no_cp_async_wait": ("cuda/sgemm.cu", "            pytfm__cp_async_wait<0>();\n            __syncthreads(); // slice s + 1",
-                                         "            __syncthreads(); // slice s + 1", SGEMM),
-    "cuda_sgemm_fast_no_barrier_between_buffers": ("cuda/sgemm.cu", "            __syncthreads(); // slice s + 1 is in for everyone, and buffer s & 1 is free again\n",
+    "cuda_sgemm_fast_no_cp_async_wait": ("cuda/sgemm.cu", "        pytfm__cp_async_wait<0>();\n        __syncthreads(); // the next slice",
+                                         "        __syncthreads(); // the next slice", SGEMM),
+    "cuda_sgemm_fast_no_barrier_between_buffers": ("cuda/sgemm.cu", "        __syncthreads(); // the next slice is in for everyone, and buffer cur free again\n",
                                                    "", SGEMM),
-    "cuda_sgemm_fast_k_edge_off_by_one": ("cuda/sgemm.cu", "const bool in = gp < k && gx < extent;",
-                                          "const bool in = gp <= k && gx < extent;", SGEMM),
-    "cuda_sgemm_fast_row_mask_off_by_one": ("cuda/sgemm.cu", "if (gi >= m) continue;", "if (gi > m) continue;", SGEMM),
+    "cuda_sgemm_fast_k_edge_off_by_one": ("cuda/sgemm.cu", "const bool in = p0 + p < k;", "const bool in = p0 + p <= k;", SGEMM),
+    "cuda_sgemm_fast_row_mask_off_by_one": ("cuda/sgemm.cu", "if (di >= rows_in) continue;", "if (di > rows_in) continue;", SGEMM),
     "cuda_sgemm_fast_unaligned_a_vectorised": ("cuda/sgemm.cu", "const int vec = (aligned16(a) && (trans_a ? m : k) % 4 == 0) |",
                                                "const int vec = ((trans_a ? m : k) % 4 == 0) |", SGEMM),
     "cuda_sgemm_fast_staged_transpose_index": ("cuda/sgemm.cu", "const int e = threadIdx.x + r * NT, x = e / C, p = e % C * 4;",

@@ -6,11 +6,10 @@ every transpose combination, β = 0 (C full of NaN: none may leak) and β = 1.5,
 classes of tiles, operands offset by one float (the scalar paths), and the emulator's cp.async.
 
 The emulator sees a one-SM "GPU": the 128×128 tiles are taken from two of them on (m or n
-past 128), the 64×64 ones below; and its grids stop at 3 blocks, so the blocks' loop over the
-tiles is walked. Each kernel case runs in both thread orders (a missing barrier, or a missing
-cp.async wait, reads stale shared memory in one of them) on guarded buffers whose data start on
-a 16-byte boundary (the float4 path; tests/cuda_emu.py's Guarded leaves them 4 bytes past one)
-unless the test offsets them.
+past 128), the 64×64 ones below. Each kernel case runs in both thread orders (a missing
+barrier, or a missing cp.async wait, reads stale shared memory in one of them) on guarded
+buffers whose data start on a 16-byte boundary (the float4 path; tests/cuda_emu.py's Guarded
+leaves them 4 bytes past one) unless the test offsets them.
 """
 
 import os
