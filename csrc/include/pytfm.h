@@ -226,7 +226,7 @@ PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, co
 /* Lives in: csrc/sgemm.c (plain loop sgemm_plain; fast: gemm_blocked and the micro_avx2 /
  * micro_avx512 register kernels), checks csrc/checks.h pytfm__check_sgemm, CUDA cuda/sgemm.cu, no
  * Python wrapper (ops.linear_* use it; tests call it through cffi); tests in tests/: test_sgemm.py,
- * test_memory.py, test_cuda_emu.py. */
+ * test_memory.py, test_cuda_sgemm.py (the CUDA kernels on the emulator), test_cuda_gpu.py. */
 /* Row-major float32 matrix product; the linear layer's products go through it.
  *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
  *   a [m, k], or [k, m] with trans_a != 0 (then op(A) = Aᵀ)
