@@ -114,7 +114,6 @@ sgemm_plain_kernel(float *c, const float *a, const float *b, int64_t m, int64_t 
     }
 }
 
-
 /* ---- the fast kernel ------------------------------------------------------------------ */
 
 #ifdef __CUDACC__

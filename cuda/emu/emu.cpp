@@ -138,6 +138,7 @@ void cp_async(void *dst, const void *src, int size, int src_bytes) {
 }
 
 void cp_async_commit() {
+    if (!active || !active->current) return fail_launch("cp.async.commit_group outside a kernel");
     Fiber *f = active->current;
     for (AsyncCopy &c : f->copies)
         if (c.group < 0) c.group = f->groups;
@@ -145,6 +146,7 @@ void cp_async_commit() {
 }
 
 void cp_async_wait(int pending) {
+    if (!active || !active->current) return fail_launch("cp.async.wait_group outside a kernel");
     Fiber *f = active->current;
     const long done = f->groups - pending; // groups [0, done) must be complete
     size_t kept = 0;
