@@ -96,6 +96,65 @@ static __device__ __forceinline__ void pytfm__store4(float *p, float4 v) {
 #endif
 }
 
+/* ---- cp.async: global → shared memory without a trip through registers (sm_80+) -------- */
+
+/* pytfm__cp_async16(dst, src, src_bytes) starts a copy of 16 bytes to shared dst, of which the
+ * first src_bytes (0..16) come from global src and the rest are zeroed (src_bytes 0: a tile's
+ * edge, nothing read; src must still be a valid address); pytfm__cp_async4 the same for 4
+ * bytes (src_bytes 0 or 4). Both addresses aligned to the copy's size. Copies join the
+ * thread's open group; pytfm__cp_async_commit closes it; pytfm__cp_async_wait<N> waits until
+ * at most the newest N committed groups are still in flight (cp.async.wait_group N). The wait
+ * covers the calling thread's copies only: other threads read the data after a
+ * __syncthreads() that follows the wait. Below sm_80 (and in nvcc's host pass) the copy is a
+ * plain synchronous one. The emulator queues each thread's copies and performs them only at
+ * the wait that covers their group, so a missing wait or barrier reads the 0xff fill. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+static __device__ __forceinline__ void pytfm__cp_async16(float *dst, const float *src,
+                                                         int src_bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void pytfm__cp_async4(float *dst, const float *src,
+                                                        int src_bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void pytfm__cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void pytfm__cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+#elif defined(PYTFM_EMULATE)
+static __device__ __forceinline__ void pytfm__cp_async16(float *dst, const float *src,
+                                                         int src_bytes) {
+    pytfm_emu::cp_async(dst, src, 16, src_bytes);
+}
+static __device__ __forceinline__ void pytfm__cp_async4(float *dst, const float *src,
+                                                        int src_bytes) {
+    pytfm_emu::cp_async(dst, src, 4, src_bytes);
+}
+static __device__ __forceinline__ void pytfm__cp_async_commit() { pytfm_emu::cp_async_commit(); }
+template <int N> static __device__ __forceinline__ void pytfm__cp_async_wait() {
+    pytfm_emu::cp_async_wait(N);
+}
+#else
+static __device__ __forceinline__ void pytfm__cp_async16(float *dst, const float *src,
+                                                         int src_bytes) {
+    for (int i = 0; i < 4; i++) dst[i] = 4 * i < src_bytes ? src[i] : 0.0f;
+}
+static __device__ __forceinline__ void pytfm__cp_async4(float *dst, const float *src,
+                                                        int src_bytes) {
+    *dst = src_bytes ? *src : 0.0f;
+}
+static __device__ __forceinline__ void pytfm__cp_async_commit() {}
+template <int N> static __device__ __forceinline__ void pytfm__cp_async_wait() {}
+#endif
+
 /* Blocks for `items` work items of `per_block` each, capped (kernels loop over the rest). */
 static inline unsigned pytfm__blocks(int64_t items, int64_t per_block, int64_t cap) {
     const int64_t b = (items + per_block - 1) / per_block;

@@ -26,6 +26,7 @@ OPS = ["tests/test_ops.py", "tests/test_properties.py", "tests/test_errors.py", 
 ATT = ["tests/test_attention.py", "tests/test_fast.py"]
 FAST = ["tests/test_fast.py"]
 EMU = ["tests/test_cuda_emu.py"]  # the CUDA kernels, run on the CPU by cuda/emu
+SGEMM = ["tests/test_cuda_sgemm.py"]  # the GPU SGEMM, fast and plain (the oracle), on cuda/emu
 LIMITS = ["tests/test_limits.py"]  # issue 16: overflowing sizes, in subprocesses
 EXTREMES = ["tests/test_extremes.py"]  # issue 16: float extremes and overlaps
 THREADS = ["tests/test_threads.py", "tests/test_sanitizers.py"]  # issue 16: the thread count
@@ -67,11 +68,12 @@ MUTATIONS = {
     "attn_decode_ignores_start": ("csrc/attention.c", "D, start, scale, 1};", "D, 0, scale, 1};", ATT),
     "attn_no_max_shift": ("csrc/attention.c", "const float e = expf(s[c] - mx);",
                           "const float e = expf(s[c]) * expf(-mx);", ATT),
+    # the plain CUDA SGEMM (pytfm_sgemm_plain_cuda, the oracle of the fast one)
     "cuda_sgemm_no_barrier_before_compute": ("cuda/sgemm.cu", "        __syncthreads();\n        for (int p = 0; p < BK; p++) {",
-                                             "        for (int p = 0; p < BK; p++) {", EMU),
-    "cuda_sgemm_no_barrier_after_compute": ("cuda/sgemm.cu", "        __syncthreads(); // the tiles are overwritten next slice", "", EMU),
-    "cuda_sgemm_k_edge_off_by_one": ("cuda/sgemm.cu", "Bs[p][j] = gj < n && gp < k ?", "Bs[p][j] = gj < n && gp <= k ?", EMU),
-    "cuda_sgemm_store_off_by_one": ("cuda/sgemm.cu", "if (gi < m && gj < n) {", "if (gi <= m && gj < n) {", EMU),
+                                             "        for (int p = 0; p < BK; p++) {", SGEMM),
+    "cuda_sgemm_no_barrier_after_compute": ("cuda/sgemm.cu", "        __syncthreads(); // the tiles are overwritten next slice", "", SGEMM),
+    "cuda_sgemm_k_edge_off_by_one": ("cuda/sgemm.cu", "Bs[p][j] = gj < n && gp < k ?", "Bs[p][j] = gj < n && gp <= k ?", SGEMM),
+    "cuda_sgemm_store_off_by_one": ("cuda/sgemm.cu", "if (gi < m && gj < n) {", "if (gi <= m && gj < n) {", SGEMM),
     "cuda_block_sum_no_barrier": ("cuda/pytfm_cuda.cuh", "    if (lane == 0) scratch[warp] = v;\n    __syncthreads();\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;",
                                   "    if (lane == 0) scratch[warp] = v;\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;", EMU),
     "cuda_softmax_row_off_by_one": ("cuda/softmax.cu", "for (int64_t j = team.rank; j < cols; j += team.size) yr[j] = expf(",
@@ -229,6 +231,20 @@ MUTATIONS = {
                                         ["tests/test_cuda_attention.py"]),
     "cuda_attn_no_shared_optin": ("cuda/pytfm_cuda.cuh", "    if (bytes <= 48 * 1024) return PYTFM_STATUS_OK;\n",
                                   "    return PYTFM_STATUS_OK;\n", ["tests/test_cuda_attention.py"]),
+    # issue 12: the fast CUDA SGEMM (cuda/sgemm.cu), run by tests/test_cuda_sgemm.py on the
+    # emulator: a slice read before its cp.async wait, the next slice written into the buffer
+    # others still read, edges (the k-slice past k loaded; C's row m stored), float4s on an
+    # operand offset by a float, the staged loader's chunks mapped one way and stored another
+    "cuda_sgemm_fast_no_cp_async_wait": ("cuda/sgemm.cu", "        pytfm__cp_async_wait<0>();\n        __syncthreads(); // the next slice",
+                                         "        __syncthreads(); // the next slice", SGEMM),
+    "cuda_sgemm_fast_no_barrier_between_buffers": ("cuda/sgemm.cu", "        __syncthreads(); // the next slice is in for everyone, and buffer cur free again\n",
+                                                   "", SGEMM),
+    "cuda_sgemm_fast_k_edge_off_by_one": ("cuda/sgemm.cu", "const bool in = p0 + p < k;", "const bool in = p0 + p <= k;", SGEMM),
+    "cuda_sgemm_fast_row_mask_off_by_one": ("cuda/sgemm.cu", "if (di >= rows_in) continue;", "if (di > rows_in) continue;", SGEMM),
+    "cuda_sgemm_fast_unaligned_a_vectorised": ("cuda/sgemm.cu", "const int vec = (aligned16(a) && (trans_a ? m : k) % 4 == 0) |",
+                                               "const int vec = ((trans_a ? m : k) % 4 == 0) |", SGEMM),
+    "cuda_sgemm_fast_staged_transpose_index": ("cuda/sgemm.cu", "const int e = threadIdx.x + r * NT, x = e / C, p = e % C * 4;",
+                                               "const int e = threadIdx.x + r * NT, x = e % X, p = e / X * 4;", SGEMM),
 }
 
 

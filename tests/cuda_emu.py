@@ -30,6 +30,8 @@ pytfm_status emu_block_sum(float *out, const float *in, int blocks, int threads,
 pytfm_status emu_vector_copy(float *out, const float *in, int n, int offset);
 pytfm_status emu_big_shared(float *out, int bytes, int limit);
 pytfm_status emu_malloc_async(float *out, const float *in, int n);
+pytfm_status emu_cp_async(float *out, const float *in, int n, int groups, int pending,
+                          int with_barrier, int size, int src_bytes, int leave_open, int global);
 """
 
 

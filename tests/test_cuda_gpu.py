@@ -203,3 +203,89 @@ def test_attention_head_dim_above_128_is_an_error():
     q = cp.ones((1, 2, 1, 129), cp.float32)
     with pytest.raises(ValueError, match=r"D must be <= 128"):
         ops.attention_forward(q, q, q)
+
+
+# ---- the SGEMM (cuda/sgemm.cu) at real sizes ------------------------------------------------
+
+
+def sgemm(name, c, a, b, m, n, k, trans_a, trans_b, beta):
+    """lib.<name> (pytfm_sgemm_cuda or pytfm_sgemm_plain_cuda) on CuPy arrays, current stream."""
+    from pytfm._core import check, ffi, lib
+
+    def p(x):
+        return ffi.cast("float *", x.data.ptr)
+
+    stream = ffi.cast("void *", cp.cuda.get_current_stream().ptr)
+    check(getattr(lib, name)(p(c), p(a), p(b), m, n, k, trans_a, trans_b, beta, stream))
+    return c
+
+
+def sgemm_case(m, n, k, trans_a, trans_b, seed=0):
+    rng = cp.random.default_rng(seed)
+    a = rng.standard_normal((k, m) if trans_a else (m, k), dtype=cp.float32)
+    b = rng.standard_normal((n, k) if trans_b else (k, n), dtype=cp.float32)
+    opa, opb = (a.T if trans_a else a), (b.T if trans_b else b)
+    # |error| <= k·eps·Σ|a||b| for either order of the sum: the bound for fast vs cuBLAS
+    tol = 2 * k * EPS32 * cp.matmul(abs(opa), abs(opb))
+    return a, b, cp.matmul(opa, opb), tol
+
+
+def bits_equal(x, y):
+    return bool((x.view(cp.uint32) == y.view(cp.uint32)).all())
+
+
+# the linear layer's three products: y = x·Wᵀ, dx = dy·W, dW = dyᵀ·x
+LINEAR = pytest.mark.parametrize("trans_a,trans_b", [(0, 1), (0, 0), (1, 0)],
+                                 ids=["x_wT", "dy_w", "dyT_x"])
+
+
+@LINEAR
+def test_sgemm_4096_against_cublas_and_the_plain_kernel(trans_a, trans_b):
+    n = 4096  # 1024 tiles of 128×128: the big class, several waves
+    a, b, want, tol = sgemm_case(n, n, n, trans_a, trans_b)
+    c = sgemm("pytfm_sgemm_cuda", cp.full((n, n), cp.nan, cp.float32), a, b, n, n, n, trans_a,
+              trans_b, 0.0)
+    same("sgemm.4096", c, cp.asnumpy(want), cp.asnumpy(tol), 0)
+    plain = sgemm("pytfm_sgemm_plain_cuda", cp.empty((n, n), cp.float32), a, b, n, n, n,
+                  trans_a, trans_b, 0.0)
+    assert bits_equal(c, plain), "fast and plain both sum k in order with fmaf: the same bits"
+    c0 = cp.random.default_rng(1).standard_normal((n, n), dtype=cp.float32)
+    c = sgemm("pytfm_sgemm_cuda", c0.copy(), a, b, n, n, n, trans_a, trans_b, 1.0)  # dW += ...
+    same("sgemm.4096.accumulate", c, cp.asnumpy(want + c0), cp.asnumpy(tol + abs(c0) * EPS32), 0)
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (4097, 1000, 129), (1, 5000, 3),
+                                   (3000, 1, 77), (129, 131, 4099), (2, 4_194_305, 3)])
+@pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_sgemm_sizes_off_the_tiles(m, n, k, trans_a, trans_b):
+    """Edges in every dimension, both size classes (1024² takes the 64×64 tiles), and n past
+    the plain kernel's 65535 column tiles (4194305 columns: the fast one has no such cap)."""
+    a, b, want, tol = sgemm_case(m, n, k, trans_a, trans_b, seed=m + n + k)
+    c = sgemm("pytfm_sgemm_cuda", cp.full((m, n), cp.nan, cp.float32), a, b, m, n, k, trans_a,
+              trans_b, 0.0)
+    same(f"sgemm.{m}x{n}x{k}", c, cp.asnumpy(want), cp.asnumpy(tol), 0)
+    if n <= 65535 * 64:
+        plain = sgemm("pytfm_sgemm_plain_cuda", cp.empty((m, n), cp.float32), a, b, m, n, k,
+                      trans_a, trans_b, 0.0)
+        assert bits_equal(c, plain)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_sgemm_on_views_offset_by_one_float(trans_a, trans_b):
+    """x[1:] of a larger array is contiguous but 4 bytes past a 16-byte boundary: the loaders
+    take 4-byte cp.async and scalar loads there, with the same bits as the float4 ones."""
+    m, n, k = 300, 264, 136  # multiples of 4: the aligned copies take float4s everywhere
+    a, b, want, tol = sgemm_case(m, n, k, trans_a, trans_b, seed=7)
+    views = [cp.empty(x.size + 1, cp.float32)[1:].reshape(x.shape) for x in (a, b)]
+    for v, x in zip(views, (a, b)):
+        v[...] = x
+        assert v.data.ptr % 16 == 4
+    c0 = cp.random.default_rng(2).standard_normal((m, n), dtype=cp.float32)
+    for beta in (0.0, 1.5):
+        cv = cp.empty(m * n + 1, cp.float32)[1:].reshape(m, n)
+        cv[...] = c0
+        sgemm("pytfm_sgemm_cuda", cv, *views, m, n, k, trans_a, trans_b, beta)
+        c = sgemm("pytfm_sgemm_cuda", c0.copy(), a, b, m, n, k, trans_a, trans_b, beta)
+        assert bits_equal(cv, c)
+        same("sgemm.view", cv, cp.asnumpy(want + beta * c0),
+             cp.asnumpy(tol + abs(beta * c0) * EPS32), 0)

@@ -226,7 +226,7 @@ PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, co
 /* Lives in: csrc/sgemm.c (plain loop sgemm_plain; fast: gemm_blocked and the micro_avx2 /
  * micro_avx512 register kernels), checks csrc/checks.h pytfm__check_sgemm, CUDA cuda/sgemm.cu, no
  * Python wrapper (ops.linear_* use it; tests call it through cffi); tests in tests/: test_sgemm.py,
- * test_memory.py, test_cuda_emu.py. */
+ * test_memory.py, test_cuda_sgemm.py (the CUDA kernels on the emulator), test_cuda_gpu.py. */
 /* Row-major float32 matrix product; the linear layer's products go through it.
  *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
  *   a [m, k], or [k, m] with trans_a != 0 (then op(A) = Aᵀ)
@@ -706,10 +706,21 @@ PYTFM_API pytfm_status pytfm_cuda_device_count(int32_t *count);
  * comes back here as PYTFM_STATUS_CUDA_ERROR with the CUDA runtime's message. */
 PYTFM_API pytfm_status pytfm_cuda_stream_synchronize(void *stream);
 
-/* As pytfm_sgemm: a tiled shared-memory SGEMM, each thread a 4×4 block of C in registers. */
+/* As pytfm_sgemm, on the GPU (cuda/sgemm.cu): 128×128 tiles of C per block (64×64 when those
+ * cannot fill the GPU), 8×8 outputs per thread in registers, float4 loads where a base is
+ * 16-byte aligned and its rows a multiple of 4 floats long (scalar ones otherwise), double
+ * buffered shared tiles (cp.async on sm_80+); any m, n, k >= 0 and every transpose, with no
+ * transposing copy and no scratch. Sums k in order with fmaf, as pytfm_sgemm_plain_cuda. */
 PYTFM_API pytfm_status pytfm_sgemm_cuda(float *c, const float *a, const float *b, int64_t m,
                                         int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
                                         float beta, void *stream);
+
+/* The plain tiled kernel (64×64 tiles, 4×4 outputs per thread, n <= 65535·64), kept as the
+ * oracle pytfm_sgemm_cuda is tested against, as pytfm_sgemm_plain is on the CPU; same
+ * arguments. Tests: tests/test_cuda_sgemm.py. */
+PYTFM_API pytfm_status pytfm_sgemm_plain_cuda(float *c, const float *a, const float *b,
+                                              int64_t m, int64_t n, int64_t k, int32_t trans_a,
+                                              int32_t trans_b, float beta, void *stream);
 
 PYTFM_API pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, const float *w,
                                                  const float *b, int64_t rows, int64_t in,

@@ -27,6 +27,14 @@ enum State { RUNNABLE, AT_SYNCTHREADS, AT_WARP, EXITED };
 static const char *const op_names[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
                                        "__shfl_xor_sync"};
 
+/* a queued cp.async: group -1 until the thread's next commit */
+struct AsyncCopy {
+    void *dst;
+    const void *src;
+    int size, src_bytes;
+    long group;
+};
+
 struct Fiber {
     ucontext_t ctx;
     State state;
@@ -35,6 +43,8 @@ struct Fiber {
     unsigned mask;
     uint64_t value, result;
     int arg, width;
+    std::vector<AsyncCopy> copies; // issued, not yet performed (cp_async)
+    long groups;                   // groups committed so far
 };
 
 struct Launch {
@@ -93,6 +103,64 @@ const dim3 &block_idx() { return active->bidx; }
 const dim3 &block_dim() { return active->block; }
 const dim3 &grid_dim() { return active->grid; }
 void *dynamic_shared() { return active->shmem.data(); }
+
+/* cp.async, at its latest: queued per thread, performed by the wait that covers its group */
+static bool in_shared(const Launch &l, const void *p, int size) {
+    const char *c = (const char *)p;
+    const char *d = (const char *)l.shmem.data();
+    return (c >= __start_pytfm_emu_shared && c + size <= __stop_pytfm_emu_shared) ||
+           (c >= d && c + size <= d + l.shmem.size());
+}
+
+void cp_async(void *dst, const void *src, int size, int src_bytes) {
+    if (!active || !active->current) {
+        fail_launch("cp.async outside a kernel");
+        return;
+    }
+    if (size != 16 && size != 4) {
+        fail_launch("cp.async of %d bytes (4 or 16 here)", size);
+        return;
+    }
+    if (src_bytes < 0 || src_bytes > size) {
+        fail_launch("cp.async of %d bytes reading %d of them", size, src_bytes);
+        return;
+    }
+    if (((uintptr_t)dst | (uintptr_t)src) % size) {
+        fail_launch("cp.async of %d bytes from %p to %p, which are not both %d-byte aligned",
+                    size, src, dst, size);
+        return;
+    }
+    if (!in_shared(*active, dst, size)) {
+        fail_launch("cp.async to %p, which is not in shared memory", dst);
+        return;
+    }
+    active->current->copies.push_back({dst, src, size, src_bytes, -1});
+}
+
+void cp_async_commit() {
+    if (!active || !active->current) return fail_launch("cp.async.commit_group outside a kernel");
+    Fiber *f = active->current;
+    for (AsyncCopy &c : f->copies)
+        if (c.group < 0) c.group = f->groups;
+    f->groups++; // an empty group counts too, as on the GPU
+}
+
+void cp_async_wait(int pending) {
+    if (!active || !active->current) return fail_launch("cp.async.wait_group outside a kernel");
+    Fiber *f = active->current;
+    const long done = f->groups - pending; // groups [0, done) must be complete
+    size_t kept = 0;
+    for (size_t i = 0; i < f->copies.size(); i++) {
+        const AsyncCopy &c = f->copies[i];
+        if (c.group >= 0 && c.group < done) {
+            memcpy(c.dst, c.src, (size_t)c.src_bytes);
+            memset((char *)c.dst + c.src_bytes, 0, (size_t)(c.size - c.src_bytes));
+        } else {
+            f->copies[kept++] = c;
+        }
+    }
+    f->copies.resize(kept);
+}
 
 static void yield(State state) {
     Fiber *f = active->current;
@@ -236,6 +304,8 @@ static void run_block(Launch &l, char *stacks, size_t stack_size) {
         f.tid = dim3((unsigned)(i % l.block.x), (unsigned)(i / l.block.x % l.block.y),
                      (unsigned)(i / ((size_t)l.block.x * l.block.y)));
         f.state = RUNNABLE;
+        f.copies.clear(); // a copy never waited for is dropped with its block
+        f.groups = 0;
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = stacks + i * stack_size;
         f.ctx.uc_stack.ss_size = stack_size;

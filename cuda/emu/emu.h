@@ -24,12 +24,22 @@
  * Vector accesses (float4, through pytfm__load4 / pytfm__store4 of pytfm_cuda.cuh) must be
  * 16-byte aligned, as on the GPU: a misaligned one fails the launch naming the thread
  * (fail_launch), where the GPU would raise a misaligned address error.
+ * cp.async (pytfm__cp_async16 / pytfm__cp_async4, pytfm__cp_async_commit and
+ * pytfm__cp_async_wait<N> of pytfm_cuda.cuh) is asynchronous here too, at its latest: each
+ * thread's copies are queued, commit closes the thread's open group, and only wait<N> performs
+ * them (every committed group but the newest N, in issue order; copies not yet committed stay
+ * queued, as on the GPU), reading the source then. A copy never waited for is dropped at the
+ * thread's end. So a read of the destination before its wait, or by another thread without a
+ * barrier after the wait, sees the 0xff fill (NaN) or the previous tile's data. The destination
+ * must be shared memory, both addresses aligned to the copy's size (16 or 4), else the launch
+ * fails naming the thread.
  *
  * It provides what the kernels of cuda/ use (threadIdx, blockIdx, blockDim, gridDim, static
  * and dynamic __shared__ memory (PYTFM_DYNAMIC_SHARED, sized by PYTFM_LAUNCH's shared_bytes),
  * __launch_bounds__ (ignored), __syncthreads, the four shuffles, float4 and make_float4,
- * rsqrtf, and the runtime calls cudaGetLastError, cudaGetErrorString/Name, cudaGetDeviceCount,
- * cudaStreamSynchronize, cudaMallocAsync/cudaFreeAsync for scratch and cudaFuncSetAttribute).
+ * rsqrtf, cp.async (cp_async below), and the runtime calls cudaGetLastError,
+ * cudaGetErrorString/Name, cudaGetDeviceCount, cudaStreamSynchronize,
+ * cudaMallocAsync/cudaFreeAsync for scratch and cudaFuncSetAttribute).
  * Each is checked in tests/cuda/emu_selftest.cu. No atomics or votes: a kernel that needs one
  * adds it here, with a check of it there.
  */
@@ -107,6 +117,12 @@ void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &bo
 /* Fail the running launch with a message (printf format) that names the calling thread and
  * its block; the thread goes on (the launch stops after this block). */
 void fail_launch(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* cp.async: queue a copy of `size` bytes (16 or 4) from global src to shared dst, of which the
+ * first src_bytes (0..size) are read and the rest zeroed; close the open group; perform every
+ * committed group of this thread but the newest `pending` (cp.async.wait_group pending). */
+void cp_async(void *dst, const void *src, int size, int src_bytes);
+void cp_async_commit();
+void cp_async_wait(int pending);
 
 template <class T> T shfl(WarpOp op, unsigned mask, T v, int arg, int width) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a word");

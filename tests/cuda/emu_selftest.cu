@@ -5,7 +5,7 @@
  * shuffle waiting for a lane that left, lanes of a warp at different shuffles, bad launch
  * configurations (48 KiB of dynamic shared memory unless cudaFuncSetAttribute raised the
  * kernel's limit, 227 KiB at most), float4 accesses (16-byte aligned or a launch error),
- * cudaMallocAsync scratch.
+ * cudaMallocAsync scratch, cp.async (performed only by the wait that covers its group).
  * Built only into the emulator's test library, never into libpytfm.
  */
 #include "pytfm_cuda.cuh"
@@ -134,4 +134,42 @@ EXPORT pytfm_status emu_malloc_async(float *out, const float *in, int n) {
         st = PYTFM_LAUNCH(scale_kernel, dim3(1), dim3(64), 0, nullptr, out, scratch, n, 1.0f);
     const cudaError_t err = cudaFreeAsync(scratch, nullptr);
     return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status("cudaFreeAsync", err);
+}
+
+/* cp.async (pytfm__cp_async16/4, commit, wait<N>): thread t of n copies, per group g < groups,
+ * the 4 floats in[g·4n + 4t + q] (q < 4) to s[g][4t + q] in shared memory (one 16-byte copy
+ * reading src_bytes of them, or with size = 4 four 4-byte ones), committing each group but,
+ * with leave_open, the last; then waits with wait_group `pending`, passes a barrier if
+ * with_barrier, and writes out[g·4n + 4t + q] from the slot of thread n − 1 − t (another
+ * thread's copy: it needs both). global = 1 aims the copies at out instead (not shared). */
+static __global__ void cp_async_kernel(float *out, const float *in, int groups, int pending,
+                                       int with_barrier, int size, int src_bytes, int leave_open,
+                                       int global) {
+    __shared__ float s[3][4 * 64];
+    const int n = blockDim.x, t = threadIdx.x;
+    for (int g = 0; g < groups; g++) {
+        float *d = global ? out + g * 4 * n + 4 * t : s[g] + 4 * t;
+        const float *src = in + g * 4 * n + 4 * t;
+        if (size == 16) {
+            pytfm__cp_async16(d, src, src_bytes);
+        } else {
+            for (int q = 0; q < 4; q++) pytfm__cp_async4(d + q, src + q, 4 * q < src_bytes ? 4 : 0);
+        }
+        if (g < groups - 1 || !leave_open) pytfm__cp_async_commit();
+    }
+    switch (pending) {
+    case 0: pytfm__cp_async_wait<0>(); break;
+    case 1: pytfm__cp_async_wait<1>(); break;
+    default: pytfm__cp_async_wait<2>(); break;
+    }
+    if (with_barrier) __syncthreads();
+    for (int g = 0; g < groups; g++)
+        for (int q = 0; q < 4; q++) out[g * 4 * n + 4 * t + q] = s[g][4 * (n - 1 - t) + q];
+}
+
+EXPORT pytfm_status emu_cp_async(float *out, const float *in, int n, int groups, int pending,
+                                 int with_barrier, int size, int src_bytes, int leave_open,
+                                 int global) {
+    return PYTFM_LAUNCH(cp_async_kernel, dim3(1), dim3(n), 0, nullptr, out, in, groups, pending,
+                        with_barrier, size, src_bytes, leave_open, global);
 }
