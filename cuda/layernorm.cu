@@ -6,11 +6,11 @@
  *   backward: g = dy ∘ w;  dx = rstd · (g − mean(g) − x̂ · mean(g ∘ x̂))   (written)
  *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy                      (accumulated)
  * Rows of up to 4096 columns are held in registers (pytfm_cuda.cuh's column classes: a warp
- * per row up to 1024 columns, a block of 256 per row up to 4096), read once, written once,
- * float4 accesses where cols % 4 == 0 and the pointers are 16-byte aligned. Two reductions
- * over the held row (mean, then the centred variance), both over x − x0 (x0 the row's first
- * value), as csrc/fast_impl.h does: when |μ| ≫ σ those differences are small and exact, so no
- * digits of x − μ are lost. A row whose float sums overflow or underflow
+ * per row up to 1024 columns, a block of 512 or 1024 threads per row up to 4096), read once,
+ * written once, float4 accesses where cols % 4 == 0 and the pointers are 16-byte aligned.
+ * Two reductions over the held row (mean, then the centred variance), both over x − x0 (x0
+ * the row's first value), as csrc/fast_impl.h does: when |μ| ≫ σ those differences are small
+ * and exact, so no digits of x − μ are lost. A row whose float sums overflow or underflow
  * (PYTFM_LN_FLOAT_SUMS_OK: values past ~1e19, or a tiny spread with eps = 0) is summed again in
  * double, as the CPU kernels do.
  * The backward is one pass over the rows (as llm.c's): each team computes dx for its rows and
@@ -22,15 +22,18 @@
  *
  * ESTIMATE (no GPU was lent; from the bytes moved and nvcc's register report, not measured):
  * on an H200, forward about 0.8–0.9 of device-to-device copy bandwidth (x read once, y written
- * once; w, b and the 8 bytes of mean/rstd per row come from L2), for the reasons softmax.cu
- * gives: all of a row's loads issued before its first reduction, 16–64 KB in flight per SM.
- * Backward about 0.7–0.8 (dy and x read once, dx written once: 12 bytes a float; at
- * rows = 8192, C = 768 the LN_BWD_BLOCKS = 528 blocks' partials add 528·2·768·4 B ≈ 3.2 MB
- * written and read again, ~4 % of the 75 MB): the warp class for C = 768 holds dy, x and the
- * two running sums (4 × 32 floats a lane, ~170 registers: one block of 8 warps an SM, 8 rows
- * of 3 KB × 2 in flight per SM, ~48 KB: enough by Little's law, but the warp-order combine's
- * 8 barriers at the end and the tail of the last wave cost a few per cent). The plain path
- * (rows > 4096) reads each row two to three times and the column sum once more: ~0.4–0.5.
+ * once; w, b and the 8 bytes of mean/rstd a row come from L1/L2), for the reasons softmax.cu
+ * gives: a row's loads all issued before its first reduction, 40–108 registers a thread (no
+ * spills in the float4 kernels; the 32-bit kernel of 16 floats a lane spills 12 bytes, on the
+ * rare double-sum path), 16–64 KB in flight per SM. Backward about 0.7–0.8: dy and x read
+ * once, dx written once (12 bytes a float); at rows = 8192, C = 768 the 528 blocks' partials
+ * add 528 · 2 · 768 · 4 B ≈ 3.2 MB written and read again, ~4 % of the 75 MB. That size takes
+ * the warp class of 32 floats a lane: dy, x and the two running sums in registers, 194 a
+ * thread, so one block of 8 warps an SM: 8 rows of 6 KB (dy and x) in flight per SM, ~48 KB,
+ * enough by Little's law but with no slack, and the warp-order combine's 8 barriers at the
+ * end of each block cost a few per cent. Rows of 1025–4096 columns (a block a row, ~40
+ * registers, 2–4 blocks an SM) should do as well. The plain path (rows > 4096) reads each row
+ * two to three times and the column sum reads dy and x once more: ~0.4–0.5.
  */
 #include "pytfm_cuda.cuh"
 
@@ -38,7 +41,9 @@
 enum { LN_BWD_BLOCKS = PYTFM_MAX_BLOCKS }; // several blocks' partials in the tests
 #else
 // the backward's blocks, each summing its rows' dw/db partials: 4 an SM of an H200, so that
-// the partials (a row of dw and db per block) stay a few per cent of the rows' bytes
+// the partials (a row of dw and db per block) stay a few per cent of the rows' bytes. A
+// constant, not the device's SM count: the order of the sums, so the bits, must not depend on
+// the GPU.
 enum { LN_BWD_BLOCKS = 4 * 132 };
 #endif
 

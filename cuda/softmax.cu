@@ -5,23 +5,24 @@
  *   forward:  y = exp(x − max x) / Σ exp(x − max x)
  *   backward: with s = Σ_j dy_j y_j,  dx_i = y_i (dy_i − s)
  * Rows of up to 4096 columns are held in registers (pytfm_cuda.cuh's column classes: a warp
- * per row up to 1024 columns, a block of 256 per row up to 4096): each input is read once and
- * each output written once, with float4 accesses where cols % 4 == 0 and the pointers are
- * 16-byte aligned, 32-bit ones otherwise. Longer rows take the plain kernels: three passes
- * over the row (the max, Σ exp, then y: the row max and Σexp the cross-entropy shares), each
+ * per row up to 1024 columns, 4 to 32 floats a lane; a block of 512 or 1024 threads per row up
+ * to 4096, 4 floats a thread): each input is read once and each output written once, with
+ * float4 accesses where cols % 4 == 0 and the pointers are 16-byte aligned, 32-bit ones
+ * otherwise (a CuPy view such as x[1:]). Longer rows take the plain kernels: three passes over
+ * the row (the max, Σ exp, then y: the row max and Σexp the cross-entropy shares), each
  * re-reading it from L1/L2. Sums are float, in a fixed order: the same bits on every run.
  *
  * ESTIMATE (no GPU was lent; from the bytes moved and nvcc's register report, not measured):
  * on an H200 the register kernels should reach about 0.8–0.9 of device-to-device copy
- * bandwidth forward (8 bytes a float: one read, one write, as a copy) and 0.8–0.85 backward
- * (12 bytes a float), for rows of 128–4096 columns: every load of a row is issued before the
- * first reduction (up to 8 float4 loads per thread per input in flight; with the 8 warps of a
- * block and several blocks an SM, well over the ~20 KB per SM that 4.3 TB/s × ~600 ns of
- * latency asks for), and the shuffles and two barriers per row cost little beside the row's
- * bytes. Rows under 128 columns leave lanes of the warp idle (a 64-column row: half), so fewer
- * bytes are in flight: perhaps 0.6–0.7. Unaligned views take 32-bit accesses: the same bytes,
- * more instructions, likely within 10 % of the float4 path. The plain path (rows > 4096)
- * reads the row three times, twice from L2: about 0.5–0.6.
+ * bandwidth forward (8 bytes a float: one read, one write, as a copy) and 0.75–0.85 backward
+ * (12 bytes a float), for rows of 128–4096 columns. Every load of a row is issued before its
+ * first reduction; registers are 22–64 a thread forward and 26–113 backward (no spills), so
+ * 8 to 64 warps fit an SM, holding 16–64 KB of loads in flight per SM, against the ~20 KB
+ * that 4.3 TB/s × ~600 ns of latency asks for over 132 SMs. The shuffles (and, for a block
+ * per row, two barriers a reduction) cost little beside a row's bytes. Rows under 128
+ * columns leave lanes idle (64 columns: half the warp), fewer bytes in flight: perhaps
+ * 0.6–0.75. The 32-bit path moves the same bytes in 4× the instructions: likely within 10 %
+ * of float4. The plain path (rows > 4096) reads each row three times, twice from L2: ~0.5.
  */
 #include "pytfm_cuda.cuh"
 
