@@ -23,9 +23,10 @@
  * ESTIMATE (no GPU was lent; from the bytes moved and nvcc's register report, not measured):
  * on an H200, forward about 0.8–0.9 of device-to-device copy bandwidth (x read once, y written
  * once; w, b and the 8 bytes of mean/rstd a row come from L1/L2), for the reasons softmax.cu
- * gives: a row's loads all issued before its first reduction, 40–108 registers a thread (no
- * spills in the float4 kernels; the 32-bit kernel of 16 floats a lane spills 12 bytes, on the
- * rare double-sum path), 16–64 KB in flight per SM. Backward about 0.7–0.8: dy and x read
+ * gives: a row's loads all issued before its first reduction, 32–108 registers a thread (no
+ * spills in the float4 kernels; two 32-bit ones spill a little: 16 floats a lane on sm_90 12
+ * bytes, 32 a lane on sm_80 40 bytes, likely around the rare double-sum path), 16–64 KB in
+ * flight per SM. Backward about 0.7–0.8: dy and x read
  * once, dx written once (12 bytes a float); at rows = 8192, C = 768 the 528 blocks' partials
  * add 528 · 2 · 768 · 4 B ≈ 3.2 MB written and read again, ~4 % of the 75 MB. That size takes
  * the warp class of 32 floats a lane: dy, x and the two running sums in registers, 194 a
