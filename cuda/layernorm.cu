@@ -5,22 +5,56 @@
  *   forward:  μ = mean(x), σ² = mean((x − μ)²), rstd = 1/sqrt(σ² + eps), y = (x − μ)·rstd·w + b
  *   backward: g = dy ∘ w;  dx = rstd · (g − mean(g) − x̂ · mean(g ∘ x̂))   (written)
  *             dw += Σ_rows dy ∘ x̂,  db += Σ_rows dy                      (accumulated)
- * Rows: a warp per row up to 1024 columns, a block per row beyond; two passes (mean, then the
- * centred variance), both over x − x0 (x0 the row's first value), as csrc/fast_impl.h does: when
- * |μ| ≫ σ those differences are small and exact, so no digits of x − μ are lost. A row whose
- * float sums overflow or underflow (PYTFM_LN_FLOAT_SUMS_OK: values past ~1e19, or a tiny
- * spread with eps = 0) is summed again in double, as the CPU kernels do. The dw/db column sums
- * are a second kernel, the fixed-order column reduction of pytfm_cuda.cuh: no atomics, the
- * same bits on every run.
+ * Rows of up to 4096 columns are held in registers (pytfm_cuda.cuh's column classes: a warp
+ * per row up to 1024 columns, a block of 512 or 1024 threads per row up to 4096), read once,
+ * written once, float4 accesses where cols % 4 == 0 and the pointers are 16-byte aligned.
+ * Two reductions over the held row (mean, then the centred variance), both over x − x0 (x0
+ * the row's first value), as csrc/fast_impl.h does: when |μ| ≫ σ those differences are small
+ * and exact, so no digits of x − μ are lost. A row whose float sums overflow or underflow
+ * (PYTFM_LN_FLOAT_SUMS_OK: values past ~1e19, or a tiny spread with eps = 0) is summed again in
+ * double, as the CPU kernels do.
+ * The backward is one pass over the rows (as llm.c's): each team computes dx for its rows and
+ * keeps its columns' dy ∘ x̂ and dy summed over those rows in registers; a block adds its warps'
+ * sums in warp order (shared memory) and writes them to scratch, a row of partials per block;
+ * then pytfm__column_total_kernel adds the blocks' partials in block order into dw, db. No
+ * atomics: the same bits on every run. Rows past 4096 columns take the plain kernels: passes
+ * that re-read the row from L1/L2, and dw/db by the two-stage column sum of pytfm_cuda.cuh.
+ *
+ * ESTIMATE (no GPU was lent; from the bytes moved and nvcc's register report, not measured):
+ * on an H200, forward about 0.8–0.9 of device-to-device copy bandwidth (x read once, y written
+ * once; w, b and the 8 bytes of mean/rstd a row come from L1/L2), for the reasons softmax.cu
+ * gives: a row's loads all issued before its first reduction, 32–108 registers a thread (no
+ * spills in the float4 kernels; two 32-bit ones spill a little: 16 floats a lane on sm_90 12
+ * bytes, 32 a lane on sm_80 40 bytes, likely around the rare double-sum path), 16–64 KB in
+ * flight per SM. Backward about 0.7–0.8: dy and x read
+ * once, dx written once (12 bytes a float); at rows = 8192, C = 768 the 528 blocks' partials
+ * add 528 · 2 · 768 · 4 B ≈ 3.2 MB written and read again, ~4 % of the 75 MB. That size takes
+ * the warp class of 32 floats a lane: dy, x and the two running sums in registers, 194 a
+ * thread, so one block of 8 warps an SM: 8 rows of 6 KB (dy and x) in flight per SM, ~48 KB,
+ * enough by Little's law but with no slack, and the warp-order combine's 8 barriers at the
+ * end of each block cost a few per cent. Rows of 1025–4096 columns (a block a row, ~40
+ * registers, 2–4 blocks an SM) should do as well. The plain path (rows > 4096) reads each row
+ * two to three times and the column sum reads dy and x once more: ~0.4–0.5.
  */
 #include "pytfm_cuda.cuh"
 
+#ifdef PYTFM_EMULATE
+enum { LN_BWD_BLOCKS = PYTFM_MAX_BLOCKS }; // several blocks' partials in the tests
+#else
+// the backward's blocks, each summing its rows' dw/db partials: 4 an SM of an H200, so that
+// the partials (a row of dw and db per block) stay a few per cent of the rows' bytes. A
+// constant, not the device's SM count: the order of the sums, so the bits, must not depend on
+// the GPU.
+enum { LN_BWD_BLOCKS = 4 * 132 };
+#endif
+
 /* the row again with double sums, as pytfm__layernorm_forward_row (csrc/fast.h) on the CPU */
 template <bool kWarp>
-static __device__ void layernorm_row_double(const pytfm__row_team<kWarp> &team, float *yr,
-                                            float *mean, float *rstd, const float *xr,
-                                            const float *w, const float *b, int64_t cols,
-                                            float eps, double *scratch) {
+static __device__ void
+layernorm_row_double(const pytfm__row_team<kWarp> &team, float *__restrict__ yr,
+                     float *__restrict__ mean, float *__restrict__ rstd,
+                     const float *__restrict__ xr, const float *__restrict__ w,
+                     const float *__restrict__ b, int64_t cols, float eps, double *scratch) {
     double sum = 0.0;
     for (int64_t j = team.rank; j < cols; j += team.size) sum += xr[j];
     const double mu = team.sum(sum, scratch) / (double)cols;
@@ -35,10 +69,61 @@ static __device__ void layernorm_row_double(const pytfm__row_team<kWarp> &team, 
     }
 }
 
+/* the forward of a row in registers: C::N floats per thread of the team (C a column class) */
+template <class C, bool kVec>
+static __global__ void __launch_bounds__(C::threads)
+    layernorm_forward_regs_kernel(float *__restrict__ y, float *__restrict__ mean,
+                                  float *__restrict__ rstd, const float *__restrict__ x,
+                                  const float *__restrict__ w, const float *__restrict__ b,
+                                  int64_t rows, int cols, float eps) {
+    __shared__ float scratch[PYTFM_WARP];
+    __shared__ double wide_scratch[PYTFM_WARP];
+    const pytfm__row_team<C::warp> team;
+    constexpr bool vec = kVec; // cols % 4 == 0, pointers aligned (pytfm__rows_vec4)
+    for (int64_t r = team.first; r < rows; r += team.step) {
+        const float *xr = x + r * cols;
+        float v[C::N];
+        pytfm__row_load(v, xr, cols, vec, team, 0.0f);
+        const float x0 = xr[0];
+        float sum = 0.0f;
+        PYTFM_UNROLL
+        for (int k = 0; k < C::N; k++) {
+            v[k] = pytfm__row_col(team, vec, k) < cols ? v[k] - x0 : 0.0f;
+            sum += v[k];
+        }
+        const float d = team.sum(sum, scratch) / (float)cols; // μ − x0
+        float ss = 0.0f;
+        PYTFM_UNROLL
+        for (int k = 0; k < C::N; k++) {
+            v[k] = pytfm__row_col(team, vec, k) < cols ? v[k] - d : 0.0f; // x − μ
+            ss += v[k] * v[k];
+        }
+        ss = team.sum(ss, scratch); // the same total in every thread: one branch for the team
+        if (!PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps)) {
+            layernorm_row_double(team, y + r * cols, mean + r, rstd + r, xr, w, b, cols, eps,
+                                 wide_scratch);
+            continue;
+        }
+        const float rs = rsqrtf(ss / (float)cols + eps);
+        float wv[C::N], bv[C::N];
+        pytfm__row_load(wv, w, cols, vec, team, 0.0f);
+        pytfm__row_load(bv, b, cols, vec, team, 0.0f);
+        PYTFM_UNROLL
+        for (int k = 0; k < C::N; k++) v[k] = v[k] * rs * wv[k] + bv[k];
+        pytfm__row_store(y + r * cols, v, cols, vec, team);
+        if (team.rank == 0) {
+            mean[r] = x0 + d;
+            rstd[r] = rs;
+        }
+    }
+}
+
+/* the plain forward, for rows past the register classes: x re-read by each pass */
 template <bool kWarp>
-static __global__ void layernorm_forward_kernel(float *y, float *mean, float *rstd,
-                                                const float *x, const float *w, const float *b,
-                                                int64_t rows, int64_t cols, float eps) {
+static __global__ void
+layernorm_forward_kernel(float *__restrict__ y, float *__restrict__ mean, float *__restrict__ rstd,
+                         const float *__restrict__ x, const float *__restrict__ w,
+                         const float *__restrict__ b, int64_t rows, int64_t cols, float eps) {
     __shared__ float scratch[32];
     __shared__ double wide_scratch[32];
     const pytfm__row_team<kWarp> team;
@@ -68,20 +153,107 @@ static __global__ void layernorm_forward_kernel(float *y, float *mean, float *rs
 }
 
 extern "C" pytfm_status pytfm_layernorm_forward_cuda(float *y, float *mean, float *rstd,
-                                                     const float *x, const float *w,
-                                                     const float *b, int64_t rows, int64_t cols,
-                                                     float eps, void *stream) {
+                                                     const float *x, const float *w, const float *b,
+                                                     int64_t rows, int64_t cols, float eps,
+                                                     void *stream) {
     PYTFM_TRY(pytfm__check_layernorm_forward(__func__, y, mean, rstd, x, w, b, rows, cols, eps));
     if (rows == 0) return PYTFM_STATUS_OK;
-    return PYTFM_LAUNCH_ROWS(layernorm_forward_kernel<true>, layernorm_forward_kernel<false>,
-                             rows, cols, PYTFM_MAX_BLOCKS, stream, y, mean, rstd, x, w, b, rows,
-                             cols, eps);
+    const char *func = __func__; // the lambdas' own __func__ is operator()
+    const bool vec = pytfm__rows_vec4(cols, y, x, w, b);
+    return pytfm__with_row_class(
+        cols,
+        [&](auto c) {
+            using C = decltype(c);
+            return pytfm__launch_row_class(func, c,
+                                           vec ? layernorm_forward_regs_kernel<C, true>
+                                               : layernorm_forward_regs_kernel<C, false>,
+                                           rows, PYTFM_MAX_BLOCKS, stream, y, mean, rstd, x, w, b,
+                                           rows, (int)cols, eps);
+        },
+        [&] {
+            return pytfm__launch_rows(func, layernorm_forward_kernel<true>,
+                                      layernorm_forward_kernel<false>, rows, cols, PYTFM_MAX_BLOCKS,
+                                      stream, y, mean, rstd, x, w, b, rows, cols, eps);
+        });
 }
 
+/* The backward of rows in registers, dx and the dw/db partials in one pass: partial[blockIdx.x]
+ * = (Σ dy ∘ x̂, Σ dy) over the block's rows, [gridDim.x][2][cols]. A thread's registers hold
+ * the same columns in every row it takes, so its running sums stay in registers too. */
+template <class C, bool kVec>
+static __global__ void __launch_bounds__(C::threads)
+    layernorm_backward_regs_kernel(float *__restrict__ dx, float *__restrict__ partial,
+                                   const float *__restrict__ dy, const float *__restrict__ x,
+                                   const float *__restrict__ w, const float *__restrict__ mean,
+                                   const float *__restrict__ rstd, int64_t rows, int cols) {
+    __shared__ float scratch[2 * PYTFM_WARP];
+    // a warp's share of the block's sums, added warp after warp (C::warp only)
+    __shared__ float block_sums[C::warp ? 2 : 1][C::warp ? C::N * PYTFM_WARP : 1];
+    const pytfm__row_team<C::warp> team;
+    constexpr bool vec = kVec; // cols % 4 == 0, pointers aligned (pytfm__rows_vec4)
+    float dw_sum[C::N] = {}, db_sum[C::N] = {};
+    for (int64_t r = team.first; r < rows; r += team.step) {
+        float g[C::N], xh[C::N], wv[C::N];
+        pytfm__row_load(g, dy + r * cols, cols, vec, team, 0.0f);
+        pytfm__row_load(xh, x + r * cols, cols, vec, team, 0.0f);
+        pytfm__row_load(wv, w, cols, vec, team, 0.0f);
+        const float mu = mean[r], rs = rstd[r];
+        float g_sum = 0.0f, gx_sum = 0.0f;
+        PYTFM_UNROLL
+        for (int k = 0; k < C::N; k++) {
+            xh[k] = pytfm__row_col(team, vec, k) < cols ? (xh[k] - mu) * rs : 0.0f; // x̂
+            dw_sum[k] += g[k] * xh[k];
+            db_sum[k] += g[k];
+            g[k] *= wv[k]; // dy ∘ w
+            g_sum += g[k];
+            gx_sum += g[k] * xh[k];
+        }
+        const pytfm__sum2 t = pytfm__team_sum2(team, g_sum, gx_sum, scratch);
+        const float g_mean = t.a / (float)cols, gx_mean = t.b / (float)cols;
+        PYTFM_UNROLL
+        for (int k = 0; k < C::N; k++) g[k] = rs * (g[k] - g_mean - xh[k] * gx_mean);
+        pytfm__row_store(dx + r * cols, g, cols, vec, team);
+    }
+    float *pdw = partial + (int64_t)blockIdx.x * 2 * cols, *pdb = pdw + cols;
+    if constexpr (C::warp) {
+        // the warps' sums in warp order: warp 0 writes, each next one adds, the last stores
+        const unsigned warp = threadIdx.x / PYTFM_WARP, warps = blockDim.x / PYTFM_WARP;
+        for (unsigned i = 0; i < warps; i++) {
+            if (warp == i) PYTFM_UNROLL
+            for (int k = 0; k < C::N; k++) {
+                const int j = pytfm__row_col(team, vec, k);
+                if (j >= cols) continue;
+                const float sw = i == 0 ? dw_sum[k] : block_sums[0][j] + dw_sum[k];
+                const float sb = i == 0 ? db_sum[k] : block_sums[1][j] + db_sum[k];
+                if (i + 1 < warps) {
+                    block_sums[0][j] = sw;
+                    block_sums[1][j] = sb;
+                } else {
+                    pdw[j] = sw;
+                    pdb[j] = sb;
+                }
+            }
+            __syncthreads();
+        }
+    } else {
+        PYTFM_UNROLL
+        for (int k = 0; k < C::N; k++) {
+            const int j = pytfm__row_col(team, vec, k);
+            if (j < cols) {
+                pdw[j] = dw_sum[k];
+                pdb[j] = db_sum[k];
+            }
+        }
+    }
+}
+
+/* the plain dx, for rows past the register classes; dw/db then by the column sum */
 template <bool kWarp>
-static __global__ void layernorm_dx_kernel(float *dx, const float *dy, const float *x,
-                                           const float *w, const float *mean, const float *rstd,
-                                           int64_t rows, int64_t cols) {
+static __global__ void layernorm_dx_kernel(float *__restrict__ dx, const float *__restrict__ dy,
+                                           const float *__restrict__ x, const float *__restrict__ w,
+                                           const float *__restrict__ mean,
+                                           const float *__restrict__ rstd, int64_t rows,
+                                           int64_t cols) {
     __shared__ float scratch[32];
     const pytfm__row_team<kWarp> team;
     for (int64_t r = team.first; r < rows; r += team.step) {
@@ -104,8 +276,8 @@ static __global__ void layernorm_dx_kernel(float *dx, const float *dy, const flo
 /* dw[j] += Σ_r dy[r, j] x̂[r, j],  db[j] += Σ_r dy[r, j] */
 struct dwdb_term {
     enum { K = 2 };
-    float *sums[K]; // dw, db
-    const float *dy, *x, *mean, *rstd;
+    float *__restrict__ sums[K]; // dw, db
+    const float *__restrict__ dy, *__restrict__ x, *__restrict__ mean, *__restrict__ rstd;
     int64_t cols;
     __device__ void operator()(float *t, int64_t r, int64_t j) const {
         const float g = dy[r * cols + j];
@@ -117,14 +289,34 @@ struct dwdb_term {
 extern "C" pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, float *db,
                                                       const float *dy, const float *x,
                                                       const float *w, const float *mean,
-                                                      const float *rstd, int64_t rows,
-                                                      int64_t cols, void *stream) {
-    PYTFM_TRY(pytfm__check_layernorm_backward(__func__, dx, dw, db, dy, x, w, mean, rstd, rows,
-                                              cols));
+                                                      const float *rstd, int64_t rows, int64_t cols,
+                                                      void *stream) {
+    PYTFM_TRY(
+        pytfm__check_layernorm_backward(__func__, dx, dw, db, dy, x, w, mean, rstd, rows, cols));
     if (rows == 0) return PYTFM_STATUS_OK;
-    PYTFM_TRY(PYTFM_LAUNCH_ROWS(layernorm_dx_kernel<true>, layernorm_dx_kernel<false>, rows,
-                                cols, PYTFM_MAX_BLOCKS, stream, dx, dy, x, w, mean, rstd, rows,
-                                cols));
-    return PYTFM_LAUNCH_COLUMN_SUM(dwdb_term{{dw, db}, dy, x, mean, rstd, cols}, rows, cols,
-                                   stream);
+    const char *func = __func__; // the lambdas' own __func__ is operator()
+    const bool vec = pytfm__rows_vec4(cols, dx, dy, x, w);
+    return pytfm__with_row_class(
+        cols,
+        [&](auto c) {
+            using C = decltype(c);
+            const int64_t blocks = pytfm__blocks(rows, C::rows_per_block, LN_BWD_BLOCKS);
+            float *partial;
+            PYTFM_TRY(pytfm__scratch_async(func, &partial, blocks * 2 * cols, stream));
+            pytfm_status st = pytfm__launch_row_class(
+                func, c,
+                vec ? layernorm_backward_regs_kernel<C, true>
+                    : layernorm_backward_regs_kernel<C, false>,
+                rows, LN_BWD_BLOCKS, stream, dx, partial, dy, x, w, mean, rstd, rows, (int)cols);
+            if (st == PYTFM_STATUS_OK)
+                st = pytfm__launch_column_total<2>(func, {{dw, db}}, partial, blocks, cols, stream);
+            return pytfm__scratch_free(func, partial, st, stream);
+        },
+        [&] {
+            PYTFM_TRY(pytfm__launch_rows(func, layernorm_dx_kernel<true>,
+                                         layernorm_dx_kernel<false>, rows, cols, PYTFM_MAX_BLOCKS,
+                                         stream, dx, dy, x, w, mean, rstd, rows, cols));
+            return pytfm__launch_column_sum(func, dwdb_term{{dw, db}, dy, x, mean, rstd, cols},
+                                            rows, cols, stream);
+        });
 }

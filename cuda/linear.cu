@@ -6,8 +6,9 @@
  *   backward: dx = dy·W (written), dW += dyᵀ·x (β = 1), db += column sums of dy
  *   linear + GELU: h = x·Wᵀ (the same SGEMM), then one pass h[r, :] += b, y = gelu(h):
  *     the same float operations as the forward then gelu.cu's forward, one pass fewer over h.
- * The bias column sums are the fixed-order column reduction of pytfm_cuda.cuh: no atomics,
- * the same bits on every run.
+ * The bias column sums are the two-stage fixed-order column reduction of pytfm_cuda.cuh
+ * (blocks over column tiles × row chunks, then the chunks added in order): no atomics, the
+ * same bits on every run.
  */
 #include "gelu.cuh" /* pytfm__gelu, as gelu.cu computes it; includes pytfm_cuda.cuh */
 
@@ -56,8 +57,8 @@ extern "C" pytfm_status pytfm_linear_gelu_forward_cuda(float *y, float *h, const
 /* db[j] += Σ_r dy[r, j] */
 struct bias_term {
     enum { K = 1 };
-    float *sums[K]; // db
-    const float *dy;
+    float *__restrict__ sums[K]; // db
+    const float *__restrict__ dy;
     int64_t out;
     __device__ void operator()(float *t, int64_t r, int64_t j) const { t[0] = dy[r * out + j]; }
 };

@@ -163,6 +163,15 @@ static inline unsigned pytfm__blocks(int64_t items, int64_t per_block, int64_t c
 
 enum { PYTFM_WARP = 32, PYTFM_ROW_THREADS = 256 };
 
+/* The most blocks an elementwise or row kernel launches; each then walks its share in a
+ * grid-stride loop. The emulator caps at 3, so that the tests' small inputs walk those loops
+ * too (on the GPU they are walked only by inputs of millions of elements). */
+#ifdef PYTFM_EMULATE
+enum { PYTFM_MAX_BLOCKS = 3 };
+#else
+enum { PYTFM_MAX_BLOCKS = 65535 };
+#endif
+
 /* ---- reductions ---------------------------------------------------------------------- */
 
 template <class T> static __device__ __forceinline__ T pytfm__warp_sum(T v) {
@@ -259,13 +268,162 @@ static __device__ pytfm__max_sumexp pytfm__row_max_sumexp(const pytfm__row_team<
     return {max, team.sum(sum, scratch)};
 }
 
+/* ---- rows in registers: one read of each input, one write of each output ------------- */
+
+/* #pragma unroll for nvcc (the host compiler of the emulator warns on it) */
+#ifdef __CUDACC__
+#define PYTFM_UNROLL _Pragma("unroll")
+#define PYTFM_UNROLL4 _Pragma("unroll 4")
+#else
+#define PYTFM_UNROLL
+#define PYTFM_UNROLL4
+#endif
+
+/* A column class: a team (warp or block, as above) whose threads each hold N floats of a row
+ * in registers (float v[N], indexed only by unrolled loops, so it never goes to local memory),
+ * for rows of up to max_cols columns, in blocks of `threads`. pytfm__with_row_class picks the
+ * smallest class that holds a row; past the largest (PYTFM_ROW_REGS_MAX columns) the kernels
+ * keep their plain multi-pass code, which re-reads the row from L1/L2. The block classes hold
+ * 4 floats a thread (one float4) in blocks of 512 or 1024: more floats a thread in fewer
+ * threads would cost registers (LayerNorm's forward took 243 a thread with 16 floats in 256
+ * threads: one block, one row in flight, an SM). */
+template <int kN, int kThreads, bool kWarpRow> struct pytfm__row_class {
+    static_assert(kN % 4 == 0 && kThreads % PYTFM_WARP == 0, "whole float4s, whole warps");
+    static constexpr int N = kN, threads = kThreads;
+    static constexpr bool warp = kWarpRow;
+    static constexpr int64_t max_cols = (int64_t)kN * (kWarpRow ? PYTFM_WARP : kThreads);
+    static constexpr int64_t rows_per_block = kWarpRow ? kThreads / PYTFM_WARP : 1;
+};
+
+enum { PYTFM_ROW_REGS_MAX = 4096 };
+
+/* f(class) for the smallest class that holds cols columns, plain() past the largest: a warp
+ * per row up to 1024 columns (4, 8, 16, 32 floats a lane, blocks of 8 warps), a block per row
+ * up to 4096 (4 floats a thread: 512 threads up to 2048 columns, 1024 up to 4096). */
+template <class F, class Plain>
+static pytfm_status pytfm__with_row_class(int64_t cols, F f, Plain plain) {
+    if (cols <= 128) return f(pytfm__row_class<4, PYTFM_ROW_THREADS, true>());
+    if (cols <= 256) return f(pytfm__row_class<8, PYTFM_ROW_THREADS, true>());
+    if (cols <= 512) return f(pytfm__row_class<16, PYTFM_ROW_THREADS, true>());
+    if (cols <= 1024) return f(pytfm__row_class<32, PYTFM_ROW_THREADS, true>());
+    if (cols <= 2048) return f(pytfm__row_class<4, 512, false>());
+    if (cols <= PYTFM_ROW_REGS_MAX) return f(pytfm__row_class<4, 1024, false>());
+    static_assert(pytfm__row_class<4, 1024, false>::max_cols == PYTFM_ROW_REGS_MAX, "classes");
+    return plain();
+}
+
+/* Whether rows of cols columns at these pointers may take the float4 path (host side): cols a
+ * multiple of 4 and every pointer 16-byte aligned, so that every row's start is too. A CuPy
+ * view such as x[1:] is contiguous but 4 bytes off: 32-bit accesses there. */
+template <typename... T> static inline bool pytfm__rows_vec4(int64_t cols, const T *...p) {
+    return cols % 4 == 0 && ((((uintptr_t)p & 15u) == 0) && ...);
+}
+
+/* The column of a thread's register k. With vec (cols % 4 == 0 and every pointer of the row
+ * 16-byte aligned) registers 4i..4i+3 hold the float4 at column 4·(rank + i·size): a team's
+ * loads are consecutive 16-byte words, 128-bit accesses; without, register k holds column
+ * rank + k·size (32-bit accesses, consecutive too). Columns ≥ cols are not there. */
+template <bool kWarp>
+static __device__ __forceinline__ int pytfm__row_col(const pytfm__row_team<kWarp> &team, bool vec,
+                                                     int k) {
+    return vec ? 4 * ((int)team.rank + (k / 4) * (int)team.size) + k % 4
+               : (int)team.rank + k * (int)team.size;
+}
+
+/* v[k] = p[column of k], or fill where that column is past the row's end */
+template <int N, bool kWarp>
+static __device__ __forceinline__ void
+pytfm__row_load(float (&v)[N], const float *__restrict__ p, int cols, bool vec,
+                const pytfm__row_team<kWarp> &team, float fill) {
+    if (vec) {
+        PYTFM_UNROLL
+        for (int k = 0; k < N; k += 4) {
+            const int j = pytfm__row_col(team, true, k);
+            const float4 f = j < cols ? pytfm__load4(p + j) : make_float4(fill, fill, fill, fill);
+            v[k] = f.x, v[k + 1] = f.y, v[k + 2] = f.z, v[k + 3] = f.w;
+        }
+    } else {
+        PYTFM_UNROLL
+        for (int k = 0; k < N; k++) {
+            const int j = pytfm__row_col(team, false, k);
+            v[k] = j < cols ? p[j] : fill;
+        }
+    }
+}
+
+/* p[column of k] = v[k] for the columns of the row */
+template <int N, bool kWarp>
+static __device__ __forceinline__ void pytfm__row_store(float *__restrict__ p, const float (&v)[N],
+                                                        int cols, bool vec,
+                                                        const pytfm__row_team<kWarp> &team) {
+    if (vec) {
+        PYTFM_UNROLL
+        for (int k = 0; k < N; k += 4) {
+            const int j = pytfm__row_col(team, true, k);
+            if (j < cols) pytfm__store4(p + j, make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]));
+        }
+    } else {
+        PYTFM_UNROLL
+        for (int k = 0; k < N; k++) {
+            const int j = pytfm__row_col(team, false, k);
+            if (j < cols) p[j] = v[k];
+        }
+    }
+}
+
+/* Two sums over the team at once (one pair of barriers for a block, not two): every thread
+ * gets both totals. The block's order is fixed as in pytfm__block_sum: deterministic. */
+struct pytfm__sum2 {
+    float a, b;
+};
+
+template <bool kWarp>
+static __device__ __forceinline__ pytfm__sum2 pytfm__team_sum2(const pytfm__row_team<kWarp> &team,
+                                                               float a, float b, float *scratch) {
+    a = pytfm__warp_sum(a);
+    b = pytfm__warp_sum(b);
+    if constexpr (!kWarp) { // scratch: 64 floats, the warps' a then their b
+        const unsigned lane = threadIdx.x % PYTFM_WARP, warp = threadIdx.x / PYTFM_WARP;
+        if (lane == 0) scratch[warp] = a, scratch[PYTFM_WARP + warp] = b;
+        __syncthreads();
+        const bool in = lane < blockDim.x / PYTFM_WARP;
+        a = pytfm__warp_sum(in ? scratch[lane] : 0.0f);
+        b = pytfm__warp_sum(in ? scratch[PYTFM_WARP + lane] : 0.0f);
+        __syncthreads(); // scratch is free again
+    }
+    (void)team;
+    return {a, b};
+}
+
+/* Launch kernel (a row class's) over rows: a team per row, at most max_blocks blocks. */
+template <class Class, typename... P, typename... A>
+static pytfm_status pytfm__launch_row_class(const char *func, Class, void (*kernel)(P...),
+                                            int64_t rows, int64_t max_blocks, void *stream,
+                                            A... args) {
+    return pytfm__launch(func, kernel, dim3(pytfm__blocks(rows, Class::rows_per_block, max_blocks)),
+                         dim3(Class::threads), 0, stream, args...);
+}
+
 /* ---- columns: sums[j] += Σ_r term(r, j), the same bits on every run ------------------ */
 
-/* One kernel for every column sum (the linear layer's db, LayerNorm's dw and db): a block
- * takes PYTFM_COLUMNS columns; its PYTFM_COLUMN_LANES rows of threads ("lanes") walk the rows
- * r = lane, lane + PYTFM_COLUMN_LANES, ..., and lane 0 then adds the others' partial sums in
- * lane order. No atomics: a fixed order, the same bits on every run. A block per 32 columns,
- * up to 2^30 blocks (no loop over columns). Term says what is summed:
+/* Every column sum (the linear layer's db, LayerNorm's dw and db past the register classes)
+ * is two kernels in a fixed order, no atomics, the same bits on every run:
+ *   stage 1, pytfm__column_partials_kernel: a grid of (column tiles × row chunks) blocks; a
+ *     block takes PYTFM_COLUMNS columns of one chunk of rows, its PYTFM_COLUMN_LANES rows of
+ *     threads ("lanes") walk the chunk's rows r = lane, lane + PYTFM_COLUMN_LANES, ..., lane 0
+ *     adds the others' sums in lane order and writes the chunk's partial sums to scratch;
+ *   stage 2, pytfm__column_total_kernel: a thread per output column adds the chunks' partials
+ *     in chunk order and accumulates that into the output (+=).
+ * The chunks are sized from rows and cols alone (never the device), to fill about
+ * PYTFM_COLUMN_BLOCKS blocks: for C = 768, rows = 8192, 24 tiles × 43 chunks of 192 rows.
+ * ESTIMATE (no GPU was lent; not measured): on an H200 stage 1 should reach about 0.7–0.8 of
+ * copy bandwidth for the bytes it reads (8192 × 768: 1032 blocks of 256 threads, a full wave;
+ * each warp reads a 128-byte line per row, 4 rows unrolled: ~32 KB in flight per SM at full
+ * occupancy, 26–32 registers); its partials (43 × 768 floats) and stage 2 are ~1 % of the
+ * bytes, though stage 2 is a launch of its own (a few µs, which dominates below ~1 MB).
+ * Before: 24 blocks each walking rows/8 rows, ~18 % of the SMs busy, one load in flight per
+ * thread: 5–15 %.
+ * Term says what is summed:
  *
  *   struct term {
  *       enum { K = 2 };  // how many sums (outputs) at once
@@ -274,45 +432,122 @@ static __device__ pytfm__max_sumexp pytfm__row_max_sumexp(const pytfm__row_team<
  *   };
  */
 enum { PYTFM_COLUMNS = 32, PYTFM_COLUMN_LANES = 8 };
+#ifdef PYTFM_EMULATE
+// a few blocks of few rows, so that the tests' small inputs span several chunks
+enum { PYTFM_COLUMN_BLOCKS = 8, PYTFM_COLUMN_MIN_ROWS = 8 };
+#else
+// 132 SMs × 8 blocks of 256 threads: one full wave of an H200 (more than that of an A100)
+enum { PYTFM_COLUMN_BLOCKS = 132 * 8, PYTFM_COLUMN_MIN_ROWS = 64 };
+#endif
 
 template <class Term>
-static __global__ void pytfm__column_sum_kernel(Term term, int64_t rows, int64_t cols) {
+static __global__ void __launch_bounds__(PYTFM_COLUMNS *PYTFM_COLUMN_LANES)
+    pytfm__column_partials_kernel(Term term, float *__restrict__ partial, int64_t rows,
+                                  int64_t cols, int64_t chunk_rows) {
     __shared__ float part[Term::K][PYTFM_COLUMN_LANES][PYTFM_COLUMNS];
     const int64_t j = (int64_t)blockIdx.x * PYTFM_COLUMNS + threadIdx.x;
+    const int64_t r0 = (int64_t)blockIdx.y * chunk_rows;
+    const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
     float s[Term::K] = {}, t[Term::K];
-    if (j < cols)
-        for (int64_t r = threadIdx.y; r < rows; r += PYTFM_COLUMN_LANES) {
+    if (j < cols) {
+        PYTFM_UNROLL4
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += PYTFM_COLUMN_LANES) {
             term(t, r, j);
             for (int k = 0; k < Term::K; k++) s[k] += t[k];
         }
+    }
     for (int k = 0; k < Term::K; k++) part[k][threadIdx.y][threadIdx.x] = s[k];
     __syncthreads();
     if (threadIdx.y == 0 && j < cols)
         for (int k = 0; k < Term::K; k++) {
             for (int i = 1; i < PYTFM_COLUMN_LANES; i++) s[k] += part[k][i][threadIdx.x];
-            term.sums[k][j] += s[k];
+            partial[((int64_t)blockIdx.y * Term::K + k) * cols + j] = s[k];
         }
 }
 
-/* Launch the column sum of term over [rows, cols] (a block per PYTFM_COLUMNS columns). */
+/* The outputs of a column sum, by value into the kernel */
+template <int K> struct pytfm__column_outputs { float *__restrict__ sums[K]; };
+
+/* sums[k][j] += Σ_c partial[c][k][j], c = 0, 1, ..., chunks − 1 in that order */
+template <int K>
+static __global__ void __launch_bounds__(PYTFM_ROW_THREADS)
+    pytfm__column_total_kernel(pytfm__column_outputs<K> out, const float *__restrict__ partial,
+                               int64_t chunks, int64_t cols) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < K * cols;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t k = e / cols, j = e % cols;
+        float s = 0.0f;
+        for (int64_t c = 0; c < chunks; c++) s += partial[(c * K + k) * cols + j];
+        float *sum = out.sums[0]; // chosen by an unrolled loop: out stays in parameter space
+        PYTFM_UNROLL
+        for (int i = 1; i < K; i++)
+            if (k == i) sum = out.sums[i];
+        sum[j] += s;
+    }
+}
+
+/* Scratch for n floats on the stream (cudaMallocAsync), or a status naming func */
+static inline pytfm_status pytfm__scratch_async(const char *func, float **p, int64_t n,
+                                                void *stream) {
+    *p = nullptr;
+    const cudaError_t err =
+        cudaMallocAsync((void **)p, (size_t)n * sizeof(float), (cudaStream_t)stream);
+    if (err == cudaSuccess) return PYTFM_STATUS_OK;
+    (void)cudaGetLastError(); // not left behind for the next launch to report
+    return pytfm__fail(
+        err == cudaErrorMemoryAllocation ? PYTFM_STATUS_OUT_OF_MEMORY : PYTFM_STATUS_CUDA_ERROR,
+        "%s: no scratch for %lld partial sums: %s", func, (long long)n, cudaGetErrorString(err));
+}
+
+/* Free scratch in stream order (after the kernels that use it); the status of the work
+ * before it, else of the free. */
+static inline pytfm_status pytfm__scratch_free(const char *func, float *p, pytfm_status st,
+                                               void *stream) {
+    const cudaError_t freed = cudaFreeAsync(p, (cudaStream_t)stream);
+    if (freed != cudaSuccess) (void)cudaGetLastError();
+    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status(func, freed);
+}
+
+/* Stage 2 over partial[chunks][K][cols] into out (a thread per output column) */
+template <int K>
+static pytfm_status pytfm__launch_column_total(const char *func, pytfm__column_outputs<K> out,
+                                               const float *partial, int64_t chunks, int64_t cols,
+                                               void *stream) {
+    return pytfm__launch(func, pytfm__column_total_kernel<K>,
+                         dim3(pytfm__blocks(K * cols, PYTFM_ROW_THREADS, PYTFM_MAX_BLOCKS)),
+                         dim3(PYTFM_ROW_THREADS), 0, stream, out, partial, chunks, cols);
+}
+
+/* Rows per chunk of stage 1: a multiple of the lanes, at least PYTFM_COLUMN_MIN_ROWS, so that
+ * tiles × chunks comes to about PYTFM_COLUMN_BLOCKS */
+static inline int64_t pytfm__column_chunk_rows(int64_t rows, int64_t cols) {
+    const int64_t tiles = (cols + PYTFM_COLUMNS - 1) / PYTFM_COLUMNS;
+    const int64_t want = (PYTFM_COLUMN_BLOCKS + tiles - 1) / tiles; // chunks wanted
+    int64_t chunk = (rows + want - 1) / want;
+    chunk = (chunk + PYTFM_COLUMN_LANES - 1) / PYTFM_COLUMN_LANES * PYTFM_COLUMN_LANES;
+    return chunk > PYTFM_COLUMN_MIN_ROWS ? chunk : (int64_t)PYTFM_COLUMN_MIN_ROWS;
+}
+
+/* The column sum of term over [rows, cols] (rows ≥ 1): stage 1, then stage 2. */
 template <class Term>
 static pytfm_status pytfm__launch_column_sum(const char *func, Term term, int64_t rows,
                                              int64_t cols, void *stream) {
     static_assert(PYTFM_COLUMNS * PYTFM_COLUMN_LANES <= 1024, "one block");
-    return pytfm__launch(func, pytfm__column_sum_kernel<Term>,
-                         dim3(pytfm__blocks(cols, PYTFM_COLUMNS, 1u << 30)),
-                         dim3(PYTFM_COLUMNS, PYTFM_COLUMN_LANES), 0, stream, term, rows, cols);
+    const int64_t chunk = pytfm__column_chunk_rows(rows, cols);
+    const int64_t chunks = (rows + chunk - 1) / chunk; // ≤ PYTFM_COLUMN_BLOCKS: fits grid.y
+    float *partial;
+    PYTFM_TRY(pytfm__scratch_async(func, &partial, chunks * Term::K * cols, stream));
+    pytfm_status st = pytfm__launch(
+        func, pytfm__column_partials_kernel<Term>,
+        dim3(pytfm__blocks(cols, PYTFM_COLUMNS, 1u << 30), (unsigned)chunks),
+        dim3(PYTFM_COLUMNS, PYTFM_COLUMN_LANES), 0, stream, term, partial, rows, cols, chunk);
+    pytfm__column_outputs<Term::K> out;
+    for (int k = 0; k < Term::K; k++) out.sums[k] = term.sums[k];
+    if (st == PYTFM_STATUS_OK)
+        st = pytfm__launch_column_total<Term::K>(func, out, partial, chunks, cols, stream);
+    return pytfm__scratch_free(func, partial, st, stream);
 }
 
 #define PYTFM_LAUNCH_COLUMN_SUM(...) pytfm__launch_column_sum(__func__, __VA_ARGS__)
-
-/* The most blocks an elementwise or row kernel launches; each then walks its share in a
- * grid-stride loop. The emulator caps at 3, so that the tests' small inputs walk those loops
- * too (on the GPU they are walked only by inputs of millions of elements). */
-#ifdef PYTFM_EMULATE
-enum { PYTFM_MAX_BLOCKS = 3 };
-#else
-enum { PYTFM_MAX_BLOCKS = 65535 };
-#endif
 
 #endif /* PYTFM_CUDA_CUH */

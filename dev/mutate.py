@@ -27,6 +27,9 @@ ATT = ["tests/test_attention.py", "tests/test_fast.py"]
 FAST = ["tests/test_fast.py"]
 EMU = ["tests/test_cuda_emu.py"]  # the CUDA kernels, run on the CPU by cuda/emu
 SGEMM = ["tests/test_cuda_sgemm.py"]  # the GPU SGEMM, fast and plain (the oracle), on cuda/emu
+# issue 12: the row and column kernels (rows in registers, the plain ones past 4096 columns,
+# the two-stage column sums), by their own tests and the general ones
+ROWS = ["tests/test_cuda_rows.py", "tests/test_cuda_emu.py"]
 LIMITS = ["tests/test_limits.py"]  # issue 16: overflowing sizes, in subprocesses
 EXTREMES = ["tests/test_extremes.py"]  # issue 16: float extremes and overlaps
 THREADS = ["tests/test_threads.py", "tests/test_sanitizers.py"]  # issue 16: the thread count
@@ -77,7 +80,7 @@ MUTATIONS = {
     "cuda_block_sum_no_barrier": ("cuda/pytfm_cuda.cuh", "    if (lane == 0) scratch[warp] = v;\n    __syncthreads();\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;",
                                   "    if (lane == 0) scratch[warp] = v;\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;", EMU),
     "cuda_softmax_row_off_by_one": ("cuda/softmax.cu", "for (int64_t j = team.rank; j < cols; j += team.size) yr[j] = expf(",
-                                    "for (int64_t j = team.rank; j <= cols; j += team.size) yr[j] = expf(", EMU),
+                                    "for (int64_t j = team.rank; j <= cols; j += team.size) yr[j] = expf(", ROWS),
     "cuda_column_sum_no_barrier": ("cuda/pytfm_cuda.cuh", "part[k][threadIdx.y][threadIdx.x] = s[k];\n    __syncthreads();",
                                    "part[k][threadIdx.y][threadIdx.x] = s[k];", EMU),
     "cuda_column_sum_early_return": ("cuda/pytfm_cuda.cuh", "    float s[Term::K] = {}, t[Term::K];\n    if (j < cols)",
@@ -245,6 +248,19 @@ MUTATIONS = {
                                                "const int vec = ((trans_a ? m : k) % 4 == 0) |", SGEMM),
     "cuda_sgemm_fast_staged_transpose_index": ("cuda/sgemm.cu", "const int e = threadIdx.x + r * NT, x = e / C, p = e % C * 4;",
                                                "const int e = threadIdx.x + r * NT, x = e % X, p = e / X * 4;", SGEMM),
+    # issue 12: rows in registers (a column class per row length), float4 where aligned, the
+    # LayerNorm backward's dw/db partials in the same pass, the column sums in two stages
+    "cuda_rows_edge_mask": ("cuda/pytfm_cuda.cuh", "            v[k] = j < cols ? p[j] : fill;",
+                            "            v[k] = j < cols && k + 1 < N ? p[j] : fill;", ROWS),
+    "cuda_rows_vector_unaligned_w": ("cuda/layernorm.cu", "pytfm__rows_vec4(cols, dx, dy, x, w);",
+                                     "pytfm__rows_vec4(cols, dx, dy, x);", ROWS),
+    "cuda_rows_stage2_skips_last_chunk": ("cuda/pytfm_cuda.cuh", "for (int64_t c = 0; c < chunks; c++) s += partial",
+                                          "for (int64_t c = 0; c + 1 < chunks; c++) s += partial", ROWS),
+    "cuda_rows_block_sum2_no_barrier": ("cuda/pytfm_cuda.cuh", "scratch[PYTFM_WARP + warp] = b;\n        __syncthreads();\n",
+                                        "scratch[PYTFM_WARP + warp] = b;\n", ROWS),
+    "cuda_rows_ln_dw_without_xhat": ("cuda/layernorm.cu", "dw_sum[k] += g[k] * xh[k];", "dw_sum[k] += g[k];", ROWS),
+    "cuda_rows_ln_warp_sums_no_barrier": ("cuda/layernorm.cu", "            }\n            __syncthreads();\n        }\n    } else {",
+                                          "            }\n        }\n    } else {", ROWS),
 }
 
 

@@ -289,3 +289,120 @@ def test_sgemm_on_views_offset_by_one_float(trans_a, trans_b):
         assert bits_equal(cv, c)
         same("sgemm.view", cv, cp.asnumpy(want + beta * c0),
              cp.asnumpy(tol + abs(beta * c0) * EPS32), 0)
+
+
+# ---- issue 12: the row kernels in registers and the two-stage column sums at real sizes ------
+
+
+def softmax_layernorm_against_cpu(name, gx, x, gdy, dy, gw, w, gb, b):
+    """softmax and LayerNorm forward and backward on the GPU (gx, ... CuPy arrays, possibly
+    views) against the C kernels on the same values."""
+    cols = x.shape[-1]
+    y = ops.softmax_forward(x)
+    same(f"{name}.softmax.forward", ops.softmax_forward(gx), y, atol=1e-7, rtol=1e-4)
+    same(f"{name}.softmax.backward", ops.softmax_backward(gdy, cp.asarray(y)),
+         ops.softmax_backward(dy, y), atol=4 * cols * EPS32 * float(abs(dy).max()), rtol=1e-4)
+    cpu, gpu = ops.layernorm_forward(x, w, b), ops.layernorm_forward(gx, gw, gb)
+    for part, g, c in zip(("y", "mean", "rstd"), gpu, cpu):
+        same(f"{name}.layernorm.forward.{part}", g, c, atol=1e-5 * (1 + float(abs(c).max())),
+             rtol=1e-4)
+    _, mean, rstd = cpu
+    rows = x.size // cols
+    cpu = ops.layernorm_backward(dy, x, w, mean, rstd)
+    gpu = ops.layernorm_backward(gdy, gx, gw, cp.asarray(mean), cp.asarray(rstd))
+    same(f"{name}.layernorm.backward.dx", gpu[0], cpu[0],
+         atol=1e-5 * (1 + float(abs(cpu[0]).max())), rtol=1e-4)
+    check_dw_db(name, gpu[1:], cpu[1:], dy, x, mean, rstd, rows)
+
+
+def check_dw_db(name, gpu, cpu, dy, x, mean, rstd, rows, dw0=0.0, db0=0.0):
+    """dw, db against the float64 reference and the C kernels. Float sums over the rows in a
+    fixed order are off by about sqrt(terms in a chain)·eps·|partial sums|: far under
+    1e-6·Σ_rows |term| (the tolerance), while a block's or a chunk's partial left out or
+    counted twice is of order sqrt(rows in it)·|term|, far over it."""
+    from pytfm import reference as ref
+
+    dy2, x2 = dy.reshape(rows, -1).astype(np.float64), x.reshape(rows, -1).astype(np.float64)
+    xhat = (x2 - mean.reshape(rows, 1)) * rstd.reshape(rows, 1)
+    _, rdw, rdb = ref.layernorm_backward(dy2, x2, np.ones(x2.shape[1]), mean.reshape(rows),
+                                         rstd.reshape(rows))
+    for part, g, c, r, terms, start in (("dw", gpu[0], cpu[0], rdw, dy2 * xhat, dw0),
+                                        ("db", gpu[1], cpu[1], rdb, dy2, db0)):
+        atol = 1e-6 * (abs(terms).sum(0) + abs(start)) + 1e-6
+        same(f"{name}.layernorm.backward.{part}", g, start + r, atol=atol, rtol=0)
+        same(f"{name}.layernorm.backward.{part}.vs-c", g, c, atol=2 * atol, rtol=0)
+
+
+def test_rows_past_one_grid():
+    """600000 rows of 64 columns: a warp per row, 8 rows a block, more rows than 65535 blocks
+    hold, so each warp walks the grid-stride loop; LayerNorm's backward sums its dw/db
+    partials over ~1100 rows a block."""
+    rng = np.random.default_rng(12)
+    rows, cols = 600000, 64
+    assert rows > 65535 * 8
+    (x, gx), (dy, gdy) = both(rng, (rows, cols), 2.0), both(rng, (rows, cols))
+    (w, gw), (b, gb) = both(rng, cols), both(rng, cols)
+    softmax_layernorm_against_cpu("grid", gx, x, gdy, dy, gw, w, gb, b)
+
+
+@pytest.mark.parametrize("cols", [100, 128, 256, 500, 1024, 1027, 2048, 3000, 4096, 4097])
+def test_every_column_class(cols):
+    """Each register class full (128 ... 4096), partly full, with the 32-bit path (cols % 4),
+    and the plain kernels past it (4097)."""
+    rng = np.random.default_rng(cols)
+    rows = 1000
+    (x, gx), (dy, gdy) = both(rng, (rows, cols), 2.0, 1.0), both(rng, (rows, cols))
+    (w, gw), (b, gb) = both(rng, cols), both(rng, cols)
+    softmax_layernorm_against_cpu(f"class{cols}", gx, x, gdy, dy, gw, w, gb, b)
+
+
+@pytest.mark.parametrize("cols", [64, 768, 2048])
+def test_row_kernels_on_views_offset_by_one_float(cols):
+    """x[1:] of a flat array, reshaped: contiguous, 4 bytes past a 16-byte boundary, so the
+    kernels take their 32-bit path (a float4 access there would fault)."""
+    rng = np.random.default_rng(cols)
+    rows = 513
+    flat = [cp.asarray(rng.standard_normal(rows * cols + 1).astype(np.float32)) for _ in range(2)]
+    gx, gdy = (f[1:].reshape(rows, cols) for f in flat)
+    assert gx.data.ptr % 16 == 4
+    x, dy = cp.asnumpy(gx), cp.asnumpy(gdy)
+    (w, gw), (b, gb) = both(rng, cols), both(rng, cols)
+    softmax_layernorm_against_cpu(f"view{cols}", gx, x, gdy, dy, gw, w, gb, b)
+
+
+def test_layernorm_dw_db_at_gpt2_size():
+    """rows = 8192, C = 768: dx and the dw/db partials in one pass (528 blocks), the partials
+    added in block order; against the CPU, and the same bits on a second run."""
+    rng = np.random.default_rng(768)
+    rows, cols = 8192, 768
+    (x, gx), (dy, gdy) = both(rng, (rows, cols), 2.0), both(rng, (rows, cols))
+    w, gw = both(rng, cols)
+    _, mean, rstd = ops.layernorm_forward(x, w, np.zeros(cols, np.float32))
+    dw0, db0 = rng.standard_normal(cols).astype(np.float32), rng.standard_normal(cols).astype(
+        np.float32)
+    cdx, cdw, cdb = ops.layernorm_backward(dy, x, w, mean, rstd, dw=dw0.copy(), db=db0.copy())
+    runs = []
+    for _ in range(2):
+        gdw, gdb = cp.asarray(dw0), cp.asarray(db0)
+        runs.append(ops.layernorm_backward(gdy, gx, gw, cp.asarray(mean), cp.asarray(rstd),
+                                           dw=gdw, db=gdb))
+    same("ln8192.dx", runs[0][0], cdx, atol=1e-5 * (1 + float(abs(cdx).max())), rtol=1e-4)
+    check_dw_db("ln8192", runs[0][1:], (cdw, cdb), dy, x, mean, rstd, rows, dw0, db0)
+    for a, b in zip(runs[0], runs[1]):
+        assert bool((a.view(cp.uint32) == b.view(cp.uint32)).all())
+
+
+def test_bias_gradient_at_gpt2_size():
+    """The linear layer's db: the two-stage column sum over 8192 rows of 768 (1032 blocks)."""
+    rng = np.random.default_rng(8192)
+    rows, inn, out = 8192, 64, 768
+    (x, gx), (w, gw), (dy, gdy) = both(rng, (rows, inn)), both(rng, (out, inn)), both(
+        rng, (rows, out))
+    _, _, cdb = ops.linear_backward(dy, x, w)
+    g1 = ops.linear_backward(gdy, gx, gw)[2]
+    g2 = ops.linear_backward(gdy, gx, gw)[2]
+    rdb = dy.astype(np.float64).sum(0)
+    atol = 1e-6 * abs(dy).sum(0) + 1e-6  # as check_dw_db's
+    same("bias8192.db", g1, rdb, atol=atol, rtol=0)
+    same("bias8192.db.vs-c", g1, cdb, atol=2 * atol, rtol=0)
+    assert bool((g1.view(cp.uint32) == g2.view(cp.uint32)).all())
