@@ -50,9 +50,7 @@ pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *gra
 }
 
 pytfm_status pytfm_sum_squares(double *out, const float *x, int64_t count) {
-    PYTFM_CHECK(count >= 0, "%s: count must be >= 0, got %lld", __func__, (long long)count);
-    PYTFM_CHECK(out != NULL, "%s: out must not be NULL", __func__);
-    PYTFM_CHECK(x != NULL || count == 0, "%s: x must not be NULL", __func__);
+    PYTFM_TRY(pytfm__check_sum_squares(__func__, out, x, count));
     const int64_t blocks = (count + CHUNK - 1) / CHUNK;
     double stack[64], *sums = blocks <= 64 ? stack : pytfm__scratch(__func__, blocks, sizeof(double));
     if (!sums) return PYTFM_STATUS_OUT_OF_MEMORY;

@@ -342,6 +342,19 @@ static inline pytfm_status pytfm__check_qkv_split(const char *func, const float 
     return PYTFM_STATUS_OK;
 }
 
+/* ---- the sum of squares ----------------------------------------------------------------- */
+
+/* out: one double (written); x [count] */
+static inline pytfm_status pytfm__check_sum_squares(const char *func, const double *out,
+                                                    const float *x, int64_t count) {
+    PYTFM_CHECK_MIN_IN(func, count, 0);
+    int64_t n = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, count);
+    PYTFM_CHECK_PTR_IN(func, out, 1);
+    PYTFM_CHECK_PTR_IN(func, x, n);
+    return PYTFM_STATUS_OK;
+}
+
 /* ---- GELU --------------------------------------------------------------------------------- */
 
 /* y may be x itself */

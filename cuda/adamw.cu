@@ -80,9 +80,7 @@ sum_partials_kernel(double *out, const double *partial, int64_t n) {
 
 extern "C" pytfm_status pytfm_sum_squares_cuda(double *out, const float *x, int64_t count,
                                                void *stream) {
-    PYTFM_CHECK(count >= 0, "%s: count must be >= 0, got %lld", __func__, (long long)count);
-    PYTFM_CHECK(out != NULL, "%s: out must not be NULL", __func__);
-    PYTFM_CHECK(x != NULL || count == 0, "%s: x must not be NULL", __func__);
+    PYTFM_TRY(pytfm__check_sum_squares(__func__, out, x, count));
     const int64_t cap = PYTFM_MIN((int64_t)PYTFM_MAX_BLOCKS, (int64_t)SUM_BLOCKS);
     const unsigned blocks = count == 0 ? 1u : pytfm__blocks(count, SUM_THREADS, cap);
     if (blocks == 1) // count <= 256 (0 included: writes 0)

@@ -23,8 +23,8 @@ from helpers import run_python
 I64_MAX = 2**63 - 1
 P31, P32, P61, P62 = 2**31, 2**32, 2**61, 2**62
 
-# For each entry point: its arguments (F a float buffer, I an int64 buffer, {i} the i-th size
-# of a case, anything else a literal), and the overflowing cases.
+# For each entry point: its arguments (F a float buffer, D a double one, I an int64 one, {i}
+# the i-th size of a case, anything else a literal), and the overflowing cases.
 RC = [(P32, P32), (P62, 4), (4, P62), (P31 + 1, P31 - 1), (P61, 1), (I64_MAX, 1), (1, I64_MAX)]
 LIN = [(P32, P32, 1), (P62, 1, 1), (1, P62, 1), (1, 1, P62), (P31, 2, P31), (1, P31, P31),
        (I64_MAX, 1, 1), (P61, 1, 4)]
@@ -70,11 +70,13 @@ SPECS = {
     "pytfm_attention_backward": ("F F F F F F F F F {0} {1} {2} {3} 0.5 1", HEADS),
     "pytfm_attention_cache_append": ("F F F F {0} {1} {2} {3} {4} {5}", CACHE),
     "pytfm_attention_decode": ("F F F F F {0} {1} {2} {3} {4} {5} 0.5", CACHE),
+    "pytfm_linear_gelu_forward": ("F F F F F {0} {1} {2}", LIN),
+    "pytfm_qkv_split_forward": ("F F F F I {0} {1} {2} {3} {4} 10000.0 1", ROPE),
+    "pytfm_qkv_split_backward": ("F F F F I {0} {1} {2} {3} {4} 10000.0 1", ROPE),
+    "pytfm_sum_squares": ("D F {0}", COUNT),
 }
 SPECS["pytfm_sgemm_plain"] = SPECS["pytfm_sgemm"]
-CPU_ONLY = {"pytfm_sgemm_plain", "pytfm_attention_forward", "pytfm_attention_backward",
-            "pytfm_attention_cache_append", "pytfm_attention_decode",
-            "pytfm_sinusoidal_positions"}  # no CUDA twin (yet)
+CPU_ONLY = {"pytfm_sinusoidal_positions"}  # no CUDA twin
 MARK = 1234.5  # what the tiny buffers hold before the call
 
 
@@ -99,17 +101,17 @@ def run_cases(name, emu_path):
         for sizes in cases:
             buffers, args = [], []
             for token in template.format(*sizes).split():
-                if token in ("F", "I"):
-                    b = ffi.new("float[64]" if token == "F" else "int64_t[64]")
+                if token in ("F", "D", "I"):
+                    b = ffi.new({"F": "float[64]", "D": "double[64]", "I": "int64_t[64]"}[token])
                     for j in range(64):
-                        b[j] = MARK if token == "F" else 7
+                        b[j] = 7 if token == "I" else MARK
                     buffers.append(b)
                     args.append(ffi.NULL if null else b)
                 else:
                     args.append(float(token) if "." in token or "e" in token else int(token))
             print(json.dumps({"mode": mode, "sizes": [str(s) for s in sizes]}), flush=True)
             st = func(*args, *([ffi.NULL] if cuda else []))
-            intact = all(b[j] == (MARK if ffi.typeof(b).item.cname == "float" else 7)
+            intact = all(b[j] == (7 if ffi.typeof(b).item.cname == "int64_t" else MARK)
                          for b in buffers for j in range(64))
             print(json.dumps({"mode": mode, "sizes": [str(s) for s in sizes], "status": int(st),
                               "msg": ffi.string(lib.pytfm_last_error()).decode(),
