@@ -148,8 +148,8 @@ static __global__ void embedding_merge_kernel(emb_key *__restrict__ out,
         const int64_t run = e / width, start = run * width, left = run & 1 ? start - width : start;
         const int64_t other = run & 1 ? start - width : start + width; // the partner run
         const emb_key key = in[e];
-        int64_t lo = other, hi = other + width < n ? other + width : n; // first partner key ≥ key
-        if (hi < lo) hi = lo; // the last run has no partner: its keys stay in place
+        // the first partner key above key (none: the last run, unpaired, has hi ≤ lo, rank 0)
+        int64_t lo = other, hi = other + width < n ? other + width : n;
         while (lo < hi) {
             const int64_t mid = lo + (hi - lo) / 2;
             if (in[mid] < key) lo = mid + 1;
