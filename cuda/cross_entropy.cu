@@ -55,7 +55,9 @@ template <bool kWarp> struct ce_team {
  * first, so the row is read once; -inf values add 0, a +inf or NaN value makes the sum NaN, as
  * the CPU's two passes do (exp(inf − inf), exp(NaN)). */
 struct ce_online {
-    float max, sum; // start at {-INFINITY, 0}: nothing seen (an aggregate: it lives in shared memory)
+    // {-INFINITY, 0} before the first value; an aggregate (no constructor): it lives in
+    // shared memory too
+    float max, sum;
 
     __device__ __forceinline__ void raise(float m) { // max ← m if larger, sum rescaled
         if (m > max) {
@@ -78,7 +80,8 @@ struct ce_online {
      * a side with max == the new max is not rescaled (keeps −inf − −inf out). */
     __device__ __forceinline__ void merge(const ce_online &o) {
         const float m = fmaxf(max, o.max);
-        sum = sum * (max == m ? 1.0f : expf(max - m)) + o.sum * (o.max == m ? 1.0f : expf(o.max - m));
+        const float a = max == m ? 1.0f : expf(max - m), b = o.max == m ? 1.0f : expf(o.max - m);
+        sum = sum * a + o.sum * b;
         max = m;
     }
 };
@@ -112,9 +115,8 @@ static __device__ __forceinline__ int64_t ce_head(const float *row, int64_t cols
 /* The row's (max, Σ exp(x − max)) for the team, from one read: float4s of [head, head + 4·nv)
  * four at a time (four loads in flight per thread), the 0–3 floats either side one by one. */
 template <bool kWarp>
-static __device__ ce_online ce_row_online(const ce_team<kWarp> &team,
-                                          const float *__restrict__ row, int64_t cols, bool vec,
-                                          ce_online *scratch) {
+static __device__ ce_online ce_row_online(const ce_team<kWarp> &team, const float *__restrict__ row,
+                                          int64_t cols, bool vec, ce_online *scratch) {
     const int64_t head = ce_head(row, cols, vec), nv = (cols - head) / 4;
     const float *body = row + head;
     ce_online acc = {-INFINITY, 0.0f};
@@ -136,8 +138,8 @@ static __device__ ce_online ce_row_online(const ce_team<kWarp> &team,
 
 template <bool kWarp>
 static __global__ void __launch_bounds__(CE_THREADS, CE_MIN_BLOCKS)
-cross_entropy_lse_kernel(float *__restrict__ lse, const float *__restrict__ logits, int64_t rows,
-                         int64_t vocab) {
+    cross_entropy_lse_kernel(float *__restrict__ lse, const float *__restrict__ logits,
+                             int64_t rows, int64_t vocab) {
     __shared__ ce_online scratch[32];
     const ce_team<kWarp> team;
     const bool vec = ((uintptr_t)logits & 3u) == 0; // floats (always, from CuPy): float4 inside
@@ -151,16 +153,14 @@ cross_entropy_lse_kernel(float *__restrict__ lse, const float *__restrict__ logi
 static __global__ void cross_entropy_loss_kernel(float *__restrict__ loss,
                                                  const float *__restrict__ lse,
                                                  const float *__restrict__ logits,
-                                                 const int64_t *__restrict__ targets,
-                                                 int64_t rows, int64_t vocab,
-                                                 int64_t ignore_index) {
+                                                 const int64_t *__restrict__ targets, int64_t rows,
+                                                 int64_t vocab, int64_t ignore_index) {
     __shared__ double scratch[32];
     double total = 0.0, kept = 0.0;
     for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
         const int64_t t = targets[i];
         if (t == ignore_index) continue;
-        total += t >= 0 && t < vocab ? (double)lse[i] - (double)logits[i * vocab + t]
-                                     : (double)NAN;
+        total += t >= 0 && t < vocab ? (double)lse[i] - (double)logits[i * vocab + t] : (double)NAN;
         kept += 1.0;
     }
     total = pytfm__block_sum(total, scratch);
@@ -179,23 +179,23 @@ extern "C" pytfm_status pytfm_cross_entropy_forward_cuda(float *loss, float *lse
                                                          const int64_t *targets, int64_t rows,
                                                          int64_t vocab, int64_t ignore_index,
                                                          void *stream) {
-    PYTFM_TRY(pytfm__check_cross_entropy_forward(__func__, loss, lse, logits, targets, rows,
-                                                 vocab));
+    PYTFM_TRY(
+        pytfm__check_cross_entropy_forward(__func__, loss, lse, logits, targets, rows, vocab));
     if (rows > 0)
         PYTFM_TRY(PYTFM_LAUNCH(vocab <= CE_WARP_VOCAB ? cross_entropy_lse_kernel<true>
                                                       : cross_entropy_lse_kernel<false>,
                                dim3(ce_blocks(rows, vocab)), dim3(CE_THREADS), 0, stream, lse,
                                logits, rows, vocab));
-    return PYTFM_LAUNCH(cross_entropy_loss_kernel, dim3(1), dim3(CE_THREADS), 0, stream, loss,
-                        lse, logits, targets, rows, vocab, ignore_index);
+    return PYTFM_LAUNCH(cross_entropy_loss_kernel, dim3(1), dim3(CE_THREADS), 0, stream, loss, lse,
+                        logits, targets, rows, vocab, ignore_index);
 }
 
 /* ---- backward ------------------------------------------------------------------------------ */
 
 /* one block: *kept = the number of targets that are not ignore_index (integers: exact) */
 static __global__ void cross_entropy_count_kernel(long long *__restrict__ kept_out,
-                                                  const int64_t *__restrict__ targets,
-                                                  int64_t rows, int64_t ignore_index) {
+                                                  const int64_t *__restrict__ targets, int64_t rows,
+                                                  int64_t ignore_index) {
     __shared__ long long scratch[32];
     long long kept = 0;
     for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) kept += targets[i] != ignore_index;
@@ -212,10 +212,10 @@ static __device__ __forceinline__ float ce_grad(float x, int64_t j, int64_t t, f
 
 template <bool kWarp>
 static __global__ void __launch_bounds__(CE_THREADS, CE_MIN_BLOCKS)
-cross_entropy_backward_kernel(float *__restrict__ dlogits, const float *__restrict__ logits,
-                              const int64_t *__restrict__ targets, const float *__restrict__ lse,
-                              const long long *__restrict__ kept, int64_t rows, int64_t vocab,
-                              int64_t ignore_index, float dloss) {
+    cross_entropy_backward_kernel(float *__restrict__ dlogits, const float *__restrict__ logits,
+                                  const int64_t *__restrict__ targets,
+                                  const float *__restrict__ lse, const long long *__restrict__ kept,
+                                  int64_t rows, int64_t vocab, int64_t ignore_index, float dloss) {
     const float scale = *kept ? dloss / (float)*kept : 0.0f;
     // float4 needs the two rows at one offset from a 16-byte boundary (then every row is)
     const bool vec = (((uintptr_t)logits | (uintptr_t)dlogits) & 3u) == 0 &&
@@ -238,10 +238,10 @@ cross_entropy_backward_kernel(float *__restrict__ dlogits, const float *__restri
         for (int64_t v = team.rank; v < nv; v += team.size) {
             const float4 x = pytfm__load4(body + 4 * v);
             const int64_t j = head + 4 * v;
-            pytfm__store4(dbody + 4 * v,
-                          make_float4(ce_grad(x.x, j, t, l, scale), ce_grad(x.y, j + 1, t, l, scale),
-                                      ce_grad(x.z, j + 2, t, l, scale),
-                                      ce_grad(x.w, j + 3, t, l, scale)));
+            pytfm__store4(dbody + 4 * v, make_float4(ce_grad(x.x, j, t, l, scale),
+                                                     ce_grad(x.y, j + 1, t, l, scale),
+                                                     ce_grad(x.z, j + 2, t, l, scale),
+                                                     ce_grad(x.w, j + 3, t, l, scale)));
         }
         for (int64_t j = team.rank; j < head; j += team.size)
             drow[j] = ce_grad(row[j], j, t, l, scale);
@@ -251,10 +251,10 @@ cross_entropy_backward_kernel(float *__restrict__ dlogits, const float *__restri
 }
 
 extern "C" pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const float *logits,
-                                                          const int64_t *targets,
-                                                          const float *lse, int64_t rows,
-                                                          int64_t vocab, int64_t ignore_index,
-                                                          float dloss, void *stream) {
+                                                          const int64_t *targets, const float *lse,
+                                                          int64_t rows, int64_t vocab,
+                                                          int64_t ignore_index, float dloss,
+                                                          void *stream) {
     PYTFM_TRY(pytfm__check_cross_entropy_backward(__func__, dlogits, logits, targets, lse, rows,
                                                   vocab, dloss));
     if (rows == 0) return PYTFM_STATUS_OK;
@@ -262,13 +262,12 @@ extern "C" pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const 
     const cudaError_t err = cudaMallocAsync((void **)&kept, sizeof *kept, (cudaStream_t)stream);
     if (err != cudaSuccess) {
         (void)cudaGetLastError(); // not left behind for the next launch to report
-        return pytfm__fail(err == cudaErrorMemoryAllocation ? PYTFM_STATUS_OUT_OF_MEMORY
-                                                            : PYTFM_STATUS_CUDA_ERROR,
-                           "%s: no scratch for the count of targets: %s", __func__,
-                           cudaGetErrorString(err));
+        return pytfm__fail(
+            err == cudaErrorMemoryAllocation ? PYTFM_STATUS_OUT_OF_MEMORY : PYTFM_STATUS_CUDA_ERROR,
+            "%s: no scratch for the count of targets: %s", __func__, cudaGetErrorString(err));
     }
-    pytfm_status st = PYTFM_LAUNCH(cross_entropy_count_kernel, dim3(1), dim3(1024), 0, stream,
-                                   kept, targets, rows, ignore_index);
+    pytfm_status st = PYTFM_LAUNCH(cross_entropy_count_kernel, dim3(1), dim3(1024), 0, stream, kept,
+                                   targets, rows, ignore_index);
     if (st == PYTFM_STATUS_OK) {
         const long long *k = kept;
         st = PYTFM_LAUNCH(vocab <= CE_WARP_VOCAB ? cross_entropy_backward_kernel<true>

@@ -82,10 +82,10 @@ extern "C" pytfm_status pytfm_embedding_forward_cuda(float *y, const int64_t *id
     PYTFM_TRY(pytfm__check_embedding_forward(__func__, y, ids, table, rows, vocab, dim));
     if (rows == 0) return PYTFM_STATUS_OK;
     const bool vec = embedding_vec(y, table, dim);
-    return PYTFM_LAUNCH(vec ? embedding_forward_kernel<true> : embedding_forward_kernel<false>,
-                        dim3(pytfm__blocks(rows * (vec ? dim / 4 : dim), EMB_THREADS,
-                                           PYTFM_MAX_BLOCKS)),
-                        dim3(EMB_THREADS), 0, stream, y, ids, table, rows, vocab, dim);
+    return PYTFM_LAUNCH(
+        vec ? embedding_forward_kernel<true> : embedding_forward_kernel<false>,
+        dim3(pytfm__blocks(rows * (vec ? dim / 4 : dim), EMB_THREADS, PYTFM_MAX_BLOCKS)),
+        dim3(EMB_THREADS), 0, stream, y, ids, table, rows, vocab, dim);
 }
 
 /* ---- backward, plain: a thread per column walks the ids in order ------------------------ */
@@ -111,16 +111,15 @@ static __device__ __forceinline__ int64_t key_pos(emb_key k) { return (int64_t)(
 
 /* keys [b·SORT_TILE, ...) of the ids, sorted within the tile of block b */
 static __global__ void __launch_bounds__(SORT_THREADS)
-embedding_sort_tiles_kernel(emb_key *__restrict__ keys, const int64_t *__restrict__ ids,
-                            int64_t rows, int64_t vocab) {
+    embedding_sort_tiles_kernel(emb_key *__restrict__ keys, const int64_t *__restrict__ ids,
+                                int64_t rows, int64_t vocab) {
     __shared__ emb_key s[SORT_TILE];
     const int64_t base = (int64_t)blockIdx.x * SORT_TILE;
     for (int i = threadIdx.x; i < SORT_TILE; i += blockDim.x) {
         const int64_t p = base + i;
         const int64_t id = p < rows ? ids[p] : 0;
         // past the end: the largest key (sorted last, never written back)
-        s[i] = p >= rows ? ~0ull
-                         : (emb_key)(id >= 0 && id < vocab ? id : vocab) << 32 | (emb_key)p;
+        s[i] = p >= rows ? ~0ull : (emb_key)(id >= 0 && id < vocab ? id : vocab) << 32 | (emb_key)p;
     }
     __syncthreads();
     // the bitonic network: in step (k, j), i and i + j (i with bit j clear) are ordered
@@ -152,8 +151,10 @@ static __global__ void embedding_merge_kernel(emb_key *__restrict__ out,
         int64_t lo = other, hi = other + width < n ? other + width : n;
         while (lo < hi) {
             const int64_t mid = lo + (hi - lo) / 2;
-            if (in[mid] < key) lo = mid + 1;
-            else hi = mid;
+            if (in[mid] < key)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
         out[left + (e - start) + (lo - other)] = key;
     }
@@ -163,24 +164,23 @@ static __global__ void embedding_merge_kernel(emb_key *__restrict__ out,
  * group's dy rows into dtable's row in order of position */
 template <bool kVec>
 static __global__ void __launch_bounds__(EMB_THREADS)
-embedding_accumulate_kernel(float *__restrict__ dtable, const float *__restrict__ dy,
-                            const emb_key *__restrict__ keys, int64_t rows, int64_t vocab,
-                            int64_t dim) {
+    embedding_accumulate_kernel(float *__restrict__ dtable, const float *__restrict__ dy,
+                                const emb_key *__restrict__ keys, int64_t rows, int64_t vocab,
+                                int64_t dim) {
     const int64_t width = kVec ? dim / 4 : dim;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * width;
          e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t k = e / width, c = kVec ? 4 * (e % width) : e % width;
         const int64_t id = key_id(keys[k]);
-        if (id >= vocab) continue;                          // a bad id (all sorted last)
-        if (k > 0 && key_id(keys[k - 1]) == id) continue;   // not the first of its group
+        if (id >= vocab) continue;                        // a bad id (all sorted last)
+        if (k > 0 && key_id(keys[k - 1]) == id) continue; // not the first of its group
         float *out = dtable + id * dim + c;
         float4 acc = kVec ? pytfm__load4(out) : make_float4(*out, 0.0f, 0.0f, 0.0f);
         for (int64_t m = k;; m += GROUP_UNROLL) {
             // the next GROUP_UNROLL slots: keys, then their loads, then the adds in order
             emb_key kk[GROUP_UNROLL];
             float4 v[GROUP_UNROLL];
-            for (int u = 0; u < GROUP_UNROLL; u++)
-                kk[u] = m + u < rows ? keys[m + u] : ~0ull;
+            for (int u = 0; u < GROUP_UNROLL; u++) kk[u] = m + u < rows ? keys[m + u] : ~0ull;
             for (int u = 0; u < GROUP_UNROLL; u++) {
                 v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 if (key_id(kk[u]) != id) continue;
@@ -196,8 +196,10 @@ embedding_accumulate_kernel(float *__restrict__ dtable, const float *__restrict_
                 }
             if (key_id(kk[GROUP_UNROLL - 1]) != id) break;
         }
-        if constexpr (kVec) pytfm__store4(out, acc);
-        else *out = acc.x;
+        if constexpr (kVec)
+            pytfm__store4(out, acc);
+        else
+            *out = acc.x;
     }
 }
 
@@ -227,13 +229,10 @@ static pytfm_status embedding_backward_sorted(const char *func, float *dtable, c
     }
     const bool vec = embedding_vec(dtable, dy, dim);
     if (st == PYTFM_STATUS_OK)
-        st = pytfm__launch(func,
-                           vec ? embedding_accumulate_kernel<true>
-                               : embedding_accumulate_kernel<false>,
-                           dim3(pytfm__blocks(rows * (vec ? dim / 4 : dim), EMB_THREADS,
-                                              PYTFM_MAX_BLOCKS)),
-                           dim3(EMB_THREADS), 0, stream, dtable, dy, (const emb_key *)in, rows,
-                           vocab, dim);
+        st = pytfm__launch(
+            func, vec ? embedding_accumulate_kernel<true> : embedding_accumulate_kernel<false>,
+            dim3(pytfm__blocks(rows * (vec ? dim / 4 : dim), EMB_THREADS, PYTFM_MAX_BLOCKS)),
+            dim3(EMB_THREADS), 0, stream, dtable, dy, (const emb_key *)in, rows, vocab, dim);
     // freed in stream order, after the kernels that use it (or at once if they never ran)
     const cudaError_t freed = cudaFreeAsync(keys, (cudaStream_t)stream);
     if (freed != cudaSuccess) (void)cudaGetLastError();
@@ -249,6 +248,6 @@ extern "C" pytfm_status pytfm_embedding_backward_cuda(float *dtable, const float
     if (rows > PLAIN_ROWS && rows < (1ll << 31) && vocab < (1ll << 31))
         return embedding_backward_sorted(__func__, dtable, dy, ids, rows, vocab, dim, stream);
     return PYTFM_LAUNCH(embedding_backward_plain_kernel,
-                        dim3(pytfm__blocks(dim, 64, PYTFM_MAX_BLOCKS)), dim3(64), 0, stream,
-                        dtable, dy, ids, rows, vocab, dim);
+                        dim3(pytfm__blocks(dim, 64, PYTFM_MAX_BLOCKS)), dim3(64), 0, stream, dtable,
+                        dy, ids, rows, vocab, dim);
 }

@@ -35,18 +35,16 @@ static __device__ __forceinline__ float gelu_grad(float g, float v) {
 static __device__ __forceinline__ int64_t gelu_thread() {
     return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 }
-static __device__ __forceinline__ int64_t gelu_threads() {
-    return (int64_t)gridDim.x * blockDim.x;
-}
+static __device__ __forceinline__ int64_t gelu_threads() { return (int64_t)gridDim.x * blockDim.x; }
 
 template <bool kVec>
 static __global__ void __launch_bounds__(GELU_THREADS, GELU_FORWARD_BLOCKS)
-gelu_forward_kernel(float *__restrict__ y, const float *__restrict__ x, int64_t count) {
+    gelu_forward_kernel(float *__restrict__ y, const float *__restrict__ x, int64_t count) {
     const int64_t nv = kVec ? count / 4 : 0; // float4s; the rest one by one
     for (int64_t q = gelu_thread(); q < nv; q += gelu_threads()) {
         const float4 v = pytfm__load4(x + 4 * q);
-        pytfm__store4(y + 4 * q, make_float4(pytfm__gelu(v.x), pytfm__gelu(v.y),
-                                             pytfm__gelu(v.z), pytfm__gelu(v.w)));
+        pytfm__store4(y + 4 * q, make_float4(pytfm__gelu(v.x), pytfm__gelu(v.y), pytfm__gelu(v.z),
+                                             pytfm__gelu(v.w)));
     }
     for (int64_t i = 4 * nv + gelu_thread(); i < count; i += gelu_threads())
         y[i] = pytfm__gelu(x[i]);
@@ -63,14 +61,13 @@ extern "C" pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_
     if (count == 0) return PYTFM_STATUS_OK;
     const bool vec = (((uintptr_t)y | (uintptr_t)x) & 15u) == 0;
     return PYTFM_LAUNCH(vec ? gelu_forward_kernel<true> : gelu_forward_kernel<false>,
-                        dim3(gelu_blocks(count, vec)), dim3(GELU_THREADS), 0, stream, y, x,
-                        count);
+                        dim3(gelu_blocks(count, vec)), dim3(GELU_THREADS), 0, stream, y, x, count);
 }
 
 template <bool kVec>
 static __global__ void __launch_bounds__(GELU_THREADS, GELU_BACKWARD_BLOCKS)
-gelu_backward_kernel(float *__restrict__ dx, const float *__restrict__ dy,
-                     const float *__restrict__ x, int64_t count) {
+    gelu_backward_kernel(float *__restrict__ dx, const float *__restrict__ dy,
+                         const float *__restrict__ x, int64_t count) {
     const int64_t nv = kVec ? count / 4 : 0;
     for (int64_t q = gelu_thread(); q < nv; q += gelu_threads()) {
         const float4 v = pytfm__load4(x + 4 * q), g = pytfm__load4(dy + 4 * q);

@@ -37,9 +37,8 @@
  * batches share them, else pos[(r / T)·pos_stride + r % T]): [rows, half] each, computed in
  * double and rounded to float, the expression of csrc/rope.c */
 static __global__ void rope_table_kernel(float *__restrict__ cs, float *__restrict__ sn,
-                                         const int64_t *__restrict__ pos, int64_t rows,
-                                         int64_t T, int64_t pos_stride, int64_t D, double base,
-                                         double sign) {
+                                         const int64_t *__restrict__ pos, int64_t rows, int64_t T,
+                                         int64_t pos_stride, int64_t D, double base, double sign) {
     const int64_t half = D / 2;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * half;
          e += (int64_t)gridDim.x * blockDim.x) {
@@ -61,9 +60,8 @@ template <int kParts> struct rope_parts {
 
 /* the pair (i, i + half) of one head's D floats, rotated; reads both before writing */
 template <class I>
-static __device__ __forceinline__ void rotate_pair(float *__restrict__ out,
-                                                   const float *__restrict__ in, I i, I half,
-                                                   float c, float s) {
+static __device__ __forceinline__ void
+rotate_pair(float *__restrict__ out, const float *__restrict__ in, I i, I half, float c, float s) {
     const float x0 = in[i], x1 = in[i + half];
     out[i] = x0 * c - x1 * s;
     out[i + half] = x1 * c + x0 * s;
@@ -155,8 +153,8 @@ static pytfm_status launch_copy(const char *func, const rope_parts<3> &parts, in
 
 template <int kParts, bool kVec, class I>
 static pytfm_status launch_rotate(const char *func, const rope_parts<kParts> &parts,
-                                  const float *cs, const float *sn, int64_t B, int64_t T,
-                                  int64_t H, int64_t D, bool per_batch, void *stream) {
+                                  const float *cs, const float *sn, int64_t B, int64_t T, int64_t H,
+                                  int64_t D, bool per_batch, void *stream) {
     const int64_t units = B * T * H * (kVec ? D / 8 : D / 2);
     return pytfm__launch(func, rope_kernel<kParts, kVec, I>,
                          dim3(pytfm__blocks(units, 256, PYTFM_MAX_BLOCKS)), dim3(256), 0, stream,
@@ -182,23 +180,22 @@ static pytfm_status rotate_parts(const char *func, const rope_parts<kParts> &par
                            (long long)rows, cudaGetErrorString(err));
     }
     float *sn = cs + rows * half;
-    pytfm_status st = pytfm__launch(func, rope_table_kernel,
-                                    dim3(pytfm__blocks(rows * half, 256, PYTFM_MAX_BLOCKS)),
-                                    dim3(256), 0, stream, cs, sn, pos, rows, T, pos_stride, D,
-                                    base, sign);
+    pytfm_status st = pytfm__launch(
+        func, rope_table_kernel, dim3(pytfm__blocks(rows * half, 256, PYTFM_MAX_BLOCKS)), dim3(256),
+        0, stream, cs, sn, pos, rows, T, pos_stride, D, base, sign);
     if (st == PYTFM_STATUS_OK) {
         // float4: 4 pairs at i % 4 == 0 of every head, the table's rows on 16-byte boundaries
         const bool vec = half % 4 == 0 && parts_aligned(parts) && ((uintptr_t)cs & 15u) == 0;
         const bool small = fits32(B * T * kParts * H * D);
         const bool per_batch = pos_stride != 0;
         st = vec ? small ? launch_rotate<kParts, true, uint32_t>(func, parts, cs, sn, B, T, H, D,
-                                                                  per_batch, stream)
-                         : launch_rotate<kParts, true, int64_t>(func, parts, cs, sn, B, T, H, D,
                                                                  per_batch, stream)
-                 : small ? launch_rotate<kParts, false, uint32_t>(func, parts, cs, sn, B, T, H, D,
-                                                                   per_batch, stream)
-                         : launch_rotate<kParts, false, int64_t>(func, parts, cs, sn, B, T, H, D,
-                                                                  per_batch, stream);
+                         : launch_rotate<kParts, true, int64_t>(func, parts, cs, sn, B, T, H, D,
+                                                                per_batch, stream)
+             : small ? launch_rotate<kParts, false, uint32_t>(func, parts, cs, sn, B, T, H, D,
+                                                              per_batch, stream)
+                     : launch_rotate<kParts, false, int64_t>(func, parts, cs, sn, B, T, H, D,
+                                                             per_batch, stream);
     }
     // freed in stream order, after the kernels that use it (or at once if they never ran)
     const cudaError_t freed = cudaFreeAsync(cs, (cudaStream_t)stream);
@@ -236,31 +233,30 @@ static pytfm_status qkv_split(const char *func, const rope_parts<3> &parts, cons
     if (rope) return rotate_parts(func, parts, pos, B, T, H, D, pos_stride, base, sign, stream);
     const int64_t hd = H * D;
     const bool vec = hd % 4 == 0 && parts_aligned(parts), small = fits32(B * T * 3 * hd);
-    return vec ? small ? launch_copy<true, uint32_t>(func, parts, B * T, hd, stream)
-                       : launch_copy<true, int64_t>(func, parts, B * T, hd, stream)
+    return vec     ? small ? launch_copy<true, uint32_t>(func, parts, B * T, hd, stream)
+                           : launch_copy<true, int64_t>(func, parts, B * T, hd, stream)
                : small ? launch_copy<false, uint32_t>(func, parts, B * T, hd, stream)
-                       : launch_copy<false, int64_t>(func, parts, B * T, hd, stream);
+                   : launch_copy<false, int64_t>(func, parts, B * T, hd, stream);
 }
 
-extern "C" pytfm_status pytfm_qkv_split_forward_cuda(float *q, float *k, float *v,
-                                                     const float *qkv, const int64_t *pos,
-                                                     int64_t B, int64_t T, int64_t H, int64_t D,
-                                                     int64_t pos_stride, double base,
-                                                     int32_t rope, void *stream) {
-    PYTFM_TRY(pytfm__check_qkv_split(__func__, q, k, v, qkv, pos, B, T, H, D, pos_stride, base,
-                                     rope, 0));
+extern "C" pytfm_status pytfm_qkv_split_forward_cuda(float *q, float *k, float *v, const float *qkv,
+                                                     const int64_t *pos, int64_t B, int64_t T,
+                                                     int64_t H, int64_t D, int64_t pos_stride,
+                                                     double base, int32_t rope, void *stream) {
+    PYTFM_TRY(
+        pytfm__check_qkv_split(__func__, q, k, v, qkv, pos, B, T, H, D, pos_stride, base, rope, 0));
     const int64_t hd = H * D;
     const rope_parts<3> parts = {{q, k, v}, {qkv, qkv + hd, qkv + 2 * hd}, hd, 3 * hd};
     return qkv_split(__func__, parts, pos, B, T, H, D, pos_stride, base, rope, +1.0, stream);
 }
 
-extern "C" pytfm_status pytfm_qkv_split_backward_cuda(float *dqkv, const float *dq,
-                                                      const float *dk, const float *dv,
-                                                      const int64_t *pos, int64_t B, int64_t T,
-                                                      int64_t H, int64_t D, int64_t pos_stride,
-                                                      double base, int32_t rope, void *stream) {
-    PYTFM_TRY(pytfm__check_qkv_split(__func__, dq, dk, dv, dqkv, pos, B, T, H, D, pos_stride,
-                                     base, rope, 1));
+extern "C" pytfm_status pytfm_qkv_split_backward_cuda(float *dqkv, const float *dq, const float *dk,
+                                                      const float *dv, const int64_t *pos,
+                                                      int64_t B, int64_t T, int64_t H, int64_t D,
+                                                      int64_t pos_stride, double base, int32_t rope,
+                                                      void *stream) {
+    PYTFM_TRY(pytfm__check_qkv_split(__func__, dq, dk, dv, dqkv, pos, B, T, H, D, pos_stride, base,
+                                     rope, 1));
     const int64_t hd = H * D;
     const rope_parts<3> parts = {{dqkv, dqkv + hd, dqkv + 2 * hd}, {dq, dk, dv}, 3 * hd, hd};
     return qkv_split(__func__, parts, pos, B, T, H, D, pos_stride, base, rope, -1.0, stream);
