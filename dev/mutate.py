@@ -232,7 +232,8 @@ MUTATIONS = {
     # gelu.cu): the online max/sum, the float4 paths and their alignment, the sorted embedding
     # backward, RoPE's table of angles
     "cuda_ce_online_no_rescale": ("cuda/cross_entropy.cu", "            sum *= expf(max - m);\n", "", EMU),
-    "cuda_ce_merge_unscaled": ("cuda/cross_entropy.cu", "sum = sum * a + o.sum * b;", "sum = sum + o.sum;", EMU),
+    "cuda_ce_merge_unscaled": ("cuda/cross_entropy.cu", "const float a = max == m ? 1.0f : expf(max - m), b = o.max == m ? 1.0f : expf(o.max - m);",
+                               "const float a = 1.0f, b = 1.0f;", EMU),
     "cuda_ce_block_merge_skips_warps": ("cuda/cross_entropy.cu", "for (unsigned w = 1; w < blockDim.x / PYTFM_WARP; w++)",
                                         "for (unsigned w = 1; w < 2; w++)", EMU),
     "cuda_ce_vector_unaligned": ("cuda/cross_entropy.cu", "const int64_t head = vec ? (int64_t)((16u - ((uintptr_t)row & 15u)) & 15u) / 4 : cols;",
