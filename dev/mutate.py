@@ -237,7 +237,7 @@ MUTATIONS = {
     "cuda_ce_block_merge_skips_warps": ("cuda/cross_entropy.cu", "for (unsigned w = 1; w < blockDim.x / PYTFM_WARP; w++)",
                                         "for (unsigned w = 1; w < 2; w++)", EMU),
     "cuda_ce_vector_unaligned": ("cuda/cross_entropy.cu", "const int64_t head = vec ? (int64_t)((16u - ((uintptr_t)row & 15u)) & 15u) / 4 : cols;",
-                                 "const int64_t head = vec ? 0 : cols;", EMU),
+                                 "const int64_t head = vec ? (int64_t)((16u - ((uintptr_t)row & 15u)) & 15u) / 8 : cols;", EMU),
     "cuda_ce_backward_other_offset": ("cuda/cross_entropy.cu", "(((uintptr_t)logits ^ (uintptr_t)dlogits) & 15u) == 0;", "true;", EMU),
     "cuda_ce_tail_dropped": ("cuda/cross_entropy.cu", "    for (int64_t j = head + 4 * nv + team.rank; j < cols; j += team.size) acc.add(row[j]);\n", "", EMU),
     "cuda_embedding_sort_unstable": ("cuda/embedding.cu", "if ((a > b) == ((i & k) == 0)) s[i] = b, s[l] = a;",
