@@ -30,10 +30,11 @@
  * ESTIMATE (no GPU measured; H200, 4.3 TB/s copy). Bytes that must move: dy once (rows·dim·4)
  * and each touched row of dtable read and written (2·distinct·dim·4). At 8192 rows × 768 with
  * vocab 50304 and uniform ids (≈ 7600 distinct): 25.2 + 46.7 = 72 MB, 17 µs at copy speed.
- * The accumulate kernel moves those bytes in a grid of 24576 blocks with 16-byte accesses
- * and 8 loads in flight per thread: ≈ 0.8× copy, ≈ 21 µs. The sort adds 3 kernels (2 tiles
- * of 4096 keys, one merge pass over 64 KB of keys, L2-resident): ≈ 3 + 2 µs plus launch gaps
- * of ≈ 2 µs each. In all ≈ 30 µs, ≈ 0.55× of copy speed for the bytes that must move. At the
+ * The accumulate kernel moves those bytes in 6144 blocks of 256 threads, 16-byte accesses
+ * and 8 loads in flight per thread: ≈ 0.8× copy, ≈ 21 µs. The sort adds 2 kernels before it:
+ * the tiles (2 blocks of 4096 keys on 2 SMs, 78 barrier steps: ≈ 4 µs) and one merge pass
+ * over 64 KB of L2-resident keys (a 12-step binary search per key: ≈ 1.5 µs), plus launch gaps
+ * of ≈ 1–2 µs each. In all ≈ 30 µs, ≈ 0.55× of copy speed for the bytes that must move. At the
  * bench's 79k rows (dy 240 MB, several merge passes of 600 KB) the sort's share falls and
  * ≈ 0.7× is expected. A group of g repeats is a chain of g dependent adds per element (the
  * CPU's order), its loads 8 deep: text with a token repeated hundreds of times costs
