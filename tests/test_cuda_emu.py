@@ -342,6 +342,16 @@ def test_gelu(emu, order, count):
         np.testing.assert_array_equal(bits(inplace), bits(y))
         g.check()
         got[offset] = (y.copy(), dx.copy())
+    # x the prefix of a longer array: the floats after it are finite, not the guards' NaN
+    # marker, so a vector step past count would write something new past y's and dx's ends
+    g = Aligned(0)
+    longer = g(np.concatenate([x, dy[:5] + 1.0, [2.0, 3.0, 4.0]]).astype(np.float32))
+    y, dx = g.empty(count), g.empty(count)
+    emu.call("pytfm_gelu_forward_cuda", y, longer[:count], count)
+    emu.call("pytfm_gelu_backward_cuda", dx, g(dy), longer[:count], count)
+    g.check()
+    np.testing.assert_array_equal(bits(y), bits(got[0][0]))
+    np.testing.assert_array_equal(bits(dx), bits(got[0][1]))
     a, b = Aligned(0), Aligned(1)  # x and dx aligned, dy not: the scalar path
     dx = a.empty(count)
     emu.call("pytfm_gelu_backward_cuda", dx, b(dy), a(x), count)
