@@ -13,16 +13,16 @@
  *
  * ESTIMATE (no GPU measured; H200, 4.3 TB/s copy): forward ≈ 0.85× of copy bandwidth for x
  * read and y written, backward ≈ 0.8× for x, dy read and dx written: 16-byte accesses, 1
- * (forward) or 2 (backward) loads in flight per thread at 2048 (1536) threads an SM, 32 KiB
- * (48 KiB) in flight where ≈ 20 KiB an SM covers the memory latency at copy speed, and about
+ * (forward) or 2 (backward) loads in flight per thread at 1536 threads an SM, 24 KiB (48 KiB)
+ * in flight where ≈ 20 KiB an SM covers the memory latency at copy speed, and about
  * 25 (forward) or 35 (backward) instructions per element against the ≈ 64 an SM can issue per
  * 4-byte element at copy speed.
  */
 #include "gelu.cuh" /* half_one_plus_tanh, pytfm__gelu: shared with linear.cu's linear + GELU */
 
-// blocks of 256 an SM at least: 8 (its 2048 threads, at most 32 registers a thread) for the
-// forward, 6 for the backward (40 registers; it spills at 32)
-enum { GELU_THREADS = 256, GELU_FORWARD_BLOCKS = 8, GELU_BACKWARD_BLOCKS = 6 };
+// at least 6 blocks of 256 an SM (1536 of its 2048 threads): at most 40 registers a thread;
+// at 8 blocks (32 registers) the float4 kernels spill
+enum { GELU_THREADS = 256, GELU_MIN_BLOCKS = 6 };
 
 /* dy · gelu'(v), as csrc/gelu.c computes it */
 static __device__ __forceinline__ float gelu_grad(float g, float v) {
@@ -38,7 +38,7 @@ static __device__ __forceinline__ int64_t gelu_thread() {
 static __device__ __forceinline__ int64_t gelu_threads() { return (int64_t)gridDim.x * blockDim.x; }
 
 template <bool kVec>
-static __global__ void __launch_bounds__(GELU_THREADS, GELU_FORWARD_BLOCKS)
+static __global__ void __launch_bounds__(GELU_THREADS, GELU_MIN_BLOCKS)
     gelu_forward_kernel(float *__restrict__ y, const float *__restrict__ x, int64_t count) {
     const int64_t nv = kVec ? count / 4 : 0; // float4s; the rest one by one
     for (int64_t q = gelu_thread(); q < nv; q += gelu_threads()) {
@@ -65,7 +65,7 @@ extern "C" pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_
 }
 
 template <bool kVec>
-static __global__ void __launch_bounds__(GELU_THREADS, GELU_BACKWARD_BLOCKS)
+static __global__ void __launch_bounds__(GELU_THREADS, GELU_MIN_BLOCKS)
     gelu_backward_kernel(float *__restrict__ dx, const float *__restrict__ dy,
                          const float *__restrict__ x, int64_t count) {
     const int64_t nv = kVec ? count / 4 : 0;
