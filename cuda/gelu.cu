@@ -6,7 +6,7 @@
  * Element-wise in a grid-stride loop: a thread per float4 where every array is 16-byte aligned
  * (the last count % 4 elements one by one), else per float; each element computed by the same
  * function either way (the same bits). The grid: enough 256-thread blocks for every unit, up to
- * 65535 (an H200 holds 132 × 8 of them at once), so any count of more than about 1M floats
+ * 65535 (an H200 holds 132 × 6 of them at once), so any count of more than about 800k floats
  * fills the GPU. In place (y == x, dx == dy) is allowed, __restrict__ included: every element
  * is read once, by the thread that then writes it. Finite and non-finite x as on the CPU
  * (csrc/gelu.c): the backward's term at v clamped to ±16.
