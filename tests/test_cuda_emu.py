@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from cuda_emu import CUDA, EmuError, Guarded
+from cuda_emu import _F32_MARK, CUDA, MARGIN, EmuError, Guarded
 from helpers import assert_close
 from pytfm import ops
 from pytfm import reference as ref
@@ -39,6 +39,41 @@ def close(name, got, want_ref, want_c, atol, rtol=1e-5):
 
 def f32(rng, shape, scale=1.0, offset=0.0):
     return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+
+
+class Aligned(Guarded):
+    """Guarded buffers whose float32 data start `offset` floats past a 16-byte boundary: 0
+    takes the kernels' float4 paths, 1–3 their scalar ones (Guarded's own buffers sit 4 bytes
+    past a boundary). Other dtypes (ids, positions) as Guarded. Every float outside the data,
+    margins and the slack used to align, must keep its marker."""
+
+    def __init__(self, offset=0):
+        super().__init__()
+        self.offset, self.spans = offset, []
+
+    def __call__(self, a, dtype=np.float32):
+        if np.dtype(dtype) != np.float32:
+            return super().__call__(a, dtype)
+        a = np.asarray(a, np.float32)
+        big = np.full(a.size + 2 * MARGIN + 8, _F32_MARK, np.float32)
+        start = MARGIN + (-(big.ctypes.data // 4 + MARGIN)) % 4 + self.offset
+        big[start:start + a.size] = a.ravel()
+        self.spans.append((big, start, start + a.size))
+        view = big[start:start + a.size].reshape(a.shape)
+        assert (view.ctypes.data % 16 == 0) == (self.offset % 4 == 0)
+        return view
+
+    def check(self):
+        super().check()
+        mark = np.array([_F32_MARK]).view(np.uint32)[0]
+        for big, start, end in self.spans:
+            bits = big.view(np.uint32)
+            assert (bits[:start] == mark).all() and (bits[end:] == mark).all(), \
+                "a kernel wrote outside its buffer"
+
+
+def bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
 
 
 # ---- the emulator itself ------------------------------------------------------------------
@@ -258,51 +293,109 @@ def test_layernorm_of_rows_far_from_zero(emu, order, rows, cols):
     g.check()
 
 
-@pytest.mark.parametrize("B,T,H,D", [(1, 1, 1, 2), (2, 3, 5, 6), (1, 33, 2, 64), (3, 7, 1, 10)])
+@pytest.mark.parametrize("B,T,H,D", [(1, 1, 1, 2), (2, 3, 5, 6), (1, 33, 2, 64), (3, 7, 1, 10),
+                                     (2, 5, 3, 8)])
 @pytest.mark.parametrize("batched", [False, True])
-def test_rope(emu, order, B, T, H, D, batched):
-    rng = np.random.default_rng(B * T * H * D)
-    g = Guarded()
+@pytest.mark.parametrize("start", [1000, 10**6])
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
+def test_rope(emu, order, B, T, H, D, batched, start, offset):
+    """pos as [T] (pos_stride 0: a table row per t) or [B, T] (a row per (b, t)), positions up
+    to 10⁶; float4 rotations where D is a multiple of 8 and the data aligned, else per pair.
+    The angles are the C kernels' double expression rounded to float, and each rotation the same
+    float operations: the same bits as pytfm_rope_forward (and the reference to rounding)."""
+    rng = np.random.default_rng(B * T * H * D + start)
+    g = Aligned(offset)
     x = f32(rng, (B, T, H, D))
-    pos = 1000 + np.arange(T, dtype=np.int64)
+    pos = start + np.arange(T, dtype=np.int64)
     if batched:
         pos = pos + rng.integers(0, 100, size=(B, 1))
     stride = T if batched else 0
     y = g.empty(x.shape)
     emu.call("pytfm_rope_forward_cuda", y, g(x), g(pos, np.int64), B, T, H, D, stride, 10000.0)
-    close("rope.forward", y, ref.rope_forward(x, pos, 10000.0), ops.rope_forward(x, pos),
+    want_c = ops.rope_forward(x, pos)
+    np.testing.assert_array_equal(bits(y), bits(want_c))
+    close("rope.forward", y, ref.rope_forward(x, pos, 10000.0), want_c,
           atol=4 * EPS32 * float(abs(x).max()))
     dx = g(y)  # in place: dx == dy
     emu.call("pytfm_rope_backward_cuda", dx, dx, g(pos, np.int64), B, T, H, D, stride, 10000.0)
-    close("rope.backward", dx, ref.rope_backward(y, pos, 10000.0), ops.rope_backward(y, pos),
+    want_c = ops.rope_backward(y, pos)
+    np.testing.assert_array_equal(bits(dx), bits(want_c))
+    close("rope.backward", dx, ref.rope_backward(y, pos, 10000.0), want_c,
           atol=4 * EPS32 * float(abs(y).max()))
     g.check()
 
 
-@pytest.mark.parametrize("count", [1, 7, 255, 257, 1000])
+@pytest.mark.parametrize("count", [1, 7, 255, 257, 1000, 1027])
 def test_gelu(emu, order, count):
+    """float4 on aligned arrays (the last count % 4 one by one), per float on offset ones: the
+    same function of each element, so the same bits; in place too."""
     rng = np.random.default_rng(count)
-    g = Guarded()
-    x = f32(rng, count, 3.0)
-    y = g.empty(count)
-    emu.call("pytfm_gelu_forward_cuda", y, g(x), count)
+    x, dy = f32(rng, count, 3.0), f32(rng, count)
+    got = {}
+    for offset in (0, 1, 2):
+        g = Aligned(offset)
+        y, dx = g.empty(count), g.empty(count)
+        emu.call("pytfm_gelu_forward_cuda", y, g(x), count)
+        emu.call("pytfm_gelu_backward_cuda", dx, g(dy), g(x), count)
+        inplace = g(x)
+        emu.call("pytfm_gelu_forward_cuda", inplace, inplace, count)
+        np.testing.assert_array_equal(bits(inplace), bits(y))
+        g.check()
+        got[offset] = (y.copy(), dx.copy())
+    # x the prefix of a longer array: the floats after it are finite, not the guards' NaN
+    # marker, so a vector step past count would write something new past y's and dx's ends
+    g = Aligned(0)
+    longer = g(np.concatenate([x, dy[:5] + 1.0, [2.0, 3.0, 4.0]]).astype(np.float32))
+    y, dx = g.empty(count), g.empty(count)
+    emu.call("pytfm_gelu_forward_cuda", y, longer[:count], count)
+    emu.call("pytfm_gelu_backward_cuda", dx, g(dy), longer[:count], count)
+    g.check()
+    np.testing.assert_array_equal(bits(y), bits(got[0][0]))
+    np.testing.assert_array_equal(bits(dx), bits(got[0][1]))
+    a, b = Aligned(0), Aligned(1)  # x and dx aligned, dy not: the scalar path
+    dx = a.empty(count)
+    emu.call("pytfm_gelu_backward_cuda", dx, b(dy), a(x), count)
+    a.check()
+    b.check()
+    got[3] = (got[0][0], dx)
+    for offset in (1, 2, 3):
+        np.testing.assert_array_equal(bits(got[offset][0]), bits(got[0][0]))
+        np.testing.assert_array_equal(bits(got[offset][1]), bits(got[0][1]))
+    y, dx = got[0]
     close("gelu.forward", y, ref.gelu_forward(x), ops.gelu_forward(x),
           atol=4 * EPS32 * (1.0 + abs(x)))
-    dy = f32(rng, count)
-    dx = g.empty(count)
-    emu.call("pytfm_gelu_backward_cuda", dx, g(dy), g(x), count)
     close("gelu.backward", dx, ref.gelu_backward(dy, x), ops.gelu_backward(dy, x),
           atol=8 * EPS32 * (1.0 + abs(x)) * abs(dy))
-    g.check()
 
 
-@pytest.mark.parametrize("rows,vocab,dim", [(1, 1, 1), (7, 3, 5), (40, 2, 65), (3, 1, 33),
-                                            (100, 7, 70)])
-def test_embedding(emu, order, rows, vocab, dim):
+def embedding_ids(rng, kind, rows, vocab):
+    if kind == "reverse":  # every id (or its repeats) met last-to-first
+        return (np.arange(rows) % vocab)[::-1].copy()
+    if kind == "distinct":
+        return rng.permutation(vocab)[:rows]
+    if kind == "few":  # many repeats of a few ids
+        return rng.choice(rng.integers(0, vocab, 3), size=rows)
+    return rng.integers(0, vocab, size=rows)
+
+
+# rows <= 16 take the plain walk, more the sorted path; under the emulator a block sorts 256
+# keys, so 257+ rows walk the merge passes (1000: 4 tiles, 2 passes; 600: an unpaired run)
+EMBEDDING_CASES = [(1, 1, 1, "random"), (7, 3, 5, "random"), (16, 2, 8, "few"),
+                   (17, 3, 8, "few"), (40, 2, 65, "random"), (3, 1, 33, "random"),
+                   (100, 7, 70, "reverse"), (1000, 3, 8, "few"), (600, 1, 4, "random"),
+                   (513, 5000, 12, "distinct"), (700, 700, 4, "reverse"),
+                   (300, 50, 5, "reverse")]
+
+
+@pytest.mark.parametrize("rows,vocab,dim,kind", EMBEDDING_CASES)
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
+def test_embedding(emu, order, rows, vocab, dim, kind, offset):
+    """The backward adds the rows of repeated ids in order of position, as the CPU does: the
+    same bits, whatever the order of the ids (grouped by a sort on the GPU)."""
     rng = np.random.default_rng(rows * vocab * dim)
-    g = Guarded()
+    g = Aligned(offset)
     table = f32(rng, (vocab, dim))
-    ids = rng.integers(0, vocab, size=rows)  # a small table, many ids: repeats are common
+    ids = embedding_ids(rng, kind, rows, vocab)
     y = g.empty((rows, dim))
     emu.call("pytfm_embedding_forward_cuda", y, g(ids, np.int64), g(table), rows, vocab, dim)
     close("embedding.forward", y, ref.embedding_forward(ids, table),
@@ -312,11 +405,29 @@ def test_embedding(emu, order, rows, vocab, dim):
     dtable = g(dt0)
     emu.call("pytfm_embedding_backward_cuda", dtable, g(dy), g(ids, np.int64), rows, vocab, dim)
     want_c = ops.embedding_backward(dy, ids, vocab, dtable=dt0.copy())
-    np.testing.assert_array_equal(dtable, want_c)  # same order of additions: same bits
+    np.testing.assert_array_equal(bits(dtable), bits(want_c))  # the CPU's order: same bits
     assert_close("cuda-emu.embedding.backward", dtable,
                  dt0 + ref.embedding_backward(dy, ids, vocab),
                  atol=2 * rows * EPS32 * (float(abs(dy).max()) + abs(dt0)))
     g.check()
+
+
+def test_embedding_backward_mixed_alignment_and_bad_ids(emu, order):
+    """dtable aligned, dy not: the scalar accumulation; bad ids (sorted last) are skipped and
+    the rest keep the CPU's bits."""
+    rng = np.random.default_rng(3)
+    rows, vocab, dim = 300, 20, 8
+    ids = rng.integers(0, vocab, size=rows)
+    ids[::7], ids[3::11] = -1, vocab
+    dy, dt0 = f32(rng, (rows, dim)), f32(rng, (vocab, dim))
+    a, b = Aligned(0), Aligned(1)
+    dtable = a(dt0)
+    emu.call("pytfm_embedding_backward_cuda", dtable, b(dy), a(ids, np.int64), rows, vocab, dim)
+    ok = (ids >= 0) & (ids < vocab)
+    want_c = ops.embedding_backward(dy[ok], ids[ok], vocab, dtable=dt0.copy())
+    np.testing.assert_array_equal(bits(dtable), bits(want_c))
+    a.check()
+    b.check()
 
 
 def test_embedding_bad_id_gives_a_nan_row(emu):
@@ -327,7 +438,8 @@ def test_embedding_bad_id_gives_a_nan_row(emu):
     assert np.isnan(y[1:3]).all() and (y[[0, 3]] == 1).all()
 
 
-@pytest.mark.parametrize("rows,vocab", [(1, 1), (5, 7), (9, 33), (3, 1025), (70, 5), (30, 1100)])
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (5, 7), (9, 33), (3, 1025), (70, 5), (30, 1100),
+                                        (4, 5000)])
 @pytest.mark.parametrize("ignore_index,ignored", [(-1, 0.0), (-100, 0.3), (0, 0.5), (-1, 1.0)])
 def test_cross_entropy(emu, order, rows, vocab, ignore_index, ignored):
     rng = np.random.default_rng(rows * vocab)
@@ -352,6 +464,45 @@ def test_cross_entropy(emu, order, rows, vocab, ignore_index, ignored):
           ops.cross_entropy_backward(logits, targets, lse, ignore_index, -3.0),
           atol=(1e-6 + 4 * mag) * 3.0 / kept, rtol=1e-5)
     g.check()
+
+
+@pytest.mark.parametrize("rows,vocab", [(9, 5), (33, 64), (3, 1025), (2, 5000)])
+@pytest.mark.parametrize("offsets", [(0, 0), (1, 1), (3, 3), (2, 0), (0, 1)])
+def test_cross_entropy_offsets(emu, rows, vocab, offsets):
+    """logits (and dlogits) starting 0–3 floats past a 16-byte boundary: the rows' float4
+    bodies with scalar heads and tails of every length; dlogits at another offset than the
+    logits takes the scalar path. Both thread orders give the same bits (a fixed order of
+    reduction); the values agree with the reference and the C kernel to rounding."""
+    rng = np.random.default_rng(rows + vocab)
+    logits = f32(rng, (rows, vocab), 4.0, 10.0)
+    targets = rng.integers(0, vocab, size=rows)
+    targets[1] = -1
+    results = []
+    for reverse in (0, 1):
+        emu.lib.pytfm_emu_set_order(reverse)
+        a, b = Aligned(offsets[0]), Aligned(offsets[1])
+        loss, lse, dlogits = a.empty(1), a.empty(rows), b.empty((rows, vocab))
+        gl, gt = a(logits), a(targets, np.int64)
+        emu.call("pytfm_cross_entropy_forward_cuda", loss, lse, gl, gt, rows, vocab, -1)
+        emu.call("pytfm_cross_entropy_backward_cuda", dlogits, gl, gt, lse, rows, vocab, -1, 2.0)
+        a.check()
+        b.check()
+        results.append([r.copy() for r in (loss, lse, dlogits)])
+    emu.lib.pytfm_emu_set_order(0)
+    for r0, r1 in zip(*results):
+        np.testing.assert_array_equal(bits(r0), bits(r1))
+    loss, lse, dlogits = results[0]
+    rloss, rlse = ref.cross_entropy_forward(logits, targets, -1)
+    closs, clse = ops.cross_entropy_forward(logits, targets, -1)
+    mag = EPS32 * float(abs(logits).max())
+    close("cross_entropy.offsets.lse", lse, rlse, clse, atol=1e-6 + 4 * mag, rtol=1e-6)
+    close("cross_entropy.offsets.loss", loss[0], rloss, closs, atol=1e-6 + 4 * mag, rtol=1e-5)
+    kept = int((targets != -1).sum())
+    close("cross_entropy.offsets.backward", dlogits,
+          ref.cross_entropy_backward(logits, targets, -1, 2.0),
+          ops.cross_entropy_backward(logits, targets, lse, -1, 2.0),
+          atol=(1e-6 + 4 * mag) * 2.0 / kept, rtol=1e-5)
+    assert (dlogits[1] == 0).all()  # the ignored row
 
 
 @pytest.mark.parametrize("count", [1, 7, 257, 1000])
@@ -380,21 +531,19 @@ QKV_CASES = [  # (B, T, H, D, pos): "none" is rope off (D may then be odd), [T] 
     (1, 1, 1, 2, "shared"), (1, 1, 1, 2, "none"), (1, 1, 3, 1, "none"),
     (2, 3, 5, 6, "per-batch"), (2, 3, 5, 6, "shared"), (2, 3, 2, 5, "none"),
     (1, 33, 2, 64, "per-batch"), (1, 33, 2, 64, "none"), (3, 7, 1, 10, "shared"),
-    (3, 1, 4, 8, "per-batch"), (3, 5, 3, 7, "none"),
+    (3, 1, 4, 8, "per-batch"), (3, 5, 3, 7, "none"), (2, 3, 2, 8, "shared"), (2, 3, 1, 4, "none"),
 ]
 
 
-def bits(a):
-    return np.ascontiguousarray(a).view(np.uint32)
-
-
 @pytest.mark.parametrize("B,T,H,D,kind", QKV_CASES)
-def test_qkv_split(emu, order, B, T, H, D, kind):
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
+def test_qkv_split(emu, order, B, T, H, D, kind, offset):
     """q, k: the same bits as pytfm_rope_forward_cuda on the slices of qkv (the same device
     code), v (and everything without rope) an exact copy; against the reference and the C
-    kernel to float rounding. The backward likewise, into the fused layout."""
+    kernel to float rounding. The backward likewise, into the fused layout. Aligned arrays
+    take the float4 paths where D (with rope: D/2) is a multiple of 4, offset ones the scalar."""
     rng = np.random.default_rng(B * T * H * D + len(kind))
-    g = Guarded()
+    g = Aligned(offset)
     qkv = f32(rng, (B, T, 3, H, D))
     rope = kind != "none"
     pos = None

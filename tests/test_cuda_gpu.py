@@ -406,3 +406,93 @@ def test_bias_gradient_at_gpt2_size():
     same("bias8192.db", g1, rdb, atol=atol, rtol=0)
     same("bias8192.db.vs-c", g1, cdb, atol=2 * atol, rtol=0)
     assert bool((g1.view(cp.uint32) == g2.view(cp.uint32)).all())
+
+
+# ---- issue 12: the memory-bound kernels at real sizes ---------------------------------------
+
+
+def offset_view(a):
+    """A CuPy copy of a (NumPy) that starts one float past a 16-byte boundary: contiguous, so
+    the kernels take it, but their float4 paths must step aside."""
+    flat = cp.empty(a.size + 4, cp.float32)
+    v = flat[1:1 + a.size].reshape(a.shape)
+    v[...] = cp.asarray(a)
+    assert v.data.ptr % 16 == 4
+    return v
+
+
+@pytest.mark.parametrize("vocab", [50304, 131072])
+def test_cross_entropy_large_vocabularies(vocab):
+    """4096 rows of a GPT-2 (and a 128k) vocabulary: more blocks than the GPU holds at once,
+    rows read once by the online max/sum; an offset view of the logits takes scalar heads and
+    tails. The reference: the C kernels on the same numbers."""
+    rows = 4096
+    glogits = cp.random.default_rng(vocab).standard_normal((rows, vocab), dtype=cp.float32) * 3
+    logits = cp.asnumpy(glogits)
+    targets = np.random.default_rng(vocab).integers(0, vocab, size=rows)
+    targets[::5] = -1
+    gtargets = cp.asarray(targets)
+    loss, lse = ops.cross_entropy_forward(logits, targets)
+    mag = EPS32 * float(abs(logits).max())
+    for name, g in (("aligned", glogits), ("offset", offset_view(logits))):
+        gloss, glse = ops.cross_entropy_forward(g, gtargets)
+        same(f"cross_entropy.{name}.lse", glse, lse, 1e-5 + 8 * mag, 1e-6)
+        same(f"cross_entropy.{name}.loss", gloss, loss, 1e-5 + 8 * mag, 1e-5)
+        gd = ops.cross_entropy_backward(g, gtargets, glse)
+        d = ops.cross_entropy_backward(logits, targets, lse)
+        kept = int((targets != -1).sum())
+        same(f"cross_entropy.{name}.backward", gd, d, (1e-6 + 8 * mag) / kept, 1e-4)
+        again = ops.cross_entropy_backward(g, gtargets, glse)
+        assert bool((gd.view(cp.uint32) == again.view(cp.uint32)).all())  # the same bits
+        del gd, again
+
+
+@pytest.mark.parametrize("rows", [8192, 70000])
+def test_embedding_backward_large(rows):
+    """8192 (and 70000: 18 sort tiles, an unpaired run) rows of 768 into a 50304-row table:
+    ids uniform, plus a few ids repeated hundreds of times (long groups); the sorted backward
+    adds each group in order of position, so dtable has the CPU's bits, aligned or not."""
+    vocab, dim = 50304, 768
+    rng = np.random.default_rng(rows)
+    ids = rng.integers(0, vocab, size=rows)
+    often = rng.random(rows) < 0.1  # ids 0..4: each about 2% of the rows
+    ids[often] = rng.integers(0, 5, size=int(often.sum()))
+    dy = rng.standard_normal((rows, dim), dtype=np.float32)
+    dt0 = rng.standard_normal((vocab, dim), dtype=np.float32)
+    want = ops.embedding_backward(dy, ids, vocab, dtable=dt0.copy())
+    gids = cp.asarray(ids)
+    for name, gdy, gdt in (("aligned", cp.asarray(dy), cp.asarray(dt0)),
+                           ("offset", offset_view(dy), offset_view(dt0))):
+        got = ops.embedding_backward(gdy, gids, vocab, dtable=gdt)
+        assert bool((got.view(cp.uint32) == cp.asarray(want).view(cp.uint32)).all()), name
+    table = cp.asarray(dt0)
+    same("embedding.forward.large", ops.embedding_forward(gids, table),
+         ops.embedding_forward(ids, dt0), 0, 0)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_rope_gelu_and_qkv_split_large(batched):
+    """[4, 4096, 16, 64] (16.8M floats): RoPE's table of 4096 (or 4·4096) position rows, the
+    float4 rotations, an offset view's scalar ones; the QKV split on [2, 4096, 3, 16, 64];
+    GELU over the same floats, aligned and offset."""
+    B, T, H, D = 4, 4096, 16, 64
+    rng = np.random.default_rng(int(batched))
+    x = rng.standard_normal((B, T, H, D), dtype=np.float32)
+    pos = np.arange(T) + 10**5
+    if batched:
+        pos = pos + rng.integers(0, 1000, size=(B, 1))
+    gpos = cp.asarray(pos)
+    tol = 4 * EPS32 * float(abs(x).max())
+    for name, gx in (("aligned", cp.asarray(x)), ("offset", offset_view(x))):
+        same(f"rope.forward.{name}", ops.rope_forward(gx, gpos), ops.rope_forward(x, pos), tol, 0)
+        same(f"rope.backward.{name}", ops.rope_backward(gx, gpos), ops.rope_backward(x, pos),
+             tol, 0)
+        same(f"gelu.forward.{name}", ops.gelu_forward(gx), ops.gelu_forward(x),
+             4 * EPS32 * (1 + abs(x)), 0)
+        same(f"gelu.backward.{name}", ops.gelu_backward(gx, gx), ops.gelu_backward(x, x),
+             8 * EPS32 * (1 + abs(x)) * abs(x), 0)
+    qkv = rng.standard_normal((2, T, 3, H, D), dtype=np.float32)
+    qpos = pos if not batched else pos[:2]
+    for g, c in zip(ops.qkv_split_forward(cp.asarray(qkv), cp.asarray(qpos)),
+                    ops.qkv_split_forward(qkv, qpos)):
+        same("qkv_split.forward.large", g, c, 4 * EPS32 * float(abs(qkv).max()), 0)

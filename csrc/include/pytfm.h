@@ -750,6 +750,9 @@ PYTFM_API pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, float
                                                      const float *rstd, int64_t rows,
                                                      int64_t cols, void *stream);
 
+/* The angles come from a table of cos and sin per position row (T rows for pos [T], B·T for
+ * [B, T]) made on the device in double and rounded to float, as the CPU does, in stream-ordered
+ * scratch (cudaMallocAsync) of 4·rows·D bytes. */
 PYTFM_API pytfm_status pytfm_rope_forward_cuda(float *y, const float *x, const int64_t *pos,
                                                int64_t B, int64_t T, int64_t H, int64_t D,
                                                int64_t pos_stride, double base, void *stream);
@@ -768,7 +771,9 @@ PYTFM_API pytfm_status pytfm_embedding_forward_cuda(float *y, const int64_t *ids
                                                     const float *table, int64_t rows,
                                                     int64_t vocab, int64_t dim, void *stream);
 
-/* Repeated ids add up in order of i, as on the CPU (one thread per column walks the ids). */
+/* Repeated ids add up in order of i, as on the CPU: the same bits. The ids are grouped by a
+ * sort on the device (16·rows bytes of stream-ordered scratch, cudaMallocAsync), each group
+ * then added by one thread per column chunk; up to 16 rows, one thread per column walks them. */
 PYTFM_API pytfm_status pytfm_embedding_backward_cuda(float *dtable, const float *dy,
                                                      const int64_t *ids, int64_t rows,
                                                      int64_t vocab, int64_t dim, void *stream);
@@ -780,6 +785,7 @@ PYTFM_API pytfm_status pytfm_cross_entropy_forward_cuda(float *loss, float *lse,
                                                         int64_t vocab, int64_t ignore_index,
                                                         void *stream);
 
+/* kept is counted on the device into 8 bytes of stream-ordered scratch (cudaMallocAsync). */
 PYTFM_API pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const float *logits,
                                                          const int64_t *targets,
                                                          const float *lse, int64_t rows,
@@ -791,8 +797,9 @@ PYTFM_API pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, c
                                              double beta1, double beta2, double eps,
                                              double weight_decay, void *stream);
 
-/* The fused split of the QKV projection (RoPE on q and k), as pytfm_qkv_split_*: a thread per
- * rotated pair (or copied element). pos lives on the device and is not checked. */
+/* The fused split of the QKV projection (RoPE on q and k), as pytfm_qkv_split_*: with RoPE, its
+ * table of angles and kernel (q and k the bits of pytfm_rope_forward_cuda on the slices); without,
+ * a copy. pos lives on the device and is not checked. */
 PYTFM_API pytfm_status pytfm_qkv_split_forward_cuda(float *q, float *k, float *v,
                                                     const float *qkv, const int64_t *pos,
                                                     int64_t B, int64_t T, int64_t H, int64_t D,
