@@ -46,3 +46,13 @@ def emu(tmp_path_factory):
     if not (cc and cxx and (shutil.which(cxx) or os.path.exists(cxx))):
         pytest.fail("a C++ compiler (g++) is needed to run the CUDA kernels under the emulator")
     return cuda_emu.Emu(cuda_emu.build(str(tmp_path_factory.mktemp("emu"))))
+
+
+@pytest.fixture(params=["forward", "reverse"])
+def order(request, emu):
+    """Run the emulated kernels with the threads of each block scheduled first-to-last, then
+    last-to-first between barriers: a missing __syncthreads() reads stale shared memory in at
+    least one of the two orders (tests/test_cuda_*.py)."""
+    emu.lib.pytfm_emu_set_order(request.param == "reverse")
+    yield request.param
+    emu.lib.pytfm_emu_set_order(0)

@@ -141,3 +141,42 @@ class Guarded:
                     else -7)
             for side in (bits[:MARGIN], bits[-MARGIN:]):
                 assert (side == mark).all(), "a kernel wrote outside its buffer"
+
+
+class Aligned(Guarded):
+    """Guarded buffers whose float32 data start `offset` floats past a 16-byte boundary (the
+    buffer's default, or per call: g(a, offset=1)): 0 takes the kernels' float4 paths, 1–3
+    their scalar ones (Guarded's own buffers sit 4 bytes past a boundary). Other dtypes (ids,
+    positions) as Guarded. Every float outside the data, margins and the slack used to align,
+    must keep its marker."""
+
+    def __init__(self, offset=0):
+        super().__init__()
+        self.offset, self.spans = offset, []
+
+    def __call__(self, a, dtype=np.float32, offset=None):
+        if np.dtype(dtype) != np.float32:
+            return super().__call__(a, dtype)
+        offset = self.offset if offset is None else offset
+        a = np.asarray(a, np.float32)
+        big = np.full(a.size + 2 * MARGIN + 8, _F32_MARK, np.float32)
+        start = MARGIN + (-(big.ctypes.data // 4 + MARGIN)) % 4 + offset
+        big[start:start + a.size] = a.ravel()
+        self.spans.append((big, start, start + a.size))
+        view = big[start:start + a.size].reshape(a.shape)
+        assert (view.ctypes.data % 16 == 0) == (offset % 4 == 0)
+        return view
+
+    def empty(self, shape, dtype=np.float32, offset=None):
+        """An output whose contents are a NaN (-1 for indices) until the kernel writes them."""
+        if np.dtype(dtype) != np.float32:
+            return super().empty(shape, dtype)
+        return self(np.full(shape, np.nan, np.float32), offset=offset)
+
+    def check(self):
+        super().check()
+        mark = np.array([_F32_MARK]).view(np.uint32)[0]
+        for big, start, end in self.spans:
+            bits = big.view(np.uint32)
+            assert (bits[:start] == mark).all() and (bits[end:] == mark).all(), \
+                "a kernel wrote outside its buffer"

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from cuda_emu import _F32_MARK, CUDA, MARGIN, EmuError, Guarded
+from cuda_emu import CUDA, Aligned, EmuError, Guarded
 from helpers import assert_close
 from pytfm import ops
 from pytfm import reference as ref
@@ -22,13 +22,6 @@ from pytfm import reference as ref
 EPS32 = float(np.finfo(np.float32).eps)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(CUDA), reason="needs the source checkout")
-
-
-@pytest.fixture(params=["forward", "reverse"])
-def order(request, emu):
-    emu.lib.pytfm_emu_set_order(request.param == "reverse")
-    yield request.param
-    emu.lib.pytfm_emu_set_order(0)
 
 
 def close(name, got, want_ref, want_c, atol, rtol=1e-5):
@@ -41,35 +34,6 @@ def f32(rng, shape, scale=1.0, offset=0.0):
     return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
 
 
-class Aligned(Guarded):
-    """Guarded buffers whose float32 data start `offset` floats past a 16-byte boundary: 0
-    takes the kernels' float4 paths, 1–3 their scalar ones (Guarded's own buffers sit 4 bytes
-    past a boundary). Other dtypes (ids, positions) as Guarded. Every float outside the data,
-    margins and the slack used to align, must keep its marker."""
-
-    def __init__(self, offset=0):
-        super().__init__()
-        self.offset, self.spans = offset, []
-
-    def __call__(self, a, dtype=np.float32):
-        if np.dtype(dtype) != np.float32:
-            return super().__call__(a, dtype)
-        a = np.asarray(a, np.float32)
-        big = np.full(a.size + 2 * MARGIN + 8, _F32_MARK, np.float32)
-        start = MARGIN + (-(big.ctypes.data // 4 + MARGIN)) % 4 + self.offset
-        big[start:start + a.size] = a.ravel()
-        self.spans.append((big, start, start + a.size))
-        view = big[start:start + a.size].reshape(a.shape)
-        assert (view.ctypes.data % 16 == 0) == (self.offset % 4 == 0)
-        return view
-
-    def check(self):
-        super().check()
-        mark = np.array([_F32_MARK]).view(np.uint32)[0]
-        for big, start, end in self.spans:
-            bits = big.view(np.uint32)
-            assert (bits[:start] == mark).all() and (bits[end:] == mark).all(), \
-                "a kernel wrote outside its buffer"
 
 
 def bits(a):

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 
-from cuda_emu import _F32_MARK, CUDA, MARGIN, Guarded
+from cuda_emu import CUDA, Aligned
 from helpers import assert_close
 from pytfm import ops
 from pytfm import reference as ref
@@ -33,42 +33,6 @@ COLS = [1, 3, 4, 31, 32, 33, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 
         2047, 2048, 2049, 4095, 4096, 4097]
 
 
-@pytest.fixture(params=["forward", "reverse"])
-def order(request, emu):
-    emu.lib.pytfm_emu_set_order(request.param == "reverse")
-    yield request.param
-    emu.lib.pytfm_emu_set_order(0)
-
-
-class Aligned(Guarded):
-    """Guarded float32 buffers whose data start `offset` floats past a 16-byte boundary (per
-    buffer: g(a, offset)); every float outside the data must keep its marker."""
-
-    def __init__(self, offset=0):
-        super().__init__()
-        self.offset, self.spans = offset, []
-
-    def __call__(self, a, offset=None):
-        offset = self.offset if offset is None else offset
-        a = np.asarray(a, np.float32)
-        big = np.full(a.size + 2 * MARGIN + 8, _F32_MARK, np.float32)
-        start = MARGIN + (-(big.ctypes.data // 4 + MARGIN)) % 4 + offset
-        big[start:start + a.size] = a.ravel()
-        self.buffers.append(big)
-        self.spans.append((start, start + a.size))
-        view = big[start:start + a.size].reshape(a.shape)
-        assert (view.ctypes.data % 16 == 0) == (offset % 4 == 0)
-        return view
-
-    def empty(self, shape, offset=None):
-        return self(np.full(shape, np.nan, np.float32), offset)
-
-    def check(self):
-        mark = np.array([_F32_MARK]).view(np.uint32)[0]
-        for big, (start, end) in zip(self.buffers, self.spans):
-            bits = big.view(np.uint32)
-            assert (bits[:start] == mark).all() and (bits[end:] == mark).all(), \
-                "a kernel wrote outside its buffer"
 
 
 def close(name, got, want_ref, want_c, atol, rtol=1e-5):
@@ -93,10 +57,10 @@ def softmax_cuda(emu, g, x, dy, offsets=(None, None, None, None)):
     """y = softmax(x) and dx, by the CUDA kernels; offsets: (x, y, dy, dx) buffers' offsets."""
     rows, cols = x.shape
     ox, oy, ody, odx = offsets
-    y = g.empty(x.shape, oy)
-    emu.call("pytfm_softmax_forward_cuda", y, g(x, ox), rows, cols)
-    dx = g.empty(x.shape, odx)
-    emu.call("pytfm_softmax_backward_cuda", dx, g(dy, ody), g(y, oy), rows, cols)
+    y = g.empty(x.shape, offset=oy)
+    emu.call("pytfm_softmax_forward_cuda", y, g(x, offset=ox), rows, cols)
+    dx = g.empty(x.shape, offset=odx)
+    emu.call("pytfm_softmax_backward_cuda", dx, g(dy, offset=ody), g(y, offset=oy), rows, cols)
     return y, dx
 
 
@@ -165,11 +129,12 @@ def layernorm_cuda(emu, g, x, w, b, dy, dw0, db0, offsets=None, eps=1e-5):
     """Forward and backward by the CUDA kernels; offsets maps a buffer name to its offset."""
     o = (offsets or {}).get
     rows, cols = x.shape
-    y, mean, rstd = g.empty(x.shape, o("y")), g.empty(rows), g.empty(rows)
-    gx, gw = g(x, o("x")), g(w, o("w"))
-    emu.call("pytfm_layernorm_forward_cuda", y, mean, rstd, gx, gw, g(b, o("b")), rows, cols, eps)
-    dx, dw, db = g.empty(x.shape, o("dx")), g(dw0), g(db0)
-    emu.call("pytfm_layernorm_backward_cuda", dx, dw, db, g(dy, o("dy")), gx, gw, mean, rstd,
+    y, mean, rstd = g.empty(x.shape, offset=o("y")), g.empty(rows), g.empty(rows)
+    gx, gw = g(x, offset=o("x")), g(w, offset=o("w"))
+    emu.call("pytfm_layernorm_forward_cuda", y, mean, rstd, gx, gw, g(b, offset=o("b")), rows,
+             cols, eps)
+    dx, dw, db = g.empty(x.shape, offset=o("dx")), g(dw0), g(db0)
+    emu.call("pytfm_layernorm_backward_cuda", dx, dw, db, g(dy, offset=o("dy")), gx, gw, mean, rstd,
              rows, cols)
     return y, mean, rstd, dx, dw, db
 

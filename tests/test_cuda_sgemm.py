@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from cuda_emu import _F32_MARK, CUDA, MARGIN, EmuError, Guarded
+from cuda_emu import CUDA, Aligned, EmuError
 from helpers import assert_close
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -26,39 +26,6 @@ BIG, SMS = 128, 1  # cuda/sgemm.cu: Big::BM = Big::BN, SGEMM_SMS under the emula
 pytestmark = pytest.mark.skipif(not os.path.isdir(CUDA), reason="needs the source checkout")
 
 
-@pytest.fixture(params=["forward", "reverse"])
-def order(request, emu):
-    emu.lib.pytfm_emu_set_order(request.param == "reverse")
-    yield request.param
-    emu.lib.pytfm_emu_set_order(0)
-
-
-class Aligned(Guarded):
-    """Guarded float32 buffers whose data start `offset` floats past a 16-byte boundary; every
-    float outside the data (margins and the slack used to align) must keep its marker."""
-
-    def __init__(self, offset=0):
-        super().__init__()
-        self.offset, self.spans = offset, []
-
-    def __call__(self, a, dtype=np.float32):
-        assert dtype == np.float32
-        a = np.asarray(a, np.float32)
-        big = np.full(a.size + 2 * MARGIN + 8, _F32_MARK, np.float32)
-        start = MARGIN + (-(big.ctypes.data // 4 + MARGIN)) % 4 + self.offset
-        big[start:start + a.size] = a.ravel()
-        self.buffers.append(big)
-        self.spans.append((start, start + a.size))
-        view = big[start:start + a.size].reshape(a.shape)
-        assert (view.ctypes.data % 16 == 0) == (self.offset % 4 == 0)
-        return view
-
-    def check(self):
-        mark = np.array([_F32_MARK]).view(np.uint32)[0]
-        for big, (start, end) in zip(self.buffers, self.spans):
-            bits = big.view(np.uint32)
-            assert (bits[:start] == mark).all() and (bits[end:] == mark).all(), \
-                "a kernel wrote outside its buffer"
 
 
 def big_tiles(m, n):
