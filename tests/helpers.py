@@ -129,3 +129,19 @@ def assert_same_bits_at_any_thread_count(code, threads=(1, 2, 3)):
         assert r.returncode == 0, f"at {t} threads the snippet failed:\n{r.stderr[-3000:]}"
         digests[t] = r.stdout.strip()
     assert len(set(digests.values())) == 1, f"digests per thread count: {digests}"
+
+
+def cupy_on_a_gpu():
+    """cupy, for the tests that need a real GPU (tests/test_cuda_gpu*.py); skips the calling
+    module where CuPy, a CUDA build of pytfm, or a GPU is missing."""
+    import pytfm
+
+    cp = pytest.importorskip("cupy", reason="CuPy is not installed (pip install cupy-cuda13x)")
+    if not pytfm.build_info()["cuda"]:
+        pytest.skip("pytfm was built without CUDA (nvcc not found)", allow_module_level=True)
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no device")
+    except Exception as e:  # no driver or no device
+        pytest.skip(f"no CUDA GPU here ({e})", allow_module_level=True)
+    return cp

@@ -6,18 +6,10 @@ missing; scripts/gpu_check.sh runs them on a machine that has all three.
 import numpy as np
 import pytest
 
-import pytfm
-from helpers import assert_close
+from helpers import assert_close, cupy_on_a_gpu
 from pytfm import ops
 
-cp = pytest.importorskip("cupy", reason="CuPy is not installed (pip install cupy-cuda13x)")
-if not pytfm.build_info()["cuda"]:
-    pytest.skip("pytfm was built without CUDA (nvcc not found)", allow_module_level=True)
-try:
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        raise RuntimeError("no device")
-except Exception as e:  # no driver or no device
-    pytest.skip(f"no CUDA GPU here ({e})", allow_module_level=True)
+cp = cupy_on_a_gpu()
 
 EPS32 = float(np.finfo(np.float32).eps)
 SIZES = [(1, 1), (3, 7), (33, 65), (257, 1024), (7, 1025), (129, 4099)]

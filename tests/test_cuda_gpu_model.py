@@ -13,20 +13,13 @@ import sys
 import numpy as np
 import pytest
 
-import pytfm
+from helpers import cupy_on_a_gpu
 from pytfm import checkpoint, data
 from pytfm.generate import generate
 from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
 
-cp = pytest.importorskip("cupy", reason="CuPy is not installed (pip install cupy-cuda13x)")
-if not pytfm.build_info()["cuda"]:
-    pytest.skip("pytfm was built without CUDA (nvcc not found)", allow_module_level=True)
-try:
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        raise RuntimeError("no device")
-except Exception as e:  # no driver or no device
-    pytest.skip(f"no CUDA GPU here ({e})", allow_module_level=True)
+cp = cupy_on_a_gpu()
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_TINY = os.path.join(ROOT, "examples", "train_tiny.py")
