@@ -37,19 +37,6 @@
 // 6 blocks of 256 threads an SM (1536 threads): at most 40 registers a thread, no spills
 enum { CE_THREADS = 256, CE_MIN_BLOCKS = 6, CE_WARP_VOCAB = 1024 };
 
-/* The team that handles one row at a time: a warp (kWarp) or the block. first/step walk the
- * rows; rank/size split a row among the team's threads. */
-template <bool kWarp> struct ce_team {
-    int64_t first, step;
-    unsigned rank, size;
-    __device__ ce_team()
-        : first(kWarp ? (int64_t)blockIdx.x * (blockDim.x / PYTFM_WARP) + threadIdx.x / PYTFM_WARP
-                      : (int64_t)blockIdx.x),
-          step(kWarp ? (int64_t)gridDim.x * (blockDim.x / PYTFM_WARP) : (int64_t)gridDim.x),
-          rank(kWarp ? threadIdx.x % PYTFM_WARP : threadIdx.x),
-          size(kWarp ? (unsigned)PYTFM_WARP : blockDim.x) {}
-};
-
 /* ---- the online max/sum ------------------------------------------------------------------ */
 
 /* max and sum = Σ exp(x − max) over the values added so far. A larger value rescales the sum
@@ -116,8 +103,9 @@ static __device__ __forceinline__ int64_t ce_head(const float *row, int64_t cols
 /* The row's (max, Σ exp(x − max)) for the team, from one read: float4s of [head, head + 4·nv)
  * four at a time (four loads in flight per thread), the 0–3 floats either side one by one. */
 template <bool kWarp>
-static __device__ ce_online ce_row_online(const ce_team<kWarp> &team, const float *__restrict__ row,
-                                          int64_t cols, bool vec, ce_online *scratch) {
+static __device__ ce_online ce_row_online(const pytfm__row_team<kWarp> &team,
+                                          const float *__restrict__ row, int64_t cols, bool vec,
+                                          ce_online *scratch) {
     const int64_t head = ce_head(row, cols, vec), nv = (cols - head) / 4;
     const float *body = row + head;
     ce_online acc = {-INFINITY, 0.0f};
@@ -142,7 +130,7 @@ static __global__ void __launch_bounds__(CE_THREADS, CE_MIN_BLOCKS)
     cross_entropy_lse_kernel(float *__restrict__ lse, const float *__restrict__ logits,
                              int64_t rows, int64_t vocab) {
     __shared__ ce_online scratch[32];
-    const ce_team<kWarp> team;
+    const pytfm__row_team<kWarp> team;
     const bool vec = ((uintptr_t)logits & 3u) == 0; // floats (always, from CuPy): float4 inside
     for (int64_t r = team.first; r < rows; r += team.step) {
         const ce_online row = ce_row_online(team, logits + r * vocab, vocab, vec, scratch);
@@ -221,7 +209,7 @@ static __global__ void __launch_bounds__(CE_THREADS, CE_MIN_BLOCKS)
     // float4 needs the two rows at one offset from a 16-byte boundary (then every row is)
     const bool vec = (((uintptr_t)logits | (uintptr_t)dlogits) & 3u) == 0 &&
                      (((uintptr_t)logits ^ (uintptr_t)dlogits) & 15u) == 0;
-    const ce_team<kWarp> team;
+    const pytfm__row_team<kWarp> team;
     for (int64_t r = team.first; r < rows; r += team.step) {
         const float *row = logits + r * vocab;
         float *drow = dlogits + r * vocab;
