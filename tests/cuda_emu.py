@@ -180,3 +180,37 @@ class Aligned(Guarded):
             bits = big.view(np.uint32)
             assert (bits[:start] == mark).all() and (bits[end:] == mark).all(), \
                 "a kernel wrote outside its buffer"
+
+
+def close(name, got, want_ref, want_c, atol, rtol=1e-5):
+    """A CUDA result against the float64 reference and against the C kernel's, at one
+    tolerance (twice it against C, which rounds too)."""
+    from helpers import assert_close
+
+    assert_close(f"cuda-emu.{name}", got, want_ref, atol=atol, rtol=rtol)
+    assert_close(f"cuda-emu.{name}.vs-c", got, want_c, atol=2 * np.asarray(atol), rtol=2 * rtol)
+
+
+def check_layernorm(x, w, b, dy, dw0, db0, got):
+    """LayerNorm's forward and backward from a CUDA kernel, got = (y, mean, rstd, dx, dw, db)
+    with dw, db accumulated into dw0, db0, against the reference and the C kernels."""
+    from pytfm import ops
+    from pytfm import reference as ref
+
+    eps32 = float(np.finfo(np.float32).eps)
+    rows, cols = x.shape
+    y, mean, rstd, dx, dw, db = got
+    ry, rmean, rrstd = ref.layernorm_forward(x, w, b, 1e-5)
+    cy, cmean, crstd = ops.layernorm_forward(x, w, b, 1e-5)
+    tol = 8 * np.sqrt(cols) * eps32
+    close("layernorm.forward.mean", mean, rmean, cmean, atol=tol * 5, rtol=tol)
+    close("layernorm.forward.rstd", rstd, rrstd, crstd, atol=0, rtol=tol * 10)
+    close("layernorm.forward.y", y, ry, cy, atol=tol * 10 * (abs(w) * 4 + abs(b)), rtol=1e-5)
+    rdx, rdw, rdb = ref.layernorm_backward(dy, x, w, mean, rstd)
+    cdx, cdw, cdb = ops.layernorm_backward(dy, x, w, mean, rstd, dw=dw0.copy(), db=db0.copy())
+    gmax = float(abs(dy * w).max() * rstd.max())
+    close("layernorm.backward.dx", dx, rdx, cdx, atol=8 * cols * eps32 * gmax, rtol=1e-4)
+    big = 4 * rows * eps32 * float(abs(dy).max()) * (1 + float(abs(x - mean[:, None]).max()
+                                                          * rstd.max()))
+    close("layernorm.backward.dw", dw, dw0 + rdw, cdw, atol=big + 2 * eps32 * abs(dw0))
+    close("layernorm.backward.db", db, db0 + rdb, cdb, atol=big + 2 * eps32 * abs(db0))

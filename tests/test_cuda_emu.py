@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from cuda_emu import CUDA, Aligned, EmuError, Guarded
+from cuda_emu import CUDA, Aligned, EmuError, Guarded, check_layernorm, close
 from helpers import assert_close
 from pytfm import ops
 from pytfm import reference as ref
@@ -22,12 +22,6 @@ from pytfm import reference as ref
 EPS32 = float(np.finfo(np.float32).eps)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(CUDA), reason="needs the source checkout")
-
-
-def close(name, got, want_ref, want_c, atol, rtol=1e-5):
-    """Compare a CUDA result with the reference and with the C kernel's, at one tolerance."""
-    assert_close(f"cuda-emu.{name}", got, want_ref, atol=atol, rtol=rtol)
-    assert_close(f"cuda-emu.{name}.vs-c", got, want_c, atol=2 * np.asarray(atol), rtol=2 * rtol)
 
 
 def f32(rng, shape, scale=1.0, offset=0.0):
@@ -214,25 +208,14 @@ def test_layernorm(emu, order, rows, cols):
     g = Guarded()
     x = f32(rng, (rows, cols), 2.0, 3.0)
     w, b = f32(rng, cols), f32(rng, cols)
-    (y, mean, rstd), (ry, rmean, rrstd), (cy, cmean, crstd) = layernorm_forward_3(emu, g, x, w, b)
-    tol = 8 * np.sqrt(cols) * EPS32
-    close("layernorm.forward.mean", mean, rmean, cmean, atol=tol * 5, rtol=tol)
-    close("layernorm.forward.rstd", rstd, rrstd, crstd, atol=0, rtol=tol * 10)
-    close("layernorm.forward.y", y, ry, cy, atol=tol * 10 * (abs(w) * 4 + abs(b)), rtol=1e-5)
-
+    y, mean, rstd = g.empty(x.shape), g.empty(rows), g.empty(rows)
+    emu.call("pytfm_layernorm_forward_cuda", y, mean, rstd, g(x), g(w), g(b), rows, cols, 1e-5)
     dy = f32(rng, x.shape)
     dw0, db0 = f32(rng, cols), f32(rng, cols)
     dx, dw, db = g.empty(x.shape), g(dw0), g(db0)
     emu.call("pytfm_layernorm_backward_cuda", dx, dw, db, g(dy), g(x), g(w), g(mean), g(rstd),
              rows, cols)
-    rdx, rdw, rdb = ref.layernorm_backward(dy, x, w, mean, rstd)
-    cdx, cdw, cdb = ops.layernorm_backward(dy, x, w, mean, rstd, dw=dw0.copy(), db=db0.copy())
-    gmax = float(abs(dy * w).max() * rstd.max())
-    close("layernorm.backward.dx", dx, rdx, cdx, atol=8 * cols * EPS32 * gmax, rtol=1e-4)
-    big = 4 * rows * EPS32 * float(abs(dy).max()) * (1 + float(abs(x - mean[:, None]).max()
-                                                          * rstd.max()))
-    close("layernorm.backward.dw", dw, dw0 + rdw, cdw, atol=big + 2 * EPS32 * abs(dw0))
-    close("layernorm.backward.db", db, db0 + rdb, cdb, atol=big + 2 * EPS32 * abs(db0))
+    check_layernorm(x, w, b, dy, dw0, db0, (y, mean, rstd, dx, dw, db))
     g.check()
 
 

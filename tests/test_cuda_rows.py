@@ -18,7 +18,8 @@ import os
 import numpy as np
 import pytest
 
-from cuda_emu import CUDA, Aligned
+import cuda_emu
+from cuda_emu import CUDA, Aligned, close
 from helpers import assert_close
 from pytfm import ops
 from pytfm import reference as ref
@@ -33,12 +34,6 @@ COLS = [1, 3, 4, 31, 32, 33, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 
         2047, 2048, 2049, 4095, 4096, 4097]
 
 
-
-
-def close(name, got, want_ref, want_c, atol, rtol=1e-5):
-    """A CUDA result against the reference and the C kernel's, at one tolerance."""
-    assert_close(f"cuda-rows.{name}", got, want_ref, atol=atol, rtol=rtol)
-    assert_close(f"cuda-rows.{name}.vs-c", got, want_c, atol=2 * np.asarray(atol), rtol=2 * rtol)
 
 
 def same_bits(name, a, b):
@@ -140,23 +135,8 @@ def layernorm_cuda(emu, g, x, w, b, dy, dw0, db0, offsets=None, eps=1e-5):
 
 
 def check_layernorm(emu, g, x, w, b, dy, dw0, db0, offsets=None):
-    rows, cols = x.shape
     out = layernorm_cuda(emu, g, x, w, b, dy, dw0, db0, offsets)
-    y, mean, rstd, dx, dw, db = out
-    ry, rmean, rrstd = ref.layernorm_forward(x, w, b, 1e-5)
-    cy, cmean, crstd = ops.layernorm_forward(x, w, b, 1e-5)
-    tol = 8 * np.sqrt(cols) * EPS32
-    close("layernorm.forward.mean", mean, rmean, cmean, atol=tol * 5, rtol=tol)
-    close("layernorm.forward.rstd", rstd, rrstd, crstd, atol=0, rtol=tol * 10)
-    close("layernorm.forward.y", y, ry, cy, atol=tol * 10 * (abs(w) * 4 + abs(b)), rtol=1e-5)
-    rdx, rdw, rdb = ref.layernorm_backward(dy, x, w, mean, rstd)
-    cdx, cdw, cdb = ops.layernorm_backward(dy, x, w, mean, rstd, dw=dw0.copy(), db=db0.copy())
-    gmax = float(abs(dy * w).max() * rstd.max())
-    close("layernorm.backward.dx", dx, rdx, cdx, atol=8 * cols * EPS32 * gmax, rtol=1e-4)
-    big = 4 * rows * EPS32 * float(abs(dy).max()) * (1 + float(abs(x - mean[:, None]).max()
-                                                          * rstd.max()))
-    close("layernorm.backward.dw", dw, dw0 + rdw, cdw, atol=big + 2 * EPS32 * abs(dw0))
-    close("layernorm.backward.db", db, db0 + rdb, cdb, atol=big + 2 * EPS32 * abs(db0))
+    cuda_emu.check_layernorm(x, w, b, dy, dw0, db0, out)
     return out
 
 
