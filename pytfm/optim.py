@@ -131,8 +131,8 @@ def _clip_on_device(arrays, max_norm):
     """clip_grad_norm for CuPy arrays, without a transfer: -> the norm, a 0-d device array."""
     xp = devices.module_of(arrays[0])
     total = xp.zeros((), np.float64)
-    for g in arrays:  # added in the CPU path's order: the same float64 bits
-        total = total + xp.asarray(ops.sum_squares(g), dtype=np.float64)
+    for g in arrays:  # 0-d float64 device arrays, added in the CPU path's order: its bits
+        total = total + ops.sum_squares(g)
     norm = xp.sqrt(total)
     # where, not minimum: the CPU path clips only when norm > max_norm (and not for a NaN)
     scale = xp.where(norm > max_norm, max_norm / (norm + 1e-6), xp.ones_like(norm))
