@@ -12,14 +12,8 @@ arrays or assigned into one (TypeError), so that a host array that slipped into 
 fails here as it would on a GPU.
 
     cp = fake_cupy.install(monkeypatch, emu)   # sys.modules["cupy"], pytfm.ops.lib and .check
-
-With PYTFM_TEST_CPU_FALLBACK=1, a pytfm_*_cuda function the emulator library does not export
-(a kernel not written yet) is answered by its CPU twin (the same arguments but the stream; the
-arrays are host memory): for development only, and EmulatedLib.fell_back lists the ones that
-were. Without it a missing kernel is an AttributeError, and the operation a TypeError.
 """
 
-import os
 import sys
 import types
 
@@ -178,9 +172,6 @@ def new(strict=False):
     return cp
 
 
-FALLBACK = os.environ.get("PYTFM_TEST_CPU_FALLBACK", "") == "1"
-
-
 class EmulatedLib:
     """pytfm's lib, with every _cuda function (and pytfm_cuda_device_count, ..._synchronize)
     answered by the emulator library instead, and a build_info that says CUDA: what a CUDA
@@ -189,7 +180,6 @@ class EmulatedLib:
 
     def __init__(self, emu):
         self.emu = emu
-        self.fell_back = set()  # _cuda functions the CPU twin answered (PYTFM_TEST_CPU_FALLBACK)
         self.last = "emu"  # the library whose pytfm_last_error tells the last failure
 
     def pytfm_get_build_info(self, info):
@@ -199,14 +189,17 @@ class EmulatedLib:
 
     def __getattr__(self, name):
         if not (name.endswith("_cuda") or name.startswith("pytfm_cuda_")):
-            return getattr(pytfm._core.lib, name)
+            fn = getattr(pytfm._core.lib, name)
+            if not callable(fn):  # a constant
+                return fn
+
+            def cpu(*args):
+                self.last = "cpu"
+                return fn(*args)
+
+            return cpu
         core, emu = pytfm._core.ffi, self.emu.ffi
-        try:
-            fn = getattr(self.emu.lib, name)
-        except AttributeError:
-            if not (FALLBACK and name.endswith("_cuda")):
-                raise
-            return self._cpu_twin(name)
+        fn = getattr(self.emu.lib, name)  # a kernel the emulator lacks: AttributeError
 
         def call(*args):
             conv = []
@@ -216,16 +209,6 @@ class EmulatedLib:
                 conv.append(a)
             self.last = "emu"
             return fn(*conv)
-
-        return call
-
-    def _cpu_twin(self, name):
-        cpu = getattr(pytfm._core.lib, name[:-len("_cuda")])
-
-        def call(*args):  # the same arguments but the stream; the "device" arrays are host memory
-            self.fell_back.add(name)
-            self.last = "cpu"
-            return cpu(*args[:-1])
 
         return call
 
