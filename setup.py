@@ -33,6 +33,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = "csrc"
 INCLUDE = os.path.join(CSRC, "include")
 HEADER = os.path.join(INCLUDE, "pytfm.h")
+CORE_HEADER = os.path.join(INCLUDE, "pytfm_core.h")  # the version
+CUDA_HEADER = os.path.join(INCLUDE, "pytfm_cuda.h")  # the CUDA entry points
 FLAGS_FILE = os.path.join("cmake", "flags.txt")
 PC_TEMPLATE = os.path.join("cmake", "pytfm.pc.in")
 
@@ -58,7 +60,7 @@ C_FLAGS = FLAGS["C_FLAGS"]
 CUDA_DIR = "cuda"
 # the CUDA entry points of a CPU-only build that are not plain stubs; cuda_stub_source()
 # generates the others from the header
-CUDA_STUB = os.path.join(CSRC, "cuda_stub.c")
+CUDA_STUB = os.path.join(CSRC, "core", "cuda_stub.c")
 CUDA_STUB_MESSAGE = "pytfm was built without CUDA (nvcc not found, or PYTFM_CUDA=0)"
 CUDA_SYSTEM_LIBS = ["-lcudart_static", "-lstdc++", "-lrt", "-ldl", "-lpthread"]
 
@@ -117,17 +119,23 @@ class Cuda:
         return Cuda(nvcc) if nvcc else None
 
 
-def c_headers():
-    """The public header and every csrc/*.h (internal.h, checks.h, fast.h, ...): an object is
-    rebuilt when one of them is newer."""
-    return [HEADER] + sorted(
-        os.path.join(CSRC, f) for f in os.listdir(os.path.join(ROOT, CSRC)) if f.endswith(".h")
+def c_files(suffix):
+    """Every csrc/**/*<suffix>, sorted: the library's sources (".c") or headers (".h")."""
+    return sorted(
+        os.path.relpath(os.path.join(d, f), ROOT)
+        for d, _, files in os.walk(os.path.join(ROOT, CSRC)) for f in files if f.endswith(suffix)
     )
+
+
+def c_headers():
+    """The public headers and every internal one (internal.h, checks.h, fast.h, ...): an object
+    is rebuilt when one of them is newer."""
+    return c_files(".h")
 
 
 def cuda_entry_points(header_text):
     """{name: parameter list} of the CUDA entry points declared between the PYTFM_CDEF markers
-    of pytfm.h: every pytfm_*_cuda and pytfm_cuda_* function."""
+    of pytfm_cuda.h: every pytfm_*_cuda and pytfm_cuda_* function."""
     cdef = re.search(r"PYTFM_CDEF_BEGIN(.*)PYTFM_CDEF_END", header_text, re.S).group(1)
     cdef = re.sub(r"/\*.*?\*/", "", cdef, flags=re.S)
     decls = re.findall(r"PYTFM_API\s+pytfm_status\s+(pytfm_cuda_\w+|pytfm_\w+_cuda)\s*\(([^)]*)\)",
@@ -137,11 +145,11 @@ def cuda_entry_points(header_text):
 
 def cuda_stub_source(header_text, hand_written):
     """C source of the plain stubs of a CPU-only build: one for each CUDA entry point of the
-    header that hand_written (csrc/cuda_stub.c's text) does not define, returning
+    header that hand_written (csrc/core/cuda_stub.c's text) does not define, returning
     PYTFM_STATUS_NOT_SUPPORTED. It includes pytfm.h, so the compiler checks each signature."""
     defined = set(re.findall(r"^pytfm_status\s+(pytfm_\w+)\s*\(", hand_written, re.M))
     # cmake/cuda_stubs.cmake writes the same bytes for a build without Python (a test compares)
-    out = [f"/* Generated from {HEADER} by setup.py's cuda_stub_source() or by",
+    out = [f"/* Generated from {CUDA_HEADER} by setup.py's cuda_stub_source() or by",
            " * cmake/cuda_stubs.cmake (the same bytes): the CUDA entry points of a build without",
            f" * CUDA that {CUDA_STUB} does not define. Do not edit. */",
            '#include "internal.h"', "",
@@ -185,7 +193,7 @@ def pc_file_text(version, libs_private):
 
 
 def read_version():
-    with open(os.path.join(ROOT, HEADER), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, CORE_HEADER), encoding="utf-8") as f:
         return re.search(r'#define PYTFM_VERSION "([^"]+)"', f.read()).group(1)
 
 
@@ -198,7 +206,8 @@ class BuildExt(build_ext):
         self.build_libpytfm(lib_dir)
         include_dir = os.path.join(pkg_dir, "include")
         os.makedirs(include_dir, exist_ok=True)
-        shutil.copy2(os.path.join(ROOT, HEADER), include_dir)
+        for header in os.listdir(os.path.join(ROOT, INCLUDE)):
+            shutil.copy2(os.path.join(ROOT, INCLUDE, header), include_dir)
         for ext in self.extensions:
             ext.library_dirs.append(lib_dir)
         super().build_extensions()
@@ -240,9 +249,7 @@ class BuildExt(build_ext):
         threads = ["-fopenmp"] if self.has_openmp() else []
         flags += threads
         cuda = Cuda.find()
-        sources = sorted(
-            os.path.join(CSRC, f) for f in os.listdir(os.path.join(ROOT, CSRC)) if f.endswith(".c")
-        )
+        sources = c_files(".c")
         macros = [("PYTFM_BUILDING", None), ("PYTFM_BUILD_FLAGS", f'"{" ".join(flags)}"')]
         if cuda:
             sources.remove(CUDA_STUB)
@@ -280,7 +287,7 @@ class BuildExt(build_ext):
     def write_cuda_stubs(self):
         """Generate the plain CUDA stubs of a CPU-only build into the build folder (rewritten
         only when they change); return the file's path."""
-        with open(os.path.join(ROOT, HEADER), encoding="utf-8") as f:
+        with open(os.path.join(ROOT, CUDA_HEADER), encoding="utf-8") as f:
             header = f.read()
         with open(os.path.join(ROOT, CUDA_STUB), encoding="utf-8") as f:
             text = cuda_stub_source(header, f.read())

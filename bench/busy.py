@@ -12,7 +12,7 @@ teammates spinning while they wait.
 
 Variants (each the environment of the measuring process):
   pytfm      nothing set: what a user gets. The default count is the cores that other
-             processes leave free (csrc/free_cores.c), with libgomp's default wait (spin, then
+             processes leave free (csrc/core/free_cores.c), with libgomp's default wait (spin, then
              sleep).
   pinned     PYTFM_NUM_THREADS = all CPUs: a fixed team, i.e. pytfm before that change.
   passive    pinned, with OMP_WAIT_POLICY=passive (waiting threads sleep at once).

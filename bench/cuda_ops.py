@@ -30,7 +30,7 @@ median of 5 such runs. A section that fails prints its error and the others stil
 status 1); a section that would start past --budget seconds (default: GPU_CHECK_STEP_SECONDS
 less 10, as scripts/gpu_check.sh sets it, else none) is printed as skipped.
 
-The shape arithmetic and the table's formatting import without CuPy (tests/test_gpu_check.py
+The shape arithmetic and the table's formatting import without CuPy (tests/cuda/test_gpu_check.py
 checks the sizes against the 4x L2 rule).
 """
 

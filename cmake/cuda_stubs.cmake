@@ -3,8 +3,8 @@
 #   cmake -DSOURCE_DIR=<checkout> -DOUTPUT=<file.c> -P cmake/cuda_stubs.cmake
 #
 # The twin of setup.py's cuda_stub_source(), and its output is byte for byte the same
-# (tests/test_cmake.py compares them): for each CUDA entry point (pytfm_cuda_* or
-# pytfm_*_cuda) declared between pytfm.h's PYTFM_CDEF markers that csrc/cuda_stub.c does not
+# (tests/build/test_cmake.py compares them): for each CUDA entry point (pytfm_cuda_* or
+# pytfm_*_cuda) declared between pytfm_cuda.h's PYTFM_CDEF markers that csrc/core/cuda_stub.c does not
 # define, a function that reads no argument and returns PYTFM_STATUS_NOT_SUPPORTED with a
 # message saying why. The file includes pytfm.h, so the compiler checks every signature.
 cmake_minimum_required(VERSION 3.18)
@@ -16,8 +16,8 @@ foreach(var SOURCE_DIR OUTPUT)
     endif()
 endforeach()
 
-set(header_name "csrc/include/pytfm.h")
-set(hand_written_name "csrc/cuda_stub.c")
+set(header_name "csrc/include/pytfm_cuda.h")
+set(hand_written_name "csrc/core/cuda_stub.c")
 set(no_cuda_message "pytfm was built without CUDA (nvcc not found, or PYTFM_CUDA=0)")
 set(ws "[ \t\r\n]") # Python's \s
 set(id "[A-Za-z0-9_]") # Python's \w (the header is ASCII)
@@ -57,7 +57,7 @@ while(TRUE)
 endwhile()
 string(APPEND cdef "${rest}")
 
-# What csrc/cuda_stub.c defines itself: "pytfm_status pytfm_x(" at the start of a line.
+# What csrc/core/cuda_stub.c defines itself: "pytfm_status pytfm_x(" at the start of a line.
 string(REGEX MATCHALL "\npytfm_status${ws}+pytfm_${id}+${ws}*\\(" defs "\n${hand_written}")
 set(defined "")
 foreach(def IN LISTS defs)

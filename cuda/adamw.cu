@@ -13,7 +13,7 @@
  * into *out. G depends only on count (and the build), so the order does too. G = 1 (count
  * up to 256) writes *out directly; otherwise the G doubles are scratch from cudaMallocAsync
  * on the stream, freed there once the second kernel is queued. The order differs from the
- * CPU's (csrc/adamw.c: blocks of 16384 in index order): the two agree to double rounding.
+ * CPU's (csrc/kernels/adamw.c: blocks of 16384 in index order): the two agree to double rounding.
  */
 #include "pytfm_cuda.cuh"
 

@@ -9,7 +9,7 @@
  * 65535 (an H200 holds 132 × 6 of them at once), so any count of more than about 800k floats
  * fills the GPU. In place (y == x, dx == dy) is allowed, __restrict__ included: every element
  * is read once, by the thread that then writes it. Finite and non-finite x as on the CPU
- * (csrc/gelu.c): the backward's term at v clamped to ±16.
+ * (csrc/kernels/gelu.c): the backward's term at v clamped to ±16.
  *
  * ESTIMATE (no GPU measured; H200, 4.3 TB/s copy): forward ≈ 0.85× of copy bandwidth for x
  * read and y written, backward ≈ 0.8× for x, dy read and dx written: 16-byte accesses, 1
@@ -24,7 +24,7 @@
 // at 8 blocks (32 registers) the float4 kernels spill
 enum { GELU_THREADS = 256, GELU_MIN_BLOCKS = 6 };
 
-/* dy · gelu'(v), as csrc/gelu.c computes it */
+/* dy · gelu'(v), as csrc/kernels/gelu.c computes it */
 static __device__ __forceinline__ float gelu_grad(float g, float v) {
     const float s = half_one_plus_tanh(v), vt = PYTFM_GELU_TERM_V(v);
     const float du = PYTFM_GELU_K * (1.0f + 3.0f * PYTFM_GELU_A * vt * vt);

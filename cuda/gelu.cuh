@@ -4,7 +4,7 @@
  * GELU), so that both compute gelu(h) with the same operations: the same bits.
  *
  *   gelu(v) = ½ v (1 + tanh u), u = k (v + a v³), k = sqrt(2/π), a = 0.044715
- * with ½ (1 + tanh u) written as 1/(1 + e^(−2u)), as csrc/gelu.c does.
+ * with ½ (1 + tanh u) written as 1/(1 + e^(−2u)), as csrc/kernels/gelu.c does.
  */
 #ifndef PYTFM_GELU_CUH
 #define PYTFM_GELU_CUH

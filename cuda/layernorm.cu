@@ -9,7 +9,7 @@
  * per row up to 1024 columns, a block of 512 or 1024 threads per row up to 4096), read once,
  * written once, float4 accesses where cols % 4 == 0 and the pointers are 16-byte aligned.
  * Two reductions over the held row (mean, then the centred variance), both over x − x0 (x0
- * the row's first value), as csrc/fast_impl.h does: when |μ| ≫ σ those differences are small
+ * the row's first value), as csrc/kernels/fast_impl.h does: when |μ| ≫ σ those differences are small
  * and exact, so no digits of x − μ are lost. A row whose float sums overflow or underflow
  * (PYTFM_LN_FLOAT_SUMS_OK: values past ~1e19, or a tiny spread with eps = 0) is summed again in
  * double, as the CPU kernels do.
@@ -48,7 +48,7 @@ enum { LN_BWD_BLOCKS = PYTFM_MAX_BLOCKS }; // several blocks' partials in the te
 enum { LN_BWD_BLOCKS = 4 * 132 };
 #endif
 
-/* the row again with double sums, as pytfm__layernorm_forward_row (csrc/fast.h) on the CPU */
+/* the row again with double sums, as pytfm__layernorm_forward_row (csrc/kernels/layernorm.c) on the CPU */
 template <bool kWarp>
 static __device__ void
 layernorm_row_double(const pytfm__row_team<kWarp> &team, float *__restrict__ yr,

@@ -24,7 +24,7 @@
 #endif
 
 extern "C" {
-#include "checks.h" /* internal.h, and the argument checks shared with csrc/ */
+#include "core/checks.h" /* internal.h, and the argument checks shared with csrc/ */
 }
 
 /* The status of the last launch (or runtime call) on this thread, named after func. */

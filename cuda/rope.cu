@@ -7,7 +7,7 @@
  *   backward: the rotation by −θ (its transpose).
  * The angles first: a small kernel fills a table of cos θ_i and sin θ_i, one row of half
  * floats each per distinct position row (T rows when the batches share positions,
- * pos_stride = 0, else B·T), computed in double and rounded to float as csrc/rope.c does (the
+ * pos_stride = 0, else B·T), computed in double and rounded to float as csrc/kernels/rope.c does (the
  * same expression: the same bits as computing them per pair), into stream scratch
  * (cudaMallocAsync). Then a thread per 4 pairs (b, t, h, i..i+3) where half is a multiple of 4
  * and the data is 16-byte aligned (two float4 loads, two float4 table loads, two float4
@@ -18,7 +18,7 @@
  *   q = R(θ) qkv[:, :, 0], k = R(θ) qkv[:, :, 1], v = qkv[:, :, 2]  (R the identity when rope
  *   is off); backward dqkv[:, :, 0] = R(−θ) dq, dqkv[:, :, 1] = R(−θ) dk, dqkv[:, :, 2] = dv.
  * With rope, the same kernel as RoPE with three "parts" (row bt of H·D floats read at
- * in[p] + bt·in_stride, written at out[p] + bt·out_stride, as csrc/rope.c's streams): it
+ * in[p] + bt·in_stride, written at out[p] + bt·out_stride, as csrc/kernels/rope.c's streams): it
  * rotates q's and k's pairs by the table and copies v's, so q and k are the same bits as
  * pytfm_rope_forward_cuda on the slices. Without rope (D may be odd) a thread per float4 (or
  * float) of a row copies it in each part.
@@ -35,7 +35,7 @@
 
 /* cos, sin of θ_i = sign · p · base^(−2i/D) for each row r of positions (p = pos[r] when the
  * batches share them, else pos[(r / T)·pos_stride + r % T]): [rows, half] each, computed in
- * double and rounded to float, the expression of csrc/rope.c */
+ * double and rounded to float, the expression of csrc/kernels/rope.c */
 static __global__ void rope_table_kernel(float *__restrict__ cs, float *__restrict__ sn,
                                          const int64_t *__restrict__ pos, int64_t rows, int64_t T,
                                          int64_t pos_stride, int64_t D, double base, double sign) {

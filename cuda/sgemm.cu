@@ -1,5 +1,5 @@
 /*
- * sgemm.cu — C = β·C + op(A)·op(B) on the GPU, row-major float32; the twin of csrc/sgemm.c,
+ * sgemm.cu — C = β·C + op(A)·op(B) on the GPU, row-major float32; the twin of csrc/kernels/sgemm.c,
  * and the engine of the linear layer.
  *
  *   c [m, n]; a [m, k] ([k, m] with trans_a); b [k, n] ([n, k] with trans_b)

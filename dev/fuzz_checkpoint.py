@@ -10,7 +10,7 @@ config inside it) and loads the result three ways: load_file, load, and load int
 optimizer. The only allowed outcomes are success and CheckpointError; anything else is a bug:
 another exception, a failed load that changed the model or optimizer, or a load slower than
 --slow seconds. Each bug's file is saved under --out with its traceback and the edits that
-made it, and the exit status is 1. tests/test_checkpoint.py runs a short hypothesis version of
+made it, and the exit status is 1. tests/model/test_checkpoint.py runs a short hypothesis version of
 this in every test run.
 """
 

@@ -8,7 +8,7 @@ Each mutation is applied to a fresh copy of the committed tree (git archive HEAD
 built in place (setup.py build_ext --inplace: needs setuptools and cffi, as any build does) and
 tested with the named test files under the derandomised `ci` hypothesis profile. A mutation the
 tests do not catch is a hole in the tests. The build is CPU-only (PYTFM_CUDA=0): the cuda_*
-mutations are caught by tests/test_cuda_emu.py, which runs the CUDA kernels on the emulator. Exit status 1 if any mutation survives.
+mutations are caught by tests/cuda/test_cuda_emu.py, which runs the CUDA kernels on the emulator. Exit status 1 if any mutation survives.
 """
 
 import argparse
@@ -21,55 +21,55 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name: (file, text to find, replacement, test files that must catch it)
 # the plain kernels run where the fast ones cannot (and under PYTFM_MAX_ISA=plain):
-# tests/test_fast.py is what compares them
-OPS = ["tests/test_ops.py", "tests/test_properties.py", "tests/test_errors.py", "tests/test_fast.py"]
-ATT = ["tests/test_attention.py", "tests/test_fast.py"]
-FAST = ["tests/test_fast.py"]
-EMU = ["tests/test_cuda_emu.py"]  # the CUDA kernels, run on the CPU by cuda/emu
-SGEMM = ["tests/test_cuda_sgemm.py"]  # the GPU SGEMM, fast and plain (the oracle), on cuda/emu
+# tests/kernels/test_fast.py is what compares them
+OPS = ["tests/kernels/test_ops.py", "tests/kernels/test_properties.py", "tests/kernels/test_errors.py", "tests/kernels/test_fast.py"]
+ATT = ["tests/kernels/test_attention.py", "tests/kernels/test_fast.py"]
+FAST = ["tests/kernels/test_fast.py"]
+EMU = ["tests/cuda/test_cuda_emu.py"]  # the CUDA kernels, run on the CPU by cuda/emu
+SGEMM = ["tests/cuda/test_cuda_sgemm.py"]  # the GPU SGEMM, fast and plain (the oracle), on cuda/emu
 # issue 12: the row and column kernels (rows in registers, the plain ones past 4096 columns,
 # the two-stage column sums), by their own tests and the general ones
-ROWS = ["tests/test_cuda_rows.py", "tests/test_cuda_emu.py"]
-LIMITS = ["tests/test_limits.py"]  # issue 16: overflowing sizes, in subprocesses
-EXTREMES = ["tests/test_extremes.py"]  # issue 16: float extremes and overlaps
-THREADS = ["tests/test_threads.py", "tests/test_sanitizers.py"]  # issue 16: the thread count
+ROWS = ["tests/cuda/test_cuda_rows.py", "tests/cuda/test_cuda_emu.py"]
+LIMITS = ["tests/kernels/test_limits.py"]  # issue 16: overflowing sizes, in subprocesses
+EXTREMES = ["tests/kernels/test_extremes.py"]  # issue 16: float extremes and overlaps
+THREADS = ["tests/kernels/test_threads.py", "tests/c_api/test_sanitizers.py"]  # issue 16: the thread count
 MUTATIONS = {
-    "softmax_no_max": ("csrc/softmax.c", "yr[j] = expf(xr[j] - max);", "yr[j] = expf(xr[j]);", OPS),
-    "layernorm_dx_no_rstd": ("csrc/layernorm.c", "dxr[j] = rs * (dyr[j]", "dxr[j] = (dyr[j]", OPS),
-    "layernorm_unbiased_var": ("csrc/fast.h", "ss / (double)cols + eps",
+    "softmax_no_max": ("csrc/kernels/softmax.c", "yr[j] = expf(xr[j] - max);", "yr[j] = expf(xr[j]);", OPS),
+    "layernorm_dx_no_rstd": ("csrc/kernels/layernorm.c", "dxr[j] = rs * (dyr[j]", "dxr[j] = (dyr[j]", OPS),
+    "layernorm_unbiased_var": ("csrc/kernels/fast.h", "ss / (double)cols + eps",
                                "ss / (double)(cols > 1 ? cols - 1 : 1) + eps", OPS),
-    "linear_dw_written": ("csrc/linear.c", "{dw, dy, x, out, in, rows, 1, 0, 1.0f, NULL},",
+    "linear_dw_written": ("csrc/kernels/linear.c", "{dw, dy, x, out, in, rows, 1, 0, 1.0f, NULL},",
                           "{dw, dy, x, out, in, rows, 1, 0, 0.0f, NULL},", OPS),
-    "rope_backward_same_sign": ("csrc/rope.c", "base, -1.0);", "base, +1.0);", OPS),
-    "gelu_backward_missing_term": ("csrc/gelu.c", " + 2.0f * vt * s * (1.0f - s) * du", "", OPS),
-    "embedding_backward_assign": ("csrc/embedding.c", "row[j] += g[j];", "row[j] = g[j];", OPS),
-    "ce_no_onehot": ("csrc/cross_entropy.c", "drow[targets[i]] -= scale;", "", OPS),
-    "adamw_no_bias_correction": ("csrc/adamw.c", "(float)(lr / (1.0 - pow(beta1, (double)step)))",
+    "rope_backward_same_sign": ("csrc/kernels/rope.c", "base, -1.0);", "base, +1.0);", OPS),
+    "gelu_backward_missing_term": ("csrc/kernels/gelu.c", " + 2.0f * vt * s * (1.0f - s) * du", "", OPS),
+    "embedding_backward_assign": ("csrc/kernels/embedding.c", "row[j] += g[j];", "row[j] = g[j];", OPS),
+    "ce_no_onehot": ("csrc/kernels/cross_entropy.c", "drow[targets[i]] -= scale;", "", OPS),
+    "adamw_no_bias_correction": ("csrc/kernels/adamw.c", "(float)(lr / (1.0 - pow(beta1, (double)step)))",
                                  "(float)lr", OPS),
-    "sgemm_avx512_skips_last_p": ("csrc/sgemm.c", "p < kc; p++, a += a_sp, b += ldb) {\n        const __m512 b0",
+    "sgemm_avx512_skips_last_p": ("csrc/kernels/sgemm.c", "p < kc; p++, a += a_sp, b += ldb) {\n        const __m512 b0",
                                   "p + 1 < kc; p++, a += a_sp, b += ldb) {\n        const __m512 b0",
-                                  ["tests/test_sgemm.py"]),
-    "sgemm_avx2_edge_store_too_wide": ("csrc/sgemm.c", "_mm256_maskstore_ps(cr + 8, m1, acc##r##1);",
-                                       "_mm256_maskstore_ps(cr + 8, m0, acc##r##1);", ["tests/test_sgemm.py"]),
-    "sgemm_slices_overwrite": ("csrc/sgemm.c", "const float bt = pc == 0 ? g->beta : 1.0f;",
-                               "const float bt = g->beta;", ["tests/test_sgemm.py"]),
-    "sgemm_avx512_mask_one_wide": ("csrc/sgemm.c", "(__mmask16)((1u << (cols - 16)) - 1)",
-                                   "(__mmask16)((1u << (cols - 15)) - 1)", ["tests/test_sgemm.py"]),
-    "fast_ln_partials_per_thread": ("csrc/layernorm.c", "const int64_t chunks = PYTFM_MIN(rows, (int64_t)LN_CHUNKS);",
+                                  ["tests/kernels/test_sgemm.py"]),
+    "sgemm_avx2_edge_store_too_wide": ("csrc/kernels/sgemm.c", "_mm256_maskstore_ps(cr + 8, m1, acc##r##1);",
+                                       "_mm256_maskstore_ps(cr + 8, m0, acc##r##1);", ["tests/kernels/test_sgemm.py"]),
+    "sgemm_slices_overwrite": ("csrc/kernels/sgemm.c", "const float bt = pc == 0 ? g->beta : 1.0f;",
+                               "const float bt = g->beta;", ["tests/kernels/test_sgemm.py"]),
+    "sgemm_avx512_mask_one_wide": ("csrc/kernels/sgemm.c", "(__mmask16)((1u << (cols - 16)) - 1)",
+                                   "(__mmask16)((1u << (cols - 15)) - 1)", ["tests/kernels/test_sgemm.py"]),
+    "fast_ln_partials_per_thread": ("csrc/kernels/layernorm.c", "const int64_t chunks = PYTFM_MIN(rows, (int64_t)LN_CHUNKS);",
                                     "const int64_t chunks = PYTFM_MIN(rows, (int64_t)pytfm_get_num_threads());", FAST),
-    "fast_exp_coefficient": ("csrc/vecmath.h", "p = PYTFM_FMA(p, r, 1.6666665459e-1f);",
+    "fast_exp_coefficient": ("csrc/kernels/vecmath.h", "p = PYTFM_FMA(p, r, 1.6666665459e-1f);",
                              "p = PYTFM_FMA(p, r, 1.6e-1f);", FAST),
-    "fast_softmax_tail_dropped": ("csrc/fast_impl.h", "for (; j < cols; j++) tail += dy[j] * y[j];", "", FAST),
+    "fast_softmax_tail_dropped": ("csrc/kernels/fast_impl.h", "for (; j < cols; j++) tail += dy[j] * y[j];", "", FAST),
     # a rescale happens past the forward's 256-key tile: test_attention_across_the_key_tiles
-    "attn_fast_no_rescale": ("csrc/attention.c", "if (alpha != 1.0f)", "if (0)", ATT),
-    "attn_fast_dq_overwrites": ("csrc/attention.c", "k + j0 * HD, HD, nq, D, nk, 1.0f, diag);",
+    "attn_fast_no_rescale": ("csrc/kernels/attention.c", "if (alpha != 1.0f)", "if (0)", ATT),
+    "attn_fast_dq_overwrites": ("csrc/kernels/attention.c", "k + j0 * HD, HD, nq, D, nk, 1.0f, diag);",
                                 "k + j0 * HD, HD, nq, D, nk, 0.0f, diag);", FAST),
-    "attn_no_rescale": ("csrc/attention.c", "for (int64_t d = 0; d < D; d++) orow[d] *= alpha;", "", ATT),
-    "attn_causal_sees_next": ("csrc/attention.c", "p->start + i0 + r - j0 + 1) : nk;",
+    "attn_no_rescale": ("csrc/kernels/attention.c", "for (int64_t d = 0; d < D; d++) orow[d] *= alpha;", "", ATT),
+    "attn_causal_sees_next": ("csrc/kernels/attention.c", "p->start + i0 + r - j0 + 1) : nk;",
                               "p->start + i0 + r - j0 + 2) : nk;", ATT),
-    "attn_bwd_no_delta": ("csrc/attention.c", " - delta[r]) * scale;", ") * scale;", ATT),
-    "attn_decode_ignores_start": ("csrc/attention.c", "D, start, scale, 1};", "D, 0, scale, 1};", ATT),
-    "attn_no_max_shift": ("csrc/attention.c", "const float e = expf(s[c] - mx);",
+    "attn_bwd_no_delta": ("csrc/kernels/attention.c", " - delta[r]) * scale;", ") * scale;", ATT),
+    "attn_decode_ignores_start": ("csrc/kernels/attention.c", "D, start, scale, 1};", "D, 0, scale, 1};", ATT),
+    "attn_no_max_shift": ("csrc/kernels/attention.c", "const float e = expf(s[c] - mx);",
                           "const float e = expf(s[c]) * expf(-mx);", ATT),
     # the plain CUDA SGEMM (pytfm_sgemm_plain_cuda, the oracle of the fast one)
     "cuda_sgemm_no_barrier_before_compute": ("cuda/sgemm.cu", "        __syncthreads();\n        for (int p = 0; p < BK; p++) {",
@@ -93,120 +93,120 @@ MUTATIONS = {
     "cuda_embedding_backward_assign": ("cuda/embedding.cu", "dtable[id * dim + j] += dy[i * dim + j];",
                                        "dtable[id * dim + j] = dy[i * dim + j];", EMU),
     "cuda_adamw_no_bias_correction": ("cuda/adamw.cu", "(float)(lr / (1.0 - pow(beta1, (double)step)))", "(float)lr", EMU),
-    # tests that can fail (issue 11, tests/bench): per-output tolerances in tests/test_fast.py;
+    # tests that can fail (issue 11, tests/bench): per-output tolerances in tests/kernels/test_fast.py;
     # the centred square expanded as x² − 2xμ + μ² cancels when |μ| ≫ σ: rstd off by ~1e-4 at
     # offset −100, which the old one-for-all tolerance (≈ 0.02 there) let through
-    "fast_ln_variance_expanded": ("csrc/fast_impl.h", "v[l] += (x[j + l] - x0 - d) * (x[j + l] - x0 - d);",
+    "fast_ln_variance_expanded": ("csrc/kernels/fast_impl.h", "v[l] += (x[j + l] - x0 - d) * (x[j + l] - x0 - d);",
                                   "v[l] += x[j + l] * x[j + l] - 2.0f * x[j + l] * (x0 + d) + (x0 + d) * (x0 + d);", FAST),
     # LayerNorm's fast mean summed without the shift by the row's first value: when |μ| ≫ σ the
     # float sum rounds away the digits x − μ needs (y off by 1e-3 relative at offset −20, σ 1e-3)
-    "fast_ln_no_shift": ("csrc/fast_impl.h", "const float x0 = x[0];", "const float x0 = 0.0f;", OPS),
+    "fast_ln_no_shift": ("csrc/kernels/fast_impl.h", "const float x0 = x[0];", "const float x0 = 0.0f;", OPS),
     # linear's backward with one allocation per product, dx's first: it writes the caller's dx
-    # and then fails on dW's larger scratch (tests/test_memory.py watches dx, dw, db)
-    "linear_bwd_two_allocations": ("csrc/linear.c", "PYTFM_TRY(pytfm__sgemm_all(__func__, products, dx ? 2 : 1));",
+    # and then fails on dW's larger scratch (tests/kernels/test_memory.py watches dx, dw, db)
+    "linear_bwd_two_allocations": ("csrc/kernels/linear.c", "PYTFM_TRY(pytfm__sgemm_all(__func__, products, dx ? 2 : 1));",
                                    "if (dx) PYTFM_TRY(pytfm__sgemm_all(__func__, products + 1, 1));\n    PYTFM_TRY(pytfm__sgemm_all(__func__, products, 1));",
-                                   ["tests/test_memory.py"]),
+                                   ["tests/kernels/test_memory.py"]),
     "cuda_ln_no_shift": ("cuda/layernorm.cu", "const float x0 = xr[0];", "const float x0 = 0.0f;", EMU),
     # e^x flushed to 0 below e^-17 instead of FLT_MIN: probabilities under 3e-8 vanish, under
     # the old absolute tolerances of softmax (1e-7) and cross-entropy's gradient (4.8e-7)
-    "fast_exp_flushes_early": ("csrc/vecmath.h", "const float lo = -86.98f, hi = 89.0f;",
+    "fast_exp_flushes_early": ("csrc/kernels/vecmath.h", "const float lo = -86.98f, hi = 89.0f;",
                                "const float lo = -17.0f, hi = 89.0f;", FAST),
-    # the out-of-memory path (tests/test_memory.py): attention's forward writes through a NULL
+    # the out-of-memory path (tests/kernels/test_memory.py): attention's forward writes through a NULL
     # workspace
-    "attn_fast_no_alloc_check": ("csrc/attention.c", "    if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;\n    PYTFM_PARALLEL_FOR_THREADS(threads)\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)",
-                                 "    PYTFM_PARALLEL_FOR_THREADS(threads)\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)", ["tests/test_memory.py"]),
+    "attn_fast_no_alloc_check": ("csrc/kernels/attention.c", "    if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;\n    PYTFM_PARALLEL_FOR_THREADS(threads)\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)",
+                                 "    PYTFM_PARALLEL_FOR_THREADS(threads)\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)", ["tests/kernels/test_memory.py"]),
     # issue 11: model tests, each named with the test that must catch it (the old finite-difference bound, 2% of |g|,
     # let the first two through; the old 1000-step reversal test the third; the fourth: no test decoded between forward and backward)
     "nn_attn_backward_scale_off": ("pytfm/nn.py", "dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True)",
-                                   "dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True, scale=1.005 / math.sqrt(self.hd))", ["tests/test_model.py::test_model_gradients_match_finite_differences"]),
+                                   "dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True, scale=1.005 / math.sqrt(self.hd))", ["tests/model/test_model.py::test_model_gradients_match_finite_differences"]),
     "nn_mlp_grad_one_percent": ("pytfm/nn.py", "return self.c_fc.backward(ops.gelu_backward(self.c_proj.backward(dy), h))",
-                                "return self.c_fc.backward(ops.gelu_backward(1.01 * self.c_proj.backward(dy), h))", ["tests/test_model.py::test_model_gradients_match_finite_differences"]),
+                                "return self.c_fc.backward(ops.gelu_backward(1.01 * self.c_proj.backward(dy), h))", ["tests/model/test_model.py::test_model_gradients_match_finite_differences"]),
     "nn_none_leaks_positions": ("pytfm/nn.py", "self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) if sinusoidal else None",
-                                "self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) * (1 if sinusoidal else 1e-3) if cfg.pos != \"rope\" else None", ["tests/test_model.py::test_without_positions_one_layer_cannot_see_the_order_of_what_came_before"]),
+                                "self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) * (1 if sinusoidal else 1e-3) if cfg.pos != \"rope\" else None", ["tests/model/test_model.py::test_without_positions_one_layer_cannot_see_the_order_of_what_came_before"]),
     "nn_decode_writes_saved": ("pytfm/nn.py", "h = self.attn.forward(self.ln_1.forward(x, save), pos, save, cache)",
-                               "h = self.attn.forward(self.ln_1.forward(x), pos, save, cache)", ["tests/test_model.py::test_decoding_between_forward_and_backward_leaves_the_gradients_alone"]),
+                               "h = self.attn.forward(self.ln_1.forward(x), pos, save, cache)", ["tests/model/test_model.py::test_decoding_between_forward_and_backward_leaves_the_gradients_alone"]),
     # issue 11, CUDA: the row max and Σexp of softmax's plain path (rows past 4096 columns)
     "cuda_row_max_not_shared": ("cuda/pytfm_cuda.cuh", "    max = team.max(max, scratch);\n", "", ROWS),
     # issue 11, C core: the CUDA entry points of a CPU-only build (generated by setup.py)
     "stub_wrong_status": ("setup.py", "return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,",
-                          "return pytfm__fail(PYTFM_STATUS_INTERNAL,", ["tests/test_build.py"]),
-    "stub_device_count_one": ("csrc/cuda_stub.c", "*count = 0;", "*count = 1;", ["tests/test_build.py"]),
+                          "return pytfm__fail(PYTFM_STATUS_INTERNAL,", ["tests/build/test_build.py"]),
+    "stub_device_count_one": ("csrc/core/cuda_stub.c", "*count = 0;", "*count = 1;", ["tests/build/test_build.py"]),
     # issue 14: the QKV split, the flat buffers' optimizer step and clipping norm
-    "qkv_split_v_from_k": ("csrc/rope.c", "{v, qkv + 2 * hd, hd, 3 * hd, 0}}", "{v, qkv + hd, hd, 3 * hd, 0}}",
-                           ["tests/test_qkv_split.py"]),
-    "qkv_split_backward_same_sign": ("csrc/rope.c", "return run_streams(__func__, st, 3, pos, B, T, H, D, pos_stride, base, -1.0);",
+    "qkv_split_v_from_k": ("csrc/kernels/rope.c", "{v, qkv + 2 * hd, hd, 3 * hd, 0}}", "{v, qkv + hd, hd, 3 * hd, 0}}",
+                           ["tests/kernels/test_qkv_split.py"]),
+    "qkv_split_backward_same_sign": ("csrc/kernels/rope.c", "return run_streams(__func__, st, 3, pos, B, T, H, D, pos_stride, base, -1.0);",
                                      "return run_streams(__func__, st, 3, pos, B, T, H, D, pos_stride, base, +1.0);",
-                                     ["tests/test_qkv_split.py"]),
-    "sum_squares_drops_last_block": ("csrc/adamw.c", "for (int64_t c = 0; c < blocks; c++) total += sums[c];",
-                                     "for (int64_t c = 0; c + 1 < blocks; c++) total += sums[c];", ["tests/test_flat.py"]),
+                                     ["tests/kernels/test_qkv_split.py"]),
+    "sum_squares_drops_last_block": ("csrc/kernels/adamw.c", "for (int64_t c = 0; c < blocks; c++) total += sums[c];",
+                                     "for (int64_t c = 0; c + 1 < blocks; c++) total += sums[c];", ["tests/model/test_flat.py"]),
     "flat_adamw_decays_vectors": ("pytfm/optim.py", "zip(self.spans, (self.weight_decay, 0.0))",
-                                  "zip(self.spans, (self.weight_decay, self.weight_decay))", ["tests/test_flat.py"]),
-    "epilogue_before_last_slice": ("csrc/sgemm.c", "const int last = pc + kc == g->k && g->epilogue;",
-                                   "const int last = pc == 0 && g->epilogue;", ["tests/test_linear_fused.py"]),
-    "epilogue_skips_last_row": ("csrc/sgemm.c", "    for (int64_t r = 0; r < rows; r++) {\n        float *cr = c + r * g->n;",
+                                  "zip(self.spans, (self.weight_decay, self.weight_decay))", ["tests/model/test_flat.py"]),
+    "epilogue_before_last_slice": ("csrc/kernels/sgemm.c", "const int last = pc + kc == g->k && g->epilogue;",
+                                   "const int last = pc == 0 && g->epilogue;", ["tests/kernels/test_linear_fused.py"]),
+    "epilogue_skips_last_row": ("csrc/kernels/sgemm.c", "    for (int64_t r = 0; r < rows; r++) {\n        float *cr = c + r * g->n;",
                                 "    for (int64_t r = 0; r + 1 < rows; r++) {\n        float *cr = c + r * g->n;",
-                                ["tests/test_linear_fused.py"]),
+                                ["tests/kernels/test_linear_fused.py"]),
     # issue 16, sizes: an element count multiplied unchecked (m·n = 2^64 wraps to 0), the bound
     # one past PTRDIFF_MAX bytes, start + n_new and RoPE's pos extent unchecked
-    "size_product_unchecked": ("csrc/checks.h", "if (pytfm__mul_within(c, sizes[i], limit, &c)) continue;",
+    "size_product_unchecked": ("csrc/core/checks.h", "if (pytfm__mul_within(c, sizes[i], limit, &c)) continue;",
                                "c *= sizes[i];\n        continue;", LIMITS),
-    "size_bound_one_past": ("csrc/internal.h", "if (a != 0 && b > limit / a) return 0;",
+    "size_bound_one_past": ("csrc/core/internal.h", "if (a != 0 && b > limit / a) return 0;",
                             "if (a != 0 && b > limit / a + 1) return 0;", LIMITS),
-    "cache_end_wraps": ("csrc/checks.h", "PYTFM_CHECK(pytfm__add_within(start, n_new, INT64_MAX, &end),",
+    "cache_end_wraps": ("csrc/core/checks.h", "PYTFM_CHECK(pytfm__add_within(start, n_new, INT64_MAX, &end),",
                         "end = start + n_new;\n    PYTFM_CHECK(1,", LIMITS),
-    "rope_pos_stride_unchecked": ("csrc/checks.h", "PYTFM_CHECK(pytfm__mul_within(B - 1, pos_stride, limit, n_pos) &&",
+    "rope_pos_stride_unchecked": ("csrc/core/checks.h", "PYTFM_CHECK(pytfm__mul_within(B - 1, pos_stride, limit, n_pos) &&",
                                   "PYTFM_CHECK((*n_pos = (B - 1) * pos_stride, 1) &&", LIMITS),
     # issue 16, overlaps: an accumulator not counted as an output, overlaps seen in one direction
     # only, a partial overlap let through where the exact in-place form is allowed
-    "linear_dw_may_alias": ("csrc/checks.h", "PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n.x, float),",
+    "linear_dw_may_alias": ("csrc/core/checks.h", "PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n.x, float),",
                             "PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n.x, float),", EXTREMES),
-    "layernorm_dw_may_alias": ("csrc/checks.h", "PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n, float),",
+    "layernorm_dw_may_alias": ("csrc/core/checks.h", "PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n, float),",
                                "PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n, float),", EXTREMES),
-    "embedding_dtable_may_alias": ("csrc/checks.h", "PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE,\n                         PYTFM_SPAN(dtable",
+    "embedding_dtable_may_alias": ("csrc/core/checks.h", "PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE,\n                         PYTFM_SPAN(dtable",
                                    "PYTFM_CHECK_DISJOINT(func, 0, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE,\n                         PYTFM_SPAN(dtable", EXTREMES),
-    "adamw_may_alias": ("csrc/checks.h", "PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(param, n, float),",
+    "adamw_may_alias": ("csrc/core/checks.h", "PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(param, n, float),",
                         "PYTFM_CHECK_DISJOINT(func, 0, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(param, n, float),",
-                        ["tests/test_errors.py", "tests/test_extremes.py"]),
-    "overlap_one_direction": ("csrc/internal.h", "return a0 < b0 + (uint64_t)b.bytes && b0 < a0 + (uint64_t)a.bytes;",
+                        ["tests/kernels/test_errors.py", "tests/kernels/test_extremes.py"]),
+    "overlap_one_direction": ("csrc/core/internal.h", "return a0 < b0 + (uint64_t)b.bytes && b0 < a0 + (uint64_t)a.bytes;",
                               "return a0 <= b0 && b0 < a0 + (uint64_t)a.bytes;", EXTREMES),
-    "inplace_partial_allowed": ("csrc/checks.h", "if (pair && spans[i].p == spans[j].p && spans[i].bytes == spans[j].bytes) continue;",
+    "inplace_partial_allowed": ("csrc/core/checks.h", "if (pair && spans[i].p == spans[j].p && spans[i].bytes == spans[j].bytes) continue;",
                                 "if (pair) continue;", EXTREMES),
     # issue 16, threads: no clamp, another clamp than documented, attention's region re-reading
     # the count its workspaces were not sized for
-    "threads_unclamped": ("csrc/status.c", "return threads < 1 ? 1 : threads > most ? most : threads;",
+    "threads_unclamped": ("csrc/core/status.c", "return threads < 1 ? 1 : threads > most ? most : threads;",
                           "return threads < 1 ? 1 : threads;", THREADS),
-    "threads_clamp_per_core": ("csrc/status.c", "enum { PYTFM_THREADS_PER_CORE = 4 };",
+    "threads_clamp_per_core": ("csrc/core/status.c", "enum { PYTFM_THREADS_PER_CORE = 4 };",
                                "enum { PYTFM_THREADS_PER_CORE = 8 };", THREADS),
-    "attn_workspace_count_reread": ("csrc/attention.c", "    PYTFM_PARALLEL_FOR_THREADS(threads)\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)\n        forward_head_fast",
+    "attn_workspace_count_reread": ("csrc/kernels/attention.c", "    PYTFM_PARALLEL_FOR_THREADS(threads)\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)\n        forward_head_fast",
                                     "    PYTFM_PARALLEL_FOR\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)\n        forward_head_fast", THREADS),
-    "sgemm_team_count_reread": ("csrc/sgemm.c", "#pragma omp parallel num_threads((int)bl->threads) if (bl->threads > 1)",
+    "sgemm_team_count_reread": ("csrc/kernels/sgemm.c", "#pragma omp parallel num_threads((int)bl->threads) if (bl->threads > 1)",
                                 "#pragma omp parallel num_threads(pytfm_get_num_threads())", THREADS),
     # issue 16, float extremes
-    "fast_exp_saturates": ("csrc/vecmath.h", "const float lo = -86.98f, hi = 89.0f;",
+    "fast_exp_saturates": ("csrc/kernels/vecmath.h", "const float lo = -86.98f, hi = 89.0f;",
                            "const float lo = -86.98f, hi = 88.37f;", EXTREMES),
     # 2^n directly instead of 2^(n-1)·2: overflows to inf for x just below log(FLT_MAX)
-    "fast_exp_no_doubling": ("csrc/vecmath.h", "p = PYTFM_FMA(r + r, PYTFM_FMA(r, p, 1.0f), 2.0f);\n    uint32_t bits;\n    memcpy(&bits, &t, sizeof bits);\n    bits = (bits << 23) + (126u << 23);",
+    "fast_exp_no_doubling": ("csrc/kernels/vecmath.h", "p = PYTFM_FMA(r + r, PYTFM_FMA(r, p, 1.0f), 2.0f);\n    uint32_t bits;\n    memcpy(&bits, &t, sizeof bits);\n    bits = (bits << 23) + (126u << 23);",
                              "p = PYTFM_FMA(r, PYTFM_FMA(r, p, 1.0f), 1.0f);\n    uint32_t bits;\n    memcpy(&bits, &t, sizeof bits);\n    bits = (bits << 23) + (127u << 23);", EXTREMES),
-    "gelu_term_unclamped": ("csrc/internal.h", "((v) > 16.0f && (v) <= FLT_MAX ? 16.0f : (v) < -16.0f && (v) >= -FLT_MAX ? -16.0f : (v))",
+    "gelu_term_unclamped": ("csrc/core/internal.h", "((v) > 16.0f && (v) <= FLT_MAX ? 16.0f : (v) < -16.0f && (v) >= -FLT_MAX ? -16.0f : (v))",
                             "(v)", EXTREMES),
-    "gelu_term_clamped_early": ("csrc/internal.h", "((v) > 16.0f && (v) <= FLT_MAX ? 16.0f :", "((v) > 4.0f && (v) <= FLT_MAX ? 4.0f :", EXTREMES),
-    "gelu_inf_clamped_too": ("csrc/internal.h", "((v) > 16.0f && (v) <= FLT_MAX ? 16.0f :", "((v) > 16.0f ? 16.0f :", EXTREMES),
-    "fast_ln_no_fallback": ("csrc/fast_impl.h", "if (!PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps)) {", "if (0) {", EXTREMES),
-    "ln_fallback_ignores_underflow": ("csrc/internal.h", "((ss) <= FLT_MAX && (ss) / (float)(cols) + (eps) >= 1e-30f)",
+    "gelu_term_clamped_early": ("csrc/core/internal.h", "((v) > 16.0f && (v) <= FLT_MAX ? 16.0f :", "((v) > 4.0f && (v) <= FLT_MAX ? 4.0f :", EXTREMES),
+    "gelu_inf_clamped_too": ("csrc/core/internal.h", "((v) > 16.0f && (v) <= FLT_MAX ? 16.0f :", "((v) > 16.0f ? 16.0f :", EXTREMES),
+    "fast_ln_no_fallback": ("csrc/kernels/fast_impl.h", "if (!PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps)) {", "if (0) {", EXTREMES),
+    "ln_fallback_ignores_underflow": ("csrc/core/internal.h", "((ss) <= FLT_MAX && (ss) / (float)(cols) + (eps) >= 1e-30f)",
                                       "((ss) <= FLT_MAX)", EXTREMES),
     "cuda_ln_no_fallback": ("cuda/layernorm.cu", "if (!PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps)) {", "if (0) {", EXTREMES),
     "reference_gelu_cancels": ("pytfm/reference.py", "np.where(u < 0, e / (1.0 + e), 0.5 * (1.0 + t))", "0.5 * (1.0 + t)", EXTREMES),
     # the default thread count, checkpoints and the example scripts' flags
-    "threads_default_ignores_neighbours": ("csrc/free_cores.c", "return PYTFM_MIN(omp_get_max_threads(), atomic_load(&free_cores));",
-                                           "return omp_get_max_threads();", ["tests/test_busy.py"]),
-    "free_cores_counts_own_threads": ("csrc/free_cores.c", "int others = machine < 0 || own < 0 ? 0 : machine - own;",
-                                      "int others = machine < 0 || own < 0 ? 0 : machine;", ["tests/test_busy.py"]),
-    "last_error_shared": ("csrc/status.c", "static _Thread_local char last_error[512];",
-                          "static char last_error[512];", ["tests/test_threads.py"]),
+    "threads_default_ignores_neighbours": ("csrc/core/free_cores.c", "return PYTFM_MIN(omp_get_max_threads(), atomic_load(&free_cores));",
+                                           "return omp_get_max_threads();", ["tests/kernels/test_busy.py"]),
+    "free_cores_counts_own_threads": ("csrc/core/free_cores.c", "int others = machine < 0 || own < 0 ? 0 : machine - own;",
+                                      "int others = machine < 0 || own < 0 ? 0 : machine;", ["tests/kernels/test_busy.py"]),
+    "last_error_shared": ("csrc/core/status.c", "static _Thread_local char last_error[512];",
+                          "static char last_error[512];", ["tests/kernels/test_threads.py"]),
     "ckpt_offsets_may_overlap": ("pytfm/checkpoint.py", "        if begin != at:\n", "        if begin > at:\n",
-                                 ["tests/test_checkpoint.py"]),
+                                 ["tests/model/test_checkpoint.py"]),
     "tiny_no_write_probe": ("examples/train_tiny.py", "fd, probe = tempfile.mkstemp(prefix=\".write-test-\", dir=out)\n        os.close(fd)\n        os.unlink(probe)",
-                            "pass", ["tests/test_cli.py"]),
+                            "pass", ["tests/model/test_cli.py"]),
     # issue 10: the CUDA twins of the QKV split, the linear layer + GELU and the sum of squares
     "cuda_qkv_v_from_k": ("cuda/rope.cu", "const float *v_in = parts.in[2] + in_off;",
                           "const float *v_in = parts.in[1] + in_off;", EMU),
@@ -221,22 +221,22 @@ MUTATIONS = {
                                             "i + 1 < n; i += blockDim.x) acc += partial[i];", EMU),
     "cuda_sum_squares_no_grid_stride": ("cuda/adamw.cu", "i += (int64_t)gridDim.x * blockDim.x)\n        acc += (double)x[i]",
                                         "i += count)\n        acc += (double)x[i]", EMU),
-    # the GPU attention (cuda/attention.cu), run by tests/test_cuda_attention.py on the emulator
-    "cuda_attn_no_barrier_before_pv": ("cuda/attention.cu", "        __syncthreads(); // P is whole\n", "", ["tests/test_cuda_attention.py"]),
+    # the GPU attention (cuda/attention.cu), run by tests/cuda/test_cuda_attention.py on the emulator
+    "cuda_attn_no_barrier_before_pv": ("cuda/attention.cu", "        __syncthreads(); // P is whole\n", "", ["tests/cuda/test_cuda_attention.py"]),
     "cuda_attn_causal_bound": ("cuda/attention.cu", "(a.causal && j0 + c > pos)", "(a.causal && j0 + c > pos + 1)",
-                               ["tests/test_cuda_attention.py"]),
-    "cuda_attn_no_rescale": ("cuda/attention.cu", "acc[i][d] *= alpha;", "acc[i][d] *= 1.0f;", ["tests/test_cuda_attention.py"]),
+                               ["tests/cuda/test_cuda_attention.py"]),
+    "cuda_attn_no_rescale": ("cuda/attention.cu", "acc[i][d] *= alpha;", "acc[i][d] *= 1.0f;", ["tests/cuda/test_cuda_attention.py"]),
     "cuda_attn_dq_skips_first_tile": ("cuda/attention.cu", "for (int64_t j0 = 0; j0 < j_end; j0 += BK) {",
-                                      "for (int64_t j0 = BK; j0 < j_end; j0 += BK) {", ["tests/test_cuda_attention.py"]),
+                                      "for (int64_t j0 = BK; j0 < j_end; j0 += BK) {", ["tests/cuda/test_cuda_attention.py"]),
     "cuda_attn_dkdv_wrong_delta": ("cuda/attention.cu", "dlt[t] = t < nq ? delta[i0 + t] : 0.0f;",
-                                   "dlt[t] = t < nq ? delta[i0] : 0.0f;", ["tests/test_cuda_attention.py"]),
+                                   "dlt[t] = t < nq ? delta[i0] : 0.0f;", ["tests/cuda/test_cuda_attention.py"]),
     "cuda_attn_merge_unweighted": ("cuda/attention.cu", "acc += w * po[s * o_split + e];", "acc += po[s * o_split + e];",
-                                   ["tests/test_cuda_attention.py"]),
+                                   ["tests/cuda/test_cuda_attention.py"]),
     "cuda_attn_vector_load_unaligned": ("cuda/attention.cu", "vv = vec && pytfm__aligned4(a.v);", "vv = vec;",
-                                        ["tests/test_cuda_attention.py"]),
+                                        ["tests/cuda/test_cuda_attention.py"]),
     "cuda_attn_no_shared_optin": ("cuda/pytfm_cuda.cuh", "    if (bytes <= 48 * 1024) return PYTFM_STATUS_OK;\n",
-                                  "    return PYTFM_STATUS_OK;\n", ["tests/test_cuda_attention.py"]),
-    # issue 12: the fast CUDA SGEMM (cuda/sgemm.cu), run by tests/test_cuda_sgemm.py on the
+                                  "    return PYTFM_STATUS_OK;\n", ["tests/cuda/test_cuda_attention.py"]),
+    # issue 12: the fast CUDA SGEMM (cuda/sgemm.cu), run by tests/cuda/test_cuda_sgemm.py on the
     # emulator: a slice read before its cp.async wait, the next slice written into the buffer
     # others still read, edges (the k-slice past k loaded; C's row m stored), float4s on an
     # operand offset by a float, the staged loader's chunks mapped one way and stored another

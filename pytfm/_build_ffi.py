@@ -1,8 +1,9 @@
 """cffi out-of-line API-mode builder for pytfm._pytfm_cffi.
 
-The cdef is the public header itself (the part between its PYTFM_CDEF markers), so the binding
-cannot drift from the C API. The extension links against libpytfm.so, which setup.py builds
-first into pytfm/lib/ and finds at run time through an $ORIGIN rpath.
+The cdef is the public headers themselves (the part between each one's PYTFM_CDEF markers, in
+the order pytfm.h includes them), so the binding cannot drift from the C API. The extension
+links against libpytfm.so, which setup.py builds first into pytfm/lib/ and finds at run time
+through an $ORIGIN rpath.
 """
 
 import os
@@ -17,13 +18,21 @@ HEADER = os.path.join(INCLUDE_DIR, "pytfm.h")
 
 
 def read_cdef(path=HEADER):
-    """The declarations between the PYTFM_CDEF markers, with the export macro removed."""
+    """The declarations of the headers that path (pytfm.h) includes, in its order: the text
+    between each one's PYTFM_CDEF markers, with the export macro removed."""
     with open(path, encoding="utf-8") as f:
-        text = f.read()
-    m = re.search(r"/\* PYTFM_CDEF_BEGIN \*/(.*)/\* PYTFM_CDEF_END \*/", text, re.S)
-    if m is None:
-        raise RuntimeError(f"{path}: PYTFM_CDEF_BEGIN/END markers not found")
-    return re.sub(r"\bPYTFM_API\s+", "", m.group(1))
+        parts = re.findall(r'^#include "(pytfm_\w+\.h)"', f.read(), re.M)
+    if not parts:
+        raise RuntimeError(f"{path}: includes no pytfm_*.h header")
+    cdef = []
+    for name in parts:
+        part = os.path.join(os.path.dirname(path), name)
+        with open(part, encoding="utf-8") as f:
+            m = re.search(r"/\* PYTFM_CDEF_BEGIN \*/(.*)/\* PYTFM_CDEF_END \*/", f.read(), re.S)
+        if m is None:
+            raise RuntimeError(f"{part}: PYTFM_CDEF_BEGIN/END markers not found")
+        cdef.append(re.sub(r"\bPYTFM_API\s+", "", m.group(1)))
+    return "\n".join(cdef)
 
 
 ffibuilder = cffi.FFI()

@@ -60,7 +60,7 @@ _MAX_INT = 2**63 - 1  # step and optim.t reach the kernels as int64_t
 _MAX_TABLE = 2**24  # floats of sinusoidal table allowed beyond the stored parameters' count
 # JSON containers open at once, at most: the header (3 deep), config (1) and extra. Explicit,
 # and far below any interpreter's recursion limit, so that the verdict never depends on the
-# stack json.loads runs on; csrc/json.h PYTFM__JSON_MAX_DEPTH is the same number.
+# stack json.loads runs on; csrc/model/json.h PYTFM__JSON_MAX_DEPTH is the same number.
 MAX_JSON_DEPTH = 64
 
 
@@ -141,7 +141,7 @@ def _json_depth_error(text):
 
 def _parse_json(text):
     """RFC 8259 JSON: duplicate keys, NaN and Infinity are errors, and so is nesting more than
-    MAX_JSON_DEPTH containers deep (checked first, as csrc/json.c does, so that the verdict is
+    MAX_JSON_DEPTH containers deep (checked first, as csrc/model/json.c does, so that the verdict is
     the same whatever the interpreter's recursion limit). Any failure is a ValueError."""
     deep = _json_depth_error(text)
     if deep:
@@ -285,7 +285,7 @@ def _open_regular(path):
     """path opened for reading as a binary file object; CheckpointError when it is not a
     regular file. Opened O_NONBLOCK, so that a FIFO is refused at once instead of the open
     waiting, forever, for a writer (O_NOCTTY: nor may a terminal become the controlling one);
-    the flag is cleared before anything is read. As csrc/safetensors.c opens it."""
+    the flag is cleared before anything is read. As csrc/model/safetensors.c opens it."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

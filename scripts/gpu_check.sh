@@ -23,7 +23,7 @@
 #   import           import pytfm; its build_info must say CUDA
 #   nvidia-smi       the GPU, driver, clocks and memory as the driver reports them (read only)
 #   gpu              CuPy sees a device: its name, SMs, L2, memory; cupy and torch versions
-#   gpu-tests        pytest tests/test_cuda_gpu.py tests/test_cuda_gpu_model.py (the files that
+#   gpu-tests        pytest tests/cuda/test_cuda_gpu.py tests/cuda/test_cuda_gpu_model.py (the files that
 #                    exist); a run where every test skipped (no GPU) fails
 #   sanitizer-memcheck, sanitizer-racecheck, sanitizer-synccheck
 #                    compute-sanitizer over scripts/cuda_small_run.py with CuPy's memory pool
@@ -40,7 +40,7 @@
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_CHECK_MIN_STEP, GPU_CHECK_WHEELS, PYTFM_CUDA_ARCH,
 # GPU_CHECK_LIMIT_<STEP> (a step's own limit in seconds, e.g. GPU_CHECK_LIMIT_GPU_TESTS=120),
 # GPU_CHECK_TAIL (lines of each step's output echoed to stdout, default 12; the report keeps
-# all). tests/test_gpu_check.py rehearses every failure path with stub commands on PATH.
+# all). tests/cuda/test_gpu_check.py rehearses every failure path with stub commands on PATH.
 # Exit status: 0 when every step passed (REFUSED sanitizers count as passed, and are listed),
 # 1 when a step failed, timed out or was skipped, 2 for a usage error.
 
@@ -247,7 +247,7 @@ except ImportError as e:
 # the bench 15 s for the register report: a slow build cuts the checks, not the figures
 RESERVE=135
 tests=()
-for f in tests/test_cuda_gpu.py tests/test_cuda_gpu_model.py; do
+for f in tests/cuda/test_cuda_gpu.py tests/cuda/test_cuda_gpu_model.py; do
     if [ -f "$f" ]; then tests+=("$f"); else say "gpu-tests: $f does not exist: not run"; fi
 done
 if [ ${#tests[@]} = 0 ]; then

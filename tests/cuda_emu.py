@@ -1,13 +1,13 @@
 """Build and load the CUDA kernels of cuda/ compiled for the CPU emulator (cuda/emu).
 
 The same .cu files nvcc compiles for the GPU are compiled here by the host C++ compiler against
-cuda/emu/emu.h into one shared library, libpytfm_emu.so, with csrc/status.c (errors) and the
+cuda/emu/emu.h into one shared library, libpytfm_emu.so, with csrc/core/status.c (errors) and the
 emulator's self-test kernels (tests/cuda/emu_selftest.cu). It exports the pytfm_*_cuda
 functions of pytfm.h; "device" pointers are host pointers, so NumPy arrays are passed as-is.
 """
 
+import importlib.util
 import os
-import re
 import shutil
 import subprocess
 
@@ -36,12 +36,13 @@ pytfm_status emu_cp_async(float *out, const float *in, int n, int groups, int pe
 
 
 def read_cdef():
-    """The checkout's pytfm.h between its PYTFM_CDEF markers, as pytfm/_build_ffi.py reads it
-    (from the checkout: the installed package may be another build)."""
-    with open(os.path.join(ROOT, "csrc", "include", "pytfm.h"), encoding="utf-8") as f:
-        text = f.read()
-    m = re.search(r"/\* PYTFM_CDEF_BEGIN \*/(.*)/\* PYTFM_CDEF_END \*/", text, re.S)
-    return re.sub(r"\bPYTFM_API\s+", "", m.group(1))
+    """The checkout's public declarations, read by pytfm/_build_ffi.py's own read_cdef (from the
+    checkout: the installed package may be another build)."""
+    spec = importlib.util.spec_from_file_location(
+        "pytfm_build_ffi", os.path.join(ROOT, "pytfm", "_build_ffi.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.read_cdef()
 
 
 def compilers():
@@ -65,7 +66,8 @@ def build(out_dir, root=ROOT):
         run([cxx, "-std=c++17", *flags, "-x", "c++", "-c", src, "-o", obj])
         objects.append(obj)
     status = os.path.join(out_dir, "status.o")
-    run([cc, "-std=c11", *flags, "-c", os.path.join(root, "csrc", "status.c"), "-o", status])
+    run([cc, "-std=c11", *flags, "-c", os.path.join(root, "csrc", "core", "status.c"), "-o",
+         status])
     lib = os.path.join(out_dir, "libpytfm_emu.so")
     run([cxx, "-shared", "-o", lib, *objects, status, "-lm"])
     return lib

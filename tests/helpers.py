@@ -3,6 +3,7 @@ snippets run in a fresh interpreter."""
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,39 @@ class _Stats:
 
 
 RECORD = defaultdict(_Stats)
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)  # the checkout
+CSRC = os.path.join(ROOT, "csrc")
+
+
+INCLUDE = os.path.join(CSRC, "include")
+
+
+def public_headers(include=INCLUDE):
+    """The paths of the public headers in `include` (a checkout's csrc/include, or an installed
+    include folder): pytfm.h first, then the parts it includes, in its order."""
+    umbrella = os.path.join(include, "pytfm.h")
+    with open(umbrella, encoding="utf-8") as f:
+        parts = re.findall(r'^#include "(pytfm_\w+\.h)"', f.read(), re.M)
+    return [umbrella] + [os.path.join(include, p) for p in parts]
+
+
+def header_text(include=INCLUDE):
+    """The public API's declarations: the text of every public header, comments removed (they
+    name functions too)."""
+    text = ""
+    for path in public_headers(include):
+        with open(path, encoding="utf-8") as f:
+            text += f.read() + "\n"
+    return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+
+
+def library_sources():
+    """Every C source of libpytfm (csrc/**/*.c, the CUDA stubs' hand-written part included), for
+    the tests that build the library themselves (under sanitizers, libFuzzer)."""
+    return sorted(os.path.join(d, f) for d, _, files in os.walk(CSRC) for f in files
+                  if f.endswith(".c"))
 
 
 def assert_close(name, got, ref, atol=0.0, rtol=1e-5):

@@ -1,5 +1,5 @@
 """A PyTorch twin of pytfm.nn.GPT: the same architecture, parameter names and maths, so pytfm's
-weights load into it one-to-one. The tests' oracle (tests/test_model.py, when torch is
+weights load into it one-to-one. The tests' oracle (tests/model/test_model.py, when torch is
 installed: logits, loss, every gradient and the AdamW trajectory); the benchmarks import it from
 here to compare training (bench/train_twin.py) and a training step (bench/worker.py's train
 group). PyTorch is only an oracle and a benchmark peer, never a dependency of pytfm.

@@ -1,5 +1,5 @@
 /*
- * emu_selftest.cu — kernels that check the CUDA emulator itself (tests/test_cuda_emu.py):
+ * emu_selftest.cu — kernels that check the CUDA emulator itself (tests/cuda/test_cuda_emu.py):
  * the four shuffles against their definitions, a missing barrier over static and dynamic shared
  * memory (both filled with NaN before the block), a barrier that not every thread reaches, a
  * shuffle waiting for a lane that left, lanes of a warp at different shuffles, bad launch

@@ -1,0 +1,41 @@
+/*
+ * isa.c — which instruction set the kernels use: the best this CPU has (detected at run time),
+ * capped by pytfm_set_max_isa. The cap is process-wide, like the thread count.
+ */
+#include "internal.h"
+
+#if defined(__STDC_NO_ATOMICS__)
+static volatile int32_t max_isa = PYTFM_ISA_AUTO;
+#define LOAD(v) (v)
+#define STORE(v, x) ((v) = (x))
+#else
+#include <stdatomic.h>
+static _Atomic int32_t max_isa = PYTFM_ISA_AUTO;
+#define LOAD(v) atomic_load_explicit(&(v), memory_order_relaxed)
+#define STORE(v, x) atomic_store_explicit(&(v), (x), memory_order_relaxed)
+#endif
+
+int pytfm__cpu_has(pytfm_isa isa) {
+    const uint64_t f = pytfm__cpu_features(), avx2 = PYTFM_CPU_AVX2 | PYTFM_CPU_FMA;
+    switch (isa) {
+    case PYTFM_ISA_PLAIN:
+    case PYTFM_ISA_PORTABLE: return 1;
+    case PYTFM_ISA_AVX2: return (f & avx2) == avx2;
+    case PYTFM_ISA_AVX512: return (f & PYTFM_CPU_AVX512F) != 0;
+    default: return 0;
+    }
+}
+
+pytfm_status pytfm_set_max_isa(int32_t isa) {
+    PYTFM_CHECK(isa >= PYTFM_ISA_AUTO && isa <= PYTFM_ISA_AVX512,
+                "%s: isa must be a pytfm_isa value (0..4), got %d", __func__, (int)isa);
+    STORE(max_isa, isa);
+    return PYTFM_STATUS_OK;
+}
+
+int32_t pytfm_get_isa(void) {
+    const int32_t cap = LOAD(max_isa);
+    for (int32_t isa = PYTFM_ISA_AVX512; isa > PYTFM_ISA_PLAIN; isa--)
+        if ((cap == PYTFM_ISA_AUTO || isa <= cap) && pytfm__cpu_has((pytfm_isa)isa)) return isa;
+    return PYTFM_ISA_PLAIN;
+}

@@ -1,0 +1,135 @@
+/*
+ * pytfm_core.h — what every part of libpytfm shares: statuses and the last error, the
+ * version, the two process-wide settings (the thread count and the instruction-set cap) and
+ * how the library was built. The other headers include it.
+ *
+ * Everything between this header's PYTFM_CDEF markers is read verbatim by the cffi builder
+ * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
+ */
+#ifndef PYTFM_CORE_H
+#define PYTFM_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PYTFM_VERSION_MAJOR 0
+#define PYTFM_VERSION_MINOR 1
+#define PYTFM_VERSION_PATCH 0
+#define PYTFM_VERSION "0.1.0"
+/* The ABI number: raised when a function's signature, a struct's layout or an enum's values
+ * change incompatibly (new functions do not raise it). The CMake build names the shared
+ * library's SONAME after it (libpytfm.so.1); pytfm_abi_version() is the library's own, so a
+ * program can check at run time that it was compiled against a compatible header. */
+#define PYTFM_ABI_VERSION 1
+
+#if defined(PYTFM_BUILDING) && defined(__GNUC__)
+#define PYTFM_API __attribute__((visibility("default")))
+#else
+#define PYTFM_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* PYTFM_CDEF_BEGIN */
+
+/* ---- Status, errors, version, build information ------------------------------------- */
+
+typedef enum pytfm_status {
+    PYTFM_STATUS_OK = 0,
+    PYTFM_STATUS_INVALID_ARGUMENT = 1, /* NULL pointer, bad size or bad scalar option */
+    PYTFM_STATUS_OUT_OF_RANGE = 2,     /* an index array holds a value outside its range */
+    PYTFM_STATUS_NOT_SUPPORTED = 3,    /* the operation is not available in this build */
+    PYTFM_STATUS_CUDA_ERROR = 4,       /* the CUDA runtime reported an error */
+    PYTFM_STATUS_INTERNAL = 5,         /* a bug in pytfm: please report it */
+    PYTFM_STATUS_OUT_OF_MEMORY = 6     /* a scratch buffer could not be allocated */
+} pytfm_status;
+
+/* A static, human-readable name for a status, e.g. "invalid argument". Never NULL. */
+PYTFM_API const char *pytfm_status_string(pytfm_status status);
+
+/* The message of the most recent failure in the calling thread ("" if none yet), e.g.
+ * "pytfm_layernorm_forward: cols must be >= 1, got 0". Valid until the next pytfm call in this
+ * thread. Successful calls leave it unchanged. */
+PYTFM_API const char *pytfm_last_error(void);
+
+/* The library version, "MAJOR.MINOR.PATCH" (PYTFM_VERSION of the header it was built with). */
+PYTFM_API const char *pytfm_version(void);
+
+/* The library's PYTFM_ABI_VERSION (of the header it was built with). */
+PYTFM_API int32_t pytfm_abi_version(void);
+
+/* Threads used by the kernels (when built with OpenMP). The default, and the value after
+ * pytfm_set_num_threads(0), is OpenMP's own (OMP_NUM_THREADS, else the available cores), but
+ * no more than the cores that other processes leave free (csrc/core/free_cores.c; on Linux, when
+ * the process may run on every online CPU: the machine's runnable tasks less this process's,
+ * from /proc, sampled at most every 100 ms). A team of threads runs at the pace of its slowest
+ * one, so with one of two cores busy elsewhere, two threads were three times slower than one
+ * (bench/busy.py). A count set here or by PYTFM_NUM_THREADS is not lowered for neighbours,
+ * only clamped: whatever the source (this setting, PYTFM_NUM_THREADS in Python,
+ * OMP_NUM_THREADS), the kernels use at most 4 threads per available core (4 ×
+ * omp_get_num_procs(), the cores of the process's CPU affinity, counted once): a larger value
+ * is accepted and clamped to that.
+ * One of the library's two process-wide settings (with the instruction-set cap below), like
+ * a BLAS's thread setting: it changes speed only, never results, which are the same bits at
+ * any thread count. Each parallel region reads it once, and so does a call that sizes
+ * per-thread scratch for all of its regions: a change from another thread meanwhile is safe
+ * (it takes effect from the next call).
+ * threads must be >= 0. Without OpenMP the setting is accepted and the kernels run on one
+ * thread. */
+PYTFM_API pytfm_status pytfm_set_num_threads(int32_t threads);
+
+/* The number of threads the next kernel will use, after the clamp above (1 without OpenMP). */
+PYTFM_API int32_t pytfm_get_num_threads(void);
+
+/* CPU features, as a bit mask in pytfm_build_info.cpu_features (detected at run time). */
+typedef enum pytfm_cpu_feature {
+    PYTFM_CPU_SSE2 = 1,
+    PYTFM_CPU_AVX = 2,
+    PYTFM_CPU_AVX2 = 4,
+    PYTFM_CPU_FMA = 8,
+    PYTFM_CPU_AVX512F = 16,
+    PYTFM_CPU_NEON = 32
+} pytfm_cpu_feature;
+
+/* Instruction sets the kernels are written for. By default every kernel runs the fastest
+ * version this CPU has; pytfm_set_max_isa caps that (tests compare the versions with it,
+ * benchmarks time them). PLAIN runs the plain reference loops (the obviously-correct version
+ * of each kernel); PORTABLE the vectorised kernels built for the baseline target (SSE2, NEON).
+ * Versions agree to float32 rounding, not bit for bit: the fast ones sum in other orders. */
+typedef enum pytfm_isa {
+    PYTFM_ISA_AUTO = 0,     /* no cap: the best this CPU has */
+    PYTFM_ISA_PLAIN = 1,    /* reference loops */
+    PYTFM_ISA_PORTABLE = 2, /* vectorised for the baseline target */
+    PYTFM_ISA_AVX2 = 3,     /* x86-64 AVX2 + FMA */
+    PYTFM_ISA_AVX512 = 4    /* x86-64 AVX-512F */
+} pytfm_isa;
+
+/* Use no instruction set above isa (PYTFM_ISA_AUTO: no cap). Process-wide, like the thread
+ * count; it changes which kernel versions run, and so the last bits of results. */
+PYTFM_API pytfm_status pytfm_set_max_isa(int32_t isa);
+
+/* The pytfm_isa the kernels use now: the best this CPU has, under the cap. */
+PYTFM_API int32_t pytfm_get_isa(void);
+
+typedef struct pytfm_build_info {
+    const char *version;   /* as pytfm_version() */
+    const char *compiler;  /* compiler that built the library, e.g. "gcc 12.2.0" */
+    const char *flags;     /* compile flags of the C kernels */
+    const char *arch;      /* target architecture, e.g. "x86_64" */
+    uint64_t cpu_features; /* pytfm_cpu_feature bits of the CPU running now */
+    int32_t cuda;          /* 1 if CUDA kernels were compiled in, else 0 */
+    int32_t cuda_version;  /* CUDA toolkit version as 1000*major + 10*minor, 0 without CUDA */
+} pytfm_build_info;
+
+/* Fill *info. The strings are static. */
+PYTFM_API pytfm_status pytfm_get_build_info(pytfm_build_info *info);
+
+/* PYTFM_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PYTFM_CORE_H */

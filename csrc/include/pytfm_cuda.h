@@ -1,0 +1,200 @@
+/*
+ * pytfm_cuda.h — the GPU twins of the kernels of pytfm_kernels.h (and the device count), on
+ * device pointers and a CUDA stream; no CUDA header is needed to include it.
+ *
+ * Everything between this header's PYTFM_CDEF markers is read verbatim by the cffi builder
+ * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
+ */
+#ifndef PYTFM_CUDA_H
+#define PYTFM_CUDA_H
+
+#include "pytfm_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* PYTFM_CDEF_BEGIN */
+
+/* ---- CUDA: the GPU twins of the kernels above ---------------------------------------- */
+/* Each pytfm_<op>_<direction>_cuda takes the arguments of its CPU twin, in the same order and
+ * with the same shapes and rules, as DEVICE pointers, plus `stream` last: a cudaStream_t
+ * (NULL: the legacy default stream), passed as void * so that this header needs no CUDA
+ * headers. They are asynchronous: they return once the work is queued on the stream. The
+ * status covers the arguments and the launch; a fault while the kernel runs surfaces at the
+ * next synchronisation (pytfm_cuda_stream_synchronize). Differences from the CPU twins:
+ *   - index arrays (ids, targets) live on the device and are not checked: checking would need
+ *     a copy to the host. An id outside [0, vocab) makes its row of y NaN and is skipped by
+ *     the backward; a target outside [0, vocab) (and not ignore_index) makes the loss NaN.
+ *   - results agree with the CPU kernels to float32 rounding, not bit for bit (sums are
+ *     combined in another order); each CUDA kernel gives the same bits on every run.
+ * In a build without CUDA (nvcc was not found, or PYTFM_CUDA=0) every _cuda function and
+ * pytfm_cuda_stream_synchronize return PYTFM_STATUS_NOT_SUPPORTED and say so in
+ * pytfm_last_error() (setup.py generates them from this header); pytfm_get_build_info()
+ * tells which build this is.
+ */
+
+/* The number of CUDA devices this process can use: 0, not an error, where there is no device
+ * or no driver, and in a build without CUDA. */
+PYTFM_API pytfm_status pytfm_cuda_device_count(int32_t *count);
+
+/* Wait for the work queued on stream (NULL: the default stream); a fault raised by a kernel
+ * comes back here as PYTFM_STATUS_CUDA_ERROR with the CUDA runtime's message. */
+PYTFM_API pytfm_status pytfm_cuda_stream_synchronize(void *stream);
+
+/* As pytfm_sgemm, on the GPU (cuda/sgemm.cu): 128×128 tiles of C per block (64×64 when those
+ * cannot fill the GPU), 8×8 outputs per thread in registers, float4 loads where a base is
+ * 16-byte aligned and its rows a multiple of 4 floats long (scalar ones otherwise), double
+ * buffered shared tiles (cp.async on sm_80+); any m, n, k >= 0 and every transpose, with no
+ * transposing copy and no scratch. Sums k in order with fmaf, as pytfm_sgemm_plain_cuda. */
+PYTFM_API pytfm_status pytfm_sgemm_cuda(float *c, const float *a, const float *b, int64_t m,
+                                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                                        float beta, void *stream);
+
+/* The plain tiled kernel (64×64 tiles, 4×4 outputs per thread, n <= 65535·64), kept as the
+ * oracle pytfm_sgemm_cuda is tested against, as pytfm_sgemm_plain is on the CPU; same
+ * arguments. Tests: tests/test_cuda_sgemm.py. */
+PYTFM_API pytfm_status pytfm_sgemm_plain_cuda(float *c, const float *a, const float *b,
+                                              int64_t m, int64_t n, int64_t k, int32_t trans_a,
+                                              int32_t trans_b, float beta, void *stream);
+
+PYTFM_API pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, const float *w,
+                                                 const float *b, int64_t rows, int64_t in,
+                                                 int64_t out, void *stream);
+
+PYTFM_API pytfm_status pytfm_linear_backward_cuda(float *dx, float *dw, float *db,
+                                                  const float *dy, const float *x,
+                                                  const float *w, int64_t rows, int64_t in,
+                                                  int64_t out, void *stream);
+
+PYTFM_API pytfm_status pytfm_softmax_forward_cuda(float *y, const float *x, int64_t rows,
+                                                  int64_t cols, void *stream);
+
+PYTFM_API pytfm_status pytfm_softmax_backward_cuda(float *dx, const float *dy, const float *y,
+                                                   int64_t rows, int64_t cols, void *stream);
+
+PYTFM_API pytfm_status pytfm_layernorm_forward_cuda(float *y, float *mean, float *rstd,
+                                                    const float *x, const float *w,
+                                                    const float *b, int64_t rows, int64_t cols,
+                                                    float eps, void *stream);
+
+/* dw and db are accumulated by a column reduction in a fixed order: no atomics, same bits on
+ * every run. */
+PYTFM_API pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, float *db,
+                                                     const float *dy, const float *x,
+                                                     const float *w, const float *mean,
+                                                     const float *rstd, int64_t rows,
+                                                     int64_t cols, void *stream);
+
+/* The angles come from a table of cos and sin per position row (T rows for pos [T], B·T for
+ * [B, T]) made on the device in double and rounded to float, as the CPU does, in stream-ordered
+ * scratch (cudaMallocAsync) of 4·rows·D bytes. */
+PYTFM_API pytfm_status pytfm_rope_forward_cuda(float *y, const float *x, const int64_t *pos,
+                                               int64_t B, int64_t T, int64_t H, int64_t D,
+                                               int64_t pos_stride, double base, void *stream);
+
+PYTFM_API pytfm_status pytfm_rope_backward_cuda(float *dx, const float *dy, const int64_t *pos,
+                                                int64_t B, int64_t T, int64_t H, int64_t D,
+                                                int64_t pos_stride, double base, void *stream);
+
+PYTFM_API pytfm_status pytfm_gelu_forward_cuda(float *y, const float *x, int64_t count,
+                                               void *stream);
+
+PYTFM_API pytfm_status pytfm_gelu_backward_cuda(float *dx, const float *dy, const float *x,
+                                                int64_t count, void *stream);
+
+PYTFM_API pytfm_status pytfm_embedding_forward_cuda(float *y, const int64_t *ids,
+                                                    const float *table, int64_t rows,
+                                                    int64_t vocab, int64_t dim, void *stream);
+
+/* Repeated ids add up in order of i, as on the CPU: the same bits. The ids are grouped by a
+ * sort on the device (16·rows bytes of stream-ordered scratch, cudaMallocAsync), each group
+ * then added by one thread per column chunk; up to 16 rows, one thread per column walks them. */
+PYTFM_API pytfm_status pytfm_embedding_backward_cuda(float *dtable, const float *dy,
+                                                     const int64_t *ids, int64_t rows,
+                                                     int64_t vocab, int64_t dim, void *stream);
+
+/* loss is written on the device. */
+PYTFM_API pytfm_status pytfm_cross_entropy_forward_cuda(float *loss, float *lse,
+                                                        const float *logits,
+                                                        const int64_t *targets, int64_t rows,
+                                                        int64_t vocab, int64_t ignore_index,
+                                                        void *stream);
+
+/* kept is counted on the device into 8 bytes of stream-ordered scratch (cudaMallocAsync). */
+PYTFM_API pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const float *logits,
+                                                         const int64_t *targets,
+                                                         const float *lse, int64_t rows,
+                                                         int64_t vocab, int64_t ignore_index,
+                                                         float dloss, void *stream);
+
+PYTFM_API pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, const float *grad,
+                                             int64_t count, int64_t step, double lr,
+                                             double beta1, double beta2, double eps,
+                                             double weight_decay, void *stream);
+
+/* The fused split of the QKV projection (RoPE on q and k), as pytfm_qkv_split_*: with RoPE, its
+ * table of angles and kernel (q and k the bits of pytfm_rope_forward_cuda on the slices); without,
+ * a copy. pos lives on the device and is not checked. */
+PYTFM_API pytfm_status pytfm_qkv_split_forward_cuda(float *q, float *k, float *v,
+                                                    const float *qkv, const int64_t *pos,
+                                                    int64_t B, int64_t T, int64_t H, int64_t D,
+                                                    int64_t pos_stride, double base,
+                                                    int32_t rope, void *stream);
+
+PYTFM_API pytfm_status pytfm_qkv_split_backward_cuda(float *dqkv, const float *dq,
+                                                     const float *dk, const float *dv,
+                                                     const int64_t *pos, int64_t B, int64_t T,
+                                                     int64_t H, int64_t D, int64_t pos_stride,
+                                                     double base, int32_t rope, void *stream);
+
+/* As pytfm_linear_gelu_forward: h = x·Wᵀ + b and y = gelu(h), the same values as
+ * pytfm_linear_forward_cuda then pytfm_gelu_forward_cuda. */
+PYTFM_API pytfm_status pytfm_linear_gelu_forward_cuda(float *y, float *h, const float *x,
+                                                      const float *w, const float *b,
+                                                      int64_t rows, int64_t in, int64_t out,
+                                                      void *stream);
+
+/* As pytfm_sum_squares, with out a DEVICE pointer to one double (written): gradient clipping
+ * without a copy to the host. A fixed order: the same bits on every run. */
+PYTFM_API pytfm_status pytfm_sum_squares_cuda(double *out, const float *x, int64_t count,
+                                              void *stream);
+
+/* Attention on the GPU, FlashAttention-2's structure in float32: the same arguments, shapes,
+ * rules and results (to float32 rounding) as pytfm_attention_forward/backward/cache_append/
+ * decode. Memory linear in T; head dims 1 <= D <= PYTFM_CUDA_ATTENTION_MAX_D (a larger D is
+ * PYTFM_STATUS_INVALID_ARGUMENT); the backward is deterministic (no atomics: the same bits on
+ * every run). Any scratch is allocated on the stream and freed after use. */
+#define PYTFM_CUDA_ATTENTION_MAX_D 128
+
+PYTFM_API pytfm_status pytfm_attention_forward_cuda(float *o, float *lse, const float *q,
+                                                    const float *k, const float *v, int64_t B,
+                                                    int64_t T, int64_t H, int64_t D,
+                                                    float scale, int32_t causal, void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, float *dv,
+                                                     const float *dy, const float *q,
+                                                     const float *k, const float *v,
+                                                     const float *o, const float *lse,
+                                                     int64_t B, int64_t T, int64_t H, int64_t D,
+                                                     float scale, int32_t causal, void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_cache_append_cuda(float *k_cache, float *v_cache,
+                                                         const float *k, const float *v,
+                                                         int64_t B, int64_t n_new, int64_t H,
+                                                         int64_t D, int64_t Tmax,
+                                                         int64_t start, void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const float *q,
+                                                   const float *k_cache, const float *v_cache,
+                                                   int64_t B, int64_t n_new, int64_t H,
+                                                   int64_t D, int64_t Tmax, int64_t start,
+                                                   float scale, void *stream);
+
+/* PYTFM_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PYTFM_CUDA_H */

@@ -1,0 +1,378 @@
+/*
+ * pytfm_kernels.h — the CPU kernels of a transformer, forward and backward.
+ *
+ * Conventions (they hold for every function below):
+ *   - float32, row-major, contiguous. "[rows, cols]" means rows of cols floats each.
+ *   - The caller allocates every input and output; no function keeps a pointer after it
+ *     returns. A few functions allocate scratch space for the length of one call (their
+ *     entries say "Scratch:", with its size); when that fails they return
+ *     PYTFM_STATUS_OUT_OF_MEMORY and have written nothing. Two threads may call any function at
+ *     once on disjoint buffers.
+ *   - Argument order: outputs, what the forward saves for the backward, const inputs, then
+ *     sizes (int64_t), then scalar options.
+ *   - Gradient rule: gradients of parameters (weights, biases, embedding tables) are
+ *     ACCUMULATED (+=) into the buffer, so zero it first; gradients of activations (dx) are
+ *     WRITTEN (=).
+ *   - Every function returns a pytfm_status. On failure nothing has been written to any output
+ *     (arguments, including index arrays, are validated before the first write), and
+ *     pytfm_last_error() describes the failure in this thread.
+ *   - Sizes must be >= 0; a size that makes the op meaningless (0 features, 0 classes) is an
+ *     error, a zero row count is a no-op. Sizes whose array would not fit in memory (its byte
+ *     count, a product of sizes, past PTRDIFF_MAX; a cache position start + n_new past
+ *     INT64_MAX) are PYTFM_STATUS_INVALID_ARGUMENT, found before any pointer is read, so no
+ *     size product ever wraps (every function: tests/kernels/test_limits.py, tests/c_api/hostile_sizes.c).
+ *     Pointers may be NULL only where a comment says so, or where the buffer they point to has
+ *     zero elements.
+ *   - No output shares memory with another argument: every buffer a function writes or
+ *     accumulates into (gradients of parameters included) must not overlap, by address range,
+ *     any other buffer of the call, else PYTFM_STATUS_INVALID_ARGUMENT ("<function>: dw and x
+ *     must not share memory"). The only exceptions are exact in-place forms, where an output is
+ *     the very same buffer as an input, allowed where a comment says "may equal": GELU's y == x
+ *     and dx == dy, RoPE's y == x and dx == dy. Inputs may overlap each other. (Tests:
+ *     tests/kernels/test_extremes.py, with the float extremes of GELU, LayerNorm, softmax and exp.)
+ *   - No function ends the process: failures are statuses, never a call to end the program.
+ *   - Process-wide settings: two, the thread count (pytfm_set_num_threads) and the
+ *     instruction-set cap (pytfm_set_max_isa). Both change speed; the cap also changes the last
+ *     bits of results. Besides them and each thread's last error message, nothing is kept between
+ *     calls.
+ *
+ * Vocabulary (one word per thing, in C, CUDA, Python and the README alike):
+ *   rows, cols   a row-wise op sees its input as [rows, cols]: softmax, LayerNorm,
+ *                cross-entropy (cols = vocab) and the linear layer ([rows, in] -> [rows, out])
+ *                act on each row; every leading dimension of a Python array is folded into rows
+ *   in, out      the linear layer's input and output features
+ *   count        the number of elements of a flat array (GELU, AdamW)
+ *   vocab        the vocabulary size: rows of the embedding table, classes of cross-entropy
+ *   dim          the width of an embedding row
+ *   B, T, H, D   batch, time (sequence length), heads, head dim: attention and RoPE tensors
+ *                are [B, T, H, D]
+ *   Tmax, start, n_new
+ *                a KV cache holds Tmax positions; decoding appends n_new tokens at positions
+ *                [start, start + n_new)
+ *   m, n, k      the matrix product only, as in BLAS: C [m, n] += A [m, k] · B [k, n]
+ *   dy           the gradient arriving from above: of the op's output, whatever the output is
+ *                called (y, o); dloss when that output is the scalar loss
+ *   d<name>      the gradient of <name> (dx, dw, db, dq, dtable, dlogits)
+ *   lse          a saved log-sum-exp (attention's per query row, cross-entropy's per row)
+ *
+ * Everything between this header's PYTFM_CDEF markers is read verbatim by the cffi builder
+ * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
+ */
+#ifndef PYTFM_KERNELS_H
+#define PYTFM_KERNELS_H
+
+#include "pytfm_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* PYTFM_CDEF_BEGIN */
+
+/* ---- Linear: y = x·Wᵀ + b ------------------------------------------------------------ */
+/* W is stored [out, in], as torch.nn.Linear.weight, so weights map one-to-one.
+ *   y  [rows, out]  written
+ *   x  [rows, in]
+ *   w  [out, in]
+ *   b  [out]        may be NULL: no bias
+ * Scratch: as pytfm_sgemm, for the product x·Wᵀ; none for one row (rows = 1) above
+ * PYTFM_ISA_PLAIN, which is a matrix-vector product (a token decoded through a KV cache).
+ */
+PYTFM_API pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w,
+                                            const float *b, int64_t rows, int64_t in,
+                                            int64_t out);
+
+/* The linear layer followed by GELU (an MLP's first layer), in one pass over the output:
+ *   y  [rows, out]  written: gelu(h), exactly pytfm_gelu_forward's result on h
+ *   h  [rows, out]  written: x·Wᵀ + b, exactly pytfm_linear_forward's result (the
+ *                   pre-activation, which pytfm_gelu_backward takes as its x)
+ *   x, w, b         as pytfm_linear_forward (b may be NULL: no bias)
+ * y and h must not share memory with each other or with the inputs.
+ * Scratch: as pytfm_linear_forward. */
+PYTFM_API pytfm_status pytfm_linear_gelu_forward(float *y, float *h, const float *x,
+                                                 const float *w, const float *b, int64_t rows,
+                                                 int64_t in, int64_t out);
+
+/*   dx [rows, in]  written: dy·W; may be NULL when not needed
+ *   dw [out, in]   accumulated: += dyᵀ·x
+ *   db [out]       accumulated: += column sums of dy; may be NULL (no bias)
+ *   dy [rows, out], x [rows, in], w [out, in] as in the forward
+ * Scratch: as pytfm_sgemm, one allocation for both products (dyᵀ·x and dy·W).
+ */
+PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float *dy,
+                                             const float *x, const float *w, int64_t rows,
+                                             int64_t in, int64_t out);
+
+/* ---- SGEMM: C = β·C + op(A)·op(B) --------------------------------------------------- */
+/* Row-major float32 matrix product; the linear layer's products go through it.
+ *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
+ *   a [m, k], or [k, m] with trans_a != 0 (then op(A) = Aᵀ)
+ *   b [k, n], or [n, k] with trans_b != 0
+ * pytfm_sgemm runs, on all threads, a packed and blocked kernel with an AVX-512 or AVX2+FMA
+ * register micro-kernel (pytfm_get_isa() says which), or the plain loop below AVX2;
+ * pytfm_sgemm_plain is always the plain loop, kept as the reference the fast ones are tested
+ * against. Each gives the same bits at any thread count.
+ * Scratch (the packed kernels only, for m, n, k >= 1): packing buffers, at most 3.2 MiB per
+ * thread: 216 KiB for op(A) when it is packed (trans_a, or n >= 512), and a slice of op(B),
+ * 384 × min(w, 2048) floats, w the columns of C the thread computes (all n when the threads
+ * split C by rows, m >= n; n / threads when by columns), rounded up to the micro-kernel's
+ * width. pytfm_sgemm_plain allocates nothing.
+ */
+PYTFM_API pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m,
+                                   int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                                   float beta);
+
+PYTFM_API pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m,
+                                         int64_t n, int64_t k, int32_t trans_a,
+                                         int32_t trans_b, float beta);
+
+/* ---- Softmax over the last axis ------------------------------------------------------ */
+/* y[r, :] = exp(x[r, :] - max(x[r, :])) / sum(...). Stable for any finite input; a row that
+ * is all -inf gives NaN (as PyTorch).
+ *   y [rows, cols] written, x [rows, cols]; cols >= 1
+ */
+PYTFM_API pytfm_status pytfm_softmax_forward(float *y, const float *x, int64_t rows,
+                                             int64_t cols);
+
+/* dx = y ∘ (dy − rowsum(dy ∘ y)).
+ *   dx [rows, cols] written, dy [rows, cols], y [rows, cols] the forward's output
+ */
+PYTFM_API pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const float *y,
+                                              int64_t rows, int64_t cols);
+
+/* ---- LayerNorm over the last axis ---------------------------------------------------- */
+/* y = (x − mean) · rstd · w + b, rstd = 1/sqrt(var + eps), var the biased variance; accurate
+ * to float32 rounding of the row's spread however far from zero the row lies (the fast and CUDA
+ * kernels sum x − x[0], the plain one sums in double), and for rows of any finite values: a row
+ * whose float sums over- or underflow (values past about 1e19, whose squares pass FLT_MAX; a
+ * spread under about 1e-15 with eps = 0) is summed in double by the fast and CUDA kernels too.
+ * A row holding inf or NaN gives y and rstd NaN, as the reference does.
+ *   y    [rows, cols] written
+ *   mean [rows]       written, saved for the backward
+ *   rstd [rows]       written, saved for the backward
+ *   x [rows, cols], w [cols], b [cols]; cols >= 1, eps >= 0 and finite
+ */
+PYTFM_API pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd,
+                                               const float *x, const float *w, const float *b,
+                                               int64_t rows, int64_t cols, float eps);
+
+/* With x̂ = (x − mean) · rstd and g = dy ∘ w, per row:
+ *   dx [rows, cols] written: rstd · (g − mean(g) − x̂ · mean(g ∘ x̂))
+ *   dw [cols]       accumulated: += sum over rows of dy ∘ x̂
+ *   db [cols]       accumulated: += sum over rows of dy
+ *   dy, x [rows, cols]; w [cols]; mean, rstd [rows] from the forward
+ * x̂ is rebuilt from the saved float32 mean, whose rounding (eps·|mean|/2) moves it by that
+ * much times rstd: rows far from zero relative to their spread lose that accuracy in dx, dw.
+ * x − mean is formed in float32: rows whose values lie more than FLT_MAX from their mean (of
+ * both signs near ±FLT_MAX) give inf and NaN here.
+ * Scratch (the fast kernels, isa above PLAIN): the partial sums of dw and db over 16 fixed
+ * chunks of rows, 2 · min(rows, 16) · cols floats.
+ */
+PYTFM_API pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db,
+                                                const float *dy, const float *x, const float *w,
+                                                const float *mean, const float *rstd,
+                                                int64_t rows, int64_t cols);
+
+/* ---- RoPE: rotary position embedding, rotate-half (GPT-NeoX) pairing ---------------- */
+/* For each (b, t, h) and i in [0, D/2), with θ_i = pos[b, t] · base^(−2i/D), the pair
+ * (x[i], x[i + D/2]) is rotated by θ_i:
+ *   y[i]       = x[i] cos θ_i − x[i + D/2] sin θ_i
+ *   y[i + D/2] = x[i + D/2] cos θ_i + x[i] sin θ_i
+ * Angles are computed in double precision.
+ *   y   [B, T, H, D] written (may equal x: in place is allowed)
+ *   x   [B, T, H, D]; D even and >= 2
+ *   pos positions: pos[b * pos_stride + t] for batch b, time t; pos_stride = T for a [B, T]
+ *       array, 0 to share one [T] row across the batch. Any int64 value is allowed (decoding
+ *       at offset p passes p, p+1, ...).
+ *   base > 0 (10000 is the usual value)
+ * Scratch (the fast version, isa above PLAIN): the table of cos θ and sin θ, P · D floats
+ * for P distinct position rows (P = T when pos_stride = 0, else B · T).
+ */
+PYTFM_API pytfm_status pytfm_rope_forward(float *y, const float *x, const int64_t *pos,
+                                          int64_t B, int64_t T, int64_t H, int64_t D,
+                                          int64_t pos_stride, double base);
+
+/* The rotation by −θ_i (the transpose of the forward's rotation):
+ *   dx [B, T, H, D] written (may equal dy), dy [B, T, H, D]; other arguments as the forward
+ * Scratch: as the forward.
+ */
+PYTFM_API pytfm_status pytfm_rope_backward(float *dx, const float *dy, const int64_t *pos,
+                                           int64_t B, int64_t T, int64_t H, int64_t D,
+                                           int64_t pos_stride, double base);
+
+/* ---- The fused QKV projection's split, with RoPE on q and k ------------------------- */
+/* The attention block's c_attn output holds q, k, v interleaved per token; the attention
+ * kernels take each as its own [B, T, H, D] array. In one pass over the fused array:
+ *   q [b, t] = R(θ) qkv[b, t, 0],  k [b, t] = R(θ) qkv[b, t, 1],  v [b, t] = qkv[b, t, 2]
+ * with R(θ) pytfm_rope_forward's rotation at position pos[b * pos_stride + t] when rope != 0,
+ * the identity (a copy) when rope == 0 (pos and base then unused; pos may be NULL).
+ *   q, k, v [B, T, H, D] written;  qkv [B, T, 3, H, D];  D >= 1, even when rope != 0
+ *   pos, pos_stride, base: as pytfm_rope_forward
+ * The same bits as slicing qkv and calling pytfm_rope_forward on q and k. No buffer may share
+ * memory with another. Scratch: as pytfm_rope_forward (when rope != 0).
+ */
+PYTFM_API pytfm_status pytfm_qkv_split_forward(float *q, float *k, float *v, const float *qkv,
+                                               const int64_t *pos, int64_t B, int64_t T,
+                                               int64_t H, int64_t D, int64_t pos_stride,
+                                               double base, int32_t rope);
+
+/* Its backward, back into the fused layout (the gradient c_attn's backward takes):
+ *   dqkv [b, t, 0] = R(−θ) dq [b, t],  dqkv [b, t, 1] = R(−θ) dk [b, t],  dqkv [b, t, 2] = dv [b, t]
+ *   dqkv [B, T, 3, H, D] written;  dq, dk, dv [B, T, H, D]; the rest as the forward
+ */
+PYTFM_API pytfm_status pytfm_qkv_split_backward(float *dqkv, const float *dq, const float *dk,
+                                                const float *dv, const int64_t *pos, int64_t B,
+                                                int64_t T, int64_t H, int64_t D,
+                                                int64_t pos_stride, double base, int32_t rope);
+
+/* ---- Sinusoidal positions (Vaswani et al., 2017) ------------------------------------ */
+/* The table added to the token embeddings of a sinusoidal GPT: for t in [0, T), i in
+ * [0, dim/2), with inv_i = 10000^(−2i/dim), computed in double and each value then rounded
+ * to float:
+ *   pe[t, 2i] = sin(t · inv_i),   pe[t, 2i + 1] = cos(t · inv_i)
+ *   pe [T, dim] written;  T >= 0;  dim even and >= 2
+ * The one implementation, so that Python and the C model use the same bits; the same at any
+ * thread count. */
+PYTFM_API pytfm_status pytfm_sinusoidal_positions(float *pe, int64_t T, int64_t dim);
+
+/* ---- GELU, tanh approximation (as GPT-2) --------------------------------------------- */
+/* y = 0.5 x (1 + tanh(u)), u = sqrt(2/π) (x + 0.044715 x³), computed as x / (1 + e^(−2u))
+ * (the same function, with one exp instead of a tanh). Forward and backward are finite for
+ * every finite x, up to ±FLT_MAX; x = +inf gives y = +inf, x = −inf y = NaN (−inf · 0), and
+ * gelu'(±inf) and anything of NaN are NaN: what the reference (and PyTorch's formula) gives.
+ *   y [count] written (may equal x), x [count]
+ */
+PYTFM_API pytfm_status pytfm_gelu_forward(float *y, const float *x, int64_t count);
+
+/*   dx [count] written: dy · gelu'(x) (may equal dy), dy [count], x [count] the forward's
+ *   input; with s = 1 / (1 + e^(−2u)): gelu'(x) = s + 2 x s (1 − s) · sqrt(2/π)(1 + 3·0.044715 x²)
+ */
+PYTFM_API pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const float *x,
+                                           int64_t count);
+
+/* ---- Embedding lookup ---------------------------------------------------------------- */
+/* y[i, :] = table[ids[i], :]
+ *   y     [rows, dim] written
+ *   ids   [rows], each in [0, vocab); one outside gives PYTFM_STATUS_OUT_OF_RANGE
+ *   table [vocab, dim]; vocab >= 1, dim >= 1
+ */
+PYTFM_API pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *table,
+                                               int64_t rows, int64_t vocab, int64_t dim);
+
+/*   dtable [vocab, dim] accumulated: dtable[ids[i], :] += dy[i, :] (repeated ids add up)
+ *   dy [rows, dim], ids [rows] as in the forward
+ */
+PYTFM_API pytfm_status pytfm_embedding_backward(float *dtable, const float *dy,
+                                                const int64_t *ids, int64_t rows, int64_t vocab,
+                                                int64_t dim);
+
+/* ---- Softmax cross-entropy ----------------------------------------------------------- */
+/* loss = mean over rows i with targets[i] != ignore_index of (lse[i] − logits[i, targets[i]]),
+ * lse[i] = log sum_j exp(logits[i, j]). With no such row the loss is 0 (PyTorch gives NaN).
+ *   loss    [1] written
+ *   lse     [rows] written, saved for the backward (also for ignored rows)
+ *   logits  [rows, vocab]; vocab >= 1
+ *   targets [rows], each in [0, vocab) or equal to ignore_index (else
+ *           PYTFM_STATUS_OUT_OF_RANGE)
+ */
+PYTFM_API pytfm_status pytfm_cross_entropy_forward(float *loss, float *lse, const float *logits,
+                                                   const int64_t *targets, int64_t rows,
+                                                   int64_t vocab, int64_t ignore_index);
+
+/* dlogits[i, :] = dloss / kept · (softmax(logits[i, :]) − onehot(targets[i])), zero for
+ * ignored rows; kept is the number of rows not ignored. The softmax is recomputed as
+ * exp(logits − lse), so each probability carries an absolute error of about 6e-8·|lse| from
+ * lse's float32 rounding (negligible for the logits of a trained model, |lse| < 100).
+ *   dlogits [rows, vocab] written; logits, targets as the forward; lse [rows] from the forward
+ *   dloss   the gradient of the loss (1 for a loss that is minimised directly)
+ */
+PYTFM_API pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float *logits,
+                                                    const int64_t *targets, const float *lse,
+                                                    int64_t rows, int64_t vocab,
+                                                    int64_t ignore_index, float dloss);
+
+/* ---- AdamW, one fused in-place step (as torch.optim.AdamW) -------------------------- */
+/* With t = step (the first step is 1), in torch's arrangement of the bias corrections:
+ *   param ← param · (1 − lr·weight_decay)
+ *   m ← β1 m + (1 − β1) g;     v ← β2 v + (1 − β2) g²
+ *   param ← param − (lr / (1 − β1ᵗ)) · m / (sqrt(v) / sqrt(1 − β2ᵗ) + eps)
+ *   param, m, v [count] updated in place; grad [count]
+ *   step >= 1; lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0, all finite
+ * The hyperparameters are double, as Python floats are: the bias corrections βᵗ are computed
+ * in double (float32 β would move 1 − 0.999¹⁰⁰⁰ by 1e-5), the per-element work in float32.
+ */
+PYTFM_API pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const float *grad,
+                                        int64_t count, int64_t step, double lr, double beta1,
+                                        double beta2, double eps, double weight_decay);
+
+/* The sum of squares of a flat array, for gradient clipping's global norm (pytfm/optim.py
+ * clip_grad_norm over the model's one gradient buffer). Lives in csrc/kernels/adamw.c, CUDA
+ * cuda/adamw.cu; Python pytfm/ops.py sum_squares; tests in tests/: test_flat.py,
+ * test_cuda_emu.py, test_cuda_dispatch.py.
+ *   *out = Σ_i x[i]² in double: blocks of 16384 elements each summed in order, then the block
+ *   sums in order (the same bits at any thread count); x [count], count >= 0
+ * Scratch: one double per block, when there are more than 64 blocks.
+ */
+PYTFM_API pytfm_status pytfm_sum_squares(double *out, const float *x, int64_t count);
+
+/* ---- Attention: multi-head scaled dot-product, flash-style ------------------------- */
+/* O = softmax(scale · q kᵀ [+ causal mask]) v for every batch b and head h, computed tile by
+ * tile with an online softmax: the [T, T] score matrix is never stored. With causal != 0,
+ * position t attends to keys 0..t only, and tiles above the diagonal are skipped. Parallel
+ * over B·H when built with OpenMP; the result does not depend on the number of threads.
+ *   o     [B, T, H, D] written
+ *   lse   [B, H, T]    written: log Σ_s exp(scores[t, s]), saved for the backward
+ *   q, k, v [B, T, H, D] (the layout a fused QKV projection produces, no permute needed)
+ *   D >= 1; scale finite, usually 1/sqrt(D)
+ * Scratch (the fast version: isa AVX2 or above, T >= 8): per thread, a copy of one head's
+ * keys transposed and a 64×256 tile of scores, D·T + 16512 floats (linear in T). The plain
+ * version allocates nothing: under 1 KiB of stack per thread.
+ */
+PYTFM_API pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q,
+                                               const float *k, const float *v, int64_t B,
+                                               int64_t T, int64_t H, int64_t D, float scale,
+                                               int32_t causal);
+
+/* Recomputes the probabilities from q, k and lse, tile by tile; deterministic.
+ *   dq, dk, dv [B, T, H, D] written
+ *   dy [B, T, H, D] the gradient of o; q, k, v, o, lse, scale, causal as in the forward
+ * Scratch (fast version, as the forward): per thread, one head's keys and values transposed,
+ * two 64×64 tiles and a row of T sums, 2·D·T + T + 8192 floats. The plain version: none.
+ */
+PYTFM_API pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const float *dy,
+                                                const float *q, const float *k, const float *v,
+                                                const float *o, const float *lse, int64_t B,
+                                                int64_t T, int64_t H, int64_t D, float scale,
+                                                int32_t causal);
+
+/* Write n_new new keys and values into a KV cache at positions [start, start + n_new).
+ *   k_cache, v_cache [B, Tmax, H, D] updated; k, v [B, n_new, H, D]
+ *   start >= 0 and start + n_new <= Tmax (else PYTFM_STATUS_INVALID_ARGUMENT: cache overflow,
+ *   also when start + n_new would pass INT64_MAX)
+ */
+PYTFM_API pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache,
+                                                    const float *k, const float *v, int64_t B,
+                                                    int64_t n_new, int64_t H, int64_t D,
+                                                    int64_t Tmax, int64_t start);
+
+/* Causal attention of n_new new queries at positions [start, start + n_new) to the cached keys
+ * and values at positions [0, start + n_new) (append them first): query start + i sees keys
+ * 0..start + i. Costs O((start + n_new)·D) per query: no [T, T] work.
+ *   o   [B, n_new, H, D] written;  lse [B, H, n_new] written
+ *   q   [B, n_new, H, D];  k_cache, v_cache [B, Tmax, H, D];  start + n_new <= Tmax
+ * Scratch: as pytfm_attention_forward with T = start + n_new, for n_new >= 8 (the tiled fast
+ * version); fewer queries run one row at a time (vectorised above PYTFM_ISA_PLAIN) and take
+ * none.
+ */
+PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q,
+                                              const float *k_cache, const float *v_cache,
+                                              int64_t B, int64_t n_new, int64_t H, int64_t D,
+                                              int64_t Tmax, int64_t start, float scale);
+
+/* PYTFM_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PYTFM_KERNELS_H */

@@ -1,0 +1,490 @@
+/*
+ * attention.c — multi-head scaled dot-product attention, flash-style, in linear memory.
+ *
+ *   q, k, v, o [B, T, H, D] (row (b, t, h) holds D floats; the next t is H·D further on)
+ *   S = scale · q kᵀ (per batch and head, [T, T]),  P = softmax(S) row-wise (causal: keys ≤ t),
+ *   O = P v,  lse_t = log Σ_s exp(S_ts)  ([B, H, T], saved for the backward)
+ *
+ * The T×T matrices S and P are never stored. The forward walks the keys in tiles of BK and
+ * keeps, per query row, a running max m and sum l (the online softmax):
+ *   m' = max(m, max_s S_ts),  l ← l·e^(m−m') + Σ_s e^(S_ts−m'),
+ *   O_t ← O_t·e^(m−m') + Σ_s e^(S_ts−m') v_s
+ * and divides O_t by l once at the end. Causal tiles above the diagonal are never visited, and
+ * in a diagonal tile only the keys s ≤ t are.
+ *
+ * The backward gets dy, the gradient of O, and recomputes P_ts = exp(S_ts − lse_t) pair by pair:
+ *   delta_t = Σ_d dy_td O_td                 (= Σ_s P_ts dP_ts)
+ *   dV_s += P_ts dy_t,  dP_ts = dy_t · v_s,  dS_ts = P_ts (dP_ts − delta_t)
+ *   dQ_t += scale · dS_ts k_s,  dK_s += scale · dS_ts q_t
+ * One thread owns a whole (b, h): every accumulation happens in one fixed order, so the result
+ * is the same bits whatever the number of threads.
+ *
+ * Decoding: n_new queries at positions [start, start + n_new) attend to the keys
+ * [0, start + n_new) of a cache [B, Tmax, H, D]; the same forward code runs with a query
+ * offset and the cache's stride, so a new token costs O((start + n_new)·D).
+ *
+ * The plain version (first below) takes one query row and one key at a time. Its extra memory
+ * is on the stack, whatever T is: BK scores and the running m and l of BQ query rows (forward),
+ * delta of BQ rows (backward). The fast version (after it; used where sgemm has a
+ * micro-kernel, for at least FAST_MIN_ROWS queries) runs the same algorithm on tiles, TQ×TK
+ * forward (a row's keys in one tile up to Tk = TK: no rescaling at all there) and TQB×TKB
+ * backward, with every product a call of sgemm's register micro-kernels straight on the
+ * caller's rows (q, k, v, dy, dq, dk, dv, o through their row stride H·D) and on the tile of
+ * scores: S = Q Kᵀ, O += P V forward; S, then dV += Pᵀ dY, dP = dY Vᵀ, dK += dSᵀ Q,
+ * dQ += dS K backward (FlashAttention-2's loop order: key tiles outside, so dK and dV of a
+ * tile stay hot). On the causal diagonal each product skips, micro-tile by micro-tile, what no
+ * row of the micro-tile sees (scores_gemm, rows_gemm, cols_gemm): at the model's T = 128 the
+ * diagonal is most of the work, and computing its tiles in full took 1.5× the products. Only
+ * Kᵀ (and Vᵀ for the backward) are copied, once per head, so that the micro-kernel reads them
+ * along contiguous rows. Its scratch, one workspace per thread, allocated once per call, is
+ * linear in T (Tk = T, or start + n_new when decoding):
+ *   forward:  Kᵀ, the TQ×TK scores, m and l:        D·Tk + TQ·TK + 2·TQ floats
+ *   backward: Kᵀ, Vᵀ, the scores, dP and delta:     2·D·T + 2·TQB·TKB + T floats
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/checks.h"
+#include "fast.h"
+
+enum { BQ = 32, BK = 32 }; /* query rows and keys per tile */
+
+/* One forward problem: queries [B, Tq, H, D] at positions start.., keys/values [0, Tk) of
+ * arrays [B, Ts, H, D] (Ts = T for attention_forward, Tmax for a cache). */
+typedef struct {
+    float *o, *lse;
+    const float *q, *k, *v;
+    int64_t B, Tq, Tk, Ts, H, D, start;
+    float scale;
+    int causal;
+} problem;
+
+static void forward_head(const problem *p, int64_t b, int64_t h) {
+    const int64_t D = p->D, HD = p->H * D;
+    const float *qb = p->q + (b * p->Tq * p->H + h) * D; // row t at qb + t·HD
+    const float *kb = p->k + (b * p->Ts * p->H + h) * D;
+    const float *vb = p->v + (b * p->Ts * p->H + h) * D;
+    float *ob = p->o + (b * p->Tq * p->H + h) * D;
+    float *lse = p->lse + (b * p->H + h) * p->Tq; // (b, h, :)
+    float s[BK], m[BQ], l[BQ];
+
+    for (int64_t i0 = 0; i0 < p->Tq; i0 += BQ) {
+        const int64_t nq = PYTFM_MIN(BQ, p->Tq - i0);
+        const int64_t kend = p->causal ? PYTFM_MIN(p->Tk, p->start + i0 + nq) : p->Tk;
+        for (int64_t r = 0; r < nq; r++) {
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+            memset(ob + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
+        }
+        for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+            const int64_t nk = PYTFM_MIN(BK, kend - j0);
+            for (int64_t r = 0; r < nq; r++) {
+                // keys of this tile row r may see: all, or those at positions <= its own
+                const int64_t vis = p->causal ? PYTFM_MIN(nk, p->start + i0 + r - j0 + 1) : nk;
+                if (vis <= 0) continue;
+                const float *qr = qb + (i0 + r) * HD;
+                float *orow = ob + (i0 + r) * HD;
+                float mx = m[r];
+                for (int64_t c = 0; c < vis; c++) {
+                    s[c] = p->scale * pytfm__dot(qr, kb + (j0 + c) * HD, D);
+                    mx = s[c] > mx ? s[c] : mx;
+                }
+                const float alpha = expf(m[r] - mx); // 0 on the first visit (m = -inf)
+                l[r] *= alpha;
+                for (int64_t d = 0; d < D; d++) orow[d] *= alpha;
+                for (int64_t c = 0; c < vis; c++) {
+                    const float e = expf(s[c] - mx);
+                    l[r] += e;
+                    pytfm__axpy(orow, e, vb + (j0 + c) * HD, D);
+                }
+                m[r] = mx;
+            }
+        }
+        for (int64_t r = 0; r < nq; r++) {
+            float *orow = ob + (i0 + r) * HD;
+            const float inv = 1.0f / l[r];
+            for (int64_t d = 0; d < D; d++) orow[d] *= inv;
+            lse[i0 + r] = m[r] + logf(l[r]);
+        }
+    }
+}
+
+static void forward_all(const problem *p) {
+    PYTFM_PARALLEL_FOR
+    for (int64_t bh = 0; bh < p->B * p->H; bh++) forward_head(p, bh / p->H, bh % p->H);
+}
+
+/* ---- decoding a few queries: one row at a time, on the vectorised row kernels -------------- */
+
+enum { RK = 64 }; /* keys per tile */
+
+/* The forward's online softmax for each query row of (b, h) alone, tiles of RK keys: the
+ * scores as dot products along the keys' rows (fast.h gemv: no Kᵀ to build for one query),
+ * the tile's softmax step (attn_softmax_row), then o = alpha·o + P·V (attn_pv_row). */
+static void decode_head_rows(const problem *p, const pytfm__fast_kernels *fk, int64_t b,
+                             int64_t h) {
+    const int64_t D = p->D, HD = p->H * D;
+    const float *qb = p->q + (b * p->Tq * p->H + h) * D; // row t at qb + t·HD
+    const float *kb = p->k + (b * p->Ts * p->H + h) * D;
+    const float *vb = p->v + (b * p->Ts * p->H + h) * D;
+    float *ob = p->o + (b * p->Tq * p->H + h) * D;
+    float *lse = p->lse + (b * p->H + h) * p->Tq; // (b, h, :)
+    float s[RK];
+    for (int64_t r = 0; r < p->Tq; r++) {
+        const float *qr = qb + r * HD;
+        float *orow = ob + r * HD;
+        const int64_t kend = p->causal ? PYTFM_MIN(p->Tk, p->start + r + 1) : p->Tk;
+        float m = -INFINITY, l = 0.0f;
+        memset(orow, 0, (size_t)D * sizeof(float));
+        for (int64_t j0 = 0; j0 < kend; j0 += RK) {
+            const int64_t nk = PYTFM_MIN(RK, kend - j0);
+            fk->gemv(s, qr, kb + j0 * HD, HD, NULL, D, nk);
+            const float alpha = fk->attn_softmax_row(s, nk, nk, p->scale, &m, &l);
+            fk->attn_pv_row(orow, s, vb + j0 * HD, HD, nk, D, alpha);
+        }
+        const float inv = 1.0f / l;
+        for (int64_t d = 0; d < D; d++) orow[d] *= inv;
+        lse[r] = m + logf(l);
+    }
+}
+
+/* ---- the fast version: tiles through the sgemm micro-kernels ------------------------------ */
+
+/* Query rows and keys per tile: forward TQ×TK (one key tile covers a whole row when Tk <= TK,
+ * so the online softmax rescales nothing), backward TQB×TKB. */
+enum { TQ = 64, TK = 256, TQB = 64, TKB = 64, FAST_MIN_ROWS = 8 };
+_Static_assert(TK % 16 == 0 && TKB % 16 == 0 && RK % 16 == 0,
+               "attn_softmax_row and attn_p_row may write a row up to vis rounded up to 16");
+
+/* In a tile of query rows i0.. and keys j0.., row r sees the keys c <= r + diag (causal:
+ * diag = start + i0 − j0; otherwise diag = the tile's key count, so every key). The products
+ * below skip what no row of a micro-tile sees, so that a tile on the diagonal costs about half
+ * a full one instead of all of it. */
+
+/* the keys [0, lim) that the block of mr rows holding row r reads (the row of that block seen
+ * last: the block runs from r rounded down to a multiple of mr, and stops at m); n at most */
+static inline int64_t block_keys(int64_t r, int mr, int64_t m, int64_t n, int64_t diag) {
+    const int64_t lim = PYTFM_MIN(r / mr * mr + mr, m) + diag;
+    return lim < 0 ? 0 : PYTFM_MIN(n, lim);
+}
+
+/* Scores C[m, n] (row stride ldc) = A·Bᵀ over kc = D, A's rows a + r·lda (q or dy as they lie),
+ * B's transposed bt_ [kc, ldb] (Kᵀ or Vᵀ): the micro-tiles that some row of theirs sees; the
+ * rest of C is left as it was (the row kernels read a row only up to what it sees). */
+static void scores_gemm(const pytfm__micro *uk, float *c, int64_t ldc, const float *a,
+                        int64_t lda, const float *bt_, int64_t ldb, int64_t m, int64_t n,
+                        int64_t kc, int64_t diag) {
+    for (int64_t j = 0; j < n; j += uk->nr)
+        for (int64_t i = 0; i < m; i += uk->mr)
+            if (block_keys(i, uk->mr, m, n, diag) > j)
+                uk->run(c + i * ldc + j, ldc, a + i * lda, 1, lda, bt_ + j, ldb, kc,
+                        (int)PYTFM_MIN(uk->mr, m - i), (int)PYTFM_MIN(uk->nr, n - j), 0.0f);
+}
+
+/* C[m, n] = bt·C + A·B, A [m, kc] the rows of P or dS (row stride lda), B's rows b + p·ldb (v
+ * or k as they lie): each block of rows sums only the keys it sees (its P is 0 past them);
+ * bt = 0 writes every row, even one that sees nothing */
+static void rows_gemm(const pytfm__micro *uk, float *c, int64_t ldc, const float *a, int64_t lda,
+                      const float *b, int64_t ldb, int64_t m, int64_t n, int64_t kc, float bt,
+                      int64_t diag) {
+    for (int64_t j = 0; j < n; j += uk->nr)
+        for (int64_t i = 0; i < m; i += uk->mr) {
+            const int64_t lim = block_keys(i, uk->mr, m, kc, diag);
+            if (lim > 0 || bt == 0.0f)
+                uk->run(c + i * ldc + j, ldc, a + i * lda, 1, lda, b + j, ldb, lim,
+                        (int)PYTFM_MIN(uk->mr, m - i), (int)PYTFM_MIN(uk->nr, n - j), bt);
+        }
+}
+
+/* C[m, n] += Aᵀ·B over the kc query rows: C's rows are keys, A [kc, lda] is P or dS (read down
+ * its columns), B's rows b + p·ldb (dy or q as they lie); a block of keys starts its sum at
+ * the first query row that sees its first key (the rows above have P = 0 there) */
+static void cols_gemm(const pytfm__micro *uk, float *c, int64_t ldc, const float *a, int64_t lda,
+                      const float *b, int64_t ldb, int64_t m, int64_t n, int64_t kc,
+                      int64_t diag) {
+    for (int64_t j = 0; j < n; j += uk->nr)
+        for (int64_t i = 0; i < m; i += uk->mr) {
+            const int64_t p0 = i - diag > 0 ? i - diag : 0; // key i is seen from row i − diag on
+            if (p0 < kc)
+                uk->run(c + i * ldc + j, ldc, a + p0 * lda + i, lda, 1, b + p0 * ldb + j, ldb,
+                        kc - p0, (int)PYTFM_MIN(uk->mr, m - i), (int)PYTFM_MIN(uk->nr, n - j),
+                        1.0f);
+        }
+}
+
+/* dst [D, rows] = the transpose of rows rows of D floats, row stride HD: eight rows at a time,
+ * a fixed count that the compiler keeps in registers (each of the eight is read along d, each
+ * row of dst written eight floats at a time) */
+static void transpose_rows(float *dst, const float *src, int64_t rows, int64_t D, int64_t HD) {
+    int64_t t0 = 0;
+    for (; t0 + 8 <= rows; t0 += 8) {
+        const float *s = src + t0 * HD;
+        for (int64_t d = 0; d < D; d++)
+            for (int i = 0; i < 8; i++) dst[d * rows + t0 + i] = s[i * HD + d];
+    }
+    for (; t0 < rows; t0++)
+        for (int64_t d = 0; d < D; d++) dst[d * rows + t0] = src[t0 * HD + d];
+}
+
+typedef struct {
+    const pytfm__micro *uk;
+    const pytfm__fast_kernels *fk;
+} fast_path;
+
+/* the scratch floats of one thread (see the top of the file); D·Tk and D·T are at most the
+ * floats of k, which the checks let through only when they fit */
+static int64_t forward_ws_floats(const problem *p) { return p->D * p->Tk + TQ * TK + 2 * TQ; }
+static int64_t backward_ws_floats(int64_t T, int64_t D) { return 2 * D * T + 2 * TQB * TKB + T; }
+
+static void forward_head_fast(const problem *p, const fast_path *f, float *ws, int64_t b,
+                              int64_t h) {
+    const int64_t D = p->D, HD = p->H * D, Tk = p->Tk;
+    const int mr = f->uk->mr;
+    const float *qb = p->q + (b * p->Tq * p->H + h) * D; // row t at qb + t·HD
+    const float *kb = p->k + (b * p->Ts * p->H + h) * D;
+    const float *vb = p->v + (b * p->Ts * p->H + h) * D;
+    float *ob = p->o + (b * p->Tq * p->H + h) * D;
+    float *lse = p->lse + (b * p->H + h) * p->Tq;
+    float *kt = ws, *s = kt + D * Tk, *m = s + TQ * TK, *l = m + TQ; // kt [D, Tk], s [TQ, TK]
+    transpose_rows(kt, kb, Tk, D, HD);
+    for (int64_t i0 = 0; i0 < p->Tq; i0 += TQ) {
+        const int64_t nq = PYTFM_MIN(TQ, p->Tq - i0);
+        const int64_t kend = p->causal ? PYTFM_MIN(Tk, p->start + i0 + nq) : Tk;
+        for (int64_t r = 0; r < nq; r++) {
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+        }
+        for (int64_t j0 = 0; j0 < kend; j0 += TK) {
+            const int64_t nk = PYTFM_MIN(TK, kend - j0);
+            const int64_t diag = p->causal ? p->start + i0 - j0 : nk;
+            // S = Q_i K_jᵀ [nq, nk]
+            scores_gemm(f->uk, s, TK, qb + i0 * HD, HD, kt + j0, Tk, nq, nk, D, diag);
+            for (int64_t r = 0; r < nq; r++) {
+                float *sr = s + r * TK;
+                const int64_t lim = block_keys(r, mr, nq, nk, diag); // what O += P V reads
+                const int64_t vis = p->causal ? PYTFM_MIN(nk, p->start + i0 + r - j0 + 1) : nk;
+                if (vis <= 0) { // no key of this tile is visible: P = 0, nothing to rescale
+                    memset(sr, 0, (size_t)lim * sizeof(float));
+                    continue;
+                }
+                const float alpha = f->fk->attn_softmax_row(sr, vis, lim, p->scale, m + r, l + r);
+                if (j0 == 0) continue; // O is written, not rescaled, by the first tile's P V
+                if (alpha != 1.0f)
+                    for (int64_t d = 0; d < D; d++) ob[(i0 + r) * HD + d] *= alpha;
+            }
+            // O_i = P V_j on the first key tile, O_i += P V_j after it
+            rows_gemm(f->uk, ob + i0 * HD, HD, s, TK, vb + j0 * HD, HD, nq, D, nk,
+                      j0 == 0 ? 0.0f : 1.0f, diag);
+        }
+        for (int64_t r = 0; r < nq; r++) {
+            const float inv = 1.0f / l[r];
+            for (int64_t d = 0; d < D; d++) ob[(i0 + r) * HD + d] *= inv;
+            lse[i0 + r] = m[r] + logf(l[r]);
+        }
+    }
+}
+
+/* the fast path, or 0 where the plain one runs (no micro-kernel, or too few query rows) */
+static int fast_path_for(fast_path *f, int64_t queries) {
+    const int32_t isa = pytfm_get_isa(); // read once: both kernels for the same ISA
+    f->uk = pytfm__micro_for(isa);
+    f->fk = pytfm__fast_for(isa);
+    return f->uk && f->fk && queries >= FAST_MIN_ROWS;
+}
+
+/* one workspace of per floats for each of threads threads (NULL, with func's error recorded,
+ * when that cannot be allocated: threads·per may even pass INT64_MAX) */
+static float *workspaces(const char *func, int64_t threads, int64_t per) {
+    int64_t floats;
+    if (!pytfm__mul_within(threads, per, INT64_MAX, &floats)) {
+        pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                    "%s: cannot allocate %lld workspaces of %lld floats (more than memory holds)",
+                    func, (long long)threads, (long long)per);
+        return NULL;
+    }
+    return pytfm__scratch(func, floats, sizeof(float));
+}
+
+static pytfm_status forward_fast(const char *func, const problem *p, const fast_path *f) {
+    const int64_t per = forward_ws_floats(p), threads = pytfm_get_num_threads();
+    float *ws = workspaces(func, threads, per);
+    if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;
+    PYTFM_PARALLEL_FOR_THREADS(threads)
+    for (int64_t bh = 0; bh < p->B * p->H; bh++)
+        forward_head_fast(p, f, ws + pytfm__thread_id() * per, bh / p->H, bh % p->H);
+    free(ws);
+    return PYTFM_STATUS_OK;
+}
+
+static void backward_head_fast(const fast_path *f, float *ws, float *dq, float *dk, float *dv,
+                               const float *dy, const float *q, const float *k, const float *v,
+                               const float *o, const float *lse, int64_t T, int64_t H, int64_t D,
+                               float scale, int causal) {
+    // pointers already offset to (b, 0, h, 0) / (b, h, 0), as in backward_head
+    const int64_t HD = H * D;
+    float *kt = ws, *vt = kt + D * T, *s = vt + D * T, *dp = s + TQB * TKB;
+    float *delta = dp + TQB * TKB;
+    transpose_rows(kt, k, T, D, HD);
+    transpose_rows(vt, v, T, D, HD);
+    for (int64_t t = 0; t < T; t++) {
+        delta[t] = pytfm__dot(dy + t * HD, o + t * HD, D);
+        memset(dq + t * HD, 0, (size_t)D * sizeof(float));
+        memset(dk + t * HD, 0, (size_t)D * sizeof(float));
+        memset(dv + t * HD, 0, (size_t)D * sizeof(float));
+    }
+    for (int64_t j0 = 0; j0 < T; j0 += TKB) {
+        const int64_t nk = PYTFM_MIN(TKB, T - j0);
+        for (int64_t i0 = causal ? j0 / TQB * TQB : 0; i0 < T; i0 += TQB) {
+            const int64_t nq = PYTFM_MIN(TQB, T - i0), diag = causal ? i0 - j0 : nk;
+            // forward: S = scale · Q_i K_jᵀ, P = exp(S − lse) (0 where not seen, to the tile's
+            // end: dV and dK read P and dS down their columns)
+            scores_gemm(f->uk, s, TKB, q + i0 * HD, HD, kt + j0, T, nq, nk, D, diag);
+            for (int64_t r = 0; r < nq; r++) {
+                const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
+                if (vis <= 0)
+                    memset(s + r * TKB, 0, (size_t)nk * sizeof(float));
+                else
+                    f->fk->attn_p_row(s + r * TKB, vis, nk, scale, lse[i0 + r]);
+            }
+            // dV_j += Pᵀ dY_i;  dP = dY_i V_jᵀ;  dS = P (dP − delta) scale
+            cols_gemm(f->uk, dv + j0 * HD, HD, s, TKB, dy + i0 * HD, HD, nk, D, nq, diag);
+            scores_gemm(f->uk, dp, TKB, dy + i0 * HD, HD, vt + j0, T, nq, nk, D, diag);
+            for (int64_t r = 0; r < nq; r++) {
+                const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
+                f->fk->attn_ds_row(dp + r * TKB, s + r * TKB, vis < 0 ? 0 : vis, nk,
+                                   delta[i0 + r], scale);
+            }
+            // dK_j += dSᵀ Q_i;  dQ_i += dS K_j
+            cols_gemm(f->uk, dk + j0 * HD, HD, dp, TKB, q + i0 * HD, HD, nk, D, nq, diag);
+            rows_gemm(f->uk, dq + i0 * HD, HD, dp, TKB, k + j0 * HD, HD, nq, D, nk, 1.0f, diag);
+        }
+    }
+}
+
+static pytfm_status backward_fast(const char *func, const fast_path *f, float *dq, float *dk,
+                                  float *dv, const float *dy, const float *q, const float *k,
+                                  const float *v, const float *o, const float *lse, int64_t B,
+                                  int64_t T, int64_t H, int64_t D, float scale, int causal) {
+    const int64_t per = backward_ws_floats(T, D), threads = pytfm_get_num_threads();
+    float *ws = workspaces(func, threads, per);
+    if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;
+    PYTFM_PARALLEL_FOR_THREADS(threads)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        const int64_t off = (bh / H * T * H + bh % H) * D; // (b, 0, h, 0)
+        backward_head_fast(f, ws + pytfm__thread_id() * per, dq + off, dk + off, dv + off,
+                           dy + off, q + off, k + off, v + off, o + off, lse + bh * T, T, H, D,
+                           scale, causal);
+    }
+    free(ws);
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const float *k,
+                                     const float *v, int64_t B, int64_t T, int64_t H, int64_t D,
+                                     float scale, int32_t causal) {
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, D, scale));
+    if (B * T * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
+    const problem p = {o, lse, q, k, v, B, T, T, T, H, D, 0, scale, causal != 0};
+    fast_path f;
+    if (fast_path_for(&f, T)) return forward_fast(__func__, &p, &f);
+    forward_all(&p);
+    return PYTFM_STATUS_OK;
+}
+
+static void backward_head(float *dq, float *dk, float *dv, const float *dy, const float *q,
+                          const float *k, const float *v, const float *o, const float *lse,
+                          int64_t T, int64_t H, int64_t D, float scale, int causal) {
+    // all pointers here are already offset to (b, 0, h, 0) / (b, h, 0); row t is t·HD further
+    const int64_t HD = H * D;
+    float delta[BQ];
+    for (int64_t t = 0; t < T; t++) {
+        memset(dk + t * HD, 0, (size_t)D * sizeof(float));
+        memset(dv + t * HD, 0, (size_t)D * sizeof(float));
+    }
+    for (int64_t i0 = 0; i0 < T; i0 += BQ) {
+        const int64_t nq = PYTFM_MIN(BQ, T - i0);
+        const int64_t kend = causal ? i0 + nq : T;
+        for (int64_t r = 0; r < nq; r++) {
+            delta[r] = pytfm__dot(dy + (i0 + r) * HD, o + (i0 + r) * HD, D);
+            memset(dq + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
+        }
+        for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+            const int64_t nk = PYTFM_MIN(BK, kend - j0);
+            for (int64_t r = 0; r < nq; r++) {
+                const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
+                const int64_t t = i0 + r;
+                const float *qt = q + t * HD, *dyt = dy + t * HD;
+                for (int64_t c = 0; c < vis; c++) {
+                    const int64_t s = j0 + c;
+                    // forward: P_ts = exp(scale · q_t·k_s − lse_t); O_t = Σ_s P_ts v_s
+                    const float P = expf(scale * pytfm__dot(qt, k + s * HD, D) - lse[t]);
+                    pytfm__axpy(dv + s * HD, P, dyt, D);
+                    const float dS = P * (pytfm__dot(dyt, v + s * HD, D) - delta[r]) * scale;
+                    pytfm__axpy(dq + t * HD, dS, k + s * HD, D);
+                    pytfm__axpy(dk + s * HD, dS, qt, D);
+                }
+            }
+        }
+    }
+}
+
+pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const float *dy,
+                                      const float *q, const float *k, const float *v,
+                                      const float *o, const float *lse, int64_t B, int64_t T,
+                                      int64_t H, int64_t D, float scale, int32_t causal) {
+    PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
+                                              D, scale));
+    if (B * T * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
+    fast_path f;
+    if (fast_path_for(&f, T))
+        return backward_fast(__func__, &f, dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale,
+                             causal != 0);
+    PYTFM_PARALLEL_FOR
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        const int64_t b = bh / H, h = bh % H;
+        const int64_t off = (b * T * H + h) * D; // (b, 0, h, 0)
+        backward_head(dq + off, dk + off, dv + off, dy + off, q + off, k + off, v + off,
+                      o + off, lse + bh * T, T, H, D, scale, causal != 0);
+    }
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache, const float *k,
+                                          const float *v, int64_t B, int64_t n_new, int64_t H,
+                                          int64_t D, int64_t Tmax, int64_t start) {
+    PYTFM_TRY(pytfm__check_attention_cache_append(__func__, k_cache, v_cache, k, v, B, n_new, H,
+                                                  D, Tmax, start));
+    // the n_new new rows of a batch are consecutive, in k and v as in the cache
+    const size_t bytes = (size_t)(n_new * H * D) * sizeof(float);
+    for (int64_t b = 0; b < B && n_new > 0; b++) {
+        memcpy(k_cache + (b * Tmax + start) * H * D, k + b * n_new * H * D, bytes);
+        memcpy(v_cache + (b * Tmax + start) * H * D, v + b * n_new * H * D, bytes);
+    }
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const float *k_cache,
+                                    const float *v_cache, int64_t B, int64_t n_new, int64_t H,
+                                    int64_t D, int64_t Tmax, int64_t start, float scale) {
+    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, D,
+                                            Tmax, start, scale));
+    if (B * n_new * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
+    const problem p = {o, lse, q, k_cache, v_cache, B, n_new, start + n_new, Tmax, H,
+                       D, start, scale, 1};
+    fast_path f;
+    if (fast_path_for(&f, n_new)) return forward_fast(__func__, &p, &f);
+    // a token or a few: row by row, heads to threads when there is work to share (the
+    // product is at most the cache's elements)
+    const int64_t work = B * H * (start + n_new) * D;
+    if (f.fk && (B * H == 1 || work <= PYTFM_TASK_ELEMS / n_new)) { // no parallel region
+        for (int64_t bh = 0; bh < B * H; bh++) decode_head_rows(&p, f.fk, bh / H, bh % H);
+        return PYTFM_STATUS_OK;
+    }
+    if (f.fk) {
+        PYTFM_PARALLEL_FOR
+        for (int64_t bh = 0; bh < B * H; bh++) decode_head_rows(&p, f.fk, bh / H, bh % H);
+        return PYTFM_STATUS_OK;
+    }
+    forward_all(&p);
+    return PYTFM_STATUS_OK;
+}

@@ -1,0 +1,44 @@
+/*
+ * embedding.c — table lookup, the token embedding.
+ *
+ *   ids [rows] in [0, vocab), table [vocab, dim], y [rows, dim]
+ *   forward:  y[i, :] = table[ids[i], :]
+ *   backward: dtable[ids[i], :] += dy[i, :]  (a scatter-add: rows of repeated ids add up; run
+ *             in order of i, so the sum is the same every time)
+ * All ids are checked before the first write, so a bad id changes nothing.
+ */
+#include <string.h>
+
+#include "core/checks.h"
+
+pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *table,
+                                     int64_t rows, int64_t vocab, int64_t dim) {
+    PYTFM_TRY(pytfm__check_embedding_forward(__func__, y, ids, table, rows, vocab, dim));
+    PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, rows, vocab, 0, 0));
+    if (pytfm__one_task(rows, dim)) { // no parallel region for one task
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(y + i * dim, table + ids[i] * dim, (size_t)dim * sizeof(float));
+        return PYTFM_STATUS_OK;
+    }
+    PYTFM_PARALLEL_ROWS(rows, dim)
+    for (int64_t i = 0; i < rows; i++)
+        memcpy(y + i * dim, table + ids[i] * dim, (size_t)dim * sizeof(float));
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_embedding_backward(float *dtable, const float *dy, const int64_t *ids,
+                                      int64_t rows, int64_t vocab, int64_t dim) {
+    PYTFM_TRY(pytfm__check_embedding_backward(__func__, dtable, dy, ids, rows, vocab, dim));
+    PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, rows, vocab, 0, 0));
+    // threads own column blocks and scan every id in order: repeated ids add up in the same
+    // order as on one thread, with no two threads writing one element
+    enum { COLS = 64 };
+    PYTFM_PARALLEL_FOR_IF(rows * dim > PYTFM_TASK_ELEMS && dim > COLS)
+    for (int64_t j0 = 0; j0 < dim; j0 += COLS)
+        for (int64_t i = 0; i < rows; i++) {
+            float *row = dtable + ids[i] * dim;
+            const float *g = dy + i * dim;
+            for (int64_t j = j0; j < PYTFM_MIN(dim, j0 + COLS); j++) row[j] += g[j];
+        }
+    return PYTFM_STATUS_OK;
+}

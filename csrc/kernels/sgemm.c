@@ -1,0 +1,498 @@
+/*
+ * sgemm.c — C = β·C + op(A)·op(B) in float32, row-major: the three products of a linear layer.
+ *
+ *   op(A) [m, k]: A stored [m, k], or [k, m] when trans_a (then op(A) = Aᵀ)
+ *   op(B) [k, n]: B stored [k, n], or [n, k] when trans_b
+ *   C [m, n]; β = 0 writes C without reading it, β = 1 accumulates
+ *   linear forward y = x·Wᵀ: (x, W, trans_b);  dx = dy·W: (dy, W);
+ *   dW += dyᵀ·x: (dy, x, trans_a, β = 1)
+ *
+ * The plain kernel is the obviously-correct loop, kept as the oracle and as the path for CPUs
+ * without AVX2. The fast ones follow BLIS (Van Zee & van de Geijn, "BLIS: A Framework for
+ * Rapidly Instantiating BLAS Functionality", 2015): each thread owns a band of C's rows or of
+ * its columns (whichever side is longer), and for each NC-wide panel of its columns of B and
+ * each KC-deep slice of k it copies ("packs") that part of op(B) into micro-panels of NR
+ * columns, then for each MC-row block of op(A) (packed into micro-panels of MR rows when that
+ * pays, see pack_a_pays; else read in place) runs an MR×NR register micro-kernel over every
+ * (rows of A, micro-panel of B) pair. The micro-kernel keeps its MR×NR tile of C in registers
+ * for the whole KC slice: MR·NR/8 (AVX2) or MR·NR/16 (AVX-512) accumulators, the broadcast A
+ * value fused into the FMA. Packing turns the transposes into copies and zero-pads ragged
+ * edges; the tile's ragged edge is written through a mask. An optional epilogue (the linear
+ * layer's bias and GELU, internal.h) runs on each MC×NC block of C after its last k slice,
+ * while the block is in L2, a row of up to NC floats per call: run on each 8×32 tile (in L1)
+ * instead, GELU's row kernel was called on 32 floats at a time and linear_gelu_forward took
+ * 2.00 ms against 1.76 for the product and a separate GELU pass (1024×128 -> 512, one
+ * thread); per block it takes 1.66 against 1.62, and 26.1 against 26.6 at 2048×384 -> 1536.
+ * What the measurements chose (a C harness timing pytfm_sgemm, best of 15 batches on this
+ * 2-core Zen 4 EPYC: 32 KiB L1d and 1 MiB L2 per core, 32 MiB L3; one thread, GFLOP/s):
+ *  - C's tile is prefetched when the micro-kernel starts (prefetch_c): it is read and written
+ *    once per k slice, rows n floats apart, from L3 at large n; n = 1024: 74-79 -> 83-88,
+ *    n = 2048: 72-77 -> 83.
+ *  - MC × KC × NC = 144 × 384 × 2048 (was 96 × 192 × 1024): a deeper k slice reads and writes
+ *    C half as often; the MC×KC block of A (216 KiB) sits in L2, the KC×NR micro-panel of B
+ *    (48 KiB for AVX-512) in L1 and L2, the KC×NC panel of B (3 MiB) in L3, from where each
+ *    micro-panel is read once per MC rows. n = 1024: 84-87 -> 91-92, n = 2048: 84-86 -> 94,
+ *    dx = dy·W of the d=384 model (2048×384, k = 1536): 80-85 -> 96.
+ *  - the packing copies: fixed-size inline copies instead of memcpy calls (memcpy was 10% of
+ *    the dW product's time, perf), 8×8 AVX2 transposes for the transposing ones (op(B) of
+ *    y = x·Wᵀ, op(A) when packed untransposed), and the next rows prefetched (prefetch_row);
+ *    train_tiny's dW (128×512, k = 1024) 83-91 -> 87-93, y = x·Wᵀ of d=384 (2048×1152,
+ *    k = 384) 93-95 -> 95-99.
+ *  - each thread packs its own panels (blocking, below): two threads went from 148-171 to
+ *    167-175 at n = 256...2048 (alternating runs), and share no barrier that a busy neighbour
+ *    on one core could stall the other on.
+ * With all of these, `python -m bench --groups sgemm --threads 1 2 --rounds 3` (medians) had
+ * pytfm at 0.89-0.96 of OpenBLAS on one thread (n = 256...2048; 0.89 at n = 2048) and
+ * 0.91-1.08 on two (0.53-0.73 at n >= 512 before); the linear layers' products 0.88-1.00 and
+ * 0.87-1.14 (the before run's two-thread figures swung too widely to compare: the threads
+ * then waited at barriers, which a busy neighbour on one core stalls).
+ * The packing buffers are scratch, allocated once per call (pytfm__scratch): per thread, 216
+ * KiB for A when it is packed and one KC×NC slice of B (less for a narrow C): at most 3.2 MiB.
+ * Every element of C is summed by one thread in one fixed order (the k slices in turn, each in
+ * p order), so the result does not depend on the thread count.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/checks.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define PYTFM_HAVE_X86_KERNELS 1
+#include <immintrin.h>
+#endif
+
+/* element (i, p) of op(A) and (p, j) of op(B) */
+#define OPA(i, p) (trans_a ? a[(p) * m + (i)] : a[(i) * k + (p)])
+#define OPB(p, j) (trans_b ? b[(j) * k + (p)] : b[(p) * n + (j)])
+
+static void sgemm_plain(float *c, const float *a, const float *b, int64_t m, int64_t n,
+                        int64_t k, int trans_a, int trans_b, float beta) {
+    // one row of C per iteration (rows go to threads), the inner loop on contiguous memory
+    PYTFM_PARALLEL_FOR
+    for (int64_t i = 0; i < m; i++) {
+        float *ci = c + i * n; // (n)
+        if (trans_b) {         // op(B)[:, j] is row j of b: dot products
+            for (int64_t j = 0; j < n; j++) {
+                float acc = 0.0f;
+                for (int64_t p = 0; p < k; p++) acc += OPA(i, p) * b[j * k + p];
+                ci[j] = beta == 0.0f ? acc : beta * ci[j] + acc;
+            }
+        } else { // C[i, :] = β·C[i, :] + Σ_p op(A)[i, p]·B[p, :]
+            for (int64_t j = 0; j < n; j++) ci[j] = beta == 0.0f ? 0.0f : beta * ci[j];
+            for (int64_t p = 0; p < k; p++) pytfm__axpy(ci, OPA(i, p), b + p * n, n);
+        }
+    }
+}
+
+/* ---- the blocked driver, shared by the micro-kernels ------------------------------------- */
+
+enum { MC = 144, KC = 384, NC = 2048 };
+
+/* count floats from src to dst. For the micro-tile widths the size is a constant, which the
+ * compiler turns into a few vector moves: a call to memcpy for 32 bytes costs more than the
+ * copy, and was 10% of the dW product's time (1152×384, k = 2048, perf). */
+static inline void copy_floats(float *dst, const float *src, int count) {
+    switch (count) {
+    case 6: memcpy(dst, src, 6 * sizeof(float)); break;
+    case 8: memcpy(dst, src, 8 * sizeof(float)); break;
+    case 16: memcpy(dst, src, 16 * sizeof(float)); break;
+    case 32: memcpy(dst, src, 32 * sizeof(float)); break;
+    default: memcpy(dst, src, (size_t)count * sizeof(float));
+    }
+}
+
+/* The copies below read short pieces of rows a row apart (n or m floats: 2 KiB at n = 512), a
+ * stride the hardware prefetchers follow late or not at all: fetch the piece PF_AHEAD rows on
+ * while copying this one (within the k slice). The dW product of train_tiny (128×512,
+ * k = 1024, one thread) went from 83-91 to 87-93 GFLOP/s. */
+enum { PF_AHEAD = 16 };
+static inline void prefetch_row(const float *p, int count) {
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + count - 1);
+}
+
+/* dst[p·ldd + r] = src[r·lds + p] for r, p < 8: the transposing copies of the packing, eight
+ * rows at a time (the scalar loop wrote each float to its own place, a column apart) */
+#ifdef PYTFM_HAVE_X86_KERNELS
+__attribute__((target("avx2"))) static void transpose8(float *dst, int64_t ldd, const float *src,
+                                                       int64_t lds) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i += 2) { // pairs of rows interleaved
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) { // quads of rows: 4 floats of one column in each half
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) { // the two quads' halves: whole columns
+        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#else
+static void transpose8(float *dst, int64_t ldd, const float *src, int64_t lds) {
+    for (int p = 0; p < 8; p++)
+        for (int r = 0; r < 8; r++) dst[p * ldd + r] = src[r * lds + p];
+}
+#endif
+
+/* dst[p·ldd + r] = src[r·lds + p] for r < rows, p < kc; 0 for rows <= r < width (a multiple of
+ * 8 or not: the tail goes one float at a time) */
+static void pack_transposed(float *dst, int64_t ldd, const float *src, int64_t lds, int rows,
+                            int width, int64_t kc) {
+    int r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        int64_t p = 0;
+        for (; p + 8 <= kc; p += 8) transpose8(dst + p * ldd + r, ldd, src + r * lds + p, lds);
+        for (; p < kc; p++)
+            for (int i = r; i < r + 8; i++) dst[p * ldd + i] = src[i * lds + p];
+    }
+    for (int64_t p = 0; p < kc; p++)
+        for (int i = r; i < width; i++) dst[p * ldd + i] = i < rows ? src[i * lds + p] : 0.0f;
+}
+
+/* rows [i0, i0+mc) × k slice [p0, p0+kc) of op(A) into micro-panels of mr rows: panel q holds,
+ * for each p, the mr values op(A)[i0 + q·mr .. +mr, p0 + p] (zeros past mc). */
+static void pack_a(float *dst, const pytfm__product *g, int mr, int64_t i0, int64_t mc,
+                   int64_t p0, int64_t kc) {
+    const float *a = g->a;
+    const int64_t m = g->m, k = g->k;
+    for (int64_t ir = 0; ir < mc; ir += mr, dst += mr * kc) {
+        const int rows = (int)PYTFM_MIN(mr, mc - ir);
+        if (g->trans_a && rows == mr) // the mr values for one p are contiguous in a
+            for (int64_t p = 0; p < kc; p++) {
+                if (p + PF_AHEAD < kc) prefetch_row(a + (p0 + p + PF_AHEAD) * m + i0 + ir, mr);
+                copy_floats(dst + p * mr, a + (p0 + p) * m + i0 + ir, mr);
+            }
+        else if (g->trans_a)
+            for (int64_t p = 0; p < kc; p++) {
+                const float *src = a + (p0 + p) * m + i0 + ir;
+                for (int r = 0; r < mr; r++) dst[p * mr + r] = r < rows ? src[r] : 0.0f;
+            }
+        else // each row of a is contiguous: a transposing copy
+            pack_transposed(dst, mr, a + (i0 + ir) * k + p0, k, rows, mr, kc);
+    }
+}
+
+/* Whether to pack op(A). The micro-kernel can read A's rows in place, which saves the copy
+ * (up to a quarter of the time at n = 128, where each packed panel serves only n/nr
+ * micro-tiles); but a transposed A would be read with a stride of m floats per step, and at
+ * m = 1024 those all fall into one L1 set: pack it, and whenever n is wide enough to pay for
+ * the copy. B is always packed: its panel serves every row of the thread's band. */
+static int pack_a_pays(const pytfm__product *g) { return g->trans_a || g->n >= 512; }
+
+/* k slice [p0, p0+kc) × columns [j0, j0+nc) of op(B) into micro-panels of nr columns */
+static void pack_b(float *dst, const pytfm__product *g, int nr, int64_t p0, int64_t kc,
+                   int64_t j0, int64_t nc) {
+    const float *b = g->b;
+    const int64_t n = g->n, k = g->k;
+    for (int64_t jr = 0; jr < nc; jr += nr, dst += nr * kc) {
+        const int cols = (int)PYTFM_MIN(nr, nc - jr);
+        if (g->trans_b) // column j of op(B) is row j of b: a transposing copy
+            pack_transposed(dst, nr, b + (j0 + jr) * k + p0, k, cols, nr, kc);
+        else if (cols == nr) // a row of the panel is nr contiguous floats of b
+            for (int64_t p = 0; p < kc; p++) {
+                if (p + PF_AHEAD < kc) prefetch_row(b + (p0 + p + PF_AHEAD) * n + j0 + jr, nr);
+                copy_floats(dst + p * nr, b + (p0 + p) * n + j0 + jr, nr);
+            }
+        else
+            for (int64_t p = 0; p < kc; p++) {
+                const float *src = b + (p0 + p) * n + j0 + jr;
+                for (int j = 0; j < nr; j++) dst[p * nr + j] = j < cols ? src[j] : 0.0f;
+            }
+    }
+}
+
+/* the epilogue on the finished rows × cols block of C at c (row stride g->n), whose first
+ * element is C[i0, j0] */
+static void finish(const pytfm__product *g, float *c, int64_t i0, int64_t j0, int64_t rows,
+                   int64_t cols) {
+    const pytfm__epilogue *e = g->epilogue;
+    for (int64_t r = 0; r < rows; r++) {
+        float *cr = c + r * g->n;
+        if (e->bias)
+            for (int64_t j = 0; j < cols; j++) cr[j] += e->bias[j0 + j];
+        if (e->act) e->gelu_row(e->act + (i0 + r) * g->n + j0, cr, cols);
+    }
+}
+
+/* rows [i0, i1) of C against the packed slice pb of op(B) (columns [jc, jc+nc), k slice
+ * [pc, pc+kc)); pa is this thread's buffer for packed panels of op(A), NULL to read A in place */
+static void rows_times_panel(const pytfm__product *g, const pytfm__micro *uk, float *pa,
+                             const float *pb, int64_t i0, int64_t i1, int64_t jc, int64_t nc,
+                             int64_t pc, int64_t kc) {
+    const int mr = uk->mr, nr = uk->nr;
+    const float bt = pc == 0 ? g->beta : 1.0f; // later slices add to what is there
+    const int last = pc + kc == g->k && g->epilogue; // the tiles are finished: the epilogue
+    for (int64_t ic = i0; ic < i1; ic += MC) {
+        const int64_t mc = PYTFM_MIN(MC, i1 - ic);
+        // op(A) element (i, p) at a[i·a_sr + p·a_sp]: A's own rows, or packed panels
+        const float *a = g->a + ic * g->k + pc;
+        int64_t a_sp = 1, a_sr = g->k, a_panel = 0;
+        if (pa) {
+            pack_a(pa, g, mr, ic, mc, pc, kc);
+            a = pa, a_sp = mr, a_sr = 1, a_panel = mr * kc;
+        }
+        for (int64_t jr = 0; jr < nc; jr += nr)
+            for (int64_t ir = 0; ir < mc; ir += mr) {
+                float *c = g->c + (ic + ir) * g->n + jc + jr;
+                const int rows = (int)PYTFM_MIN(mr, mc - ir), cols = (int)PYTFM_MIN(nr, nc - jr);
+                uk->run(c, g->n, a + (a_panel ? ir / mr * a_panel : ir * a_sr), a_sp, a_sr,
+                        pb + jr * kc, nr, kc, rows, cols, bt);
+            }
+        if (last) finish(g, g->c + ic * g->n + jc, ic, jc, mc, nc);
+    }
+}
+
+/* How gemm_blocked splits one product among threads, and the packing buffers that takes. C
+ * goes to threads in whole micro-tiles, by rows or by columns, whichever side is longer; each
+ * thread packs the slices of op(B) and the blocks of op(A) it uses into buffers of its own,
+ * so the threads never wait for each other (the panels they would share cost a barrier or
+ * two per k slice, and the cores' L2 caches are private anyway); what is packed twice is the
+ * op(B) (split by rows) or op(A) (by columns) of the other side, under 1/(mc) of the work. */
+typedef struct blocking {
+    int64_t threads; // that share this product
+    int by_rows;
+    int64_t a_size; // floats of packed op(A) per thread: MC·KC, or 0 when A is read in place
+    int64_t b_size; // floats of one packed KC×NC slice of op(B) per thread (less for narrow C)
+} blocking;
+
+static blocking plan(const pytfm__product *g, const pytfm__micro *uk, int64_t threads) {
+    const int64_t row_tiles = (g->m + uk->mr - 1) / uk->mr;
+    const int64_t col_tiles = (g->n + uk->nr - 1) / uk->nr;
+    blocking bl;
+    bl.by_rows = g->m >= g->n;
+    bl.threads = PYTFM_MIN(threads, bl.by_rows ? row_tiles : col_tiles);
+    const int64_t cols = bl.by_rows ? col_tiles : (col_tiles + bl.threads - 1) / bl.threads;
+    bl.a_size = pack_a_pays(g) ? (int64_t)MC * KC : 0;
+    bl.b_size = (int64_t)KC * PYTFM_MIN(NC, cols * uk->nr);
+    return bl;
+}
+
+/* the packing buffers' floats: at most (216 KiB + 3 MiB) / 4 per thread */
+static int64_t scratch_floats(const blocking *bl) {
+    return bl->threads * (bl->a_size + bl->b_size);
+}
+
+/* the product, split among threads as bl says, with buf (scratch_floats(bl) floats) holding
+ * the packing buffers */
+static void gemm_blocked(const pytfm__product *g, const pytfm__micro *uk, const blocking *bl,
+                         float *buf) {
+    const int64_t mr = uk->mr, nr = uk->nr;
+    const int64_t row_tiles = (g->m + mr - 1) / mr, col_tiles = (g->n + nr - 1) / nr;
+#if defined(_OPENMP)
+#pragma omp parallel num_threads((int)bl->threads) if (bl->threads > 1)
+#endif
+    {
+#if defined(_OPENMP)
+        const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+#else
+        const int64_t t = 0, team = 1;
+#endif
+        float *pa = buf + t * (bl->a_size + bl->b_size), *pb = pa + bl->a_size;
+        const int64_t tiles = bl->by_rows ? row_tiles : col_tiles;
+        const int64_t lo = tiles * t / team, hi = tiles * (t + 1) / team;
+        int64_t i0 = 0, i1 = g->m, j0 = 0, j1 = g->n; // this thread's block of C
+        if (bl->by_rows)
+            i0 = lo * mr, i1 = PYTFM_MIN(hi * mr, g->m);
+        else
+            j0 = lo * nr, j1 = PYTFM_MIN(hi * nr, g->n);
+        for (int64_t jc = j0; jc < j1; jc += NC) {
+            const int64_t nc = PYTFM_MIN(NC, j1 - jc);
+            for (int64_t pc = 0; pc < g->k; pc += KC) {
+                const int64_t kc = PYTFM_MIN(KC, g->k - pc);
+                pack_b(pb, g, (int)nr, pc, kc, jc, nc);
+                rows_times_panel(g, uk, bl->a_size ? pa : NULL, pb, i0, i1, jc, nc, pc, kc);
+            }
+        }
+    }
+}
+
+/* ---- micro-kernels ------------------------------------------------------------------------ */
+/* Both take A and B through strides (see pytfm__micro_fn in internal.h): the packed panels of
+ * the driver above are the case a_sp = MR, a_sr = 1, ldb = NR; attention passes its tiles and
+ * the caller's rows as they lie. A's rows past `rows` re-read the last row (never memory
+ * past it); B's lanes past `cols` are masked off, as are C's. */
+
+#ifdef PYTFM_HAVE_X86_KERNELS
+
+/* C's tile is read (β ≠ 0) and written only after the k loop, by which time it may have left
+ * the caches, its rows ldc apart where no hardware prefetcher follows: fetch its lines now (the
+ * first and last element of each row), while the loop runs */
+static inline void prefetch_c(const float *c, int64_t ldc, int rows, int cols) {
+    for (int r = 0; r < rows; r++) {
+        __builtin_prefetch(c + r * ldc, 1, 3);
+        __builtin_prefetch(c + r * ldc + cols - 1, 1, 3);
+    }
+}
+
+/* AVX2+FMA, 6×16: twelve ymm accumulators (named variables, as below), two B loads and six
+ * broadcasts per p; AVX2 masked loads are slow, so full-width tiles take a loop of their own */
+enum { MR_AVX2 = 6, NR_AVX2 = 16 };
+
+#define AVX2_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define AVX2_DECLARE(r)                                                                        \
+    __m256 acc##r##0 = _mm256_setzero_ps(), acc##r##1 = _mm256_setzero_ps();                   \
+    const int64_t off##r = (r < rows ? r : rows - 1) * a_sr;
+#define AVX2_STEP(r)                                                                           \
+    {                                                                                          \
+        const __m256 x = _mm256_broadcast_ss(a + off##r);                                      \
+        acc##r##0 = _mm256_fmadd_ps(x, b0, acc##r##0);                                         \
+        acc##r##1 = _mm256_fmadd_ps(x, b1, acc##r##1);                                         \
+    }
+#define AVX2_STORE(r)                                                                          \
+    if (r < rows) {                                                                            \
+        float *cr = c + r * ldc;                                                               \
+        if (bt != 0.0f) {                                                                      \
+            acc##r##0 = _mm256_fmadd_ps(beta, _mm256_maskload_ps(cr, m0), acc##r##0);          \
+            acc##r##1 = _mm256_fmadd_ps(beta, _mm256_maskload_ps(cr + 8, m1), acc##r##1);      \
+        }                                                                                      \
+        _mm256_maskstore_ps(cr, m0, acc##r##0);                                                \
+        _mm256_maskstore_ps(cr + 8, m1, acc##r##1);                                            \
+    }
+
+__attribute__((target("avx2,fma"))) static void micro_avx2(float *c, int64_t ldc, const float *a,
+                                                           int64_t a_sp, int64_t a_sr,
+                                                           const float *b, int64_t ldb,
+                                                           int64_t kc, int rows, int cols,
+                                                           float bt) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane);
+    const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane);
+    AVX2_ROWS(AVX2_DECLARE)
+    prefetch_c(c, ldc, rows, cols);
+    if (cols == NR_AVX2)
+        for (int64_t p = 0; p < kc; p++, a += a_sp, b += ldb) {
+            const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+            AVX2_ROWS(AVX2_STEP)
+        }
+    else
+        for (int64_t p = 0; p < kc; p++, a += a_sp, b += ldb) {
+            const __m256 b0 = _mm256_maskload_ps(b, m0), b1 = _mm256_maskload_ps(b + 8, m1);
+            AVX2_ROWS(AVX2_STEP)
+        }
+    const __m256 beta = _mm256_set1_ps(bt);
+    AVX2_ROWS(AVX2_STORE)
+}
+
+/* AVX-512, 8×32: sixteen zmm accumulators, two B loads and eight broadcasts per p. The
+ * accumulators are sixteen named variables: as an array, GCC 12 spills them every iteration. */
+enum { MR_AVX512 = 8, NR_AVX512 = 32 };
+
+#define AVX512_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define AVX512_DECLARE(r)                                                                      \
+    __m512 acc##r##0 = _mm512_setzero_ps(), acc##r##1 = _mm512_setzero_ps();                   \
+    const int64_t off##r = (r < rows ? r : rows - 1) * a_sr;
+#define AVX512_STEP(r)                                                                         \
+    {                                                                                          \
+        const __m512 x = _mm512_set1_ps(a[off##r]);                                            \
+        acc##r##0 = _mm512_fmadd_ps(x, b0, acc##r##0);                                         \
+        acc##r##1 = _mm512_fmadd_ps(x, b1, acc##r##1);                                         \
+    }
+#define AVX512_STORE(r)                                                                        \
+    if (r < rows) {                                                                            \
+        float *cr = c + r * ldc;                                                               \
+        if (bt != 0.0f) {                                                                      \
+            acc##r##0 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, cr), acc##r##0);       \
+            acc##r##1 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, cr + 16), acc##r##1);  \
+        }                                                                                      \
+        _mm512_mask_storeu_ps(cr, m0, acc##r##0);                                              \
+        _mm512_mask_storeu_ps(cr + 16, m1, acc##r##1);                                         \
+    }
+
+__attribute__((target("avx512f"))) static void micro_avx512(float *c, int64_t ldc,
+                                                            const float *a, int64_t a_sp,
+                                                            int64_t a_sr, const float *b,
+                                                            int64_t ldb, int64_t kc, int rows,
+                                                            int cols, float bt) {
+    // lanes past cols are masked off: neither read nor written
+    const __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+    const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols > 16 ? (__mmask16)((1u << (cols - 16)) - 1) : 0;
+    AVX512_ROWS(AVX512_DECLARE)
+    prefetch_c(c, ldc, rows, cols);
+    for (int64_t p = 0; p < kc; p++, a += a_sp, b += ldb) {
+        const __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16);
+        AVX512_ROWS(AVX512_STEP)
+    }
+    const __m512 beta = _mm512_set1_ps(bt);
+    AVX512_ROWS(AVX512_STORE)
+}
+
+static const pytfm__micro micro_for_avx2 = {MR_AVX2, NR_AVX2, micro_avx2};
+static const pytfm__micro micro_for_avx512 = {MR_AVX512, NR_AVX512, micro_avx512};
+
+#endif /* PYTFM_HAVE_X86_KERNELS */
+
+const pytfm__micro *pytfm__micro_for(int32_t isa) {
+#ifdef PYTFM_HAVE_X86_KERNELS
+    if (isa == PYTFM_ISA_AVX512) return &micro_for_avx512;
+    if (isa == PYTFM_ISA_AVX2) return &micro_for_avx2;
+#else
+    (void)isa;
+#endif
+    return NULL;
+}
+
+/* ---- dispatch ----------------------------------------------------------------------------- */
+
+/* The blocked kernels run where the CPU has a micro-kernel (AVX2 and up), for products with
+ * something to sum (k > 0) into a non-empty C; the plain loop does the rest. */
+static int blocked(const pytfm__product *p, const pytfm__micro *uk) {
+    return uk && p->m > 0 && p->n > 0 && p->k > 0;
+}
+
+pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, int count) {
+    // the ISA and the thread count are read once: another thread may change them meanwhile
+    const int32_t isa = pytfm_get_isa();
+    const int64_t threads = pytfm_get_num_threads();
+    const pytfm__micro *uk = pytfm__micro_for(isa);
+    if (isa >= PYTFM_ISA_AVX2 && !uk)
+        return pytfm__fail(PYTFM_STATUS_INTERNAL, "%s: no sgemm kernel for isa %d", func, isa);
+    int64_t floats = -1; // the most any one product needs (they run one after the other)
+    for (int i = 0; i < count; i++) {
+        if (!blocked(&products[i], uk)) continue;
+        const blocking bl = plan(&products[i], uk, threads);
+        if (scratch_floats(&bl) > floats) floats = scratch_floats(&bl);
+    }
+    float *buf = NULL; // only the blocked kernels need scratch
+    if (floats >= 0 && !(buf = pytfm__scratch(func, floats, sizeof(float))))
+        return PYTFM_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < count; i++) {
+        const pytfm__product *g = &products[i];
+        if (blocked(g, uk)) {
+            const blocking bl = plan(g, uk, threads);
+            gemm_blocked(g, uk, &bl, buf);
+        } else if (g->m > 0 && g->n > 0) { // k = 0 too: no products, C = β·C
+            sgemm_plain(g->c, g->a, g->b, g->m, g->n, g->k, g->trans_a != 0, g->trans_b != 0,
+                        g->beta);
+            if (g->epilogue) {
+                PYTFM_PARALLEL_ROWS(g->m, g->n)
+                for (int64_t r = 0; r < g->m; r++) finish(g, g->c + r * g->n, r, 0, 1, g->n);
+            }
+        }
+    }
+    free(buf);
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
+                         int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
+    PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
+    const pytfm__product p = {c, a, b, m, n, k, trans_a, trans_b, beta, NULL};
+    return pytfm__sgemm_all(__func__, &p, 1);
+}
+
+pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m, int64_t n,
+                               int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
+    PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
+    sgemm_plain(c, a, b, m, n, k, trans_a != 0, trans_b != 0, beta);
+    return PYTFM_STATUS_OK;
+}

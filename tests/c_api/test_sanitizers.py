@@ -1,0 +1,66 @@
+"""The C kernels under AddressSanitizer and UndefinedBehaviorSanitizer.
+
+The Python tests cannot see a read one element past a buffer; ASan can. This builds
+tests/c_api/sanitize_kernels.c with the library sources and runs every kernel on exactly-sized heap
+buffers at awkward sizes, and tests/c_api/hostile_sizes.c, which calls every entry point with sizes
+whose arithmetic would overflow (UBSan also sees a signed overflow in the checks themselves).
+"""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from helpers import ROOT, TESTS, library_sources
+
+CSRC = os.path.join(ROOT, "csrc")
+FLAGS = ["-std=c11", "-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Werror",
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+
+
+def sanitizer_build(cc, src, exe, extra=()):
+    return subprocess.run([cc, *FLAGS, *extra, f"-I{CSRC}/include", f"-I{CSRC}", src,
+                           *library_sources(), "-lm", "-o",
+                           exe], capture_output=True, text=True)
+
+
+def build_and_run(tmp_path, name, extra=()):
+    """Build tests/c_api/<name>.c with the library under ASan and UBSan, and the flags extra (skip
+    where the compiler cannot link their runtimes), and run it; its CompletedProcess."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    probe = tmp_path / "probe.c"
+    probe.write_text("int main(void) { return 0; }\n")
+    if subprocess.run([cc, "-fsanitize=address,undefined", *extra, str(probe), "-o",
+                       str(tmp_path / "p")], capture_output=True).returncode:
+        pytest.skip(f"{cc} cannot link sanitizer runtimes (libasan/libubsan) with {extra} here")
+    exe = str(tmp_path / name)
+    build = sanitizer_build(cc, os.path.join(TESTS, "c_api", name + ".c"), exe, extra)
+    assert build.returncode == 0, build.stderr
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",
+               UBSAN_OPTIONS="print_stacktrace=1")
+    run = subprocess.run([exe], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run
+
+
+@pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the source checkout (csrc/)")
+def test_kernels_run_clean_under_asan_and_ubsan(tmp_path):
+    assert "size combinations ran clean" in build_and_run(tmp_path, "sanitize_kernels").stdout
+
+
+@pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the source checkout (csrc/)")
+def test_overflowing_sizes_are_rejected_clean_under_asan_and_ubsan(tmp_path):
+    """tests/c_api/hostile_sizes.c: every entry point with sizes whose products or offsets would
+    wrap, on one-element buffers: rejected, nothing read or written, no signed overflow."""
+    out = build_and_run(tmp_path, "hostile_sizes").stdout
+    assert "hostile calls rejected" in out and int(out.split()[0]) >= 180, out
+
+
+@pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the source checkout (csrc/)")
+def test_changing_the_thread_count_mid_call_runs_clean_under_asan(tmp_path):
+    """tests/c_api/thread_flips.c, with OpenMP: another thread flips the count (1 to 2^31 − 1)
+    while attention, sgemm and LayerNorm's backward run; a workspace sized from one read of the
+    count and used by a region of another is a heap overflow ASan sees."""
+    out = build_and_run(tmp_path, "thread_flips", ["-fopenmp", "-pthread"]).stdout
+    assert "all equal to the serial one" in out and int(out.split()[0]) >= 2, out

@@ -1,0 +1,247 @@
+"""examples/train_tiny.py and examples/sample.py given bad flags and paths, run as a user runs
+them: argparse's usage and one line naming the problem on stderr, exit status 2, no traceback,
+and nothing trained (the checks come first, so each case takes about an interpreter start)."""
+
+import dataclasses
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from helpers import ROOT
+from pytfm import checkpoint, device
+from pytfm.nn import GPT, GPTConfig
+from pytfm.optim import AdamW
+
+EXAMPLES = os.path.join(ROOT, "examples")
+pytestmark = pytest.mark.skipif(not os.path.isdir(EXAMPLES), reason="needs the checkout")
+
+# the model every case asks for; --steps is large so that a case that got past the checks
+# would train for minutes instead of passing
+MODEL = ["--d-model", "32", "--n-layer", "2", "--n-head", "2", "--context", "32", "--batch", "4"]
+CONFIG = GPTConfig(d_model=32, n_layer=2, n_head=2, max_seq=32)
+
+
+def unprivileged():
+    """A command prefix under which file permissions hold: none for a normal user; for root,
+    setpriv dropping the capabilities that bypass them, where setpriv exists (else None)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        return None
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all"]
+
+
+def run(script, *args, cwd, prefix=()):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    start = time.perf_counter()
+    command = [*prefix, sys.executable, os.path.join(EXAMPLES, script), *map(str, args)]
+    r = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+    return r, time.perf_counter() - start
+
+
+def assert_usage_error(script, r, seconds, *words):
+    """Status 2; stderr is argparse's usage then exactly one 'script: error: ...' line holding
+    every one of words; no traceback; no training."""
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines and lines[-1].startswith(f"{script}: error: "), r.stderr
+    assert all(line.startswith(("usage:", " ")) for line in lines[:-1]), r.stderr
+    for word in words:
+        assert word in lines[-1], (word, lines[-1])
+    assert "step " not in r.stdout and "saved" not in r.stdout, r.stdout
+    assert seconds < 30, f"{seconds:.1f} s: the checks should come before any work"
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A working folder with a good corpus (not UTF-8 everywhere: bytes are tokens), an empty
+    file, a 3-byte file, a plain file to put paths under, and a checkpoint of CONFIG at step 4
+    with its optimizer state in run/."""
+    rng = np.random.default_rng(0)
+    text = b"def f(x):\n    return x + 1\n" * 150 + bytes(rng.integers(128, 256, 400).tolist())
+    (tmp_path / "corpus.txt").write_bytes(text)  # 4,450 bytes: --context at most 2224
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "short.txt").write_bytes(b"hi\n")
+    (tmp_path / "plain").write_text("a file, not a folder\n")
+    (tmp_path / "run").mkdir()
+    model = GPT(CONFIG)
+    checkpoint.save(str(tmp_path / "run" / "model.safetensors"), model, 4,
+                    AdamW(model.params, model.grads))
+    (tmp_path / "bad").mkdir()
+    good = (tmp_path / "run" / "model.safetensors").read_bytes()
+    (tmp_path / "bad" / "model.safetensors").write_bytes(good[:100])  # truncated
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "model.safetensors").write_bytes(b"\x02" + b"\x00" * 7 + b"[]")
+    (tmp_path / "small").mkdir()  # a good checkpoint, of a model whose tokens are not bytes
+    checkpoint.save(str(tmp_path / "small" / "model.safetensors"),
+                    GPT(dataclasses.replace(CONFIG, vocab=50)))
+    return tmp_path
+
+
+# (arguments after the good ones, words the error line must hold, whether --out may exist after)
+TRAIN_CASES = [
+    (["--text", "missing.txt"], ["--text", "no file missing.txt"], False),
+    (["--text", "."], ["--text", "is a folder"], False),
+    (["--text", "empty.txt"], ["--text", "empty.txt is empty"], False),
+    (["--text", ""], ["--text", "empty"], False),
+    (["--text", "short.txt"], ["--context 32 is too long", "3 bytes of short.txt"], False),
+    (["--context", "5000"], ["--context 5000 is too long", "4,450 bytes", "2224 or less"], False),
+    (["--context", "1"], ["--context must be >= 2, got 1"], False),
+    (["--steps", "0"], ["--steps must be >= 1, got 0"], False),
+    (["--steps", "-5"], ["--steps must be >= 1, got -5"], False),
+    (["--steps", str(2**63)], ["--steps must be <= 2**63 - 1"], False),
+    (["--steps", "many"], ["--steps", "invalid int value"], False),
+    (["--batch", "0"], ["--batch must be >= 1, got 0"], False),
+    (["--d-model", "0"], ["--d-model must be >= 1"], False),
+    (["--n-layer", "0"], ["--n-layer must be >= 1"], False),
+    (["--n-head", "0"], ["--n-head must be >= 1"], False),
+    (["--n-head", "3"], ["--n-head 3 must divide --d-model 32"], False),
+    (["--d-model", "6", "--n-head", "2"], ["--pos rope needs an even head size", "= 3"], False),
+    (["--pos", "sinusoidal", "--d-model", "33", "--n-head", "1"],
+     ["--pos sinusoidal needs an even --d-model, got 33"], False),
+    (["--d-model", "100000"], ["--d-model 100000", "GiB", "memory"], False),
+    (["--eval-every", "0"], ["--eval-every must be >= 1, got 0"], False),
+    (["--log-every", "0"], ["--log-every must be >= 1, got 0"], False),
+    (["--lr", "nan"], ["--lr must be finite and > 0, got nan"], False),
+    (["--lr", "inf"], ["--lr must be finite and > 0, got inf"], False),
+    (["--lr", "0"], ["--lr must be finite and > 0, got 0.0"], False),
+    (["--warmup", "-1"], ["--warmup must be >= 0, got -1"], False),
+    (["--sample-tokens", "-1"], ["--sample-tokens must be >= 0, got -1"], False),
+    (["--seed", "-1"], ["--seed must be >= 0, got -1"], False),
+    (["--seed", str(2**32)], ["--seed must be <= 4294967295"], False),
+    (["--device", "cuda"], ["--device cuda: ", "(--device cpu trains on the CPU)"], False),
+    (["--out", "plain"], ["--out", "plain exists and is not a folder"], True),
+    (["--out", "plain/sub"], ["--out", "cannot create the folder plain/sub"], True),
+    (["--out", ""], ["--out", "empty"], True),
+    (["--resume", "--out", "fresh"], ["--resume", "no checkpoint at fresh/model.safetensors"],
+     False),
+    (["--resume", "--out", "bad"], ["--resume", "truncated?"], True),
+    (["--resume", "--out", "junk"], ["--resume", "junk/model.safetensors", "not an object"],
+     True),
+    (["--resume", "--out", "run", "--d-model", "16", "--pos", "none"],
+     ["--resume", "was trained with --d-model 32, --pos rope"], True),
+    (["--resume", "--out", "run", "--steps", "3"],
+     ["--steps 3 is below the step of the checkpoint to resume (4"], True),
+]
+
+
+@pytest.mark.parametrize("more,words,out_may_exist", TRAIN_CASES,
+                         ids=[" ".join(c[0])[:40] for c in TRAIN_CASES])
+def test_train_tiny_rejects_a_bad_flag_in_one_line(files, more, words, out_may_exist):
+    if "cuda" in more and device.cuda_problem() is None:
+        pytest.skip("the GPU can be used here: --device cuda is no error")
+    r, seconds = run("train_tiny.py", "--text", "corpus.txt", "--out", "out", *MODEL,
+                     "--steps", "100000", *more, cwd=files)
+    assert_usage_error("train_tiny.py", r, seconds, *words)
+    out = "out"  # the folder the case names last
+    for name, value in zip(more, more[1:]):
+        out = value if name == "--out" else out
+    if not out_may_exist:  # a flag's problem is found before --out is created
+        assert not (files / out).exists()
+
+
+def test_train_tiny_reports_a_text_it_cannot_read(files):
+    # nobody, root included, can open a socket as a file
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(files / "socket"))
+        r, seconds = run("train_tiny.py", "--text", "socket", *MODEL, cwd=files)
+    finally:
+        sock.close()
+    assert_usage_error("train_tiny.py", r, seconds, "--text", "cannot read socket")
+    prefix = unprivileged()
+    if prefix is not None:  # and a file without read permission
+        (files / "secret.txt").write_bytes(b"x" * 1000)
+        (files / "secret.txt").chmod(0)
+        r, seconds = run("train_tiny.py", "--text", "secret.txt", *MODEL, cwd=files,
+                         prefix=prefix)
+        assert_usage_error("train_tiny.py", r, seconds, "--text", "cannot read secret.txt",
+                           "Permission denied")
+
+
+def test_train_tiny_refuses_an_out_it_cannot_write_before_training(files):
+    # a path under a regular file stops everyone, root included
+    r, seconds = run("train_tiny.py", "--text", "corpus.txt", "--out", "plain/out", *MODEL,
+                     "--steps", "100000", cwd=files)
+    assert_usage_error("train_tiny.py", r, seconds, "--out", "cannot create the folder plain/out",
+                       "Not a directory")
+    prefix = unprivileged()
+    if prefix is None:  # root without setpriv: chmod would not stop it; the case above stands
+        return
+    ro = files / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        for out, words in ((ro, [f"--out: cannot write in {ro}", "Permission denied"]),
+                           (ro / "sub", ["--out: cannot create the folder", "Permission denied"])):
+            r, seconds = run("train_tiny.py", "--text", "corpus.txt", "--out", out, *MODEL,
+                             "--steps", "100000", cwd=files, prefix=prefix)
+            assert_usage_error("train_tiny.py", r, seconds, *words)
+        assert list(ro.iterdir()) == []  # the write probe left nothing behind
+    finally:
+        ro.chmod(0o755)
+
+
+def test_train_tiny_refuses_an_out_whose_files_it_cannot_replace(files):
+    (files / "out" / "model.safetensors").mkdir(parents=True)
+    r, seconds = run("train_tiny.py", "--text", "corpus.txt", "--out", "out", *MODEL, cwd=files)
+    assert_usage_error("train_tiny.py", r, seconds, "--out", "model.safetensors is a folder")
+
+
+def test_train_tiny_accepts_what_the_checks_let_through(files):
+    """The control: the good flags train, on a text that is not all UTF-8, with the smallest
+    context (a 1-byte prompt for the sample)."""
+    r, _ = run("train_tiny.py", "--text", "corpus.txt", "--out", "ok", *MODEL, "--steps", "2",
+               "--context", "2", "--eval-every", "1", "--sample-tokens", "3", cwd=files)
+    assert r.returncode == 0, r.stderr
+    assert "step     2/2" in r.stdout and "sample" in r.stdout
+    r, _ = run("train_tiny.py", "--text", "corpus.txt", "--out", "run", *MODEL, "--steps", "5",
+               "--resume", "--sample-tokens", "0", cwd=files)
+    assert r.returncode == 0, r.stderr
+    assert "resumed" in r.stdout and "sample" not in r.stdout
+
+
+SAMPLE_CASES = [
+    (["missing.safetensors"], ["checkpoint", "no file missing.safetensors"]),
+    (["run"], ["checkpoint", "run is a folder", "did you mean run/model.safetensors?"]),
+    (["bad/model.safetensors"], ["checkpoint", "truncated?"]),
+    (["junk/model.safetensors"], ["checkpoint", "not an object"]),
+    (["corpus.txt"], ["checkpoint", "corpus.txt"]),
+    (["small/model.safetensors"], ["checkpoint", "vocabulary of 50 tokens", "256 bytes"]),
+    (["run/model.safetensors", "--prompt", ""], ["--prompt must not be empty"]),
+    (["run/model.safetensors", "--prompt", "x" * 40],
+     ["--prompt is 40 bytes, longer than the model's context of 32"]),
+    (["run/model.safetensors", "--tokens", "-1"], ["--tokens must be >= 0, got -1"]),
+    (["run/model.safetensors", "--tokens", "ten"], ["--tokens", "invalid int value"]),
+    (["run/model.safetensors", "--temperature", "nan"], ["--temperature must be finite"]),
+    (["run/model.safetensors", "--temperature", "-1"], ["--temperature", ">= 0", "-1.0"]),
+    (["run/model.safetensors", "--temperature", "inf"], ["--temperature must be finite"]),
+    (["run/model.safetensors", "--top-k", "-1"], ["--top-k must be >= 0"]),
+    (["run/model.safetensors", "--seed", "-1"], ["--seed must be in [0, 4294967295]"]),
+]
+
+
+@pytest.mark.parametrize("args,words", SAMPLE_CASES,
+                         ids=[" ".join(c[0])[:40] for c in SAMPLE_CASES])
+def test_sample_rejects_a_bad_flag_or_checkpoint_in_one_line(files, args, words):
+    r, seconds = run("sample.py", *args, cwd=files)
+    assert_usage_error("sample.py", r, seconds, *words)
+
+
+def test_sample_accepts_the_edges(files):
+    r, _ = run("sample.py", "run/model.safetensors", "--prompt", "x" * 32, "--tokens", "5",
+               cwd=files)  # a prompt filling the context: no new token, and a note saying so
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "x" * 32 + "\n"
+    assert "--tokens 5 cut to 0" in r.stderr
+    r, _ = run("sample.py", "run/model.safetensors", "--prompt", "def ", "--tokens", "4",
+               "--temperature", "0", "--top-k", str(2**70), cwd=files)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("def ") and "note" not in r.stderr
