@@ -152,7 +152,7 @@ def cuda_stub_source(header_text, hand_written):
     out = [f"/* Generated from {CUDA_HEADER} by setup.py's cuda_stub_source() or by",
            " * cmake/cuda_stubs.cmake (the same bytes): the CUDA entry points of a build without",
            f" * CUDA that {CUDA_STUB} does not define. Do not edit. */",
-           '#include "internal.h"', "",
+           '#include "core/internal.h"', "",
            "static pytfm_status no_cuda(const char *func) {",
            f'    return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED, "%s: {CUDA_STUB_MESSAGE}", func);',
            "}"]

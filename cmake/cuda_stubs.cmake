@@ -3,7 +3,7 @@
 #   cmake -DSOURCE_DIR=<checkout> -DOUTPUT=<file.c> -P cmake/cuda_stubs.cmake
 #
 # The twin of setup.py's cuda_stub_source(), and its output is byte for byte the same
-# (tests/build/test_cmake.py compares them): for each CUDA entry point (pytfm_cuda_* or
+# (tests/packaging/test_cmake.py compares them): for each CUDA entry point (pytfm_cuda_* or
 # pytfm_*_cuda) declared between pytfm_cuda.h's PYTFM_CDEF markers that csrc/core/cuda_stub.c does not
 # define, a function that reads no argument and returns PYTFM_STATUS_NOT_SUPPORTED with a
 # message saying why. The file includes pytfm.h, so the compiler checks every signature.
@@ -69,7 +69,7 @@ string(CONCAT out
        "/* Generated from ${header_name} by setup.py's cuda_stub_source() or by\n"
        " * cmake/cuda_stubs.cmake (the same bytes): the CUDA entry points of a build without\n"
        " * CUDA that ${hand_written_name} does not define. Do not edit. */\n"
-       "#include \"internal.h\"\n\n"
+       "#include \"core/internal.h\"\n\n"
        "static pytfm_status no_cuda(const char *func) {\n"
        "    return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED, \"%s: ${no_cuda_message}\", func);\n"
        "}\n")

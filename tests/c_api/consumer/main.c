@@ -1,4 +1,4 @@
-/* A program that uses an installed libpytfm and nothing else: tests/build/test_cmake.py builds it
+/* A program that uses an installed libpytfm and nothing else: tests/packaging/test_cmake.py builds it
  * through find_package(pytfm) (CMakeLists.txt here: pytfm::pytfm and pytfm::pytfm_static) and
  * through pkg-config, against a CMake install and against pip's pytfm.pc. It checks that the
  * library is the one its header describes, then runs softmax on two rows; it prints what it

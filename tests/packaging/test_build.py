@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import pytfm
+from helpers import ROOT, header_text, public_headers
 from pytfm import reference as ref
 from pytfm._core import ffi, lib
-from helpers import ROOT, header_text, public_headers
 
 PKG = os.path.dirname(os.path.abspath(pytfm.__file__))
 INSTALLED_INCLUDE = os.path.join(PKG, "include")

@@ -21,9 +21,9 @@ import types
 
 import numpy as np
 import pytest
-from helpers import ROOT
 
-HEADER = os.path.join(ROOT, "csrc", "include", "pytfm.h")
+from helpers import ROOT, header_text, public_headers
+
 CONSUMER = os.path.join(ROOT, "tests", "c_api", "consumer")
 # what CMake, make, the compiler driver and pkg-config run by name
 BUILD_TOOLS = ("cmake", "make", "sh", "ar", "ranlib", "as", "ld", "pkg-config")
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "CMakeList
 
 
 def header_macros():
-    with open(HEADER, encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "csrc", "include", "pytfm_core.h"), encoding="utf-8") as f:
         text = f.read()
     macros = dict(re.findall(r'^#define (PYTFM_\w+) "?([\w.]+)"?$', text, re.M))
     return types.SimpleNamespace(
@@ -45,7 +45,7 @@ def need(tool, path=None):
     """The full path of tool, or a failure saying it is missing (no silent skip: CI has it)."""
     found = shutil.which(tool, path=path)
     if not found:
-        pytest.fail(f"{tool} not found on PATH: tests/build/test_cmake.py needs cmake >= 3.18, make, "
+        pytest.fail(f"{tool} not found on PATH: tests/packaging/test_cmake.py needs cmake >= 3.18, make, "
                     "pkg-config, binutils and a C compiler", pytrace=False)
     return found
 
@@ -116,7 +116,9 @@ def test_cmake_builds_and_installs_without_python(cmake_install):
               "lib/cmake/pytfm/pytfmTargets.cmake", "lib/cmake/pytfm/pytfmStaticTargets.cmake"):
         assert (p / f).exists(), f"not installed: {f}"
     assert soname(p / "lib" / "libpytfm.so") == f"libpytfm.so.{h.abi}"
-    assert (p / "include" / "pytfm.h").read_bytes() == open(HEADER, "rb").read()
+    for header in public_headers():
+        installed = p / "include" / os.path.basename(header)
+        assert installed.read_bytes() == open(header, "rb").read(), f"not installed: {installed}"
     assert f"pytfm {h.version} (ABI {h.abi})" in cmake_install.configure
 
 
@@ -124,8 +126,7 @@ def test_the_shared_library_exports_the_public_api_only(cmake_install):
     out = run([need("nm"), "-D", "--defined-only", cmake_install.prefix / "lib" / "libpytfm.so"],
               os.environ)
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    with open(HEADER, encoding="utf-8") as f:
-        header = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)  # comments name functions too
+    header = header_text()
     declared = set(re.findall(r"PYTFM_API\s+[\w\s*]*?\b(pytfm_\w+)\s*\(", header))
     assert len(declared) >= 40 and "pytfm_abi_version" in declared
     assert not [s for s in exported if s.startswith("pytfm__")], "internal helpers leak"
@@ -138,7 +139,7 @@ def test_the_shared_library_exports_the_public_api_only(cmake_install):
 
 def test_cmake_and_setup_py_export_the_same_functions(cmake_install):
     """The same sources make the same library: what setup.py's libpytfm.so exports (checked
-    against the header by tests/build/test_build.py), CMake's does too, no more and no less."""
+    against the header by tests/packaging/test_build.py), CMake's does too, no more and no less."""
     import pytfm
 
     pip_lib = os.path.join(os.path.dirname(pytfm.__file__), "lib", "libpytfm.so")
@@ -262,7 +263,7 @@ def load_setup_py():
 
 def test_cmake_cuda_stubs_are_setup_py_s_byte_for_byte(cmake_install, tmp_path):
     setup = load_setup_py()
-    with open(HEADER, encoding="utf-8") as f, open(
+    with open(os.path.join(ROOT, "csrc", "include", "pytfm_cuda.h"), encoding="utf-8") as f, open(
             os.path.join(ROOT, "csrc", "core", "cuda_stub.c"), encoding="utf-8") as g:
         want = setup.cuda_stub_source(f.read(), g.read())
     out = tmp_path / "stubs.c"
