@@ -45,8 +45,8 @@ def need(tool, path=None):
     """The full path of tool, or a failure saying it is missing (no silent skip: CI has it)."""
     found = shutil.which(tool, path=path)
     if not found:
-        pytest.fail(f"{tool} not found on PATH: tests/packaging/test_cmake.py needs cmake >= 3.18, make, "
-                    "pkg-config, binutils and a C compiler", pytrace=False)
+        pytest.fail(f"{tool} not found on PATH: tests/packaging/test_cmake.py needs cmake >= 3.18, "
+                    "make, pkg-config, binutils and a C compiler", pytrace=False)
     return found
 
 
