@@ -129,7 +129,7 @@ class Clock:
         return timed
 
     def __enter__(self):
-        from pytfm import _core, ops
+        from pytfm import _arrays, _core, ops
 
         if self._proxy is None:
             self._proxy = _TimedLib(_core.lib, self)
@@ -146,7 +146,7 @@ class Clock:
                 if id(value) in swaps:  # the originals live on: an equal id is the object
                     self._swapped.append((mod, attr, value))
                     setattr(mod, attr, swaps[id(value)])
-                elif value is np and mod is not ops:  # ops' NumPy time is its own already
+                elif value is np and mod not in (ops, _arrays):  # ops' time is its own
                     self._swapped.append((mod, attr, value))
                     setattr(mod, attr, self._np)
         return self

@@ -68,7 +68,7 @@ def worker(config, steps, warmup, divide):
         x, y, share = world.shard(*batches.batch("train", s))
         model.zero_grad()
         _, loss = model.forward(x, y)
-        world.sum([loss * share])
+        world.sum([float(loss) * share])
         model.backward()
         t1 = perf_counter()
         world.average_gradients(model.grads, share)

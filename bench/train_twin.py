@@ -52,7 +52,7 @@ for step in range(a["steps"]):
         losses.append(loss.item())
     else:
         model.zero_grad()
-        losses.append(model.forward(x, y)[1])
+        losses.append(float(model.forward(x, y)[1]))
         model.backward()
         clip_grad_norm(model.grads, 1.0)
         opt.step(lr)
@@ -62,7 +62,7 @@ if lib == "torch":
         val = float(np.mean([twin(*(torch.from_numpy(t) for t in batches.batch("val", i)))[1].item()
                              for i in range(4)]))
 else:
-    val = float(np.mean([model.forward(*batches.batch("val", i))[1] for i in range(4)]))
+    val = float(np.mean([float(model.forward(*batches.batch("val", i))[1]) for i in range(4)]))
 print(json.dumps({"losses": losses, "val": val, "seconds": elapsed,
                   "tokens_per_s": a["steps"] * a["batch"] * a["context"] / elapsed}))
 """

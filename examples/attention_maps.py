@@ -16,42 +16,48 @@ prints one line of scores (pytfm.interpret, where they are defined):
                   after that earlier occurrence ("n/a" when no byte repeats): 1 for a head that
                   finds where the current text occurred before and looks at what came next
 
---npy FILE also saves the weights, float32 [n_layer, n_head, T, T]. The picture needs
+The picture goes to --out, by default out/attention.png beside train_tiny.py's files (out/ is
+made for it if missing). --npy FILE also saves the weights, float32 [n_layer, n_head, T, T]. The
+picture needs
 matplotlib (pip install matplotlib, or pip install ".[plot]"); without it the script prints
 the scores and says so. A bad flag, an empty text, a text longer than the model's context or a
 checkpoint that is missing or unreadable stops the script with its usage and one line naming
 the problem, exit status 2.
 """
 
-import argparse
 import math
 import os
 import sys
 
 import numpy as np
 from sample import load  # the checkpoint, a bad one reported in one line, as sample.py does
+from train_tiny import new_parser  # defaults in --help, no abbreviated flags
 
 from pytfm import data, interpret
 
+OUT = os.path.join("out", "attention.png")  # where train_tiny.py writes, by default
+
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = new_parser(__doc__.splitlines()[0])
     p.add_argument("checkpoint", help="a model.safetensors written by train_tiny.py")
     p.add_argument("--text", required=True,
                    help="the text to look at, its bytes as the shell passes them (at least 1)")
-    p.add_argument("--out", default="attention.png", help="the PNG to write (default "
-                   "attention.png)")
+    p.add_argument("--out", default=OUT, help="the PNG to write")
     p.add_argument("--npy", help="also save the weights [n_layer, n_head, T, T] to this .npy")
     return p
 
 
-def check_output(p, flag, path):
-    """path names a file this process can create: its folder exists, it is not a folder."""
+def check_output(p, flag, path, made=False):
+    """path names a file this process can create: its folder exists (or, made, can be made
+    there when the file is written), it is not a folder."""
     if not path:
         p.error(f"{flag}: the path is empty")
     if os.path.isdir(path):
         p.error(f"{flag}: {path} is a folder; give a file name")
     folder = os.path.dirname(path) or "."
+    if made and not os.path.exists(folder):
+        folder = os.path.dirname(folder) or "."  # the folder is made in its parent
     if not os.path.isdir(folder):
         p.error(f"{flag}: there is no folder {folder} to write {os.path.basename(path)} in")
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
@@ -119,7 +125,7 @@ def main(argv=None):
     raw = args.text.encode("utf-8", "surrogateescape")
     if not raw:
         p.error("--text must not be empty: give at least one byte to look at")
-    check_output(p, "--out", args.out)
+    check_output(p, "--out", args.out, made=args.out == OUT)
     if args.npy is not None:
         check_output(p, "--npy", args.npy)
     model = load(p, args.checkpoint)
@@ -151,6 +157,7 @@ def main(argv=None):
         print(f"no picture: matplotlib is not installed (pip install matplotlib, or pip "
               f"install '.[plot]' in pytfm's checkout); {args.out} not written")
         return 0
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)  # out/ for the default
     plot(args.out, maps, scores, tokens[0])
     print(f"wrote {args.out}")
     return 0

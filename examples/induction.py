@@ -33,7 +33,6 @@ losses and scores over training with the moment marked, and the attention maps o
 A bad flag stops the script with its usage and one line naming the flag, exit status 2.
 """
 
-import argparse
 import csv
 import math
 import os
@@ -41,6 +40,7 @@ import sys
 import time
 
 import numpy as np
+from train_tiny import new_parser  # defaults in --help, no abbreviated flags
 
 from pytfm import interpret
 from pytfm.nn import GPT, GPTConfig
@@ -52,14 +52,14 @@ N_EVAL = 64  # held-out sequences
 
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, help="training steps per run (default 3000; "
+    p = new_parser(__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, help="training steps per run (default: 3000; "
                    "--quick: 30)")
-    p.add_argument("--eval-every", type=int, help="steps between measurements (default 50; "
+    p.add_argument("--eval-every", type=int, help="steps between measurements (default: 50; "
                    "--quick: 10)")
-    p.add_argument("--batch", type=int, default=32, help="sequences per step (default 32)")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=32, help="sequences per step")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    p.add_argument("--seed", type=int, default=0, help="the models' and the data's")
     p.add_argument("--out", default="out", help="folder for induction.png and induction.csv")
     p.add_argument("--quick", action="store_true", help="30 steps: a smoke run (too short for "
                    "an induction head)")

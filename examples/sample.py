@@ -7,23 +7,22 @@ checkpoint that is missing or unreadable stops the script with its usage and one
 the problem, exit status 2.
 """
 
-import argparse
 import math
 import os
 import sys
 
 import numpy as np
+from train_tiny import SEED_MAX, new_parser  # defaults in --help, no abbreviated flags
 
 from pytfm import checkpoint, data
 from pytfm.generate import generate
 
-SEED_MAX = 2**32 - 1  # as train_tiny.py
-
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = new_parser(__doc__.splitlines()[0])
     p.add_argument("checkpoint", help="a model.safetensors written by train_tiny.py")
-    p.add_argument("--prompt", default="def ", help="text to continue, at least one byte")
+    p.add_argument("--prompt", default="def ",
+                   help="text to continue, at least one byte (default: %(default)r)")
     p.add_argument("--tokens", type=int, default=100,
                    help="bytes to generate, >= 0 (cut to what the model's context leaves)")
     p.add_argument("--temperature", type=float, default=0.8, help="finite, >= 0; 0: greedy")

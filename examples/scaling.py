@@ -27,7 +27,6 @@ where it stopped. The fits are printed and, with matplotlib, drawn in OUT/scalin
 A bad flag stops the script with its usage and one line naming the flag, exit status 2.
 """
 
-import argparse
 import json
 import math
 import os
@@ -35,6 +34,7 @@ import sys
 import time
 
 import numpy as np
+from train_tiny import new_parser  # defaults in --help, no abbreviated flags
 
 from pytfm import data
 from pytfm.nn import GPT, GPTConfig
@@ -49,18 +49,19 @@ CHINCHILLA_RATIO = 20  # tokens per parameter of a compute-optimal model (Hoffma
 
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = new_parser(__doc__.splitlines()[0])
     p.add_argument("--out", default="out", help="folder for scaling.jsonl and scaling.png")
     p.add_argument("--quick", action="store_true",
                    help="a toy sweep (3 tiny sizes, 2 tiny budgets, context 16): seconds")
-    p.add_argument("--sizes", help=f"comma-separated d_model x n_layer x n_head (default {SIZES})")
-    p.add_argument("--budgets", help=f"comma-separated FLOPs (default {BUDGETS})")
-    p.add_argument("--context", type=int, help="tokens per window (default 64)")
-    p.add_argument("--batch", type=int, help="windows per step (default 16)")
+    p.add_argument("--sizes", help="comma-separated d_model x n_layer x n_head (default: "
+                   f"{SIZES})")
+    p.add_argument("--budgets", help=f"comma-separated FLOPs (default: {BUDGETS})")
+    p.add_argument("--context", type=int, help="tokens per window (default: 64)")
+    p.add_argument("--batch", type=int, help="windows per step (default: 16)")
     p.add_argument("--val-tokens", type=int, help="the validation loss is measured on this "
-                   "many tokens of the held-out text (default 0: all of it, 400k)")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
-    p.add_argument("--seed", type=int, default=0)
+                   "many tokens of the held-out text (default: 0, all of it, 400k)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    p.add_argument("--seed", type=int, default=0, help="the models' and the data's")
     return p
 
 
@@ -146,7 +147,7 @@ def train_run(args, size, budget, batches):
         model.backward()
         clip_grad_norm(model.grads, 1.0)
         opt.step(lr)
-        recent = (recent + [loss])[-50:]
+        recent = (recent + [float(loss)])[-50:]
     val = val_loss(model, batches.splits["val"], args.context, args.val_tokens)
     tokens = steps * tokens_per_step
     return dict(run_key(args, size, budget), params=n_params, steps=steps, tokens=tokens,
@@ -161,8 +162,8 @@ def val_loss(model, text, context, limit, batch=64):
     text = text[:limit + 1] if limit else text
     n = (len(text) - 1) // context
     x, y = text[:n * context].reshape(n, context), text[1:n * context + 1].reshape(n, context)
-    total = sum(model.forward(x[i:i + batch], y[i:i + batch], save=False)[1] * len(x[i:i + batch])
-                for i in range(0, n, batch))
+    total = sum(float(model.forward(x[i:i + batch], y[i:i + batch], save=False)[1])
+                * len(x[i:i + batch]) for i in range(0, n, batch))
     return total / n
 
 

@@ -3,29 +3,34 @@
     python examples/train_tiny.py               # 0.83M parameters, context 128, < 1 min on 2 cores
     python examples/train_tiny.py --steps 1000 --text my.txt --out run1
     python examples/train_tiny.py --out run1 --resume          # continue an interrupted run
+    python examples/train_tiny.py --force                      # train anew over out/
     python examples/train_tiny.py --device cuda                # on the GPU (CuPy, CUDA build)
     mpiexec -n 2 python examples/train_tiny.py                 # two processes (pytfm[mpi])
 
 With no --text it learns from the Python standard library's own source files, which every
 machine has. It prints a progress line every --log-every steps and the validation loss every
 --eval-every, writes OUT/model.safetensors (the checkpoint, also at each evaluation), OUT/loss.csv
-and, when matplotlib is installed, OUT/loss.png. Ctrl-C saves a resumable checkpoint and exits;
-a loss that turns NaN or inf stops the run and leaves the last good checkpoint as it was.
-Every flag and path is checked before training (--out by creating it and writing a test file):
-a bad one stops the script with its usage and one line naming the flag, exit status 2.
-Sample from a checkpoint later with examples/sample.py.
+and, when matplotlib is installed, OUT/loss.png; at the end it samples --sample-tokens bytes
+after --prompt. Ctrl-C saves a resumable checkpoint and exits; a loss that turns NaN or inf
+stops the run and leaves the last good checkpoint as it was. Every flag and path is checked
+before training (--out by creating it and writing a test file): a bad one stops the script with
+its usage and one line naming the flag, exit status 2. So does an OUT/model.safetensors that a
+run would replace, unless --resume continues it or --force replaces it. Sample from a
+checkpoint later with examples/sample.py.
 
---device cuda trains, evaluates, saves and samples on the GPU, in one process: each batch is
-copied to the device, and each step's loss stays there until a progress line prints it (then
-the losses of the steps since the last line are read back in one copy, and checked for NaN or
-inf: a bad one stops the run there, before anything is saved). Without CuPy, a CUDA build of
-pytfm or a GPU it stops at once with a sentence saying which (exit status 2).
+Each step's loss stays where the model is until a progress line prints it: then the losses of
+the steps since the last line are read at once (from the GPU in one copy; under N ranks summed
+in one collective) and checked for NaN or inf; a bad one stops the run there, before anything
+is saved. --device cuda trains, evaluates, saves and samples on the GPU, in one process: each
+batch is copied to the device. Without CuPy, a CUDA build of pytfm or a GPU it stops at once
+with a sentence saying which (exit status 2).
 
 Under mpiexec -n N (pytfm.distributed) the N ranks train the same run together: --batch is the
 global batch, each rank trains its rows of it, and the gradients are averaged every step. Rank
-0 alone checks the flags, reads the text (and sends it to the others), reads and writes the
-checkpoint, the log and the plot, and prints; the progress line shows the global tokens/s and
-the rank count. A checkpoint resumes on any number of ranks. A rank that fails ends them all.
+0 alone checks the flags and --out (every rank takes its decision: a refusal ends them all with
+status 2), reads the text (and sends it to the others), reads and writes the checkpoint, the log
+and the plot, and prints; the progress line shows the global tokens/s and the rank count. A
+checkpoint resumes on any number of ranks. A rank that fails ends them all.
 """
 
 import argparse
@@ -52,35 +57,63 @@ INT_MAX = 2**63 - 1  # the schedule's step counts are int64 in pytfm
 MINIMUM = {"steps": 1, "batch": 1, "d_model": 1, "n_layer": 1, "n_head": 1,
            "context": 2,  # one prompt token and one sampled for the sample at the end
            "warmup": 0, "eval_every": 1, "log_every": 1, "sample_tokens": 0, "seed": 0}
+PROMPT_BYTES = 16  # the sample's default prompt on a --text: its first bytes, this many at most
+PLOT_EXTRA = 'pip install ".[plot]"'  # matplotlib, from pytfm's checkout
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each option's default, where there is one to show (not None, not False);
+    the other examples' parsers use it too."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def new_parser(description):
+    """An example's parser: defaults in --help, and no abbreviations (argparse would otherwise
+    take --step 10 for --steps 10)."""
+    return argparse.ArgumentParser(description=description, formatter_class=HelpFormatter,
+                                   allow_abbrev=False)
 
 
 def add_model_args(p):
     """The model's and the schedule's options (bench/train_twin.py trains with the same ones)."""
-    p.add_argument("--seed", type=int, default=0, help=f"0 .. {SEED_MAX} (default 0)")
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=4, help="must divide --d-model (default 4)")
+    p.add_argument("--seed", type=int, default=0, help=f"0 .. {SEED_MAX}")
+    p.add_argument("--d-model", type=int, default=128, help="features per token")
+    p.add_argument("--n-layer", type=int, default=4, help="transformer blocks")
+    p.add_argument("--n-head", type=int, default=4, help="attention heads, must divide --d-model")
     p.add_argument("--context", type=int, default=128,
                    help="tokens per window, >= 2 and at most half the text's bytes minus 1")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--pos", choices=["rope", "sinusoidal", "none"], default="rope")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--batch", type=int, default=8, help="windows per step")
+    p.add_argument("--pos", choices=["rope", "sinusoidal", "none"], default="rope",
+                   help="how attention sees token positions")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    p.add_argument("--warmup", type=int, default=20, help="steps of linear warmup")
 
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=800, help="optimizer steps in all (default 800)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p = new_parser(__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=800, help="optimizer steps in all")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train")
     p.add_argument("--text", help="train on this file instead of the stdlib corpus; it is "
                    "read as raw bytes, one token per byte: any encoding works (the sample at the "
                    "end shows as UTF-8)")
     p.add_argument("--out", default="out", help="folder for checkpoint, loss log and plot")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/model.safetensors")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue from OUT/model.safetensors")
+    again.add_argument("--force", action="store_true",
+                       help="train anew, replacing OUT/model.safetensors (without it, or "
+                       "--resume, a run refuses to replace it)")
     add_model_args(p)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=100, help="steps between validations")
+    p.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
     p.add_argument("--sample-tokens", type=int, default=100, help="0: no sample at the end")
+    p.add_argument("--prompt", help="what the sample at the end continues (default: 'def ' for "
+                   f"the stdlib corpus, the first {PROMPT_BYTES} bytes of a --text), shorter "
+                   "than --context")
     return p
 
 
@@ -182,7 +215,8 @@ def context_too_long(p, args, size):
 
 def check_out(p, args):
     """--out is a folder this process can create and write in, before training: the run must
-    not end with nowhere to save. -> the checkpoint's path."""
+    not end with nowhere to save; and a checkpoint there is replaced only when asked
+    (--force), continued with --resume. -> the checkpoint's path."""
     out = args.out
     if not out:
         p.error("--out: the path is empty")
@@ -207,7 +241,35 @@ def check_out(p, args):
             p.error(f"--out: {path} is a folder, where the run writes a file")
         if name != "model.safetensors" and os.path.exists(path) and not os.access(path, os.W_OK):
             p.error(f"--out: {path} exists and is not writable")
+    if os.path.exists(ckpt) and not (args.resume or args.force):
+        p.error(f"--out: {ckpt} exists: --resume continues its run, --force trains anew over "
+                "it, or give another --out")
     return ckpt
+
+
+def check_prompt(p, args):
+    """--prompt, when given, as bytes: not empty, shorter than --context (one new byte must
+    fit). -> the bytes, or None for the default."""
+    if args.prompt is None:
+        return None
+    # surrogateescape: bytes of the command line that are not UTF-8 come back as they were
+    raw = args.prompt.encode("utf-8", "surrogateescape")
+    if not raw:
+        p.error("--prompt must not be empty: the sample continues at least one byte")
+    if len(raw) >= args.context:
+        p.error(f"--prompt is {len(raw)} bytes: the sample needs it shorter than --context "
+                f"{args.context}")
+    return raw
+
+
+def sample_prompt(args, raw, tokens):
+    """The bytes the sample at the end continues (uint8): --prompt's (raw), or by default
+    'def ' for the stdlib corpus (Python source) and the first PROMPT_BYTES bytes of a --text,
+    cut to leave room in the context for one new byte."""
+    if raw is not None:
+        return np.frombuffer(raw, np.uint8)
+    first = data.encode("def ") if args.text is None else tokens[:PROMPT_BYTES]
+    return np.asarray(first[:args.context - 1], np.uint8)
 
 
 def load_checkpoint(p, path, model=None, opt=None):
@@ -292,10 +354,12 @@ def plot(path, rows):
 
 def prepare(argv, ranks):
     """Everything before training that reads or writes a file or may fail on a flag: on rank 0
-    alone under N ranks. -> (args, checkpoint path, the text's tokens as uint8)."""
+    alone under N ranks. -> (args, checkpoint path, the text's tokens as uint8, the sample's
+    prompt as uint8)."""
     p = parser()
     args = p.parse_args(argv)
     check_numbers(p, args)
+    raw_prompt = check_prompt(p, args)
     if args.device == "cuda":
         problem = devices.cuda_problem()
         if problem is not None:
@@ -318,7 +382,7 @@ def prepare(argv, ranks):
         context_too_long(p, args, len(tokens))
     # bytes: a quarter of the int64s' size to send to the other ranks (the text or even the
     # stdlib may exist only on rank 0's machine)
-    return args, ckpt, tokens.astype(np.uint8)
+    return args, ckpt, tokens.astype(np.uint8), sample_prompt(args, raw_prompt, tokens)
 
 
 def resume(ckpt, model, opt):
@@ -340,7 +404,7 @@ def main(argv=None, interrupt_at=None):
 
 
 def run(world, argv, interrupt_at):
-    args, ckpt, tokens = world.on_root(prepare, argv, world.size)
+    args, ckpt, tokens, prompt = world.on_root(prepare, argv, world.size)
     tokens = tokens.astype(np.int64)
     log_path = os.path.join(args.out, "loss.csv")
     batches = data.Batches(tokens, args.context, args.batch, seed=args.seed)
@@ -368,7 +432,7 @@ def run(world, argv, interrupt_at):
     previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
     try:
         return train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at,
-                     world)
+                     world, prompt)
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -377,10 +441,12 @@ def quiet(*_, **__):
     pass
 
 
-def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at, world=None):
-    """The training loop. Under N ranks: each trains its rows of every batch; the loss, the
-    gradients and every decision to stop are agreed through the world's collectives, so that
-    all ranks take the same steps; rank 0 alone writes and prints."""
+def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at, world=None,
+          prompt=None):
+    """The training loop, then the sample after prompt (uint8; None: 'def '). Under N ranks:
+    each trains its rows of every batch; the loss, the gradients and every decision to stop are
+    agreed through the world's collectives, so that all ranks take the same steps; rank 0 alone
+    writes and prints."""
     world = world or distributed.World(None)
     say = print if world.root else quiet
     cfg = model.cfg
@@ -391,14 +457,16 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
         if world.root:
             checkpoint.save(ckpt, model, step, opt, extra={"log": rows, "args": vars(args)})
 
-    gpu = model.device == "cuda"
-    unread = []  # on the GPU: (row, loss on the device) of each step whose loss is not read yet
+    unread = []  # (row, loss where the model is, share) of each step whose loss is not read yet
 
     def read_losses():
-        """On the GPU: the losses of the unread steps, copied back at once into their rows ->
-        the last one; None, once said, when one is not finite."""
-        values = devices.to_host(model.xp.stack([loss for _, loss in unread])).tolist()
-        for (row, _), value in zip(unread, values):
+        """The global batch's mean loss of each unread step into its row, read at once (one
+        copy from the device, one sum over the ranks) -> the last one; None, once said, when
+        one is not finite."""
+        local = devices.to_host(model.xp.stack([loss for _, loss, _ in unread]))
+        shares = np.array([share for _, _, share in unread])
+        values = world.sum(local.astype(np.float64) * shares).tolist()
+        for (row, _, _), value in zip(unread, values):
             if not math.isfinite(value):
                 say(f"\nstep {row[0]}: the loss became {value}; stopping. The last good "
                     f"checkpoint ({ckpt}) is left as it was.", file=sys.stderr)
@@ -411,16 +479,9 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
     while step < args.steps and not world.any(stop):  # Ctrl-C on any rank stops all
         lr = cosine_lr(step, args.lr, args.warmup, args.steps, min_lr=args.lr / 10)
         x, y, share = world.shard(*batches.batch("train", step))
-        if gpu:
-            x, y = devices.to_device(x, "cuda"), devices.to_device(y, "cuda")
+        x, y = devices.to_device(x, model.device), devices.to_device(y, model.device)
         model.zero_grad()
         _, loss = model.forward(x, y, check_ids=False)  # bytes: always below vocab = 256
-        if not gpu:  # on the GPU the loss is read when it is printed
-            loss = float(world.sum([loss * share])[0])  # the global batch's mean loss
-            if not math.isfinite(loss):
-                say(f"\nstep {step + 1}: the loss became {loss}; stopping. The last good "
-                    f"checkpoint ({ckpt}) is left as it was.", file=sys.stderr)
-                return 1
         model.backward()
         world.average_gradients(model.grads, share)
         clip_grad_norm(model.grads, 1.0)
@@ -431,14 +492,11 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
         rows.append(row)
         evaluating = step % args.eval_every == 0 or step == args.steps
         printing = step % args.log_every == 0 or evaluating or step == 1
-        if gpu:
-            unread.append((row, loss))
-            if printing:
-                loss = read_losses()
-                if loss is None:
-                    return 1
-        else:
-            row[1] = round(loss, 5)
+        unread.append((row, loss, share))
+        if printing:
+            loss = read_losses()
+            if loss is None:
+                return 1
         elapsed = time.perf_counter() - start
         rate = tokens_done / elapsed
         vl = val_loss(model, batches, world) if evaluating else ""
@@ -466,11 +524,16 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
         return 130
     if not world.root:
         return 0
-    plotted = plot(os.path.join(args.out, "loss.png"), rows)
-    print(f"saved {ckpt}, {log_path}" + (" and loss.png" if plotted else ""))
+    png = os.path.join(args.out, "loss.png")
+    if plot(png, rows):
+        print(f"saved {ckpt}, {log_path} and {png}")
+    else:
+        print(f"saved {ckpt} and {log_path}")
+        print(f"skipped the plot {png}: matplotlib is not installed ({PLOT_EXTRA})")
     if args.sample_tokens == 0:
         return 0
-    prompt = data.encode("def ")[None, :cfg.max_seq - 1]  # leave room for one new token
+    prompt = data.encode("def ") if prompt is None else prompt.astype(np.int64)
+    prompt = prompt[None, :cfg.max_seq - 1]  # leave room for one new token
     n_new = min(args.sample_tokens, cfg.max_seq - prompt.shape[1])
     text = data.decode(generate(model, prompt, n_new, temperature=0.8, top_k=40, seed=args.seed)[0])
     print("sample (temperature 0.8, top-k 40):\n" + text)

@@ -5,10 +5,18 @@
 
 pytfm.ops holds one function per op direction (stateless); pytfm.KVCache the keys and values
 of a decoding run; pytfm.nn a GPT with hand-written backward passes (on the CPU, or on the GPU
-with CuPy: pytfm.device); pytfm.reference the float64 NumPy oracle.
+with CuPy: pytfm.device), trained with pytfm.optim on pytfm.data's batches, saved and loaded by
+pytfm.checkpoint, sampled by pytfm.generate, across processes with pytfm.distributed;
+pytfm.interpret scores attention heads; pytfm.reference is the float64 NumPy oracle.
+
+Every one of those modules is an attribute of the package after `import pytfm`; the ones not
+imported below load on first use (pytfm.data, ...), so that importing pytfm stays quick. CuPy
+and mpi4py are imported only when a GPU or an MPI launcher is used.
 """
 
-from . import device, ops
+import importlib
+
+from . import device, kvcache, ops
 from ._core import (
     PytfmError,
     _settings_from_environment,
@@ -24,5 +32,19 @@ from .kvcache import KVCache
 __version__ = version()
 _settings_from_environment()
 
+_ON_FIRST_USE = ("checkpoint", "data", "distributed", "generate", "interpret", "nn", "optim",
+                 "reference")
+
 __all__ = ["KVCache", "PytfmError", "__version__", "build_info", "device", "get_isa",
-           "get_num_threads", "ops", "set_max_isa", "set_num_threads"]
+           "get_num_threads", "kvcache", "ops", "set_max_isa", "set_num_threads",
+           *_ON_FIRST_USE]
+
+
+def __getattr__(name):  # a public module not imported yet: import it now (PEP 562)
+    if name in _ON_FIRST_USE:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_ON_FIRST_USE))

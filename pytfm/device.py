@@ -4,15 +4,16 @@
     xp = pytfm.device.array_module("cuda")  # cupy, or CudaUnavailable with that sentence
 
 The GPU needs three things, checked in this order: CuPy, a pytfm built with CUDA (nvcc found
-at install time), and a CUDA GPU with its driver. The checks go through pytfm.ops.lib (the
-module attribute), so that tests may answer them with another library. CuPy is imported only
-when a "cuda" device is asked for.
+at install time), and a CUDA GPU with its driver. The checks ask the library through the
+attribute pytfm._core.lib, read at each call, the one every kernel call goes through too, so
+that a test may answer them all with another library. CuPy is imported only when a "cuda"
+device is asked for.
 """
 
 import numpy as np
 
-from . import ops
-from ._core import ffi
+from . import _core
+from ._arrays import is_cupy
 
 DEVICES = ("cpu", "cuda")
 
@@ -39,13 +40,14 @@ def cuda_problem():
         return "CuPy is not installed (pip install cupy-cuda13x)"
     except ImportError as e:  # installed, but broken (a missing CUDA library, ...)
         return f"CuPy cannot be imported ({e}): reinstall it (pip install cupy-cuda13x)"
+    lib, ffi = _core.lib, _core.ffi
     info = ffi.new("pytfm_build_info *")
-    if ops.lib.pytfm_get_build_info(info) != ops.lib.PYTFM_STATUS_OK or not info.cuda:
+    if lib.pytfm_get_build_info(info) != lib.PYTFM_STATUS_OK or not info.cuda:
         return ("pytfm was built without CUDA (nvcc was not found when it was installed): "
                 "reinstall it with nvcc on PATH")
     count = ffi.new("int32_t *")
-    if ops.lib.pytfm_cuda_device_count(count) != ops.lib.PYTFM_STATUS_OK:
-        error = ffi.string(ops.lib.pytfm_last_error()).decode("utf-8", "replace")
+    if lib.pytfm_cuda_device_count(count) != lib.PYTFM_STATUS_OK:
+        error = ffi.string(lib.pytfm_last_error()).decode("utf-8", "replace")
         return f"the CUDA runtime could not count the GPUs ({error})"
     if count[0] < 1:
         return "no CUDA GPU was found (no device, or no NVIDIA driver)"
@@ -71,12 +73,12 @@ def array_module(device, name="device"):
 
 def device_of(a):
     """ "cuda" for a CuPy array, "cpu" for anything else."""
-    return "cuda" if ops._is_cupy(a) else "cpu"
+    return "cuda" if is_cupy(a) else "cpu"
 
 
 def module_of(a):
     """The array module of the array a: cupy for a CuPy array, numpy otherwise."""
-    if ops._is_cupy(a):
+    if is_cupy(a):
         import cupy
 
         return cupy
@@ -86,7 +88,7 @@ def module_of(a):
 def to_host(a):
     """a as a NumPy array: a CuPy array is copied to the host (the one place the device is
     read), anything else goes through numpy.asarray."""
-    if ops._is_cupy(a):
+    if is_cupy(a):
         import cupy
 
         return cupy.asnumpy(a)

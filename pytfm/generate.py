@@ -14,16 +14,16 @@ import operator
 import numpy as np
 
 from . import device as devices
-from .ops import _float, _int
+from ._arrays import as_float, as_int
 
 
 def _sampling(temperature, top_k):
     """The checked (temperature, top_k): temperature a finite real >= 0, top_k None or an
     integer >= 1."""
-    temperature = _float("temperature", temperature, "float64")
+    temperature = as_float("temperature", temperature, "float64")
     if not 0 <= temperature < math.inf:
         raise ValueError(f"temperature must be finite and >= 0 (0: greedy), got {temperature}")
-    if top_k is not None and _int("top_k", top_k) < 1:
+    if top_k is not None and as_int("top_k", top_k) < 1:
         raise ValueError(f"top_k must be >= 1 (None: no top-k cut), got {top_k}")
     return temperature, top_k
 
@@ -63,7 +63,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0)
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"prompt{list(where)} = {prompt[where]} is outside [0, {vocab})")
     prompt = prompt.astype(np.int64)
-    if _int("max_new_tokens", max_new_tokens) < 0:
+    if as_int("max_new_tokens", max_new_tokens) < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     temperature, top_k = _sampling(temperature, top_k)
     if isinstance(seed, (bool, np.bool_)):

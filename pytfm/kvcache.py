@@ -11,7 +11,7 @@ import numpy as np
 
 from . import device as devices
 from . import ops
-from .ops import _Args, _heads, _int
+from ._arrays import Args, as_int
 
 
 class KVCache:
@@ -27,8 +27,8 @@ class KVCache:
     """
 
     def __init__(self, batch, max_len, n_head, head_dim, device="cpu"):
-        shape = (_int("batch", batch), _int("max_len", max_len), _int("n_head", n_head),
-                 _int("head_dim", head_dim))
+        shape = (as_int("batch", batch), as_int("max_len", max_len), as_int("n_head", n_head),
+                 as_int("head_dim", head_dim))
         if min(shape) < 1:
             raise ValueError(f"KVCache sizes must all be >= 1, got {shape}")
         xp = devices.array_module(device)
@@ -42,8 +42,8 @@ class KVCache:
 
     def attend(self, q, k, v, scale=None):  # q, k, v (B, n_new, H, D) -> o (B, n_new, H, D)
         # check q, k, v and scale before anything is written to the cache
-        a = _Args("pytfm_attention_decode", locals())
-        q, k, v = _heads(a, "q", "k", "v")
+        a = Args("pytfm_attention_decode", locals())
+        q, k, v = a.heads("q", "k", "v")
         scale = a.float("scale", default=1.0 / math.sqrt(q.shape[3]))
         start = self.length
         ops.attention_cache_append(self.k, self.v, k, v, start)

@@ -18,8 +18,9 @@ gradients, clipping them, AdamW's step and a data-parallel all-reduce each take 
 Devices: GPT(cfg, device="cuda") (or model.to("cuda")) keeps every array on the GPU as a CuPy
 array, and each op runs its CUDA twin (pytfm.ops picks the backend from the arrays); model.device
 says which. Nothing is read back to the host inside a training step (forward, backward,
-zero_grad, clipping, AdamW): the loss is a 0-d device array until float(loss) reads it. The
-inputs (token ids, targets) must be on the model's device: cupy.asarray(idx).
+zero_grad, clipping, AdamW): the loss is a 0-d array on the model's device, on the CPU as on
+the GPU, until float(loss) reads it. The inputs (token ids, targets) must be on the model's
+device: cupy.asarray(idx).
 """
 
 import math
@@ -29,6 +30,7 @@ import numpy as np
 
 from . import device as devices
 from . import ops
+from ._arrays import as_bool, check_index_arrays, is_cupy
 from .kvcache import KVCache
 
 POSITIONS = ("rope", "sinusoidal", "none")
@@ -160,7 +162,7 @@ class FlatDict(dict):
         """Copy {name: array} (every name of this FlatDict; NumPy or CuPy arrays of the views'
         shapes) into the views. On the GPU, host arrays are gathered into one host buffer and
         copied in one transfer."""
-        if self.device == "cuda" and not any(map(ops._is_cupy, arrays.values())):
+        if self.device == "cuda" and not any(map(is_cupy, arrays.values())):
             staging = FlatDict(self.layout, self.size)
             staging.copy_from(arrays)
             self.buffer[...] = devices.to_device(staging.buffer, "cuda")
@@ -443,10 +445,10 @@ class GPT:
                 how = "cupy.asarray(" if self.device == "cuda" else "cupy.asnumpy("
                 raise TypeError(f"{name} is on {devices.device_of(a)} but the model is on "
                                 f"{self.device}: move it there first ({how}{name}))")
-        if self.device != "cpu" and ops._bool("check_ids", check_ids):
+        if self.device != "cpu" and as_bool("check_ids", check_ids):
             vocab = self.cfg.vocab
-            ops.check_index_arrays(*((name, a, vocab, -1 if name == "targets" else None)
-                                     for name, a in named))
+            check_index_arrays(*((name, a, vocab, -1 if name == "targets" else None)
+                                 for name, a in named))
 
     def num_params(self):
         return sum(p.size for p in self.params.values())
@@ -472,8 +474,8 @@ class GPT:
     def forward(self, idx, targets=None, *, save=None, check_ids=True):
         """idx int64 (B, T) -> logits (B, T, vocab), and the mean cross-entropy loss of the
         targets (B, T) when given (-1 marks a position to ignore), else None. idx and targets
-        are on the model's device; on the GPU, logits and the loss are too (the loss a 0-d
-        array: float(loss) reads it back).
+        are on the model's device, and so are the logits and the loss (a 0-d float32 array on
+        either device: float(loss) reads it back).
 
         save: keep what backward() needs (the default when targets are given); pass
         save=False to evaluate a loss without touching the state of a pending backward().

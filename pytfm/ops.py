@@ -9,6 +9,9 @@ Backends: NumPy arrays run the C kernels; CuPy arrays run their CUDA twins (pytf
 CuPy's current stream and return CuPy arrays (cupy is imported only when one arrives). All the
 arrays of one call must be of one kind and, for CuPy, on the current device. Every op with array
 arguments has a CUDA twin; a library without one (an older build) takes NumPy arrays only.
+Results are of one kind on both backends: arrays of the inputs' kind, a reduction (the loss of
+cross_entropy_forward, sum_squares) a 0-d array, so that nothing is read back from a device
+unless the caller asks (float(loss)).
 
 Gradient rule, as in the C library: activation gradients are returned fresh; parameter
 gradients (dw, db, dtable) are returned fresh too, unless an array is passed through the
@@ -23,247 +26,11 @@ True or False only (a bool or numpy.bool_), not None or 0.
 """
 
 import math
-import numbers
-import operator
-import sys
 
-import numpy as np
-
-from ._core import check, ffi, lib
-
-_F32 = np.dtype(np.float32)
-_I64 = np.dtype(np.int64)
-_CTYPES = {_F32: "float[]", _I64: "int64_t[]"}  # host buffers
-_CPTRS = {_F32: "float *", _I64: "int64_t *"}  # device pointers
-
-
-# ---- the one dispatch path ------------------------------------------------------------------
-
-
-_NOT_CUPY = frozenset((np.ndarray, int, float, bool, type(None)))  # the common cases, at once
-
-
-def _is_cupy(a):
-    t = type(a)
-    return t not in _NOT_CUPY and t.__module__.split(".")[0] == "cupy"
-
-
-def _is_array(a):
-    return type(a) is np.ndarray or isinstance(a, np.ndarray) or _is_cupy(a)
-
-
-_INT64 = (-(2**63), 2**63 - 1)  # what an int64_t argument holds
-_FLOAT_MAX = {"float32": float(np.finfo(np.float32).max), "float64": sys.float_info.max}
-
-
-def _shown(v):
-    """A number for a message: an integer too long to read is given by its size."""
-    if isinstance(v, numbers.Integral) and int(v).bit_length() > 64:
-        return f"an integer of {int(v).bit_length()} bits"
-    text = str(v)
-    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
-
-
-def _int(name, v):
-    """v as a Python int that fits an int64_t. bool is not an integer here (True would pass as
-    1 silently): TypeError, as for any non-integer; ValueError beyond int64."""
-    if isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got bool ({v})")
-    try:
-        i = operator.index(v)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(v).__name__}") from None
-    if not _INT64[0] <= i <= _INT64[1]:
-        raise ValueError(f"{name} must fit in int64, [-2**63, 2**63 - 1], got {_shown(i)}")
-    return i
-
-
-def _float(name, v, kind="float32"):
-    """v as a Python float for a C float (kind "float32") or double ("float64") argument: bool
-    and non-numbers are a TypeError, a finite number beyond the kind's range a ValueError (it
-    would reach C as inf or raise OverflowError). NaN and inf pass: the C checks say where
-    they are allowed."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
-    try:
-        f = float(v)
-    except OverflowError:  # an int (or Fraction) beyond float64
-        f = math.inf
-    given_inf = isinstance(v, (float, np.floating)) and bool(np.isinf(v))
-    if math.isnan(f) or given_inf:
-        return f
-    if not abs(f) <= _FLOAT_MAX[kind]:  # f is inf here for a number beyond float64
-        raise ValueError(f"{name} must fit in {kind} (|{name}| <= {_FLOAT_MAX[kind]:.7g}), "
-                         f"got {_shown(v)}")
-    return f
-
-
-def _bool(name, v):
-    """A bool (or numpy.bool_): None or 0 must not mean False silently."""
-    if not isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool (True or False), got {type(v).__name__}")
-    return bool(v)
-
-
-def check_index_arrays(*specs):
-    """Raise ValueError for the first id outside [0, limit) (ignore, when not None, is allowed
-    too) in each (name, ids, limit, ignore) of specs, for NumPy or CuPy int arrays alike; on the
-    device, one read for all of them together (what pytfm.nn does once per batch)."""
-    bads = []
-    for _, ids, limit, ignore in specs:
-        bad = (ids < 0) | (ids >= limit)
-        if ignore is not None:
-            bad &= ids != ignore
-        bads.append(bad)
-    if not bads or not bool(sum(b.any() for b in bads)):  # (a 0-d sum on the device: one read)
-        return
-    for (name, ids, limit, _), bad in zip(specs, bads):
-        if bool(bad.any()):
-            i = int(bad.ravel().argmax())
-            raise ValueError(f"{name}[{i}] = {int(ids.ravel()[i])} is outside [0, {limit})")
-
-
-class _Args:
-    """The arguments of one call to the C function `kernel`, by name (an op's locals()).
-
-    It picks the backend once, from every array among them: NumPy runs lib.<kernel>, CuPy runs
-    lib.<kernel>_cuda on CuPy's current stream. Each check below names the argument it reads,
-    and .call() makes the pointers, so an op writes each argument's name once, where it checks
-    it.
-    """
-
-    def __init__(self, kernel, named):
-        self.kernel, self.named = kernel, named
-        arrays = [(n, a) for n, a in named.items() if _is_array(a)]
-        self.gpu = bool(arrays) and _is_cupy(arrays[0][1])
-        kind = {False: "NumPy", True: "CuPy"}
-        for n, a in arrays[1:]:
-            if _is_cupy(a) != self.gpu:
-                raise TypeError(
-                    f"{arrays[0][0]} is a {kind[self.gpu]} array but {n} is a "
-                    f"{kind[not self.gpu]} array: pass the arrays of one call on one device "
-                    "(NumPy: the CPU kernels, CuPy: the CUDA ones)"
-                )
-        if not self.gpu:
-            self.xp = np
-            return
-        if not hasattr(lib, kernel + "_cuda"):
-            raise TypeError(
-                f"{arrays[0][0]} is a CuPy array, but this operation runs on NumPy arrays only "
-                "(it has no CUDA kernel yet); pass a numpy.ndarray"
-            )
-        import cupy
-
-        self.xp = cupy
-        current = cupy.cuda.Device().id
-        for n, a in arrays:
-            if isinstance(a, cupy.ndarray) and a.device.id != current:
-                raise ValueError(
-                    f"{n} is on GPU {a.device.id} but the current device is GPU {current}: "
-                    f"call inside `with cupy.cuda.Device({a.device.id}):`"
-                )
-
-    # -- checks: each returns the checked value --
-
-    def array(self, name, dtype=_F32, ndim=None, min_ndim=1, last=None, shape=None, lead=None,
-              because=None, writable=False, optional=False):
-        """The argument `name`, once it is a C-contiguous array of the backend, of dtype, of
-        rank ndim (or at least min_ndim), whose last axis (what `last` says it is) is not
-        empty, of `shape`, or of leading axes `lead` and any last one (`because` says why),
-        and writable when asked; None if optional."""
-        a = self.named[name]
-        if a is None and optional:
-            return None
-        if self.gpu and not (_is_cupy(a) and type(a).__name__ == "ndarray"):
-            raise TypeError(f"{name} must be a cupy.ndarray of {dtype}, got {type(a).__qualname__}")
-        if not self.gpu and not isinstance(a, np.ndarray):
-            kind = type(a).__name__ if type(a).__module__ == "builtins" else type(a).__qualname__
-            kind = f"numpy.{kind} scalar" if isinstance(a, np.generic) else kind
-            raise TypeError(f"{name} must be a numpy.ndarray of {dtype}, got {kind}")
-        if a.dtype != dtype:
-            raise TypeError(f"{name} must have dtype {dtype}, got {a.dtype}")
-        if ndim is not None and a.ndim != ndim:
-            raise ValueError(f"{name} must have {ndim} dimensions, got shape {a.shape}")
-        if a.ndim < min_ndim:
-            raise ValueError(
-                f"{name} must have at least {min_ndim} dimension(s), got shape {a.shape}")
-        if not a.flags.c_contiguous:
-            raise ValueError(
-                f"{name} must be C-contiguous (np.ascontiguousarray({name})), "
-                f"got strides {a.strides} for shape {a.shape}"
-            )
-        if last is not None and a.shape[-1] < 1:
-            axis = -1 if ndim is None else ndim - 1
-            raise ValueError(f"{name}.shape[{axis}] ({last}) must be >= 1, got shape {a.shape}")
-        if shape is not None and a.shape != tuple(shape):
-            raise ValueError(f"{name} must have shape {tuple(shape)} ({because}), got {a.shape}")
-        if lead is not None and a.shape[:-1] != tuple(lead):
-            want = tuple(lead) + (a.shape[-1],)
-            raise ValueError(f"{name} must have shape {want} ({because}), got {a.shape}")
-        if writable and isinstance(a, np.ndarray) and not a.flags.writeable:
-            raise ValueError(f"{name} must be writable, got a read-only array")
-        return a
-
-    def grad(self, name, shape):
-        """A zeroed fresh parameter gradient, or the caller's array to accumulate into."""
-        if self.named[name] is None:
-            try:
-                return self.xp.zeros(shape, _F32)
-            except ValueError as e:  # NumPy: "array is too big", naming no argument
-                raise ValueError(f"{name} of shape {shape} cannot be allocated: {e}") from None
-        return self.array(name, shape=shape, because="the parameter's shape", writable=True)
-
-    def int(self, name):
-        """An integer that fits int64 (not a bool)."""
-        return _int(name, self.named[name])
-
-    def float(self, name, default=None, kind="float32"):
-        """A real number that fits the C argument's type: float32, or "float64" for a double;
-        `default` when the argument is None and a default is given."""
-        v = self.named[name]
-        if v is None and default is not None:
-            return default
-        return _float(name, v, kind)
-
-    def bool(self, name):
-        """True or False (a bool or numpy.bool_; not None, not an int)."""
-        return _bool(name, self.named[name])
-
-    def ids(self, name, limit, ignore=None):
-        """Device index arrays are not checked by the CUDA kernels (that needs a copy to the
-        host): check them here, as the C kernels do, before anything is written, unless the
-        caller says it did (check_ids=False). That check reads the device once."""
-        check = _bool("check_ids", self.named.get("check_ids", True))
-        if self.gpu and check:
-            check_index_arrays((name, self.named[name], limit, ignore))
-
-    # -- outputs and the call --
-
-    def empty(self, shape):
-        return self.xp.empty(shape, _F32)
-
-    def empty_like(self, a):
-        return self.xp.empty_like(a)
-
-    def call(self, *args):
-        """lib.<kernel>(*args) on the CPU, or lib.<kernel>_cuda(*args, stream) on CuPy's
-        current stream; arrays become pointers (None: NULL); raise for a failed status."""
-        args = [_pointer(a) if a is None or _is_array(a) else a for a in args]
-        if not self.gpu:
-            return check(getattr(lib, self.kernel)(*args))
-        stream = ffi.cast("void *", self.xp.cuda.get_current_stream().ptr)
-        check(getattr(lib, self.kernel + "_cuda")(*args, stream))
-
-
-def _pointer(a):
-    """A cffi pointer to a's data (ffi.NULL for None): host memory for NumPy (which keeps a
-    alive during the call), device memory for CuPy (the caller keeps a alive)."""
-    if a is None:
-        return ffi.NULL
-    if _is_cupy(a):
-        return ffi.cast(_CPTRS[a.dtype], a.data.ptr)
-    return ffi.from_buffer(_CTYPES[a.dtype], a)
-
+from ._arrays import F64 as _F64
+from ._arrays import I64 as _I64
+from ._arrays import Args as _Args
+from ._arrays import check_index_arrays  # noqa: F401 - public: pytfm.ops.check_index_arrays
 
 # ---- linear ---------------------------------------------------------------------------------
 
@@ -539,16 +306,16 @@ def _cross_entropy_dims(a):
 def cross_entropy_forward(logits, targets, ignore_index=-1, *, check_ids=True):
     """Mean softmax cross-entropy over targets != ignore_index (0.0 if there are none).
 
-    logits [..., vocab], targets int64 [...] -> (loss: float, lse [...]), lse the per-row
-    log-sum-exp that cross_entropy_backward takes. On CuPy arrays the loss stays on the device,
-    a 0-d float32 array (float(loss) reads it back). check_ids=False: the caller checked the
-    targets (on CuPy arrays the check reads the device).
+    logits [..., vocab], targets int64 [...] -> (loss, lse [...]): loss a 0-d float32 array
+    where the logits are (NumPy or CuPy: nothing is read back; float(loss) reads it), lse the
+    per-row log-sum-exp that cross_entropy_backward takes. check_ids=False: the caller checked
+    the targets (on CuPy arrays the check reads the device).
     """
     a = _Args("pytfm_cross_entropy_forward", locals())
     logits, targets, vocab, ignore_index = _cross_entropy_dims(a)
-    loss, lse = a.empty(1), a.empty(targets.shape)
+    loss, lse = a.empty(()), a.empty(targets.shape)
     a.call(loss, lse, logits, targets, targets.size, vocab, ignore_index)
-    return (loss.reshape(()) if a.gpu else float(loss[0])), lse
+    return loss, lse
 
 
 def cross_entropy_backward(logits, targets, lse, ignore_index=-1, dloss=1.0, *, check_ids=True):
@@ -583,31 +350,18 @@ def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
 
 
 def sum_squares(x):
-    """Σ x² over every element of the float32 array x, summed in double.
-
-    NumPy: a Python float, the same at any thread count. CuPy: a 0-d cupy float64 array on
-    the device, written there by the kernel (no copy to the host: float() of it, or .get(),
-    reads it back when it is wanted), the same bits on every run; the two agree to double
-    rounding, not bit for bit (their sums are combined in another order)."""
+    """Σ x² over every element of the float32 array x, summed in double -> a 0-d float64 array
+    where x is (NumPy or CuPy: nothing is read back; float() reads it). The same bits on every
+    run and at any thread count; the CPU's and the GPU's agree to double rounding, not bit for
+    bit (their partial sums are combined in another order)."""
     a = _Args("pytfm_sum_squares", locals())
     x = a.array("x", min_ndim=0)
-    if a.gpu:
-        out = a.xp.empty((), np.float64)
-        a.call(ffi.cast("double *", out.data.ptr), x, x.size)
-        return out
-    out = ffi.new("double *")
+    out = a.empty((), _F64)
     a.call(out, x, x.size)
-    return float(out[0])
+    return out
 
 
 # ---- attention ------------------------------------------------------------------------------
-
-
-def _heads(a, *names, writable=False):
-    """The [B, T, H, D] arrays `names` (D >= 1), all of the first one's shape."""
-    first = a.array(names[0], ndim=4, last="head dim D", writable=writable)
-    like = dict(ndim=4, shape=first.shape, because=f"{names[0]}.shape", writable=writable)
-    return [first] + [a.array(name, **like) for name in names[1:]]
 
 
 def attention_forward(q, k, v, causal=True, scale=None):
@@ -616,7 +370,7 @@ def attention_forward(q, k, v, causal=True, scale=None):
     q, k, v [B, T, H, D] -> (o [B, T, H, D], lse [B, H, T]); scale defaults to 1/sqrt(D).
     """
     a = _Args("pytfm_attention_forward", locals())
-    q, k, v = _heads(a, "q", "k", "v")
+    q, k, v = a.heads("q", "k", "v")
     B, T, H, D = q.shape
     scale = a.float("scale", default=1.0 / math.sqrt(D))
     causal = a.bool("causal")
@@ -629,7 +383,7 @@ def attention_backward(dy, q, k, v, o, lse, causal=True, scale=None):
     """dy [B, T, H, D], the gradient of o -> (dq, dk, dv), each [B, T, H, D]; o and lse from
     attention_forward."""
     a = _Args("pytfm_attention_backward", locals())
-    q, k, v, dy, o = _heads(a, "q", "k", "v", "dy", "o")
+    q, k, v, dy, o = a.heads("q", "k", "v", "dy", "o")
     B, T, H, D = q.shape
     lse = a.array("lse", shape=(B, H, T), because="(B, H, T) of q")
     scale = a.float("scale", default=1.0 / math.sqrt(D))
@@ -643,7 +397,7 @@ def _cache_dims(a, new, writable=False):
     """The new tokens' [B, n_new, H, D] array `new` and the caches [B, Tmax, H, D] they go
     with (writable: for an append) -> new, k_cache, v_cache, (B, n_new, H, D, Tmax, start)"""
     x = a.array(new, ndim=4, last="head dim D")
-    k_cache, v_cache = _heads(a, "k_cache", "v_cache", writable=writable)
+    k_cache, v_cache = a.heads("k_cache", "v_cache", writable=writable)
     B, n_new, H, D = x.shape
     Bc, Tmax, Hc, Dc = k_cache.shape
     if (Bc, Hc, Dc) != (B, H, D):

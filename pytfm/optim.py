@@ -6,13 +6,13 @@ import numpy as np
 
 from . import device as devices
 from . import ops
-from .ops import _float, _int
+from ._arrays import as_float, as_int
 
 
 def _real(name, v, ok, want):
     """v as a float (a real number, not a bool, within float64) for which ok(v) holds, else
     ValueError saying what `name` must be; ok must be False for NaN."""
-    f = _float(name, v, "float64")
+    f = as_float(name, v, "float64")
     if not ok(f):
         raise ValueError(f"{name} must be {want}, got {f}")
     return f
@@ -106,35 +106,25 @@ def _decay_spans(params, grads):
 
 def clip_grad_norm(grads, max_norm):
     """Scale all gradients in place so that their global L2 norm is at most max_norm.
-    Returns the norm before clipping (as torch.nn.utils.clip_grad_norm_). max_norm = inf
-    measures without clipping. The squares are summed in double: over a FlatDict's buffer in
-    one call, else array by array.
+    Returns the norm before clipping (as torch.nn.utils.clip_grad_norm_), a 0-d float64 array
+    where the gradients are: nothing is read back from a GPU (float(norm) reads it). max_norm =
+    inf measures without clipping. The squares are summed in double: over a FlatDict's buffer
+    in one call, else array by array, added in order.
 
-    On the GPU (CuPy gradients) nothing is read back: the norm is computed, compared and
-    applied on the device, and returned as a 0-d float64 CuPy array (float(norm) reads it).
-    The scale is the CPU's, max_norm / (norm + 1e-6) rounded to float32, or exactly 1 when
-    the norm is within max_norm, so the gradients get the CPU path's bits."""
+    The comparison and the scale stay where the norm is, on either device alike: the scale is
+    max_norm / (norm + 1e-6) rounded to float32 when norm > max_norm, else exactly 1 (so too
+    for a NaN norm), and every gradient is multiplied by it (for a finite max_norm)."""
     max_norm = _real("max_norm", max_norm, lambda f: f >= 0, ">= 0 (inf: no clipping)")
     buffer = getattr(grads, "buffer", None)
     arrays = [buffer] if buffer is not None else list(grads.values())
-    if arrays and ops._is_cupy(arrays[0]):
-        return _clip_on_device(arrays, max_norm)
-    norm = math.sqrt(sum(ops.sum_squares(g) for g in arrays))
-    if norm > max_norm:
-        scale = np.float32(max_norm / (norm + 1e-6))
-        for g in arrays:
-            g *= scale
-    return norm
-
-
-def _clip_on_device(arrays, max_norm):
-    """clip_grad_norm for CuPy arrays, without a transfer: -> the norm, a 0-d device array."""
-    xp = devices.module_of(arrays[0])
+    xp = devices.module_of(arrays[0]) if arrays else np
     total = xp.zeros((), np.float64)
-    for g in arrays:  # 0-d float64 device arrays, added in the CPU path's order: its bits
+    for g in arrays:
         total = total + ops.sum_squares(g)
-    norm = xp.sqrt(total)
-    # where, not minimum: the CPU path clips only when norm > max_norm (and not for a NaN)
+    norm = xp.asarray(xp.sqrt(total))
+    if max_norm == math.inf:  # nothing to clip (and no inf / inf to compute for an inf norm)
+        return norm
+    # where, not minimum: clip only when norm > max_norm (not for a NaN norm either)
     scale = xp.where(norm > max_norm, max_norm / (norm + 1e-6), xp.ones_like(norm))
     scale = scale.astype(np.float32)
     for g in arrays:
@@ -146,7 +136,7 @@ def cosine_lr(step, max_lr, warmup, total, min_lr=0.0):
     """Linear warmup over `warmup` steps, then cosine decay to min_lr at step `total`.
     step, warmup, total: integers >= 0 (step 0 is the first); max_lr, min_lr finite, >= 0."""
     for name, v in (("step", step), ("warmup", warmup), ("total", total)):
-        if _int(name, v) < 0:
+        if as_int(name, v) < 0:
             raise ValueError(f"{name} must be >= 0, got {v}")
     max_lr, min_lr = _lr("max_lr", max_lr), _lr("min_lr", min_lr)
     if step < warmup:

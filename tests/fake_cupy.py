@@ -11,7 +11,7 @@ strict=True also refuses what CuPy refuses, a NumPy array mixed into an operatio
 arrays or assigned into one (TypeError), so that a host array that slipped into device code
 fails here as it would on a GPU.
 
-    cp = fake_cupy.install(monkeypatch, emu)   # sys.modules["cupy"], pytfm.ops.lib and .check
+    cp = fake_cupy.install(monkeypatch, emu)   # sys.modules["cupy"] and pytfm._core.lib
 """
 
 import sys
@@ -20,7 +20,7 @@ import types
 import numpy as np
 
 import pytfm
-from pytfm import ops
+import pytfm._pytfm_cffi
 
 _STATE = types.SimpleNamespace(reads=0, strict=False)
 
@@ -175,21 +175,26 @@ def new(strict=False):
 class EmulatedLib:
     """pytfm's lib, with every _cuda function (and pytfm_cuda_device_count, ..._synchronize)
     answered by the emulator library instead, and a build_info that says CUDA: what a CUDA
-    build on a machine with one GPU answers. Assign an attribute to answer a function
-    otherwise (a test that wants no device)."""
+    build on a machine with one GPU answers. pytfm_last_error is the message of the library
+    that ran last, so that pytfm._core.check reads the failing one's. Assign an attribute to
+    answer a function otherwise (a test that wants no device). .cpu: pytfm's own library."""
 
     def __init__(self, emu):
         self.emu = emu
+        self.cpu = pytfm._pytfm_cffi.lib  # the compiled one, whatever pytfm._core.lib is now
         self.last = "emu"  # the library whose pytfm_last_error tells the last failure
 
     def pytfm_get_build_info(self, info):
-        status = pytfm._core.lib.pytfm_get_build_info(info)
+        status = self.cpu.pytfm_get_build_info(info)
         info.cuda = 1
         return status
 
+    def pytfm_last_error(self):
+        return (self.emu.lib if self.last == "emu" else self.cpu).pytfm_last_error()
+
     def __getattr__(self, name):
         if not (name.endswith("_cuda") or name.startswith("pytfm_cuda_")):
-            fn = getattr(pytfm._core.lib, name)
+            fn = getattr(self.cpu, name)
             if not callable(fn):  # a constant
                 return fn
 
@@ -214,20 +219,9 @@ class EmulatedLib:
 
 
 def install(monkeypatch, emu, strict=False):
-    """The stand-in as sys.modules["cupy"] and EmulatedLib as pytfm.ops.lib (with ops.check
-    reading the failing library's message), for one test. -> the stand-in module."""
+    """The stand-in as sys.modules["cupy"] and EmulatedLib as pytfm._core.lib, the library
+    every kernel call and every device check goes through, for one test. -> the stand-in."""
     fake = new(strict)
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    lib = EmulatedLib(emu)
-    monkeypatch.setattr(ops, "lib", lib)
-
-    def check(status):  # as pytfm._core.check, with the message of the library that failed
-        if status == 0:
-            return
-        if lib.last == "cpu":
-            return pytfm._core.check(status)
-        message = emu.error()
-        raise (ValueError if status in (1, 2) else pytfm.PytfmError)(message)
-
-    monkeypatch.setattr(ops, "check", check)
+    monkeypatch.setattr(pytfm._core, "lib", EmulatedLib(emu))
     return fake

@@ -41,7 +41,7 @@ CONFIGS = {
 
 @pytest.fixture
 def cp(emu, monkeypatch):
-    """The strict stand-in cupy, with pytfm.ops.lib the emulator's (fake_cupy.install)."""
+    """The strict stand-in cupy, with pytfm._core.lib the emulator's (fake_cupy.install)."""
     return fake_cupy.install(monkeypatch, emu, strict=True)
 
 
@@ -97,6 +97,8 @@ def test_a_training_step_gives_the_cpu_models_loss_and_gradients(cp, name):
     cpu_loss, _ = step(cpu, x, y)
     gpu_loss, _ = step(gpu, *on_device(cp, x, y))
     assert type(gpu_loss) is cp.ndarray and gpu_loss.shape == ()  # stays on the device
+    assert type(cpu_loss) is np.ndarray and cpu_loss.shape == ()  # a 0-d array on both
+    cpu_loss = float(cpu_loss)
     assert abs(float(gpu_loss) - cpu_loss) <= 64 * EPS32 * cpu_loss
     # summed in other orders: a few eps of each gradient's own size apart (6 eps seen)
     for k, want in cpu.grads.items():
@@ -134,6 +136,7 @@ def test_adamw_steps_with_clipping_track_the_cpu_run(cp):
         x, y = batch(TINY, seed=10 + i)
         cpu_loss, cpu_norm = step(cpu, x, y, max_norm=0.5, opt=cpu_opt)
         gpu_loss, gpu_norm = step(gpu, *on_device(cp, x, y), max_norm=0.5, opt=gpu_opt)
+        cpu_loss, cpu_norm = float(cpu_loss), float(cpu_norm)
         assert cpu_norm > 0.5  # clipped
         assert abs(float(gpu_loss) - cpu_loss) <= 256 * EPS32 * cpu_loss, i
         assert abs(float(gpu_norm) - cpu_norm) <= 256 * EPS32 * cpu_norm, i
@@ -223,6 +226,7 @@ def test_to_moves_the_model_and_back(cp):
     np.testing.assert_array_equal(model.params.buffer, fresh.params.buffer)
     loss, _ = step(model, x, y)
     want, _ = step(fresh, x, y)
+    loss, want = float(loss), float(want)
     assert loss == want and abs(float(gpu_loss) - want) <= 64 * EPS32 * want
     np.testing.assert_array_equal(model.grads.buffer, fresh.grads.buffer)
 
@@ -259,18 +263,29 @@ def test_a_checkpoint_is_the_same_file_from_either_device(cp, tmp_path):
     np.testing.assert_array_equal(host(built.params.buffer), cpu.params.buffer)
 
 
+def test_a_failed_call_reports_the_message_of_the_library_that_failed(cp):
+    """pytfm._core.lib is the emulator's (the one attribute fake_cupy.install sets), and
+    pytfm._core.check, unpatched, reads the message of whichever library failed last."""
+    lib, null = pytfm._core.lib, pytfm._core.ffi.NULL
+    assert type(lib) is fake_cupy.EmulatedLib
+    with pytest.raises(ValueError, match="pytfm_sum_squares_cuda: out must not be NULL"):
+        pytfm._core.check(lib.pytfm_sum_squares_cuda(null, null, 4, null))
+    with pytest.raises(ValueError, match=r"^pytfm_sum_squares: out must not be NULL"):
+        pytfm._core.check(lib.pytfm_sum_squares(null, null, 4))
+
+
 # ---- when the GPU cannot be used -------------------------------------------------------------
 
 
 def no_cuda_build(info):
-    status = pytfm._core.lib.pytfm_get_build_info(info)
+    status = pytfm._core.lib.cpu.pytfm_get_build_info(info)  # the EmulatedLib's own
     info.cuda = 0
     return status
 
 
 def no_device(count):
     count[0] = 0
-    return ops.lib.PYTFM_STATUS_OK
+    return pytfm._core.lib.PYTFM_STATUS_OK
 
 
 WHY = {
@@ -285,9 +300,9 @@ WHY = {
 def test_the_gpu_that_cannot_be_used_is_one_clear_sentence(cp, monkeypatch, tmp_path, case):
     assert devices.cuda_problem() is None  # the stand-in and the emulator: a usable "GPU"
     # each case breaks what it names and everything checked after it: the first one is said
-    ops.lib.pytfm_cuda_device_count = no_device
+    pytfm._core.lib.pytfm_cuda_device_count = no_device
     if case != "no device":
-        ops.lib.pytfm_get_build_info = no_cuda_build
+        pytfm._core.lib.pytfm_get_build_info = no_cuda_build
     if case == "no cupy":
         monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy: ModuleNotFoundError
     assert devices.cuda_problem() == WHY[case]

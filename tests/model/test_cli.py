@@ -1,6 +1,10 @@
 """examples/train_tiny.py and examples/sample.py given bad flags and paths, run as a user runs
 them: argparse's usage and one line naming the problem on stderr, exit status 2, no traceback,
-and nothing trained (the checks come first, so each case takes about an interpreter start)."""
+and nothing trained (the checks come first, so each case takes about an interpreter start).
+Then what a new user meets first: every example's --help shows the defaults and no flag is
+taken by a prefix of its name; a trained model is not replaced unless asked; the save line
+names its files and says when the plot is skipped; the sample starts from the text trained on;
+`import pytfm` gives every public module."""
 
 import dataclasses
 import os
@@ -37,8 +41,10 @@ def unprivileged():
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all"]
 
 
-def run(script, *args, cwd, prefix=()):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+def run(script, *args, cwd, prefix=(), path=()):
+    """The example in a fresh interpreter, from cwd; path: folders put before the checkout on
+    its PYTHONPATH."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, path), ROOT]))
     start = time.perf_counter()
     command = [*prefix, sys.executable, os.path.join(EXAMPLES, script), *map(str, args)]
     r = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
@@ -129,6 +135,12 @@ TRAIN_CASES = [
      ["--resume", "was trained with --d-model 32, --pos rope"], True),
     (["--resume", "--out", "run", "--steps", "3"],
      ["--steps 3 is below the step of the checkpoint to resume (4"], True),
+    (["--out", "run"], ["--out: run/model.safetensors exists", "--resume", "--force"], True),
+    (["--out", "run", "--resume", "--force"], ["--force: not allowed with argument --resume"],
+     True),
+    (["--step", "10"], ["unrecognized arguments: --step 10"], False),  # not --steps
+    (["--prompt", ""], ["--prompt must not be empty"], False),
+    (["--prompt", "x" * 32], ["--prompt is 32 bytes", "shorter than --context 32"], False),
 ]
 
 
@@ -245,3 +257,125 @@ def test_sample_accepts_the_edges(files):
                "--temperature", "0", "--top-k", str(2**70), cwd=files)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("def ") and "note" not in r.stderr
+
+
+def test_sample_shows_the_checkpoint_reader_s_own_message(files):
+    """A file that is not a checkpoint at all (this repository's README): the usage line holds
+    what pytfm.checkpoint.load says about it, whatever words the reader chooses."""
+    readme = os.path.join(ROOT, "README.md")
+    with pytest.raises(checkpoint.CheckpointError) as raised:
+        checkpoint.load(readme)
+    r, seconds = run("sample.py", readme, cwd=files)
+    assert_usage_error("sample.py", r, seconds, f"checkpoint: {raised.value}")
+
+
+# ---- what a new user meets first ----------------------------------------------------------------
+
+# each example, the arguments it needs besides --help, a flag it takes, and a prefix of that flag
+EXAMPLE_FLAGS = [("train_tiny.py", [], "--steps", "--step"),
+                 ("sample.py", ["run/model.safetensors"], "--tokens", "--tok"),
+                 ("attention_maps.py", ["run/model.safetensors", "--text", "hi"], "--npy", "--np"),
+                 ("induction.py", [], "--eval-every", "--eval"),
+                 ("scaling.py", [], "--val-tokens", "--val")]
+
+
+@pytest.mark.parametrize("script,needs,name,prefix", EXAMPLE_FLAGS,
+                         ids=[c[0] for c in EXAMPLE_FLAGS])
+def test_every_example_shows_its_defaults_and_takes_no_prefix_of_a_flag(files, script, needs,
+                                                                       name, prefix):
+    r, _ = run(script, "--help", cwd=files)
+    assert r.returncode == 0 and "(default: " in r.stdout, (r.stdout, r.stderr)
+    r, seconds = run(script, *needs, prefix, "1", cwd=files)  # argparse would take it for name
+    assert_usage_error(script, r, seconds, f"unrecognized arguments: {prefix} 1")
+
+
+def test_train_tiny_help_gives_each_default():
+    """--help names the default of every option that has one, and says nothing of the options
+    whose default is absence (--text None, --resume False)."""
+    help_text = " ".join(load_train_tiny().parser().format_help().split())
+    for words in ("optimizer steps in all (default: 800)", "(default: out)",
+                  "features per token (default: 128)", "positions (default: rope)"):
+        assert words in help_text, (words, help_text)
+    assert "(default: None)" not in help_text and "(default: False)" not in help_text
+
+
+def load_train_tiny():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_tiny",
+                                                  os.path.join(EXAMPLES, "train_tiny.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_tiny_replaces_a_trained_model_only_when_forced(files):
+    """run/ holds a model at step 4: without --resume or --force a run refuses (the TRAIN_CASES
+    above) and leaves it; --force trains anew and replaces it."""
+    before = (files / "run" / "model.safetensors").read_bytes()
+    r, seconds = run("train_tiny.py", "--text", "corpus.txt", "--out", "run", *MODEL,
+                     "--steps", "100000", cwd=files)
+    assert_usage_error("train_tiny.py", r, seconds, "run/model.safetensors exists")
+    assert (files / "run" / "model.safetensors").read_bytes() == before
+    r, _ = run("train_tiny.py", "--text", "corpus.txt", "--out", "run", *MODEL, "--steps", "2",
+               "--sample-tokens", "0", "--force", cwd=files)
+    assert r.returncode == 0, r.stderr
+    _, step, _ = checkpoint.load(str(files / "run" / "model.safetensors"))
+    assert step == 2
+
+
+def blocked_matplotlib(folder):
+    """A folder whose matplotlib package fails to import: put first on PYTHONPATH, it is as if
+    matplotlib were not installed."""
+    os.makedirs(folder / "matplotlib", exist_ok=True)
+    (folder / "matplotlib" / "__init__.py").write_text(
+        "raise ImportError('matplotlib is blocked for this test')\n")
+    return folder
+
+
+def test_train_tiny_names_what_it_saved_and_the_sample_starts_from_the_text(files):
+    """The save line names each file with its folder; without matplotlib one more line says the
+    plot was skipped and how to get it. The sample continues the text's first 16 bytes (not
+    'def ', which only the stdlib corpus starts its samples with), or --prompt."""
+    (files / "story.txt").write_bytes(b"Once upon a time, a byte met another. " * 40)
+    train = ("train_tiny.py", "--text", "story.txt", *MODEL, "--steps", "1",
+             "--sample-tokens", "4")
+    r, _ = run(*train, "--out", "plain-run", cwd=files,
+               path=[blocked_matplotlib(files / "no-matplotlib")])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    at = lines.index("saved plain-run/model.safetensors and plain-run/loss.csv")
+    assert lines[at + 1] == ('skipped the plot plain-run/loss.png: matplotlib is not installed '
+                             '(pip install ".[plot]")')
+    assert lines[at + 3].startswith("Once upon a time") and lines[at + 2].startswith("sample")
+    assert not (files / "plain-run" / "loss.png").exists()
+    r, _ = run(*train, "--out", "prompted", "--prompt", "Twice", cwd=files)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    sample = lines.index("sample (temperature 0.8, top-k 40):")
+    assert lines[sample + 1].startswith("Twice")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("CI installs matplotlib (pip install '.[plot]'): the plot must be saved")
+        return
+    assert lines[sample - 1] == ("saved prompted/model.safetensors, prompted/loss.csv and "
+                                 "prompted/loss.png")
+    assert (files / "prompted" / "loss.png").stat().st_size > 0
+
+
+def test_import_pytfm_gives_every_public_module():
+    """In a fresh interpreter: each public module is an attribute of the package after `import
+    pytfm` alone, and none of them imports CuPy or mpi4py on the way."""
+    modules = ["checkpoint", "data", "device", "distributed", "generate", "interpret", "kvcache",
+               "nn", "ops", "optim", "reference"]
+    code = ("import sys, types, pytfm\n"
+            f"for name in {modules!r}:\n"
+            "    assert isinstance(getattr(pytfm, name), types.ModuleType), name\n"
+            "    assert name in dir(pytfm) and name in pytfm.__all__, name\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('cupy', 'mpi4py')]\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    assert r.returncode == 0 and r.stdout == "ok\n", (r.stdout, r.stderr)

@@ -33,6 +33,7 @@ import pytest
 import pytfm
 from helpers import ROOT
 from pytfm import checkpoint, distributed
+from pytfm.nn import GPT, GPTConfig
 
 MPI_DIR = os.path.join(ROOT, "tests", "model", "mpi")
 TRAIN_TINY = os.path.join(ROOT, "examples", "train_tiny.py")
@@ -229,6 +230,24 @@ def test_a_usage_error_under_mpiexec_is_reported_once_and_every_rank_exits_2(mpi
     assert status == 2, out
     assert out.count("--batch 1 is the global batch, split over the 2 ranks") == 1, out
     assert "Abort" not in out and not (tmp_path / "u").exists()
+
+
+@needs_checkout
+def test_a_trained_model_is_refused_by_every_rank_alike_unless_forced(mpiexec, tmp_path):
+    """Rank 0 alone looks at --out and decides for all: a run over a checkpoint without
+    --resume or --force ends every rank with status 2 and one message, the file untouched;
+    with --force the 2 ranks train and replace it."""
+    (tmp_path / "m").mkdir()
+    ckpt = tmp_path / "m" / "model.safetensors"
+    checkpoint.save(str(ckpt), GPT(GPTConfig(d_model=32, n_layer=2, n_head=2, max_seq=32)), 7)
+    before = ckpt.read_bytes()
+    status, out, _ = job(tiny(tmp_path / "m"), 2, mpiexec=mpiexec)
+    assert status == 2, out
+    assert out.count(f"--out: {ckpt} exists") == 1 and "Abort" not in out, out
+    assert ckpt.read_bytes() == before
+    status, out, _ = job(tiny(tmp_path / "m", "--force", "--steps", "2"), 2, mpiexec=mpiexec)
+    assert status == 0, out
+    assert checkpoint.load(str(ckpt))[1] == 2
 
 
 @needs_checkout

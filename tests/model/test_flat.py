@@ -72,7 +72,7 @@ def _train(model, steps, flat, max_norm, seed=0):
     for step in range(steps):
         x, y = batches.batch("train", step)
         model.zero_grad()
-        losses.append(model.forward(x, y)[1])
+        losses.append(float(model.forward(x, y)[1]))
         model.backward()
         clip_grad_norm(grads, max_norm)
         opt.step()
@@ -146,6 +146,26 @@ def test_sum_squares_is_the_float64_sum(n, seed):
     x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
     ref = float(np.sum(x.astype(np.float64) ** 2))
     assert ops.sum_squares(x) == pytest.approx(ref, rel=1e-13, abs=0.0)
+
+
+def test_reductions_are_0d_arrays_on_the_cpu_as_on_the_gpu():
+    """The loss, a sum of squares and the clipped norm are 0-d arrays of the CPU's array module,
+    as they are CuPy's on the GPU (tests/cuda/test_cuda_dispatch.py), of the GPU's dtypes: a
+    caller reads them the same way on both devices (float())."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((3, 5)).astype(np.float32)
+    loss, _ = ops.cross_entropy_forward(logits, np.array([0, 4, -1]))
+    total = ops.sum_squares(logits)
+    model = GPT(CONFIGS[0])
+    x, y = data.Batches(data.stdlib_corpus(), model.cfg.max_seq, 2).batch("train", 0)
+    _, model_loss = model.forward(x, y)
+    model.backward()
+    norm = clip_grad_norm(model.grads, 1.0)
+    for value, dtype in ((loss, np.float32), (model_loss, np.float32), (total, np.float64),
+                         (norm, np.float64)):
+        assert type(value) is np.ndarray and value.shape == () and value.dtype == dtype
+    assert float(total) == pytest.approx(float(np.sum(logits.astype(np.float64) ** 2)), rel=1e-13)
+    assert float(clip_grad_norm({}, 1.0)) == 0.0
 
 
 def test_sum_squares_arguments_and_threads():

@@ -136,7 +136,7 @@ ATTENTION_CASES = [
 def test_attention_maps_rejects_a_bad_flag_in_one_line(files, monkeypatch, capsys, argv, words):
     monkeypatch.chdir(files)
     assert_usage_error(monkeypatch, capsys, "attention_maps", argv, *words)
-    assert not (files / "attention.png").exists()
+    assert not (files / "out").exists()  # the default's folder is made only to write in
 
 
 INDUCTION_CASES = [
@@ -189,7 +189,7 @@ def test_attention_maps_prints_every_head_s_scores_and_saves_the_weights(files):
     saved = np.load(files / "maps.npy")
     assert saved.shape == (2, 2, 9, 9) and saved.dtype == np.float32
     np.testing.assert_array_equal(saved, np.stack([want[0][0], want[1][0]]))
-    assert "matplotlib is not installed" in out and not (files / "attention.png").exists()
+    assert "matplotlib is not installed" in out and not (files / "out").exists()
 
 
 def test_attention_maps_draws_a_png(files):
@@ -198,6 +198,17 @@ def test_attention_maps_draws_a_png(files):
               "--out", "maps.png", cwd=files)
     assert "wrote maps.png" in out
     assert_png(files / "maps.png")
+
+
+def test_attention_maps_writes_into_out_by_default(files):
+    """Beside train_tiny.py's files, as the other examples write: out/attention.png, out/ made
+    when missing; not the current folder."""
+    need_matplotlib()
+    out = run("attention_maps", "run.safetensors", "--text", "abcab", cwd=files)
+    assert f"wrote {os.path.join('out', 'attention.png')}" in out
+    assert_png(files / "out" / "attention.png")
+    assert not (files / "attention.png").exists()
+    run("attention_maps", "run.safetensors", "--text", "abcab", cwd=files)  # out/ there now
 
 
 def test_induction_quick_run_writes_its_numbers_and_png(tmp_path):

@@ -52,7 +52,7 @@ def difference_error(model, x, y, p, g, u, step):
     p0, p64, ends = p.copy(), p.astype(np.float64), []
     for sign in (1, -1):
         p[...] = p64 + sign * step * u  # rounded to float32
-        ends.append((model.forward(x, y, save=False)[1], p.astype(np.float64)))
+        ends.append((float(model.forward(x, y, save=False)[1]), p.astype(np.float64)))
     p[...] = p0
     (l_plus, p_plus), (l_minus, p_minus) = ends
     return (l_plus - l_minus - float(np.vdot(g, p_plus - p_minus))) / (2 * step)
@@ -83,7 +83,7 @@ def test_model_gradients_match_finite_differences(pos, tie):
     rng = np.random.default_rng(5)
     x, y = batch(rng)
     model.zero_grad()
-    loss = model.forward(x, y)[1]
+    loss = float(model.forward(x, y)[1])
     model.backward()
     nu, h = 4 * EPS32 * abs(loss), 0.03
 
@@ -135,7 +135,7 @@ def test_pytorch_twin_gives_the_same_logits_loss_and_gradients(pos):
     tlogits, tloss = twin(torch.from_numpy(x), torch.from_numpy(y))
     tloss.backward()
     assert rel_err(logits, tlogits.detach().numpy()) <= 1e-4
-    assert abs(loss - tloss.item()) <= 1e-4 * abs(tloss.item())
+    assert abs(float(loss) - tloss.item()) <= 1e-4 * abs(tloss.item())
     tgrads = torch_twin.grads_as_numpy(twin)
     assert set(tgrads) == set(model.grads)
     for name, g in model.grads.items():
@@ -151,7 +151,7 @@ def test_pytorch_twin_follows_the_same_adamw_trajectory():
     for step in range(10):
         x, y = batch(rng, B=4, T=16, vocab=64)
         model.zero_grad()
-        loss = model.forward(x, y)[1]
+        loss = float(model.forward(x, y)[1])
         model.backward()
         clip_grad_norm(model.grads, 1.0)
         opt.step()

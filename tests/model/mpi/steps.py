@@ -38,10 +38,10 @@ def main(steps, batch):
         x, y, share = world.shard(*batches.batch("train", step))
         model.zero_grad()
         _, loss = model.forward(x, y)
-        losses.append(float(world.sum([loss * share])[0]))
+        losses.append(float(world.sum([float(loss) * share])[0]))
         model.backward()
         world.average_gradients(model.grads, share)
-        norms.append(clip_grad_norm(model.grads, 1.0))  # of the averaged gradient
+        norms.append(float(clip_grad_norm(model.grads, 1.0)))  # of the averaged gradient
         opt.step(1e-2)
         identical.append(same_everywhere(world, model.params.buffer, opt.m.buffer, opt.v.buffer))
     if world.root:
