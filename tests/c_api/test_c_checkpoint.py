@@ -602,7 +602,8 @@ def json_text_is_read_by_python(raw):
 @needs_csrc
 def test_fuzz_regressions_are_refused_everywhere(tmp_path):
     """Each input the fuzzer ever flagged: read alike through Python and the model API, as a
-    checkpoint and as its bytes wrapped as a header; as a JSON text, what json.c once took."""
+    checkpoint and as its bytes wrapped as a header; one named json-*-accepted, a text that is
+    not JSON, refused by the JSON check."""
     names = sorted(os.listdir(REGRESSIONS))
     assert names, "tests/c_api/fuzz/regressions/ is empty"
     wrapped = str(tmp_path / "wrapped.safetensors")
@@ -611,7 +612,7 @@ def test_fuzz_regressions_are_refused_everywhere(tmp_path):
         with open(path, "rb") as f:
             raw = f.read()
         read_alike(path, raw)
-        if name.startswith("json-") and name.endswith("-accepted"):  # a text json.c took
+        if name.startswith("json-") and name.endswith("-accepted"):
             assert lib.pytfm_json_check(raw, len(raw)) == INVALID, name
             with pytest.raises(ValueError):
                 json.loads(raw)
@@ -656,7 +657,7 @@ def test_a_header_of_many_members_is_refused_fast(tmp_path, kind):
         verdict = load(path)
         elapsed = time.perf_counter() - start
         assert verdict[0] in (INVALID, "rejected") and re.search(match, verdict[1]), verdict[:2]
-        assert elapsed < 2, (load, elapsed)  # a million empty tensors: 0.8 s here
+        assert elapsed < 2, (load, elapsed)  # the limit is for a busy machine
 
 
 def test_what_cannot_be_opened_is_an_error_naming_the_path(tmp_path):
