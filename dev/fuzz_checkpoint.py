@@ -1,5 +1,5 @@
-"""Mutation fuzzer for pytfm.checkpoint: mutate real checkpoints for a given time, load each
-result, and count what comes out.
+"""Mutation fuzzer for pytfm.checkpoint (the C reader, through its Python mapper): mutate real
+checkpoints for a given time, load each result, and count what comes out.
 
     python dev/fuzz_checkpoint.py --seconds 120
     python dev/fuzz_checkpoint.py --seconds 3600 --seed 7 --out /tmp/fuzz
@@ -11,7 +11,7 @@ optimizer. The only allowed outcomes are success and CheckpointError; anything e
 another exception, a failed load that changed the model or optimizer, or a load slower than
 --slow seconds. Each bug's file is saved under --out with its traceback and the edits that
 made it, and the exit status is 1. tests/model/test_checkpoint.py runs a short hypothesis version of
-this in every test run.
+this in every test run; tests/c_api/fuzz/ fuzzes the reader in C with libFuzzer.
 """
 
 import argparse

@@ -7,23 +7,26 @@ N, an N-byte UTF-8 JSON header {name: {"dtype", "shape", "data_offsets"}, "__met
 any extra JSON-able values in __metadata__, the parameters under their names, and AdamW's
 moments under "optim.m.<name>" / "optim.v.<name>".
 
-Reading checks the whole header against the format before it reads any tensor data: the length
-(at most the file, at most MAX_HEADER), strict JSON (no duplicate keys, no NaN), each entry's
-dtype, shape and data_offsets, and offsets that tile the data exactly, as the reference
-implementation requires. load() then checks the pytfm layer (format, config, step, extra,
-optim.t), that the tensors are exactly the parameters the config implies, names, shapes and
-dtypes, and that the sinusoidal table GPT(cfg) would allocate (it is not stored) is not out of
-all proportion to them, before it builds or touches a model. Only then does it read the data,
-and only after that does it copy into a given model and optimizer: a load that fails leaves
-them as they were.
+Reading is the C library's (pytfm_safetensors_* and pytfm_checkpoint_check in pytfm_model.h,
+the same reader the C model API opens checkpoints with); this module maps what it returns to
+NumPy. SafetensorsFile opens a file and has its header checked against the format before any
+tensor data is read: the length (at most the file, at most MAX_HEADER), strict JSON (no
+duplicate keys, no NaN, at most MAX_JSON_DEPTH containers deep), each entry's dtype, shape and
+data_offsets, and offsets that tile the data exactly. load() then has the pytfm layer checked
+(format, config, step, extra, optim.t; that the tensors are exactly the parameters the config
+implies, by name, shape and dtype; that the sinusoidal table GPT(cfg) would allocate is not out
+of all proportion to them) before it builds or touches a model. Only then does it read the
+data, and only after that does it copy into a given model and optimizer: a load that fails
+leaves them as they were.
 
 A model on the GPU writes the same file as on the CPU (its parameters and the optimizer's
 moments are copied to the host, each FlatDict in one transfer), and a file loads into a model
 on either device (the tensors are copied into its arrays there).
 
-A path that is not a regular file (a folder; a FIFO, refused at once, not
-waited on) is a CheckpointError. Whatever the bytes, load_file and load raise nothing but
-CheckpointError (naming the file and the tensor or field), or OSError from the file system.
+A path that is not a regular file (a folder; a FIFO, refused at once, not waited on) is a
+CheckpointError. Whatever the bytes, load_file and load raise nothing but CheckpointError
+(naming the file and the tensor or field), or OSError from the file system (MemoryError when
+memory runs out).
 
 Writing goes to a temporary file next to the checkpoint, .tmp-<name>.<8 hex digits>, which the
 writer holds locked (flock) while it writes, fsyncs and renames it over the checkpoint; then the
@@ -37,55 +40,32 @@ import errno
 import fcntl
 import hashlib
 import json
-import math
 import operator
 import os
 import re
-import reprlib
 import secrets
-import stat
 import struct
-from dataclasses import asdict, fields
+from dataclasses import asdict
 
 import numpy as np
 
 from . import device as devices
+from ._core import ffi, lib
 from .nn import GPT, GPTConfig, param_shapes
 
-_DTYPES = {"F32": np.dtype("<f4"), "I64": np.dtype("<i8")}
-_NAMES = {v: k for k, v in _DTYPES.items()}
-MAX_HEADER = 100_000_000  # bytes: the reference implementation's limit
-_MAX_NDIM = 32  # NumPy 1.x's limit (2.x allows 64)
+_DTYPES = {lib.PYTFM_DTYPE_F32: np.dtype("<f4"), lib.PYTFM_DTYPE_I64: np.dtype("<i8")}
+_NAMES = {np.dtype("<f4"): "F32", np.dtype("<i8"): "I64"}  # what save_file writes
+MAX_HEADER = lib.PYTFM_SAFETENSORS_MAX_HEADER  # bytes: the reference implementation's limit
+MAX_JSON_DEPTH = lib.PYTFM_JSON_MAX_DEPTH  # JSON containers open at once, at most
 _MAX_INT = 2**63 - 1  # step and optim.t reach the kernels as int64_t
-_MAX_TABLE = 2**24  # floats of sinusoidal table allowed beyond the stored parameters' count
-# JSON containers open at once, at most: the header (3 deep), config (1) and extra. Explicit,
-# and far below any interpreter's recursion limit, so that the verdict never depends on the
-# stack json.loads runs on; csrc/model/json.h PYTFM__JSON_MAX_DEPTH is the same number.
-MAX_JSON_DEPTH = 64
 
 
 class CheckpointError(ValueError):
     """A checkpoint file that is truncated, malformed or does not fit the model."""
 
 
-_repr = reprlib.Repr()  # values from a file may be huge: show their beginning only
-_repr.maxstring, _repr.maxother, _repr.maxlong = 80, 80, 40
-_show = _repr.repr
-
-
-def _kind(value):
-    """The JSON name of a parsed value's type."""
-    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
-             float: "number", type(None): "null"}
-    return kinds.get(type(value), type(value).__name__)
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_text(s):
-    """Valid Unicode: JSON's \\ud800 escapes can put lone surrogates in a str."""
+    """Valid Unicode: a str can hold lone surrogates ("\\ud800"), which UTF-8 cannot."""
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
@@ -93,215 +73,144 @@ def _is_text(s):
     return True
 
 
-# ---- strict JSON ----------------------------------------------------------------------------
+def _text(pointer, length):
+    """A UTF-8 text the C reader returned (it has checked it is valid)."""
+    return ffi.unpack(pointer, length).decode("utf-8")
 
 
-def _object(pairs):
-    for key, _ in pairs:
-        if not _is_text(key):
-            raise ValueError(f"key {_show(key)} is not valid Unicode")
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen = set()
-        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"duplicate key {_show(duplicate)}")
-    return obj
+# ---- reading: a mapper over the C reader ----------------------------------------------------
 
 
-def _constant(name):
-    raise ValueError(f"{name} is not JSON")
+class SafetensorsFile:
+    """A safetensors file, open, its header checked by the C reader (any layout of F32 and I64
+    tensors): .metadata {str: str} and .tensors {name: (dtype, shape)}, both in header order
+    (made when first asked for); read(name) -> a new NumPy array of its data. A context
+    manager; close() frees it.
 
+    The path is opened here, O_NONBLOCK (so that a FIFO is refused at once instead of the
+    open waiting, forever, for a writer) and O_NOCTTY (nor may a terminal become the
+    controlling one): what cannot be opened is an OSError from os.open, with its errno; what is
+    not a safetensors file is a CheckpointError naming the path."""
 
-# what is not a bracket of the JSON's own: strings (escapes and all; unterminated: to the
-# end) and runs of anything else
-_NOT_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[^"\[\]{}]+', re.DOTALL)
+    def __init__(self, path):
+        self.path = path
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        handle = ffi.new("pytfm_safetensors **")
+        try:
+            self._check(lib.pytfm_safetensors_open_fd(handle, fd, ffi.NULL))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._st = fd, handle[0]
+        self._metadata = self._tensors = self._index = None
 
+    def _check(self, status):
+        """Raise for a failed call of the reader: CheckpointError naming the file, OSError
+        where a system call failed (the reader leaves its errno, else 0), MemoryError."""
+        if status == lib.PYTFM_STATUS_OK:
+            return
+        error_number = ffi.errno  # the call's own: read before any other C call
+        message = f"{self.path}: " + ffi.string(lib.pytfm_last_error()).decode("utf-8", "replace")
+        if status == lib.PYTFM_STATUS_OUT_OF_MEMORY:
+            raise MemoryError(message)
+        if error_number:
+            raise OSError(error_number, message)
+        raise CheckpointError(message)
 
-def _json_depth_error(text):
-    """The message for a text whose containers nest more than MAX_JSON_DEPTH deep, else None.
-    Brackets are counted outside strings, over the first value only (what follows it is
-    extra data json.loads refuses); where a closing bracket has no opening one the text is
-    malformed there, and the scan leaves it to json.loads."""
-    if text.lstrip(" \t\n\r")[:1] not in ("[", "{"):
-        return None  # no container at the top: nothing can nest
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
-        return None
-    depth = 0
-    for c in _NOT_BRACKETS.sub("", text):
-        if c in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return f"nested more than {MAX_JSON_DEPTH} levels deep"
+    @property
+    def metadata(self):
+        if self._metadata is None:
+            count, item = ffi.new("int64_t *"), ffi.new("pytfm_metadata_item *")
+            self._check(lib.pytfm_safetensors_metadata_count(self._st, count))
+            self._metadata = {}
+            for i in range(count[0]):
+                self._check(lib.pytfm_safetensors_metadata(self._st, i, item))
+                self._metadata[_text(item.key, item.key_len)] = _text(item.value, item.value_len)
+        return self._metadata
+
+    @property
+    def tensors(self):
+        return self._table()[0]
+
+    def _table(self):
+        """-> ({name: (dtype, shape)}, {name: index}), made once."""
+        if self._tensors is None:
+            count = ffi.new("int64_t *")
+            self._check(lib.pytfm_safetensors_tensor_count(self._st, count))
+            self._tensors, self._index = {}, {}
+            for i in range(count[0]):
+                name, dtype, shape = self._info(i)
+                self._tensors[name], self._index[name] = (dtype, shape), i
+        return self._tensors, self._index
+
+    def _info(self, index):
+        """-> (name, dtype, shape) of tensor index."""
+        info = ffi.new("pytfm_tensor_info *")
+        self._check(lib.pytfm_safetensors_tensor(self._st, index, info))
+        return (_text(info.name, info.name_len), _DTYPES[info.dtype],
+                tuple(info.shape[0:info.ndim]))
+
+    def read(self, name):
+        """-> tensor name's data, a new NumPy array of its dtype and shape (KeyError when
+        there is none)."""
+        if self._index is None and "\0" not in name:  # no table needed: the reader's index
+            found = ffi.new("int64_t *")
+            self._check(lib.pytfm_safetensors_find(self._st, name.encode(), found))
+            if found[0] < 0:
+                raise KeyError(name)
+            index = found[0]
+            _, dtype, shape = self._info(index)
         else:
-            depth -= 1
-            if depth <= 0:
-                return None
-    return None
-
-
-def _parse_json(text):
-    """RFC 8259 JSON: duplicate keys, NaN and Infinity are errors, and so is nesting more than
-    MAX_JSON_DEPTH containers deep (checked first, as csrc/model/json.c does, so that the verdict is
-    the same whatever the interpreter's recursion limit). Any failure is a ValueError."""
-    deep = _json_depth_error(text)
-    if deep:
-        raise ValueError(deep)
-    try:
-        return json.loads(text, object_pairs_hook=_object, parse_constant=_constant)
-    except RecursionError:  # not reached within MAX_JSON_DEPTH: kept as a guard
-        raise ValueError("nested too deeply") from None
-
-
-# ---- the safetensors layer ------------------------------------------------------------------
-
-
-def _read_header(f, path):
-    """Read and check the header of the open file f. -> (metadata {str: str}, entries), entries
-    [(name, dtype, shape, begin, end)] in header order, their data tiling the rest of the file;
-    f is left at the start of that data."""
-    size = os.fstat(f.fileno()).st_size
-    head = f.read(8)
-    if len(head) < 8:
-        raise CheckpointError(f"{path}: {len(head)} bytes is too short for a safetensors file")
-    (n,) = struct.unpack("<Q", head)
-    if n > size - 8:
-        raise CheckpointError(f"{path}: header of {n} bytes runs past the end of the file "
-                              f"({size} bytes): truncated?")
-    if n > MAX_HEADER:
-        raise CheckpointError(f"{path}: header of {n} bytes is over the {MAX_HEADER}-byte limit")
-    raw = f.read(n)
-    if len(raw) < n:
-        raise CheckpointError(f"{path}: the file shrank while it was being read")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: the header is not UTF-8 (byte {8 + e.start}: "
-                              f"{e.reason})") from None
-    try:
-        header = _parse_json(text)
-    except ValueError as e:
-        raise CheckpointError(f"{path}: the header is not valid JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: the header is a JSON {_kind(header)}, not an object")
-    body = size - 8 - n
-    metadata = _check_metadata(path, header.pop("__metadata__", {}))
-    entries = [_check_entry(path, name, info, body) for name, info in header.items()]
-    _check_layout(path, entries, body)
-    return metadata, entries
-
-
-def _check_metadata(path, meta):
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{path}: __metadata__ is a JSON {_kind(meta)}, not an object of "
-                              f"strings")
-    for key, value in meta.items():
-        if not isinstance(value, str) or not _is_text(value):
-            raise CheckpointError(f"{path}: __metadata__[{_show(key)}] is {_show(value)}, not a "
-                                  f"string")
-    return meta
-
-
-def _check_entry(path, name, info, body):
-    """-> (name, dtype, shape, begin, end) of one header entry, checked on its own."""
-    where = f"{path}: tensor {_show(name)}"
-    if not isinstance(info, dict):
-        raise CheckpointError(f"{where}: its entry is a JSON {_kind(info)}, not an object")
-    keys = {"dtype", "shape", "data_offsets"}
-    missing, unknown = sorted(keys - set(info)), sorted(set(info) - keys)
-    if missing:
-        raise CheckpointError(f"{where}: its entry has no {missing[0]}")
-    if unknown:
-        raise CheckpointError(f"{where}: its entry has an unknown key {_show(unknown[0])}")
-    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in _DTYPES:
-        raise CheckpointError(f"{where}: unsupported dtype {_show(dtype)} (pytfm reads "
-                              f"{', '.join(_DTYPES)})")
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-        raise CheckpointError(f"{where}: shape {_show(shape)} is not a list of non-negative ints")
-    if len(shape) > _MAX_NDIM:
-        raise CheckpointError(f"{where}: {len(shape)} dimensions, NumPy allows {_MAX_NDIM}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_int, offsets))):
-        raise CheckpointError(f"{where}: data_offsets {_show(offsets)} is not a pair of ints")
-    begin, end = offsets
-    if not 0 <= begin <= end:
-        raise CheckpointError(f"{where}: data_offsets {_show(offsets)} are negative or reversed")
-    if end > body:
-        raise CheckpointError(f"{where}: data_offsets {_show(offsets)} run past the end of the "
-                              f"data ({body} bytes): truncated file?")
-    nbytes = _nbytes(shape, _DTYPES[dtype].itemsize)
-    if nbytes is None:
-        raise CheckpointError(f"{where}: shape {_show(shape)} is too large for NumPy")
-    if nbytes != end - begin:
-        raise CheckpointError(f"{where}: {dtype}{_show(shape)} is {nbytes} bytes, but its "
-                              f"data_offsets {_show(offsets)} hold {end - begin}")
-    return name, _DTYPES[dtype], tuple(shape), begin, end
-
-
-def _nbytes(shape, itemsize):
-    """Bytes of an array of this shape, or None when NumPy could not make it: the product of
-    the non-zero dimensions and the item size must fit in int64, even for an empty array."""
-    size, empty = itemsize, False
-    for d in shape:
-        empty |= d == 0
-        size *= d or 1
-        if size > _MAX_INT:
-            return None
-    return 0 if empty else size
-
-
-def _check_layout(path, entries, body):
-    """The tensors' data, in offset order, must tile the data exactly: no gap, no overlap, no
-    byte left over (what safetensors' own validate() requires)."""
-    at, previous = 0, None
-    for name, _, _, begin, end in sorted(entries, key=lambda e: (e[3], e[4])):
-        if begin != at:
-            after = "the start of the data" if previous is None else f"tensor {_show(previous)}"
-            how = "overlaps" if begin < at else f"leaves a gap of {begin - at} bytes after"
-            raise CheckpointError(f"{path}: tensor {_show(name)} (data_offsets [{begin}, {end}]) "
-                                  f"{how} {after}, which ends at {at}")
-        at, previous = end, name
-    if at != body:
-        raise CheckpointError(f"{path}: the last {body - at} of the {body} data bytes belong to "
-                              f"no tensor")
-
-
-def _read_data(f, path, entries):
-    """-> {name: array} in header order, read from f, which is at the start of the data."""
-    tensors = {}
-    for name, dtype, shape, _, _ in sorted(entries, key=lambda e: (e[3], e[4])):
+            tensors, indices = self._table()
+            index, (dtype, shape) = indices[name], tensors[name]
         a = np.empty(shape, dtype)
-        view, got = memoryview(a.reshape(-1).view(np.uint8)), 0
-        while got < len(view):
-            n = f.readinto(view[got:])
-            if not n:
-                raise CheckpointError(f"{path}: the file ended inside tensor {_show(name)} (it "
-                                      f"shrank while it was being read)")
-            got += n
-        tensors[name] = a
-    return {name: tensors[name] for name, *_ in entries}
+        buffer = ffi.from_buffer(a, require_writable=True) if a.nbytes else ffi.NULL
+        self._check(lib.pytfm_safetensors_read(self._st, index, buffer, a.nbytes))
+        return a
 
+    def _text_of(self, key):
+        """The metadata value of key, or None."""
+        value, length = ffi.new("char **"), ffi.new("int64_t *")
+        self._check(lib.pytfm_safetensors_metadata_get(self._st, key.encode(), value, length))
+        return None if value[0] == ffi.NULL else _text(value[0], length[0])
 
-def _open_regular(path):
-    """path opened for reading as a binary file object; CheckpointError when it is not a
-    regular file. Opened O_NONBLOCK, so that a FIFO is refused at once instead of the open
-    waiting, forever, for a writer (O_NOCTTY: nor may a terminal become the controlling one);
-    the flag is cleared before anything is read. As csrc/model/safetensors.c opens it."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError(f"{path}: not a regular file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    def checkpoint(self):
+        """The pytfm layer, checked by the C reader: -> (GPTConfig, step, extra, optim.t or
+        None)."""
+        info = ffi.new("pytfm_checkpoint_info *")
+        self._check(lib.pytfm_checkpoint_check(self._st, info))
+        cfg = GPTConfig(**json.loads(self._text_of("config")))  # texts the reader has checked
+        extra = self._text_of("extra")
+        extra = {} if extra is None else json.loads(extra)
+        return cfg, info.config.step, extra, info.optim_t if info.has_optimizer else None
+
+    def close(self):
+        if self._st is not None:
+            lib.pytfm_safetensors_close(self._st)
+            os.close(self._fd)
+            self._st = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def load_file(path):
-    """-> ({name: array}, {str: str}); raises CheckpointError for a bad file."""
-    with _open_regular(path) as f:
-        metadata, entries = _read_header(f, path)
-        return _read_data(f, path, entries), metadata
+    """-> ({name: array}, {str: str}) of any safetensors file of F32 and I64 tensors, in header
+    order; raises CheckpointError for a bad file."""
+    with SafetensorsFile(path) as f:
+        return {name: f.read(name) for name in f.tensors}, dict(f.metadata)
+
+
+def json_error(text):
+    """Why the C reader would refuse text as JSON (pytfm_json_check: strict, at most
+    MAX_JSON_DEPTH containers deep), or None when it takes it."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if lib.pytfm_json_check(raw, len(raw)) == lib.PYTFM_STATUS_OK:
+        return None
+    return ffi.string(lib.pytfm_last_error()).decode("utf-8", "replace")
 
 
 # ---- writing --------------------------------------------------------------------------------
@@ -431,19 +340,19 @@ def _fsync_folder(folder):
 
 def save(path, model, step=0, optimizer=None, extra=None):
     """Save a GPT (and optionally its AdamW state) with its config and step. extra must be
-    JSON (RFC 8259: NaN and Infinity are not) nested at most MAX_JSON_DEPTH (64) containers
-    deep ({"a": [1]} is 2 deep), as load() will check: else ValueError, and nothing is
-    written."""
+    JSON that load() reads back (RFC 8259: NaN and Infinity are not; keys valid Unicode) nested
+    at most MAX_JSON_DEPTH (64) containers deep ({"a": [1]} is 2 deep): else ValueError, and
+    nothing is written."""
     step = operator.index(step)
     if not 0 <= step <= _MAX_INT:
         raise ValueError(f"step must be a non-negative int64, got {step}")
-    too_deep = f"extra is nested more than {MAX_JSON_DEPTH} levels deep (load() would refuse it)"
     try:
         extra_json = json.dumps(extra or {}, allow_nan=False)
-    except RecursionError:
-        raise ValueError(too_deep) from None
-    if _json_depth_error(extra_json):
-        raise ValueError(too_deep)
+        why = json_error(extra_json)
+    except RecursionError:  # deeper than json.dumps recurses: far deeper than the limit
+        why = f"not valid JSON (nested more than {MAX_JSON_DEPTH} levels deep)"
+    if why:
+        raise ValueError(f"extra is {why}: load() would refuse it")
     tensors = dict(_on_host(model.params))
     meta = {"format": "pytfm", "config": json.dumps(asdict(model.cfg)), "step": str(step),
             "extra": extra_json}
@@ -474,10 +383,9 @@ def load(path, model=None, optimizer=None, device="cpu"):
     config's parameter shapes is a ValueError."""
     if model is None:
         devices.array_module(device)  # a bad device fails before the file is read
-    with _open_regular(path) as f:
-        meta, entries = _read_header(f, path)
-        cfg, step, extra, t = _check_pytfm_metadata(path, meta)
-        shapes = _check_tensors(path, cfg, t is not None, entries)
+    with SafetensorsFile(path) as f:
+        cfg, step, extra, t = f.checkpoint()
+        shapes = dict(param_shapes(cfg))
         if model is not None and asdict(model.cfg) != asdict(cfg):
             raise CheckpointError(f"{path}: saved for config {asdict(cfg)}, not "
                                   f"{asdict(model.cfg)}")
@@ -489,7 +397,10 @@ def load(path, model=None, optimizer=None, device="cpu"):
             state = optimizer.state()
             _check_arrays("the optimizer's first moments", state["m"], shapes)
             _check_arrays("the optimizer's second moments", state["v"], shapes)
-        tensors = _read_data(f, path, entries)
+        tensors = {name: f.read(name) for name in shapes}
+        if optimizer is not None:
+            m = {name: f.read(f"optim.m.{name}") for name in shapes}
+            v = {name: f.read(f"optim.v.{name}") for name in shapes}
     if model is None:
         model = GPT(cfg, device)
     if hasattr(model.params, "copy_from"):  # a FlatDict: on the GPU, one copy of the buffer
@@ -498,84 +409,8 @@ def load(path, model=None, optimizer=None, device="cpu"):
         for name, p in model.params.items():
             p[...] = devices.to_device(tensors[name], devices.device_of(p))
     if optimizer is not None:
-        optimizer.load_state({"t": t, "m": {k: tensors[f"optim.m.{k}"] for k in shapes},
-                              "v": {k: tensors[f"optim.v.{k}"] for k in shapes}})
+        optimizer.load_state({"t": t, "m": m, "v": v})
     return model, step, extra
-
-
-def _check_pytfm_metadata(path, meta):
-    """-> (GPTConfig, step, extra, optim.t or None) from __metadata__, each checked."""
-    if meta.get("format") != "pytfm" or "config" not in meta:
-        raise CheckpointError(f"{path}: not a pytfm checkpoint (no pytfm config in __metadata__)")
-    config = _json_field(path, meta, "config")
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path}: config is a JSON {_kind(config)}, not an object")
-    names = [f.name for f in fields(GPTConfig)]
-    for name in names:
-        if name not in config:
-            raise CheckpointError(f"{path}: config has no {name}")
-    for name in config:
-        if name not in names:
-            raise CheckpointError(f"{path}: config has an unknown field {_show(name)}")
-    try:
-        cfg = GPTConfig(**config)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: config: {e}") from None
-    if "step" not in meta:
-        raise CheckpointError(f"{path}: __metadata__ has no step")
-    step = _count_field(path, meta, "step")
-    t = _count_field(path, meta, "optim.t") if "optim.t" in meta else None
-    extra = _json_field(path, meta, "extra") if "extra" in meta else {}
-    return cfg, step, extra, t
-
-
-def _json_field(path, meta, key):
-    try:
-        return _parse_json(meta[key])
-    except ValueError as e:
-        raise CheckpointError(f"{path}: {key} is not valid JSON ({e})") from None
-
-
-def _count_field(path, meta, key):
-    """A non-negative int64 written in decimal."""
-    text = meta[key]
-    if not re.fullmatch("[0-9]{1,19}", text) or int(text) > _MAX_INT:
-        raise CheckpointError(f"{path}: {key} is {_show(text)}, not a non-negative int64")
-    return int(text)
-
-
-def _check_tensors(path, cfg, with_optimizer, entries):
-    """The stored tensors must be exactly the float32 parameters cfg implies (and their AdamW
-    moments with_optimizer). Checked against param_shapes(cfg), which stops at the first
-    mismatch: a config claiming a million layers in a small file fails at once. Also refuses
-    a config whose sinusoidal table GPT(cfg) would allocate is out of all proportion to the
-    stored parameters. -> {name: shape} of the parameters."""
-    stored = {name: (dtype, shape) for name, dtype, shape, _, _ in entries}
-    shapes, expected, count = {}, set(), 0
-    for name, shape in param_shapes(cfg):
-        keys = (name, f"optim.m.{name}", f"optim.v.{name}") if with_optimizer else (name,)
-        for key in keys:
-            if key not in stored:
-                raise CheckpointError(f"{path}: tensor {key} is missing: config {asdict(cfg)} "
-                                      f"needs float32{list(shape)}")
-            dtype, got = stored[key]
-            if dtype != np.float32 or got != shape:
-                raise CheckpointError(f"{path}: {key} is {dtype.name}{list(got)}, config "
-                                      f"{asdict(cfg)} needs float32{list(shape)}")
-        shapes[name] = shape
-        expected.update(keys)
-        count += math.prod(shape)
-    unexpected = [k for k in stored if k not in expected]
-    if unexpected:
-        more = f" and {len(unexpected) - 3} more" if len(unexpected) > 3 else ""
-        raise CheckpointError(f"{path}: unexpected tensors {', '.join(map(_show, unexpected[:3]))}"
-                              f"{more} (config {asdict(cfg)}"
-                              f"{'' if with_optimizer else ', no optim.t'})")
-    table = cfg.max_seq * cfg.d_model if cfg.pos == "sinusoidal" else 0
-    if table > max(count, _MAX_TABLE):
-        raise CheckpointError(f"{path}: config {asdict(cfg)} needs a sinusoidal table of "
-                              f"{table} floats for {count} stored parameters")
-    return shapes
 
 
 def _check_arrays(what, arrays, shapes):

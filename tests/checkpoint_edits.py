@@ -1,5 +1,6 @@
-"""Building and editing safetensors files byte by byte, shared by the tests of the Python
-checkpoint reader (test_checkpoint.py) and of the C one (test_c_checkpoint.py)."""
+"""Building and editing safetensors files byte by byte, shared by the tests of the checkpoint
+reader through Python (tests/model/test_checkpoint.py) and through its C API
+(tests/c_api/test_c_checkpoint.py)."""
 
 import json
 import struct

@@ -1,6 +1,7 @@
 /*
- * pytfm_model.h — a GPT in C: a model read from a checkpoint, its forward pass, decoding
- * sessions with a KV cache, and sampling.
+ * pytfm_model.h — a GPT in C: the checkpoint reader (safetensors files, pytfm checkpoints), a
+ * model read from a checkpoint, its forward pass, decoding sessions with a KV cache, and
+ * sampling.
  *
  * Everything between this header's PYTFM_CDEF markers is read verbatim by the cffi builder
  * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
@@ -15,6 +16,130 @@ extern "C" {
 #endif
 
 /* PYTFM_CDEF_BEGIN */
+
+/* ---- Safetensors files: the one checkpoint reader --------------------------------------- */
+/*
+ * The reader trusts no byte of a file. It has two layers, each a call of its own:
+ *   1. pytfm_safetensors_open*: the safetensors format (https://github.com/huggingface/
+ *      safetensors): an 8-byte little-endian header length N (at most the file less 8 and at
+ *      most PYTFM_SAFETENSORS_MAX_HEADER), N bytes of strict UTF-8 JSON (pytfm_json_check), an
+ *      object whose "__metadata__" (optional) maps strings to strings and whose every other
+ *      member is a tensor {"dtype": "F32" | "I64", "shape": [ints >= 0] (at most
+ *      PYTFM_SAFETENSORS_MAX_NDIM of them, its bytes within int64), "data_offsets": [begin,
+ *      end]} with 0 <= begin <= end <= the data and end − begin its bytes; the tensors' data,
+ *      in offset order, tiling the data after the header exactly (no gap, no overlap, no byte
+ *      left over). Any layout of tensors passes: what they must be is the next layer's rule.
+ *      A file whose header length runs past its end is "truncated?" when a JSON object starts
+ *      at byte 8, else "not a safetensors file" (a text, an image, a pickle).
+ *   2. pytfm_checkpoint_check: a pytfm checkpoint (pytfm.checkpoint.save) on top of that.
+ * Opening reads the header alone (one allocation of at most the file's size) and keeps a
+ * table of it (the entries, their names and the metadata unescaped: proportional to the
+ * header); a tensor's bytes are read only when asked for (pytfm_safetensors_read).
+ *
+ * A failure is PYTFM_STATUS_INVALID_ARGUMENT (PYTFM_STATUS_OUT_OF_MEMORY when memory ran out)
+ * with a message in pytfm_last_error(): "<source>: <what is wrong>", naming the field or the
+ * tensor. Where a system call failed (open, fstat, read) the open and read functions leave
+ * errno at its error number; after any other failure of those and of pytfm_checkpoint_check
+ * (the file's content is at fault) errno is 0. */
+
+/* The limits of the format as the reader takes it. */
+enum {
+    PYTFM_SAFETENSORS_MAX_HEADER = 100000000, /* bytes of header: the reference's limit */
+    PYTFM_SAFETENSORS_MAX_NDIM = 32,          /* dimensions of a tensor (NumPy 1.x's limit) */
+    PYTFM_JSON_MAX_DEPTH = 64                 /* JSON containers open at once, at most */
+};
+
+/* A tensor's element type, as the header names it ("F32", "I64"); little-endian in the file. */
+typedef enum pytfm_dtype {
+    PYTFM_DTYPE_F32 = 0, /* float32 */
+    PYTFM_DTYPE_I64 = 1  /* int64 */
+} pytfm_dtype;
+
+typedef struct pytfm_safetensors pytfm_safetensors;
+
+/* One tensor of an open file, as its header says (checked). */
+typedef struct pytfm_tensor_info {
+    const char *name; /* UTF-8, name_len bytes then a NUL (an escaped \u0000 may sit inside);
+                         valid until the file is closed */
+    int64_t name_len;
+    int32_t dtype;       /* a pytfm_dtype */
+    int32_t ndim;        /* 0 .. PYTFM_SAFETENSORS_MAX_NDIM */
+    int64_t shape[32];   /* [ndim] sizes, row-major; the rest 0 */
+    int64_t nbytes;      /* its bytes: end − begin, the product of the shape and the item size */
+    int64_t begin, end;  /* its data_offsets, within the data */
+    int64_t file_offset; /* where its bytes start in the file: 8 + header length + begin */
+} pytfm_tensor_info;
+
+/* One member of __metadata__ (unescaped UTF-8, each then a NUL; valid until close). */
+typedef struct pytfm_metadata_item {
+    const char *key;
+    int64_t key_len;
+    const char *value;
+    int64_t value_len;
+} pytfm_metadata_item;
+
+/* Open the file at path and check its header (layer 1). Opened O_NONBLOCK, so that a FIFO is
+ * refused at once ("not a regular file") instead of waiting for a writer, and O_NOCTTY; the
+ * file stays open until pytfm_safetensors_close. Messages name path. On failure *st is NULL.
+ *   st  receives the handle */
+PYTFM_API pytfm_status pytfm_safetensors_open(pytfm_safetensors **st, const char *path);
+
+/* The same on a file the caller opened for reading (O_NONBLOCK|O_NOCTTY recommended, as
+ * above): anything but a regular file is refused; O_NONBLOCK is cleared. fd stays the
+ * caller's: it must stay open while st is, and pytfm_safetensors_close does not close it.
+ *   source  names the file in messages ("<source>: ..."); NULL: messages name nothing (the
+ *           caller adds the name) */
+PYTFM_API pytfm_status pytfm_safetensors_open_fd(pytfm_safetensors **st, int32_t fd,
+                                                 const char *source);
+
+/* The same on size bytes of a file in memory, which stay the caller's and must outlive st
+ * (nothing is copied but the names and metadata). source as pytfm_safetensors_open_fd. */
+PYTFM_API pytfm_status pytfm_safetensors_open_memory(pytfm_safetensors **st, const void *data,
+                                                     int64_t size, const char *source);
+
+/* Free st (NULL: nothing to do), closing the file pytfm_safetensors_open opened. */
+PYTFM_API pytfm_status pytfm_safetensors_close(pytfm_safetensors *st);
+
+/* The number of tensors; they are numbered 0 .. count − 1 in the header's order. */
+PYTFM_API pytfm_status pytfm_safetensors_tensor_count(const pytfm_safetensors *st,
+                                                      int64_t *count);
+
+/* Fill *info with tensor index (0 <= index < count, else PYTFM_STATUS_OUT_OF_RANGE). */
+PYTFM_API pytfm_status pytfm_safetensors_tensor(const pytfm_safetensors *st, int64_t index,
+                                                pytfm_tensor_info *info);
+
+/* *index = the tensor named name (NUL-terminated UTF-8), or −1 when there is none. */
+PYTFM_API pytfm_status pytfm_safetensors_find(const pytfm_safetensors *st, const char *name,
+                                              int64_t *index);
+
+/* Copy tensor index's bytes, as stored (little-endian), into out, which holds size bytes:
+ * size must be its nbytes. From a file with pread (st may be read from several threads at
+ * once); a file that has shrunk since the open is an error naming the tensor. */
+PYTFM_API pytfm_status pytfm_safetensors_read(const pytfm_safetensors *st, int64_t index,
+                                              void *out, int64_t size);
+
+/* The number of members of __metadata__ (0 without one), numbered in the header's order. */
+PYTFM_API pytfm_status pytfm_safetensors_metadata_count(const pytfm_safetensors *st,
+                                                        int64_t *count);
+
+/* Fill *item with member index of __metadata__ (else PYTFM_STATUS_OUT_OF_RANGE). */
+PYTFM_API pytfm_status pytfm_safetensors_metadata(const pytfm_safetensors *st, int64_t index,
+                                                  pytfm_metadata_item *item);
+
+/* *value = the metadata value of key (NUL-terminated), *length its bytes; *value is NULL and
+ * *length 0 when there is none. length may be NULL. */
+PYTFM_API pytfm_status pytfm_safetensors_metadata_get(const pytfm_safetensors *st,
+                                                      const char *key, const char **value,
+                                                      int64_t *length);
+
+/* PYTFM_STATUS_OK when text[0..size) is one strict JSON value (RFC 8259), whitespace around it
+ * allowed: strict UTF-8; no duplicate keys (compared unescaped); no key holding a lone
+ * surrogate (\ud800 unpaired: not valid Unicode); no NaN or Infinity; no integer of more than
+ * 4300 digits (Python's limit); no more than PYTFM_JSON_MAX_DEPTH containers open at once.
+ * Else PYTFM_STATUS_INVALID_ARGUMENT, "not valid JSON (<what>: byte <offset>)" or "not UTF-8
+ * (byte <offset>: <why>)" in pytfm_last_error(). The checkpoint reader holds the header and
+ * the JSON texts of its metadata to this; pytfm.checkpoint.save holds extra to it. */
+PYTFM_API pytfm_status pytfm_json_check(const char *text, int64_t size);
 
 /* ---- Model: a GPT from a pytfm checkpoint, in C ----------------------------------------- */
 
@@ -47,21 +172,44 @@ typedef struct pytfm_model_config {
     int64_t step;           /* the training step the checkpoint was saved at */
 } pytfm_model_config;
 
+/* ---- pytfm checkpoints: layer 2 of the reader -------------------------------------------- */
+
+/* What a pytfm checkpoint holds besides its tensors. */
+typedef struct pytfm_checkpoint_info {
+    pytfm_model_config config; /* every field, n_params and step included */
+    int32_t has_optimizer;     /* 1: optim.t is there, and AdamW's moments of every parameter,
+                                  optim.m.<name> and optim.v.<name>, float32 of its shape */
+    int64_t optim_t;           /* AdamW's step count (0 without optimizer state) */
+} pytfm_checkpoint_info;
+
+/* Check that the open file st is a pytfm checkpoint (layer 2), and fill *info: __metadata__
+ * "format" is "pytfm"; "config" is a JSON object (pytfm_json_check) with exactly the fields
+ * of pytfm.nn.GPTConfig, each as GPTConfig checks it (vocab, d_model, n_layer, n_head, max_seq
+ * ints in [1, 2^63); seed an int >= 0, of any size; pos "rope", "sinusoidal" or "none";
+ * tie_embeddings a bool; d_model a multiple of n_head; rope: an even head dim; sinusoidal: an
+ * even d_model); "step" and "optim.t" (optional) non-negative int64s in ASCII decimal, at most
+ * 19 digits; "extra" (optional) JSON. The tensors are exactly the parameters the config
+ * implies (the order of pytfm.nn.param_shapes; a Linear's weight is [out, in]), float32 of
+ * their shapes, with both AdamW moments of each when optim.t is there, and nothing else; a
+ * sinusoidal table (max_seq·d_model floats, made at load, not stored) is at most
+ * max(the stored parameters, 2^24) floats. The expected names are made one at a time, so a
+ * config of 2^60 layers fails at once. Once this passes, "config" and "extra"
+ * (pytfm_safetensors_metadata_get) are valid JSON texts. */
+PYTFM_API pytfm_status pytfm_checkpoint_check(const pytfm_safetensors *st,
+                                              pytfm_checkpoint_info *info);
+
 /* Open the checkpoint at path and read its parameters into memory (the file is closed when
- * this returns). Every byte is checked before any is trusted: the safetensors header (length,
- * strict UTF-8 JSON, dtypes, shapes, offsets that tile the data exactly), the pytfm
- * __metadata__ (format, a GPTConfig that pytfm.nn accepts, step), and that the tensors are
- * exactly the parameters that config implies, by name, dtype and shape (AdamW's moments,
- * optim.m.<name> / optim.v.<name>, may be there too and are skipped). A file Python's
- * pytfm.checkpoint.load rejects is rejected here too: PYTFM_STATUS_INVALID_ARGUMENT with a
- * message naming the file and what is wrong; PYTFM_STATUS_NOT_SUPPORTED for a device other
- * than PYTFM_DEVICE_CPU; PYTFM_STATUS_OUT_OF_MEMORY. On failure *model is set to NULL.
+ * this returns): pytfm_safetensors_open, pytfm_checkpoint_check, then the parameters read into
+ * one allocation (AdamW's moments, when there, are left unread). A file either layer refuses
+ * is PYTFM_STATUS_INVALID_ARGUMENT with its message ("<path>: ..."); PYTFM_STATUS_NOT_SUPPORTED
+ * for a device other than PYTFM_DEVICE_CPU; PYTFM_STATUS_OUT_OF_MEMORY. On failure *model is
+ * set to NULL.
  *   model   receives the handle (pytfm_model_close frees it)
  *   device  a pytfm_device */
 PYTFM_API pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t device);
 
-/* As pytfm_model_open, from size bytes of a checkpoint in memory (copied: data may be freed
- * once this returns). */
+/* As pytfm_model_open, from size bytes of a checkpoint in memory (messages name "<memory>";
+ * the parameters are copied: data may be freed once this returns). */
 PYTFM_API pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data,
                                                size_t size, int32_t device);
 

@@ -1,9 +1,7 @@
 /*
- * checkpoint.h — the checkpoint reader's interface to the model (internal, not exported).
- *
- * csrc/model/safetensors.c (with csrc/model/json.c) reads a checkpoint written by pytfm.checkpoint.save and
- * checks every byte of it before trusting any (the rules are pytfm_model_open's, in pytfm.h);
- * csrc/model/model.c builds the model on what it returns.
+ * checkpoint.h — what the model gets from layer 2 of the checkpoint reader (internal, not
+ * exported): csrc/model/checkpoint.c checks a pytfm checkpoint (pytfm_checkpoint_check) and
+ * reads its parameters; csrc/model/model.c builds the model on them.
  *
  * The parameters come back in one allocation, in the order of pytfm.nn.param_shapes(cfg), each
  * a contiguous float32 array of its shape, one after the other with no gaps (C = d_model,
@@ -35,16 +33,9 @@ typedef struct pytfm__weights {
     float *params;             /* config.n_params floats, 64-byte aligned; free with free() */
 } pytfm__weights;
 
-/* Read and check the size bytes at data; source names them in messages ("<memory>" or a
- * path). On success *w holds the config and a new allocation of the parameters; on failure
- * w->params is NULL, a status says why and pytfm_last_error() explains, naming source. */
-pytfm_status pytfm__weights_read_memory(pytfm__weights *w, const void *data, size_t size,
-                                        const char *source);
-
-/* The same from the file at path: the header is read and checked first, then the parameters'
- * bytes straight into their allocation (the file is never held whole in memory twice). A file
- * shorter than its header says, or one that cannot be opened or read, is an error naming the
- * path. */
-pytfm_status pytfm__weights_read_file(pytfm__weights *w, const char *path);
+/* pytfm_checkpoint_check on st, then its parameters read into a new allocation, in host byte
+ * order. On failure w->params is NULL, and a status and pytfm_last_error() say why, naming st's
+ * source. */
+pytfm_status pytfm__checkpoint_weights(const pytfm_safetensors *st, pytfm__weights *w);
 
 #endif /* PYTFM_CHECKPOINT_H */

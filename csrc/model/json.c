@@ -2,7 +2,7 @@
  * json.c — the strict JSON reader of checkpoint headers (json.h).
  *
  * The check walks the text once, iteratively: an explicit stack of the containers open (at
- * most PYTFM__JSON_MAX_DEPTH, on the C stack: no recursion, so "[[[[..." costs a counter, not
+ * most PYTFM_JSON_MAX_DEPTH, on the C stack: no recursion, so "[[[[..." costs a counter, not
  * a stack frame per bracket). Each object's keys are listed as they are read; when the object
  * closes they are sorted by (hash, unescaped text) and neighbours compared, so that a header
  * of a million names costs O(n log n), not O(n²), and the list is cut back to the enclosing
@@ -350,7 +350,12 @@ static pytfm_status scan_key(checker *c) {
         return fail(c, start, "expecting a property name in double quotes");
     int lone = 0;
     PYTFM_TRY(scan_string(c, &lone));
-    if (lone) return fail(c, start, "a key holds a lone surrogate (not valid Unicode)");
+    if (lone) {
+        char shown[64];
+        pytfm__json_show((pytfm__json){(const char *)c->s + start, c->pos - start}, shown,
+                         sizeof shown);
+        return fail(c, start, "key %s holds a lone surrogate (not valid Unicode)", shown);
+    }
     if (c->n_keys == c->cap_keys) {
         const size_t cap = c->cap_keys ? 2 * c->cap_keys : 16;
         open_key *keys =
@@ -400,8 +405,8 @@ static pytfm_status close_object(checker *c, size_t first) {
 
 pytfm_status pytfm__json_check(const char *text, size_t size, pytfm__json_error *err) {
     checker c = {(const uchar *)text, size, 0, err, NULL, 0, 0};
-    uchar kinds[PYTFM__JSON_MAX_DEPTH];   /* '{' or '[' of each open container */
-    size_t firsts[PYTFM__JSON_MAX_DEPTH]; /* where each open object's keys start in c.keys */
+    uchar kinds[PYTFM_JSON_MAX_DEPTH];   /* '{' or '[' of each open container */
+    size_t firsts[PYTFM_JSON_MAX_DEPTH]; /* where each open object's keys start in c.keys */
     size_t depth = 0;
     pytfm_status st = PYTFM_STATUS_OK;
     skip_space(&c);
@@ -413,8 +418,8 @@ pytfm_status pytfm__json_check(const char *text, size_t size, pytfm__json_error 
         }
         const uchar b = c.s[c.pos];
         if (b == '{' || b == '[') {
-            if (depth == PYTFM__JSON_MAX_DEPTH) {
-                st = fail(&c, c.pos, "nested more than %d levels deep", PYTFM__JSON_MAX_DEPTH);
+            if (depth == PYTFM_JSON_MAX_DEPTH) {
+                st = fail(&c, c.pos, "nested more than %d levels deep", PYTFM_JSON_MAX_DEPTH);
                 break;
             }
             kinds[depth] = b;
@@ -619,4 +624,20 @@ const char *pytfm__json_show(pytfm__json v, char *buf, size_t cap) {
     for (size_t i = 0; i < len; i++) buf[i] = (uchar)v.p[i] < 0x20 ? ' ' : v.p[i];
     memcpy(buf + len, v.n >= cap ? "..." : "", v.n >= cap ? 4 : 1);
     return buf;
+}
+
+pytfm_status pytfm_json_check(const char *text, int64_t size) {
+    PYTFM_CHECK(size >= 0, "%s: size must be >= 0, got %lld", __func__, (long long)size);
+    PYTFM_CHECK(text != NULL || size == 0, "%s: text must not be NULL", __func__);
+    const char *why = "";
+    const size_t bad = pytfm__utf8_check(text, (size_t)size, &why);
+    if (bad < (size_t)size)
+        return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "not UTF-8 (byte %zu: %s)", bad, why);
+    pytfm__json_error err;
+    const pytfm_status status = pytfm__json_check(text ? text : "", (size_t)size, &err);
+    if (status == PYTFM_STATUS_OK) return status;
+    return pytfm__fail(status, "%s (%s: byte %zu)",
+                       status == PYTFM_STATUS_INVALID_ARGUMENT ? "not valid JSON"
+                                                               : "cannot check the JSON",
+                       err.what, err.offset);
 }

@@ -1,16 +1,14 @@
 /*
- * json.h — a small strict JSON reader for checkpoint headers (internal, not exported).
+ * json.h — a small strict JSON reader for safetensors headers (internal, not exported; its
+ * public face is pytfm_json_check in pytfm_model.h).
  *
- * pytfm__json_check validates a whole text first, as Python's json.loads with the hooks of
- * pytfm.checkpoint._parse_json does: RFC 8259 JSON, strict UTF-8, no duplicate keys (compared
- * after unescaping), no key holding a lone surrogate, no NaN or Infinity. Python's interpreter
- * limits are kept too, so that both readers refuse the same texts: an integer of more than
- * 4300 digits (Python's int conversion limit) and nesting deeper than PYTFM__JSON_MAX_DEPTH
- * containers (pytfm.checkpoint.MAX_JSON_DEPTH, the same number, which Python checks before
- * json.loads so that its verdict never depends on the recursion limit or the stack it parses
- * from). Only then are values read, through cursors into the checked text that
- * allocate nothing: pytfm__json_next walks an object's members or an array's items, and the
- * readers of strings and numbers below assume a checked text.
+ * pytfm__json_check validates a whole text first: RFC 8259 JSON, strict UTF-8, no duplicate
+ * keys (compared after unescaping), no key holding a lone surrogate, no NaN or Infinity, no
+ * integer of more than PYTFM__JSON_MAX_INT_DIGITS digits (Python's int conversion limit, so
+ * that every text passed is one json.loads reads), no more than PYTFM_JSON_MAX_DEPTH
+ * containers open at once. Only then are values read, through cursors into the checked text
+ * that allocate nothing: pytfm__json_next walks an object's members or an array's items, and
+ * the readers of strings and numbers below assume a checked text.
  *
  * Nothing here is global; the check allocates only a list of the keys of the objects open at
  * once (for the duplicate check), never more than the text has keys.
@@ -23,10 +21,7 @@
 
 #include "pytfm.h"
 
-/* PYTFM__JSON_MAX_DEPTH: containers open at once, at most; pytfm/checkpoint.py
- * MAX_JSON_DEPTH is the same number (change both). Far above what pytfm writes (3 deep), far
- * below any interpreter's recursion limit. */
-enum { PYTFM__JSON_MAX_DEPTH = 64, PYTFM__JSON_MAX_INT_DIGITS = 4300 };
+enum { PYTFM__JSON_MAX_INT_DIGITS = 4300 };
 
 /* Where and why a text is not JSON: offset is a byte offset into the text checked. */
 typedef struct pytfm__json_error {
@@ -67,7 +62,7 @@ pytfm__json pytfm__json_root(const char *text, size_t size);
 
 pytfm__json_kind pytfm__json_kind_of(pytfm__json v);
 
-/* "object", "array", "string", "number", "boolean", "null": the words of Python's messages */
+/* "object", "array", "string", "number", "boolean", "null" */
 const char *pytfm__json_kind_name(pytfm__json_kind kind);
 
 /* A walk over the members of an object or the items of an array. */
@@ -88,7 +83,7 @@ size_t pytfm__json_count(pytfm__json container);
 int pytfm__json_string_is(pytfm__json s, const char *lit);
 
 /* <0, 0 or >0 as the string values a and b, unescaped, compare code point by code point (a
- * prefix first): Python's order of str, so that min() of keys is the key sorted() puts first. */
+ * prefix first): the order of Python's str. */
 int pytfm__json_string_compare(pytfm__json a, pytfm__json b);
 
 /* Unescape the string value s into out, which must hold s.n bytes (the unescaped text is never
@@ -102,7 +97,7 @@ int pytfm__json_string_lone(pytfm__json s);
 
 /* A number value read as an integer. */
 typedef struct pytfm__json_int {
-    int integer;   /* 1: integer syntax (no fraction, no exponent): Python reads an int */
+    int integer;   /* 1: integer syntax (no fraction, no exponent): json.loads reads an int */
     int negative;  /* a minus sign ("-0" is 0 and negative) */
     int fits;      /* the value fits in an int64_t (integer only) */
     int64_t value; /* the value, when it fits */

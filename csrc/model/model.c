@@ -50,8 +50,8 @@ struct pytfm_model {
 };
 
 /* pytfm.nn.sinusoidal_positions(max_seq, C), by the same function (pytfm_sinusoidal_positions,
- * positions.c). The reader has checked its size (a table at most max(n_params, 2^24) floats,
- * as pytfm.checkpoint.load) and that C is even. */
+ * positions.c). The reader has checked its size (a table at most max(n_params, 2^24) floats:
+ * pytfm_checkpoint_check) and that C is even. */
 static pytfm_status sinusoidal_table(float **pe, const char *func, int64_t max_seq, int64_t C) {
     int64_t count = 0;
     PYTFM_CHECK_COUNT(func, &count, float, max_seq, C);
@@ -125,14 +125,23 @@ static pytfm_status check_device(const char *func, int32_t device) {
                        "%s: device must be PYTFM_DEVICE_CPU (0), got %d", func, (int)device);
 }
 
+/* The model in the checkpoint open as st (closed here, whatever happens). */
+static pytfm_status open_from(pytfm_model **model, pytfm_safetensors *st, const char *func) {
+    pytfm__weights w;
+    const pytfm_status status = pytfm__checkpoint_weights(st, &w);
+    pytfm_safetensors_close(st);
+    PYTFM_TRY(status);
+    return build(model, &w, func);
+}
+
 pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t device) {
     PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
     *model = NULL;
     PYTFM_CHECK(path != NULL, "%s: path must not be NULL", __func__);
     PYTFM_TRY(check_device(__func__, device));
-    pytfm__weights w;
-    PYTFM_TRY(pytfm__weights_read_file(&w, path));
-    return build(model, &w, __func__);
+    pytfm_safetensors *st;
+    PYTFM_TRY(pytfm_safetensors_open(&st, path));
+    return open_from(model, st, __func__);
 }
 
 pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data, size_t size,
@@ -140,10 +149,11 @@ pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data, size
     PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
     *model = NULL;
     PYTFM_CHECK(data != NULL || size == 0, "%s: data must not be NULL", __func__);
+    PYTFM_CHECK(size <= (size_t)INT64_MAX, "%s: size must be below 2**63, got %zu", __func__, size);
     PYTFM_TRY(check_device(__func__, device));
-    pytfm__weights w;
-    PYTFM_TRY(pytfm__weights_read_memory(&w, data, size, "<memory>"));
-    return build(model, &w, __func__);
+    pytfm_safetensors *st;
+    PYTFM_TRY(pytfm_safetensors_open_memory(&st, data, (int64_t)size, "<memory>"));
+    return open_from(model, st, __func__);
 }
 
 pytfm_status pytfm_model_close(pytfm_model *model) {

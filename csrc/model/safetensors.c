@@ -1,29 +1,23 @@
 /*
- * safetensors.c — pytfm checkpoints read in C (checkpoint.h), trusting no byte of them.
+ * safetensors.c — layer 1 of the checkpoint reader: a safetensors file, trusting no byte of it
+ * (the rules are pytfm_model.h's, "Safetensors files").
  *
- * The rules are pytfm/checkpoint.py's, checked in its order, so that C and Python refuse the
- * same files and say why in the same words:
- *   1. the safetensors layer (_read_header): an 8-byte little-endian header length N, at most
- *      the file less 8 and at most MAX_HEADER; N bytes of strict UTF-8 JSON (json.c), an object
- *      whose __metadata__ maps str to str; each other member a tensor entry {dtype F32 | I64,
- *      shape [ints >= 0] (at most 32 of them, bytes within int64), data_offsets [begin, end]
- *      with 0 <= begin <= end <= the data and end − begin the shape's bytes}; the entries'
- *      data, in offset order, tiling the data exactly (_check_layout).
- *   2. the pytfm layer (_check_pytfm_metadata): format "pytfm"; config a JSON object with
- *      exactly GPTConfig's fields, each checked as GPTConfig.__post_init__ does; step and
- *      optim.t non-negative int64s in decimal; extra JSON.
- *   3. the tensors (_check_tensors): exactly the float32 parameters param_shapes(cfg) names,
- *      with both AdamW moments of each when optim.t is there; a sinusoidal table no larger than
- *      max(stored parameters, _MAX_TABLE). The expected names are generated one at a time and
- *      looked up, so a config claiming 2^60 layers fails at the first missing tensor.
- * Only then are the parameters copied (the memory reader) or read with pread (the file
- * reader) into one 64-byte aligned allocation, in param_shapes order. Every size is an int64
- * formed through pytfm__mul_within / pytfm__add_within.
+ * Opening checks, in this order, and stops at the first fault: the 8-byte header length (at
+ * most the file less 8, at most PYTFM_SAFETENSORS_MAX_HEADER); the header's UTF-8 and JSON
+ * (json.c); an object; its __metadata__, if any, an object of strings; each other member an
+ * entry {dtype, shape, data_offsets} checked on its own, in header order; the entries' data,
+ * in offset order, tiling the data exactly. Only the header is read (one allocation of at most
+ * the file's size); the handle then keeps it, the entries (pointers into it), the names and
+ * the metadata unescaped, and an index of the entries by name. A tensor's bytes are read when
+ * asked for: with pread from a file, so that nothing is shared between readers of a handle.
+ * Every size is an int64 formed through pytfm__mul_within / pytfm__add_within.
  */
 #if defined(__linux__) || defined(__unix__) || defined(__APPLE__)
 #define _POSIX_C_SOURCE 200809L
 #define _FILE_OFFSET_BITS 64
 #endif
+
+#include "safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -34,68 +28,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
 #include "core/internal.h"
-#include "json.h"
 
-enum {
-    MAX_NDIM = 32,        /* _MAX_NDIM: NumPy 1.x's limit */
-    MAX_TABLE = 1 << 24,  /* _MAX_TABLE: sinusoidal floats allowed beyond the parameters */
-    MAX_STEP_DIGITS = 19, /* _count_field: [0-9]{1,19} */
-    SHOW = 48             /* bytes of a value from the file shown in a message */
-};
-#define MAX_HEADER 100000000u /* bytes: the reference implementation's limit */
+enum { SHOW = PYTFM__SHOW, MAX_NDIM = PYTFM_SAFETENSORS_MAX_NDIM };
+_Static_assert(sizeof((pytfm_tensor_info *)0)->shape == MAX_NDIM * sizeof(int64_t),
+               "pytfm_tensor_info.shape holds PYTFM_SAFETENSORS_MAX_NDIM sizes");
 
-enum { DTYPE_F32, DTYPE_I64 };
+/* the dtypes the reader takes: the header's name, the enum, the item size */
+static const struct {
+    const char *name;
+    int32_t dtype;
+    int64_t size;
+} DTYPES[] = {{"F32", PYTFM_DTYPE_F32, 4}, {"I64", PYTFM_DTYPE_I64, 8}};
+enum { N_DTYPES = sizeof DTYPES / sizeof DTYPES[0] };
 
-/* One tensor entry of the header, checked on its own (check_entry). */
-typedef struct entry {
-    const char *name; /* unescaped UTF-8, in reader.names */
-    size_t name_len;
-    pytfm__json shape; /* its JSON array: ints that fit in int64 once checked */
-    int64_t begin, end;
-    size_t index; /* in header order */
-    int dtype;
-    int ndim;
-    int matched; /* one of the expected tensors */
-} entry;
+/* ---- messages ----------------------------------------------------------------------------- */
 
-/* A metadata field: its string value, present or not. */
-typedef struct field {
-    int present;
-    pytfm__json value;
-} field;
-
-typedef struct reader {
-    const char *source; /* names the file in messages */
-    const char *header; /* the header's JSON text, header_size bytes */
-    size_t header_size;
-    int64_t body; /* bytes of data after the header */
-    entry *entries;
-    size_t n_entries;
-    char *names; /* the entries' names, unescaped */
-    field format, config, step, optim_t, extra;
-    char *text;             /* the config, then extra, unescaped: their JSON texts */
-    pytfm_model_config cfg; /* as checked */
-    char seed_shown[SHOW];  /* the config's seed, for messages */
-    int with_optimizer;     /* optim.t is there */
-    const entry **plan;     /* the parameters' entries, in param_shapes order */
-    size_t n_plan;
-} reader;
-
-/* "<source>: <message>" as this thread's last error */
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static pytfm_status
-fail(const reader *r, pytfm_status status, const char *fmt, ...) {
+static pytfm_status vfail(const char *source, pytfm_status status, const char *fmt, va_list args) {
     char message[512];
-    va_list args;
-    va_start(args, fmt);
     vsnprintf(message, sizeof message, fmt, args);
-    va_end(args);
+    if (!source) return pytfm__fail(status, "%s", message);
     /* a long path keeps its end (the file name) and leaves room for what is wrong */
-    const char *source = r->source;
     const size_t len = strlen(source);
     const char *cut = "";
     if (len > 160) {
@@ -105,11 +58,29 @@ fail(const reader *r, pytfm_status status, const char *fmt, ...) {
     }
     return pytfm__fail(status, "%s%s: %s", cut, source, message);
 }
-#define BAD(r, ...) fail(r, PYTFM_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
 
-/* 'name', cut to SHOW bytes on a character boundary, control bytes as '?' (as Python's repr
- * shows a name, within reason) */
-static const char *show_name(const char *name, size_t len, char *buf) {
+pytfm_status pytfm__st_fail(const pytfm_safetensors *st, pytfm_status status, const char *fmt,
+                            ...) {
+    va_list args;
+    va_start(args, fmt);
+    const pytfm_status result = vfail(st->source, status, fmt, args);
+    va_end(args);
+    return result;
+}
+
+#define BAD(st, ...) pytfm__st_fail(st, PYTFM_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
+#define NO_MEMORY(st, ...) pytfm__st_fail(st, PYTFM_STATUS_OUT_OF_MEMORY, __VA_ARGS__)
+
+/* a system call failed: its message, and its errno kept in *io for the caller to leave */
+static pytfm_status io_fail(const pytfm_safetensors *st, int *io, const char *what) {
+    const int e = errno;
+    char why[128] = "unknown error";
+    strerror_r(e, why, sizeof why);
+    *io = e;
+    return BAD(st, "%s: %s", what, why);
+}
+
+const char *pytfm__st_show_name(const char *name, size_t len, char *buf) {
     size_t n = len;
     int cut = 0;
     if (n > SHOW - 6) {
@@ -125,39 +96,64 @@ static const char *show_name(const char *name, size_t len, char *buf) {
 
 static const char *show(pytfm__json v, char *buf) { return pytfm__json_show(v, buf, SHOW); }
 
-/* ---- 1. the safetensors layer ------------------------------------------------------------- */
+/* ---- the header length -------------------------------------------------------------------- */
 
-/* the length N of the header in the first 8 bytes of a file of size bytes */
-static pytfm_status check_length(reader *r, const unsigned char *head, size_t got, uint64_t size,
-                                 uint64_t *n) {
-    if (got < 8) return BAD(r, "%zu bytes is too short for a safetensors file", got);
+/* The header length N from the first got bytes of a file of size bytes (head holds at least
+ * 9 of them when the file has 9). A length past the end is a cut file when a JSON object
+ * starts where the header would (byte 8), else a file of another kind. */
+static pytfm_status check_length(const pytfm_safetensors *st, const unsigned char *head, size_t got,
+                                 uint64_t size, uint64_t *n) {
+    if (got < 8) return BAD(st, "%zu bytes is too short for a safetensors file", got);
     uint64_t length = 0;
     for (int i = 7; i >= 0; i--) length = length << 8 | head[i];
-    if (size < 8 || length > size - 8)
-        return BAD(r, "header of %llu bytes runs past the end of the file (%llu bytes): truncated?",
+    if (size < 8 || length > size - 8) {
+        if (got > 8 && head[8] != '{')
+            return BAD(st, "not a safetensors file (it does not start with a header length and "
+                           "a JSON object)");
+        return BAD(st,
+                   "header of %llu bytes runs past the end of the file (%llu bytes): truncated?",
                    (unsigned long long)length, (unsigned long long)size);
-    if (length > MAX_HEADER)
-        return BAD(r, "header of %llu bytes is over the %u-byte limit", (unsigned long long)length,
-                   MAX_HEADER);
+    }
+    if (length > PYTFM_SAFETENSORS_MAX_HEADER)
+        return BAD(st, "header of %llu bytes is over the %d-byte limit", (unsigned long long)length,
+                   PYTFM_SAFETENSORS_MAX_HEADER);
     *n = length;
     return PYTFM_STATUS_OK;
 }
 
-static pytfm_status check_metadata(reader *r, const pytfm__json *meta) {
-    if (!meta) return PYTFM_STATUS_OK; /* no __metadata__: {} */
+/* ---- the header --------------------------------------------------------------------------- */
+
+/* unescape the JSON string s into *text, NUL-terminated: -> its start; *len its bytes */
+static const char *unescape_into(pytfm__json s, char **text, size_t *len) {
+    char *out = *text;
+    *len = pytfm__json_string_utf8(s, out, NULL);
+    out[*len] = 0;
+    *text += *len + 1;
+    return out;
+}
+
+/* __metadata__: an object whose values are strings holding valid Unicode; kept unescaped */
+static pytfm_status check_metadata(pytfm_safetensors *st, pytfm__json meta, char **text) {
     char a[SHOW], b[SHOW];
-    if (pytfm__json_kind_of(*meta) != PYTFM__JSON_OBJECT)
-        return BAD(r, "__metadata__ is a JSON %s, not an object of strings",
-                   pytfm__json_kind_name(pytfm__json_kind_of(*meta)));
-    static const char *const keys[] = {"format", "config", "step", "optim.t", "extra"};
-    field *fields[] = {&r->format, &r->config, &r->step, &r->optim_t, &r->extra};
-    pytfm__json_iter it = pytfm__json_iter_of(*meta);
+    if (pytfm__json_kind_of(meta) != PYTFM__JSON_OBJECT)
+        return BAD(st, "__metadata__ is a JSON %s, not an object of strings",
+                   pytfm__json_kind_name(pytfm__json_kind_of(meta)));
+    pytfm__json_iter it = pytfm__json_iter_of(meta);
     pytfm__json key, value;
+    size_t count = 0;
     while (pytfm__json_next(&it, &key, &value)) {
         if (pytfm__json_kind_of(value) != PYTFM__JSON_STRING || pytfm__json_string_lone(value))
-            return BAD(r, "__metadata__[%s] is %s, not a string", show(key, a), show(value, b));
-        for (size_t k = 0; k < 5; k++)
-            if (pytfm__json_string_is(key, keys[k])) *fields[k] = (field){1, value};
+            return BAD(st, "__metadata__[%s] is %s, not a string", show(key, a), show(value, b));
+        count++;
+    }
+    st->meta = calloc(count ? count : 1, sizeof *st->meta);
+    if (!st->meta) return NO_MEMORY(st, "cannot allocate a list of %zu metadata", count);
+    it = pytfm__json_iter_of(meta);
+    while (pytfm__json_next(&it, &key, &value)) {
+        pytfm__st_meta *m = &st->meta[st->n_meta++];
+        m->raw = value;
+        m->key = unescape_into(key, text, &m->key_len);
+        m->value = unescape_into(value, text, &m->value_len);
     }
     return PYTFM_STATUS_OK;
 }
@@ -172,50 +168,29 @@ static int non_negative_int(pytfm__json v, int *fits, int64_t *value) {
     return 1;
 }
 
-/* one tensor entry {dtype, shape, data_offsets}, on its own (_check_entry) */
-static pytfm_status check_entry(reader *r, pytfm__json key, pytfm__json info, entry *e,
-                                char **names) {
-    char where[SHOW], a[SHOW], b[SHOW];
-    e->name = *names;
-    e->name_len = pytfm__json_string_utf8(key, *names, NULL);
-    *names += e->name_len;
-    show_name(e->name, e->name_len, where);
-    if (pytfm__json_kind_of(info) != PYTFM__JSON_OBJECT)
-        return BAD(r, "tensor %s: its entry is a JSON %s, not an object", where,
-                   pytfm__json_kind_name(pytfm__json_kind_of(info)));
-    pytfm__json dtype = {0}, shape = {0}, offsets = {0}, k, v, unknown = {0};
-    int have_dtype = 0, have_shape = 0, have_offsets = 0;
-    pytfm__json_iter it = pytfm__json_iter_of(info);
-    while (pytfm__json_next(&it, &k, &v)) {
-        if (pytfm__json_string_is(k, "dtype"))
-            dtype = v, have_dtype = 1;
-        else if (pytfm__json_string_is(k, "shape"))
-            shape = v, have_shape = 1;
-        else if (pytfm__json_string_is(k, "data_offsets"))
-            offsets = v, have_offsets = 1;
-        else if (!unknown.p || pytfm__json_string_compare(k, unknown) < 0)
-            unknown = k; /* the first in code point order, as Python's sorted() names it */
+/* the entry's dtype, shape and their bytes (as NumPy would count them: the product of the
+ * non-zero dimensions and the item size must fit in int64, even for an empty array) */
+static pytfm_status check_dtype_shape(pytfm_safetensors *st, const char *where, pytfm__json dtype,
+                                      pytfm__json shape, pytfm__st_entry *e, int *fits_all,
+                                      int64_t *nbytes) {
+    char a[SHOW];
+    size_t k = 0;
+    while (k < N_DTYPES && !pytfm__json_string_is(dtype, DTYPES[k].name)) k++;
+    if (k == N_DTYPES) {
+        char names[64] = "";
+        for (size_t j = 0; j < N_DTYPES; j++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", j ? ", " : "",
+                     DTYPES[j].name);
+        return BAD(st, "tensor %s: unsupported dtype %s (pytfm reads %s)", where, show(dtype, a),
+                   names);
     }
-    if (!have_offsets) return BAD(r, "tensor %s: its entry has no data_offsets", where);
-    if (!have_dtype) return BAD(r, "tensor %s: its entry has no dtype", where);
-    if (!have_shape) return BAD(r, "tensor %s: its entry has no shape", where);
-    if (unknown.p)
-        return BAD(r, "tensor %s: its entry has an unknown key %s", where, show(unknown, a));
-
-    if (pytfm__json_string_is(dtype, "F32"))
-        e->dtype = DTYPE_F32;
-    else if (pytfm__json_string_is(dtype, "I64"))
-        e->dtype = DTYPE_I64;
-    else
-        return BAD(r, "tensor %s: unsupported dtype %s (pytfm reads F32, I64)", where,
-                   show(dtype, a));
-
-    /* the shape's ints; its bytes, as NumPy would count them (_nbytes): the product of the
-     * non-zero dimensions and the item size must fit in int64, even for an empty array */
-    int ok = pytfm__json_kind_of(shape) == PYTFM__JSON_ARRAY, empty = 0, fits_all = 1;
-    int64_t nbytes = e->dtype == DTYPE_F32 ? 4 : 8;
+    e->dtype = DTYPES[k].dtype;
+    int ok = pytfm__json_kind_of(shape) == PYTFM__JSON_ARRAY, empty = 0;
+    int64_t bytes = DTYPES[k].size;
     size_t ndim = 0;
-    it = pytfm__json_iter_of(shape);
+    pytfm__json_iter it = pytfm__json_iter_of(shape);
+    pytfm__json v;
+    *fits_all = 1;
     while (ok && pytfm__json_next(&it, NULL, &v)) {
         int fits = 0;
         int64_t d = 0;
@@ -223,16 +198,24 @@ static pytfm_status check_entry(reader *r, pytfm__json key, pytfm__json info, en
         ndim++;
         if (!ok) break;
         empty |= fits && d == 0;
-        if (!fits || !pytfm__mul_within(nbytes, d ? d : 1, INT64_MAX, &nbytes)) fits_all = 0;
+        if (!fits || !pytfm__mul_within(bytes, d ? d : 1, INT64_MAX, &bytes)) *fits_all = 0;
     }
     if (!ok)
-        return BAD(r, "tensor %s: shape %s is not a list of non-negative ints", where,
+        return BAD(st, "tensor %s: shape %s is not a list of non-negative ints", where,
                    show(shape, a));
     if (ndim > MAX_NDIM)
-        return BAD(r, "tensor %s: %zu dimensions, NumPy allows %d", where, ndim, MAX_NDIM);
+        return BAD(st, "tensor %s: %zu dimensions, NumPy allows %d", where, ndim, MAX_NDIM);
     e->shape = shape;
-    e->ndim = (int)ndim;
+    e->ndim = (int32_t)ndim;
+    *nbytes = empty ? 0 : bytes;
+    return PYTFM_STATUS_OK;
+}
 
+/* the entry's data_offsets: a pair of ints 0 <= begin <= end <= the data, end − begin its
+ * bytes */
+static pytfm_status check_offsets(pytfm_safetensors *st, const char *where, pytfm__json offsets,
+                                  pytfm__st_entry *e, int fits_all, int64_t nbytes) {
+    char a[SHOW], b[SHOW];
     pytfm__json begin_v, end_v;
     pytfm__json_iter pair = pytfm__json_iter_of(offsets);
     pytfm__json_int begin = {0}, end = {0};
@@ -250,616 +233,443 @@ static pytfm_status check_entry(reader *r, pytfm__json key, pytfm__json info, en
         pair_ok = begin.integer && end.integer;
     }
     if (!pair_ok)
-        return BAD(r, "tensor %s: data_offsets %s is not a pair of ints", where, show(offsets, a));
+        return BAD(st, "tensor %s: data_offsets %s is not a pair of ints", where, show(offsets, a));
     /* 0 <= begin <= end, on ints of any size: a negative one, or a begin past int64 with an
      * end within it, fails here; an end past int64 runs past the data below */
     const int begin_neg = begin.negative && !(begin.fits && begin.value == 0);
     const int end_neg = end.negative && !(end.fits && end.value == 0);
     if (begin_neg || end_neg || (end.fits && (!begin.fits || begin.value > end.value)))
-        return BAD(r, "tensor %s: data_offsets %s are negative or reversed", where,
+        return BAD(st, "tensor %s: data_offsets %s are negative or reversed", where,
                    show(offsets, a));
-    if (!end.fits || end.value > r->body)
-        return BAD(r,
+    if (!end.fits || end.value > st->body)
+        return BAD(st,
                    "tensor %s: data_offsets %s run past the end of the data (%lld bytes): "
                    "truncated file?",
-                   where, show(offsets, a), (long long)r->body);
+                   where, show(offsets, a), (long long)st->body);
     if (!fits_all)
-        return BAD(r, "tensor %s: shape %s is too large for NumPy", where, show(shape, a));
-    if (empty) nbytes = 0;
+        return BAD(st, "tensor %s: shape %s is too large for NumPy", where, show(e->shape, a));
     e->begin = begin.value;
     e->end = end.value;
-    if (nbytes != e->end - e->begin)
-        return BAD(r, "tensor %s: %s%s is %lld bytes, but its data_offsets %s hold %lld", where,
-                   e->dtype == DTYPE_F32 ? "F32" : "I64", show(shape, a), (long long)nbytes,
-                   show(offsets, b), (long long)(e->end - e->begin));
+    if (nbytes != e->end - e->begin) {
+        char shape[SHOW];
+        return BAD(st, "tensor %s: %s%s is %lld bytes, but its data_offsets %s hold %lld", where,
+                   e->dtype == PYTFM_DTYPE_F32 ? "F32" : "I64", show(e->shape, shape),
+                   (long long)nbytes, show(offsets, b), (long long)(e->end - e->begin));
+    }
     return PYTFM_STATUS_OK;
 }
 
-static int by_offsets(const void *x, const void *y) {
-    const entry *a = x, *b = y;
-    if (a->begin != b->begin) return a->begin < b->begin ? -1 : 1;
-    if (a->end != b->end) return a->end < b->end ? -1 : 1;
-    return a->index < b->index ? -1 : a->index > b->index; /* Python's sort is stable */
+/* one tensor entry {dtype, shape, data_offsets}, on its own; its name unescaped into *text */
+static pytfm_status check_entry(pytfm_safetensors *st, pytfm__json key, pytfm__json info,
+                                pytfm__st_entry *e, char **text) {
+    char where[SHOW], a[SHOW];
+    e->name = unescape_into(key, text, &e->name_len);
+    pytfm__st_show_name(e->name, e->name_len, where);
+    if (pytfm__json_kind_of(info) != PYTFM__JSON_OBJECT)
+        return BAD(st, "tensor %s: its entry is a JSON %s, not an object", where,
+                   pytfm__json_kind_name(pytfm__json_kind_of(info)));
+    pytfm__json dtype = {0}, shape = {0}, offsets = {0}, k, v, unknown = {0};
+    pytfm__json_iter it = pytfm__json_iter_of(info);
+    while (pytfm__json_next(&it, &k, &v)) {
+        if (pytfm__json_string_is(k, "dtype"))
+            dtype = v;
+        else if (pytfm__json_string_is(k, "shape"))
+            shape = v;
+        else if (pytfm__json_string_is(k, "data_offsets"))
+            offsets = v;
+        else if (!unknown.p || pytfm__json_string_compare(k, unknown) < 0)
+            unknown = k; /* the first in code point order */
+    }
+    if (!offsets.p) return BAD(st, "tensor %s: its entry has no data_offsets", where);
+    if (!dtype.p) return BAD(st, "tensor %s: its entry has no dtype", where);
+    if (!shape.p) return BAD(st, "tensor %s: its entry has no shape", where);
+    if (unknown.p)
+        return BAD(st, "tensor %s: its entry has an unknown key %s", where, show(unknown, a));
+    int fits_all = 0;
+    int64_t nbytes = 0;
+    PYTFM_TRY(check_dtype_shape(st, where, dtype, shape, e, &fits_all, &nbytes));
+    return check_offsets(st, where, offsets, e, fits_all, nbytes);
 }
 
-/* the entries' data, in offset order, tile the data exactly (_check_layout) */
-static pytfm_status check_layout(reader *r) {
-    if (r->n_entries > 1) qsort(r->entries, r->n_entries, sizeof *r->entries, by_offsets);
+static int by_offsets(const void *x, const void *y) {
+    const pytfm__st_entry *a = *(const pytfm__st_entry *const *)x;
+    const pytfm__st_entry *b = *(const pytfm__st_entry *const *)y;
+    if (a->begin != b->begin) return a->begin < b->begin ? -1 : 1;
+    if (a->end != b->end) return a->end < b->end ? -1 : 1;
+    return a < b ? -1 : a > b; /* equal offsets: in header order */
+}
+
+static int compare_names(const char *a, size_t a_len, const char *b, size_t b_len) {
+    const int order = memcmp(a, b, PYTFM_MIN(a_len, b_len));
+    if (order) return order;
+    return a_len < b_len ? -1 : a_len > b_len;
+}
+
+static int by_name(const void *x, const void *y) {
+    const pytfm__st_entry *a = *(const pytfm__st_entry *const *)x;
+    const pytfm__st_entry *b = *(const pytfm__st_entry *const *)y;
+    return compare_names(a->name, a->name_len, b->name, b->name_len);
+}
+
+/* The entries' data, in offset order, tile the data exactly; then the index by name, which
+ * the same list of pointers becomes. */
+static pytfm_status check_layout(pytfm_safetensors *st) {
+    const size_t n = st->n_entries;
+    const pytfm__st_entry **order = malloc((n ? n : 1) * sizeof *order);
+    if (!order) return NO_MEMORY(st, "cannot allocate a list of %zu tensors", n);
+    st->by_name = order;
+    for (size_t i = 0; i < n; i++) order[i] = &st->entries[i];
+    if (n > 1) qsort(order, n, sizeof *order, by_offsets);
     int64_t at = 0;
-    const entry *previous = NULL;
-    char a[SHOW], b[SHOW + 8];
-    for (size_t i = 0; i < r->n_entries; i++) {
-        const entry *e = &r->entries[i];
+    const pytfm__st_entry *previous = NULL;
+    char a[SHOW], b[SHOW];
+    for (size_t i = 0; i < n; i++) {
+        const pytfm__st_entry *e = order[i];
         if (e->begin != at) {
             char after[SHOW + 16] = "the start of the data";
             if (previous)
                 snprintf(after, sizeof after, "tensor %s",
-                         show_name(previous->name, previous->name_len, b));
+                         pytfm__st_show_name(previous->name, previous->name_len, b));
+            pytfm__st_show_name(e->name, e->name_len, a);
             if (e->begin < at)
-                return BAD(r,
+                return BAD(st,
                            "tensor %s (data_offsets [%lld, %lld]) overlaps %s, which ends at %lld",
-                           show_name(e->name, e->name_len, a), (long long)e->begin,
-                           (long long)e->end, after, (long long)at);
-            return BAD(r,
+                           a, (long long)e->begin, (long long)e->end, after, (long long)at);
+            return BAD(st,
                        "tensor %s (data_offsets [%lld, %lld]) leaves a gap of %lld bytes after "
                        "%s, which ends at %lld",
-                       show_name(e->name, e->name_len, a), (long long)e->begin, (long long)e->end,
-                       (long long)(e->begin - at), after, (long long)at);
+                       a, (long long)e->begin, (long long)e->end, (long long)(e->begin - at), after,
+                       (long long)at);
         }
         at = e->end;
         previous = e;
     }
-    if (at != r->body)
-        return BAD(r, "the last %lld of the %lld data bytes belong to no tensor",
-                   (long long)(r->body - at), (long long)r->body);
+    if (at != st->body)
+        return BAD(st, "the last %lld of the %lld data bytes belong to no tensor",
+                   (long long)(st->body - at), (long long)st->body);
+    if (n > 1) qsort(order, n, sizeof *order, by_name);
     return PYTFM_STATUS_OK;
 }
 
-/* the header: JSON, __metadata__, each entry, the layout (_read_header) */
-static pytfm_status check_header(reader *r) {
+/* the JSON text of the header, st->header: everything after the length */
+static pytfm_status check_header(pytfm_safetensors *st) {
     const char *why = "";
-    const size_t bad = pytfm__utf8_check(r->header, r->header_size, &why);
-    if (bad < r->header_size) return BAD(r, "the header is not UTF-8 (byte %zu: %s)", 8 + bad, why);
+    const size_t bad = pytfm__utf8_check(st->header, st->header_size, &why);
+    if (bad < st->header_size)
+        return BAD(st, "the header is not UTF-8 (byte %zu: %s)", 8 + bad, why);
     pytfm__json_error err;
-    const pytfm_status st = pytfm__json_check(r->header, r->header_size, &err);
-    if (st == PYTFM_STATUS_OUT_OF_MEMORY)
-        return fail(r, st, "cannot check the header: %s", err.what);
-    if (st != PYTFM_STATUS_OK)
-        return BAD(r, "the header is not valid JSON (%s: byte %zu)", err.what, 8 + err.offset);
-    const pytfm__json root = pytfm__json_root(r->header, r->header_size);
+    const pytfm_status status = pytfm__json_check(st->header, st->header_size, &err);
+    if (status == PYTFM_STATUS_OUT_OF_MEMORY)
+        return NO_MEMORY(st, "cannot check the header: %s", err.what);
+    if (status != PYTFM_STATUS_OK)
+        return BAD(st, "the header is not valid JSON (%s: byte %zu)", err.what, 8 + err.offset);
+    const pytfm__json root = pytfm__json_root(st->header, st->header_size);
     if (pytfm__json_kind_of(root) != PYTFM__JSON_OBJECT)
-        return BAD(r, "the header is a JSON %s, not an object",
+        return BAD(st, "the header is a JSON %s, not an object",
                    pytfm__json_kind_name(pytfm__json_kind_of(root)));
 
-    /* __metadata__ first, wherever it is (Python pops it before it looks at the entries) */
+    /* the unescaped texts: each no longer than its JSON string, which has two quotes, so
+     * with its NUL within the string's bytes; __metadata__ is checked first, wherever it is */
     pytfm__json key, value, meta = {0};
-    size_t names = 0;
+    size_t text = 1;
     pytfm__json_iter it = pytfm__json_iter_of(root);
     while (pytfm__json_next(&it, &key, &value)) {
         if (pytfm__json_string_is(key, "__metadata__"))
             meta = value;
         else
-            names += key.n; /* its unescaped name is no longer */
+            text += key.n;
     }
-    PYTFM_TRY(check_metadata(r, meta.p ? &meta : NULL));
+    if (meta.p) text += meta.n;
+    st->text = malloc(text);
+    if (!st->text) return NO_MEMORY(st, "cannot allocate %zu bytes of names", text);
+    char *out = st->text;
+    if (meta.p) PYTFM_TRY(check_metadata(st, meta, &out));
 
     /* the list of entries grows as they pass: a header of a million bare "k": 1 members is
      * refused at the first, before a list of a million entries is made */
     size_t cap = 0;
-    r->names = malloc(names ? names : 1);
-    if (!r->names)
-        return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes of names", names);
-    char *name = r->names;
     it = pytfm__json_iter_of(root);
     while (pytfm__json_next(&it, &key, &value)) {
         if (pytfm__json_string_is(key, "__metadata__")) continue;
-        if (r->n_entries == cap) {
+        if (st->n_entries == cap) {
             cap = cap ? 2 * cap : 64;
-            entry *grown =
-                cap <= SIZE_MAX / sizeof *grown ? realloc(r->entries, cap * sizeof *grown) : NULL;
-            if (!grown)
-                return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate a list of %zu tensors",
-                            cap);
-            r->entries = grown;
+            pytfm__st_entry *grown =
+                cap <= SIZE_MAX / sizeof *grown ? realloc(st->entries, cap * sizeof *grown) : NULL;
+            if (!grown) return NO_MEMORY(st, "cannot allocate a list of %zu tensors", cap);
+            st->entries = grown;
         }
-        entry *e = &r->entries[r->n_entries];
-        *e = (entry){.index = r->n_entries};
-        PYTFM_TRY(check_entry(r, key, value, e, &name));
-        r->n_entries++;
+        pytfm__st_entry *e = &st->entries[st->n_entries];
+        *e = (pytfm__st_entry){0};
+        PYTFM_TRY(check_entry(st, key, value, e, &out));
+        st->n_entries++;
     }
-    return check_layout(r);
+    return check_layout(st);
 }
 
-/* ---- 2. the pytfm layer ------------------------------------------------------------------- */
+/* ---- opening ------------------------------------------------------------------------------ */
 
-/* the value of a metadata field, unescaped into r->text at *at: its JSON text */
-static const char *unescape(reader *r, field f, size_t *at, size_t *len) {
-    char *out = r->text + *at;
-    *len = pytfm__json_string_utf8(f.value, out, NULL);
-    *at += *len;
-    return out;
-}
-
-/* a non-negative int64 written in decimal (_count_field: [0-9]{1,19}, ASCII digits) */
-static pytfm_status count_field(reader *r, const char *key, field f, int64_t *value) {
-    char shown[SHOW], digits[6 * MAX_STEP_DIGITS + 2]; /* each digit may be escaped: \u0031 */
-    size_t n = 0;
-    if (f.value.n <= sizeof digits) n = pytfm__json_string_utf8(f.value, digits, NULL);
-    int ok = n >= 1 && n <= MAX_STEP_DIGITS;
-    uint64_t v = 0;
-    for (size_t i = 0; ok && i < n; i++) {
-        ok = digits[i] >= '0' && digits[i] <= '9';
-        v = v * 10 + (uint64_t)(digits[i] - '0'); /* 19 digits fit in a uint64_t */
-    }
-    if (!ok || v > (uint64_t)INT64_MAX)
-        return BAD(r, "%s is %s, not a non-negative int64", key, show(f.value, shown));
-    *value = (int64_t)v;
-    return PYTFM_STATUS_OK;
-}
-
-/* a metadata field's JSON text, checked; *root its value */
-static pytfm_status json_field(reader *r, const char *key, field f, size_t *at, pytfm__json *root) {
-    size_t len = 0;
-    const char *text = unescape(r, f, at, &len);
-    pytfm__json_error err;
-    const pytfm_status st = pytfm__json_check(text, len, &err);
-    if (st == PYTFM_STATUS_OUT_OF_MEMORY) return fail(r, st, "cannot check %s: %s", key, err.what);
-    if (st != PYTFM_STATUS_OK)
-        return BAD(r, "%s is not valid JSON (%s: byte %zu)", key, err.what, err.offset);
-    *root = pytfm__json_root(text, len);
-    return PYTFM_STATUS_OK;
-}
-
-static const char *const CONFIG_FIELDS[] = {"vocab",   "d_model", "n_layer",        "n_head",
-                                            "max_seq", "pos",     "tie_embeddings", "seed"};
-enum { N_FIELDS = 8, POS = 5, TIE = 6, SEED = 7 };
-
-/* the config as GPTConfig(**config) checks it (__post_init__) */
-static pytfm_status check_config(reader *r, const pytfm__json *values) {
-    char a[SHOW];
-    int64_t ints[N_FIELDS] = {0};
-    for (size_t k = 0; k < N_FIELDS; k++) {
-        if (k == POS || k == TIE) continue;
-        const pytfm__json v = values[k];
-        const pytfm__json_int i = pytfm__json_kind_of(v) == PYTFM__JSON_NUMBER
-                                      ? pytfm__json_integer(v)
-                                      : (pytfm__json_int){0, 0, 0, 0};
-        if (!i.integer)
-            return BAD(r, "config: GPTConfig.%s must be an int, got %s", CONFIG_FIELDS[k],
-                       show(v, a));
-        if (k == SEED) {
-            if (i.negative && !(i.fits && i.value == 0))
-                return BAD(r, "config: GPTConfig.seed must be a non-negative int, got %s",
-                           show(v, a));
-            if (i.fits)
-                snprintf(r->seed_shown, sizeof r->seed_shown, "%lld", (long long)i.value);
-            else
-                show(v, r->seed_shown);
-        } else if (!i.fits || i.value < 1) {
-            return BAD(r, "config: GPTConfig.%s must be a positive int (below 2**63), got %s",
-                       CONFIG_FIELDS[k], show(v, a));
+static pytfm_safetensors *new_handle(const char *source) {
+    pytfm_safetensors *st = calloc(1, sizeof *st);
+    if (!st) return NULL;
+    st->fd = -1;
+    if (source) {
+        st->source = malloc(strlen(source) + 1);
+        if (!st->source) {
+            free(st);
+            return NULL;
         }
-        ints[k] = i.value;
+        memcpy(st->source, source, strlen(source) + 1);
     }
-    const pytfm__json pos = values[POS], tie = values[TIE];
-    if (pytfm__json_kind_of(pos) != PYTFM__JSON_STRING)
-        return BAD(r, "config: GPTConfig.pos must be a str, got %s", show(pos, a));
-    if (pytfm__json_string_is(pos, "rope"))
-        r->cfg.pos = PYTFM_POS_ROPE;
-    else if (pytfm__json_string_is(pos, "sinusoidal"))
-        r->cfg.pos = PYTFM_POS_SINUSOIDAL;
-    else if (pytfm__json_string_is(pos, "none"))
-        r->cfg.pos = PYTFM_POS_NONE;
-    else
-        return BAD(r, "config: GPTConfig.pos must be one of ('rope', 'sinusoidal', 'none'), got %s",
-                   show(pos, a));
-    if (pytfm__json_kind_of(tie) != PYTFM__JSON_BOOL)
-        return BAD(r, "config: GPTConfig.tie_embeddings must be a bool, got %s", show(tie, a));
-    r->cfg.tie_embeddings = tie.p[0] == 't';
-    r->cfg.vocab = ints[0];
-    r->cfg.d_model = ints[1];
-    r->cfg.n_layer = ints[2];
-    r->cfg.n_head = ints[3];
-    r->cfg.max_seq = ints[4];
-    const int64_t C = r->cfg.d_model, H = r->cfg.n_head;
-    if (C % H)
-        return BAD(r, "config: d_model (%lld) must be a multiple of n_head (%lld)", (long long)C,
-                   (long long)H);
-    if (r->cfg.pos == PYTFM_POS_ROPE && (C / H) % 2)
-        return BAD(r, "config: rope needs an even head dim, got %lld", (long long)(C / H));
-    if (r->cfg.pos == PYTFM_POS_SINUSOIDAL && C % 2)
-        return BAD(r, "config: sinusoidal positions need an even d_model, got %lld", (long long)C);
-    return PYTFM_STATUS_OK;
-}
-
-/* __metadata__'s pytfm fields (_check_pytfm_metadata) */
-static pytfm_status check_pytfm(reader *r) {
-    if (!r->format.present || !pytfm__json_string_is(r->format.value, "pytfm") ||
-        !r->config.present)
-        return BAD(r, "not a pytfm checkpoint (no pytfm config in __metadata__)");
-    r->text = malloc(r->config.value.n + (r->extra.present ? r->extra.value.n : 0) + 1);
-    if (!r->text) return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate the config's text");
-    size_t at = 0;
-    pytfm__json config, key, value;
-    PYTFM_TRY(json_field(r, "config", r->config, &at, &config));
-    if (pytfm__json_kind_of(config) != PYTFM__JSON_OBJECT)
-        return BAD(r, "config is a JSON %s, not an object",
-                   pytfm__json_kind_name(pytfm__json_kind_of(config)));
-    pytfm__json values[N_FIELDS] = {{0}};
-    pytfm__json unknown = {0};
-    pytfm__json_iter it = pytfm__json_iter_of(config);
-    while (pytfm__json_next(&it, &key, &value)) {
-        size_t k = 0;
-        while (k < N_FIELDS && !pytfm__json_string_is(key, CONFIG_FIELDS[k])) k++;
-        if (k < N_FIELDS)
-            values[k] = value;
-        else if (!unknown.p)
-            unknown = key;
-    }
-    for (size_t k = 0; k < N_FIELDS; k++)
-        if (!values[k].p) return BAD(r, "config has no %s", CONFIG_FIELDS[k]);
-    char a[SHOW];
-    if (unknown.p) return BAD(r, "config has an unknown field %s", show(unknown, a));
-    PYTFM_TRY(check_config(r, values));
-
-    if (!r->step.present) return BAD(r, "__metadata__ has no step");
-    PYTFM_TRY(count_field(r, "step", r->step, &r->cfg.step));
-    if (r->optim_t.present) {
-        int64_t t = 0;
-        PYTFM_TRY(count_field(r, "optim.t", r->optim_t, &t));
-        r->with_optimizer = 1;
-    }
-    if (r->extra.present) PYTFM_TRY(json_field(r, "extra", r->extra, &at, &value));
-    return PYTFM_STATUS_OK;
-}
-
-/* ---- 3. the tensors ----------------------------------------------------------------------- */
-
-/* The parameters of param_shapes(cfg), one at a time: layer −1 is the token embedding; layers
- * 0 .. n_layer − 1 have 12 slots each; layer n_layer, the tail, has the final LayerNorm's two
- * and, untied, the LM head. */
-typedef struct walk {
-    int64_t layer;
-    int slot;
-} walk;
-
-typedef struct expected {
-    char name[96];
-    int ndim;
-    int64_t shape[2];
-    int valid; /* the shape's sizes fit in int64 (else no stored tensor can have them) */
-} expected;
-
-/* the parameter at w, or 0 past the last */
-static int expected_at(const pytfm_model_config *cfg, walk w, expected *x) {
-    static const char *const parts[12] = {
-        "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
-        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
-        "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
-    /* each part's shape in units of C: [rows·C] or [rows·C, cols·C] (a Linear's [out, in]) */
-    static const int rows[12] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1};
-    static const int cols[12] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0};
-    const int64_t C = cfg->d_model;
-    x->valid = 1;
-    x->shape[1] = C;
-    if (w.layer < 0) {
-        snprintf(x->name, sizeof x->name, "transformer.wte.weight");
-        x->ndim = 2, x->shape[0] = cfg->vocab;
-        return 1;
-    }
-    if (w.layer < cfg->n_layer) {
-        snprintf(x->name, sizeof x->name, "transformer.h.%lld.%s", (long long)w.layer,
-                 parts[w.slot]);
-        x->ndim = cols[w.slot] ? 2 : 1;
-        x->valid = pytfm__mul_within(rows[w.slot], C, INT64_MAX, &x->shape[0]) &&
-                   pytfm__mul_within(cols[w.slot] ? cols[w.slot] : 1, C, INT64_MAX, &x->shape[1]);
-        return 1;
-    }
-    if (w.slot < 2) {
-        snprintf(x->name, sizeof x->name, "transformer.ln_f.%s", w.slot ? "bias" : "weight");
-        x->ndim = 1, x->shape[0] = C;
-        return 1;
-    }
-    if (w.slot == 2 && !cfg->tie_embeddings) {
-        snprintf(x->name, sizeof x->name, "lm_head.weight");
-        x->ndim = 2, x->shape[0] = cfg->vocab;
-        return 1;
-    }
-    return 0;
-}
-
-static walk next_slot(const pytfm_model_config *cfg, walk w) {
-    if (w.layer < 0) return (walk){0, 0};
-    if (w.layer < cfg->n_layer && w.slot == 11) return (walk){w.layer + 1, 0};
-    return (walk){w.layer, w.slot + 1};
-}
-
-static int by_name(const void *x, const void *y) {
-    const entry *a = x, *b = y;
-    const int order = memcmp(a->name, b->name, PYTFM_MIN(a->name_len, b->name_len));
-    if (order) return order;
-    return a->name_len < b->name_len ? -1 : a->name_len > b->name_len;
-}
-
-static entry *lookup(const reader *r, const char *name) {
-    const entry key = {.name = name, .name_len = strlen(name)};
-    if (!r->n_entries) return NULL; /* no list to search (nor to pass to bsearch) */
-    return bsearch(&key, r->entries, r->n_entries, sizeof *r->entries, by_name);
-}
-
-/* Python's repr of asdict(cfg) */
-static const char *show_config(const reader *r, char *buf, size_t cap) {
-    static const char *const pos[] = {"rope", "sinusoidal", "none"};
-    const pytfm_model_config *c = &r->cfg;
-    snprintf(buf, cap,
-             "{'vocab': %lld, 'd_model': %lld, 'n_layer': %lld, 'n_head': %lld, 'max_seq': %lld, "
-             "'pos': '%s', 'tie_embeddings': %s, 'seed': %s}",
-             (long long)c->vocab, (long long)c->d_model, (long long)c->n_layer,
-             (long long)c->n_head, (long long)c->max_seq, pos[c->pos],
-             c->tie_embeddings ? "True" : "False", r->seed_shown);
-    return buf;
-}
-
-static const char *show_shape(const expected *x, char *buf, size_t cap) {
-    if (!x->valid) return snprintf(buf, cap, "[more than int64 holds]"), buf;
-    if (x->ndim == 1)
-        snprintf(buf, cap, "[%lld]", (long long)x->shape[0]);
-    else
-        snprintf(buf, cap, "[%lld, %lld]", (long long)x->shape[0], (long long)x->shape[1]);
-    return buf;
-}
-
-/* the stored tensor key is float32 of x's shape */
-static pytfm_status check_one(reader *r, const char *key, const expected *x, const entry **found) {
-    char config[320], want[64], got[SHOW];
-    entry *e = lookup(r, key);
-    if (!e)
-        return BAD(r, "tensor %s is missing: config %s needs float32%s", key,
-                   show_config(r, config, sizeof config), show_shape(x, want, sizeof want));
-    int same = x->valid && e->dtype == DTYPE_F32 && e->ndim == x->ndim;
-    pytfm__json_iter it = pytfm__json_iter_of(e->shape);
-    pytfm__json dim;
-    for (int d = 0; same && pytfm__json_next(&it, NULL, &dim); d++)
-        same = pytfm__json_integer(dim).value == x->shape[d];
-    if (!same)
-        return BAD(r, "%s is %s%s, config %s needs float32%s", key,
-                   e->dtype == DTYPE_F32 ? "float32" : "int64", show(e->shape, got),
-                   show_config(r, config, sizeof config), show_shape(x, want, sizeof want));
-    e->matched = 1;
-    *found = e;
-    return PYTFM_STATUS_OK;
-}
-
-static pytfm_status check_tensors(reader *r) {
-    if (r->n_entries > 1) qsort(r->entries, r->n_entries, sizeof *r->entries, by_name);
-    r->plan = malloc((r->n_entries ? r->n_entries : 1) * sizeof *r->plan);
-    if (!r->plan) return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate a tensor list");
-    int64_t count = 0;
-    expected x;
-    for (walk w = {-1, 0}; expected_at(&r->cfg, w, &x); w = next_slot(&r->cfg, w)) {
-        char key[128];
-        const entry *e = NULL, *moment = NULL;
-        PYTFM_TRY(check_one(r, x.name, &x, &e));
-        for (int m = 0; r->with_optimizer && m < 2; m++) {
-            snprintf(key, sizeof key, "optim.%c.%s", m ? 'v' : 'm', x.name);
-            PYTFM_TRY(check_one(r, key, &x, &moment));
-        }
-        r->plan[r->n_plan++] = e; /* each stored tensor is matched once: n_plan <= n_entries */
-        /* its bytes are within the data, so its floats (and their sum) are within int64 */
-        int64_t numel = x.shape[0];
-        if (x.ndim == 2) pytfm__mul_within(numel, x.shape[1], INT64_MAX, &numel);
-        pytfm__add_within(count, numel, INT64_MAX, &count);
-    }
-    size_t unexpected = 0;
-    const entry *first[3] = {NULL, NULL, NULL};
-    for (size_t i = 0; i < r->n_entries; i++) {
-        const entry *e = &r->entries[i];
-        if (e->matched) continue;
-        unexpected++;
-        /* the first three in header order */
-        for (int k = 0; k < 3; k++) {
-            if (!first[k] || e->index < first[k]->index) {
-                for (int j = 2; j > k; j--) first[j] = first[j - 1];
-                first[k] = e;
-                break;
-            }
-        }
-    }
-    if (unexpected) {
-        char names[3][SHOW], config[320], more[48] = "";
-        if (unexpected > 3) snprintf(more, sizeof more, " and %zu more", unexpected - 3);
-        for (int k = 0; k < 3; k++)
-            if (first[k]) show_name(first[k]->name, first[k]->name_len, names[k]);
-        return BAD(r, "unexpected tensors %s%s%s%s%s%s (config %s%s)", names[0],
-                   first[1] ? ", " : "", first[1] ? names[1] : "", first[2] ? ", " : "",
-                   first[2] ? names[2] : "", more, show_config(r, config, sizeof config),
-                   r->with_optimizer ? "" : ", no optim.t");
-    }
-    if (r->cfg.pos == PYTFM_POS_SINUSOIDAL) {
-        int64_t table = 0;
-        const int fits = pytfm__mul_within(r->cfg.max_seq, r->cfg.d_model, INT64_MAX, &table);
-        if (!fits || table > (count > MAX_TABLE ? count : MAX_TABLE)) {
-            char config[320], size[32] = "more than 2**63";
-            if (fits) snprintf(size, sizeof size, "%lld", (long long)table);
-            return BAD(r,
-                       "config %s needs a sinusoidal table of %s floats for %lld stored "
-                       "parameters",
-                       show_config(r, config, sizeof config), size, (long long)count);
-        }
-    }
-    r->cfg.n_params = count;
-    return PYTFM_STATUS_OK;
-}
-
-/* ---- reading the parameters --------------------------------------------------------------- */
-
-/* the data is little-endian: a big-endian host swaps each float's bytes */
-static void to_host_order(float *p, int64_t count) {
-    const uint16_t one = 1;
-    unsigned char first;
-    memcpy(&first, &one, 1);
-    if (first == 1) return;
-    unsigned char *b = (unsigned char *)p;
-    for (int64_t i = 0; i < count; i++, b += 4) {
-        unsigned char t = b[0];
-        b[0] = b[3], b[3] = t;
-        t = b[1], b[1] = b[2], b[2] = t;
-    }
-}
-
-static pytfm_status alloc_params(reader *r, float **params) {
-    enum { ALIGN = 64 };
-    /* n_params floats lie in the data, which is in memory or in a file: the product fits */
-    const int64_t bytes = r->cfg.n_params * (int64_t)sizeof(float);
-    if ((uint64_t)bytes > SIZE_MAX - ALIGN)
-        return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate %lld bytes of parameters",
-                    (long long)bytes);
-    *params = aligned_alloc(ALIGN, ((size_t)bytes + ALIGN - 1) / ALIGN * ALIGN);
-    if (!*params)
-        return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate %lld bytes of parameters",
-                    (long long)bytes);
-    return PYTFM_STATUS_OK;
-}
-
-static void free_reader(reader *r) {
-    free(r->entries);
-    free(r->names);
-    free(r->text);
-    free(r->plan);
-}
-
-/* every check, in order, on a header already in r; then the parameters' allocation */
-static pytfm_status check_all(reader *r, float **params) {
-    PYTFM_TRY(check_header(r));
-    PYTFM_TRY(check_pytfm(r));
-    PYTFM_TRY(check_tensors(r));
-    return alloc_params(r, params);
-}
-
-pytfm_status pytfm__weights_read_memory(pytfm__weights *w, const void *data, size_t size,
-                                        const char *source) {
-    if (!w) return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: w must not be NULL", __func__);
-    memset(w, 0, sizeof *w);
-    reader r = {.source = source ? source : "<memory>"};
-    if (!data && size) return BAD(&r, "data is NULL but size is %zu", size);
-    const unsigned char *bytes = data;
-    uint64_t n = 0;
-    PYTFM_TRY(check_length(&r, bytes, size < 8 ? size : 8, size, &n));
-    if (size - 8 - n > (uint64_t)INT64_MAX) return BAD(&r, "%zu bytes is too large", size);
-    r.header = (const char *)bytes + 8;
-    r.header_size = (size_t)n;
-    r.body = (int64_t)(size - 8 - n);
-    float *params = NULL;
-    pytfm_status st = check_all(&r, &params);
-    if (st == PYTFM_STATUS_OK) {
-        const unsigned char *body = bytes + 8 + n;
-        int64_t at = 0;
-        for (size_t i = 0; i < r.n_plan; i++) {
-            const entry *e = r.plan[i];
-            memcpy(params + at, body + e->begin, (size_t)(e->end - e->begin));
-            at += (e->end - e->begin) / (int64_t)sizeof(float);
-        }
-        to_host_order(params, r.cfg.n_params);
-        w->config = r.cfg;
-        w->params = params;
-    }
-    free_reader(&r);
     return st;
 }
 
+pytfm_status pytfm_safetensors_close(pytfm_safetensors *st) {
+    if (!st) return PYTFM_STATUS_OK;
+    if (st->own_fd) close(st->fd);
+    free(st->source);
+    free(st->header_copy);
+    free(st->entries);
+    free(st->by_name);
+    free(st->meta);
+    free(st->text);
+    free(st);
+    return PYTFM_STATUS_OK;
+}
+
+/* st (not yet checked) made the caller's, or freed with the status of what failed */
+static pytfm_status finish(pytfm_safetensors **out, pytfm_safetensors *st, pytfm_status status,
+                           int io) {
+    if (status == PYTFM_STATUS_OK) {
+        *out = st;
+    } else {
+        pytfm_safetensors_close(st);
+    }
+    errno = status == PYTFM_STATUS_OK ? 0 : io;
+    return status;
+}
+
+pytfm_status pytfm_safetensors_open_memory(pytfm_safetensors **out, const void *data, int64_t size,
+                                           const char *source) {
+    errno = 0; /* until a system call fails */
+    PYTFM_CHECK(out != NULL, "%s: st must not be NULL", __func__);
+    *out = NULL;
+    PYTFM_CHECK(size >= 0, "%s: size must be >= 0, got %lld", __func__, (long long)size);
+    PYTFM_CHECK(data != NULL || size == 0, "%s: data must not be NULL", __func__);
+    pytfm_safetensors *st = new_handle(source);
+    if (!st) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", __func__);
+    st->bytes = data;
+    uint64_t n = 0;
+    pytfm_status status = check_length(st, data, size < 9 ? (size_t)size : 9, (uint64_t)size, &n);
+    if (status == PYTFM_STATUS_OK) {
+        st->header = (const char *)st->bytes + 8;
+        st->header_size = (size_t)n;
+        st->data_start = 8 + (int64_t)n;
+        st->body = size - st->data_start;
+        status = check_header(st);
+    }
+    return finish(out, st, status, 0);
+}
+
 /* len bytes at offset of fd into buf, *got of them before the end of the file */
-static pytfm_status read_at(const reader *r, int fd, void *buf, size_t len, int64_t offset,
-                            size_t *got) {
+static pytfm_status read_at(const pytfm_safetensors *st, int *io, int fd, void *buf, size_t len,
+                            int64_t offset, size_t *got) {
     *got = 0;
     while (*got < len) {
         const size_t chunk = PYTFM_MIN(len - *got, (size_t)1 << 30);
         const ssize_t k = pread(fd, (char *)buf + *got, chunk, (off_t)offset + (off_t)*got);
         if (k < 0 && errno == EINTR) continue;
-        if (k < 0) {
-            char why[128] = "unknown error";
-            strerror_r(errno, why, sizeof why);
-            return BAD(r, "cannot read: %s", why);
-        }
+        if (k < 0) return io_fail(st, io, "cannot read");
         if (k == 0) break;
         *got += (size_t)k;
     }
     return PYTFM_STATUS_OK;
 }
 
-/* the checks of the file open as fd, then its parameters read into *params */
-static pytfm_status read_fd(reader *r, int fd, char **header, float **params) {
+/* the checks of the file open as st->fd */
+static pytfm_status open_file(pytfm_safetensors *st, int *io) {
     struct stat sb;
-    char why[128] = "unknown error";
-    if (fstat(fd, &sb) != 0) {
-        strerror_r(errno, why, sizeof why);
-        return BAD(r, "cannot stat: %s", why);
-    }
-    if (!S_ISREG(sb.st_mode)) return BAD(r, "not a regular file");
-    /* opened O_NONBLOCK (see pytfm__weights_read_file); a regular file reads the same either
-     * way, but clear it so that every read below is an ordinary blocking one */
-    const int flags = fcntl(fd, F_GETFL);
-    if (flags == -1 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == -1) {
-        strerror_r(errno, why, sizeof why);
-        return BAD(r, "cannot clear O_NONBLOCK: %s", why);
-    }
+    if (fstat(st->fd, &sb) != 0) return io_fail(st, io, "cannot stat");
+    if (!S_ISREG(sb.st_mode)) return BAD(st, "not a regular file");
+    /* opened O_NONBLOCK (a FIFO must not block the open); a regular file reads the same
+     * either way, but clear it so that every read below is an ordinary blocking one */
+    const int flags = fcntl(st->fd, F_GETFL);
+    if (flags == -1 || fcntl(st->fd, F_SETFL, flags & ~O_NONBLOCK) == -1)
+        return io_fail(st, io, "cannot clear O_NONBLOCK");
     const uint64_t size = (uint64_t)sb.st_size;
-    unsigned char head[8];
+    unsigned char head[9];
     size_t got = 0;
     uint64_t n = 0;
-    PYTFM_TRY(read_at(r, fd, head, 8, 0, &got));
-    PYTFM_TRY(check_length(r, head, got, size, &n));
-    *header = malloc(n ? (size_t)n : 1);
-    if (!*header)
-        return fail(r, PYTFM_STATUS_OUT_OF_MEMORY, "cannot allocate %llu bytes for the header",
-                    (unsigned long long)n);
-    PYTFM_TRY(read_at(r, fd, *header, (size_t)n, 8, &got));
-    if (got < n) return BAD(r, "the file shrank while it was being read");
-    r->header = *header;
-    r->header_size = (size_t)n;
-    r->body = (int64_t)(size - 8 - n);
-    PYTFM_TRY(check_all(r, params));
-    int64_t at = 0;
-    for (size_t i = 0; i < r->n_plan; i++) {
-        const entry *e = r->plan[i];
-        const size_t len = (size_t)(e->end - e->begin);
-        PYTFM_TRY(read_at(r, fd, *params + at, len, 8 + (int64_t)n + e->begin, &got));
-        if (got < len) {
-            char name[SHOW];
-            return BAD(r, "the file ended inside tensor %s (it shrank while it was being read)",
-                       show_name(e->name, e->name_len, name));
-        }
-        at += (int64_t)(len / sizeof(float));
+    PYTFM_TRY(read_at(st, io, st->fd, head, sizeof head, 0, &got));
+    PYTFM_TRY(check_length(st, head, got, size, &n));
+    st->header_copy = malloc(n ? (size_t)n : 1);
+    if (!st->header_copy)
+        return NO_MEMORY(st, "cannot allocate %llu bytes for the header", (unsigned long long)n);
+    PYTFM_TRY(read_at(st, io, st->fd, st->header_copy, (size_t)n, 8, &got));
+    if (got < n) return BAD(st, "the file shrank while it was being read");
+    st->header = st->header_copy;
+    st->header_size = (size_t)n;
+    st->data_start = 8 + (int64_t)n;
+    st->body = (int64_t)(size - 8 - n);
+    return check_header(st);
+}
+
+pytfm_status pytfm_safetensors_open_fd(pytfm_safetensors **out, int32_t fd, const char *source) {
+    errno = 0; /* until a system call fails */
+    PYTFM_CHECK(out != NULL, "%s: st must not be NULL", __func__);
+    *out = NULL;
+    PYTFM_CHECK(fd >= 0, "%s: fd must be >= 0, got %d", __func__, (int)fd);
+    pytfm_safetensors *st = new_handle(source);
+    if (!st) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", __func__);
+    st->fd = fd;
+    int io = 0;
+    const pytfm_status status = open_file(st, &io);
+    return finish(out, st, status, io);
+}
+
+pytfm_status pytfm_safetensors_open(pytfm_safetensors **out, const char *path) {
+    errno = 0; /* until a system call fails */
+    PYTFM_CHECK(out != NULL, "%s: st must not be NULL", __func__);
+    *out = NULL;
+    PYTFM_CHECK(path != NULL, "%s: path must not be NULL", __func__);
+    pytfm_safetensors *st = new_handle(path);
+    if (!st) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", __func__);
+    int io = 0;
+    pytfm_status status;
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait, forever, for a writer,
+     * before open_file's fstat could refuse it as not a regular file; O_NOCTTY: a terminal
+     * named by path must not become the process's controlling terminal */
+    st->fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (st->fd < 0) {
+        status = io_fail(st, &io, "cannot open");
+    } else {
+        st->own_fd = 1;
+        status = open_file(st, &io);
     }
-    to_host_order(*params, r->cfg.n_params);
+    return finish(out, st, status, io);
+}
+
+/* ---- what an open file holds -------------------------------------------------------------- */
+
+const pytfm__st_entry *pytfm__st_find(const pytfm_safetensors *st, const char *name, size_t len) {
+    size_t lo = 0, hi = st->n_entries;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        const pytfm__st_entry *e = st->by_name[mid];
+        const int order = compare_names(e->name, e->name_len, name, len);
+        if (order == 0) return e;
+        if (order < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+const pytfm__st_meta *pytfm__st_meta_get(const pytfm_safetensors *st, const char *key) {
+    const size_t len = strlen(key);
+    for (size_t i = 0; i < st->n_meta; i++)
+        if (st->meta[i].key_len == len && memcmp(st->meta[i].key, key, len) == 0)
+            return &st->meta[i];
+    return NULL;
+}
+
+pytfm_status pytfm_safetensors_tensor_count(const pytfm_safetensors *st, int64_t *count) {
+    PYTFM_CHECK(st != NULL, "%s: st must not be NULL", __func__);
+    PYTFM_CHECK(count != NULL, "%s: count must not be NULL", __func__);
+    *count = (int64_t)st->n_entries;
     return PYTFM_STATUS_OK;
 }
 
-pytfm_status pytfm__weights_read_file(pytfm__weights *w, const char *path) {
-    if (!w) return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: w must not be NULL", __func__);
-    memset(w, 0, sizeof *w);
-    if (!path)
-        return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: path must not be NULL", __func__);
-    reader r = {.source = path};
-    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait, forever, for a writer,
-     * before read_fd's fstat could refuse it as not a regular file; O_NOCTTY: a terminal
-     * named by path must not become the process's controlling terminal */
-    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0) {
-        char why[128] = "unknown error";
-        strerror_r(errno, why, sizeof why);
-        return BAD(&r, "cannot open: %s", why);
+static pytfm_status check_index(const char *func, int64_t index, size_t count) {
+    if (index < 0 || (uint64_t)index >= count)
+        return pytfm__fail(PYTFM_STATUS_OUT_OF_RANGE, "%s: index must be in [0, %zu), got %lld",
+                           func, count, (long long)index);
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_safetensors_tensor(const pytfm_safetensors *st, int64_t index,
+                                      pytfm_tensor_info *info) {
+    PYTFM_CHECK(st != NULL, "%s: st must not be NULL", __func__);
+    PYTFM_CHECK(info != NULL, "%s: info must not be NULL", __func__);
+    PYTFM_TRY(check_index(__func__, index, st->n_entries));
+    const pytfm__st_entry *e = &st->entries[index];
+    memset(info, 0, sizeof *info);
+    info->name = e->name;
+    info->name_len = (int64_t)e->name_len;
+    info->dtype = e->dtype;
+    info->ndim = e->ndim;
+    pytfm__json_iter it = pytfm__json_iter_of(e->shape);
+    pytfm__json dim;
+    for (int d = 0; pytfm__json_next(&it, NULL, &dim); d++)
+        info->shape[d] = pytfm__json_integer(dim).value; /* checked: each fits */
+    info->nbytes = e->end - e->begin;
+    info->begin = e->begin;
+    info->end = e->end;
+    info->file_offset = st->data_start + e->begin;
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_safetensors_find(const pytfm_safetensors *st, const char *name, int64_t *index) {
+    PYTFM_CHECK(st != NULL, "%s: st must not be NULL", __func__);
+    PYTFM_CHECK(name != NULL, "%s: name must not be NULL", __func__);
+    PYTFM_CHECK(index != NULL, "%s: index must not be NULL", __func__);
+    const pytfm__st_entry *e = pytfm__st_find(st, name, strlen(name));
+    *index = e ? (int64_t)(e - st->entries) : -1;
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_safetensors_read(const pytfm_safetensors *st, int64_t index, void *out,
+                                    int64_t size) {
+    errno = 0; /* until a system call fails */
+    PYTFM_CHECK(st != NULL, "%s: st must not be NULL", __func__);
+    PYTFM_TRY(check_index(__func__, index, st->n_entries));
+    const pytfm__st_entry *e = &st->entries[index];
+    const int64_t nbytes = e->end - e->begin;
+    PYTFM_CHECK(size == nbytes, "%s: size must be the tensor's %lld bytes, got %lld", __func__,
+                (long long)nbytes, (long long)size);
+    PYTFM_CHECK(out != NULL || size == 0, "%s: out must not be NULL", __func__);
+    if (!size) return PYTFM_STATUS_OK;
+    if (st->fd < 0) {
+        memcpy(out, st->bytes + st->data_start + e->begin, (size_t)size);
+        return PYTFM_STATUS_OK;
     }
-    char *header = NULL;
-    float *params = NULL;
-    const pytfm_status st = read_fd(&r, fd, &header, &params);
-    close(fd);
-    free(header);
-    free_reader(&r);
-    if (st != PYTFM_STATUS_OK) {
-        free(params);
-        return st;
+    int io = 0;
+    size_t got = 0;
+    pytfm_status status =
+        read_at(st, &io, st->fd, out, (size_t)size, st->data_start + e->begin, &got);
+    if (status == PYTFM_STATUS_OK && got < (size_t)size) {
+        char name[SHOW];
+        status = BAD(st, "the file ended inside tensor %s (it shrank while it was being read)",
+                     pytfm__st_show_name(e->name, e->name_len, name));
     }
-    w->config = r.cfg;
-    w->params = params;
+    errno = status == PYTFM_STATUS_OK ? 0 : io;
+    return status;
+}
+
+pytfm_status pytfm_safetensors_metadata_count(const pytfm_safetensors *st, int64_t *count) {
+    PYTFM_CHECK(st != NULL, "%s: st must not be NULL", __func__);
+    PYTFM_CHECK(count != NULL, "%s: count must not be NULL", __func__);
+    *count = (int64_t)st->n_meta;
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_safetensors_metadata(const pytfm_safetensors *st, int64_t index,
+                                        pytfm_metadata_item *item) {
+    PYTFM_CHECK(st != NULL, "%s: st must not be NULL", __func__);
+    PYTFM_CHECK(item != NULL, "%s: item must not be NULL", __func__);
+    PYTFM_TRY(check_index(__func__, index, st->n_meta));
+    const pytfm__st_meta *m = &st->meta[index];
+    *item = (pytfm_metadata_item){m->key, (int64_t)m->key_len, m->value, (int64_t)m->value_len};
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_safetensors_metadata_get(const pytfm_safetensors *st, const char *key,
+                                            const char **value, int64_t *length) {
+    PYTFM_CHECK(st != NULL, "%s: st must not be NULL", __func__);
+    PYTFM_CHECK(key != NULL, "%s: key must not be NULL", __func__);
+    PYTFM_CHECK(value != NULL, "%s: value must not be NULL", __func__);
+    const pytfm__st_meta *m = pytfm__st_meta_get(st, key);
+    *value = m ? m->value : NULL;
+    if (length) *length = m ? (int64_t)m->value_len : 0;
     return PYTFM_STATUS_OK;
 }

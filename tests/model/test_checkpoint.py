@@ -9,12 +9,11 @@ import json
 import os
 import re
 import signal
-import stat
+import struct
 import subprocess
 import sys
 import tempfile
 import time
-import types
 from dataclasses import asdict
 
 import numpy as np
@@ -56,10 +55,11 @@ def saved(tmp_path):
 
 
 def rejected(path, blob, match, loaders=(checkpoint.load, checkpoint.load_file)):
-    """blob, written to path, must be refused by each loader with a CheckpointError that names
-    the file and matches."""
-    with open(path, "wb") as f:
-        f.write(blob)
+    """blob, written to path (None: path as it is), must be refused by each loader with a
+    CheckpointError that names the file and matches."""
+    if blob is not None:
+        with open(path, "wb") as f:
+            f.write(blob)
     for load in loaders:
         with pytest.raises(CheckpointError, match=match) as e:
             load(path)
@@ -139,13 +139,13 @@ STRUCTURE = {  # name: (mutation of (header, data) -> file bytes, what the error
     "entry without shape": (lambda h, b: pack({**h, first(h): {
         k: v for k, v in h[first(h)].items() if k != "shape"}}, b), "has no shape"),
     "entry with an unknown key": (lambda h, b: pack(entry(h, offsets=[0, 1]), b),
-                                  "unknown key 'offsets'"),
-    "dtype unsupported": (lambda h, b: pack(entry(h, dtype="F16"), b), "unsupported dtype 'F16'"),
+                                  'unknown key "offsets"'),
+    "dtype unsupported": (lambda h, b: pack(entry(h, dtype="F16"), b), 'unsupported dtype "F16"'),
     "dtype not a string": (lambda h, b: pack(entry(h, dtype=["F32"]), b), "unsupported dtype"),
-    "dtype null": (lambda h, b: pack(entry(h, dtype=None), b), "unsupported dtype None"),
+    "dtype null": (lambda h, b: pack(entry(h, dtype=None), b), "unsupported dtype null"),
     "shape a string": (lambda h, b: pack(entry(h, shape="8,4"), b), "not a list of non-negative"),
     "shape negative": (lambda h, b: pack(entry(h, shape=[-8, -4]), b), "non-negative ints"),
-    "shape of bools": (lambda h, b: pack(entry(h, shape=[True, 32]), b), r"\[True, 32\] is not"),
+    "shape of bools": (lambda h, b: pack(entry(h, shape=[True, 32]), b), r"\[true, 32\] is not"),
     "shape of floats": (lambda h, b: pack(entry(h, shape=[8.0, 4]), b), "non-negative ints"),
     "shape of 33 dims": (lambda h, b: pack(entry(h, shape=[1] * 33), b), "33 dimensions"),
     "shape wrong size": (lambda h, b: pack(entry(h, shape=[8, 3]), b),
@@ -205,7 +205,7 @@ def test_data_offsets_must_tile_the_data(tmp_path, a, b, n, match):
 def test_a_tensor_named_metadata_is_refused_both_ways(saved, tmp_path):
     path, header, body = saved
     header["__metadata__"] = header.pop(first(header))  # the first tensor's entry, renamed
-    rejected(path, pack(header, body), r"__metadata__\['shape'\] is \[8, 4\], not a string")
+    rejected(path, pack(header, body), r'__metadata__\["shape"\] is \[8, 4\], not a string')
     with pytest.raises(ValueError, match="cannot store a tensor named '__metadata__'"):
         checkpoint.save_file(str(tmp_path / "x"), {"__metadata__": np.zeros(1, np.float32)}, {})
 
@@ -213,8 +213,8 @@ def test_a_tensor_named_metadata_is_refused_both_ways(saved, tmp_path):
 @pytest.mark.parametrize("meta, match", [
     ([], "__metadata__ is a JSON array, not an object of strings"),
     (None, "__metadata__ is a JSON null"),
-    ({"step": 3}, r"__metadata__\['step'\] is 3, not a string"),
-    ({"step": ["3"]}, r"__metadata__\['step'\] is \['3'\], not a string"),
+    ({"step": 3}, r'__metadata__\["step"\] is 3, not a string'),
+    ({"step": ["3"]}, r'__metadata__\["step"\] is \["3"\], not a string'),
 ])
 def test_metadata_must_map_strings_to_strings(saved, meta, match):
     path, header, body = saved
@@ -230,9 +230,9 @@ def raw_header(header):
     ("duplicate tensor", lambda t: t.replace(b'"transformer.wte.weight": {',
                                              b'"transformer.wte.weight": 1, '
                                              b'"transformer.wte.weight": {', 1),
-     "duplicate key 'transformer.wte.weight'"),
+     'duplicate key "transformer.wte.weight"'),
     ("duplicate field", lambda t: t.replace(b'"dtype": "F32"', b'"dtype": "F32", "dtype": "F32"',
-                                            1), "duplicate key 'dtype'"),
+                                            1), 'duplicate key "dtype"'),
     ("deep nesting", lambda t: b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
      "nested more than 64 levels deep"),
     ("deep objects", lambda t: b'{"x": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_001,
@@ -241,7 +241,7 @@ def raw_header(header):
      r"the header is not UTF-8 \(byte \d+: invalid start byte\)"),
     ("UTF-16", lambda t: t.decode().encode("utf-16"), "the header is not UTF-8"),
     ("lone surrogate", lambda t: t.replace(b"transformer", b"\\ud800", 1),
-     r"key '\\ud800.wte.weight' is not valid Unicode"),
+     r'key "\\ud800.wte.weight" holds a lone surrogate \(not valid Unicode\)'),
     ("NaN", lambda t: t.replace(b'"shape": [', b'"shape": [NaN, ', 1), "NaN is not JSON"),
     ("Infinity", lambda t: t.replace(b'"shape": [', b'"shape": [-Infinity, ', 1),
      "-Infinity is not JSON"),
@@ -255,7 +255,7 @@ def test_header_json_must_be_strict(saved, case, edit, match):
     rejected(path, pack(edit(raw_header(header)), body), match)
 
 
-def test_header_length_must_fit_the_file_and_the_limit(saved, monkeypatch):
+def test_header_length_must_fit_the_file_and_the_limit(saved):
     path, header, body = saved
     head = raw_header(header)
     rejected(path, pack(head, body, length=2**64 - 1), "header of 18446744073709551615 bytes runs "
@@ -263,9 +263,51 @@ def test_header_length_must_fit_the_file_and_the_limit(saved, monkeypatch):
     rejected(path, pack(head, b"", length=len(head) + 1), "runs past the end")
     rejected(path, pack(head, body)[:7], "7 bytes is too short")
     rejected(path, b"", "0 bytes is too short")
-    monkeypatch.setattr(checkpoint, "MAX_HEADER", len(head) - 1)
-    rejected(path, pack(head, body), f"header of {len(head)} bytes is over the "
-             f"{len(head) - 1}-byte limit")
+    # a file larger than the limit (sparse: nothing is written) whose header length is past it
+    limit = checkpoint.MAX_HEADER
+    assert limit == 100_000_000
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", limit + 1) + b"{")
+    os.truncate(path, limit + 100)
+    rejected(path, None, f"header of {limit + 1} bytes is over the {limit}-byte limit$")
+
+
+@pytest.mark.parametrize("blob", [
+    b"# pytfm\n\nA small transformer library: hand-written C kernels ...\n",  # README.md
+    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
+    b"PK\x03\x04\x14\x00\x00\x00\x08\x00",  # a zip, as torch.save writes
+    b"\x80\x04\x95\x1a\x00\x00\x00\x00\x00\x00\x00}",  # a pickle
+], ids=["text", "png", "zip", "pickle"])
+def test_a_file_of_another_kind_is_not_a_safetensors_file(tmp_path, blob):
+    """Its first 8 bytes, read as a header length, run far past its end, and no JSON object
+    follows them: not a cut checkpoint, a file of another kind."""
+    rejected(str(tmp_path / "README.md"), blob, r"not a safetensors file \(it does not start "
+             r"with a header length and a JSON object\)$")
+
+
+def test_a_safetensors_file_is_read_tensor_by_tensor(tmp_path):
+    """SafetensorsFile: the header's table (any names: escapes, NUL, non-ASCII), metadata,
+    and each tensor read on its own, as stored."""
+    path = str(tmp_path / "t.safetensors")
+    tensors = {"b\x00c": np.arange(3, dtype=np.int64), "é": np.ones((2, 0), np.float32),
+               "a": np.array([[1.5, -2]], np.float32)}
+    checkpoint.save_file(path, tensors, {"k": "v\x00w", "ü": ""})
+    with checkpoint.SafetensorsFile(path) as f:  # by the reader's index of names
+        for name in reversed(list(tensors)):
+            assert f.read(name).tobytes() == tensors[name].tobytes()
+        with pytest.raises(KeyError):
+            f.read("nope")
+    with checkpoint.SafetensorsFile(path) as f:  # by the table
+        assert f.metadata == {"k": "v\x00w", "ü": ""}
+        assert f.tensors == {name: (a.dtype, a.shape) for name, a in tensors.items()}
+        for name in reversed(list(tensors)):
+            assert f.read(name).tobytes() == tensors[name].tobytes()
+        with pytest.raises(KeyError):
+            f.read("nope")
+    with pytest.raises(FileNotFoundError):  # what cannot be opened: os.open's OSError
+        checkpoint.SafetensorsFile(str(tmp_path / "missing"))
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(tmp_path))}: not a regular file"):
+        checkpoint.load_file(str(tmp_path))
 
 
 # ---- the pytfm layer ------------------------------------------------------------------------
@@ -298,13 +340,13 @@ PYTFM = {
         {k: v for k, v in json.loads(h["__metadata__"]["config"]).items() if k != "seed"})),
         "config has no seed"),
     "config field unknown": (lambda h: with_config(h, dropout=0.1),
-                             "config has an unknown field 'dropout'"),
+                             'config has an unknown field "dropout"'),
     "config duplicate field": (lambda h: with_meta(h, config=h["__metadata__"]["config"].replace(
-        "{", '{"n_layer": 1, ', 1)), "config is not valid JSON .duplicate key 'n_layer'"),
+        "{", '{"n_layer": 1, ', 1)), 'config is not valid JSON .duplicate key "n_layer"'),
     "n_layer true": (lambda h: with_config(h, n_layer=True),
-                     "config: GPTConfig.n_layer must be an int, got True"),
+                     "config: GPTConfig.n_layer must be an int, got true"),
     "d_model a string": (lambda h: with_config(h, d_model="4"),
-                         "GPTConfig.d_model must be an int, got '4'"),
+                         'GPTConfig.d_model must be an int, got "4"'),
     "n_head a float": (lambda h: with_config(h, n_head=2.0), "GPTConfig.n_head must be an int"),
     "vocab zero": (lambda h: with_config(h, vocab=0), "GPTConfig.vocab must be a positive int"),
     "max_seq past int64": (lambda h: with_config(h, max_seq=2**63), "GPTConfig.max_seq must be"),
@@ -315,12 +357,12 @@ PYTFM = {
                          "GPTConfig.tie_embeddings must be a bool, got 1"),
     "n_head not dividing": (lambda h: with_config(h, n_head=3), "must be a multiple of n_head"),
     "step missing": (lambda h: without(h, "step"), "__metadata__ has no step"),
-    "step negative": (lambda h: with_meta(h, step="-1"), "step is '-1', not a non-negative int64"),
-    "step a float": (lambda h: with_meta(h, step="1.5"), "step is '1.5', not"),
-    "step empty": (lambda h: with_meta(h, step=""), "step is '', not"),
+    "step negative": (lambda h: with_meta(h, step="-1"), 'step is "-1", not a non-negative int64'),
+    "step a float": (lambda h: with_meta(h, step="1.5"), 'step is "1.5", not'),
+    "step empty": (lambda h: with_meta(h, step=""), 'step is "", not'),
     "step past int64": (lambda h: with_meta(h, step=str(2**63)), "not a non-negative int64"),
     "step in Arabic digits": (lambda h: with_meta(h, step="\u0663"), "not a non-negative int64"),
-    "optim.t negative": (lambda h: with_meta(h, **{"optim.t": "-2"}), "optim.t is '-2', not"),
+    "optim.t negative": (lambda h: with_meta(h, **{"optim.t": "-2"}), 'optim.t is "-2", not'),
     "extra not JSON": (lambda h: with_meta(h, extra="{"), "extra is not valid JSON"),
     "extra NaN": (lambda h: with_meta(h, extra='{"loss": NaN}'), "extra is not valid JSON"),
     "extra nested deeply": (lambda h: with_meta(h, extra="[" * 100_000),
@@ -480,12 +522,14 @@ def test_a_failed_load_leaves_the_model_and_optimizer_alone(saved, monkeypatch):
     refused(pack(header, body[:-1]), "truncated")
     # the file shrinks between the checks and the reading of the data
     open(path, "wb").write(pack(header, body))
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        f.truncate(size - 4)
-    monkeypatch.setattr(os, "fstat", lambda fd: types.SimpleNamespace(st_size=size,
-                                                                      st_mode=stat.S_IFREG))
-    with pytest.raises(CheckpointError, match="the file ended inside tensor"):
+
+    class Shrinking(checkpoint.SafetensorsFile):
+        def __init__(self, path):
+            super().__init__(path)  # the header is checked: now the last 4 bytes go
+            os.truncate(path, os.path.getsize(path) - 4)
+
+    monkeypatch.setattr(checkpoint, "SafetensorsFile", Shrinking)
+    with pytest.raises(CheckpointError, match="the file ended inside tensor .* shrank while"):
         checkpoint.load(path, model, opt)
     monkeypatch.undo()
     assert snapshot(model, opt) == before
@@ -649,12 +693,13 @@ def test_save_refuses_an_extra_nested_deeper_than_load_reads(tmp_path):
         assert checkpoint.load(path)[2] == extra
     os.unlink(path)
     for extra in [deep_list(limit + 1), {"a": deep_list(limit)}, deep_list(100_000)]:
-        with pytest.raises(ValueError, match=f"extra is nested more than {limit} levels deep"):
+        with pytest.raises(ValueError, match=rf"extra is not valid JSON \(nested more than "
+                           rf"{limit} levels deep.*: load\(\) would refuse it"):
             checkpoint.save(path, model, extra=extra)
     assert not os.path.exists(path) and temporaries(tmp_path) == []
 
 
-DEEP = "nested more than 64 levels deep"
+DEEP = "not valid JSON \\(nested more than 64 levels deep"
 
 
 @pytest.mark.parametrize("text, error", [
@@ -665,22 +710,26 @@ DEEP = "nested more than 64 levels deep"
     ('["' + "[" * 100 + '"]', None),  # brackets in strings are text
     ('{"k\\"[[[[": ' + "[" * 63 + "]" * 63 + "}", None),  # an escaped quote ends no string
     ('{"k\\\\": ' + "[" * 64 + "]" * 64 + "}", DEEP),  # an escaped backslash escapes no quote
-    ("[" * 32 + "]" * 32 + " " + "[" * 40 + "]" * 40, "Extra data"),  # json.loads's
+    ("[" * 32 + "]" * 32 + " " + "[" * 40 + "]" * 40, "extra data after the value: byte 65"),
+    ('{"\\ud800": 1}', r'key "\\ud800" holds a lone surrogate'),  # json.dumps writes these
+    ('["\\ud800"]', None),  # a lone surrogate is only refused in a key (a str holds it)
+    ("1" * 4301, "an integer of 4301 digits"),
 ])
-def test_parse_json_nests_to_its_explicit_limit(text, error):
-    """The depth pre-scan counts brackets outside strings; its limit holds whatever the
-    recursion limit."""
-    limit = sys.getrecursionlimit()
-    for recursion_limit in (limit, 100_000):
-        sys.setrecursionlimit(recursion_limit)
-        try:
-            if error is None:
-                checkpoint._parse_json(text)
-            else:
-                with pytest.raises(ValueError, match=error):
-                    checkpoint._parse_json(text)
-        finally:
-            sys.setrecursionlimit(limit)
+def test_json_nests_to_its_explicit_limit(text, error):
+    """The C reader's JSON check, which save() holds extra to: containers are counted outside
+    strings, up to MAX_JSON_DEPTH."""
+    assert checkpoint.json_error(text) is None if error is None else re.search(
+        error, checkpoint.json_error(text)), checkpoint.json_error(text)
+
+
+def test_save_refuses_an_extra_load_would_refuse(tmp_path):
+    path = str(tmp_path / "m.safetensors")
+    model, _ = small()
+    with pytest.raises(ValueError, match=r'extra is not valid JSON \(key "\\ud800" holds a lone '
+                       r"surrogate .*load\(\) would refuse it"):
+        checkpoint.save(path, model, extra={"\ud800": 1})
+    checkpoint.save(path, model, extra={"a": "\ud800"})  # a value may: json.loads reads it
+    assert checkpoint.load(path)[2] == {"a": "\ud800"}
 
 
 # ---- fuzzing --------------------------------------------------------------------------------
