@@ -50,7 +50,7 @@ import types
 import numpy as np
 from common import pytfm_step, train_model
 
-OUTSIDE_TARGET = 0.10  # issue 14: time outside the kernels <= 10 % of the tiny step
+OUTSIDE_TARGET = 0.10  # the target: time outside the kernels <= 10 % of the tiny step
 
 
 class Clock:

@@ -14,10 +14,10 @@ Variants (each the environment of the measuring process):
   pytfm      nothing set: what a user gets. The default count is the cores that other
              processes leave free (csrc/core/free_cores.c), with libgomp's default wait (spin, then
              sleep).
-  pinned     PYTFM_NUM_THREADS = all CPUs: a fixed team, i.e. pytfm before that change.
+  pinned     PYTFM_NUM_THREADS = all CPUs: a fixed team, the default without the free-core rule.
   passive    pinned, with OMP_WAIT_POLICY=passive (waiting threads sleep at once).
 Rounds interleave every (variant, threads) run, idle then busy; each figure is the median over
-rounds of a per-run median step time. The targets (issue 16): busy, the default thread count
+rounds of a per-run median step time. The targets: busy, the default thread count
 is never slower than one thread (ratio >= 1, less 5 % of noise); idle, its speed is unchanged
 (pytfm / pinned ~ 1).
 """

@@ -23,8 +23,8 @@ One table, each row printed as soon as it is measured (and appended to FILE), in
               the L2 (read from the device), against a device-to-device copy of the same
               number of bytes (the fewest a kernel must move: each input read once, each
               output written once)
-Targets (issue 10: attention, train_tiny; issue 12: products and bandwidth) are printed next to
-each ratio, with "yes" or "NO"; rows without a target show "-". These are benchmark figures,
+Targets (the ratio a row must reach on an H200) are printed next to each ratio, with "yes" or
+"NO"; rows without a target show "-". These are benchmark figures,
 never a test. Timing: CUDA events around enough calls to fill ~20 ms, after warm-up; the
 median of 5 such runs. A section that fails prints its error and the others still run (exit
 status 1); a section that would start past --budget seconds (default: GPU_CHECK_STEP_SECONDS
@@ -54,7 +54,7 @@ PRODUCT_N = (1024, 4096)
 LINEAR_SHAPE = (8192, 768, 3072)  # a GPT-2 small MLP layer: rows = B·T = 8192, in, out
 
 # ---- targets ------------------------------------------------------------------------------------
-# (issue, ratio): the ratio this row must reach on an H200, against the row's baseline
+# (label, ratio): the ratio this row must reach on an H200, against the row's baseline
 ATTENTION_FWD_TARGET = ("issue 10", 1.0)    # x torch SDPA at T = 4096
 ATTENTION_FWDBWD_TARGET = ("issue 10", 0.8)
 TRAIN_TINY_TARGET = ("issue 10", 3.0)       # x the 2-core CPU

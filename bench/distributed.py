@@ -1,6 +1,6 @@
 """Data-parallel training on MPI (pytfm.distributed): the tokens/s of a training step as 1 rank
 x 1 thread, 1 rank x 2 threads and 2 ranks x 1 thread, and the communication per step at 2
-ranks, against issue 15's targets.
+ranks, against their targets.
 
     flock /tmp/pytfm-bench.lock python bench/distributed.py                  # d384, 3 rounds
     flock /tmp/pytfm-bench.lock python bench/distributed.py --config tiny --rounds 5 --steps 10
@@ -42,7 +42,7 @@ CONFIGS = {row[0]: row for row in TRAIN}
 RUNS = ((1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1, 2))
 LABELS = {RUNS[0]: "1 rank x 1 thread", RUNS[1]: "1 rank x 2 threads",
           RUNS[2]: "2 ranks x 1 thread", RUNS[3]: "1 x 1, half batch"}
-TARGETS = {"vs 1x1": 1.8, "vs 1x2": 0.95, "comm": 0.10}  # issue 15
+TARGETS = {"vs 1x1": 1.8, "vs 1x2": 0.95, "comm": 0.10}  # 2x1 vs 1x1, 2x1 vs 1x2, comm share
 
 
 def worker(config, steps, warmup, divide):

@@ -19,7 +19,7 @@ Groups and what each ratio is (> 1: pytfm is faster):
              kernel (op direction: pytfm_linear_forward, pytfm_adamw_step, ...): its calls, ms
              and share of a step, then the time outside the kernels, split into pytfm.ops's
              own (checks, outputs), nn.py's and optim.py's np.* calls and the rest (Python,
-             NumPy operators), and the total; target (issue 14): outside <= 10 % of the tiny
+             NumPy operators), and the total; target: outside <= 10 % of the tiny
              step. Each plain step is paired with an instrumented one, in which every pytfm
              module's reference to the cffi library is a proxy adding each C call's wall time
              to its function's total (no kernel is named in bench/: new ones show up), and the
@@ -31,7 +31,7 @@ Groups and what each ratio is (> 1: pytfm is faster):
 Every library runs in a process of its own (bench/worker.py) at the given thread count, so no
 two thread pools share a process; processes are interleaved over --rounds rounds (the order
 alternates) and each figure is the median over rounds of a per-round median. torch's parts are
-skipped, and say so, where torch is not installed. Targets (issues 5 and 14) are marked ok / MISS.
+skipped, and say so, where torch is not installed. Targets are marked ok / MISS.
 """
 
 import argparse
@@ -70,14 +70,14 @@ def run_worker(lib, threads, groups):
 
 
 def target(case, threads):
-    """The issue's target ratio for a case at a thread count, or None."""
+    """The target ratio for a case at a thread count, or None."""
     group, name = case.split("/", 1)
-    if group == "sgemm":  # issue 14: 0.9 at n = 256 ... 2048 on 1 and 2 threads
+    if group == "sgemm":  # 0.9 at n = 256 ... 2048 on 1 and 2 threads
         n = int(name)
         return None if n < 256 or threads not in (1, 2) else 0.9
-    if group == "linear":  # issue 14: every model product
+    if group == "linear":  # every model product
         return 0.85 if threads in (1, 2) else None
-    if group == "ew":  # issue 14: on one thread
+    if group == "ew":  # on one thread
         return 0.7 if name.split()[0] in NORMED and threads == 1 else None
     if threads != 2:
         return None

@@ -1,5 +1,5 @@
 /*
- * adamw.cu — one fused in-place AdamW step on the GPU; the twin of csrc/adamw.c.
+ * adamw.cu — one fused in-place AdamW step on the GPU; the twin of csrc/kernels/adamw.c.
  *
  *   param ← param · (1 − lr·wd);  m ← β1 m + (1 − β1) g;  v ← β2 v + (1 − β2) g²
  *   param ← param − (lr / (1 − β1ᵗ)) · m / (sqrt(v) / sqrt(1 − β2ᵗ) + eps)

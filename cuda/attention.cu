@@ -1,6 +1,6 @@
 /*
  * attention.cu — multi-head scaled dot-product attention on the GPU, FlashAttention-2's
- * structure in float32 on the CUDA cores; the twin of csrc/attention.c.
+ * structure in float32 on the CUDA cores; the twin of csrc/kernels/attention.c.
  *
  *   q, k, v, o [B, T, H, D] (row (b, t, h) at ((b·T + t)·H + h)·D; the next t is H·D on)
  *   S = scale · q kᵀ per (b, h),  P = softmax(S) row-wise (causal: keys s <= t),  O = P v,
@@ -43,21 +43,7 @@
  *   lse = log Σ_s e^(lse_s),  o = Σ_s e^(lse_s − lse) o_s
  * cache_append is a grid-stride copy.
  *
- * ESTIMATE, not a measurement (no GPU was lent; from nvcc 13.0's -Xptxas -v report and
- * counting, for B = 4, H = 8, D = 64, causal, T = 4096 on an H200, 67 TFLOP/s FP32):
- *  - forward: per K/V tile a thread issues 4096 FFMA, ~384 LDS.128 (each one wavefront: the
- *    8 lanes of a row group read one Q/P row, broadcast; K and V rows are padded), ~50 other
- *    shared stores, 32 exp2 and ~100 other instructions: ~87 % of issue slots are FFMA. 168
- *    registers, 70.6 KB of shared memory: 3 blocks (12 warps) per SM, so one block's tile load
- *    (not double-buffered) overlaps the other two's products. 2048 blocks are 5.2 waves of
- *    396, heaviest first; the diagonal tiles waste 1.5 %. At 55–70 % of peak: 37–47 TFLOP/s
- *    on the 68.7 GFLOP of the causal forward, about 1.5–1.9 ms.
- *  - backward: seven products per tile pair (dK/dV: S, dP, dV, dK; dQ: S, dP, dQ) against
- *    FlashAttention-2's five with atomics, the price of the same bits every run; the dK/dV
- *    kernel's 194 registers (D = 64) leave one 256-thread block per SM: 35–50 % of peak,
- *    about 7–10 ms, so forward + backward about 9–12 ms.
- *  Against torch's float32 SDPA (its memory-efficient kernel on CUDA cores) there is no
- *  basis here for a ratio: bench/cuda_ops.py measures it when a GPU is lent.
+ * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
 #include "pytfm_cuda.cuh"
 

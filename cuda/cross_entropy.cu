@@ -1,6 +1,6 @@
 /*
  * cross_entropy.cu — softmax cross-entropy from logits on the GPU; the twin of
- * csrc/cross_entropy.c.
+ * csrc/kernels/cross_entropy.c.
  *
  *   logits [rows, vocab], targets [rows], lse [rows] (saved), loss [1] (device memory)
  *   forward:  lse_i = max_i + log Σ_j exp(logits_ij − max_i)            (a row kernel)
@@ -23,14 +23,7 @@
  * A target outside [0, vocab) that is not ignore_index is not checked on the host (it is
  * device memory): the loss becomes NaN.
  *
- * ESTIMATE (no GPU measured; H200, 4.3 TB/s copy): forward ≈ 0.8–0.9× of copy bandwidth for
- * its bytes (the logits, read once; lse and the loss are 1/vocab of that): one 16-byte load
- * per thread per step, 4 in flight (the loop is unrolled by hand), 6 blocks of 256 threads per
- * SM (40 registers), 96 KiB in flight an SM where ≈ 20 KiB covers the latency; exp per element
- * ≈ 20 instructions, well under the issue rate at 1 float / 4 bytes. 4096 rows of 50304
- * (824 MB) are 5.2 waves of 792 resident blocks, so the last, partial wave costs a few
- * percent. Backward ≈ 0.75–0.85× for read + write (the same loop with one
- * store per load; the count kernel reads 8 bytes per row, a few µs of launch before it).
+ * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
 #include "pytfm_cuda.cuh"
 

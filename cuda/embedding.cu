@@ -1,5 +1,5 @@
 /*
- * embedding.cu — table lookup on the GPU; the twin of csrc/embedding.c.
+ * embedding.cu — table lookup on the GPU; the twin of csrc/kernels/embedding.c.
  *
  *   ids [rows], table [vocab, dim], y [rows, dim]
  *   forward:  y[i, :] = table[ids[i], :]       (a thread per float4 of y where aligned, else
@@ -23,23 +23,11 @@
  *      chunks in order (the keys and dy loads of 8 slots issued before their additions), and
  *      stores it; the other threads return at once.
  * Scratch: 2·rows keys of 8 bytes (cudaMallocAsync on the stream). The plain path, a thread
- * per column walking every id in order (the part-1 kernel), serves rows ≤ PLAIN_ROWS (one or
+ * per column walking every id in order (the plain kernel), serves rows ≤ PLAIN_ROWS (one or
  * two launches fewer; a few dependent steps) and sizes whose keys do not fit 64 bits (rows
  * or vocab ≥ 2^31).
  *
- * ESTIMATE (no GPU measured; H200, 4.3 TB/s copy). Bytes that must move: dy once (rows·dim·4)
- * and each touched row of dtable read and written (2·distinct·dim·4). At 8192 rows × 768 with
- * vocab 50304 and uniform ids (≈ 7600 distinct): 25.2 + 46.7 = 72 MB, 17 µs at copy speed.
- * The accumulate kernel moves those bytes in 6144 blocks of 256 threads, 16-byte accesses
- * and 8 loads in flight per thread: ≈ 0.8× copy, ≈ 21 µs. The sort adds 2 kernels before it:
- * the tiles (2 blocks of 4096 keys on 2 SMs, 78 barrier steps: ≈ 4 µs) and one merge pass
- * over 64 KB of L2-resident keys (a 12-step binary search per key: ≈ 1.5 µs), plus launch gaps
- * of ≈ 1–2 µs each. In all ≈ 30 µs, ≈ 0.55× of copy speed for the bytes that must move. At the
- * bench's 79k rows (dy 240 MB, several merge passes of 600 KB) the sort's share falls and
- * ≈ 0.7× is expected. A group of g repeats is a chain of g dependent adds per element (the
- * CPU's order), its loads 8 deep: text with a token repeated hundreds of times costs
- * g/8 memory latencies (≈ 20 µs at g = 300) for that group's threads only.
- * The forward, a copy of rows·dim floats gathered by row: ≈ 0.8–0.9× of copy.
+ * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
 #include "pytfm_cuda.cuh"
 

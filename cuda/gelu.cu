@@ -1,5 +1,5 @@
 /*
- * gelu.cu — GELU, tanh approximation, on the GPU; the twin of csrc/gelu.c.
+ * gelu.cu — GELU, tanh approximation, on the GPU; the twin of csrc/kernels/gelu.c.
  *
  *   forward:  u = k (x + a x³), k = sqrt(2/π), a = 0.044715;  y = ½ x (1 + tanh u)
  *   backward: dx = dy · (s + 2 x s (1 − s) · k (1 + 3 a x²)),  s = ½ (1 + tanh u) = 1/(1 + e^(−2u))
@@ -11,12 +11,7 @@
  * is read once, by the thread that then writes it. Finite and non-finite x as on the CPU
  * (csrc/kernels/gelu.c): the backward's term at v clamped to ±16.
  *
- * ESTIMATE (no GPU measured; H200, 4.3 TB/s copy): forward ≈ 0.85× of copy bandwidth for x
- * read and y written, backward ≈ 0.8× for x, dy read and dx written: 16-byte accesses, 1
- * (forward) or 2 (backward) loads in flight per thread at 1536 threads an SM, 24 KiB (48 KiB)
- * in flight where ≈ 20 KiB an SM covers the memory latency at copy speed, and about
- * 25 (forward) or 35 (backward) instructions per element against the ≈ 64 an SM can issue per
- * 4-byte element at copy speed.
+ * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
 #include "gelu.cuh" /* half_one_plus_tanh, pytfm__gelu: shared with linear.cu's linear + GELU */
 

@@ -1,5 +1,5 @@
 /*
- * layernorm.cu — LayerNorm over the last axis on the GPU; the twin of csrc/layernorm.c.
+ * layernorm.cu — LayerNorm over the last axis on the GPU; the twin of csrc/kernels/layernorm.c.
  *
  *   x, y [rows, cols]; w, b [cols]; mean, rstd [rows] (saved for the backward)
  *   forward:  μ = mean(x), σ² = mean((x − μ)²), rstd = 1/sqrt(σ² + eps), y = (x − μ)·rstd·w + b
@@ -9,8 +9,8 @@
  * per row up to 1024 columns, a block of 512 or 1024 threads per row up to 4096), read once,
  * written once, float4 accesses where cols % 4 == 0 and the pointers are 16-byte aligned.
  * Two reductions over the held row (mean, then the centred variance), both over x − x0 (x0
- * the row's first value), as csrc/kernels/fast_impl.h does: when |μ| ≫ σ those differences are small
- * and exact, so no digits of x − μ are lost. A row whose float sums overflow or underflow
+ * the row's first value), as csrc/kernels/fast_impl.h does: when |μ| ≫ σ those differences
+ * are small and exact, so no digits of x − μ are lost. A row whose float sums overflow or underflow
  * (PYTFM_LN_FLOAT_SUMS_OK: values past ~1e19, or a tiny spread with eps = 0) is summed again in
  * double, as the CPU kernels do.
  * The backward is one pass over the rows (as llm.c's): each team computes dx for its rows and
@@ -20,21 +20,7 @@
  * atomics: the same bits on every run. Rows past 4096 columns take the plain kernels: passes
  * that re-read the row from L1/L2, and dw/db by the two-stage column sum of pytfm_cuda.cuh.
  *
- * ESTIMATE (no GPU was lent; from the bytes moved and nvcc's register report, not measured):
- * on an H200, forward about 0.8–0.9 of device-to-device copy bandwidth (x read once, y written
- * once; w, b and the 8 bytes of mean/rstd a row come from L1/L2), for the reasons softmax.cu
- * gives: a row's loads all issued before its first reduction, 32–108 registers a thread (no
- * spills in the float4 kernels; two 32-bit ones spill a little: 16 floats a lane on sm_90 12
- * bytes, 32 a lane on sm_80 40 bytes, likely around the rare double-sum path), 16–64 KB in
- * flight per SM. Backward about 0.7–0.8: dy and x read
- * once, dx written once (12 bytes a float); at rows = 8192, C = 768 the 528 blocks' partials
- * add 528 · 2 · 768 · 4 B ≈ 3.2 MB written and read again, ~4 % of the 75 MB. That size takes
- * the warp class of 32 floats a lane: dy, x and the two running sums in registers, 194 a
- * thread, so one block of 8 warps an SM: 8 rows of 6 KB (dy and x) in flight per SM, ~48 KB,
- * enough by Little's law but with no slack, and the warp-order combine's 8 barriers at the
- * end of each block cost a few per cent. Rows of 1025–4096 columns (a block a row, ~40
- * registers, 2–4 blocks an SM) should do as well. The plain path (rows > 4096) reads each row
- * two to three times and the column sum reads dy and x once more: ~0.4–0.5.
+ * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
 #include "pytfm_cuda.cuh"
 
@@ -48,7 +34,8 @@ enum { LN_BWD_BLOCKS = PYTFM_MAX_BLOCKS }; // several blocks' partials in the te
 enum { LN_BWD_BLOCKS = 4 * 132 };
 #endif
 
-/* the row again with double sums, as pytfm__layernorm_forward_row (csrc/kernels/layernorm.c) on the CPU */
+/* the row again with double sums, as pytfm__layernorm_forward_row (csrc/kernels/layernorm.c)
+ * on the CPU */
 template <bool kWarp>
 static __device__ void
 layernorm_row_double(const pytfm__row_team<kWarp> &team, float *__restrict__ yr,

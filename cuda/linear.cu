@@ -1,5 +1,5 @@
 /*
- * linear.cu — fully connected layer on the GPU, y = x·Wᵀ + b; the twin of csrc/linear.c.
+ * linear.cu — fully connected layer on the GPU, y = x·Wᵀ + b; the twin of csrc/kernels/linear.c.
  *
  *   x [rows, in], W [out, in], b [out], y [rows, out]
  *   forward:  y = x·Wᵀ (pytfm_sgemm_cuda, trans_b), then y[r, :] += b

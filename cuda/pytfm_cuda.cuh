@@ -285,8 +285,7 @@ static __device__ pytfm__max_sumexp pytfm__row_max_sumexp(const pytfm__row_team<
  * smallest class that holds a row; past the largest (PYTFM_ROW_REGS_MAX columns) the kernels
  * keep their plain multi-pass code, which re-reads the row from L1/L2. The block classes hold
  * 4 floats a thread (one float4) in blocks of 512 or 1024: more floats a thread in fewer
- * threads would cost registers (LayerNorm's forward took 243 a thread with 16 floats in 256
- * threads: one block, one row in flight, an SM). */
+ * threads would cost registers, and with them blocks (and rows) in flight per SM. */
 template <int kN, int kThreads, bool kWarpRow> struct pytfm__row_class {
     static_assert(kN % 4 == 0 && kThreads % PYTFM_WARP == 0, "whole float4s, whole warps");
     static constexpr int N = kN, threads = kThreads;
@@ -416,13 +415,7 @@ static pytfm_status pytfm__launch_row_class(const char *func, Class, void (*kern
  *     in chunk order and accumulates that into the output (+=).
  * The chunks are sized from rows and cols alone (never the device), to fill about
  * PYTFM_COLUMN_BLOCKS blocks: for C = 768, rows = 8192, 24 tiles × 43 chunks of 192 rows.
- * ESTIMATE (no GPU was lent; not measured): on an H200 stage 1 should reach about 0.7–0.8 of
- * copy bandwidth for the bytes it reads (8192 × 768: 1032 blocks of 256 threads, a full wave;
- * each warp reads a 128-byte line per row, 4 rows unrolled: ~32 KB in flight per SM at full
- * occupancy, 26–32 registers); its partials (43 × 768 floats) and stage 2 are ~1 % of the
- * bytes, though stage 2 is a launch of its own (a few µs, which dominates below ~1 MB).
- * Before: 24 blocks each walking rows/8 rows, ~18 % of the SMs busy, one load in flight per
- * thread: 5–15 %.
+ * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  * Term says what is summed:
  *
  *   struct term {

@@ -1,14 +1,14 @@
 /*
  * rope.cu — rotary position embedding, rotate-half pairing, on the GPU, and the split of the
- * fused QKV projection with RoPE on q and k; the twin of csrc/rope.c.
+ * fused QKV projection with RoPE on q and k; the twin of csrc/kernels/rope.c.
  *
  *   x, y [B, T, H, D], half = D/2; θ_i = pos[b·pos_stride + t] · base^(−2i/D), i in [0, half)
  *     y_i = x_i cos θ_i − x_{i+half} sin θ_i,   y_{i+half} = x_{i+half} cos θ_i + x_i sin θ_i
  *   backward: the rotation by −θ (its transpose).
  * The angles first: a small kernel fills a table of cos θ_i and sin θ_i, one row of half
  * floats each per distinct position row (T rows when the batches share positions,
- * pos_stride = 0, else B·T), computed in double and rounded to float as csrc/kernels/rope.c does (the
- * same expression: the same bits as computing them per pair), into stream scratch
+ * pos_stride = 0, else B·T), computed in double and rounded to float as csrc/kernels/rope.c
+ * does (the same expression: the same bits as computing them per pair), into stream scratch
  * (cudaMallocAsync). Then a thread per 4 pairs (b, t, h, i..i+3) where half is a multiple of 4
  * and the data is 16-byte aligned (two float4 loads, two float4 table loads, two float4
  * stores), else per pair. A thread reads its pairs before writing them, so in place (y == x)
@@ -25,11 +25,7 @@
  * Index arithmetic is 32-bit when every offset fits (the divisions per thread cost a third as
  * much as 64-bit ones), 64-bit otherwise.
  *
- * ESTIMATE (no GPU measured; H200, 4.3 TB/s copy): RoPE forward and backward ≈ 0.8× of copy
- * bandwidth for x read and y written: 16-byte accesses, the table (1/H of x's bytes for shared
- * positions, read through L1/L2 by the H heads of a row) and the table kernel (T·half pow,
- * sin, cos in double: about 1 µs for T = 4096, half = 32) on top. The QKV split the same
- * (3 parts read and written per token).
+ * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
 #include "pytfm_cuda.cuh"
 

@@ -41,31 +41,7 @@
  * The sum over k runs in order with fmaf from 0, as in the plain kernel: the two give the same
  * bits (β = 0).
  *
- * ESTIMATE, not a measurement (no GPU was lent when this was written; the figures below come
- * from nvcc 13.0's -Xptxas -v report for sm_90, pytfm/lib/cuda_build.log, and arithmetic):
- * about 0.8× cuBLAS FP32 (cupy.matmul) at n = 4096 (range 0.7–0.9), about 0.65× at n = 1024
- * (range 0.5–0.8), for each of the three linear products. Why:
- *  - Instruction mix: per slice of 8 a big-tile thread issues 512 FFMA, 32 LDS.128, 1–2
- *    cp.async or 1–2 LDG.128 + 4–8 STS, a wait and a barrier: ~90 % of its issue slots are
- *    FFMA (the SM issues one warp instruction per scheduler per clock, so that is the
- *    ceiling); 16 FFMA per shared load, the ratio of the 8×8 kernels that reach 90 %+ of cuBLAS
- *    on Ampere (siboehm's warp-tiling kernel, llm.c's matmul). cuBLAS itself stays ~80–85 % of
- *    the 67 TFLOP/s peak at 4096.
- *  - Occupancy: big tiles 127–128 registers (the __launch_bounds__ cap), 0 spills, 16.5 KiB of
- *    shared memory: 2 blocks = 16 warps per SM, registers the limit; each warp has 64
- *    independent FMAs per step of k, enough to hide the shared-load latency at 4 warps per
- *    scheduler. Small tiles 95–99 registers, 8.5 KiB: 4–5 blocks of 4 warps per SM.
- *  - Waves over 132 SMs: n = 4096 is 1024 big tiles, 3.9 waves of 264: ~97 % of the last wave
- *    used. n = 1024 would be 64 big tiles (half the SMs idle), so it takes 256 small ones:
- *    1.94 per SM, all resident at once, but only ~8 warps per SM and a 4×8 thread tile (32
- *    FFMA per 3 LDS.128, ~80 % FFMA slots): below the big tile's efficiency, hence ~0.65.
- *  - Memory: 32 flop per byte loaded into a 128×128 tile; GROUP = 8 tile rows per column
- *    sweep keep a wave's A rows and B columns in L2: at n = 4096 DRAM traffic stays
- *    far below the 4.8 TB/s of HBM3e, so the products are bound by FFMA issue, not by memory.
- *  - What could lower it: x·Wᵀ stages both operands through registers (8 more STS per slice,
- *    8 registers held through the products); only two buffers of FK = 8, so a slice's loads
- *    have one slice of products (~1000–2000 clocks per SM) to arrive in, and one barrier per
- *    512 FFMA per thread.
+ * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
 #include "pytfm_cuda.cuh"
 

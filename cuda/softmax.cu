@@ -1,5 +1,5 @@
 /*
- * softmax.cu — softmax over the last axis on the GPU; the twin of csrc/softmax.c.
+ * softmax.cu — softmax over the last axis on the GPU; the twin of csrc/kernels/softmax.c.
  *
  *   x, y [rows, cols]
  *   forward:  y = exp(x − max x) / Σ exp(x − max x)
@@ -12,17 +12,7 @@
  * the row (the max, Σ exp, then y: the row max and Σexp the cross-entropy shares), each
  * re-reading it from L1/L2. Sums are float, in a fixed order: the same bits on every run.
  *
- * ESTIMATE (no GPU was lent; from the bytes moved and nvcc's register report, not measured):
- * on an H200 the register kernels should reach about 0.8–0.9 of device-to-device copy
- * bandwidth forward (8 bytes a float: one read, one write, as a copy) and 0.75–0.85 backward
- * (12 bytes a float), for rows of 128–4096 columns. Every load of a row is issued before its
- * first reduction; registers are 22–64 a thread forward and 26–113 backward (no spills), so
- * 8 to 64 warps fit an SM, holding 16–64 KB of loads in flight per SM, against the ~20 KB
- * that 4.3 TB/s × ~600 ns of latency asks for over 132 SMs. The shuffles (and, for a block
- * per row, two barriers a reduction) cost little beside a row's bytes. Rows under 128
- * columns leave lanes idle (64 columns: half the warp), fewer bytes in flight: perhaps
- * 0.6–0.75. The 32-bit path moves the same bytes in 4× the instructions: likely within 10 %
- * of float4. The plain path (rows > 4096) reads each row three times, twice from L2: ~0.5.
+ * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
 #include "pytfm_cuda.cuh"
 

@@ -23,8 +23,8 @@
 #   import           import pytfm; its build_info must say CUDA
 #   nvidia-smi       the GPU, driver, clocks and memory as the driver reports them (read only)
 #   gpu              CuPy sees a device: its name, SMs, L2, memory; cupy and torch versions
-#   gpu-tests        pytest tests/cuda/test_cuda_gpu.py tests/cuda/test_cuda_gpu_model.py (the files that
-#                    exist); a run where every test skipped (no GPU) fails
+#   gpu-tests        pytest tests/cuda/test_cuda_gpu.py tests/cuda/test_cuda_gpu_model.py (the
+#                    files that exist); a run where every test skipped (no GPU) fails
 #   sanitizer-memcheck, sanitizer-racecheck, sanitizer-synccheck
 #                    compute-sanitizer over scripts/cuda_small_run.py with CuPy's memory pool
 #                    off (PYTFM_SMALL_RUN_NO_POOL=1), so memcheck sees each array's end; a

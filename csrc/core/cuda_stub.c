@@ -1,10 +1,10 @@
 /*
  * cuda_stub.c — the CUDA entry points of a build without CUDA (nvcc was not found, or
- * PYTFM_CUDA=0) that are not plain stubs. setup.py generates the plain ones, in the build
- * folder, from the declarations in pytfm.h: every pytfm_*_cuda and pytfm_cuda_* function this
- * file does not define returns PYTFM_STATUS_NOT_SUPPORTED with a message that says why, so a
- * program linked against either build sees the same symbols. setup.py leaves this file out
- * when it compiles the kernels in cuda/.
+ * PYTFM_CUDA=0) that are not plain stubs. The build generates the plain ones, in the build
+ * folder, from the declarations in the public headers: every pytfm_*_cuda and pytfm_cuda_*
+ * function this file does not define returns PYTFM_STATUS_NOT_SUPPORTED with a message that
+ * says why, so a program linked against either build sees the same symbols. The build leaves
+ * this file out when it compiles the kernels in cuda/.
  */
 #include "internal.h"
 

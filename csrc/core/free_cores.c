@@ -4,9 +4,9 @@
  *
  * Why: every parallel region ends at a barrier, so a team runs at the pace of its slowest
  * thread. When another process keeps a core busy, the thread that shares that core gets a
- * fraction of it, and the team's spinning waiters take still more: measured on a 2-core
- * machine (bench/busy.py), two threads ran a training step at a third of one thread's speed.
- * Results do not depend on the thread count, so the default count may follow the load.
+ * fraction of it, and the team's spinning waiters take still more: two threads can run slower
+ * than one (bench/busy.py measures it; docs/performance.md). Results do not depend on the
+ * thread count, so the default count may follow the load.
  *
  * How: the number of runnable tasks on the machine (/proc/loadavg's fourth field) minus this
  * process's own runnable threads (/proc/self/task/<tid>/stat) is what others run; the free cores
@@ -97,7 +97,7 @@ static void sample(void) {
     const int last = atomic_exchange(&last_others, others);
     /* seen twice in a row: a blip is not a neighbour. The first sample is taken as it is: a
      * program's first kernels would otherwise run a full team beside a busy neighbour for the
-     * first 100 ms (a short C program's whole prompt: 100 ms instead of 1.5) */
+     * first 100 ms, longer than a short C program's whole prompt takes */
     if (last >= 0) others = PYTFM_MIN(others, last);
     /* this process's cores (its affinity), read here because reading them is a system call;
      * with fewer than all online CPUs the others' tasks may be on cores that are not ours */

@@ -115,7 +115,7 @@ int32_t pytfm_get_num_threads(void) {
 #endif
 }
 
-/* set by setup.py when it compiles the kernels in cuda/ with nvcc */
+/* set by the build when it compiles the kernels in cuda/ with nvcc */
 #ifndef PYTFM_CUDA
 #define PYTFM_CUDA 0
 #endif

@@ -60,24 +60,16 @@ PYTFM_API const char *pytfm_version(void);
 /* The library's PYTFM_ABI_VERSION (of the header it was built with). */
 PYTFM_API int32_t pytfm_abi_version(void);
 
-/* Threads used by the kernels (when built with OpenMP). The default, and the value after
- * pytfm_set_num_threads(0), is OpenMP's own (OMP_NUM_THREADS, else the available cores), but
- * no more than the cores that other processes leave free (csrc/core/free_cores.c; on Linux, when
- * the process may run on every online CPU: the machine's runnable tasks less this process's,
- * from /proc, sampled at most every 100 ms). A team of threads runs at the pace of its slowest
- * one, so with one of two cores busy elsewhere, two threads were three times slower than one
- * (bench/busy.py). A count set here or by PYTFM_NUM_THREADS is not lowered for neighbours,
- * only clamped: whatever the source (this setting, PYTFM_NUM_THREADS in Python,
- * OMP_NUM_THREADS), the kernels use at most 4 threads per available core (4 ×
- * omp_get_num_procs(), the cores of the process's CPU affinity, counted once): a larger value
- * is accepted and clamped to that.
- * One of the library's two process-wide settings (with the instruction-set cap below), like
- * a BLAS's thread setting: it changes speed only, never results, which are the same bits at
- * any thread count. Each parallel region reads it once, and so does a call that sizes
- * per-thread scratch for all of its regions: a change from another thread meanwhile is safe
- * (it takes effect from the next call).
- * threads must be >= 0. Without OpenMP the setting is accepted and the kernels run on one
- * thread. */
+/* Threads used by the kernels (when built with OpenMP); threads >= 0. Process-wide, like a
+ * BLAS's thread setting: it changes speed only, the results are the same bits at any count.
+ *   0, the default: OpenMP's count (OMP_NUM_THREADS, else the available cores), lowered to the
+ *      cores that other processes leave free (on Linux; csrc/core/free_cores.c says how).
+ *   n: n threads, never lowered for neighbours (PYTFM_NUM_THREADS sets it from Python).
+ * Whatever the source, the kernels use at most 4 threads per core of the process's CPU
+ * affinity: a larger value is accepted and clamped. A change from another thread while
+ * kernels run is safe and takes effect from the next call. Without OpenMP the setting is
+ * accepted and the kernels run on one thread. Why the default follows the load:
+ * docs/python-api.md, "Threads". */
 PYTFM_API pytfm_status pytfm_set_num_threads(int32_t threads);
 
 /* The number of threads the next kernel will use, after the clamp above (1 without OpenMP). */

@@ -30,7 +30,7 @@ extern "C" {
  *     combined in another order); each CUDA kernel gives the same bits on every run.
  * In a build without CUDA (nvcc was not found, or PYTFM_CUDA=0) every _cuda function and
  * pytfm_cuda_stream_synchronize return PYTFM_STATUS_NOT_SUPPORTED and say so in
- * pytfm_last_error() (setup.py generates them from this header); pytfm_get_build_info()
+ * pytfm_last_error() (the build generates them from this header); pytfm_get_build_info()
  * tells which build this is.
  */
 
@@ -53,7 +53,7 @@ PYTFM_API pytfm_status pytfm_sgemm_cuda(float *c, const float *a, const float *b
 
 /* The plain tiled kernel (64×64 tiles, 4×4 outputs per thread, n <= 65535·64), kept as the
  * oracle pytfm_sgemm_cuda is tested against, as pytfm_sgemm_plain is on the CPU; same
- * arguments. Tests: tests/test_cuda_sgemm.py. */
+ * arguments. Tests: tests/cuda/test_cuda_sgemm.py. */
 PYTFM_API pytfm_status pytfm_sgemm_plain_cuda(float *c, const float *a, const float *b,
                                               int64_t m, int64_t n, int64_t k, int32_t trans_a,
                                               int32_t trans_b, float beta, void *stream);

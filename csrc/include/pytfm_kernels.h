@@ -20,7 +20,8 @@
  *     error, a zero row count is a no-op. Sizes whose array would not fit in memory (its byte
  *     count, a product of sizes, past PTRDIFF_MAX; a cache position start + n_new past
  *     INT64_MAX) are PYTFM_STATUS_INVALID_ARGUMENT, found before any pointer is read, so no
- *     size product ever wraps (every function: tests/kernels/test_limits.py, tests/c_api/hostile_sizes.c).
+ *     size product ever wraps (every function: tests/kernels/test_limits.py,
+ *     tests/c_api/hostile_sizes.c).
  *     Pointers may be NULL only where a comment says so, or where the buffer they point to has
  *     zero elements.
  *   - No output shares memory with another argument: every buffer a function writes or
@@ -306,9 +307,7 @@ PYTFM_API pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const 
                                         double beta2, double eps, double weight_decay);
 
 /* The sum of squares of a flat array, for gradient clipping's global norm (pytfm/optim.py
- * clip_grad_norm over the model's one gradient buffer). Lives in csrc/kernels/adamw.c, CUDA
- * cuda/adamw.cu; Python pytfm/ops.py sum_squares; tests in tests/: test_flat.py,
- * test_cuda_emu.py, test_cuda_dispatch.py.
+ * clip_grad_norm over the model's one gradient buffer).
  *   *out = Σ_i x[i]² in double: blocks of 16384 elements each summed in order, then the block
  *   sums in order (the same bits at any thread count); x [count], count >= 0
  * Scratch: one double per block, when there are more than 64 blocks.

@@ -34,7 +34,7 @@
  * dQ += dS K backward (FlashAttention-2's loop order: key tiles outside, so dK and dV of a
  * tile stay hot). On the causal diagonal each product skips, micro-tile by micro-tile, what no
  * row of the micro-tile sees (scores_gemm, rows_gemm, cols_gemm): at the model's T = 128 the
- * diagonal is most of the work, and computing its tiles in full took 1.5× the products. Only
+ * diagonal is most of the work, and half of a full diagonal tile is masked away. Only
  * Kᵀ (and Vᵀ for the backward) are copied, once per head, so that the micro-kernel reads them
  * along contiguous rows. Its scratch, one workspace per thread, allocated once per call, is
  * linear in T (Tk = T, or start + n_new when decoding):

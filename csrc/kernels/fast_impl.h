@@ -50,7 +50,7 @@ static float max_(const float *x, int64_t count) {
 
 /* y = e^(x − c), returning Σ y. y and x are distinct (restrict): GCC then vectorises the loop
  * without an overlap check per vector and keeps the sums in registers (with a possible
- * overlap it did neither, and reloaded the constants in the loop). */
+ * overlap it does neither, and reloads the constants in the loop). */
 static float exp_shifted_(float *restrict y, const float *restrict x, float c, int64_t count) {
     float s[LANES] = {0};
     int64_t j = 0;
@@ -214,7 +214,7 @@ static void adamw(float *p, float *m, float *v, const float *g, int64_t count,
  * computed in all its lanes, and the lanes past vis are then replaced by 0 (a select, so that
  * whatever s holds there, even NaN, is dropped); s has room for vis rounded up to LANES
  * floats (fast.h). A causal row's vis is seldom a multiple of LANES, and a scalar tail of up
- * to fifteen exponentials per row cost as much as the vectors before it. */
+ * to fifteen exponentials per row costs as much as the vectors before it. */
 static inline int64_t lanes_up_(int64_t count) { return (count + LANES - 1) / LANES * LANES; }
 
 static float attn_softmax_row(float *s, int64_t vis, int64_t nk, float scale, float *m,
@@ -275,8 +275,8 @@ static inline float gemv_sum(const float s[LANES], float tail) {
 /* Four rows of w at once: x is loaded once for all of them, and the 4·LANES accumulators keep
  * the fused multiply-adds in flight. They are four named arrays: as one [4][LANES] array, GCC
  * keeps them on the stack. Each row gets the bits it gets alone (the loop after). The next
- * four rows are prefetched meanwhile: w is usually read from L3 (a model's weights pass L2),
- * and that took 5% off a decoded token (bench/c_generate.py; 8 or 16 rows ahead did worse). */
+ * four rows are prefetched meanwhile: w is usually read from L3 (a model's weights pass L2);
+ * four rows ahead is what bench/c_generate.py chose (docs/performance.md). */
 static void gemv(float *y, const float *x, const float *w, int64_t ldw, const float *b,
                  int64_t in, int64_t out) {
     int64_t o = 0;

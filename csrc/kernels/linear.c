@@ -16,9 +16,8 @@
  * One row (a token decoded through a KV cache) is a matrix-vector product: packing W for the
  * micro-kernel would copy every weight to use it once, and the micro-kernel would compute MR
  * rows for one. The fast kernels (isa above PLAIN) take it as out dot products along W's
- * contiguous rows (fast_impl.h gemv), blocks of GEMV_BLOCK outputs to threads; on a
- * 128-wide model (train_tiny's) that took one token's decode from about 500 to 120 µs on one
- * thread (bench/c_generate.py: the packing was 62% of it, the micro-kernel 19%).
+ * contiguous rows (fast_impl.h gemv), blocks of GEMV_BLOCK outputs to threads (the decode
+ * figures are in docs/performance.md).
  */
 #include "core/checks.h"
 #include "fast.h"

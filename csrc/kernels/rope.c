@@ -16,10 +16,10 @@
  * The attention block's split of its fused QKV projection runs here too: qkv [B, T, 3, H, D]
  * (the c_attn output, q, k, v interleaved per token) -> q, k, v [B, T, H, D] with q and k
  * rotated, in one pass over qkv; its backward rotates dq, dk back and writes them with dv into
- * dqkv in the fused layout. That replaces three strided copies, two RoPE passes and a stack
- * (about 6 ms of train_tiny's 61 ms step, issue 14). Both kinds of call are a list of
- * "streams" (rows of H·D floats read with one row stride, written with another, rotated or
- * copied), which the plain and the fast paths below walk the same way.
+ * dqkv in the fused layout, in place of three strided copies, two RoPE passes and a stack.
+ * Both kinds of call are a list of "streams" (rows of H·D floats read with one row stride,
+ * written with another, rotated or copied), which the plain and the fast paths below walk the
+ * same way.
  */
 #include <stdlib.h>
 #include <string.h>

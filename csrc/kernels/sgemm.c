@@ -19,33 +19,21 @@
  * value fused into the FMA. Packing turns the transposes into copies and zero-pads ragged
  * edges; the tile's ragged edge is written through a mask. An optional epilogue (the linear
  * layer's bias and GELU, internal.h) runs on each MC×NC block of C after its last k slice,
- * while the block is in L2, a row of up to NC floats per call: run on each 8×32 tile (in L1)
- * instead, GELU's row kernel was called on 32 floats at a time and linear_gelu_forward took
- * 2.00 ms against 1.76 for the product and a separate GELU pass (1024×128 -> 512, one
- * thread); per block it takes 1.66 against 1.62, and 26.1 against 26.6 at 2048×384 -> 1536.
- * What the measurements chose (a C harness timing pytfm_sgemm, best of 15 batches on this
- * 2-core Zen 4 EPYC: 32 KiB L1d and 1 MiB L2 per core, 32 MiB L3; one thread, GFLOP/s):
+ * while the block is in L2, a row of up to NC floats per call: per 8×32 tile instead, GELU's
+ * row kernel would run on 32 floats at a time, too few to pay for its call.
+ * The blocking, chosen by timing pytfm_sgemm on a 2-core Zen 4 EPYC (32 KiB L1d and 1 MiB L2
+ * per core, 32 MiB L3; the figures are in docs/performance.md):
+ *  - MC × KC × NC = 144 × 384 × 2048: the MC×KC block of A (216 KiB) sits in L2, the KC×NR
+ *    micro-panel of B (48 KiB for AVX-512) in L1 and L2, the KC×NC panel of B (3 MiB) in L3,
+ *    from where each micro-panel is read once per MC rows; the deep k slice means C is read
+ *    and written seldom.
  *  - C's tile is prefetched when the micro-kernel starts (prefetch_c): it is read and written
- *    once per k slice, rows n floats apart, from L3 at large n; n = 1024: 74-79 -> 83-88,
- *    n = 2048: 72-77 -> 83.
- *  - MC × KC × NC = 144 × 384 × 2048 (was 96 × 192 × 1024): a deeper k slice reads and writes
- *    C half as often; the MC×KC block of A (216 KiB) sits in L2, the KC×NR micro-panel of B
- *    (48 KiB for AVX-512) in L1 and L2, the KC×NC panel of B (3 MiB) in L3, from where each
- *    micro-panel is read once per MC rows. n = 1024: 84-87 -> 91-92, n = 2048: 84-86 -> 94,
- *    dx = dy·W of the d=384 model (2048×384, k = 1536): 80-85 -> 96.
- *  - the packing copies: fixed-size inline copies instead of memcpy calls (memcpy was 10% of
- *    the dW product's time, perf), 8×8 AVX2 transposes for the transposing ones (op(B) of
- *    y = x·Wᵀ, op(A) when packed untransposed), and the next rows prefetched (prefetch_row);
- *    train_tiny's dW (128×512, k = 1024) 83-91 -> 87-93, y = x·Wᵀ of d=384 (2048×1152,
- *    k = 384) 93-95 -> 95-99.
- *  - each thread packs its own panels (blocking, below): two threads went from 148-171 to
- *    167-175 at n = 256...2048 (alternating runs), and share no barrier that a busy neighbour
- *    on one core could stall the other on.
- * With all of these, `python -m bench --groups sgemm --threads 1 2 --rounds 3` (medians) had
- * pytfm at 0.89-0.96 of OpenBLAS on one thread (n = 256...2048; 0.89 at n = 2048) and
- * 0.91-1.08 on two (0.53-0.73 at n >= 512 before); the linear layers' products 0.88-1.00 and
- * 0.87-1.14 (the before run's two-thread figures swung too widely to compare: the threads
- * then waited at barriers, which a busy neighbour on one core stalls).
+ *    once per k slice, rows n floats apart, from L3 at large n.
+ *  - the packing copies are fixed-size inline copies (not memcpy calls), 8×8 AVX2 transposes
+ *    for the transposing ones (op(B) of y = x·Wᵀ, op(A) when packed untransposed), and fetch
+ *    the next rows ahead (prefetch_row).
+ *  - each thread packs its own panels (blocking, below), so the threads share no barrier that
+ *    a busy neighbour on one core could stall the other on.
  * The packing buffers are scratch, allocated once per call (pytfm__scratch): per thread, 216
  * KiB for A when it is packed and one KC×NC slice of B (less for a narrow C): at most 3.2 MiB.
  * Every element of C is summed by one thread in one fixed order (the k slices in turn, each in
@@ -94,7 +82,7 @@ enum { MC = 144, KC = 384, NC = 2048 };
 
 /* count floats from src to dst. For the micro-tile widths the size is a constant, which the
  * compiler turns into a few vector moves: a call to memcpy for 32 bytes costs more than the
- * copy, and was 10% of the dW product's time (1152×384, k = 2048, perf). */
+ * copy. */
 static inline void copy_floats(float *dst, const float *src, int count) {
     switch (count) {
     case 6: memcpy(dst, src, 6 * sizeof(float)); break;
@@ -107,8 +95,7 @@ static inline void copy_floats(float *dst, const float *src, int count) {
 
 /* The copies below read short pieces of rows a row apart (n or m floats: 2 KiB at n = 512), a
  * stride the hardware prefetchers follow late or not at all: fetch the piece PF_AHEAD rows on
- * while copying this one (within the k slice). The dW product of train_tiny (128×512,
- * k = 1024, one thread) went from 83-91 to 87-93 GFLOP/s. */
+ * while copying this one (within the k slice). */
 enum { PF_AHEAD = 16 };
 static inline void prefetch_row(const float *p, int count) {
     __builtin_prefetch(p);
@@ -116,7 +103,7 @@ static inline void prefetch_row(const float *p, int count) {
 }
 
 /* dst[p·ldd + r] = src[r·lds + p] for r, p < 8: the transposing copies of the packing, eight
- * rows at a time (the scalar loop wrote each float to its own place, a column apart) */
+ * rows at a time (a scalar loop would write each float to its own place, a column apart) */
 #ifdef PYTFM_HAVE_X86_KERNELS
 __attribute__((target("avx2"))) static void transpose8(float *dst, int64_t ldd, const float *src,
                                                        int64_t lds) {

@@ -31,8 +31,8 @@
  * 2^(n−1) · 2, so that n may reach 128: the product overflows to +inf exactly where e^x passes
  * FLT_MAX, as expf does (x > 88.7228; +inf for x = +inf). Smaller results flush to 0 (e^-inf = 0,
  * as a mask needs), where expf goes on through the subnormals down to x ≈ -103.97: they differ
- * there by under 1.7e-38; gradual underflow (2^n as two normal factors) measured 17% (AVX-512)
- * and 32% (AVX2) slower in a GELU-shaped loop, for results under FLT_MIN. NaN stays NaN.
+ * there by under 1.7e-38; gradual underflow (2^n as two normal factors) would slow every call
+ * down for the sake of results under FLT_MIN (docs/performance.md). NaN stays NaN.
  * Written for the multiply-add units, the bottleneck of every loop that calls it (on Zen 4 one
  * 512-bit FMA or multiply a cycle; adds, integer and mask operations go elsewhere): 10 of them.
  * n is rounded by adding 1.5·2^23, which leaves 2^22 + n in the low mantissa bits of the sum t:

@@ -1,5 +1,5 @@
 /*
- * Every entry point with sizes whose arithmetic would overflow (issue 16): products near 2^31,
+ * Every entry point with sizes whose arithmetic would overflow: products near 2^31,
  * 2^32, 2^61 (the most float32 elements a ptrdiff_t byte count allows), 2^62 and INT64_MAX,
  * RoPE position strides past them, and KV-cache positions start + n_new that wrap. Built with
  * -fsanitize=address,undefined by tests/c_api/test_sanitizers.py: each call must return

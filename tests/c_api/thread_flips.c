@@ -1,6 +1,6 @@
 /*
  * The thread count changed from another thread while the kernels that size scratch per thread
- * run (issue 16): attention's tiled forward and backward, the packed sgemm and LayerNorm's fast
+ * run: attention's tiled forward and backward, the packed sgemm and LayerNorm's fast
  * backward. Built with -fopenmp and -fsanitize=address,undefined by tests/c_api/test_sanitizers.py: a
  * kernel that sized its workspaces from one read of the count and ran its parallel region with
  * another writes past them, which ASan reports (in Python the write lands in some other heap

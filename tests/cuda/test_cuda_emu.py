@@ -472,7 +472,7 @@ def test_adamw(emu, order, count, step, weight_decay):
     g.check()
 
 
-# ---- the twins the GPU model needs besides attention (issue 10) --------------------------
+# ---- the twins the GPU model needs besides attention ----------------------------------------
 
 QKV_CASES = [  # (B, T, H, D, pos): "none" is rope off (D may then be odd), [T] or [B, T]
     (1, 1, 1, 2, "shared"), (1, 1, 1, 2, "none"), (1, 1, 3, 1, "none"),

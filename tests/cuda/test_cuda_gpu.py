@@ -283,7 +283,7 @@ def test_sgemm_on_views_offset_by_one_float(trans_a, trans_b):
              cp.asnumpy(tol + abs(beta * c0) * EPS32), 0)
 
 
-# ---- issue 12: the row kernels in registers and the two-stage column sums at real sizes ------
+# ---- the row kernels in registers and the two-stage column sums at real sizes ---------------
 
 
 def softmax_layernorm_against_cpu(name, gx, x, gdy, dy, gw, w, gb, b):
@@ -400,7 +400,7 @@ def test_bias_gradient_at_gpt2_size():
     assert bool((g1.view(cp.uint32) == g2.view(cp.uint32)).all())
 
 
-# ---- issue 12: the memory-bound kernels at real sizes ---------------------------------------
+# ---- the memory-bound kernels at real sizes ------------------------------------------------
 
 
 def offset_view(a):

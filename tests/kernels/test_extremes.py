@@ -1,4 +1,4 @@
-"""Float extremes and aliasing (issue 16), on the plain and every fast instruction set, and on
+"""Float extremes and aliasing, on the plain and every fast instruction set, and on
 the CUDA kernels through the emulator.
 
 - e^x of the fast kernels (csrc/kernels/vecmath.h) overflows to +inf exactly where the plain expf

@@ -1,4 +1,4 @@
-"""Sizes whose arithmetic would overflow (issue 16), at every entry point of pytfm.h.
+"""Sizes whose arithmetic would overflow, at every entry point of pytfm.h.
 
 Each case calls a C function straight through cffi with sizes near 2^31, 2^32, 2^61 (the most
 float32 elements whose byte count fits in a ptrdiff_t), 2^62 and INT64_MAX, or with a cache
