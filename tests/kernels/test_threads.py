@@ -1,4 +1,4 @@
-"""The thread count (issue 16): changed from another thread while kernels run, and set far past
+"""The thread count: changed from another thread while kernels run, and set far past
 the machine (pytfm_set_num_threads, PYTFM_NUM_THREADS, OMP_NUM_THREADS). The kernels read it
 once per call where they size per-thread scratch, and clamp it to 4 threads per core."""
 
