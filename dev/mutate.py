@@ -8,7 +8,9 @@ Each mutation is applied to a fresh copy of the committed tree (git archive HEAD
 built in place (setup.py build_ext --inplace: needs setuptools and cffi, as any build does) and
 tested with the named test files under the derandomised `ci` hypothesis profile. A mutation the
 tests do not catch is a hole in the tests. The build is CPU-only (PYTFM_CUDA=0): the cuda_*
-mutations are caught by tests/cuda/test_cuda_emu.py, which runs the CUDA kernels on the emulator. Exit status 1 if any mutation survives.
+mutations are caught by tests/cuda/test_cuda_emu.py, which runs the CUDA kernels on the
+emulator. Most of the kernels' checks iterate tests/ops_registry.py: the files named here are
+where those iterations run. Exit status 1 if any mutation survives.
 """
 
 import argparse
@@ -23,16 +25,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the plain kernels run where the fast ones cannot (and under PYTFM_MAX_ISA=plain):
 # tests/kernels/test_fast.py is what compares them
 OPS = ["tests/kernels/test_ops.py", "tests/kernels/test_properties.py", "tests/kernels/test_errors.py", "tests/kernels/test_fast.py"]
-ATT = ["tests/kernels/test_attention.py", "tests/kernels/test_fast.py"]
+# attention against the reference: tests/kernels/test_ops.py (the registry's check) and
+# test_attention.py (its own sizes, properties)
+ATT = ["tests/kernels/test_ops.py", "tests/kernels/test_attention.py", "tests/kernels/test_fast.py"]
 FAST = ["tests/kernels/test_fast.py"]
 EMU = ["tests/cuda/test_cuda_emu.py"]  # the CUDA kernels, run on the CPU by cuda/emu
 SGEMM = ["tests/cuda/test_cuda_sgemm.py"]  # the GPU SGEMM, fast and plain (the oracle), on cuda/emu
-# issue 12: the row and column kernels (rows in registers, the plain ones past 4096 columns,
-# the two-stage column sums), by their own tests and the general ones
+# the row and column kernels (rows in registers, the plain ones past 4096 columns, the two-stage
+# column sums), by their own tests and the general ones
 ROWS = ["tests/cuda/test_cuda_rows.py", "tests/cuda/test_cuda_emu.py"]
-LIMITS = ["tests/kernels/test_limits.py"]  # issue 16: overflowing sizes, in subprocesses
-EXTREMES = ["tests/kernels/test_extremes.py"]  # issue 16: float extremes and overlaps
-THREADS = ["tests/kernels/test_threads.py", "tests/c_api/test_sanitizers.py"]  # issue 16: the thread count
+LIMITS = ["tests/kernels/test_limits.py"]  # overflowing sizes, in subprocesses
+EXTREMES = ["tests/kernels/test_extremes.py"]  # float extremes and overlaps
+THREADS = ["tests/kernels/test_threads.py", "tests/c_api/test_sanitizers.py"]  # the thread count
 MUTATIONS = {
     "softmax_no_max": ("csrc/kernels/softmax.c", "yr[j] = expf(xr[j] - max);", "yr[j] = expf(xr[j]);", OPS),
     "layernorm_dx_no_rstd": ("csrc/kernels/layernorm.c", "dxr[j] = rs * (dyr[j]", "dxr[j] = (dyr[j]", OPS),
@@ -93,9 +97,9 @@ MUTATIONS = {
     "cuda_embedding_backward_assign": ("cuda/embedding.cu", "dtable[id * dim + j] += dy[i * dim + j];",
                                        "dtable[id * dim + j] = dy[i * dim + j];", EMU),
     "cuda_adamw_no_bias_correction": ("cuda/adamw.cu", "(float)(lr / (1.0 - pow(beta1, (double)step)))", "(float)lr", EMU),
-    # tests that can fail (issue 11, tests/bench): per-output tolerances in tests/kernels/test_fast.py;
-    # the centred square expanded as x² − 2xμ + μ² cancels when |μ| ≫ σ: rstd off by ~1e-4 at
-    # offset −100, which the old one-for-all tolerance (≈ 0.02 there) let through
+    # per-output tolerances (tests/kernels/test_fast.py): the centred square expanded as
+    # x² − 2xμ + μ² cancels when |μ| ≫ σ: rstd off by ~1e-4 at offset −100, which one tolerance
+    # shared by all outputs (≈ 0.02 there) lets through
     "fast_ln_variance_expanded": ("csrc/kernels/fast_impl.h", "v[l] += (x[j + l] - x0 - d) * (x[j + l] - x0 - d);",
                                   "v[l] += x[j + l] * x[j + l] - 2.0f * x[j + l] * (x0 + d) + (x0 + d) * (x0 + d);", FAST),
     # LayerNorm's fast mean summed without the shift by the row's first value: when |μ| ≫ σ the
@@ -108,15 +112,15 @@ MUTATIONS = {
                                    ["tests/kernels/test_memory.py"]),
     "cuda_ln_no_shift": ("cuda/layernorm.cu", "const float x0 = xr[0];", "const float x0 = 0.0f;", EMU),
     # e^x flushed to 0 below e^-17 instead of FLT_MIN: probabilities under 3e-8 vanish, under
-    # the old absolute tolerances of softmax (1e-7) and cross-entropy's gradient (4.8e-7)
+    # fixed absolute tolerances such as 1e-7 (softmax) and 4.8e-7 (cross-entropy's gradient)
     "fast_exp_flushes_early": ("csrc/kernels/vecmath.h", "const float lo = -86.98f, hi = 89.0f;",
                                "const float lo = -17.0f, hi = 89.0f;", FAST),
     # the out-of-memory path (tests/kernels/test_memory.py): attention's forward writes through a NULL
     # workspace
     "attn_fast_no_alloc_check": ("csrc/kernels/attention.c", "    if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;\n    PYTFM_PARALLEL_FOR_THREADS(threads)\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)",
                                  "    PYTFM_PARALLEL_FOR_THREADS(threads)\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)", ["tests/kernels/test_memory.py"]),
-    # issue 11: model tests, each named with the test that must catch it (the old finite-difference bound, 2% of |g|,
-    # let the first two through; the old 1000-step reversal test the third; the fourth: no test decoded between forward and backward)
+    # model tests, each named with the test that must catch it: gradients 0.5–1% off (a finite-difference bound of
+    # 2% of |g| lets them through), positions leaking into a model without any, a decode between forward and backward
     "nn_attn_backward_scale_off": ("pytfm/nn.py", "dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True)",
                                    "dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True, scale=1.005 / math.sqrt(self.hd))", ["tests/model/test_model.py::test_model_gradients_match_finite_differences"]),
     "nn_mlp_grad_one_percent": ("pytfm/nn.py", "return self.c_fc.backward(ops.gelu_backward(self.c_proj.backward(dy), h))",
@@ -125,13 +129,13 @@ MUTATIONS = {
                                 "self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) * (1 if sinusoidal else 1e-3) if cfg.pos != \"rope\" else None", ["tests/model/test_model.py::test_without_positions_one_layer_cannot_see_the_order_of_what_came_before"]),
     "nn_decode_writes_saved": ("pytfm/nn.py", "h = self.attn.forward(self.ln_1.forward(x, save), pos, save, cache)",
                                "h = self.attn.forward(self.ln_1.forward(x), pos, save, cache)", ["tests/model/test_model.py::test_decoding_between_forward_and_backward_leaves_the_gradients_alone"]),
-    # issue 11, CUDA: the row max and Σexp of softmax's plain path (rows past 4096 columns)
+    # CUDA: the row max and Σexp of softmax's plain path (rows past 4096 columns)
     "cuda_row_max_not_shared": ("cuda/pytfm_cuda.cuh", "    max = team.max(max, scratch);\n", "", ROWS),
-    # issue 11, C core: the CUDA entry points of a CPU-only build (generated by setup.py)
+    # C core: the CUDA entry points of a CPU-only build (generated by setup.py)
     "stub_wrong_status": ("setup.py", "return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,",
                           "return pytfm__fail(PYTFM_STATUS_INTERNAL,", ["tests/packaging/test_build.py"]),
     "stub_device_count_one": ("csrc/core/cuda_stub.c", "*count = 0;", "*count = 1;", ["tests/packaging/test_build.py"]),
-    # issue 14: the QKV split, the flat buffers' optimizer step and clipping norm
+    # the QKV split, the flat buffers' optimizer step and clipping norm
     "qkv_split_v_from_k": ("csrc/kernels/rope.c", "{v, qkv + 2 * hd, hd, 3 * hd, 0}}", "{v, qkv + hd, hd, 3 * hd, 0}}",
                            ["tests/kernels/test_qkv_split.py"]),
     "qkv_split_backward_same_sign": ("csrc/kernels/rope.c", "return run_streams(__func__, st, 3, pos, B, T, H, D, pos_stride, base, -1.0);",
@@ -146,7 +150,7 @@ MUTATIONS = {
     "epilogue_skips_last_row": ("csrc/kernels/sgemm.c", "    for (int64_t r = 0; r < rows; r++) {\n        float *cr = c + r * g->n;",
                                 "    for (int64_t r = 0; r + 1 < rows; r++) {\n        float *cr = c + r * g->n;",
                                 ["tests/kernels/test_linear_fused.py"]),
-    # issue 16, sizes: an element count multiplied unchecked (m·n = 2^64 wraps to 0), the bound
+    # sizes: an element count multiplied unchecked (m·n = 2^64 wraps to 0), the bound
     # one past PTRDIFF_MAX bytes, start + n_new and RoPE's pos extent unchecked
     "size_product_unchecked": ("csrc/core/checks.h", "if (pytfm__mul_within(c, sizes[i], limit, &c)) continue;",
                                "c *= sizes[i];\n        continue;", LIMITS),
@@ -156,7 +160,7 @@ MUTATIONS = {
                         "end = start + n_new;\n    PYTFM_CHECK(1,", LIMITS),
     "rope_pos_stride_unchecked": ("csrc/core/checks.h", "PYTFM_CHECK(pytfm__mul_within(B - 1, pos_stride, limit, n_pos) &&",
                                   "PYTFM_CHECK((*n_pos = (B - 1) * pos_stride, 1) &&", LIMITS),
-    # issue 16, overlaps: an accumulator not counted as an output, overlaps seen in one direction
+    # overlaps: an accumulator not counted as an output, overlaps seen in one direction
     # only, a partial overlap let through where the exact in-place form is allowed
     "linear_dw_may_alias": ("csrc/core/checks.h", "PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n.x, float),",
                             "PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n.x, float),", EXTREMES),
@@ -171,7 +175,7 @@ MUTATIONS = {
                               "return a0 <= b0 && b0 < a0 + (uint64_t)a.bytes;", EXTREMES),
     "inplace_partial_allowed": ("csrc/core/checks.h", "if (pair && spans[i].p == spans[j].p && spans[i].bytes == spans[j].bytes) continue;",
                                 "if (pair) continue;", EXTREMES),
-    # issue 16, threads: no clamp, another clamp than documented, attention's region re-reading
+    # threads: no clamp, another clamp than documented, attention's region re-reading
     # the count its workspaces were not sized for
     "threads_unclamped": ("csrc/core/status.c", "return threads < 1 ? 1 : threads > most ? most : threads;",
                           "return threads < 1 ? 1 : threads;", THREADS),
@@ -181,7 +185,7 @@ MUTATIONS = {
                                     "    PYTFM_PARALLEL_FOR\n    for (int64_t bh = 0; bh < p->B * p->H; bh++)\n        forward_head_fast", THREADS),
     "sgemm_team_count_reread": ("csrc/kernels/sgemm.c", "#pragma omp parallel num_threads((int)bl->threads) if (bl->threads > 1)",
                                 "#pragma omp parallel num_threads(pytfm_get_num_threads())", THREADS),
-    # issue 16, float extremes
+    # float extremes
     "fast_exp_saturates": ("csrc/kernels/vecmath.h", "const float lo = -86.98f, hi = 89.0f;",
                            "const float lo = -86.98f, hi = 88.37f;", EXTREMES),
     # 2^n directly instead of 2^(n-1)·2: overflows to inf for x just below log(FLT_MAX)
@@ -207,7 +211,7 @@ MUTATIONS = {
                                  ["tests/model/test_checkpoint.py"]),
     "tiny_no_write_probe": ("examples/train_tiny.py", "fd, probe = tempfile.mkstemp(prefix=\".write-test-\", dir=out)\n        os.close(fd)\n        os.unlink(probe)",
                             "pass", ["tests/model/test_cli.py"]),
-    # issue 10: the CUDA twins of the QKV split, the linear layer + GELU and the sum of squares
+    # the CUDA twins of the QKV split, the linear layer + GELU and the sum of squares
     "cuda_qkv_v_from_k": ("cuda/rope.cu", "const float *v_in = parts.in[2] + in_off;",
                           "const float *v_in = parts.in[1] + in_off;", EMU),
     "cuda_qkv_backward_same_sign": ("cuda/rope.cu", "pos_stride, base, rope, -1.0, stream);",
@@ -236,7 +240,7 @@ MUTATIONS = {
                                         ["tests/cuda/test_cuda_attention.py"]),
     "cuda_attn_no_shared_optin": ("cuda/pytfm_cuda.cuh", "    if (bytes <= 48 * 1024) return PYTFM_STATUS_OK;\n",
                                   "    return PYTFM_STATUS_OK;\n", ["tests/cuda/test_cuda_attention.py"]),
-    # issue 12: the fast CUDA SGEMM (cuda/sgemm.cu), run by tests/cuda/test_cuda_sgemm.py on the
+    # the fast CUDA SGEMM (cuda/sgemm.cu), run by tests/cuda/test_cuda_sgemm.py on the
     # emulator: a slice read before its cp.async wait, the next slice written into the buffer
     # others still read, edges (the k-slice past k loaded; C's row m stored), float4s on an
     # operand offset by a float, the staged loader's chunks mapped one way and stored another
@@ -250,7 +254,7 @@ MUTATIONS = {
                                                "const int vec = ((trans_a ? m : k) % 4 == 0) |", SGEMM),
     "cuda_sgemm_fast_staged_transpose_index": ("cuda/sgemm.cu", "const int e = threadIdx.x + r * NT, x = e / C, p = e % C * 4;",
                                                "const int e = threadIdx.x + r * NT, x = e % X, p = e / X * 4;", SGEMM),
-    # issue 12: rows in registers (a column class per row length), float4 where aligned, the
+    # rows in registers (a column class per row length), float4 where aligned, the
     # LayerNorm backward's dw/db partials in the same pass, the column sums in two stages
     "cuda_rows_edge_mask": ("cuda/pytfm_cuda.cuh", "            v[k] = j < cols ? p[j] : fill;",
                             "            v[k] = j < cols && k + 1 < N ? p[j] : fill;", ROWS),
@@ -263,7 +267,7 @@ MUTATIONS = {
     "cuda_rows_ln_dw_without_xhat": ("cuda/layernorm.cu", "dw_sum[k] += g[k] * xh[k];", "dw_sum[k] += g[k];", ROWS),
     "cuda_rows_ln_warp_sums_no_barrier": ("cuda/layernorm.cu", "            }\n            __syncthreads();\n        }\n    } else {",
                                           "            }\n        }\n    } else {", ROWS),
-    # issue 12: the memory-bound kernels at speed (cuda/cross_entropy.cu, embedding.cu, rope.cu,
+    # the memory-bound kernels at speed (cuda/cross_entropy.cu, embedding.cu, rope.cu,
     # gelu.cu): the online max/sum, the float4 paths and their alignment, the sorted embedding
     # backward, RoPE's table of angles
     "cuda_ce_online_no_rescale": ("cuda/cross_entropy.cu", "            sum *= expf(max - m);\n", "", EMU),

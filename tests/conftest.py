@@ -48,6 +48,15 @@ def emu(tmp_path_factory):
     return cuda_emu.Emu(cuda_emu.build(str(tmp_path_factory.mktemp("emu"))))
 
 
+@pytest.fixture
+def cp(emu, monkeypatch):
+    """The stand-in cupy module (tests/fake_cupy.py), with pytfm._core.lib the emulator's:
+    pytfm.ops on its arrays runs the CUDA kernels of cuda/ under the emulator."""
+    import fake_cupy
+
+    return fake_cupy.install(monkeypatch, emu)
+
+
 @pytest.fixture(params=["forward", "reverse"])
 def order(request, emu):
     """Run the emulated kernels with the threads of each block scheduled first-to-last, then

@@ -117,6 +117,22 @@ class Emu:
 # past an edge changes a marker, which check() reports.
 MARGIN = 41
 _F32_MARK = np.array([0x7FE5A5A5], np.uint32).view(np.float32)[0]
+_F64_MARK = np.array([0x7FFA5A5A5A5A5A5A], np.uint64).view(np.float64)[0]
+
+
+def _marker(dtype):
+    """(the marker of a buffer of dtype, the dtype its bits are compared in)"""
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        return _F32_MARK, np.uint32
+    if dtype == np.float64:
+        return _F64_MARK, np.uint64
+    return dtype.type(-7), dtype
+
+
+def _intact(side, dtype):
+    mark, bits = _marker(dtype)
+    return (side.view(bits) == np.array([mark], dtype).view(bits)[0]).all()
 
 
 class Guarded:
@@ -125,24 +141,20 @@ class Guarded:
 
     def __call__(self, a, dtype=np.float32):
         a = np.asarray(a, dtype)
-        mark = _F32_MARK if a.dtype == np.float32 else -7
-        big = np.full(a.size + 2 * MARGIN, mark, a.dtype)
+        big = np.full(a.size + 2 * MARGIN, _marker(a.dtype)[0], a.dtype)
         big[MARGIN:MARGIN + a.size] = a.ravel()
         self.buffers.append(big)
         return big[MARGIN:MARGIN + a.size].reshape(a.shape)
 
     def empty(self, shape, dtype=np.float32):
-        """An output whose contents are a NaN until the kernel writes them."""
-        return self(np.full(shape, np.nan, dtype) if dtype == np.float32 else
-                    np.full(shape, -1, dtype), dtype)
+        """An output whose contents are a NaN (-1 for indices) until the kernel writes them."""
+        floating = np.issubdtype(np.dtype(dtype), np.floating)
+        return self(np.full(shape, np.nan if floating else -1, dtype), dtype)
 
     def check(self):
         for big in self.buffers:
-            bits = big.view(np.uint32 if big.dtype == np.float32 else np.int64)
-            mark = (np.array([_F32_MARK]).view(np.uint32)[0] if big.dtype == np.float32
-                    else -7)
-            for side in (bits[:MARGIN], bits[-MARGIN:]):
-                assert (side == mark).all(), "a kernel wrote outside its buffer"
+            for side in (big[:MARGIN], big[-MARGIN:]):
+                assert _intact(side, big.dtype), "a kernel wrote outside its buffer"
 
 
 class Aligned(Guarded):
@@ -166,7 +178,7 @@ class Aligned(Guarded):
         big[start:start + a.size] = a.ravel()
         self.spans.append((big, start, start + a.size))
         view = big[start:start + a.size].reshape(a.shape)
-        assert (view.ctypes.data % 16 == 0) == (offset % 4 == 0)
+        assert not a.size or (view.ctypes.data % 16 == 0) == (offset % 4 == 0)
         return view
 
     def empty(self, shape, dtype=np.float32, offset=None):
@@ -177,42 +189,58 @@ class Aligned(Guarded):
 
     def check(self):
         super().check()
-        mark = np.array([_F32_MARK]).view(np.uint32)[0]
         for big, start, end in self.spans:
-            bits = big.view(np.uint32)
-            assert (bits[:start] == mark).all() and (bits[end:] == mark).all(), \
+            assert _intact(big[:start], big.dtype) and _intact(big[end:], big.dtype), \
                 "a kernel wrote outside its buffer"
 
 
-def close(name, got, want_ref, want_c, atol, rtol=1e-5):
+def close(name, got, want_ref, want_c, atol, rtol=1e-5, rtol_c=None):
     """A CUDA result against the float64 reference and against the C kernel's, at one
-    tolerance (twice it against C, which rounds too)."""
+    tolerance (twice it against C, which rounds too; rtol_c, when given, against C)."""
     from helpers import assert_close
 
     assert_close(f"cuda-emu.{name}", got, want_ref, atol=atol, rtol=rtol)
-    assert_close(f"cuda-emu.{name}.vs-c", got, want_c, atol=2 * np.asarray(atol), rtol=2 * rtol)
+    assert_close(f"cuda-emu.{name}.vs-c", got, want_c, atol=2 * np.asarray(atol),
+                 rtol=2 * rtol if rtol_c is None else rtol_c)
 
 
 def check_layernorm(x, w, b, dy, dw0, db0, got):
     """LayerNorm's forward and backward from a CUDA kernel, got = (y, mean, rstd, dx, dw, db)
-    with dw, db accumulated into dw0, db0, against the reference and the C kernels."""
-    from pytfm import ops
-    from pytfm import reference as ref
+    with dw, db accumulated into dw0, db0, against the reference and the C kernels, at the
+    CUDA kernels' bounds of tests/ops_registry.py."""
+    from ops_registry import LAYERNORM_BACKWARD, LAYERNORM_FORWARD, fresh
 
-    eps32 = float(np.finfo(np.float32).eps)
-    rows, cols = x.shape
     y, mean, rstd, dx, dw, db = got
-    ry, rmean, rrstd = ref.layernorm_forward(x, w, b, 1e-5)
-    cy, cmean, crstd = ops.layernorm_forward(x, w, b, 1e-5)
-    tol = 8 * np.sqrt(cols) * eps32
-    close("layernorm.forward.mean", mean, rmean, cmean, atol=tol * 5, rtol=tol)
-    close("layernorm.forward.rstd", rstd, rrstd, crstd, atol=0, rtol=tol * 10)
-    close("layernorm.forward.y", y, ry, cy, atol=tol * 10 * (abs(w) * 4 + abs(b)), rtol=1e-5)
-    rdx, rdw, rdb = ref.layernorm_backward(dy, x, w, mean, rstd)
-    cdx, cdw, cdb = ops.layernorm_backward(dy, x, w, mean, rstd, dw=dw0.copy(), db=db0.copy())
-    gmax = float(abs(dy * w).max() * rstd.max())
-    close("layernorm.backward.dx", dx, rdx, cdx, atol=8 * cols * eps32 * gmax, rtol=1e-4)
-    big = 4 * rows * eps32 * float(abs(dy).max()) * (1 + float(abs(x - mean[:, None]).max()
-                                                          * rstd.max()))
-    close("layernorm.backward.dw", dw, dw0 + rdw, cdw, atol=big + 2 * eps32 * abs(dw0))
-    close("layernorm.backward.db", db, db0 + rdb, cdb, atol=big + 2 * eps32 * abs(db0))
+    for op, a, outputs in (
+            (LAYERNORM_FORWARD, dict(x=x, w=w, b=b, eps=1e-5), (y, mean, rstd)),
+            (LAYERNORM_BACKWARD, dict(x=x, w=w, dy=dy, mean=mean, rstd=rstd, dw0=dw0, db0=db0),
+             (dx, dw, db))):
+        want = op.check.want(fresh(a))
+        c = op.check.run(fresh(a))
+        for name, g, r, cc, t in zip(op.check.outputs, outputs, want, c,
+                                     op.check.emu_tol(a, want)):
+            close(f"{op.name}.{name}", g, r, cc, atol=t.atol, rtol=t.rtol)
+
+
+def guard_cupy(cp, g):
+    """Make the stand-in cupy module cp (tests/fake_cupy.py) put every array it makes, copies
+    and outputs alike, in g's guarded buffers: pytfm.ops on such arrays hands the CUDA kernels
+    nothing but guarded memory."""
+    import fake_cupy
+
+    def put(a, dtype=None):
+        return g(a, np.asarray(a).dtype if dtype is None else dtype).view(fake_cupy.ndarray)
+
+    cp.asarray = lambda a, dtype=None: a if isinstance(a, fake_cupy.ndarray) else put(a, dtype)
+    cp.empty = lambda shape, dtype=np.float64: g.empty(shape, dtype).view(fake_cupy.ndarray)
+    cp.zeros = lambda shape, dtype=np.float64: put(np.zeros(shape, dtype))
+    cp.empty_like = lambda a: cp.empty(a.shape, a.dtype)
+    cp.zeros_like = lambda a: cp.zeros(a.shape, a.dtype)
+    return cp
+
+
+def run_on_device(cp, op, a):
+    """op's Check run on copies of the inputs a made by the (stand-in) cupy module cp, so that
+    pytfm.ops calls op's CUDA twin; -> its outputs, as it returns them."""
+    device = {k: cp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in a.items()}
+    return op.check.run(device)

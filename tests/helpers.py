@@ -1,5 +1,5 @@
-"""Shared test helpers: the one comparison function, hypothesis strategies, finite differences,
-snippets run in a fresh interpreter."""
+"""Shared test helpers: the one comparison function, hypothesis strategies, array makers,
+finite differences, snippets run in a fresh interpreter."""
 
 import contextlib
 import os
@@ -99,8 +99,40 @@ seeds = st.integers(0, 2**32 - 1)
 scales = st.sampled_from([1e-3, 0.1, 1.0, 3.0, 30.0])
 
 
+EPS32 = float(np.finfo(np.float32).eps)
+FLT_MIN = float(np.finfo(np.float32).tiny)
+
+
 def f32(rng, shape, scale=1.0, offset=0.0):
+    """Normal float32 values of `shape`, times scale, plus offset."""
     return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+
+
+def z(*shape, dtype=np.float32):
+    """Zeros of `shape` (float32 unless told), for the arguments of a call meant to fail."""
+    return np.zeros(shape, dtype)
+
+
+def i64(*values):
+    """An int64 array of `values` (ids, targets, positions)."""
+    return np.array(values, dtype=np.int64)
+
+
+def amax(a):
+    """max |a| as a float, 0 for an empty array."""
+    return float(np.abs(a).max()) if np.size(a) else 0.0
+
+
+def bits(a):
+    """The bit patterns of a float32 array, for comparing results bit for bit."""
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def last_error():
+    """pytfm_last_error() of this thread, as text."""
+    from pytfm._core import ffi, lib
+
+    return ffi.string(lib.pytfm_last_error()).decode()
 
 
 def numerical_grad(f, x, eps=1e-6):
@@ -130,6 +162,17 @@ def max_isa(name):
         if pytfm.get_isa() != name:
             pytest.skip(f"this CPU cannot run the {name} kernels (best: {pytfm.get_isa()})")
         yield
+    finally:
+        pytfm.set_max_isa("auto")
+
+
+def has_isa(name):
+    """Whether this CPU runs pytfm's kernels of instruction set `name`."""
+    import pytfm
+
+    pytfm.set_max_isa(name)
+    try:
+        return pytfm.get_isa() == name
     finally:
         pytfm.set_max_isa("auto")
 

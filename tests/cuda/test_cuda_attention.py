@@ -18,37 +18,19 @@ import os
 
 import numpy as np
 import pytest
+from ops_registry import decode_reference, softmax_rel
 
+import cuda_emu
 from cuda_emu import CUDA, Aligned, EmuError, Guarded
-from helpers import assert_close
+from helpers import EPS32, amax, f32
 from pytfm import ops
 from pytfm import reference as ref
-
-EPS32 = float(np.finfo(np.float32).eps)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(CUDA), reason="needs the source checkout")
 
 
-
-
-def f32(rng, shape, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-
-def amax(a):
-    return float(np.abs(a).max()) if a.size else 0.0
-
-
-def softmax_rel(q, k, scale, T):
-    """Relative error to expect in probabilities and outputs (tests/kernels/test_attention.py):
-    a score off by δ moves its probability by e^±δ; sums over T keys add their own rounding."""
-    delta = 8 * q.shape[-1] ** 0.5 * EPS32 * amax(q) * amax(k) * scale + EPS32
-    return np.expm1(2 * delta) + 8 * (T**0.5 + 1) * EPS32
-
-
 def close(name, got, want_ref, want_c, atol):
-    assert_close(f"cuda-emu.attention.{name}", got, want_ref, atol=atol)
-    assert_close(f"cuda-emu.attention.{name}.vs-c", got, want_c, atol=2 * atol)
+    cuda_emu.close(f"attention.{name}", got, want_ref, want_c, atol, rtol_c=1e-5)
 
 
 def forward(emu, g, q, k, v, causal, scale):
@@ -130,19 +112,6 @@ def test_an_input_offset_by_one_float_takes_the_scalar_path(emu, D):
         g.check()
     for a, b in zip(*results):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
-
-
-def decode_reference(q, k_cache, v_cache, start, scale):
-    """float64: query i at position start + i sees the cached keys 0 .. start + i"""
-    n_new = q.shape[1]
-    Tk = start + n_new
-    S = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k_cache[:, :Tk]) * scale
-    seen = np.arange(Tk)[None, :] <= start + np.arange(n_new)[:, None]
-    S = np.where(seen, S, -np.inf)
-    m = S.max(axis=-1, keepdims=True)
-    lse = m[..., 0] + np.log(np.exp(S - m).sum(axis=-1))
-    P = np.exp(S - lse[..., None])
-    return np.einsum("bhts,bshd->bthd", P, v_cache[:, :Tk].astype(np.float64)), lse
 
 
 # B, H, D, n_new, start, Tmax: B·H < 4 splits the keys (the emulator's 4 "SMs"); n_new > 16

@@ -10,21 +10,41 @@ on a GPU.
 
 import types
 
-import fake_cupy
 import numpy as np
 import pytest
 from fake_cupy import EmulatedLib, ndarray  # noqa: F401 - EmulatedLib: for the tests below
+from ops_registry import checked, fresh
 
 import pytfm
+from cuda_emu import run_on_device
+from helpers import assert_close
 from pytfm import ops
 
-EPS32 = float(np.finfo(np.float32).eps)
 
-
-@pytest.fixture
-def cp(emu, monkeypatch):
-    """The stand-in cupy module (tests/fake_cupy.py), with pytfm._core.lib the emulator's."""
-    return fake_cupy.install(monkeypatch, emu)
+@pytest.mark.parametrize("op", checked(cuda=True), ids=lambda op: op.name)
+def test_every_twin_is_reached_through_pytfm_ops_on_cupy_arrays(cp, op):
+    """Each op of tests/ops_registry.py with a CUDA twin, on CuPy arrays (its Check's first emu
+    size): one call of the twin on the current stream, outputs made by the array module (or
+    the caller's, updated in place) of the NumPy path's shapes and dtypes and values (within
+    twice the twin's bound of the C kernel's)."""
+    c = op.check
+    values = c.emu[0]
+    a = c.make(**values)
+    want_c = c.run(fresh(a))
+    asked = len(cp.streams_asked)
+    got = run_on_device(cp, op, a)
+    assert len(cp.streams_asked) == asked + 1, "not one call on the current stream"
+    tols = (c.emu_tol or c.tol)(a, c.want(fresh(a)))
+    for name, g, w, t in zip(c.outputs, got, want_c, tols, strict=True):
+        if w is None:
+            assert g is None, name
+            continue
+        assert type(g) is ndarray, f"{op.name}.{name}: a {type(g)}, not a cupy.ndarray"
+        assert g.shape == np.shape(w), (name, g.shape, np.shape(w))
+        if isinstance(w, np.ndarray):
+            assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
+        assert_close(f"dispatch.{op.name}.{name}", g.get(), w, atol=2 * np.asarray(t.atol),
+                     rtol=2 * t.rtol)
 
 
 def test_cupy_arrays_run_the_cuda_kernels_and_match_numpy(cp):

@@ -1,6 +1,8 @@
 """Every CUDA kernel of cuda/, run on the CPU by the emulator (cuda/emu), against the float64
 reference and the C kernels, at sizes that break kernels: 1, odd, one past a warp (33) or a
 tile (65), rows short enough for a warp per row and long enough for a block per row (> 1024).
+Every twin of tests/ops_registry.py through pytfm.ops at its Check's sizes and bounds, then each
+kernel's own cases: bits, alignments, in-place forms, special inputs.
 
 Each case runs twice, with the threads of every block scheduled first-to-last and then
 last-to-first between barriers, so that a missing __syncthreads() reads stale shared memory in
@@ -13,25 +15,14 @@ import os
 
 import numpy as np
 import pytest
+from ops_registry import OPS, case_id, checked, exact_null_args, fresh
 
-from cuda_emu import CUDA, Aligned, EmuError, Guarded, check_layernorm, close
-from helpers import assert_close
+from cuda_emu import CUDA, Aligned, EmuError, Guarded, close, guard_cupy, run_on_device
+from helpers import EPS32, assert_close, bits, f32
 from pytfm import ops
 from pytfm import reference as ref
 
-EPS32 = float(np.finfo(np.float32).eps)
-
 pytestmark = pytest.mark.skipif(not os.path.isdir(CUDA), reason="needs the source checkout")
-
-
-def f32(rng, shape, scale=1.0, offset=0.0):
-    return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
-
-
-
-
-def bits(a):
-    return np.ascontiguousarray(a).view(np.uint32)
 
 
 # ---- the emulator itself ------------------------------------------------------------------
@@ -121,7 +112,50 @@ def test_cuda_entry_points_check_their_arguments(emu):
     emu.call("pytfm_softmax_forward_cuda", None, None, 0, 5)  # zero rows: nothing to launch
 
 
-# ---- the kernels --------------------------------------------------------------------------
+# ---- every twin, through pytfm.ops -----------------------------------------------------------
+
+TWINS = [(op, values) for op in checked(cuda=True) for values in op.check.emu]
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
+@pytest.mark.parametrize("op,values", TWINS,
+                         ids=[f"{op.name}-{case_id(values)}" for op, values in TWINS])
+def test_twin_matches_the_reference_and_the_c_kernel(cp, order, op, values, offset):
+    """Each op's CUDA twin at its Check's emu sizes (tests/ops_registry.py), called by
+    pytfm.ops on stand-in CuPy arrays whose every buffer, inputs and outputs, is guarded and
+    starts on a 16-byte boundary (the float4 paths) or one float past one (the scalar paths):
+    within the twin's bound of the reference, and twice that of the C kernel (its bits where
+    the twin promises them)."""
+    g = Aligned(offset)
+    guard_cupy(cp, g)
+    c = op.check
+    a = c.make(**values)
+    want, want_c = c.want(fresh(a)), c.run(fresh(a))
+    asked = len(cp.streams_asked)
+    got = run_on_device(cp, op, a)
+    assert len(cp.streams_asked) == asked + 1, "the CUDA twin was not called"
+    g.check()
+    tols = (c.emu_tol or c.tol)(a, want)
+    for name, x, r, cc, t in zip(c.outputs, got, want, want_c, tols, strict=True):
+        if r is None:
+            assert x is None and cc is None, name
+            continue
+        x = np.asarray(x)
+        close(f"{op.name}.{name}", x, r, cc, atol=t.atol, rtol=t.rtol)
+        if c.same_bits_as_c:
+            np.testing.assert_array_equal(bits(x), bits(cc), err_msg=f"{op.name}.{name}")
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if op.cuda], ids=lambda op: op.name)
+def test_twins_refuse_null_buffers(emu, op):
+    """As tests/kernels/test_errors.py for the C functions: every buffer NULL, sizes that need
+    them: INVALID_ARGUMENT naming the twin, before anything is launched."""
+    for template in op.exact:
+        with pytest.raises(EmuError, match=rf"status 1: {op.twin}: .*must not be NULL"):
+            emu.call(op.twin, *exact_null_args(template, emu.ffi))
+
+
+# ---- the kernels' own cases -----------------------------------------------------------------
 
 GEMM_SIZES = [(1, 1, 1), (3, 5, 7), (64, 64, 16), (65, 63, 17), (33, 70, 129), (2, 1, 65)]
 
@@ -145,54 +179,6 @@ def test_sgemm(emu, order, m, n, k, trans_a, trans_b):
     g.check()
 
 
-@pytest.mark.parametrize("rows,inn,out", [(1, 1, 1), (3, 5, 7), (65, 17, 63), (33, 64, 65)])
-@pytest.mark.parametrize("bias", [True, False])
-def test_linear(emu, order, rows, inn, out, bias):
-    rng = np.random.default_rng(rows + inn + out)
-    g = Guarded()
-    x, w = f32(rng, (rows, inn)), f32(rng, (out, inn))
-    b = f32(rng, out) if bias else None
-    y = g.empty((rows, out))
-    emu.call("pytfm_linear_forward_cuda", y, g(x), g(w), g(b) if bias else None, rows, inn, out)
-    bound = ref.linear_forward(abs(x), abs(w), None if b is None else abs(b))
-    close("linear.forward", y, ref.linear_forward(x, w, b), ops.linear_forward(x, w, b),
-          atol=2 * inn * EPS32 * bound)
-
-    dy = f32(rng, (rows, out))
-    dw0, db0 = f32(rng, (out, inn)), f32(rng, out)  # accumulated into
-    dx, dw, db = g.empty((rows, inn)), g(dw0), g(db0) if bias else None
-    emu.call("pytfm_linear_backward_cuda", dx, dw, db, g(dy), g(x), g(w), rows, inn, out)
-    rdx, rdw, rdb = ref.linear_backward(dy, x, w)
-    adx, adw, adb = ref.linear_backward(abs(dy), abs(x), abs(w))
-    cdx, cdw, cdb = ops.linear_backward(dy, x, w, has_bias=bias, dw=dw0.copy(),
-                                        db=db0.copy() if bias else None)
-    close("linear.backward.dx", dx, rdx, cdx, atol=2 * out * EPS32 * adx)
-    close("linear.backward.dw", dw, dw0 + rdw, cdw, atol=2 * rows * EPS32 * (adw + abs(dw0)))
-    if bias:
-        close("linear.backward.db", db, db0 + rdb, cdb, atol=2 * rows * EPS32 * (adb + abs(db0)))
-    g.check()
-
-
-ROWS = [(1, 1), (3, 7), (9, 32), (2, 33), (70, 67), (3, 1024), (2, 1025), (4, 1500)]
-
-
-@pytest.mark.parametrize("rows,cols", ROWS)
-def test_softmax(emu, order, rows, cols):
-    rng = np.random.default_rng(rows * cols)
-    g = Guarded()
-    x = f32(rng, (rows, cols), 3.0, -20.0)
-    y = g.empty(x.shape)
-    emu.call("pytfm_softmax_forward_cuda", y, g(x), rows, cols)
-    close("softmax.forward", y, ref.softmax_forward(x), ops.softmax_forward(x), atol=1e-7,
-          rtol=1e-5 + 4 * EPS32 * float(abs(x - x.max(-1, keepdims=True)).max()))
-    dy = f32(rng, x.shape)
-    dx = g.empty(x.shape)
-    emu.call("pytfm_softmax_backward_cuda", dx, g(dy), g(y), rows, cols)
-    close("softmax.backward", dx, ref.softmax_backward(dy, y), ops.softmax_backward(dy, y),
-          atol=4 * cols * EPS32 * float(abs(dy).max()), rtol=1e-5)
-    g.check()
-
-
 def layernorm_forward_3(emu, g, x, w, b, eps=1e-5):
     """LayerNorm's forward (y, mean, rstd) by the CUDA kernel (in g's guarded buffers), by the
     reference and by the C kernel."""
@@ -200,23 +186,6 @@ def layernorm_forward_3(emu, g, x, w, b, eps=1e-5):
     y, mean, rstd = g.empty(x.shape), g.empty(rows), g.empty(rows)
     emu.call("pytfm_layernorm_forward_cuda", y, mean, rstd, g(x), g(w), g(b), rows, cols, eps)
     return (y, mean, rstd), ref.layernorm_forward(x, w, b, eps), ops.layernorm_forward(x, w, b, eps)
-
-
-@pytest.mark.parametrize("rows,cols", ROWS)
-def test_layernorm(emu, order, rows, cols):
-    rng = np.random.default_rng(rows + cols)
-    g = Guarded()
-    x = f32(rng, (rows, cols), 2.0, 3.0)
-    w, b = f32(rng, cols), f32(rng, cols)
-    y, mean, rstd = g.empty(x.shape), g.empty(rows), g.empty(rows)
-    emu.call("pytfm_layernorm_forward_cuda", y, mean, rstd, g(x), g(w), g(b), rows, cols, 1e-5)
-    dy = f32(rng, x.shape)
-    dw0, db0 = f32(rng, cols), f32(rng, cols)
-    dx, dw, db = g.empty(x.shape), g(dw0), g(db0)
-    emu.call("pytfm_layernorm_backward_cuda", dx, dw, db, g(dy), g(x), g(w), g(mean), g(rstd),
-             rows, cols)
-    check_layernorm(x, w, b, dy, dw0, db0, (y, mean, rstd, dx, dw, db))
-    g.check()
 
 
 @pytest.mark.parametrize("rows,cols", [(3, 5), (4, 100), (3, 1024), (2, 1025)])
@@ -385,34 +354,6 @@ def test_embedding_bad_id_gives_a_nan_row(emu):
     assert np.isnan(y[1:3]).all() and (y[[0, 3]] == 1).all()
 
 
-@pytest.mark.parametrize("rows,vocab", [(1, 1), (5, 7), (9, 33), (3, 1025), (70, 5), (30, 1100),
-                                        (4, 5000)])
-@pytest.mark.parametrize("ignore_index,ignored", [(-1, 0.0), (-100, 0.3), (0, 0.5), (-1, 1.0)])
-def test_cross_entropy(emu, order, rows, vocab, ignore_index, ignored):
-    rng = np.random.default_rng(rows * vocab)
-    g = Guarded()
-    logits = f32(rng, (rows, vocab), 3.0, -30.0)
-    targets = rng.integers(0, vocab, size=rows)
-    targets[rng.random(rows) < ignored] = ignore_index
-    loss, lse = g.empty(1), g.empty(rows)
-    emu.call("pytfm_cross_entropy_forward_cuda", loss, lse, g(logits), g(targets, np.int64), rows,
-             vocab, ignore_index)
-    rloss, rlse = ref.cross_entropy_forward(logits, targets, ignore_index)
-    closs, clse = ops.cross_entropy_forward(logits, targets, ignore_index)
-    mag = EPS32 * float(abs(logits).max())
-    close("cross_entropy.forward.lse", lse, rlse, clse, atol=1e-6 + 4 * mag, rtol=1e-6)
-    close("cross_entropy.forward.loss", loss[0], rloss, closs, atol=1e-6 + 4 * mag, rtol=1e-5)
-    dlogits = g.empty((rows, vocab))
-    emu.call("pytfm_cross_entropy_backward_cuda", dlogits, g(logits), g(targets, np.int64), g(lse),
-             rows, vocab, ignore_index, -3.0)
-    kept = max(int((targets != ignore_index).sum()), 1)
-    close("cross_entropy.backward", dlogits,
-          ref.cross_entropy_backward(logits, targets, ignore_index, -3.0),
-          ops.cross_entropy_backward(logits, targets, lse, ignore_index, -3.0),
-          atol=(1e-6 + 4 * mag) * 3.0 / kept, rtol=1e-5)
-    g.check()
-
-
 @pytest.mark.parametrize("rows,vocab", [(9, 5), (33, 64), (3, 1025), (2, 5000)])
 @pytest.mark.parametrize("offsets", [(0, 0), (1, 1), (3, 3), (2, 0), (0, 1)])
 def test_cross_entropy_offsets(emu, rows, vocab, offsets):
@@ -452,27 +393,7 @@ def test_cross_entropy_offsets(emu, rows, vocab, offsets):
     assert (dlogits[1] == 0).all()  # the ignored row
 
 
-@pytest.mark.parametrize("count", [1, 7, 257, 1000])
-@pytest.mark.parametrize("step,weight_decay", [(1, 0.0), (1000, 0.1)])
-def test_adamw(emu, order, count, step, weight_decay):
-    rng = np.random.default_rng(count + step)
-    g = Guarded()
-    param, grad = f32(rng, count), f32(rng, count)
-    m, v = f32(rng, count, 0.1), abs(f32(rng, count, 0.1))
-    want = ref.adamw_step(param, grad, m, v, step, 1e-3, 0.9, 0.999, 1e-8, weight_decay)
-    cp, cm, cv = param.copy(), m.copy(), v.copy()
-    ops.adamw_step(cp, grad, cm, cv, step, 1e-3, 0.9, 0.999, 1e-8, weight_decay)
-    gp, gm, gv = g(param), g(m), g(v)
-    emu.call("pytfm_adamw_step_cuda", gp, gm, gv, g(grad), count, step, 1e-3, 0.9, 0.999, 1e-8,
-             weight_decay)
-    for name, got, before, r, c in zip(("param", "m", "v"), (gp, gm, gv), (param, m, v), want,
-                                       (cp, cm, cv)):
-        scale = abs(before) + abs(r - before) + abs(grad) * 0.1 * (name == "m")
-        close(f"adamw.{name}", got, r, c, atol=8 * EPS32 * scale + 1e-12)
-    g.check()
-
-
-# ---- the twins the GPU model needs besides attention ----------------------------------------
+# ---- the twins the GPU model needs besides attention -----------------------------------------
 
 QKV_CASES = [  # (B, T, H, D, pos): "none" is rope off (D may then be odd), [T] or [B, T]
     (1, 1, 1, 2, "shared"), (1, 1, 1, 2, "none"), (1, 1, 3, 1, "none"),

@@ -20,11 +20,9 @@ import pytest
 
 import cuda_emu
 from cuda_emu import CUDA, Aligned, close
-from helpers import assert_close
+from helpers import EPS32, assert_close, f32
 from pytfm import ops
 from pytfm import reference as ref
-
-EPS32 = float(np.finfo(np.float32).eps)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(CUDA), reason="needs the source checkout")
 
@@ -34,15 +32,9 @@ COLS = [1, 3, 4, 31, 32, 33, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 
         2047, 2048, 2049, 4095, 4096, 4097]
 
 
-
-
 def same_bits(name, a, b):
     assert (np.asarray(a).view(np.uint32) == np.asarray(b).view(np.uint32)).all(), \
         f"{name}: another run gave other bits"
-
-
-def f32(rng, shape, scale=1.0, offset=0.0):
-    return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
 
 
 # ---- softmax ------------------------------------------------------------------------------

@@ -18,14 +18,11 @@ import numpy as np
 import pytest
 
 from cuda_emu import CUDA, Aligned, EmuError
-from helpers import assert_close
+from helpers import EPS32, assert_close, bits
 
-EPS32 = float(np.finfo(np.float32).eps)
 BIG, SMS = 128, 1  # cuda/sgemm.cu: Big::BM = Big::BN, SGEMM_SMS under the emulator
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(CUDA), reason="needs the source checkout")
-
-
 
 
 def big_tiles(m, n):
@@ -51,10 +48,6 @@ def run(emu, name, g, c0, a, b, m, n, k, trans_a, trans_b, beta):
     c = g(c0) if beta else g.empty((m, n))
     emu.call(name, c, g(a), g(b), m, n, k, trans_a, trans_b, beta)
     return c
-
-
-def bits(x):
-    return np.ascontiguousarray(x).view(np.uint32)
 
 
 # sizes: m and n each 1, 7, 127, 128, 129, 255, 257 somewhere, k each of 0, 1, 8, 9, 17;

@@ -1,4 +1,5 @@
-"""Attention: the flash-style C kernel vs the naive float64 reference, and its properties."""
+"""Attention's properties and the flash-style C kernel's own cases (its check against the naive
+float64 reference on drawn sizes is tests/ops_registry.py's, run by test_ops.py)."""
 
 import os
 import subprocess
@@ -9,60 +10,22 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from ops_registry import (
+    ATTENTION_BACKWARD,
+    ATTENTION_FORWARD,
+    compare_with_reference,
+    score_error,
+    softmax_rel,
+)
 
 import pytfm
-from helpers import assert_close, assert_same_bits_at_any_thread_count, awkward, f32, seeds
+from helpers import EPS32, amax, assert_close, assert_same_bits_at_any_thread_count, f32, seeds
 from pytfm import ops
 from pytfm import reference as ref
-
-EPS32 = float(np.finfo(np.float32).eps)
-head_dims = st.sampled_from([1, 2, 8, 16, 64, 80, 128])
-n_heads = st.sampled_from([1, 3, 8])
-lengths = st.one_of(awkward, st.sampled_from([31, 32, 33, 63, 64, 65, 97]))
 
 
 def qkv(rng, B, T, H, D, scale=1.0):
     return [f32(rng, (B, T, H, D), scale) for _ in range(3)]
-
-
-def amax(a):
-    return float(np.abs(a).max()) if a.size else 0.0
-
-
-def score_error(q, k, scale):
-    """The float32 rounding error to expect in one score, scale·q·k: rounding errors of a
-    D-term dot product grow like sqrt(D) (with a safety factor of 8)."""
-    D = q.shape[-1]
-    return 8 * D**0.5 * EPS32 * amax(q) * amax(k) * scale + EPS32
-
-
-def softmax_rel(q, k, scale, T):
-    """Relative error to expect in probabilities and outputs: a score off by δ moves its
-    probability by a factor e^±δ (the shift by the row max cancels), and the sums over T keys
-    add their own rounding."""
-    return np.expm1(2 * score_error(q, k, scale)) + 8 * (T**0.5 + 1) * EPS32
-
-
-@given(B=st.sampled_from([1, 2]), T=lengths, H=n_heads, D=head_dims, causal=st.booleans(),
-       scale=st.sampled_from([None, 0.05, 1.0]), seed=seeds)
-def test_attention_matches_the_reference(B, T, H, D, causal, scale, seed):
-    rng = np.random.default_rng(seed)
-    q, k, v = qkv(rng, B, T, H, D)
-    o, lse = ops.attention_forward(q, k, v, causal, scale)
-    ro, rlse = ref.attention_forward(q, k, v, causal, scale)
-    s = 1 / np.sqrt(D) if scale is None else scale
-    rel = softmax_rel(q, k, s, T)
-    assert_close("attention.forward.o", o, ro, atol=rel * amax(v))
-    assert_close("attention.forward.lse", lse, rlse, atol=rel + EPS32 * amax(rlse))
-
-    dy = f32(rng, q.shape)
-    grads = ops.attention_backward(dy, q, k, v, o, lse, causal, scale)
-    want = ref.attention_backward(dy, q, k, v, causal, scale)
-    # dS = P·(dO·v − rowsum(dO∘O)) cancels: its noise is about rel·|dO||v|·sqrt(D)
-    noise = rel * s * D**0.5 * amax(dy) * amax(v)
-    floors = (noise * amax(k), noise * amax(q), rel * amax(dy))
-    for name, g, r, floor in zip(("dq", "dk", "dv"), grads, want, floors):
-        assert_close(f"attention.backward.{name}", g, r, atol=4 * rel * amax(r) + floor)
 
 
 @pytest.mark.parametrize("T", [128, 255, 256, 257, 300])
@@ -70,9 +33,10 @@ def test_attention_matches_the_reference(B, T, H, D, causal, scale, seed):
 def test_attention_across_the_key_tiles(T, causal):
     """Lengths around the fast forward's 256-key tile (one tile per row up to 256, then a
     second one and the online rescale) and the model's T = 128, where the diagonal's
-    micro-tiles are skipped in every product; against the reference, forward and backward."""
-    test_attention_matches_the_reference.hypothesis.inner_test(
-        B=1, T=T, H=2, D=32, causal=causal, scale=None, seed=T)
+    micro-tiles are skipped in every product; against the reference, forward and backward
+    (tests/ops_registry.py's checks, which tests/kernels/test_ops.py runs on drawn sizes)."""
+    for op in (ATTENTION_FORWARD, ATTENTION_BACKWARD):
+        compare_with_reference(op, dict(B=1, T=T, H=2, D=32, causal=causal, scale=None, seed=T))
 
 
 @given(T=st.integers(1, 24), H=st.sampled_from([1, 3]), D=st.sampled_from([1, 8, 16]),
@@ -183,37 +147,12 @@ def test_results_do_not_depend_on_the_thread_count():
     )
 
 
-# ---- bad input ------------------------------------------------------------------------------
-
-z = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
-q4 = z(2, 5, 3, 4)
-
-BAD = [
-    (lambda: ops.attention_forward(q4, z(2, 6, 3, 4), q4), r"k must have shape \(2, 5, 3, 4\)"),
-    (lambda: ops.attention_forward(z(2, 5, 3, 0), z(2, 5, 3, 0), z(2, 5, 3, 0)),
-     r"q.shape\[3\] \(head dim D\) must be >= 1"),
-    (lambda: ops.attention_forward(z(5, 3, 4), z(5, 3, 4), z(5, 3, 4)), r"q must have 4 dim"),
-    (lambda: ops.attention_forward(q4, q4, q4, scale=float("nan")), r"scale must be finite"),
-    (lambda: ops.attention_backward(q4, q4, q4, q4, q4, z(2, 5, 3)),
-     r"lse must have shape \(2, 3, 5\)"),
-    (lambda: ops.attention_backward(z(2, 5, 3, 5), q4, q4, q4, q4, z(2, 3, 5)),
-     r"dy must have shape"),
-    (lambda: ops.attention_decode(q4, z(2, 8, 3, 4), z(2, 8, 3, 4), start=4),
-     r"cache overflow: positions \[4, 9\) do not fit in a cache of Tmax = 8"),
-    (lambda: ops.attention_decode(q4, z(2, 8, 2, 4), z(2, 8, 2, 4), start=0),
-     r"k_cache must have shape \(B, Tmax, H, D\) = \(2, Tmax, 3, 4\)"),
-    (lambda: ops.attention_cache_append(z(2, 8, 3, 4), z(2, 8, 3, 4), q4, q4, start=-1),
-     r"cache overflow"),
-    (lambda: ops.attention_cache_append(z(2, 8, 3, 4), z(2, 9, 3, 4), q4, q4, start=0),
-     r"v_cache must have shape \(2, 8, 3, 4\)"),
-    (lambda: pytfm.KVCache(1, 0, 2, 4), r"KVCache sizes must all be >= 1"),
-]
+# ---- bad input (the ops' own cases are tests/ops_registry.py's, run by test_errors.py) ---------
 
 
-@pytest.mark.parametrize("call,pattern", BAD, ids=[f"case{i}" for i in range(len(BAD))])
-def test_bad_attention_input_raises(call, pattern):
-    with pytest.raises(ValueError, match=pattern):
-        call()
+def test_a_kv_cache_of_no_positions_is_refused():
+    with pytest.raises(ValueError, match=r"KVCache sizes must all be >= 1"):
+        pytfm.KVCache(1, 0, 2, 4)
 
 
 def test_a_full_kv_cache_refuses_more_and_keeps_its_contents():

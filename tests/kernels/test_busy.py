@@ -90,8 +90,8 @@ def test_the_default_counts_only_other_processes_tasks(tmp_path, machine, own, o
                     reason="the neighbour count is read from Linux's /proc; needs 2 cores")
 def test_the_first_call_already_leaves_the_busy_cores(tmp_path):
     """The very first kernel of a process sees the neighbours: the two-sample filter starts
-    from the first sample, not from an imagined idle one (a short C program's prompt used to
-    run a full team beside a busy neighbour: 100 ms instead of 1.5)."""
+    from the first sample, not from an imagined idle one (which would run a short C program's
+    prompt on a full team beside a busy neighbour)."""
     if len(os.sched_getaffinity(0)) < os.cpu_count():
         pytest.skip("this process may not run on every CPU: the default count does not adapt")
     root = fake_proc(tmp_path, CORES + 5, "R")

@@ -1,15 +1,16 @@
 """pytfm_sinusoidal_positions (csrc/kernels/positions.c): the one sinusoidal table, used by
-pytfm.nn and the C model alike, against the NumPy version of pytfm.reference; its argument checks.
+pytfm.nn and the C model alike, against the NumPy version of pytfm.reference; the C function's
+argument checks (pytfm.ops' are tests/ops_registry.py's bad-input cases).
 
 (That the C model and pytfm.nn agree bit for bit on a sinusoidal config is
 tests/c_api/test_c_model.py's.)"""
 
 import numpy as np
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import pytfm
+from helpers import last_error
 from pytfm import nn, ops, reference
 from pytfm._core import ffi, lib
 
@@ -48,23 +49,6 @@ def test_the_same_bits_at_any_thread_count():
     finally:
         pytfm.set_num_threads(before)
     assert tables[0] == tables[1] == tables[2]
-
-
-@pytest.mark.parametrize("T, dim, exc, match", [
-    (4, 3, ValueError, r"dim must be even and >= 2, got 3"),
-    (4, 0, ValueError, r"dim must be even and >= 2, got 0"),
-    (-1, 4, ValueError, r"T must be >= 0, got -1"),
-    (4, True, TypeError, r"dim must be an integer, got bool"),
-    (4.0, 4, TypeError, r"T must be an integer, got float"),
-    (2**64, 4, ValueError, r"T must fit in int64"),
-])
-def test_bad_arguments_raise_naming_them(T, dim, exc, match):
-    with pytest.raises(exc, match=match):
-        ops.sinusoidal_positions(T, dim)
-
-
-def last_error():
-    return ffi.string(lib.pytfm_last_error()).decode()
 
 
 def test_the_c_function_checks_its_arguments_and_writes_nothing():

@@ -8,10 +8,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import assert_close, awkward, f32, seeds, small
+from helpers import EPS32, assert_close, awkward, f32, seeds, small
 from pytfm import ops
-
-EPS32 = float(np.finfo(np.float32).eps)
 
 
 def grid(rng, shape, scale=4.0):

@@ -76,24 +76,6 @@ def test_same_bits_at_any_thread_count():
     """)
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: ops.qkv_split_forward(np.zeros((2, 3, 4, 1, 8), np.float32)), r"qkv.shape\[2\]"),
-    (lambda: ops.qkv_split_forward(np.zeros((2, 3, 3, 1, 8), np.float32), np.arange(4)),
-     "pos must have shape"),
-    (lambda: ops.qkv_split_forward(np.zeros((2, 3, 3, 1, 7), np.float32), np.arange(3)),
-     "must be even"),
-    (lambda: ops.qkv_split_forward(np.zeros((2, 3, 3, 8), np.float32)), "5 dimensions"),
-    (lambda: ops.qkv_split_forward(np.zeros((2, 3, 3, 1, 8), np.float64)), "dtype"),
-    (lambda: ops.qkv_split_backward(*[np.zeros((2, 3, 1, 8), np.float32)] * 2,
-                                    np.zeros((2, 3, 1, 4), np.float32)), "dv must have shape"),
-    (lambda: ops.qkv_split_forward(np.zeros((1, 2, 3, 1, 8), np.float32), np.arange(2),
-                                   base=0.0), "base"),
-])
-def test_bad_arguments_raise_naming_them(call, match):
-    with pytest.raises((TypeError, ValueError), match=match):
-        call()
-
-
 def test_c_refuses_overlapping_buffers():
     """The C function itself (what a C program calls) refuses outputs that share memory."""
     from pytfm._core import ffi, lib

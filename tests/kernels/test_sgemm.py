@@ -7,10 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import assert_close, assert_same_bits_at_any_thread_count, max_isa, seeds
+from helpers import EPS32, assert_close, assert_same_bits_at_any_thread_count, max_isa, seeds
 from pytfm._core import check, ffi, lib
 
-EPS32 = float(np.finfo(np.float32).eps)
 # 1, odd, and one either side of the micro-tiles (6×16, 8×32), the row block (144), the column
 # panel (2048) and the k slice (384)
 edges = st.one_of(
