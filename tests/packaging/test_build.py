@@ -95,11 +95,9 @@ def test_cuda_entry_points_answer_with_or_without_cuda_and_a_gpu():
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "setup.py")), reason="needs the checkout")
-def test_pytfm_cuda_1_without_nvcc_is_a_clear_build_error(tmp_path):
-    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
-                           if d and not os.path.exists(os.path.join(d, "nvcc")))
+def test_pytfm_cuda_1_without_nvcc_is_a_clear_build_error(tmp_path, path_without):
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CUDACXX")}
-    env.update(PATH=path, PYTFM_CUDA="1")
+    env.update(PATH=path_without("nvcc"), PYTFM_CUDA="1")
     r = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-temp",
                         str(tmp_path / "t"), "--build-lib", str(tmp_path / "l")], cwd=ROOT,
                        env=env, capture_output=True, text=True)

@@ -9,7 +9,6 @@ package index (or its cache) for the build requirements, as `pip install .` does
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -21,24 +20,6 @@ from helpers import ROOT, public_headers
 
 pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "setup.py")),
                                 reason="needs the source checkout")
-CMAKE_NAMES = ("cmake", "ctest", "cpack", "ccmake")
-
-
-def path_without_cmake(tmp):
-    """A PATH of one folder linking every program of this PATH but cmake's."""
-    tools = tmp / "tools"
-    tools.mkdir()
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        if not os.path.isdir(folder):
-            continue
-        for name in os.listdir(folder):
-            target = os.path.join(folder, name)
-            if name.startswith(CMAKE_NAMES) or (tools / name).exists():
-                continue
-            if os.path.isfile(target) and os.access(target, os.X_OK):
-                os.symlink(target, tools / name)
-    assert shutil.which("cmake", path=str(tools)) is None
-    return str(tools)
 
 
 def run(cmd, **kwargs):
@@ -47,7 +28,7 @@ def run(cmd, **kwargs):
     return r.stdout
 
 
-def test_sdist_builds_a_wheel_without_a_system_cmake(tmp_path):
+def test_sdist_builds_a_wheel_without_a_system_cmake(tmp_path, path_without):
     if importlib.util.find_spec("setuptools") is None:  # setup.py sdist runs in this Python
         pytest.fail("making the sdist needs setuptools in this environment", pytrace=False)
     dist = tmp_path / "dist"
@@ -59,7 +40,7 @@ def test_sdist_builds_a_wheel_without_a_system_cmake(tmp_path):
         tar.extractall(tmp_path / "src", **safe)
     (src,) = (tmp_path / "src").iterdir()
 
-    env = dict(os.environ, PATH=path_without_cmake(tmp_path), PYTFM_CUDA="0")
+    env = dict(os.environ, PATH=path_without("cmake", "ctest", "cpack", "ccmake"), PYTFM_CUDA="0")
     env.pop("PYTFM_WERROR", None)  # CI's -Werror is for the checkout's own build
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "wheel"),
          str(src)], env=env, cwd=tmp_path)
