@@ -1,12 +1,10 @@
-# The plain CUDA stubs of a CPU-only build, generated from the header without Python:
+# The plain CUDA stubs of a CPU-only build, generated from the header (CMakeLists.txt runs it at
+# build time; by hand: cmake -DSOURCE_DIR=<checkout> -DOUTPUT=<file.c> -P cmake/cuda_stubs.cmake).
 #
-#   cmake -DSOURCE_DIR=<checkout> -DOUTPUT=<file.c> -P cmake/cuda_stubs.cmake
-#
-# The twin of setup.py's cuda_stub_source(), and its output is byte for byte the same
-# (tests/packaging/test_cmake.py compares them): for each CUDA entry point (pytfm_cuda_* or
-# pytfm_*_cuda) declared between pytfm_cuda.h's PYTFM_CDEF markers that csrc/core/cuda_stub.c does not
-# define, a function that reads no argument and returns PYTFM_STATUS_NOT_SUPPORTED with a
-# message saying why. The file includes pytfm.h, so the compiler checks every signature.
+# For each CUDA entry point (pytfm_cuda_* or pytfm_*_cuda) declared between pytfm_cuda.h's
+# PYTFM_CDEF markers that csrc/core/cuda_stub.c does not define, a function that reads no
+# argument and returns PYTFM_STATUS_NOT_SUPPORTED with a message saying why. The file includes
+# pytfm.h, so the compiler checks every signature against the header.
 cmake_minimum_required(VERSION 3.18)
 
 foreach(var SOURCE_DIR OUTPUT)
@@ -19,45 +17,24 @@ endforeach()
 set(header_name "csrc/include/pytfm_cuda.h")
 set(hand_written_name "csrc/core/cuda_stub.c")
 set(no_cuda_message "pytfm was built without CUDA (nvcc not found, or PYTFM_CUDA=0)")
-set(ws "[ \t\r\n]") # Python's \s
-set(id "[A-Za-z0-9_]") # Python's \w (the header is ASCII)
+set(ws "[ \t\r\n]")
+set(id "[A-Za-z0-9_]")
 
 file(READ "${SOURCE_DIR}/${header_name}" header)
 file(READ "${SOURCE_DIR}/${hand_written_name}" hand_written)
 
-# The declarations: from the first PYTFM_CDEF_BEGIN to the last PYTFM_CDEF_END (Python's greedy
-# "PYTFM_CDEF_BEGIN(.*)PYTFM_CDEF_END").
+# The declarations: between the PYTFM_CDEF markers, without the /* comments */ (they name
+# functions too; a comment ends at its first */)
 string(FIND "${header}" "PYTFM_CDEF_BEGIN" begin)
 string(FIND "${header}" "PYTFM_CDEF_END" end REVERSE)
 if(begin EQUAL -1 OR end EQUAL -1 OR end LESS begin)
     message(FATAL_ERROR "${header_name}: PYTFM_CDEF_BEGIN/END markers not found")
 endif()
-math(EXPR begin "${begin} + 16") # past "PYTFM_CDEF_BEGIN"
 math(EXPR length "${end} - ${begin}")
-string(SUBSTRING "${header}" ${begin} ${length} rest)
+string(SUBSTRING "${header}" ${begin} ${length} cdef)
+string(REGEX REPLACE "/\\*([^*]|\\*+[^*/])*\\*+/" "" cdef "${cdef}")
 
-# Drop the /* comments */ (they name functions too). CMake's regex has no lazy .*?, so each
-# comment ends at the first */ after its /*, as Python's re.sub(r"/\*.*?\*/", "", ...).
-set(cdef "")
-while(TRUE)
-    string(FIND "${rest}" "/*" open)
-    if(open EQUAL -1)
-        break()
-    endif()
-    math(EXPR body "${open} + 2")
-    string(SUBSTRING "${rest}" ${body} -1 after_open)
-    string(FIND "${after_open}" "*/" close)
-    if(close EQUAL -1) # an unterminated comment stays, as in Python
-        break()
-    endif()
-    string(SUBSTRING "${rest}" 0 ${open} before)
-    string(APPEND cdef "${before}")
-    math(EXPR close "${close} + 2")
-    string(SUBSTRING "${after_open}" ${close} -1 rest)
-endwhile()
-string(APPEND cdef "${rest}")
-
-# What csrc/core/cuda_stub.c defines itself: "pytfm_status pytfm_x(" at the start of a line.
+# What csrc/core/cuda_stub.c defines itself: "pytfm_status pytfm_x(" at the start of a line
 string(REGEX MATCHALL "\npytfm_status${ws}+pytfm_${id}+${ws}*\\(" defs "\n${hand_written}")
 set(defined "")
 foreach(def IN LISTS defs)
@@ -66,9 +43,9 @@ foreach(def IN LISTS defs)
 endforeach()
 
 string(CONCAT out
-       "/* Generated from ${header_name} by setup.py's cuda_stub_source() or by\n"
-       " * cmake/cuda_stubs.cmake (the same bytes): the CUDA entry points of a build without\n"
-       " * CUDA that ${hand_written_name} does not define. Do not edit. */\n"
+       "/* Generated from ${header_name} by cmake/cuda_stubs.cmake: the CUDA entry\n"
+       " * points of a build without CUDA that ${hand_written_name} does not define.\n"
+       " * Do not edit. */\n"
        "#include \"core/internal.h\"\n\n"
        "static pytfm_status no_cuda(const char *func) {\n"
        "    return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED, \"%s: ${no_cuda_message}\", func);\n"
@@ -83,12 +60,12 @@ endif()
 foreach(decl IN LISTS decls)
     string(REGEX MATCH "${decl_regex}" _ "${decl}")
     set(name "${CMAKE_MATCH_1}")
-    # " ".join(params.split()): whitespace runs to one space, none at either end
-    string(REGEX REPLACE "${ws}+" " " params "${CMAKE_MATCH_2}")
-    string(STRIP "${params}" params)
     if(name IN_LIST defined)
         continue()
     endif()
+    string(REGEX REPLACE "${ws}+" " " params "${CMAKE_MATCH_2}")
+    string(STRIP "${params}" params)
+    # "(void)x;" for each named parameter: a stub reads no argument, and says so to -Wextra
     set(reads "")
     string(REPLACE "," ";" pieces "${params}")
     foreach(piece IN LISTS pieces)
@@ -99,14 +76,9 @@ foreach(decl IN LISTS decls)
         if(NOT piece MATCHES "(${id}+) *$")
             message(FATAL_ERROR "${header_name}: ${name}: a parameter without a name: '${piece}'")
         endif()
-        # a string, not a list: each "(void)x;" holds a semicolon
-        if(reads STREQUAL "")
-            set(reads "(void)${CMAKE_MATCH_1};")
-        else()
-            string(APPEND reads " (void)${CMAKE_MATCH_1};")
-        endif()
+        string(APPEND reads " (void)${CMAKE_MATCH_1};")
     endforeach()
-    string(APPEND out "\npytfm_status ${name}(${params}) {\n    ${reads}\n"
+    string(APPEND out "\npytfm_status ${name}(${params}) {\n   ${reads}\n"
                       "    return no_cuda(__func__);\n}\n")
 endforeach()
 

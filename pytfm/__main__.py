@@ -14,6 +14,7 @@ or, through pkg-config (the folder holding this installation's pytfm.pc):
 import argparse
 import json
 import os
+import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INCLUDE_DIR = os.path.join(HERE, "include")
@@ -21,14 +22,20 @@ LIB_DIR = os.path.join(HERE, "lib")
 PKGCONFIG_DIR = os.path.join(LIB_DIR, "pkgconfig")
 
 
-def _static_extras():
-    """What libpytfm.a needs besides libm: the static CUDA runtime in a CUDA build."""
-    try:
-        with open(os.path.join(LIB_DIR, "static_link.txt"), encoding="utf-8") as f:
-            extra = f.read().strip()
-    except FileNotFoundError:
-        return ""
-    return f" {extra}" if extra else ""
+def _pc_fields():
+    """{field: value} of this installation's pytfm.pc (Libs, Libs.private, ...), its ${variables}
+    expanded as pkg-config does: the one record of how to link the library CMake installed."""
+    variables, fields = {"pcfiledir": PKGCONFIG_DIR}, {}
+    expand = lambda text: re.sub(r"\$\{(\w+)\}", lambda m: variables[m.group(1)], text)
+    with open(os.path.join(PKGCONFIG_DIR, "pytfm.pc"), encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"([\w.]+)\s*([=:])\s*(.*?)\s*$", line)
+            if m and not line.startswith("#"):
+                if m.group(2) == "=":  # a folder
+                    variables[m.group(1)] = os.path.normpath(expand(m.group(3)))
+                else:
+                    fields[m.group(1)] = expand(m.group(3))
+    return fields
 
 
 def main(argv=None):
@@ -52,13 +59,10 @@ def main(argv=None):
         out.append(PKGCONFIG_DIR)
     if args.cflags:
         out.append(f"-I{INCLUDE_DIR}")
-    if args.libs:
-        out.append(f"-L{LIB_DIR} -Wl,-rpath,{LIB_DIR} -lpytfm -lm")
-    if args.static_libs:
-        from . import build_info
-
-        openmp = " -fopenmp" if "-fopenmp" in build_info()["flags"].split() else ""
-        out.append(f"{os.path.join(LIB_DIR, 'libpytfm.a')} -lm{openmp}{_static_extras()}")
+    if args.libs:  # and libm, for the program's own use of it
+        out.append(f"{_pc_fields()['Libs']} -lm")
+    if args.static_libs:  # the archive, and what it needs (libm, OpenMP, the CUDA runtime)
+        out.append(f"{os.path.join(LIB_DIR, 'libpytfm.a')} {_pc_fields()['Libs.private']}")
     if out:
         print(" ".join(out))
     else:

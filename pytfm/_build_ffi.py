@@ -2,8 +2,8 @@
 
 The cdef is the public headers themselves (the part between each one's PYTFM_CDEF markers, in
 the order pytfm.h includes them), so the binding cannot drift from the C API. The extension
-links against libpytfm.so, which setup.py builds first into pytfm/lib/ and finds at run time
-through an $ORIGIN rpath.
+links against libpytfm.so.<ABI>, which setup.py has CMake build first into pytfm/lib/, and
+finds it at run time through an $ORIGIN rpath.
 """
 
 import os
@@ -41,8 +41,7 @@ ffibuilder.set_source(
     "pytfm._pytfm_cffi",
     '#include "pytfm.h"',
     include_dirs=[INCLUDE_DIR],
-    libraries=["pytfm"],
-    # library_dirs is added by setup.py's build_ext, which knows where it built libpytfm.
+    # the library itself is added by setup.py's build_ext, which knows where CMake put it
     extra_link_args=["-Wl,-rpath,$ORIGIN/lib"],
 )
 

@@ -1,4 +1,5 @@
-"""The installed package: header and binding agree, version and build info, the C example."""
+"""The installed package: header and binding agree, version and build info, the C example; a
+CPU-only build's CUDA entry points."""
 
 import ctypes
 import importlib.metadata
@@ -21,6 +22,8 @@ INSTALLED_INCLUDE = os.path.join(PKG, "include")
 INSTALLED_HEADER = os.path.join(INSTALLED_INCLUDE, "pytfm.h")
 SOURCE_INCLUDE = os.path.join(ROOT, "csrc", "include")
 SOURCE_HEADER = os.path.join(SOURCE_INCLUDE, "pytfm.h")
+# the package holds the library under its SONAME only (a wheel holds no symlinks)
+SHARED_LIB = f"libpytfm.so.{lib.pytfm_abi_version()}"
 
 
 def declared_functions(include):
@@ -32,9 +35,9 @@ def test_every_declared_function_is_bound_and_exported():
     assert len(names) >= 19, names
     missing = [n for n in names if not hasattr(lib, n)]
     assert not missing, f"declared in pytfm.h but not bound by cffi: {missing}"
-    so = ctypes.CDLL(os.path.join(PKG, "lib", "libpytfm.so"))
+    so = ctypes.CDLL(os.path.join(PKG, "lib", SHARED_LIB))
     unexported = [n for n in names if not hasattr(so, n)]
-    assert not unexported, f"declared in pytfm.h but not exported by libpytfm.so: {unexported}"
+    assert not unexported, f"declared in pytfm.h but not exported by {SHARED_LIB}: {unexported}"
     assert not hasattr(so, "pytfm__fail"), "internal helpers must not be exported"
 
 
@@ -92,21 +95,23 @@ def test_cuda_entry_points_answer_with_or_without_cuda_and_a_gpu():
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "setup.py")), reason="needs the checkout")
-def test_pytfm_cuda_1_without_nvcc_is_a_clear_build_error(tmp_path):
-    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
-                           if d and not os.path.exists(os.path.join(d, "nvcc")))
-    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
-    env.update(PATH=path, PYTFM_CUDA="1")
+def test_pytfm_cuda_1_without_nvcc_is_a_clear_build_error(tmp_path, path_without):
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CUDACXX")}
+    env.update(PATH=path_without("nvcc"), PYTFM_CUDA="1")
     r = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-temp",
                         str(tmp_path / "t"), "--build-lib", str(tmp_path / "l")], cwd=ROOT,
                        env=env, capture_output=True, text=True)
     assert r.returncode != 0
-    assert "PYTFM_CUDA=1 asks for the CUDA kernels, but nvcc was found neither" in r.stderr
+    # CMake's configure says it (wrapping its lines), and setup.py names the step that failed
+    stderr = " ".join(r.stderr.split())
+    assert ("PYTFM_CUDA=ON asks for the CUDA kernels, but nvcc was found neither on PATH nor in "
+            "$CUDA_HOME/bin or $CUDA_PATH/bin") in stderr, r.stderr[-3000:]
+    assert "the CMake configure of libpytfm failed" in stderr
 
 
 def cuda_entry_points(include):
     """{name: [parameter type, ...]} of every pytfm_*_cuda and pytfm_cuda_* function declared
-    in the headers (read here independently of setup.py's generator, to check it)."""
+    in the headers (read here independently of cmake/cuda_stubs.cmake, to check it)."""
     text = header_text(include)
     decls = re.findall(r"pytfm_status\s+(pytfm_cuda_\w+|pytfm_\w+_cuda)\s*\(([^)]*)\)", text)
     return {name: [p.strip() for p in params.split(",")] for name, params in decls}
@@ -125,17 +130,17 @@ def zero_argument(param):
 def test_a_cpu_only_build_has_every_cuda_entry_point_and_each_says_not_supported(tmp_path):
     # a copy of what the build reads, built in place with PYTFM_CUDA=0: the checkout's own build
     # (with CUDA where nvcc is found) stays as it is
-    for f in ("setup.py", "pyproject.toml", "README.md"):
+    for f in ("setup.py", "pyproject.toml", "README.md", "CMakeLists.txt"):
         shutil.copy2(os.path.join(ROOT, f), tmp_path)
     shutil.copytree(os.path.join(ROOT, "csrc"), tmp_path / "csrc")
-    shutil.copytree(os.path.join(ROOT, "cmake"), tmp_path / "cmake")  # flags.txt, pytfm.pc.in
+    shutil.copytree(os.path.join(ROOT, "cmake"), tmp_path / "cmake")  # the stub generator
     shutil.copytree(os.path.join(ROOT, "pytfm"), tmp_path / "pytfm", ignore=shutil.ignore_patterns(
         "lib", "include", "*.so", "_pytfm_cffi.c", "__pycache__"))
     r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
                        cwd=tmp_path, env=dict(os.environ, PYTFM_CUDA="0"), capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    so = ctypes.CDLL(str(tmp_path / "pytfm" / "lib" / "libpytfm.so"))
+    so = ctypes.CDLL(str(tmp_path / "pytfm" / "lib" / SHARED_LIB))
     so.pytfm_last_error.restype = ctypes.c_char_p
     entry_points = cuda_entry_points(SOURCE_INCLUDE)
     assert len(entry_points) >= 18 and "pytfm_cuda_stream_synchronize" in entry_points
