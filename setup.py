@@ -55,8 +55,12 @@ class BuildExt(build_ext):
         shared = [f for f in os.listdir(lib_dir) if re.fullmatch(r"libpytfm\.so\.\d+", f)]
         if len(shared) != 1:
             raise SetupError(f"expected one libpytfm.so.<ABI> in {lib_dir}, found {shared}")
+        library = os.path.join(lib_dir, shared[0])
         for ext in self.extensions:
-            ext.extra_objects.append(os.path.join(lib_dir, shared[0]))
+            ext.extra_objects.append(library)
+            # relinked when the library is newer: an extension left in build/ by an earlier
+            # build may name another library (a former SONAME) and would not load
+            ext.depends.append(library)
         super().build_extensions()
         if not self.inplace:
             self.mirror_into_source(pkg_dir)

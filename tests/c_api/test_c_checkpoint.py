@@ -29,10 +29,10 @@ import time
 
 import numpy as np
 import pytest
-from checkpoint_edits import edit_structure, pack, unpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from checkpoint_edits import edit_structure, pack, unpack
 from helpers import CSRC, TESTS, library_sources
 from pytfm import checkpoint
 from pytfm._core import ffi, lib

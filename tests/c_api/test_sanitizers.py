@@ -11,9 +11,9 @@ import os
 import shutil
 import subprocess
 
-import ops_registry
 import pytest
 
+import ops_registry
 from helpers import ROOT, TESTS, library_sources
 
 CSRC = os.path.join(ROOT, "csrc")

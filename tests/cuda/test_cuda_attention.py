@@ -18,11 +18,11 @@ import os
 
 import numpy as np
 import pytest
-from ops_registry import decode_reference, softmax_rel
 
 import cuda_emu
 from cuda_emu import CUDA, Aligned, EmuError, Guarded
 from helpers import EPS32, amax, f32
+from ops_registry import decode_reference, softmax_rel
 from pytfm import ops
 from pytfm import reference as ref
 

@@ -12,12 +12,12 @@ import types
 
 import numpy as np
 import pytest
-from fake_cupy import EmulatedLib, ndarray  # noqa: F401 - EmulatedLib: for the tests below
-from ops_registry import checked, fresh
 
 import pytfm
 from cuda_emu import run_on_device
+from fake_cupy import EmulatedLib, ndarray  # noqa: F401 - EmulatedLib: for the tests below
 from helpers import assert_close
+from ops_registry import checked, fresh
 from pytfm import ops
 
 

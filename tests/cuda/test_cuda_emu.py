@@ -15,10 +15,10 @@ import os
 
 import numpy as np
 import pytest
-from ops_registry import OPS, case_id, checked, exact_null_args, fresh
 
 from cuda_emu import CUDA, Aligned, EmuError, Guarded, close, guard_cupy, run_on_device
 from helpers import EPS32, assert_close, bits, f32
+from ops_registry import OPS, case_id, checked, exact_null_args, fresh
 from pytfm import ops
 from pytfm import reference as ref
 

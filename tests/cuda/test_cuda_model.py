@@ -15,10 +15,10 @@ import os
 import subprocess
 import sys
 
-import fake_cupy
 import numpy as np
 import pytest
 
+import fake_cupy
 import pytfm
 from helpers import ROOT
 from pytfm import checkpoint, ops

@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+import pytfm
+from helpers import EPS32, amax, assert_close, assert_same_bits_at_any_thread_count, f32, seeds
 from ops_registry import (
     ATTENTION_BACKWARD,
     ATTENTION_FORWARD,
@@ -17,9 +20,6 @@ from ops_registry import (
     score_error,
     softmax_rel,
 )
-
-import pytfm
-from helpers import EPS32, amax, assert_close, assert_same_bits_at_any_thread_count, f32, seeds
 from pytfm import ops
 from pytfm import reference as ref
 

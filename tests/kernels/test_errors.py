@@ -7,10 +7,10 @@ import threading
 
 import numpy as np
 import pytest
-from ops_registry import OPS, Bad, exact_null_args
 
 import pytfm
 from helpers import i64, last_error, z
+from ops_registry import OPS, Bad, exact_null_args
 from pytfm import PytfmError, ops
 from pytfm._core import check, ffi, lib
 from pytfm.generate import generate, sample_next

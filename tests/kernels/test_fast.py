@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from ops_registry import OPS, fresh
 
 from helpers import TESTS, assert_close, has_isa, max_isa, run_python
+from ops_registry import OPS, fresh
 
 FAST_CASES = [(op, case, isa) for op in OPS if not isinstance(op.fast, str)
               for case in op.fast for isa in case.isas]

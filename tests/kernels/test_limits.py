@@ -17,9 +17,9 @@ import json
 import os
 
 import pytest
-from ops_registry import BY_NAME, OPS
 
 from helpers import TESTS, run_python
+from ops_registry import BY_NAME, OPS
 
 MARK = 1234.5  # what the tiny buffers hold before the call
 

@@ -16,10 +16,10 @@ import json
 import sys
 
 import pytest
-from ops_registry import OPS, Scratch
 
 import pytfm
 from helpers import run_python
+from ops_registry import OPS, Scratch
 
 DRIVER = """
 import json, resource

@@ -9,6 +9,7 @@ promise for that op (the registry's Check.tol).
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from ops_registry import checked, compare_with_reference
 
 

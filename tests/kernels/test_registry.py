@@ -5,11 +5,11 @@ each of the cross-cutting tests finds what it needs (see CONTRIBUTING.md, "Addin
 import os
 import re
 
-import ops_registry
 import pytest
-from ops_registry import NON_OPS, OPS, Check, Fast, Scratch
 
+import ops_registry
 from helpers import INCLUDE, ROOT, header_text
+from ops_registry import NON_OPS, OPS, Check, Fast, Scratch
 from pytfm import ops
 from pytfm import reference as ref
 

@@ -18,10 +18,10 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
-from checkpoint_edits import edit_structure, pack, unpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from checkpoint_edits import edit_structure, pack, unpack
 from pytfm import checkpoint
 from pytfm.checkpoint import CheckpointError
 from pytfm.nn import GPT, GPTConfig, param_shapes
