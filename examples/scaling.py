@@ -34,7 +34,7 @@ import sys
 import time
 
 import numpy as np
-from train_tiny import new_parser  # defaults in --help, no abbreviated flags
+from train_tiny import make_out_folder, new_parser  # defaults in --help, no abbreviated flags
 
 from pytfm import data
 from pytfm.nn import GPT, GPTConfig
@@ -106,14 +106,7 @@ def parse_args(argv=None):
     if not 0 < args.lr < math.inf:
         p.error(f"--lr must be finite and > 0, got {args.lr}")
     args.sizes, args.budgets = parse_sizes(p, args.sizes), parse_budgets(p, args.budgets)
-    if not args.out:  # last: a bad flag leaves no folder behind
-        p.error("--out: the path is empty")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        p.error(f"--out: {args.out} exists and is not a folder")
-    try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        p.error(f"--out: cannot create the folder {args.out}: {e.strerror or e}")
+    make_out_folder(p, args.out)  # last: a bad flag leaves no folder behind
     return args
 
 

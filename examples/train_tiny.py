@@ -213,22 +213,34 @@ def context_too_long(p, args, size):
             f"and validation need context + 1 bytes each ({hint})")
 
 
+def check_out_path(p, out):
+    """A usage error when the --out path is empty or names something that is not a folder."""
+    if not out:
+        p.error("--out: the path is empty")
+    if os.path.exists(out) and not os.path.isdir(out):
+        p.error(f"--out: {out} exists and is not a folder")
+
+
+def make_out_folder(p, out):
+    """The folder --out names, made if it is missing; a usage error when the path is empty,
+    names a file, or cannot be made (the other examples check their --out with it too)."""
+    check_out_path(p, out)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out: cannot create the folder {out}: {e.strerror or e}")
+
+
 def check_out(p, args):
     """--out is a folder this process can create and write in, before training: the run must
     not end with nowhere to save; and a checkpoint there is replaced only when asked
     (--force), continued with --resume. -> the checkpoint's path."""
     out = args.out
-    if not out:
-        p.error("--out: the path is empty")
+    check_out_path(p, out)
     ckpt = os.path.join(out, "model.safetensors")
-    if os.path.exists(out) and not os.path.isdir(out):
-        p.error(f"--out: {out} exists and is not a folder")
     if args.resume and not os.path.isfile(ckpt):
         p.error(f"--resume: there is no checkpoint at {ckpt}")
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:
-        p.error(f"--out: cannot create the folder {out}: {e.strerror or e}")
+    make_out_folder(p, out)
     try:
         fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)
         os.close(fd)

@@ -1,11 +1,31 @@
-"""Building and editing safetensors files byte by byte, shared by the tests of the checkpoint
-reader through Python (tests/model/test_checkpoint.py) and through its C API
-(tests/c_api/test_c_checkpoint.py)."""
+"""Building and editing safetensors files byte by byte, and the small model they start from,
+shared by the tests of the checkpoint reader through Python (tests/model/test_checkpoint.py)
+and through its C API (tests/c_api/test_c_checkpoint.py)."""
 
 import json
 import struct
 
+import numpy as np
 from hypothesis import strategies as st
+
+from pytfm.nn import GPT, GPTConfig
+from pytfm.optim import AdamW
+
+
+def small_model(pos="rope", tie=True, seed=0, **kw):
+    """A one-layer GPT with random (not initial) weights, and its AdamW after one step."""
+    cfg = dict(vocab=8, d_model=4, n_layer=1, n_head=2, max_seq=4, pos=pos, tie_embeddings=tie,
+               seed=seed)
+    cfg.update(kw)
+    model = GPT(GPTConfig(**cfg))
+    rng = np.random.default_rng(seed + 1)
+    for p in model.params.values():
+        p[...] = rng.standard_normal(p.shape)
+    opt = AdamW(model.params, model.grads)
+    for g in model.grads.values():
+        g[...] = rng.standard_normal(g.shape)
+    opt.step()
+    return model, opt
 
 
 def pack(header, body=b"", length=None):

@@ -59,13 +59,25 @@ typedef struct {
     int causal;
 } problem;
 
+/* Head (b, h) of a problem: its rows of q and o (row t at q + t·H·D), of k and v (row s at
+ * k + s·H·D), and its lse [Tq] (b, h, :). */
+typedef struct {
+    const float *q, *k, *v;
+    float *o, *lse;
+} head;
+
+static head head_of(const problem *p, int64_t b, int64_t h) {
+    const int64_t D = p->D;
+    return (head){p->q + (b * p->Tq * p->H + h) * D, p->k + (b * p->Ts * p->H + h) * D,
+                  p->v + (b * p->Ts * p->H + h) * D, p->o + (b * p->Tq * p->H + h) * D,
+                  p->lse + (b * p->H + h) * p->Tq};
+}
+
 static void forward_head(const problem *p, int64_t b, int64_t h) {
     const int64_t D = p->D, HD = p->H * D;
-    const float *qb = p->q + (b * p->Tq * p->H + h) * D; // row t at qb + t·HD
-    const float *kb = p->k + (b * p->Ts * p->H + h) * D;
-    const float *vb = p->v + (b * p->Ts * p->H + h) * D;
-    float *ob = p->o + (b * p->Tq * p->H + h) * D;
-    float *lse = p->lse + (b * p->H + h) * p->Tq; // (b, h, :)
+    const head hd = head_of(p, b, h);
+    const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD
+    float *ob = hd.o, *lse = hd.lse;
     float s[BK], m[BQ], l[BQ];
 
     for (int64_t i0 = 0; i0 < p->Tq; i0 += BQ) {
@@ -124,11 +136,9 @@ enum { RK = 64 }; /* keys per tile */
 static void decode_head_rows(const problem *p, const pytfm__fast_kernels *fk, int64_t b,
                              int64_t h) {
     const int64_t D = p->D, HD = p->H * D;
-    const float *qb = p->q + (b * p->Tq * p->H + h) * D; // row t at qb + t·HD
-    const float *kb = p->k + (b * p->Ts * p->H + h) * D;
-    const float *vb = p->v + (b * p->Ts * p->H + h) * D;
-    float *ob = p->o + (b * p->Tq * p->H + h) * D;
-    float *lse = p->lse + (b * p->H + h) * p->Tq; // (b, h, :)
+    const head hd = head_of(p, b, h);
+    const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD
+    float *ob = hd.o, *lse = hd.lse;
     float s[RK];
     for (int64_t r = 0; r < p->Tq; r++) {
         const float *qr = qb + r * HD;
@@ -240,11 +250,9 @@ static void forward_head_fast(const problem *p, const fast_path *f, float *ws, i
                               int64_t h) {
     const int64_t D = p->D, HD = p->H * D, Tk = p->Tk;
     const int mr = f->uk->mr;
-    const float *qb = p->q + (b * p->Tq * p->H + h) * D; // row t at qb + t·HD
-    const float *kb = p->k + (b * p->Ts * p->H + h) * D;
-    const float *vb = p->v + (b * p->Ts * p->H + h) * D;
-    float *ob = p->o + (b * p->Tq * p->H + h) * D;
-    float *lse = p->lse + (b * p->H + h) * p->Tq;
+    const head hd = head_of(p, b, h);
+    const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD
+    float *ob = hd.o, *lse = hd.lse;
     float *kt = ws, *s = kt + D * Tk, *m = s + TQ * TK, *l = m + TQ; // kt [D, Tk], s [TQ, TK]
     transpose_rows(kt, kb, Tk, D, HD);
     for (int64_t i0 = 0; i0 < p->Tq; i0 += TQ) {

@@ -33,12 +33,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkpoint_edits import edit_structure, pack, unpack
+from checkpoint_edits import small_model as small
 from helpers import CSRC, TESTS, library_sources
 from pytfm import checkpoint
 from pytfm._core import ffi, lib
 from pytfm.checkpoint import CheckpointError
-from pytfm.nn import GPT, GPTConfig, param_shapes
-from pytfm.optim import AdamW
+from pytfm.nn import GPTConfig, param_shapes
 
 FUZZ = os.path.join(TESTS, "c_api", "fuzz")
 REGRESSIONS = os.path.join(FUZZ, "regressions")
@@ -49,22 +49,6 @@ needs_csrc = pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the sourc
 
 
 # ---- checkpoints to start from --------------------------------------------------------------
-
-
-def small(pos="rope", tie=True, seed=0, **kw):
-    """A GPT with random (not initial) weights, and its AdamW after one step."""
-    cfg = dict(vocab=8, d_model=4, n_layer=1, n_head=2, max_seq=4, pos=pos, tie_embeddings=tie,
-               seed=seed)
-    cfg.update(kw)
-    model = GPT(GPTConfig(**cfg))
-    rng = np.random.default_rng(seed + 1)
-    for p in model.params.values():
-        p[...] = rng.standard_normal(p.shape)
-    opt = AdamW(model.params, model.grads)
-    for g in model.grads.values():
-        g[...] = rng.standard_normal(g.shape)
-    opt.step()
-    return model, opt
 
 
 @functools.cache
@@ -616,11 +600,7 @@ def test_fuzz_regressions_are_refused_everywhere(tmp_path):
             assert lib.pytfm_json_check(raw, len(raw)) == INVALID, name
             with pytest.raises(ValueError):
                 json.loads(raw)
-        blob = as_header(raw)
-        if blob is not None:
-            with open(wrapped, "wb") as f:
-                f.write(blob)
-            read_alike(wrapped, blob)
+        read_as_header(raw, wrapped)
 
 
 def test_a_huge_header_length_within_the_file_is_refused_by_its_limit(tmp_path):
@@ -1157,11 +1137,16 @@ def test_fuzzing_for_a_while_finds_nothing(fuzzer, tmp_path):
         raw = path.read_bytes()
         read_alike(str(path), raw)
         json_text_is_read_by_python(raw)
-        blob = as_header(raw)
-        if blob is not None:
-            with open(wrapped, "wb") as f:
-                f.write(blob)
-            read_alike(wrapped, blob)
+        read_as_header(raw, wrapped)
+
+
+def read_as_header(raw, path):
+    """read_alike on as_header(raw), written to path, when raw is a JSON object."""
+    blob = as_header(raw)
+    if blob is not None:
+        with open(path, "wb") as f:
+            f.write(blob)
+        read_alike(path, blob)
 
 
 def as_header(raw):

@@ -22,26 +22,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkpoint_edits import edit_structure, pack, unpack
+from checkpoint_edits import small_model as small
 from pytfm import checkpoint
 from pytfm.checkpoint import CheckpointError
 from pytfm.nn import GPT, GPTConfig, param_shapes
 from pytfm.optim import AdamW
-
-
-def small(pos="rope", tie=True, seed=0, **kw):
-    """A one-layer GPT with random (not initial) weights, and its AdamW after one step."""
-    cfg = dict(vocab=8, d_model=4, n_layer=1, n_head=2, max_seq=4, pos=pos, tie_embeddings=tie,
-               seed=seed)
-    cfg.update(kw)
-    model = GPT(GPTConfig(**cfg))
-    rng = np.random.default_rng(seed + 1)
-    for p in model.params.values():
-        p[...] = rng.standard_normal(p.shape)
-    opt = AdamW(model.params, model.grads)
-    for g in model.grads.values():
-        g[...] = rng.standard_normal(g.shape)
-    opt.step()
-    return model, opt
 
 
 @pytest.fixture
