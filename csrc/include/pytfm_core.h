@@ -77,10 +77,13 @@ PYTFM_API int32_t pytfm_abi_version(void);
  * per-thread scratch for all of its regions: a change from another thread meanwhile is safe
  * (it takes effect from the next call).
  * threads must be >= 0. Without OpenMP the setting is accepted and the kernels run on one
- * thread. */
+ * thread. After fork(): OpenMP's threads are not copied into a child, so in a process forked
+ * from one that had already used more than one thread, the kernels run on one thread whatever
+ * the setting (a child forked before keeps the setting). */
 PYTFM_API pytfm_status pytfm_set_num_threads(int32_t threads);
 
-/* The number of threads the next kernel will use, after the clamp above (1 without OpenMP). */
+/* The number of threads the next kernel will use, after the clamp above (1 without OpenMP, and
+ * in a forked child as said above). */
 PYTFM_API int32_t pytfm_get_num_threads(void);
 
 /* CPU features, as a bit mask in pytfm_build_info.cpu_features (detected at run time). */
