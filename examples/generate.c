@@ -10,14 +10,19 @@
  * flags and their defaults are sample.py's, plus --threads; the random numbers are the
  * library's documented generator (pytfm_rng), so a seed gives the same text on every machine,
  * but not the text sample.py gives for it (NumPy's generator differs); --temperature 0
- * (greedy) gives exactly sample.py's. A bad flag or checkpoint stops it with its usage and
- * one line naming the problem, exit status 2; a failure while generating, status 1.
+ * (greedy) gives exactly sample.py's. --temperature takes what Python's float() takes, as
+ * sample.py does (underscores between digits, Unicode digits and spaces, "inf" and "nan";
+ * no hexadecimal), and refuses what sample.py refuses. A bad flag or checkpoint stops it with
+ * its usage and one line naming the problem, exit status 2; a failure while generating, or
+ * stdout closed before the text is written (a pipe whose reader left), status 1 and a message.
  */
 #define _POSIX_C_SOURCE 200809L /* stat, clock_gettime */
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -75,6 +80,183 @@ static int parse_int(const char *text, long long lo, long long hi, long long *va
     return 1;
 }
 
+/* ---- --temperature as Python's float() reads a str (sample.py: argparse's type=float) ---- */
+
+/* The zero of each run of ten decimal digits (Unicode's Nd) in Unicode 14.0, Python 3.11's:
+ * float() reads each as its digit. Then the code points above ASCII that float() takes for
+ * spaces (str.isspace). */
+static const uint32_t unicode_zeros[] = {
+    0x30,    0x660,   0x6F0,   0x7C0,   0x966,   0x9E6,   0xA66,   0xAE6,   0xB66,   0xBE6,
+    0xC66,   0xCE6,   0xD66,   0xDE6,   0xE50,   0xED0,   0xF20,   0x1040,  0x1090,  0x17E0,
+    0x1810,  0x1946,  0x19D0,  0x1A80,  0x1A90,  0x1B50,  0x1BB0,  0x1C40,  0x1C50,  0xA620,
+    0xA8D0,  0xA900,  0xA9D0,  0xA9F0,  0xAA50,  0xABF0,  0xFF10,  0x104A0, 0x10D30, 0x11066,
+    0x110F0, 0x11136, 0x111D0, 0x112F0, 0x11450, 0x114D0, 0x11650, 0x116C0, 0x11730, 0x118E0,
+    0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x16A60, 0x16AC0, 0x16B50, 0x1D7CE, 0x1D7D8, 0x1D7E2,
+    0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E950, 0x1FBF0};
+static const uint32_t unicode_spaces[] = {0x85,   0xA0,   0x1680, 0x2000, 0x2001, 0x2002, 0x2003,
+                                          0x2004, 0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200A,
+                                          0x2028, 0x2029, 0x202F, 0x205F, 0x3000};
+
+/* the code point of the UTF-8 sequence at *s, *s moved past it; -1 for bytes that are not
+ * UTF-8 (Python gets them as lone surrogates: neither digit nor space) */
+static long next_code_point(const unsigned char **s) {
+    const unsigned char *p = *s, lead = p[0];
+    const int n = lead < 0x80 ? 1 : lead < 0xC2 ? 0 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3
+                : lead < 0xF5 ? 4 : 0; /* the sequence's length from its first byte */
+    if (n == 0) return -1;
+    long cp = n == 1 ? lead : lead & (0x3F >> (n - 1));
+    for (int i = 1; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80) return -1;
+        cp = (cp << 6) | (p[i] & 0x3F);
+    }
+    static const long least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return -1;
+    *s = p + n;
+    return cp;
+}
+
+/* the value 0-9 of a decimal digit, ASCII or not; -1 for any other code point */
+static int unicode_digit(long cp) {
+    for (size_t i = 0; i < sizeof unicode_zeros / sizeof *unicode_zeros; i++)
+        if (cp >= (long)unicode_zeros[i] && cp < (long)unicode_zeros[i] + 10)
+            return (int)(cp - (long)unicode_zeros[i]);
+    return -1;
+}
+
+/* cp as float() sees it: its ASCII self below 127, ' ' for a space, '0'-'9' for a digit;
+ * 0 for anything else (which float() refuses) */
+static char python_ascii(long cp) {
+    if (cp >= 0 && cp < 127) return (char)cp;
+    for (size_t i = 0; i < sizeof unicode_spaces / sizeof *unicode_spaces; i++)
+        if ((long)unicode_spaces[i] == cp) return ' ';
+    const int d = unicode_digit(cp);
+    return d < 0 ? 0 : (char)('0' + d);
+}
+
+/* Whether argparse takes the word for an option, not for the value of the flag before it
+ * (sample.py's flags then fail with "expected one argument"): it starts with '-', is not "-"
+ * alone, holds no space, and is not a negative number as argparse sees one (-5, -.5, -1.25;
+ * its \d takes any decimal digit, its $ a final newline). */
+static int looks_like_option(const char *word) {
+    if (word[0] != '-' || word[1] == '\0' || strchr(word, ' ')) return 0;
+    const unsigned char *s = (const unsigned char *)word + 1;
+    int before = 0, after = 0, point = 0;
+    for (long cp; *s && !(s[0] == '\n' && s[1] == '\0');) {
+        if ((cp = next_code_point(&s)) == '.' && !point) point = 1;
+        else if (unicode_digit(cp) >= 0) *(point ? &after : &before) += 1;
+        else return 1;
+    }
+    return point ? after == 0 : before == 0;
+}
+
+static int digit(char c) { return c >= '0' && c <= '9'; }
+
+/* [+-]? digits [. digits?] | [+-]? . digits, then [eE] [+-]? digits: what Python's strtod
+ * takes, with no spaces around (no hexadecimal, no "nan(...)") */
+static int decimal_syntax(const char *s) {
+    s += *s == '+' || *s == '-';
+    int digits = 0;
+    for (; digit(*s); s++) digits++;
+    if (*s == '.')
+        for (s++; digit(*s); s++) digits++;
+    if (!digits) return 0;
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        s += *s == '+' || *s == '-';
+        if (!digit(*s)) return 0;
+        while (digit(*s)) s++;
+    }
+    return *s == '\0';
+}
+
+/* "inf", "infinity" or "nan" in any case, signed or not: 1 with *value, else 0 */
+static int special_value(const char *s, double *value) {
+    const double sign = *s == '-' ? -1.0 : 1.0;
+    s += *s == '+' || *s == '-';
+    char lower[9] = {0};
+    for (size_t i = 0; s[i]; i++) {
+        if (i == sizeof lower - 1) return 0;
+        lower[i] = (char)tolower((unsigned char)s[i]);
+    }
+    if (!strcmp(lower, "inf") || !strcmp(lower, "infinity")) *value = sign * INFINITY;
+    else if (!strcmp(lower, "nan")) *value = NAN;
+    else return 0;
+    return 1;
+}
+
+/* text as Python's float(text): 1 with *value, or 0 where float() raises ValueError. Its steps:
+ * each code point to ASCII (python_ascii); underscores dropped where each sits between two
+ * digits, refused elsewhere; ASCII spaces (" \t\n\v\f\r") stripped at both ends; then
+ * inf / nan, or a decimal number, whose overflow is ±inf and underflow 0, as Python's. */
+static int parse_python_float(const char *text, double *value) {
+    char *ascii = malloc(strlen(text) + 1);
+    if (!ascii) return 0;
+    size_t n = 0;
+    char prev = 0;
+    int ok = 1;
+    for (const unsigned char *s = (const unsigned char *)text; *s && ok;) {
+        const char c = python_ascii(next_code_point(&s));
+        if (c == 0 || (c == '_' && !digit(prev)) || (prev == '_' && !digit(c))) ok = 0;
+        if (c != '_') ascii[n++] = c;
+        prev = c;
+    }
+    ascii[n] = '\0';
+    ok = ok && prev != '_';
+    char *start = ascii, *end = ascii + n;
+    while (start < end && strchr(" \t\n\v\f\r", *start)) start++;
+    while (end > start && strchr(" \t\n\v\f\r", end[-1])) end--;
+    *end = '\0';
+    if (ok && !special_value(start, value)) {
+        ok = decimal_syntax(start);
+        if (ok) *value = strtod(start, NULL); /* correctly rounded; ERANGE gives ±inf or 0 */
+    }
+    free(ascii);
+    return ok;
+}
+
+/* x as Python's repr(x) writes it (sample.py's messages show it): the shortest digits that
+ * read back as x, positional when the decimal exponent is in [-4, 16), else d.ddde±XX */
+static void python_repr(double x, char *out, size_t size) {
+    if (isnan(x) || isinf(x)) {
+        snprintf(out, size, "%s", isnan(x) ? "nan" : x < 0 ? "-inf" : "inf");
+        return;
+    }
+    char e[40];
+    for (int precision = 0; precision <= 16; precision++) {
+        snprintf(e, sizeof e, "%.*e", precision, x);
+        if (strtod(e, NULL) == x) break;
+    }
+    char digits[20], text[48];
+    int n = 0, at = 0;
+    const char *p = e + (e[0] == '-');
+    for (; *p != 'e'; p++)
+        if (digit(*p)) digits[n++] = *p;
+    const int exp10 = atoi(p + 1);
+    if (e[0] == '-') text[at++] = '-';
+    if (exp10 < -4 || exp10 >= 16) {
+        text[at++] = digits[0];
+        if (n > 1) text[at++] = '.';
+        for (int i = 1; i < n; i++) text[at++] = digits[i];
+        snprintf(text + at, sizeof text - (size_t)at, "e%c%02d", exp10 < 0 ? '-' : '+',
+                 abs(exp10));
+    } else { /* exp10 + 1 digits before the point (zeros where there are none), one at least */
+        const int point = exp10 + 1;
+        if (point <= 0) {
+            text[at++] = '0';
+            text[at++] = '.';
+            for (int i = 0; i < -point; i++) text[at++] = '0';
+            for (int i = 0; i < n; i++) text[at++] = digits[i];
+        } else {
+            for (int i = 0; i < point; i++) text[at++] = i < n ? digits[i] : '0';
+            text[at++] = '.';
+            if (point >= n) text[at++] = '0';
+            for (int i = point; i < n; i++) text[at++] = digits[i];
+        }
+        text[at] = '\0';
+    }
+    snprintf(out, size, "%s", text);
+}
+
 typedef struct options {
     const char *checkpoint, *prompt;
     long long tokens, top_k, seed, threads;
@@ -83,7 +265,7 @@ typedef struct options {
 
 /* argv into *o; 0, or the exit status of a bad command line (-1: --help was printed) */
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){NULL, "def ", 100, 40, 0, 0, 0.8f};
+    *o = (options){NULL, "def ", 100, 40, 0, 0, 0.8};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
@@ -106,7 +288,7 @@ static int parse(int argc, char **argv, options *o) {
         if (flag < 0) return fail("unrecognized argument: %.*s", (int)len, arg);
         if (eq)
             value = eq + 1;
-        else if (i + 1 < argc)
+        else if (i + 1 < argc && !looks_like_option(argv[i + 1]))
             value = argv[++i];
         else
             return fail("argument %s: expected one argument", flags[flag]);
@@ -120,12 +302,14 @@ static int parse(int argc, char **argv, options *o) {
             o->tokens = v;
             break;
         case 2: {
-            char *end;
-            const double t = strtod(value, &end);
-            if (end == value || *end != '\0')
+            double t;
+            if (!parse_python_float(value, &t))
                 return fail("argument --temperature: invalid float value: '%s'", value);
-            if (!(t >= 0.0 && isfinite((float)t)))
-                return fail("--temperature must be finite and >= 0 (0: greedy), got %s", value);
+            if (!(t >= 0.0 && t < INFINITY)) {
+                char shown[40];
+                python_repr(t, shown, sizeof shown);
+                return fail("--temperature must be finite and >= 0 (0: greedy), got %s", shown);
+            }
             o->temperature = t;
             break;
         }
@@ -205,6 +389,9 @@ static pytfm_status generate(pytfm_session *session, int64_t *out, float *logits
 }
 
 int main(int argc, char **argv) {
+    /* a closed stdout (a pipe whose reader left) is then a write error, said below, instead
+     * of SIGPIPE ending the program without a word */
+    signal(SIGPIPE, SIG_IGN);
     options o;
     const int bad = parse(argc, argv, &o);
     if (bad) return bad < 0 ? 0 : bad;

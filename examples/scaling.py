@@ -152,7 +152,7 @@ def val_loss(model, text, context, limit, batch=64):
     """The mean loss over the held-out text (its first `limit` tokens; 0: all), cut into
     windows of `context` tokens: the same bytes for every run, so that the runs differ only in
     what they learnt, not in which windows were drawn to test them."""
-    text = text[:limit + 1] if limit else text
+    text = (text[:limit + 1] if limit else text).astype(np.int64)  # bytes: ids are int64
     n = (len(text) - 1) // context
     x, y = text[:n * context].reshape(n, context), text[1:n * context + 1].reshape(n, context)
     total = sum(float(model.forward(x[i:i + batch], y[i:i + batch], save=False)[1])

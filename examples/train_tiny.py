@@ -11,12 +11,17 @@ With no --text it learns from the Python standard library's own source files, wh
 machine has. It prints a progress line every --log-every steps and the validation loss every
 --eval-every, writes OUT/model.safetensors (the checkpoint, also at each evaluation), OUT/loss.csv
 and, when matplotlib is installed, OUT/loss.png; at the end it samples --sample-tokens bytes
-after --prompt. Ctrl-C saves a resumable checkpoint and exits; a loss that turns NaN or inf
-stops the run and leaves the last good checkpoint as it was. Every flag and path is checked
-before training (--out by creating it and writing a test file): a bad one stops the script with
-its usage and one line naming the flag, exit status 2. So does an OUT/model.safetensors that a
-run would replace, unless --resume continues it or --force replaces it. Sample from a
-checkpoint later with examples/sample.py.
+after --prompt. Ctrl-C saves a resumable checkpoint and exits; a loss or a gradient that turns
+NaN or inf stops the run with the step it happened at, and leaves the last good checkpoint as it
+was. Every flag and path is checked before training (--out by creating it and writing a test
+file): a bad one stops the script with its usage and one line naming the flag, exit status 2.
+So does an OUT/model.safetensors that a run would replace, unless --resume continues it or
+--force replaces it. Sample from a checkpoint later with examples/sample.py.
+
+The text is held as its bytes, one token per byte (its own size in memory), and is opened and
+read once (a pipe works). Its memory is planned before it is read: a --text larger than the
+memory available beside training's own needs (or than --max-text-bytes) is refused by its size,
+and an input of unknown size (a pipe, /dev/zero) once it passes that, with one usage line.
 
 Each step's loss stays where the model is until a progress line prints it: then the losses of
 the steps since the last line are read at once (from the GPU in one copy; under N ranks summed
@@ -30,7 +35,10 @@ global batch, each rank trains its rows of it, and the gradients are averaged ev
 0 alone checks the flags and --out (every rank takes its decision: a refusal ends them all with
 status 2), reads the text (and sends it to the others), reads and writes the checkpoint, the log
 and the plot, and prints; the progress line shows the global tokens/s and the rank count. A
-checkpoint resumes on any number of ranks. A rank that fails ends them all.
+checkpoint resumes on any number of ranks. A rank that fails ends them all, and so does one
+that stops answering: a collective that waits longer than --collective-timeout seconds (or
+PYTFM_COLLECTIVE_TIMEOUT; default 600) ends the job through MPI, naming the rank that did not
+arrive and the step.
 """
 
 import argparse
@@ -50,7 +58,7 @@ from pytfm import checkpoint, data, distributed
 from pytfm import device as devices
 from pytfm.generate import generate
 from pytfm.nn import GPT, GPTConfig
-from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
+from pytfm.optim import MAX_LR, AdamW, clip_grad_norm, cosine_lr
 
 SEED_MAX = 2**32 - 1  # as numpy.random.seed and most twins take
 INT_MAX = 2**63 - 1  # the schedule's step counts are int64 in pytfm
@@ -114,6 +122,12 @@ def parser():
     p.add_argument("--prompt", help="what the sample at the end continues (default: 'def ' for "
                    f"the stdlib corpus, the first {PROMPT_BYTES} bytes of a --text), shorter "
                    "than --context")
+    p.add_argument("--max-text-bytes", type=int, help="refuse a --text longer than this (default: "
+                   "the memory available beside training's needs)")
+    p.add_argument("--collective-timeout", type=float,
+                   help="under mpiexec: seconds a rank waits for the others in a collective "
+                   "before it ends the job (default: PYTFM_COLLECTIVE_TIMEOUT, else "
+                   f"{distributed.DEFAULT_TIMEOUT:g})")
     return p
 
 
@@ -140,6 +154,14 @@ def check_numbers(p, args):
                     f"got {value}")
     if not 0 < args.lr < math.inf:
         p.error(f"--lr must be finite and > 0, got {args.lr}")
+    if args.lr > MAX_LR:
+        p.error(f"--lr must be at most {MAX_LR:g} (an AdamW step moves a parameter by about lr), "
+                f"got {args.lr}")
+    if args.max_text_bytes is not None and args.max_text_bytes < 2:
+        p.error(f"--max-text-bytes must be >= 2, got {args.max_text_bytes}")
+    if args.collective_timeout is not None and not 0 < args.collective_timeout < math.inf:
+        p.error(f"--collective-timeout must be finite and > 0 (seconds), got "
+                f"{args.collective_timeout}")
     if args.d_model % args.n_head:
         p.error(f"--n-head {args.n_head} must divide --d-model {args.d_model} "
                 "(each head gets d-model / n-head features)")
@@ -155,9 +177,20 @@ def check_numbers(p, args):
         p.error(str(e))
     need, have = memory_needed(args), physical_memory()
     if have and need > have:
+        need_text, have_text = gib(need, have)
         p.error(f"--d-model {args.d_model}, --n-layer {args.n_layer}, --batch {args.batch}, "
-                f"--context {args.context}: training needs about {need / 2**30:,.0f} GiB, more "
-                f"than this machine's {have / 2**30:,.0f} GiB of memory")
+                f"--context {args.context}: training needs at least {need_text}, more than "
+                f"this machine's {have_text} of memory")
+
+
+def gib(*sizes):
+    """Byte counts in GiB, each with as many decimals as it takes (up to 3) to tell them
+    apart: 24.3 GiB and 23.6 GiB, not 24 GiB and 24 GiB."""
+    for decimals in range(4):
+        shown = [f"{n / 2**30:,.{decimals}f} GiB" for n in sizes]
+        if len(set(shown)) == len(set(sizes)):
+            break
+    return shown
 
 
 def memory_needed(args):
@@ -176,34 +209,95 @@ def physical_memory():
         return 0
 
 
+def available_memory():
+    """The bytes this process may still take: Linux's MemAvailable (free memory and the caches
+    the kernel can drop), less where a cgroup v2 limit (memory.max) is closer; elsewhere the
+    physical memory (0 where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return physical_memory()
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit, used = f.read().strip(), int(g.read())
+        if limit != "max":
+            available = min(available, max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def text_limit(args):
+    """(the most bytes of --text this run takes, the reason): --max-text-bytes, else the
+    available memory less what training needs; (None, "") when no limit is known."""
+    if args.max_text_bytes is not None:
+        return args.max_text_bytes, f"--max-text-bytes {args.max_text_bytes:,} allows"
+    available = available_memory()
+    if not available:
+        return None, ""
+    need = memory_needed(args)
+    room = max(available - need, 0)
+    return room, (f"the memory available for it ({gib(available)[0]} available, training needs "
+                  f"about {gib(need)[0]}; --max-text-bytes sets the limit)")
+
+
 def min_text_bytes(context):
     """data.Batches keeps the last tenth of the text, and at least context + 1 bytes, for
     validation and needs context + 1 bytes to train on: 2 * (context + 1) bytes at least."""
     return 2 * (context + 1)
 
 
-def check_text(p, args):
-    """--text names a readable, non-empty file long enough for --context (what size tells
-    before reading: a pipe's length shows when it is read)."""
+def open_text(p, args):
+    """--text opened, once (a pipe can be read only once) -> the binary file, or None for the
+    stdlib corpus. A regular file must be non-empty, long enough for --context and within
+    text_limit: what its size tells before reading (a pipe's length shows when it is read)."""
     path = args.text
     if path is None:
-        return
+        return None
     if not path:
         p.error("--text: the path is empty")
     if not os.path.exists(path):
         p.error(f"--text: there is no file {path}")
     if os.path.isdir(path):
         p.error(f"--text: {path} is a folder; give a text file")
-    try:  # opening is the test (reading even a byte would lose it from a pipe)
-        with open(path, "rb"):
-            pass
+    try:
+        f = open(path, "rb", buffering=0)
     except OSError as e:
         p.error(f"--text: cannot read {path}: {e.strerror or e}")
-    size = os.stat(path).st_size
-    if os.path.isfile(path) and size == 0:
-        p.error(f"--text: {path} is empty")
-    if os.path.isfile(path) and size < min_text_bytes(args.context):
+    if not os.path.isfile(path):
+        return f
+    size = os.fstat(f.fileno()).st_size
+    limit, why = text_limit(args)
+    problem = (f"{path} is empty" if size == 0 else
+               f"{path} is {size:,} bytes, more than {why}" if limit is not None and size > limit
+               else None)
+    if problem or size < min_text_bytes(args.context):
+        f.close()
+        if problem:
+            p.error(f"--text: {problem}")
         context_too_long(p, args, size)
+    return f
+
+
+def read_text(p, args, f):
+    """The text's bytes (uint8): all of f, the opened --text (then closed), else the stdlib
+    corpus."""
+    if f is None:
+        try:
+            return data.stdlib_corpus()
+        except (OSError, RuntimeError) as e:
+            p.error(f"the stdlib corpus: {e}")
+    limit, why = text_limit(args)
+    try:
+        with f:
+            return data.text_corpus(f, limit)
+    except data.TextTooLarge:
+        p.error(f"--text: {args.text} gives more than {limit:,} bytes, more than {why} (an "
+                "endless input?)")
+    except (OSError, ValueError) as e:  # a pipe that turned out short, ...
+        p.error(f"--text: {e}")
 
 
 def context_too_long(p, args, size):
@@ -382,19 +476,19 @@ def prepare(argv, ranks):
     if args.batch < ranks:
         p.error(f"--batch {args.batch} is the global batch, split over the {ranks} ranks: it "
                 f"must be at least {ranks}, one row each")
-    check_text(p, args)
-    ckpt = check_out(p, args)
-    if args.resume:
-        check_resume(p, args, ckpt)
+    text = open_text(p, args)
     try:
-        tokens = data.text_corpus(args.text) if args.text is not None else data.stdlib_corpus()
-    except (OSError, ValueError, RuntimeError) as e:  # a pipe that turned out short, ...
-        p.error(f"--text: {e}" if args.text else f"the stdlib corpus: {e}")
+        ckpt = check_out(p, args)
+        if args.resume:
+            check_resume(p, args, ckpt)
+    except BaseException:
+        if text is not None:
+            text.close()
+        raise
+    tokens = read_text(p, args, text)
     if len(tokens) < min_text_bytes(args.context):
         context_too_long(p, args, len(tokens))
-    # bytes: a quarter of the int64s' size to send to the other ranks (the text or even the
-    # stdlib may exist only on rank 0's machine)
-    return args, ckpt, tokens.astype(np.uint8), sample_prompt(args, raw_prompt, tokens)
+    return args, ckpt, tokens, sample_prompt(args, raw_prompt, tokens)
 
 
 def resume(ckpt, model, opt):
@@ -410,14 +504,38 @@ def main(argv=None, interrupt_at=None):
     read or the model built; --resume reads its checkpoint first to compare it with the
     flags. Under mpiexec every rank returns the same status, and an exception on one rank
     ends them all (pytfm.distributed)."""
-    world = distributed.init()
+    try:
+        world = distributed.init()
+    except ValueError as e:  # a bad PYTFM_COLLECTIVE_TIMEOUT, said by every rank
+        parser().error(str(e))
+    world.timeout = timeout_flag(argv) or world.timeout
     with world.guard():
         return run(world, argv, interrupt_at)
 
 
+def timeout_flag(argv):
+    """--collective-timeout as given, read by every rank before the first collective (None
+    when absent or not a positive number: rank 0's full parse reports a bad one)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--collective-timeout")
+    try:
+        value = float(p.parse_known_args(argv)[0].collective_timeout or "nan")
+    except (ValueError, SystemExit):
+        return None
+    return value if 0 < value < math.inf else None
+
+
 def run(world, argv, interrupt_at):
-    args, ckpt, tokens, prompt = world.on_root(prepare, argv, world.size)
-    tokens = tokens.astype(np.int64)
+    held = []  # rank 0: the text's bytes, sent to the others by world.broadcast, not pickled
+
+    def prepared(argv, ranks):
+        args, ckpt, tokens, prompt = prepare(argv, ranks)
+        held.append(tokens)
+        return args, ckpt, len(tokens), prompt
+
+    args, ckpt, n_tokens, prompt = world.on_root(prepared, argv, world.size)
+    tokens = held[0] if held else np.empty(n_tokens, np.uint8)
+    world.broadcast(tokens)
     log_path = os.path.join(args.out, "loss.csv")
     batches = data.Batches(tokens, args.context, args.batch, seed=args.seed)
     cfg = GPTConfig(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
@@ -469,18 +587,25 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
         if world.root:
             checkpoint.save(ckpt, model, step, opt, extra={"log": rows, "args": vars(args)})
 
-    unread = []  # (row, loss where the model is, share) of each step whose loss is not read yet
+    # (row, loss, gradient norm, share) of each step whose loss is not read yet; the loss and
+    # the norm are 0-d arrays where the model is
+    unread = []
 
     def read_losses():
-        """The global batch's mean loss of each unread step into its row, read at once (one
-        copy from the device, one sum over the ranks) -> the last one; None, once said, when
-        one is not finite."""
-        local = devices.to_host(model.xp.stack([loss for _, loss, _ in unread]))
-        shares = np.array([share for _, _, share in unread])
-        values = world.sum(local.astype(np.float64) * shares).tolist()
-        for (row, _, _), value in zip(unread, values):
-            if not math.isfinite(value):
-                say(f"\nstep {row[0]}: the loss became {value}; stopping. The last good "
+        """The global batch's mean loss of each unread step into its row, read at once with
+        the gradient norms (one copy from the device, one sum over the ranks; the norms, of the
+        summed gradients, are every rank's already) -> the last loss; None, once said, when a
+        loss or a norm is not finite."""
+        xp = model.xp
+        both = [xp.asarray(v, np.float64) for _, loss, norm, _ in unread for v in (loss, norm)]
+        local = devices.to_host(xp.stack(both)).reshape(-1, 2)
+        shares = np.array([share for *_, share in unread])
+        values = world.sum(local[:, 0] * shares).tolist()
+        for (row, *_), value, norm in zip(unread, values, local[:, 1].tolist()):
+            what = ("the loss", value) if not math.isfinite(value) else \
+                ("the gradients' norm", norm) if not math.isfinite(norm) else None
+            if what:
+                say(f"\nstep {row[0]}: {what[0]} became {what[1]}; stopping. The last good "
                     f"checkpoint ({ckpt}) is left as it was.", file=sys.stderr)
                 return None
             row[1] = round(value, 5)
@@ -489,6 +614,7 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
 
     start, first_step, tokens_done = time.perf_counter(), step, 0
     while step < args.steps and not world.any(stop):  # Ctrl-C on any rank stops all
+        world.step = step + 1  # the step its collectives belong to, for the watchdog's message
         lr = cosine_lr(step, args.lr, args.warmup, args.steps, min_lr=args.lr / 10)
         x, y, share = world.shard(*batches.batch("train", step))
         x, y = devices.to_device(x, model.device), devices.to_device(y, model.device)
@@ -496,7 +622,7 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
         _, loss = model.forward(x, y, check_ids=False)  # bytes: always below vocab = 256
         model.backward()
         world.average_gradients(model.grads, share)
-        clip_grad_norm(model.grads, 1.0)
+        norm = clip_grad_norm(model.grads, 1.0)
         opt.step(lr)
         step += 1
         tokens_done += args.batch * args.context  # the global batch's
@@ -504,7 +630,7 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
         rows.append(row)
         evaluating = step % args.eval_every == 0 or step == args.steps
         printing = step % args.log_every == 0 or evaluating or step == 1
-        unread.append((row, loss, share))
+        unread.append((row, loss, norm, share))
         if printing:
             loss = read_losses()
             if loss is None:

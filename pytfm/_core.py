@@ -49,17 +49,23 @@ def set_num_threads(threads):
     threads per available core: a larger value is accepted and clamped, and get_num_threads()
     reports the clamped count. Safe to call while another thread runs a kernel (it takes
     effect from the next call). The environment variable PYTFM_NUM_THREADS sets it when pytfm
-    is imported."""
+    is imported. In a process forked (os.fork, multiprocessing's "fork" start method) from one
+    whose kernels had used more than one thread, the kernels run on one thread whatever this
+    says: OpenMP's threads do not survive a fork (a "spawn" or "forkserver" process has a
+    count of its own)."""
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int, got {type(threads).__name__}")
-    if not 0 <= threads < 2**31:
+    if threads < 0:
         raise ValueError(f"threads must be >= 0 (0: the default), got {threads}")
+    if threads >= 2**31:
+        raise ValueError(f"threads must be below 2**31 (the library takes an int32_t; it uses "
+                         f"at most 4 per core), got {threads}")
     check(lib.pytfm_set_num_threads(threads))
 
 
 def get_num_threads():
     """The number of threads the next kernel will use, after the clamp to 4 per core (1 in a
-    build without OpenMP)."""
+    build without OpenMP, and in a forked child as set_num_threads says)."""
     return lib.pytfm_get_num_threads()
 
 

@@ -220,7 +220,12 @@ def save_file(path, tensors, metadata):
     """Write {name: array} and {str: str} metadata to path atomically: the data goes to a
     locked temporary file in the same folder, is flushed to disk, then renamed over path. Stale
     temporaries of earlier, killed saves of path are removed first. A folder that is missing
-    or not writable raises OSError naming path."""
+    or not writable raises OSError naming path.
+
+    The new file keeps the permission bits of the file it replaces (a private 0600 checkpoint
+    stays private, a 0444 one read-only), set before any data is written; a new path gets
+    0666 less the umask. A symlink at path is replaced by the new file (its target is left as
+    it was), which takes the target's permission bits."""
     if not isinstance(metadata, dict) or not all(
             isinstance(k, str) and isinstance(v, str) and _is_text(k) and _is_text(v)
             for k, v in metadata.items()):
@@ -252,8 +257,14 @@ def _write(path, head, blobs):
     """Write head and blobs to a new locked temporary next to path, fsync it, rename it over
     path, fsync the folder; remove the temporary if anything fails."""
     _remove_stale_temporaries(path)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode) & 0o777  # a symlink's target's
+    except FileNotFoundError:
+        mode = None  # a new file: the umask's mode, as _create_temporary made it
     fd, tmp = _create_temporary(path)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)  # before the data: a private file's bytes are never readable
         with os.fdopen(fd, "wb") as f:  # closing it drops the lock, after the rename
             f.write(head)
             for blob in blobs:

@@ -32,9 +32,19 @@ every rank gets the same value (and so the same decision to stop).
 Faults. Under N > 1 an exception that escapes on one rank (through guard() or to the top) prints
 its traceback and one line naming the rank, then calls MPI_Abort, which ends every rank within
 a second or so (the launcher prints that it did). A rank killed outright is seen by the launcher
-(mpiexec), which ends the others. Neither hangs. A checkpoint is only written by rank 0, to a
-temporary file renamed over the old one (pytfm.checkpoint), so a kill mid-write leaves the old
-file or the new one, whole.
+(mpiexec), which ends the others. Neither hangs. A rank that stops without dying (a deadlock,
+SIGSTOP, a machine that stops answering) is caught by the collective watchdog: every collective
+of a World must complete within World.timeout seconds (default_timeout(): the environment
+variable PYTFM_COLLECTIVE_TIMEOUT, else 600; train_tiny's --collective-timeout), else each rank
+still waiting prints which rank did not arrive (and the collective and step of its last
+arrival) and ends the job with MPI_Abort, within the timeout and about a second. How it knows:
+entering a collective, each rank sends its peers a 16-byte note (the collective's number and
+World.step) on a communicator of their own, and drains the notes it has received; a watchdog
+thread, idle until a wait passes the timeout, reads them then. The wait includes the other
+ranks' work between collectives (rank 0's reading of the text before on_root's broadcast, its
+saving of a checkpoint): the timeout must exceed the longest of those. A checkpoint is only
+written by rank 0, to a temporary file renamed over the old one (pytfm.checkpoint), so a kill
+mid-write, an abort included, leaves the old file or the new one, whole.
 
 Threads: when several ranks share a machine and neither PYTFM_NUM_THREADS nor OMP_NUM_THREADS
 is set, each rank takes the cores it may run on divided by the ranks on that machine (at least
@@ -47,8 +57,11 @@ started says what to install.
 
 import contextlib
 import hashlib
+import math
 import os
 import sys
+import threading
+import time
 import traceback
 
 import numpy as np
@@ -56,6 +69,8 @@ import numpy as np
 from ._core import set_num_threads
 
 INSTALL = 'pip install "pytfm[mpi]"  (mpi4py and the mpich wheels from PyPI)'
+TIMEOUT_VAR = "PYTFM_COLLECTIVE_TIMEOUT"
+DEFAULT_TIMEOUT = 600.0  # seconds: far beyond a step, a save or an evaluation of train_tiny's
 # what an MPI launcher puts in each rank's environment: MPICH's and Intel MPI's hydra (PMI_*),
 # Open MPI (OMPI_*), PMIx launchers
 _LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
@@ -89,6 +104,21 @@ def init():
     return _world
 
 
+def default_timeout():
+    """The collective timeout in seconds: PYTFM_COLLECTIVE_TIMEOUT when set (a finite number
+    > 0, else ValueError naming the variable), else DEFAULT_TIMEOUT."""
+    text = os.environ.get(TIMEOUT_VAR, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ValueError(f"{TIMEOUT_VAR}={text!r}: must be a finite number of seconds > 0")
+    return value
+
+
 def shard_rows(batch, rank, size):
     """The rows [lo, hi) of a global batch of `batch` rows that rank `rank` of `size` trains:
     contiguous, in rank order, sizes differing by at most one; over all ranks exactly
@@ -106,18 +136,29 @@ class AgreedExit(SystemExit):
 
 class World:
     """The ranks of one data-parallel job: .rank, .size, .root (rank 0?), and the few
-    collectives training needs. World(None) is a single process: no MPI, every method the
-    identity or a no-op."""
+    collectives training needs, each watched: .timeout seconds at most (default_timeout()),
+    else the job ends (see the module's "Faults"); .step, when the caller sets it, is the
+    training step the watchdog's message names. World(None) is a single process: no MPI, every
+    method the identity or a no-op."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, timeout=None):
         self.comm = comm
         self.rank = comm.Get_rank() if comm is not None else 0
         self.size = comm.Get_size() if comm is not None else 1
         self.root = self.rank == 0
         self.threads = None  # the count set for this rank's kernels, if any
+        self.timeout = default_timeout() if timeout is None else timeout
+        self.step = None
+        self._watchdog = None
         if self.size > 1:
             self._pick_threads()
             sys.excepthook = self._excepthook
+            self._watchdog = _Watchdog(self)
+
+    def _waiting(self, what):
+        """The context of one collective, what (e.g. "the all-reduce of the gradients"),
+        under the watchdog."""
+        return self._watchdog.waiting(what) if self._watchdog else contextlib.nullcontext()
 
     def _pick_threads(self):
         if os.environ.get("PYTFM_NUM_THREADS", "").strip() or os.environ.get("OMP_NUM_THREADS"):
@@ -183,7 +224,8 @@ class World:
             except BaseException as e:
                 traceback.print_exc()
                 self.abort(f"{type(e).__name__}: {e}; aborting all {self.size} ranks")
-        result, exit_code = self.comm.bcast((result, exit_code), root=0)
+        with self._waiting("the broadcast of rank 0's result"):
+            result, exit_code = self.comm.bcast((result, exit_code), root=0)
         if exit_code is not None:
             raise AgreedExit(exit_code)
         return result
@@ -205,7 +247,8 @@ class World:
     def broadcast(self, buffer):
         """Rank 0's contents of a NumPy array into the same array on every rank, in place."""
         if self.size > 1:
-            self.comm.Bcast(buffer, root=0)
+            with self._waiting("a broadcast from rank 0"):
+                self.comm.Bcast(buffer, root=0)
 
     def sum(self, values):
         """The sum over ranks of a few float values (a list), the same float64 bits on every
@@ -214,7 +257,8 @@ class World:
         if self.size == 1:
             return mine
         everyone = np.empty((self.size, mine.size), np.float64)
-        self.comm.Allgather(mine, everyone)
+        with self._waiting("a sum of scalars"):
+            self.comm.Allgather(mine, everyone)
         return everyone.sum(axis=0)  # the rows in rank order, on every rank alike
 
     def any(self, flag):
@@ -240,15 +284,18 @@ class World:
         # cupy.cuda.nccl.NcclCommunicator.allReduce (a communicator built from an id that rank
         # 0 broadcasts over self.comm), which sums in a fixed ring order on every rank.
         if self.size == 2:
-            self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)  # a + b == b + a
+            with self._waiting("the all-reduce of the gradients"):
+                self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)  # a + b == b + a
             return
         n = buffer.size
         counts = [(r + 1) * n // self.size - r * n // self.size for r in range(self.size)]
         starts = [r * n // self.size for r in range(self.size)]
         mine = np.empty(counts[self.rank], buffer.dtype)
-        self.comm.Reduce_scatter(buffer, mine, counts, op=MPI.SUM)
+        with self._waiting("the reduce-scatter of the gradients"):
+            self.comm.Reduce_scatter(buffer, mine, counts, op=MPI.SUM)
         buffer[starts[self.rank]:starts[self.rank] + mine.size] = mine
-        self.comm.Allgatherv(MPI.IN_PLACE, [buffer, counts, starts, MPI.FLOAT])
+        with self._waiting("the all-gather of the gradients"):
+            self.comm.Allgatherv(MPI.IN_PLACE, [buffer, counts, starts, MPI.FLOAT])
 
     def check_identical(self, buffer, what="the parameters"):
         """Raise RuntimeError unless buffer holds the same bytes on every rank (digests
@@ -257,7 +304,8 @@ class World:
             return
         digest = hashlib.blake2b(memoryview(np.ascontiguousarray(buffer)).cast("B"),
                                  digest_size=16).digest()
-        digests = self.comm.allgather(digest)
+        with self._waiting("the comparison of the parameters"):
+            digests = self.comm.allgather(digest)
         differ = [r for r, d in enumerate(digests) if d != digests[0]]
         if differ:
             raise RuntimeError(f"{what} differ between rank 0 and rank(s) "
@@ -265,4 +313,93 @@ class World:
 
     def barrier(self):
         if self.size > 1:
-            self.comm.Barrier()
+            with self._waiting("a barrier"):
+                self.comm.Barrier()
+
+
+class _Watchdog:
+    """A World's collective watchdog (see the module's "Faults").
+
+    Entering a collective, this rank sends each peer a note (its count of collectives entered,
+    World.step) on a duplicate communicator, and drains the notes received so far (persistent
+    sends and receives, one each per peer); a thread wakes every tick and, once one wait has
+    lasted World.timeout, drains the notes again (MPI's thread level "multiple", mpi4py's
+    default, is what lets it) and aborts the job, naming the ranks whose note for this
+    collective never came. Per collective: one small send and one test per peer, little
+    beside the collective itself."""
+
+    TAG = 25
+
+    def __init__(self, world):
+        from mpi4py import MPI
+
+        self.world, self.comm = world, world.comm.Dup()
+        self.threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self.peers = [r for r in range(world.size) if r != world.rank]
+        self.count = 0  # collectives entered
+        self.heard = {r: (0, -1) for r in self.peers}  # peer -> (its count, its step) last heard
+        self.inbox = {r: np.zeros(2, np.int64) for r in self.peers}
+        self.receives = {r: self.comm.Recv_init(self.inbox[r], source=r, tag=self.TAG)
+                         for r in self.peers}
+        for request in self.receives.values():
+            request.Start()
+        self.note = np.zeros(2, np.int64)
+        self.sends = [self.comm.Send_init(self.note, dest=r, tag=self.TAG) for r in self.peers]
+        self.current = None  # (count, what, step, monotonic start) while in a collective
+        self.lock = threading.Lock()
+        threading.Thread(target=self._watch, name="pytfm collective watchdog",
+                         daemon=True).start()
+
+    @contextlib.contextmanager
+    def waiting(self, what):
+        from mpi4py import MPI
+
+        with self.lock:
+            self.count += 1
+            self._drain()
+            MPI.Prequest.Waitall(self.sends)  # the last note has left: its buffer is free
+            step = self.world.step
+            self.note[0], self.note[1] = self.count, -1 if step is None else step
+            MPI.Prequest.Startall(self.sends)
+            self.current = (self.count, what, step, time.monotonic())
+        try:
+            yield
+        finally:
+            self.current = None
+
+    def _drain(self):
+        """Record every note received so far (under self.lock)."""
+        for r, request in self.receives.items():
+            while request.Test():
+                self.heard[r] = (int(self.inbox[r][0]), int(self.inbox[r][1]))
+                request.Start()
+
+    def _watch(self):
+        while True:
+            time.sleep(max(0.05, min(1.0, self.world.timeout / 20)))
+            current = self.current
+            if current is None or time.monotonic() - current[3] < self.world.timeout:
+                continue
+            with self.lock:
+                if self.current is not current:
+                    continue  # it completed meanwhile
+                if self.threaded:
+                    self._drain()
+                self.world.abort(self._message(*current))
+
+    def _message(self, count, what, step, start):
+        at = f" of step {step}" if step is not None else ""
+        waited = f"{what}{at} (collective #{count}) has waited {time.monotonic() - start:.1f} s"
+        if not self.threaded:
+            return (f"{waited}, more than the timeout of {self.world.timeout:g} s, for a rank "
+                    f"that did not arrive; aborting all {self.world.size} ranks")
+        late = [r for r in self.peers if self.heard[r][0] < count]
+        if not late:
+            return (f"{waited}: every rank arrived, yet it did not complete (are the ranks in "
+                    f"different collectives?); aborting all {self.world.size} ranks")
+        last = "; ".join(f"rank {r}'s last: collective #{self.heard[r][0]}"
+                         + (f", step {self.heard[r][1]}" if self.heard[r][1] >= 0 else "")
+                         for r in late)
+        who = ", ".join(map(str, late))
+        return (f"{waited}, more than the timeout of {self.world.timeout:g} s, for rank(s) "
+                f"{who}, which did not arrive ({last}); aborting all {self.world.size} ranks")

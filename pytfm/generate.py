@@ -15,6 +15,7 @@ import numpy as np
 
 from . import device as devices
 from ._arrays import as_float, as_int
+from .nn import GPT
 
 
 def _sampling(temperature, top_k):
@@ -28,10 +29,34 @@ def _sampling(temperature, top_k):
     return temperature, top_k
 
 
+def _check_logits(logits):
+    """logits, once it is a NumPy float array (B, vocab), vocab >= 1, of finite values (as the
+    C pytfm_sample wants): NaN or inf would pick token 0 or the last one without a word."""
+    if not isinstance(logits, np.ndarray):
+        raise TypeError(f"logits must be a numpy.ndarray of floats, of shape (B, vocab); got "
+                        f"{type(logits).__name__}")
+    if logits.dtype.kind != "f":
+        raise TypeError(f"logits must be a numpy.ndarray of floats, of shape (B, vocab); got "
+                        f"dtype {logits.dtype}")
+    if logits.ndim != 2 or logits.shape[1] < 1:
+        raise ValueError(f"logits must have shape (B, vocab) with vocab >= 1, got {logits.shape}")
+    finite = np.isfinite(logits)
+    if not finite.all():
+        where = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise ValueError(f"logits must be finite, got logits{list(where)} = {logits[where]}")
+    return logits
+
+
 def sample_next(logits, rng, temperature=1.0, top_k=None):
-    """logits (B, vocab) -> int64 (B,): greedy when temperature == 0, else sampled from
-    softmax(logits / temperature) restricted to the top_k largest logits (top_k None: all)."""
+    """logits (B, vocab), finite -> int64 (B,): greedy when temperature == 0, else sampled from
+    softmax(logits / temperature) restricted to the top_k largest logits (top_k None: all).
+    rng: a numpy.random.Generator (np.random.default_rng(seed)), or anything with its
+    random(shape) method; greedy sampling draws nothing from it."""
     temperature, top_k = _sampling(temperature, top_k)
+    logits = _check_logits(logits)
+    if temperature > 0 and not callable(getattr(rng, "random", None)):
+        raise TypeError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)), "
+                        f"got {type(rng).__name__}")
     if temperature == 0:
         return logits.argmax(axis=-1).astype(np.int64)
     # shift before dividing: with a tiny temperature, logits / temperature alone overflows
@@ -51,7 +76,10 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0)
     -> (B, T0 + max_new_tokens).
     The total length may not exceed model.cfg.max_seq. Same seed (an integer >= 0), same
     tokens; seed None draws fresh randomness. The prompt may be a NumPy or a CuPy array; the
-    result is a NumPy array, whatever model.device is."""
+    result is a NumPy array, whatever model.device is. Logits that are not finite (a model
+    whose parameters hold NaN or inf) are a ValueError, as in the C pytfm_sample."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a pytfm.nn.GPT, got {type(model).__name__}")
     prompt = devices.to_host(prompt)
     if prompt.dtype.kind not in "iu":  # 1.5 or True must not become a token id silently
         raise TypeError(f"prompt must hold integer token ids, got dtype {prompt.dtype}")
@@ -83,7 +111,11 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0)
     logits = model.decode(devices.to_device(prompt, device), caches, check_ids=False)[:, -1]
     out = [prompt]
     for i in range(max_new_tokens):
-        token = sample_next(devices.to_host(logits), rng, temperature, top_k)[:, None]
+        try:
+            token = sample_next(devices.to_host(logits), rng, temperature, top_k)[:, None]
+        except ValueError as e:  # the logits' values: the rest was checked above
+            raise ValueError(f"generate: the model's logits for new token {i} (of "
+                             f"{max_new_tokens}): {e}; are its parameters finite?") from None
         out.append(token)
         if i + 1 < max_new_tokens:
             token = devices.to_device(token, device)

@@ -21,20 +21,31 @@ says which. Nothing is read back to the host inside a training step (forward, ba
 zero_grad, clipping, AdamW): the loss is a 0-d array on the model's device, on the CPU as on
 the GPU, until float(loss) reads it. The inputs (token ids, targets) must be on the model's
 device: cupy.asarray(idx).
+
+Threads: a GPT is trained by one thread at a time. Training keeps its state in the model (what
+each layer saved for backward(), one gradient buffer), so two threads training one model at
+once would mix each other's activations and gradients. The first thread that calls
+zero_grad(), forward() with save, backward() or to() trains the model; the same call from
+another thread raises RuntimeError while that thread lives, until it calls release_thread().
+Calls that only read the parameters (forward(save=False), decode(), attention_probs(),
+pytfm.generate) may run in any thread, each with its own KV caches; during another thread's
+optimizer step they see parameters partly updated.
 """
 
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import device as devices
 from . import ops
-from ._arrays import as_bool, check_index_arrays, is_cupy
+from ._arrays import as_bool, check_index_arrays, is_array, is_cupy
 from .kvcache import KVCache
 
 POSITIONS = ("rope", "sinusoidal", "none")
 MAX_ATTENTION_BYTES = 2**28  # GPT.attention_probs refuses maps larger than 256 MiB in all
+_PROBES = threading.Lock()  # held while GPT.attention_probs sets or clears a layer's probe
 
 
 @dataclass
@@ -283,7 +294,8 @@ class CausalSelfAttention:
         self.c_attn = Linear(P, f"{name}.c_attn", cfg.d_model, 3 * cfg.d_model)
         self.c_proj = Linear(P, f"{name}.c_proj", cfg.d_model, cfg.d_model, std=proj_std)
         self.saved = None
-        self.probe = None  # a list only while GPT.attention_probs runs: it gets (q, k, lse)
+        # while GPT.attention_probs runs: {thread id: a list that gets (q, k, lse)}, else None
+        self.probe = None
 
     def forward(self, x, pos, save=True, cache=None):  # (B, T, C), int64 (T,) -> (B, T, C)
         """With a KV cache, x holds the new tokens only (at positions pos): they attend to
@@ -300,8 +312,9 @@ class CausalSelfAttention:
             o, lse = ops.attention_forward(q, k, v, causal=True)  # (B, T, H, hd), (B, H, T)
             if save:
                 self.saved = (q, k, v, o, lse, pos)
-            if self.probe is not None:
-                self.probe.append((q, k, lse))
+            probe = self.probe
+            if probe is not None and threading.get_ident() in probe:
+                probe[threading.get_ident()].append((q, k, lse))
         return self.c_proj.forward(o.reshape(B, T, C), save)
 
     def backward(self, dy):  # (B, T, C) -> (B, T, C)
@@ -387,8 +400,11 @@ class GPT:
     device="cuda") starts from the same bits as GPT(cfg), copied over in one transfer."""
 
     def __init__(self, cfg, device="cpu"):
+        if not isinstance(cfg, GPTConfig):
+            raise TypeError(f"cfg must be a pytfm.nn.GPTConfig, got {type(cfg).__name__}")
         devices.array_module(device)  # a bad name or an unusable GPU fails before any work
         self.cfg = cfg
+        self._trainer, self._trainer_lock = None, threading.Lock()  # see the module's "Threads"
         P = Parameters(cfg)
         self.wte = Embedding(P, "transformer.wte", cfg.vocab, cfg.d_model)
         sinusoidal = cfg.pos == "sinusoidal"
@@ -410,6 +426,7 @@ class GPT:
         xp = devices.array_module(device)
         if device == self.device:
             return self
+        self._claim("to")
         params, grads = self.params.to(device), self.grads.to(device)
         moved = {}  # id of an old array -> the array that replaces it
         for old, new in ((self.params, params), (self.grads, grads)):
@@ -435,16 +452,63 @@ class GPT:
         yield self.ln_f
         yield self.lm_head
 
-    def _check_inputs(self, idx, targets=None, check_ids=True):
-        """Token ids must be on the model's device. On the CPU the C kernels check their values;
-        on the GPU the kernels cannot (pytfm.h), so they are checked here, idx and targets with
-        one read of the device, unless the caller vouches for them (check_ids=False)."""
+    def _claim(self, what):
+        """Make the calling thread the one that trains this model, unless another live thread
+        does (RuntimeError naming both): see the module's "Threads"."""
+        me = threading.current_thread()
+        with self._trainer_lock:
+            trainer = self._trainer
+            if trainer is not None and trainer is not me and trainer.is_alive():
+                raise RuntimeError(
+                    f"GPT.{what}() in thread {me.name!r}: this model is being trained by thread "
+                    f"{trainer.name!r}, and two threads training one model at once mix their "
+                    "saved activations and gradients. Train it in one thread (forward with "
+                    "save=False, decode and generate may run in any), or call "
+                    "model.release_thread() in that thread first to hand it over")
+            self._trainer = me
+
+    def __getstate__(self):  # copy.deepcopy, pickle: a copy no thread trains yet
+        state = dict(self.__dict__, _trainer=None)
+        del state["_trainer_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _trainer_lock=threading.Lock())
+
+    def release_thread(self):
+        """Hand the training of this model over: after this call (in the thread that trains it),
+        another thread may train it. A thread that ends hands it over too."""
+        with self._trainer_lock:
+            if self._trainer is threading.current_thread():
+                self._trainer = None
+
+    def _check_inputs(self, idx, targets=None, check_ids=True, what="forward"):
+        """Token ids are int64 arrays (B, T) on the model's device, targets of idx's shape
+        (TypeError or ValueError naming the argument otherwise). On the CPU the C kernels check
+        their values; on the GPU the kernels cannot (pytfm.h), so they are checked here, idx and
+        targets with one read of the device, unless the caller vouches for them
+        (check_ids=False)."""
         named = [("idx", idx)] + ([("targets", targets)] if targets is not None else [])
+        kind = "a cupy.ndarray" if self.device == "cuda" else "a numpy.ndarray"
         for name, a in named:
+            want = f"{name} must be {kind} of int64 token ids, of shape (B, T)"
+            if not is_array(a):
+                raise TypeError(f"GPT.{what}: {want}, got {type(a).__name__}")
             if devices.device_of(a) != self.device:
                 how = "cupy.asarray(" if self.device == "cuda" else "cupy.asnumpy("
                 raise TypeError(f"{name} is on {devices.device_of(a)} but the model is on "
                                 f"{self.device}: move it there first ({how}{name}))")
+            if a.dtype != np.int64:
+                raise TypeError(f"GPT.{what}: {want}, got dtype {a.dtype} "
+                                f"({name}.astype(np.int64))")
+            if a.ndim != 2:
+                raise ValueError(f"GPT.{what}: {want}, got shape {a.shape}")
+            if not a.flags.c_contiguous:
+                raise ValueError(f"GPT.{what}: {name} must be C-contiguous "
+                                 f"(np.ascontiguousarray({name})), got strides {a.strides}")
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(f"GPT.{what}: targets must have idx's shape {idx.shape} (one target "
+                             f"per token, -1 to ignore), got {targets.shape}")
         if self.device != "cpu" and as_bool("check_ids", check_ids):
             vocab = self.cfg.vocab
             check_index_arrays(*((name, a, vocab, -1 if name == "targets" else None)
@@ -454,6 +518,7 @@ class GPT:
         return sum(p.size for p in self.params.values())
 
     def zero_grad(self):
+        self._claim("zero_grad")
         self.grads.buffer.fill(0.0)
 
     def _logits(self, idx, start, save, caches):  # int64 (B, T) -> (B, T, vocab)
@@ -482,10 +547,12 @@ class GPT:
         check_ids=False skips the GPU's check of the ids' values (one read of the device, the
         only one in a training step) when the caller knows them to be in [0, vocab) (-1 for a
         target); an id outside would then make the loss NaN. The CPU always checks."""
-        save = targets is not None if save is None else save
+        save = targets is not None if save is None else as_bool("save", save)
         if save and targets is None:
             raise ValueError("forward(save=True) needs targets: backward() starts at the loss")
         self._check_inputs(idx, targets, check_ids)
+        if save:
+            self._claim("forward")
         logits = self._logits(idx, 0, save, [None] * self.cfg.n_layer)
         loss = lse = None
         if targets is not None:
@@ -499,6 +566,7 @@ class GPT:
         forward() that saved."""
         if self.saved is None:
             raise RuntimeError("backward() needs a preceding forward(idx, targets) with targets")
+        self._claim("backward")
         logits, targets, lse = self.saved
         dlogits = ops.cross_entropy_backward(logits, targets, lse, check_ids=False)  # (B, T, V)
         dx = self.ln_f.backward(self.lm_head.backward(dlogits))  # (B, T, C)
@@ -523,9 +591,10 @@ class GPT:
             if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or \
                     not 0 <= i < n_layer:
                 raise ValueError(f"layers: {i!r} is not a layer index in [0, {n_layer})")
-        if np.ndim(idx) != 2:
-            raise ValueError(f"idx must be token ids of shape (B, T), got shape {np.shape(idx)}")
-        B, T = np.shape(idx)
+        if self.device != "cpu" and is_array(idx):
+            idx = devices.to_device(idx, self.device)
+        self._check_inputs(idx, what="attention_probs")
+        B, T = idx.shape
         size = 4 * B * H * T * T * len(set(layers))
         if size > MAX_ATTENTION_BYTES:
             most = math.isqrt(MAX_ATTENTION_BYTES // (4 * B * H * len(set(layers))))
@@ -534,18 +603,18 @@ class GPT:
                 f"T² for T = {T} take {size / 2**20:,.0f} MiB, more than the "
                 f"{MAX_ATTENTION_BYTES // 2**20} MiB allowed (MAX_ATTENTION_BYTES): they are "
                 f"for short inputs (at most T = {most} here)")
-        attns = [self.blocks[i].attn for i in set(layers)]
+        attns, me = [self.blocks[i].attn for i in set(layers)], threading.get_ident()
         try:
-            for attn in attns:
-                attn.probe = []
-            if self.device != "cpu":
-                idx = devices.to_device(idx, self.device)
-            self._check_inputs(idx)
+            with _PROBES:
+                for attn in attns:
+                    attn.probe = {**(attn.probe or {}), me: []}
             self._logits(idx, 0, False, [None] * n_layer)
-            return {i: attention_probs(*self.blocks[i].attn.probe[0]) for i in layers}
+            return {i: attention_probs(*self.blocks[i].attn.probe[me][0]) for i in layers}
         finally:
-            for attn in attns:
-                attn.probe = None
+            with _PROBES:
+                for attn in attns:
+                    rest = {t: got for t, got in (attn.probe or {}).items() if t != me}
+                    attn.probe = rest or None
 
     def new_caches(self, batch, max_len=None):
         """One KV cache per block, for decode(), of max_len positions (default and at most
@@ -560,6 +629,39 @@ class GPT:
         """Logits (B, n_new, vocab) of n_new new tokens idx (B, n_new), which follow the
         len(caches[0]) tokens already decoded; appends their keys and values to the caches.
         idx, the caches and the logits are on the model's device; check_ids as forward().
+        caches: one KVCache per block (new_caches(B)), each of batch B, of the model's heads
+        and head size, holding the same number of positions, with room for n_new more; else
+        TypeError or ValueError naming the cache, before anything is appended.
         Saves nothing: a forward() and its backward() may be on either side of it."""
-        self._check_inputs(idx, check_ids=check_ids)
+        self._check_inputs(idx, check_ids=check_ids, what="decode")
+        self._check_caches(caches, *idx.shape)
         return self._logits(idx, len(caches[0]), False, caches)
+
+    def _check_caches(self, caches, batch, n_new):
+        c = self.cfg
+        want = f"{c.n_layer} KVCaches, one per block (GPT.new_caches)"
+        if not isinstance(caches, (list, tuple)):
+            raise TypeError(f"GPT.decode: caches must be a list of {want}, got "
+                            f"{type(caches).__name__}")
+        if len(caches) != c.n_layer:
+            raise ValueError(f"GPT.decode: caches must be a list of {want}, got {len(caches)}")
+        shape = (batch, c.n_head, c.d_model // c.n_head)
+        for i, cache in enumerate(caches):
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"GPT.decode: caches[{i}] must be a KVCache, got "
+                                f"{type(cache).__name__}")
+            B, room, H, D = cache.k.shape
+            if (B, H, D) != shape:
+                raise ValueError(
+                    f"GPT.decode: caches[{i}] holds (batch, n_head, head_dim) = {(B, H, D)}, but "
+                    f"idx's batch and this model's heads need {shape} (GPT.new_caches({batch}))")
+            if cache.device != self.device:
+                raise ValueError(f"GPT.decode: caches[{i}] is on {cache.device} but the model is "
+                                 f"on {self.device}")
+            if len(cache) != len(caches[0]):
+                raise ValueError(f"GPT.decode: caches[{i}] holds {len(cache)} positions but "
+                                 f"caches[0] holds {len(caches[0])}: the caches of one sequence "
+                                 "are filled together")
+            if len(cache) + n_new > room:
+                raise ValueError(f"GPT.decode: caches[{i}] has room for {room} positions; "
+                                 f"{len(cache)} are filled, {n_new} new ones do not fit")

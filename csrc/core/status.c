@@ -17,6 +17,7 @@
 
 #if defined(_OPENMP)
 #include <omp.h>
+#include <pthread.h>
 #endif
 
 #include "internal.h"
@@ -105,11 +106,33 @@ static int max_threads(void) {
 }
 #endif
 
+#if defined(_OPENMP)
+/* Fork: libgomp keeps a team's threads in a pool that fork() does not copy, and a child that
+ * starts a team after its parent has run one waits forever for threads it does not have. So a
+ * child forked once this process has handed out a count above 1 (a team may have run) runs
+ * every kernel on its calling thread: the same results, as at any count. A child forked before
+ * that has a fresh libgomp and keeps the count. The handler is registered when the first count
+ * above 1 is handed out, before its team starts. */
+static atomic_int teams_asked;  /* 1 once a count above 1 was handed out; inherited by children */
+static atomic_int forked_child; /* 1 in a process forked after that: one thread */
+static pthread_once_t fork_watch = PTHREAD_ONCE_INIT;
+
+static void in_forked_child(void) { atomic_store(&forked_child, atomic_load(&teams_asked)); }
+
+static void watch_forks(void) { pthread_atfork(NULL, NULL, in_forked_child); }
+#endif
+
 int32_t pytfm_get_num_threads(void) {
 #if defined(_OPENMP)
+    if (atomic_load_explicit(&forked_child, memory_order_relaxed)) return 1;
     const int set = atomic_load(&num_threads), threads = set > 0 ? set : pytfm__default_threads();
     const int most = max_threads();
-    return threads < 1 ? 1 : threads > most ? most : threads;
+    const int count = threads < 1 ? 1 : threads > most ? most : threads;
+    if (count > 1 && !atomic_load_explicit(&teams_asked, memory_order_relaxed)) {
+        pthread_once(&fork_watch, watch_forks);
+        atomic_store(&teams_asked, 1);
+    }
+    return count;
 #else
     return 1;
 #endif

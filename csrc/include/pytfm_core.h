@@ -68,11 +68,14 @@ PYTFM_API int32_t pytfm_abi_version(void);
  * Whatever the source, the kernels use at most 4 threads per core of the process's CPU
  * affinity: a larger value is accepted and clamped. A change from another thread while
  * kernels run is safe and takes effect from the next call. Without OpenMP the setting is
- * accepted and the kernels run on one thread. Why the default follows the load:
- * docs/python-api.md, "Threads". */
+ * accepted and the kernels run on one thread. After fork(): OpenMP's threads are not copied
+ * into a child, so in a process forked from one that had already used more than one thread,
+ * the kernels run on one thread whatever the setting (a child forked before keeps it). Why the
+ * default follows the load: docs/python-api.md, "Threads". */
 PYTFM_API pytfm_status pytfm_set_num_threads(int32_t threads);
 
-/* The number of threads the next kernel will use, after the clamp above (1 without OpenMP). */
+/* The number of threads the next kernel will use, after the clamp above (1 without OpenMP, and
+ * in a forked child as said above). */
 PYTFM_API int32_t pytfm_get_num_threads(void);
 
 /* CPU features, as a bit mask in pytfm_build_info.cpu_features (detected at run time). */

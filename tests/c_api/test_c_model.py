@@ -358,7 +358,7 @@ def test_a_text_that_cannot_be_written_is_an_error(trained, generate_exe):
     (["{path}", "--tokens", "ten"], "argument --tokens: invalid int value"),
     (["{path}", "--temperature", "-0.5"], "--temperature must be finite and >= 0"),
     (["{path}", "--temperature", "nan"], "--temperature must be finite and >= 0"),
-    (["{path}", "--temperature", "1e39"], "--temperature must be finite and >= 0"),
+    (["{path}", "--temperature", "1e400"], "--temperature must be finite and >= 0"),
     (["{path}", "--top-k", "-2"], "--top-k must be >= 0"),
     (["{path}", "--seed", str(2**32)], "--seed must be an integer in [0, 4294967295]"),
     (["{path}", "--threads", "-1"], "--threads must be an integer"),

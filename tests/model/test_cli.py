@@ -141,6 +141,12 @@ TRAIN_CASES = [
     (["--step", "10"], ["unrecognized arguments: --step 10"], False),  # not --steps
     (["--prompt", ""], ["--prompt must not be empty"], False),
     (["--prompt", "x" * 32], ["--prompt is 32 bytes", "shorter than --context 32"], False),
+    (["--lr", "1e308"], ["--lr must be at most 1", "got 1e+308"], False),
+    (["--max-text-bytes", "1000"], ["--text: corpus.txt is 4,450 bytes, more than",
+                                    "--max-text-bytes 1,000 allows"], False),
+    (["--max-text-bytes", "1"], ["--max-text-bytes must be >= 2, got 1"], False),
+    (["--collective-timeout", "0"], ["--collective-timeout must be finite and > 0"], False),
+    (["--collective-timeout", "inf"], ["--collective-timeout must be finite and > 0"], False),
 ]
 
 
@@ -379,3 +385,66 @@ def test_import_pytfm_gives_every_public_module():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
     assert r.returncode == 0 and r.stdout == "ok\n", (r.stdout, r.stderr)
+
+
+# ---- inputs a hostile user gives: a pipe, an endless device, a text larger than memory ---------
+
+
+def test_train_tiny_reads_a_text_from_a_pipe_once(files):
+    """A FIFO is opened once and read once: a writer that writes the text and leaves is read
+    whole (opened twice, the second open waited for a writer that never came)."""
+    fifo = files / "fifo"
+    os.mkfifo(fifo)
+    text = (files / "corpus.txt").read_bytes()
+
+    def write():
+        with open(fifo, "wb") as f:
+            f.write(text)
+
+    import threading
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    r, _ = run("train_tiny.py", "--text", "fifo", "--out", "piped", *MODEL, "--steps", "1",
+               "--sample-tokens", "0", cwd=files)
+    assert r.returncode == 0, r.stderr
+    assert f"{len(text):,} bytes of text from fifo" in r.stdout
+
+
+def test_train_tiny_refuses_an_endless_or_too_large_text_in_one_line(files):
+    """/dev/zero once it passes the limit; a sparse file larger than the memory available by
+    its size, before reading a byte."""
+    r, seconds = run("train_tiny.py", "--text", "/dev/zero", "--max-text-bytes", "1000000",
+                     *MODEL, cwd=files)
+    assert_usage_error("train_tiny.py", r, seconds, "--text: /dev/zero gives more than "
+                       "1,000,000 bytes, more than --max-text-bytes 1,000,000 allows",
+                       "(an endless input?)")
+    huge = files / "huge.txt"
+    with open(huge, "wb") as f:
+        f.truncate(2**40)  # a tebibyte of holes
+    r, seconds = run("train_tiny.py", "--text", "huge.txt", *MODEL, cwd=files)
+    assert_usage_error("train_tiny.py", r, seconds, "--text: huge.txt is "
+                       "1,099,511,627,776 bytes, more than the memory available for it (",
+                       "GiB available, training needs about", "--max-text-bytes sets the limit")
+
+
+def test_the_memory_message_tells_the_sizes_apart():
+    tt = load_train_tiny()
+    assert tt.gib(24.3 * 2**30, 23.6 * 2**30) == ["24.3 GiB", "23.6 GiB"]
+    assert tt.gib(2**40, 2**30) == ["1,024 GiB", "1 GiB"]
+    assert tt.gib(int(1.0004 * 2**30), 2**30) == ["1.000 GiB", "1.000 GiB"]  # 3 decimals at most
+
+
+def test_train_tiny_stops_at_the_step_whose_gradients_are_not_finite(files):
+    """A NaN injected into the gradients of step 3 (the loss of step 3 is still finite): the
+    run stops when it next reads its losses, naming step 3 and the gradients, exit status 1;
+    the checkpoint of step 2 is left as it was."""
+    train = os.path.join(ROOT, "tests", "model", "mpi", "train.py")
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTFM_TEST_FAULT="nan-grad",
+               PYTFM_TEST_FAULT_RANK="0", PYTFM_TEST_FAULT_STEP="3")
+    r = subprocess.run([sys.executable, train, "--text", "corpus.txt", "--out", "nan", *MODEL,
+                        "--steps", "100000", "--eval-every", "2", "--log-every", "100"],
+                       capture_output=True, text=True, cwd=files, env=env, timeout=120)
+    assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "step 3: the gradients' norm became nan; stopping. The last good checkpoint " \
+           "(nan/model.safetensors) is left as it was." in r.stderr, r.stderr
+    assert checkpoint.load(str(files / "nan" / "model.safetensors"))[1] == 2

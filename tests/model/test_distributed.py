@@ -40,6 +40,8 @@ TRAIN_TINY = os.path.join(ROOT, "examples", "train_tiny.py")
 JOB_SECONDS = 120  # a whole tiny job, start to end, on a busy 2-core machine: ~2 s alone
 FAULT_SECONDS = 60  # a fault to the job's end (seconds alone: ~1)
 RTOL = 1e-5  # see the module's docstring
+STALL_TIMEOUT = 3.0  # the collective timeout of the stalled-rank test
+STALL_SLACK = 10.0  # the watchdog's tick and MPI_Abort on a busy machine (alone: ~0.1 s)
 needs_checkout = pytest.mark.skipif(not os.path.isdir(MPI_DIR), reason="needs the checkout")
 
 
@@ -275,3 +277,42 @@ def test_a_failing_rank_ends_the_job_with_a_message_and_a_whole_checkpoint(
         assert "signal 9" in out or "Killed" in out, out
     _, step, _ = checkpoint.load(str(out_dir / "model.safetensors"))
     assert step == 4 if fault == "kill-saving" else 4 <= step <= 6, (step, out)
+
+
+@needs_checkout
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_a_stopped_rank_ends_the_job_within_the_timeout_with_a_whole_checkpoint(
+        mpiexec, tmp_path, how):
+    """Rank 1 SIGSTOPs itself at step 5 (it neither dies nor answers): rank 0's collective
+    watchdog, at a timeout of STALL_TIMEOUT seconds (--collective-timeout, or
+    PYTFM_COLLECTIVE_TIMEOUT), names rank 1 and the step and ends the job through MPI within
+    the timeout and a few seconds; the checkpoint (saved after every step) loads, at step 4."""
+    out_dir = tmp_path / "s"
+    env = {"PYTFM_TEST_FAULT": "stop", "PYTFM_TEST_FAULT_RANK": "1",
+           "PYTFM_TEST_FAULT_STEP": "5"}
+    more = ["--collective-timeout", str(STALL_TIMEOUT)] if how == "flag" else []
+    if how == "environment":
+        env["PYTFM_COLLECTIVE_TIMEOUT"] = str(STALL_TIMEOUT)
+    cmd = [os.path.join(MPI_DIR, "train.py"), *tiny(out_dir, "--steps", "100000",
+                                                     "--eval-every", "1", *more)[1:]]
+    status, out, _ = job(cmd, 2, env=env, mpiexec=mpiexec, timeout=JOB_SECONDS)
+    ended = time.monotonic()
+    assert status != 0, out
+    stopped = float(out.split("stopped at ")[1].split()[0])  # CLOCK_MONOTONIC: one machine
+    assert ended - stopped < STALL_TIMEOUT + STALL_SLACK, (ended - stopped, out)
+    assert "pytfm.distributed: rank 0 of 2:" in out and "of step 5" in out, out
+    assert f"more than the timeout of {STALL_TIMEOUT:g} s, for rank(s) 1, which did not " \
+           "arrive" in out and "aborting all 2 ranks" in out, out
+    _, step, _ = checkpoint.load(str(out_dir / "model.safetensors"))
+    assert step == 4, (step, out)
+
+
+def test_the_collective_timeout_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(distributed.TIMEOUT_VAR, raising=False)
+    assert distributed.default_timeout() == distributed.DEFAULT_TIMEOUT == 600
+    monkeypatch.setenv(distributed.TIMEOUT_VAR, " 2.5 ")
+    assert distributed.default_timeout() == 2.5 and distributed.World(None).timeout == 2.5
+    for bad in ("0", "-1", "inf", "nan", "ten"):
+        monkeypatch.setenv(distributed.TIMEOUT_VAR, bad)
+        with pytest.raises(ValueError, match="PYTFM_COLLECTIVE_TIMEOUT=.*finite number of sec"):
+            distributed.default_timeout()

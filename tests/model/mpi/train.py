@@ -2,8 +2,11 @@
 faults to inject, from the environment:
 
     PYTFM_TEST_INTERRUPT_AT=k     a Ctrl-C after step k (train_tiny.main's interrupt_at)
-    PYTFM_TEST_FAULT=raise|kill|exit   at the start of optimizer step PYTFM_TEST_FAULT_STEP on
-    PYTFM_TEST_FAULT_RANK=r       rank r: raise RuntimeError, SIGKILL itself, or sys.exit(3);
+    PYTFM_TEST_FAULT=raise|kill|exit|stop   at the start of optimizer step
+    PYTFM_TEST_FAULT_RANK=r       PYTFM_TEST_FAULT_STEP on rank r: raise RuntimeError, SIGKILL
+                                  itself, sys.exit(3), or SIGSTOP itself (after printing
+                                  "stopped at <time.monotonic()>");
+    PYTFM_TEST_FAULT=nan-grad     a NaN into the gradients of that step's backward on rank r
     PYTFM_TEST_FAULT=kill-saving  SIGKILL in the checkpoint save of that step, once the
                                   temporary file is written, before it is renamed
 
@@ -13,10 +16,12 @@ import importlib.util
 import os
 import signal
 import sys
+import time
 
 ROOT = os.path.abspath(os.path.join(__file__, "..", "..", "..", ".."))
 
 from pytfm import checkpoint, distributed  # noqa: E402
+from pytfm.nn import GPT  # noqa: E402
 from pytfm.optim import AdamW  # noqa: E402
 
 
@@ -31,9 +36,23 @@ def kill_before_rename(rank, at):
     checkpoint.save = dying
 
 
+def nan_gradients(rank, at):
+    world, backward, steps = distributed.init(), GPT.backward, []
+
+    def poisoned(self):
+        backward(self)
+        steps.append(1)
+        if world.rank == rank and len(steps) == at:
+            self.grads.buffer[0] = float("nan")
+
+    GPT.backward = poisoned
+
+
 def inject(kind, rank, at):
     if kind == "kill-saving":
         return kill_before_rename(rank, at)
+    if kind == "nan-grad":
+        return nan_gradients(rank, at)
     world, step = distributed.init(), AdamW.step
 
     def faulty(self, lr=None):
@@ -42,6 +61,9 @@ def inject(kind, rank, at):
                 raise RuntimeError(f"injected fault on rank {rank} at step {at}")
             if kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if kind == "stop":
+                print(f"stopped at {time.monotonic()}", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
             sys.exit(3)
         return step(self, lr)
 

@@ -1,0 +1,136 @@
+"""examples/generate.c as sample.py's twin on the command line: --temperature takes exactly
+what sample.py takes (Python's float() after argparse's reading of the command line) and
+refuses the rest in the same words; a closed stdout is an error with a message, not a silent
+SIGPIPE."""
+
+import contextlib
+import io
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+from pytfm import checkpoint
+from pytfm.nn import GPT, GPTConfig
+
+EXAMPLES = os.path.join(ROOT, "examples")
+pytestmark = pytest.mark.skipif(not os.path.isdir(EXAMPLES), reason="needs the checkout")
+
+# what a user might type, and what float() or argparse make of it: plain, signed, with
+# underscores (PEP 515), spaces and digits beyond ASCII, inf and nan, hexadecimal (refused),
+# overflow (inf) and underflow (0), values argparse takes for options (a '-' not followed by a
+# plain negative number), and values past float32 (1e39) that a double holds
+TEMPERATURES = [
+    "0", "0.8", "1e39", "1.5e308", "1e400", "1e-400", "-1e-400", "-0", "-0.0", "0x1p3", "0X10",
+    "1_0", "1__0", "_1", "1_", "1_.5", "1._5", "1e1_0", "1e_1", " 1 ", "\t2\n", "1 0", "",
+    " ", "inf", "-inf", "+inf", "Infinity", "nan", "-nan", "+NaN", "nan(1)", "in_f", "1e",
+    "1e+", ".", ".5", "5.", "+.5e-3", "-1", "-.5", "-5.", "-1e5", "-1.5e-7", "-123456789012345678",
+    "-1e16", "-1e15", "-0.0001", "-0.00001", "--", "-h", "-x", "- 1", "abc", "1.5abc",
+    "\u0661.\u0665", "\uff11.\uff15", "\u00a01\u3000", "\u0085 2", "1\u2009", "\u1d7ce1",
+    "-\u0661", "\x1c1", "\U0001D7CE\U0001D7CF", "\u00b2", "\u2155",
+]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    """A model whose logits spread over several nats (its embedding, tied to the LM head, 10
+    times its initial size), so that the temperature shows in the sampled text."""
+    path = tmp_path_factory.mktemp("gen") / "model.safetensors"
+    model = GPT(GPTConfig(d_model=16, n_layer=1, n_head=2, max_seq=32, seed=3))
+    model.params["transformer.wte.weight"] *= 10
+    checkpoint.save(str(path), model)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def generate_exe(tmp_path_factory):
+    """examples/generate.c built as the README says, warnings as errors."""
+    import pytfm
+
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to build pytfm itself"
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
+    flags = subprocess.run([sys.executable, "-m", "pytfm", "--cflags", "--libs"], check=True,
+                           capture_output=True, text=True, cwd="/", env=env).stdout.split()
+    exe = str(tmp_path_factory.mktemp("generate") / "generate")
+    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
+                    os.path.join(EXAMPLES, "generate.c"), *flags, "-o", exe], check=True)
+    return exe
+
+
+def sample_py(argv):
+    """examples/sample.py's main(argv) in this process -> (status, its last stderr line)."""
+    sys.path.insert(0, EXAMPLES)
+    try:
+        import sample
+    finally:
+        sys.path.remove(EXAMPLES)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            status = sample.main(argv)
+        except SystemExit as e:
+            status = e.code
+    lines = err.getvalue().splitlines()
+    return status, lines[-1] if lines else ""
+
+
+def generate_c(exe, argv):
+    r = subprocess.run([exe, *argv], capture_output=True)
+    lines = r.stderr.decode("utf-8", "replace").splitlines()
+    return r.returncode, lines[-1] if r.returncode else ""
+
+
+@pytest.mark.parametrize("form", ["separate", "joined"])
+def test_temperature_takes_and_refuses_what_sample_py_does(generate_exe, model_path, form):
+    """Every entry of TEMPERATURES, as --temperature VALUE and as --temperature=VALUE: the
+    same status (0 or 2) from both programs, and the same error line (but for the program's
+    name, and where argparse's repr() of the text escapes characters)."""
+    differ = []
+    for value in TEMPERATURES:
+        if form == "joined" and value == "--":
+            continue  # argparse (3.11) gives sample.py [] for --temperature=--, not a str
+        flag = ["--temperature", value] if form == "separate" else [f"--temperature={value}"]
+        argv = [model_path, *flag, "--tokens", "0"]
+        want, got = sample_py(argv), generate_c(generate_exe, argv)
+        same_words = got[1].partition(": error: ")[2] == want[1].partition(": error: ")[2] \
+            or repr(value)[1:-1] != value  # argparse's repr escapes it
+        if got[0] != want[0] or not same_words:
+            differ.append((value, want, got))
+    assert not differ, "\n".join(map(repr, differ))
+
+
+@pytest.mark.parametrize("value, same_as", [("\uff11.\uff15", "1.5"), ("1_0", "10"),
+                                            (" 0.5\t", "0.5"), ("1e39", "1e+39")])
+def test_temperature_reads_the_value_python_reads(generate_exe, model_path, value, same_as):
+    """The same seed and the same double give the same text (and a different double other
+    text: the control)."""
+    def text(t):
+        r = subprocess.run([generate_exe, model_path, f"--temperature={t}", "--tokens", "25",
+                            "--top-k", "0", "--seed", "5"], capture_output=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert float(value) == float(same_as)
+    assert text(value) == text(same_as)
+    if math.isfinite(float(value) * 1.1) and float(value) < 1e6:
+        assert text(value) != text(repr(float(value) * 1.5))
+
+
+def test_a_closed_stdout_is_an_error_with_a_message(generate_exe, model_path):
+    """The reader of the pipe left before generate wrote: exit status 1 and a message, not a
+    silent death by SIGPIPE (status -13) as the default signal handling (restored for the
+    child, as a shell does) would give."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([generate_exe, model_path, "--tokens", "10"], stdout=write,
+                           stderr=subprocess.PIPE, restore_signals=True)
+    finally:
+        os.close(write)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert b"generate: error: cannot write the text to stdout: Broken pipe" in r.stderr
