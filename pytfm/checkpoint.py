@@ -44,6 +44,7 @@ import operator
 import os
 import re
 import secrets
+import stat
 import struct
 from dataclasses import asdict
 
