@@ -214,7 +214,10 @@ def train_cases(lib, threads, configs=TRAIN):
 # ---- bf16: the BF16 products beside pytfm's FP32 ones and torch's bf16 autocast ---------------
 
 BF16_SQUARE = (256, 512, 1024, 2048)
-DECODE_TOKENS = {"tiny": 128, "gpt2": 64}  # tokens decoded per rep; per-token medians from 16 on
+# tokens decoded per rep, and reps (a tiny model's token is tens of µs: many reps for a steady
+# median); per-token medians over the reps and the positions from 16 on
+DECODE_TOKENS = {"tiny": 128, "gpt2": 64}
+DECODE_REPS = {"tiny": 30, "gpt2": 3}
 
 
 def autocast():
@@ -315,13 +318,14 @@ def bf16_decode_figures(lib, threads):
         case = f"bf16/decode {name} (per token)"
         if lib == "pytfm":
             for precision, key in (("bf16", case), ("fp32", case + " [fp32]")):
-                out = subprocess.run([os.environ["PYTFM_BENCH_C_DECODE"], path, "3", str(threads),
-                                      precision, str(tokens)], capture_output=True, text=True,
+                out = subprocess.run([os.environ["PYTFM_BENCH_C_DECODE"], path,
+                                      str(DECODE_REPS[name]), str(threads), precision,
+                                      str(tokens)], capture_output=True, text=True,
                                      check=True).stdout
                 ns = [int(line.split()[1]) for line in out.splitlines()][16:]
                 figures[key] = statistics.median(ns) * 1e-9
         else:
-            figures[case] = torch_decode(path, tokens)
+            figures[case] = torch_decode(path, tokens, reps=min(DECODE_REPS[name], 5))
     return figures
 
 
