@@ -1,6 +1,7 @@
 """Sample text from a checkpoint written by train_tiny.py.
 
     python examples/sample.py out/model.safetensors --prompt "def " --tokens 100
+    python examples/sample.py out/model.safetensors --precision bf16
 
 The prompt is taken as the bytes the shell passed (one token per byte). A bad flag or a
 checkpoint that is missing or unreadable stops the script with its usage and one line naming
@@ -14,6 +15,7 @@ import sys
 import numpy as np
 from train_tiny import SEED_MAX, new_parser  # defaults in --help, no abbreviated flags
 
+import pytfm
 from pytfm import checkpoint, data
 from pytfm.generate import generate
 
@@ -28,6 +30,9 @@ def parser():
     p.add_argument("--temperature", type=float, default=0.8, help="finite, >= 0; 0: greedy")
     p.add_argument("--top-k", type=int, default=40, help="sample among the k likeliest; 0: all")
     p.add_argument("--seed", type=int, default=0, help=f"0 .. {SEED_MAX}")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="of the linear layers' products (bf16: BF16-rounded inputs, float32 "
+                   "sums)")
     return p
 
 
@@ -63,7 +68,9 @@ def main(argv=None):
     raw = args.prompt.encode("utf-8", "surrogateescape")
     if not raw:
         p.error("--prompt must not be empty: generation continues at least one byte")
-    model = load(p, args.checkpoint)
+    model = load(p, args.checkpoint).set_precision(args.precision)
+    if args.precision == "bf16":
+        print(f"precision bf16, the BF16 products' path: {pytfm.bf16_path()}", file=sys.stderr)
     if model.cfg.vocab != data.VOCAB:  # the prompt's bytes are its token ids
         p.error(f"checkpoint: its model has a vocabulary of {model.cfg.vocab} tokens, not the "
                 f"{data.VOCAB} bytes sample.py encodes text into")
