@@ -15,6 +15,12 @@ Groups and what each ratio is (> 1: pytfm is faster):
              its PyTorch twin (tests/torch_twin.py, same weights and maths), in tokens/s: the
              train_tiny.py default (d=128, 4 layers, 4 heads, 8x128 tokens) and a 6-layer d=384
              GPT (6 heads, 8x256 tokens).
+  bf16       the BF16 products (pytfm's precision "bf16") beside pytfm's FP32 ones and
+             torch.autocast("cpu", torch.bfloat16), each library in its own process: SGEMM at
+             n = 256 ... 2048 and the linear layers' products (GFLOP/s), the training step of
+             both configs (tokens/s), decoding a token from C (bench/c_decode.c, the model
+             API in BF16 and FP32) against torch's twin under autocast, at train_tiny's config
+             and GPT-2-124M's shape (tokens/s). Its table names the BF16 path that ran.
   breakdown  pytfm alone (no peer): where the time of those two training steps goes, per C
              kernel (op direction: pytfm_linear_forward, pytfm_adamw_step, ...): its calls, ms
              and share of a step, then the time outside the kernels, split into pytfm.ops's
@@ -42,6 +48,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,9 +62,34 @@ NORMED = ("layernorm", "softmax", "gelu", "cross_entropy")  # element-wise ops w
 PEER = {"sgemm": "numpy", "linear": "numpy", "ew": "numpy", "attention": "torch", "train": "torch"}
 
 
-def run_worker(lib, threads, groups):
+BF16_TARGETS = {  # case prefix -> (against pytfm's FP32, against torch's bf16 autocast)
+    "bf16/sgemm 1024": (1.7, None),
+    "bf16/train d384": (1.4, 1.3),
+    "bf16/decode tiny": (1.6, None),
+    "bf16/decode gpt2": (1.6, None),
+}
+GPT2 = dict(vocab=50257, d_model=768, n_layer=12, n_head=12, max_seq=160)  # GPT-2-124M's shape
+
+
+def bf16_setup(folder):
+    """The bf16 group's decode rows: the C program (bench/c_decode.c) and a checkpoint of
+    train_tiny's config and of GPT-2-124M's shape (random weights: speed does not depend on
+    them), as the environment variables the workers read"""
+    from bench.c_generate import build_driver
+    from pytfm import checkpoint
+    from pytfm.nn import GPT, GPTConfig
+
+    paths = {}
+    for name, cfg in (("tiny", GPTConfig()), ("gpt2", GPTConfig(**GPT2))):
+        paths[name] = os.path.join(folder, f"{name}.safetensors")
+        checkpoint.save(paths[name], GPT(cfg))
+    return {"PYTFM_BENCH_DECODE": json.dumps(paths), "PYTFM_BENCH_C_DECODE": build_driver(folder)}
+
+
+def run_worker(lib, threads, groups, extra_env=None):
     # OpenBLAS only computes in the numpy process; elsewhere its threads would only compete
-    env = worker_env(threads, OPENBLAS_NUM_THREADS=threads if lib == "numpy" else 1)
+    env = worker_env(threads, OPENBLAS_NUM_THREADS=threads if lib == "numpy" else 1,
+                     **(extra_env or {}))
     r = subprocess.run(
         [sys.executable, os.path.join(HERE, "worker.py"), lib, str(threads), *groups],
         capture_output=True,
@@ -128,6 +160,57 @@ def show_ratios(rows):
         )
 
 
+def bf16_rows(times, threads_list):
+    """The bf16 group's rows: pytfm in BF16 beside pytfm in FP32 and torch under autocast"""
+    rows = []
+    for (threads, lib, case), ts in sorted(times.items()):
+        if lib != "pytfm" or not case.startswith("bf16/") or case.endswith(" [fp32]"):
+            continue
+        t16, t32 = statistics.median(ts), statistics.median(times[(threads, lib, case + " [fp32]")])
+        tt = times.get((threads, "torch", case))
+        tt = statistics.median(tt) if tt else None
+        name = case.split("/", 1)[1]
+        if name.startswith(("sgemm", "linear")):
+            size = name.split()[1] if name.startswith("sgemm") else name.split()[2]
+            if name.startswith("sgemm"):
+                work, unit = 2 * int(size) ** 3 / 1e9, "GFLOP/s"
+            else:
+                r, rest = size.split("x")
+                i, o = map(int, rest.split("->"))
+                work, unit = 2 * int(r) * i * o / 1e9, "GFLOP/s"
+        elif name.startswith("train"):
+            b, t = re.search(r"\((\d+)x(\d+) tokens\)", name).groups()
+            work, unit = int(b) * int(t), "tokens/s"
+        else:
+            work, unit = 1, "tokens/s"
+        goal = next((g for prefix, g in BF16_TARGETS.items() if case.startswith(prefix)),
+                    (None, None))
+        row = {"case": case, "threads": threads, "unit": unit, "bf16_s": t16, "fp32_s": t32,
+               "torch_s": tt, "bf16": work / t16, "fp32": work / t32,
+               "torch": work / tt if tt else None, "vs_fp32": t32 / t16,
+               "vs_torch": tt / t16 if tt else None, "target_fp32": goal[0],
+               "target_torch": goal[1]}
+        rows.append(row)
+    return rows
+
+
+def show_bf16(rows, path):
+    print(f"\nBF16 products: {path}; x = figure ratio (> 1: pytfm bf16 faster)")
+    head = (f"{'case':44s} {'thr':>3s} {'bf16':>8s} {'fp32':>8s} {'torch':>8s} {'unit':8s} "
+            f"{'x fp32':>6s} {'x torch':>7s}  targets")
+    print(head)
+    print("-" * len(head))
+    for r in sorted(rows, key=lambda r: (r["threads"], r["case"])):
+        torch_fig = f"{r['torch']:8.1f}" if r["torch"] else f"{'-':>8s}"
+        vs_torch = f"{r['vs_torch']:7.2f}" if r["vs_torch"] else f"{'-':>7s}"
+        marks = []
+        for key, goal in (("vs_fp32", r["target_fp32"]), ("vs_torch", r["target_torch"])):
+            if goal and r[key] is not None:
+                marks.append(f"{key[3:]} {goal:.1f} {'ok' if r[key] >= goal else 'MISS'}")
+        print(f"{r['case'][5:]:44s} {r['threads']:3d} {r['bf16']:8.1f} {r['fp32']:8.1f} "
+              f"{torch_fig} {r['unit']:8s} {r['vs_fp32']:6.2f} {vs_torch}  {', '.join(marks)}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", nargs="+", choices=sorted(GROUPS), default=sorted(GROUPS))
@@ -139,22 +222,29 @@ def main(argv=None):
     have_torch = importlib.util.find_spec("torch") is not None
     libs = ["pytfm", "numpy"] + (["torch"] if have_torch else [])
     times = {}  # (threads, lib, case) -> [seconds per round]
-    t0, load = time.time(), [os.getloadavg()[0]]  # others' work on the cores skews every figure
-    for rnd in range(args.rounds):
-        for threads in args.threads:
-            order = libs if rnd % 2 == 0 else libs[::-1]
-            for lib in order:
-                groups = [g for g in args.groups if lib in GROUPS[g]]
-                if not groups:
-                    continue
-                for case, t in run_worker(lib, threads, groups).items():
-                    times.setdefault((threads, lib, case), []).append(t)
-        print(f"round {rnd + 1}/{args.rounds} done ({time.time() - t0:.0f} s)", file=sys.stderr)
+    bf16_path = None
+    with tempfile.TemporaryDirectory() as tmp:
+        env = bf16_setup(tmp) if "bf16" in args.groups else {}
+        t0, load = time.time(), [os.getloadavg()[0]]  # others' work skews every figure
+        for rnd in range(args.rounds):
+            for threads in args.threads:
+                order = libs if rnd % 2 == 0 else libs[::-1]
+                for lib in order:
+                    groups = [g for g in args.groups if lib in GROUPS[g]]
+                    if not groups:
+                        continue
+                    for case, t in run_worker(lib, threads, groups, env).items():
+                        if case == "bf16/path":
+                            bf16_path = t
+                            continue
+                        times.setdefault((threads, lib, case), []).append(t)
+            print(f"round {rnd + 1}/{args.rounds} done ({time.time() - t0:.0f} s)",
+                  file=sys.stderr)
 
     load.append(os.getloadavg()[0])
     rows = []
     for (threads, lib, case), ts in sorted(times.items()):
-        if lib != "pytfm" or case.startswith("breakdown/"):
+        if lib != "pytfm" or case.startswith(("breakdown/", "bf16/")):
             continue
         peer = PEER[case.split("/")[0]]
         peer_ts = times.get((threads, peer, case))
@@ -187,6 +277,9 @@ def main(argv=None):
         )
     if rows:
         show_ratios(rows)
+    bf16 = bf16_rows(times, args.threads) if "bf16" in args.groups else []
+    if bf16:
+        show_bf16(bf16, bf16_path)
     steps = breakdown.tables(times, worker.TRAIN)
     breakdown.show(steps)
     if args.json:
@@ -198,6 +291,7 @@ def main(argv=None):
                     "torch": have_torch,
                     "load_average": load,
                     "rows": rows,
+                    "bf16": {"path": bf16_path, "rows": bf16},
                     "breakdown": steps,
                     "raw": [
                         {"threads": t, "lib": lib, "case": c, "seconds": ts}

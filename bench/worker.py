@@ -211,12 +211,157 @@ def train_cases(lib, threads, configs=TRAIN):
     return cases
 
 
+# ---- bf16: the BF16 products beside pytfm's FP32 ones and torch's bf16 autocast ---------------
+
+BF16_SQUARE = (256, 512, 1024, 2048)
+# tokens decoded per rep, and reps (a tiny model's token is tens of µs: many reps for a steady
+# median); per-token medians over the reps and the positions from 16 on
+DECODE_TOKENS = {"tiny": 128, "gpt2": 64}
+DECODE_REPS = {"tiny": 30, "gpt2": 3}
+
+
+def autocast():
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def bf16_gemm_cases(lib):
+    """[(case, fn)]: the square products and the model's; pytfm gives each case twice, in
+    BF16 (pytfm_sgemm_ex) and FP32 (pytfm_sgemm, "case [fp32]"); torch multiplies the same
+    float32 arrays under autocast (the rounding to BF16 included, as in pytfm)."""
+    cases = []
+
+    def add(name, c, a, b, ta, tb):
+        m, n = c.shape
+        k = a.shape[0] if ta else a.shape[1]
+        if lib == "torch":
+            import torch
+
+            at, bt = (torch.from_numpy(x) for x in (a, b))
+            at, bt = (at.T if ta else at), (bt.T if tb else bt)
+
+            def mm(at=at, bt=bt):
+                with autocast():
+                    return torch.mm(at, bt)
+
+            cases.append((name, mm))
+            return
+        from pytfm._core import ffi
+        from pytfm._core import lib as C
+
+        p = [ffi.from_buffer("float[]", x) for x in (c, a, b)]
+        bf16 = C.PYTFM_PRECISION_BF16
+        cases.append((name, lambda: C.pytfm_sgemm_ex(*p, m, n, k, ta, tb, 0.0, bf16)))
+        cases.append((name + " [fp32]", lambda: C.pytfm_sgemm(*p, m, n, k, ta, tb, 0.0)))
+
+    for n in BF16_SQUARE:
+        add(f"bf16/sgemm {n}", np.empty((n, n), np.float32), randn(n, n), randn(n, n, seed=1),
+            0, 0)
+    for cfg, rows, i, o in LINEAR:
+        x, w, dy = randn(rows, i), randn(o, i, seed=1), randn(rows, o, seed=2)
+        tag = f"bf16/linear {cfg} {rows}x{i}->{o}"
+        add(tag + " fwd x·Wt", np.empty((rows, o), np.float32), x, w, 0, 1)
+        add(tag + " dx=dy·W", np.empty((rows, i), np.float32), dy, w, 0, 0)
+        add(tag + " dW=dyt·x", np.empty((o, i), np.float32), dy, x, 1, 0)
+    return cases
+
+
+def bf16_train_cases(lib):
+    """[(case, step)]: the training step of each config of TRAIN, pytfm in bf16 and in fp32
+    ("case [fp32]"), torch's twin with its forward under autocast (the usual recipe: the loss
+    and the backward outside it)"""
+    cases = []
+    for name, d, L, H, T, B in TRAIN:
+        model, x, y = train_model(d, L, H, T, B)
+        case = f"bf16/train {name} step ({B}x{T} tokens)"
+        if lib == "pytfm":
+            step = pytfm_step(model, x, y)
+
+            def in_precision(precision, step=step, model=model):
+                def run():
+                    model.set_precision(precision)
+                    step()
+                return run
+
+            cases += [(case, in_precision("bf16")), (case + " [fp32]", in_precision("fp32"))]
+            continue
+        import torch
+
+        twin = torch_twin().TorchGPT.from_pytfm(model)
+        topt = twin.optimizer(lr=1e-4)
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+
+        def tstep(twin=twin, topt=topt, tx=tx, ty=ty):
+            topt.zero_grad()
+            with autocast():
+                loss = twin(tx, ty)[1]
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0)
+            topt.step()
+
+        cases.append((case, tstep))
+    return cases
+
+
+def bf16_decode_figures(lib, threads):
+    """{case: seconds per decoded token}: the C model API (bench/c_decode.c, in bf16 and in
+    fp32) or torch's twin decoding through its own KV cache under autocast, on the checkpoints
+    bench/run.py made (PYTFM_BENCH_DECODE: {name: path}; PYTFM_BENCH_C_DECODE: the program)"""
+    import os
+    import subprocess
+
+    paths = json.loads(os.environ.get("PYTFM_BENCH_DECODE", "{}"))
+    figures = {}
+    for name, path in paths.items():
+        tokens = DECODE_TOKENS[name]
+        case = f"bf16/decode {name} (per token)"
+        if lib == "pytfm":
+            for precision, key in (("bf16", case), ("fp32", case + " [fp32]")):
+                out = subprocess.run([os.environ["PYTFM_BENCH_C_DECODE"], path,
+                                      str(DECODE_REPS[name]), str(threads), precision,
+                                      str(tokens)], capture_output=True, text=True,
+                                     check=True).stdout
+                ns = [int(line.split()[1]) for line in out.splitlines()][16:]
+                figures[key] = statistics.median(ns) * 1e-9
+        else:
+            figures[case] = torch_decode(path, tokens, reps=min(DECODE_REPS[name], 5))
+    return figures
+
+
+def torch_decode(path, tokens, reps=2):
+    """The median seconds per token of torch's twin decoding `tokens` tokens from position 0
+    (bench/c_generate.py's twin_decode), under autocast, over positions 16 on"""
+    import torch
+
+    from bench.c_generate import tokens_of, twin_decode
+    from pytfm import checkpoint
+
+    model, _, _ = checkpoint.load(path)
+    cfg = model.cfg
+    twin = torch_twin().TorchGPT.from_pytfm(model).eval()
+    del model
+    ids, H, D = tokens_of(cfg.vocab, tokens), cfg.n_head, cfg.d_model // cfg.n_head
+    times = []
+    with torch.no_grad(), autocast():
+        for _ in range(reps):
+            caches = [(torch.zeros(1, tokens, H, D), torch.zeros(1, tokens, H, D))
+                      for _ in range(cfg.n_layer)]
+            for t in range(tokens):
+                t0 = time.perf_counter()
+                twin_decode(twin, torch.tensor([[ids[t]]]), caches, t)
+                if t >= 16:
+                    times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 GROUPS = {
     "sgemm": ("pytfm", "numpy"),
     "ew": ("pytfm", "numpy"),
     "attention": ("pytfm", "torch"),
     "train": ("pytfm", "torch"),
     "breakdown": ("pytfm",),  # bench/breakdown.py: where a pytfm training step's time goes
+    "bf16": ("pytfm", "torch"),  # pytfm in BF16 and FP32, torch under bf16 autocast
 }
 
 
@@ -242,7 +387,15 @@ def main():
             cases += attention_cases(lib)
         elif g == "train":
             cases += train_cases(lib, threads)
+        elif g == "bf16":
+            cases += bf16_gemm_cases(lib) + bf16_train_cases(lib)
     figures = {name: timeit(f) for name, f in cases}
+    if "bf16" in groups:
+        figures.update(bf16_decode_figures(lib, threads))
+        if lib == "pytfm":
+            import pytfm
+
+            figures["bf16/path"] = pytfm.bf16_path()  # not a time: what ran
     if lib == "pytfm" and "breakdown" in groups:
         import breakdown
 

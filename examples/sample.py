@@ -2,6 +2,7 @@
 
     python examples/sample.py out/model.safetensors --prompt "def " --tokens 100
     python examples/sample.py gpt2 --prompt "Hello, my name is" --temperature 0   # a folder
+    python examples/sample.py out/model.safetensors --precision bf16
 
 The prompt is taken as the bytes the shell passed: one token per byte for a byte-level model;
 a checkpoint of another vocabulary (train_tiny.py --tokenizer bpe:N) is read with the tokenizer
@@ -18,6 +19,7 @@ import sys
 import numpy as np
 from train_tiny import SEED_MAX, new_parser  # defaults in --help, no abbreviated flags
 
+import pytfm
 from pytfm import checkpoint, data, gpt2
 from pytfm.generate import generate
 from pytfm.tokenizer import Tokenizer, TokenizerError
@@ -34,6 +36,9 @@ def parser():
     p.add_argument("--temperature", type=float, default=0.8, help="finite, >= 0; 0: greedy")
     p.add_argument("--top-k", type=int, default=40, help="sample among the k likeliest; 0: all")
     p.add_argument("--seed", type=int, default=0, help=f"0 .. {SEED_MAX}")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="of the linear layers' products (bf16: BF16-rounded inputs, float32 "
+                   "sums)")
     return p
 
 
@@ -82,6 +87,9 @@ def main(argv=None):
     if not raw:
         p.error("--prompt must not be empty: generation continues at least one byte")
     model, tok = load(p, args.checkpoint)
+    model.set_precision(args.precision)
+    if args.precision == "bf16":
+        print(f"precision bf16, the BF16 products' path: {pytfm.bf16_path()}", file=sys.stderr)
     ids = np.frombuffer(raw, np.uint8).astype(np.int64) if tok is None else tok.encode_array(raw)
     max_seq, unit = model.cfg.max_seq, "bytes" if tok is None else "tokens"
     if len(ids) > max_seq:

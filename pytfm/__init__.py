@@ -20,7 +20,9 @@ from . import device, kvcache, ops
 from ._core import (
     PytfmError,
     _settings_from_environment,
+    bf16_path,
     build_info,
+    get_bf16_isa,
     get_isa,
     get_num_threads,
     set_max_isa,
@@ -35,7 +37,8 @@ _settings_from_environment()
 _ON_FIRST_USE = ("checkpoint", "data", "distributed", "generate", "interpret", "nn", "optim",
                  "reference")
 
-__all__ = ["KVCache", "PytfmError", "__version__", "build_info", "device", "get_isa",
+__all__ = ["KVCache", "PytfmError", "__version__", "bf16_path", "build_info", "device",
+           "get_bf16_isa", "get_isa",
            "get_num_threads", "kvcache", "ops", "set_max_isa", "set_num_threads",
            *_ON_FIRST_USE]
 

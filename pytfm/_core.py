@@ -37,6 +37,8 @@ _CPU_FEATURES = {
     "fma": "PYTFM_CPU_FMA",
     "avx512f": "PYTFM_CPU_AVX512F",
     "neon": "PYTFM_CPU_NEON",
+    "avx512_bf16": "PYTFM_CPU_AVX512_BF16",
+    "amx_bf16": "PYTFM_CPU_AMX_BF16",
 }
 
 
@@ -69,22 +71,64 @@ def get_num_threads():
     return lib.pytfm_get_num_threads()
 
 
-ISAS = ("auto", "plain", "portable", "avx2", "avx512")  # pytfm_isa, in order
+ISAS = ("auto", "plain", "portable", "avx2", "avx512", "avx512_bf16")  # pytfm_isa, in order
 
 
 def set_max_isa(name):
     """Cap the instruction set the kernels use: "auto" (no cap: the best this CPU has),
     "plain" (the plain reference loops), "portable" (vectorised for the baseline target),
-    "avx2" or "avx512". Results of different versions agree to float32 rounding, not bit for
-    bit. The environment variable PYTFM_MAX_ISA sets it when pytfm is imported."""
+    "avx2", "avx512" or "avx512_bf16" (which only the BF16 products use: "avx512" keeps them
+    off the AVX512-BF16 instructions). Results of different versions agree to float32
+    rounding, not bit for bit. The environment variable PYTFM_MAX_ISA sets it when pytfm is
+    imported."""
     if name not in ISAS:
         raise ValueError(f"name must be one of {', '.join(ISAS)}; got {name!r}")
     check(lib.pytfm_set_max_isa(ISAS.index(name)))
 
 
 def get_isa():
-    """The instruction set the kernels use now, e.g. "avx512" (see set_max_isa)."""
+    """The instruction set the FP32 kernels use now, e.g. "avx512" (see set_max_isa)."""
     return ISAS[lib.pytfm_get_isa()]
+
+
+def get_bf16_isa():
+    """The instruction set the BF16 products use now: "avx512_bf16" (vdpbf16ps), else that of
+    the FP32 kernels, which then multiply BF16-rounded inputs ("plain" and "portable": the
+    plain loop). See bf16_path()."""
+    return ISAS[lib.pytfm_get_bf16_isa()]
+
+
+_BF16_PATHS = {
+    "avx512_bf16": "AVX512-BF16: vdpbf16ps micro-kernels on panels of BF16 pairs",
+    "avx512": "no AVX512-BF16: BF16-rounded inputs through the AVX-512 FP32 kernels",
+    "avx2": "no AVX512-BF16: BF16-rounded inputs through the AVX2 FP32 kernels",
+    "portable": "BF16-rounded inputs through the plain loops (one row: the portable row kernel)",
+    "plain": "BF16-rounded inputs through the plain loops",
+}
+
+
+def bf16_path():
+    """Which path the BF16 products take now, in words, e.g. "AVX512-BF16: vdpbf16ps
+    micro-kernels on panels of BF16 pairs". Every path multiplies the same BF16 values and
+    sums in float32; they differ in the order of the sums. AMX is detected
+    (build_info()["cpu_features"]) but not used: such a CPU runs the AVX512-BF16 path."""
+    name = get_bf16_isa()
+    capped = name != "avx512_bf16" and "avx512_bf16" in _cpu_features()
+    return _BF16_PATHS[name] + (" (capped: the CPU has AVX512-BF16)" if capped else "")
+
+
+PRECISIONS = ("fp32", "bf16")  # pytfm_precision, in order
+
+
+def precision_code(precision, name="precision"):
+    """The pytfm_precision of a precision's name: "fp32" (float32 products, the default) or
+    "bf16" (products of BF16-rounded inputs, summed in float32)."""
+    if not isinstance(precision, str):
+        raise TypeError(f"{name} must be a str, one of {', '.join(PRECISIONS)}; got "
+                        f"{type(precision).__name__}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"{name} must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    return PRECISIONS.index(precision)
 
 
 def _settings_from_environment():
@@ -103,18 +147,26 @@ def version():
     return ffi.string(lib.pytfm_version()).decode()
 
 
+def _cpu_features(info=None):
+    if info is None:
+        info = ffi.new("pytfm_build_info *")
+        check(lib.pytfm_get_build_info(info))
+    return [n for n, c in _CPU_FEATURES.items() if info.cpu_features & getattr(lib, c)]
+
+
 def build_info():
-    """How libpytfm was built and what this CPU offers, as a dict."""
+    """How libpytfm was built and what this CPU offers, as a dict: "isa" is the instruction set
+    of the FP32 kernels, "bf16" that of the BF16 products (get_bf16_isa, bf16_path)."""
     info = ffi.new("pytfm_build_info *")
     check(lib.pytfm_get_build_info(info))
-    features = info.cpu_features
     return {
         "version": ffi.string(info.version).decode(),
         "compiler": ffi.string(info.compiler).decode(),
         "flags": ffi.string(info.flags).decode(),
         "arch": ffi.string(info.arch).decode(),
-        "cpu_features": [n for n, c in _CPU_FEATURES.items() if features & getattr(lib, c)],
+        "cpu_features": _cpu_features(info),
         "isa": get_isa(),
+        "bf16": get_bf16_isa(),
         "cuda": bool(info.cuda),
         "cuda_version": info.cuda_version or None,
     }

@@ -41,6 +41,7 @@ import numpy as np
 from . import device as devices
 from . import ops
 from ._arrays import as_bool, check_index_arrays, is_array, is_cupy
+from ._core import precision_code
 from .kvcache import KVCache
 
 POSITIONS = ("rope", "sinusoidal", "none", "learned")
@@ -225,7 +226,8 @@ class Parameters:
 
 class Linear:
     """y = x·wᵀ + b, w [out, in] as torch.nn.Linear.weight. tied: an Embedding whose table
-    (and its gradient) is w, as in a tied LM head, logits = x · tableᵀ."""
+    (and its gradient) is w, as in a tied LM head, logits = x · tableᵀ. precision: its
+    products' ("fp32", or "bf16": see GPT), set by the model."""
 
     def __init__(self, P, name, n_in, n_out, std=0.02, bias=True, tied=None):
         if tied is None:
@@ -234,23 +236,25 @@ class Linear:
             self.w, self.dw = tied.w, tied.dw
         self.b, self.db = P.add(f"{name}.bias", (n_out,)) if bias else (None, None)
         self.saved = None
+        self.precision = "fp32"
 
     def forward(self, x, save=True):  # (..., in) -> (..., out)
         if save:
             self.saved = x
-        return ops.linear_forward(x, self.w, self.b)
+        return ops.linear_forward(x, self.w, self.b, precision=self.precision)
 
     def forward_gelu(self, x, save=True):  # (..., in) -> gelu(h), h = x·wᵀ + b: (..., out) each
         """The layer followed by GELU, in one pass over the output (the bias and GELU applied to
         each tile of the product while it is in cache): (gelu(h), h)."""
         if save:
             self.saved = x
-        return ops.linear_gelu_forward(x, self.w, self.b)
+        return ops.linear_gelu_forward(x, self.w, self.b, precision=self.precision)
 
     def backward(self, dy):  # (..., out) -> (..., in)
         x = self.saved
         has_bias = self.b is not None
-        dx, _, _ = ops.linear_backward(dy, x, self.w, has_bias, dw=self.dw, db=self.db)
+        dx, _, _ = ops.linear_backward(dy, x, self.w, has_bias, dw=self.dw, db=self.db,
+                                       precision=self.precision)
         return dx
 
 
@@ -416,9 +420,16 @@ class GPT:
     device: "cpu" (NumPy arrays, the C kernels) or "cuda" (CuPy arrays on the current GPU, the
     CUDA kernels; pytfm.device.CudaUnavailable says why when the GPU cannot be used). The
     parameters are drawn on the host from cfg.seed whatever the device, so GPT(cfg,
-    device="cuda") starts from the same bits as GPT(cfg), copied over in one transfer."""
+    device="cuda") starts from the same bits as GPT(cfg), copied over in one transfer.
 
-    def __init__(self, cfg, device="cpu"):
+    precision: of the linear layers' products, a property of the run, not of the model (a
+    checkpoint holds float32 parameters and no precision): "fp32", or "bf16", where each product
+    (forward x·Wᵀ, backward dy·W and dyᵀ·x) multiplies BF16-rounded inputs and sums in float32,
+    as torch.autocast("cpu", torch.bfloat16) does; parameters, gradients, optimizer state,
+    LayerNorm, attention, softmax and the loss stay float32. "bf16" runs on the CPU
+    (pytfm.bf16_path() says how). model.precision says which; set_precision changes it."""
+
+    def __init__(self, cfg, device="cpu", precision="fp32"):
         if not isinstance(cfg, GPTConfig):
             raise TypeError(f"cfg must be a pytfm.nn.GPTConfig, got {type(cfg).__name__}")
         devices.array_module(device)  # a bad name or an unusable GPU fails before any work
@@ -435,8 +446,24 @@ class GPT:
         self.lm_head = Linear(P, "lm_head", cfg.d_model, cfg.vocab, bias=False,
                               tied=self.wte if cfg.tie_embeddings else None)
         self.params, self.grads = P.params, P.grads
-        self.saved, self.device, self.xp = None, "cpu", np
+        self.saved, self.device, self.xp, self.precision = None, "cpu", np, "fp32"
         self.to(device)
+        self.set_precision(precision)
+
+    def set_precision(self, precision):
+        """The precision of the linear layers' products from now on ("fp32" or "bf16", see
+        GPT); returns the model. A forward and its backward should run in one precision."""
+        precision_code(precision)  # a bad name fails here, naming the argument
+        if precision != "fp32" and self.device != "cpu":
+            raise ValueError(f"precision {precision!r} runs on the CPU only: use "
+                             f"precision='fp32' on device {self.device!r}")
+        if precision != self.precision:
+            self._claim("set_precision")  # a forward in flight elsewhere would mix precisions
+        for layer in self._layers():
+            if isinstance(layer, Linear):
+                layer.precision = precision
+        self.precision = precision
+        return self
 
     def to(self, device):
         """Move the model to device ("cpu" or "cuda") and return it. Its parameters and
@@ -447,6 +474,9 @@ class GPT:
         xp = devices.array_module(device)
         if device == self.device:
             return self
+        if self.precision != "fp32":
+            raise ValueError(f"precision {self.precision!r} runs on the CPU only: "
+                             "set_precision('fp32') before moving the model to the GPU")
         self._claim("to")
         params, grads = self.params.to(device), self.grads.to(device)
         moved = {}  # id of an old array -> the array that replaces it

@@ -8,7 +8,8 @@ in pytfm.h: rows and cols, count (a flat array's elements), vocab, B, T, H, D, n
 Backends: NumPy arrays run the C kernels; CuPy arrays run their CUDA twins (pytfm_*_cuda) on
 CuPy's current stream and return CuPy arrays (cupy is imported only when one arrives). All the
 arrays of one call must be of one kind and, for CuPy, on the current device. Every op with array
-arguments has a CUDA twin; a library without one (an older build) takes NumPy arrays only.
+arguments has a CUDA twin, but for round_bf16 and the linear layer's precision="bf16" (NumPy
+arrays only); a library without one (an older build) takes NumPy arrays only.
 Results are of one kind on both backends: arrays of the inputs' kind, a reduction (the loss of
 cross_entropy_forward, sum_squares) a 0-d array, so that nothing is read back from a device
 unless the caller asks (float(loss)).
@@ -27,6 +28,7 @@ True or False only (a bool or numpy.bool_), not None or 0.
 
 import math
 
+from . import _core
 from ._arrays import F64 as _F64
 from ._arrays import I64 as _I64
 from ._arrays import Args as _Args
@@ -49,30 +51,44 @@ def _linear_dims(a):
     return x, w, x.size // inn, inn, out
 
 
-def linear_forward(x, w, b=None):
-    """y = x·wᵀ + b.  x [..., in], w [out, in], b [out] or None -> y [..., out]"""
-    a = _Args("pytfm_linear_forward", locals())
+def _precise(kernel, precision):
+    """The kernel for a precision: its FP32 function itself ("fp32": those bits), else the _ex
+    one, which takes the precision last -> (name, the extra arguments)"""
+    code = _core.precision_code(precision)
+    return (kernel, ()) if code == 0 else (kernel + "_ex", (code,))
+
+
+def linear_forward(x, w, b=None, precision="fp32"):
+    """y = x·wᵀ + b.  x [..., in], w [out, in], b [out] or None -> y [..., out]. precision:
+    "fp32", or "bf16" (x and w rounded to BF16 as the product reads them, sums in float32: see
+    pytfm_linear_forward_ex); NumPy arrays only in "bf16"."""
+    kernel, extra = _precise("pytfm_linear_forward", precision)
+    a = _Args(kernel, locals())
     x, w, rows, inn, out = _linear_dims(a)
     b = a.array("b", shape=(out,), because="w.shape[0]", optional=True)
     y = a.empty(x.shape[:-1] + (out,))
-    a.call(y, x, w, b, rows, inn, out)
+    a.call(y, x, w, b, rows, inn, out, *extra)
     return y
 
 
-def linear_gelu_forward(x, w, b=None):
-    """h = x·wᵀ + b, y = gelu(h).  x [..., in], w [out, in], b [out] or None -> (y, h) [..., out]"""
-    a = _Args("pytfm_linear_gelu_forward", locals())
+def linear_gelu_forward(x, w, b=None, precision="fp32"):
+    """h = x·wᵀ + b, y = gelu(h).  x [..., in], w [out, in], b [out] or None -> (y, h) [..., out];
+    precision as linear_forward"""
+    kernel, extra = _precise("pytfm_linear_gelu_forward", precision)
+    a = _Args(kernel, locals())
     x, w, rows, inn, out = _linear_dims(a)
     b = a.array("b", shape=(out,), because="w.shape[0]", optional=True)
     y, h = a.empty(x.shape[:-1] + (out,)), a.empty(x.shape[:-1] + (out,))
-    a.call(y, h, x, w, b, rows, inn, out)
+    a.call(y, h, x, w, b, rows, inn, out, *extra)
     return y, h
 
 
-def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None):
+def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None, precision="fp32"):
     """dy [..., out], x [..., in], w [out, in] -> (dx [..., in], dw [out, in], db [out] or None
-    when has_bias is False)"""
-    a = _Args("pytfm_linear_backward", locals())
+    when has_bias is False); precision as linear_forward: in "bf16" the products dy·w and
+    dyᵀ·x take BF16-rounded inputs, db (the column sums of dy) is float32."""
+    kernel, extra = _precise("pytfm_linear_backward", precision)
+    a = _Args(kernel, locals())
     x, w, rows, inn, out = _linear_dims(a)
     dy = a.array("dy", shape=x.shape[:-1] + (out,), because="x.shape[:-1] + (w.shape[0],)")
     has_bias = a.bool("has_bias")
@@ -81,8 +97,18 @@ def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None):
     dw = a.grad("dw", w.shape)
     db = a.grad("db", (out,)) if has_bias else None
     dx = a.empty_like(x)
-    a.call(dx, dw, db, dy, x, w, rows, inn, out)
+    a.call(dx, dw, db, dy, x, w, rows, inn, out, *extra)
     return dx, dw, db
+
+
+def round_bf16(x):
+    """x rounded to BF16, as the BF16 products round their inputs (float32 values whose low 16
+    bits are zero; see pytfm_round_bf16).  x [...] -> y [...]"""
+    a = _Args("pytfm_round_bf16", locals())
+    x = a.array("x", min_ndim=0)
+    y = a.empty_like(x)
+    a.call(y, x, x.size)
+    return y
 
 
 # ---- softmax --------------------------------------------------------------------------------

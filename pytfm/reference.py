@@ -20,6 +20,25 @@ def _f64(*arrays):
     return [None if a is None else np.asarray(a, dtype=np.float64) for a in arrays]
 
 
+BF16_MAX = (2 - 2**-7) * 2.0**127  # the largest BF16 value: 8 significant bits
+
+
+def round_bf16(x):  # float32 [...] -> float32 [...]: each value rounded to BF16
+    """x to the nearest number of 8 significant bits, ties to even, as pytfm's BF16 products
+    take their inputs: |x| in [2^e, 2^(e+1)) is rounded to a multiple of 2^(e-7) (np.rint: ties
+    to even); BF16_MAX plus half its ulp or more is inf; NaN stays NaN, ±inf stays; a float32
+    subnormal (|x| < 2^-126) is a zero of its sign. In float64, where every step is exact."""
+    with np.errstate(invalid="ignore"):  # a signalling NaN's cast says so; it stays NaN
+        x = np.asarray(x, dtype=np.float32).astype(np.float64)
+    finite = np.isfinite(x)
+    _, e = np.frexp(np.where(finite, x, 1.0))  # |x| = m·2^e, m in [0.5, 1): e - 1 as above
+    ulp = np.ldexp(1.0, e - 8)
+    y = np.where(finite, np.rint(np.where(finite, x, 0.0) / ulp) * ulp, x)
+    y = np.where(np.abs(y) > BF16_MAX, np.copysign(np.inf, x), y)
+    y = np.where(np.abs(x) < 2.0**-126, np.copysign(0.0, x), y)
+    return y.astype(np.float32)
+
+
 def linear_forward(x, w, b=None):  # [..., in], [out, in], [out] -> [..., out]
     x, w, b = _f64(x, w, b)
     y = x @ w.T

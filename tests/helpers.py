@@ -166,6 +166,27 @@ def max_isa(name):
         pytfm.set_max_isa("auto")
 
 
+BF16_PATHS = ("avx512_bf16", "avx512", "avx2", "plain")  # the BF16 products' paths, best first
+BF16_FALLBACKS = BF16_PATHS[1:]  # those without BF16 instructions
+
+
+@contextlib.contextmanager
+def bf16_path(name):
+    """Run the body with the BF16 products on path `name` (one of BF16_PATHS: the
+    instruction-set cap that selects it, pytfm.get_bf16_isa()); skip, naming what is missing,
+    where this CPU cannot run it."""
+    import pytfm
+
+    pytfm.set_max_isa(name)
+    try:
+        if pytfm.get_bf16_isa() != name:
+            pytest.skip(f"this CPU cannot run the {name} BF16 path "
+                        f"(best: {pytfm.get_bf16_isa()})")
+        yield
+    finally:
+        pytfm.set_max_isa("auto")
+
+
 def has_isa(name):
     """Whether this CPU runs pytfm's kernels of instruction set `name`."""
     import pytfm

@@ -459,6 +459,184 @@ SGEMM_PLAIN = Op(
                "tests/cuda/test_cuda_sgemm.py::test_fast_sgemm_matches_plain_and_float64"),
 )
 
+# ---- the BF16 products (the _ex functions at PYTFM_PRECISION_BF16) and their rounding ---------
+
+U32 = 2.0**-24  # float32's unit roundoff
+
+
+def bf16_bound(k, mag):
+    """|fl(s) − s| for s = Σ_p a_p·b_p (+ one more term: a bias, β·C or an accumulated dw) over
+    k products of BF16 values, mag = Σ_p |a_p·b_p| + |that term|. Each product is exact in
+    float32 (8 + 8 significant bits), so the error is the sums' alone; on every BF16 path
+    (pytfm_get_bf16_isa) a term meets at most n = k + ⌈k/384⌉ + 3 roundings on its way into
+    the result: one per add along its lane (k at most: the vdpbf16ps pair, the FMA, the plain
+    loop's add, the one-row kernels' lanes and trees), one per k slice whose partial sum is
+    added to C (slices of 384 values or more), the extra term's add and the final tree, so
+    |err| <= γ_n·mag <= 1.01·n·u·mag (n·u < 0.01; u = 2^-24). The AVX512-BF16 path flushes a
+    partial sum below 2^-126 to zero, once per add at most: (k + 2)·2^-126 more."""
+    n = k + -(-k // 384) + 3
+    return 1.01 * n * U32 * mag + (k + 2) * FLT_MIN
+
+
+def rounded(*arrays):
+    """The BF16 values the products multiply (pytfm.reference.round_bf16), in float64"""
+    return [None if a is None else ref.round_bf16(a).astype(np.float64) for a in arrays]
+
+
+def bf16_linear_tol(a):
+    x, w = rounded(a["x"], a["w"])
+    return Tol(bf16_bound(x.shape[-1], ref.linear_forward(abs(x), abs(w),
+                                                          None if a["b"] is None
+                                                          else abs(a["b"]))), 0.0)
+
+
+def bf16_linear_want(a):
+    x, w = rounded(a["x"], a["w"])
+    return ref.linear_forward(x, w, a["b"])
+
+
+def bf16_backward_want(a):
+    dy, x, w = rounded(a["dy"], a["x"], a["w"])
+    rdx, rdw, _ = ref.linear_backward(dy, x, w)
+    db = ref.linear_backward(a["dy"], a["x"], a["w"])[2]  # the column sums of dy, unrounded
+    return [rdx, _plus(a["dw0"], rdw), None if a["b"] is None else _plus(a["db0"], db)]
+
+
+def bf16_backward_tol(a, want):
+    dy, x, w = rounded(a["dy"], a["x"], a["w"])
+    adx, adw, _ = ref.linear_backward(abs(dy), abs(x), abs(w))
+    adb = ref.linear_backward(abs(a["dy"]), abs(a["x"]), abs(a["w"]))[2]
+    out, inn = a["w"].shape
+    n = a["x"].size // inn
+    return [Tol(bf16_bound(out, adx), 0.0), Tol(bf16_bound(n, adw + _abs(a["dw0"])), 0.0),
+            None if a["b"] is None else Tol(2 * n * EPS32 * (adb + _abs(a["db0"])))]
+
+
+BF16_NOT_FAST = ("tests/kernels/test_bf16.py: every BF16 path (AVX512-BF16, the FP32 kernels "
+                 "on rounded panels, the plain loop) against the reference on rounded inputs, and "
+                 "the fallbacks bit for bit against the FP32 kernels on rounded copies")
+BF16_THREADS = (dict(rows=300, inn=257, out=130, seed=3),
+                dict(rows=1, inn=257, out=600, bias=False, seed=3))  # one row: the gemv
+
+LINEAR_FORWARD_EX = Op(
+    "linear_forward_ex",
+    limits=Limits(("F F F F {0} {1} {2} 1",), LIN),
+    exact=("F:r*b F:r*a F:b*a F:b r a b 1", "F:r*b F:r*a F:b*a N r a b 0"),
+    check=Check(
+        LINEAR_DRAW, linear_make,
+        run=lambda a: [ops.linear_forward(a["x"], a["w"], a["b"], precision="bf16")],
+        want=lambda a: [bf16_linear_want(a)], tol=lambda a, want: [bf16_linear_tol(a)],
+        outputs=("y",), threads=BF16_THREADS),
+    fast=BF16_NOT_FAST,
+    bad=(
+        Bad(lambda: ops.linear_forward(x23, w43, precision="fp16"), ValueError,
+            r"precision must be one of fp32, bf16; got 'fp16'"),
+        Bad(lambda: ops.linear_forward(x23, w43, precision=1), TypeError,
+            r"precision must be a str, one of fp32, bf16; got int"),
+        Bad(lambda: ops.linear_forward(FakeCupyArray(), FakeCupyArray(), precision="bf16"),
+            TypeError, r"x is a CuPy array, but this operation runs on NumPy arrays only"),
+        Bad(lambda: ops.linear_forward(z(2, 5), w43, precision="bf16"), ValueError,
+            r"x.shape\[-1\] must equal w.shape\[1\] = 3"),
+    ),
+    scratch="as pytfm_sgemm_ex's, for the one product x·Wᵀ: the sgemm_ex case",
+    cuda=False, wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_linear_layer_on_every_path",),
+)
+
+LINEAR_GELU_FORWARD_EX = Op(
+    "linear_gelu_forward_ex",
+    limits=Limits(("F F F F F {0} {1} {2} 1",), LIN),
+    exact=("F:r*b F:r*b F:r*a F:b*a F:b r a b 1",),
+    check=Check(
+        LINEAR_DRAW, linear_make,
+        run=lambda a: list(ops.linear_gelu_forward(a["x"], a["w"], a["b"], precision="bf16")),
+        want=lambda a: [ref.gelu_forward(bf16_linear_want(a)), bf16_linear_want(a)],
+        # |gelu'| <= 1.13: h's error carries over to y, plus gelu's own few roundings
+        tol=lambda a, want: [Tol(1.2 * bf16_linear_tol(a).atol + 4 * EPS32 * (1.0 + abs(want[1])),
+                                 0.0), bf16_linear_tol(a)],
+        outputs=("y", "h"), threads=(dict(rows=300, inn=200, out=90, seed=1),)),
+    fast=BF16_NOT_FAST,
+    bad=(Bad(lambda: ops.linear_gelu_forward(z(4, 3), z(5, 3), z(5), precision="tf32"),
+             ValueError, r"precision must be one of fp32, bf16; got 'tf32'"),),
+    scratch="as pytfm_linear_forward_ex's: the sgemm_ex case",
+    cuda=False, wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_bf16.py::test_linear_gelu_in_bf16_is_linear_then_gelu",),
+)
+
+LINEAR_BACKWARD_EX = Op(
+    "linear_backward_ex",
+    limits=Limits(("F F F F F F {0} {1} {2} 1", "N F N F F N {0} {1} {2} 1"), LIN),
+    exact=("F:r*a F:b*a F:b F:r*b F:r*a F:b*a r a b 1", "N F:b*a N F:r*b F:r*a F:b*a r a b 1"),
+    check=Check(
+        LINEAR_DRAW, lambda **d: linear_make(**d, accumulate=True),
+        run=lambda a: list(ops.linear_backward(a["dy"], a["x"], a["w"],
+                                               has_bias=a["b"] is not None, dw=a["dw0"],
+                                               db=a["db0"], precision="bf16")),
+        want=bf16_backward_want, tol=bf16_backward_tol, outputs=("dx", "dw", "db"),
+        threads=(dict(rows=300, inn=257, out=130, seed=3),)),
+    fast=BF16_NOT_FAST,
+    bad=(Bad(lambda: ops.linear_backward(z(2, 4), x23, w43, precision="BF16"), ValueError,
+             r"precision must be one of fp32, bf16; got 'BF16'"),),
+    scratch="as pytfm_linear_backward's, one allocation for both products: the sgemm_ex case",
+    cuda=False, wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_linear_layer_on_every_path",),
+)
+
+SGEMM_EX = Op(
+    "sgemm_ex",
+    limits=Limits(tuple(t + " 1" for t in SGEMM_CALLS), MNK),
+    exact=tuple(t + " 1" for t in SGEMM_EXACT) + ("F:r*b F:r*a F:a*b r b a 0 1 0.5 0",),
+    fast=BF16_NOT_FAST,
+    scratch=Scratch(fast_path_only=True, setup="""
+m, n, k = 64, 1024, 192
+a, b, c = randn(m, k), randn(k, n), np.empty((m, n), np.float32)
+pc, pa, pb = (ffi.from_buffer("float[]", t) for t in (c, a, b))
+def call():
+    check(lib.pytfm_sgemm_ex(pc, pa, pb, m, n, k, 0, 0, 0.0, lib.PYTFM_PRECISION_BF16))
+    return [c.copy()]
+watched = lambda: [c]  # a failed product writes nothing
+out_bytes = 0  # C is the caller's
+# C split by columns (m < n), 2 threads: per thread an MC×KC block of op(A), packed always in
+# BF16 (144×384 floats, or 144 rows × 384 pairs of k on AVX512-BF16: the same bytes), and its
+# own panel of B for its half of C's 1024 columns (384 × 512 floats or pairs)
+scratch_bytes = 4 * threads * (144 * 384 + 384 * 512)
+"""),
+    cuda=False, wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_sgemm_on_every_path",
+               "tests/kernels/test_bf16.py::test_the_fallbacks_are_the_fp32_kernels_on_rounded_copies"),
+)
+
+
+def round_make(seed, shape, scale=1.0):
+    """Normal values times scale, with finite special values mixed in: ties either way, ±0,
+    subnormals, the largest BF16 (NaN, inf and the values that round to inf: test_bf16.py,
+    bit for bit)"""
+    rng = np.random.default_rng(seed)
+    x = f32(rng, shape, scale).ravel()
+    special = np.array([0.0, -0.0, 1e-40, -1e-42, ref.BF16_MAX, -ref.BF16_MAX, 1.0 + 2**-8,
+                        1.0 + 3 * 2**-8, -(1.0 + 2**-8), 2.0**-126], np.float32)
+    picks = rng.integers(0, 3 * len(special), x.size)
+    x = np.where(picks < len(special), special[np.minimum(picks, len(special) - 1)], x)
+    return dict(seed=seed, x=x.astype(np.float32).reshape(shape))
+
+
+ROUND_BF16 = Op(
+    "round_bf16",
+    limits=Limits(("F F {0}",), COUNT),
+    exact=("F:r*a F:r*a r*a",),
+    check=Check(
+        drawn(shape=st.lists(awkward, min_size=1, max_size=3), scale=scales), round_make,
+        run=lambda a: [ops.round_bf16(a["x"])], want=lambda a: [ref.round_bf16(a["x"])],
+        tol=lambda a, want: [EXACT], outputs=("y",),
+        threads=(dict(shape=(300, 257), seed=3),)),
+    fast="one version, element by element: tests/kernels/test_bf16.py checks its bits",
+    bad=(Bad(lambda: ops.round_bf16(z(3, dtype=np.float64)), TypeError,
+             r"x must have dtype float32, got float64"),
+         Bad(lambda: ops.round_bf16(FakeCupyArray()), TypeError, r"x is a CuPy array")),
+    cuda=False,
+    tested_in=("tests/kernels/test_bf16.py::test_rounding_matches_numpy_bit_for_bit",),
+)
+
 # ---- softmax ----------------------------------------------------------------------------------
 
 def softmax_make(seed, rows, cols, scale=1.0, offset=0.0):
@@ -1650,8 +1828,10 @@ scratch_bytes = 4 * threads * (D * (start + n_new) + {TQ_TK} + 2 * 64)  # as the
 
 # ---- the list ---------------------------------------------------------------------------------
 
-OPS = (LINEAR_FORWARD, LINEAR_GELU_FORWARD, LINEAR_BACKWARD, SGEMM, SGEMM_PLAIN, SOFTMAX_FORWARD,
-       SOFTMAX_BACKWARD, LAYERNORM_FORWARD, LAYERNORM_BACKWARD, ROPE_FORWARD, ROPE_BACKWARD,
+OPS = (LINEAR_FORWARD, LINEAR_GELU_FORWARD, LINEAR_BACKWARD, LINEAR_FORWARD_EX,
+       LINEAR_GELU_FORWARD_EX, LINEAR_BACKWARD_EX, SGEMM, SGEMM_PLAIN, SGEMM_EX, ROUND_BF16,
+       SOFTMAX_FORWARD, SOFTMAX_BACKWARD, LAYERNORM_FORWARD, LAYERNORM_BACKWARD, ROPE_FORWARD,
+       ROPE_BACKWARD,
        QKV_SPLIT_FORWARD, QKV_SPLIT_BACKWARD, SINUSOIDAL_POSITIONS, GELU_FORWARD, GELU_BACKWARD,
        EMBEDDING_FORWARD, EMBEDDING_BACKWARD, CROSS_ENTROPY_FORWARD, CROSS_ENTROPY_BACKWARD,
        ADAMW_STEP, SUM_SQUARES, ATTENTION_FORWARD, ATTENTION_BACKWARD, ATTENTION_CACHE_APPEND,
@@ -1662,7 +1842,8 @@ BY_NAME = {op.name: op for op in OPS}
 NON_OPS = {
     "pytfm_core.h": ("pytfm_status_string", "pytfm_last_error", "pytfm_version",
                      "pytfm_abi_version", "pytfm_set_num_threads", "pytfm_get_num_threads",
-                     "pytfm_set_max_isa", "pytfm_get_isa", "pytfm_get_build_info"),
+                     "pytfm_set_max_isa", "pytfm_get_isa", "pytfm_get_bf16_isa",
+                     "pytfm_get_build_info"),
     "pytfm_model.h": ("pytfm_safetensors_open", "pytfm_safetensors_open_fd",
                       "pytfm_safetensors_open_memory", "pytfm_safetensors_close",
                       "pytfm_safetensors_tensor_count", "pytfm_safetensors_tensor",
@@ -1671,7 +1852,8 @@ NON_OPS = {
                       "pytfm_safetensors_metadata_get", "pytfm_json_check",
                       "pytfm_checkpoint_check",
                       "pytfm_model_open", "pytfm_model_open_memory", "pytfm_model_close",
-                      "pytfm_model_get_config", "pytfm_model_forward", "pytfm_session_open",
+                      "pytfm_model_get_config", "pytfm_model_set_precision",
+                      "pytfm_model_get_precision", "pytfm_model_forward", "pytfm_session_open",
                       "pytfm_session_close", "pytfm_session_feed", "pytfm_session_length",
                       "pytfm_session_reset", "pytfm_rng_seed", "pytfm_rng_next", "pytfm_sample"),
     "pytfm_cuda.h": ("pytfm_cuda_device_count", "pytfm_cuda_stream_synchronize"),

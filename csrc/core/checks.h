@@ -93,6 +93,28 @@ static inline pytfm_status pytfm__check_disjoint(const char *func, const pytfm__
 
 enum { PYTFM_NO_INPLACE = -1 };
 
+/* ---- the precision of a product ------------------------------------------------------------ */
+
+/* a scalar option of the functions with a precision argument (the _ex ones) */
+static inline pytfm_status pytfm__check_precision(const char *func, int32_t precision) {
+    PYTFM_CHECK(precision == PYTFM_PRECISION_FP32 || precision == PYTFM_PRECISION_BF16,
+                "%s: precision must be a pytfm_precision (0: FP32, 1: BF16), got %d", func,
+                (int)precision);
+    return PYTFM_STATUS_OK;
+}
+
+/* y [count] written (may equal x), x [count] */
+static inline pytfm_status pytfm__check_round_bf16(const char *func, const float *y,
+                                                   const float *x, int64_t count) {
+    PYTFM_CHECK_MIN_IN(func, count, 0);
+    int64_t n = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, count);
+    PYTFM_CHECK_PTR_IN(func, y, n);
+    PYTFM_CHECK_PTR_IN(func, x, n);
+    PYTFM_CHECK_DISJOINT(func, 1, 0, 1, PYTFM_SPAN(y, n, float), PYTFM_SPAN(x, n, float));
+    return PYTFM_STATUS_OK;
+}
+
 /* ---- sgemm -------------------------------------------------------------------------------- */
 
 static inline pytfm_status pytfm__check_sgemm(const char *func, const float *c, const float *a,

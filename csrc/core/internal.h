@@ -7,6 +7,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 #include "pytfm.h"
 
@@ -208,7 +209,8 @@ typedef struct pytfm__epilogue {
 } pytfm__epilogue;
 
 /* One product C = β·C + op(A)·op(B), with the arguments of pytfm_sgemm, then the epilogue
- * (NULL: none). */
+ * (NULL: none), in a pytfm_precision: FP32, or BF16 (A and B rounded to BF16 as they are
+ * read, pytfm__bf16_round_bits). */
 typedef struct pytfm__product {
     float *c;
     const float *a, *b;
@@ -216,13 +218,80 @@ typedef struct pytfm__product {
     int trans_a, trans_b;
     float beta;
     const pytfm__epilogue *epilogue;
+    int precision;
 } pytfm__product;
 
-/* The products in order, each as pytfm_sgemm computes it (sgemm.c), and its epilogue, for
- * kernels built on it (linear.c). One scratch allocation, made before the first write, serves
- * them all: when it fails, func's PYTFM_STATUS_OUT_OF_MEMORY is returned and no output has
- * changed. The arguments are not checked here. */
+/* The products in order, each as pytfm_sgemm (FP32) or pytfm_sgemm_ex (BF16) computes it
+ * (sgemm.c, sgemm_bf16.c), and its epilogue, for kernels built on them (linear.c). One scratch
+ * allocation, made before the first write, serves them all: when it fails, func's
+ * PYTFM_STATUS_OUT_OF_MEMORY is returned and no output has changed. The arguments are not
+ * checked here. */
 pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, int count);
+
+/* g's epilogue on the finished rows × cols block of C at c (row stride g->n), whose first
+ * element is C[i0, j0] (sgemm.c) */
+void pytfm__product_finish(const pytfm__product *g, float *c, int64_t i0, int64_t j0,
+                           int64_t rows, int64_t cols);
+
+/* ---- BF16 -----------------------------------------------------------------------------------
+ * BF16 is the top half of a float32: 1 sign, 8 exponent and 7 fraction bits (8 significant
+ * bits, unit roundoff 2^-9), float32's range. A BF16 value is kept here as a float whose low
+ * 16 bits are zero, or as those top 16 bits (uint16_t); a product of two is exact in float32
+ * (8 + 8 significant bits <= 24). */
+
+/* 1 where the compiler can build the AVX512-BF16 kernels (sgemm_bf16.c): GCC 10 and Clang 9
+ * brought the intrinsics */
+#if (defined(__x86_64__) || defined(__i386__)) &&                                              \
+    ((defined(__clang__) && __clang_major__ >= 9) ||                                           \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define PYTFM_HAVE_BF16_KERNELS 1
+#else
+#define PYTFM_HAVE_BF16_KERNELS 0
+#endif
+
+/* The bits u of a float rounded to BF16 as every BF16 product rounds its inputs (and
+ * pytfm_round_bf16): round to nearest, ties to even, on the bits. Adding 0x7FFF plus the lowest
+ * kept bit carries into the kept half exactly when the dropped half is above one half, or is
+ * one half and the kept half odd; a finite float within half a BF16 ulp of 2^128 carries into
+ * the exponent and becomes inf, as round-to-nearest does. A NaN keeps its top half with the
+ * quiet bit set (the add could carry it into inf); a subnormal (exponent bits 0, |x| < 2^-126)
+ * becomes a zero of its sign, as the AVX512-BF16 conversions and products take them, so that
+ * every path multiplies the same values. The result's low 16 bits are zero. */
+static inline uint32_t pytfm__bf16_round_bits(uint32_t u) {
+    // selections, not branches: loops over arrays of these vectorise
+    uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    r = (u & 0x7FFFFFFFu) > 0x7F800000u ? (u | 0x00400000u) & 0xFFFF0000u : r; // NaN
+    return (u & 0x7F800000u) == 0 ? u & 0x80000000u : r;                     // subnormal, 0
+}
+
+/* x rounded to BF16 (pytfm__bf16_round_bits), as a float */
+static inline float pytfm__bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = pytfm__bf16_round_bits(u);
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* The BF16 products on AVX512-BF16, for pytfm__sgemm_all (sgemm_bf16.c): the 4-byte words of
+ * packing scratch that product g takes on `threads` threads, and the product itself with buf
+ * holding them. Only where pytfm_get_bf16_isa() is PYTFM_ISA_AVX512_BF16. */
+int64_t pytfm__gemm_bf16_scratch(const pytfm__product *g, int64_t threads);
+void pytfm__gemm_bf16(const pytfm__product *g, int64_t threads, uint32_t *buf);
+
+/* pytfm_linear_forward_ex at PYTFM_PRECISION_BF16 (linear.c), the arguments checked by the
+ * caller, with w16 (or NULL) W's BF16 copy: the one-row product reads it instead of W, for
+ * the same bits (the C model's decoding, which keeps both). */
+pytfm_status pytfm__linear_forward_bf16(const char *func, float *y, const float *x,
+                                        const float *w, const uint16_t *w16, const float *b,
+                                        int64_t rows, int64_t in, int64_t out);
+
+/* y[o] = Σ_i bf16(x[i])·bf16(w[o·ldw + i]) (+ b[o]) for o < out, on AVX512-BF16: the BF16
+ * linear layer on one row (sgemm_bf16.c). w16, when not NULL, holds the same weights already
+ * rounded (the top halves, row stride ldw) and is read instead of w: the same bits, half the
+ * bytes (the C model's decoding). */
+void pytfm__gemv_bf16(float *y, const float *x, const float *w, const uint16_t *w16,
+                      int64_t ldw, const float *b, int64_t in, int64_t out);
 
 /* An mr×nr register micro-kernel of sgemm.c, also used by attention.c:
  *   C[0..rows)[0..cols) (row stride ldc) = bt·C + Σ_{p<kc} A(p, r)·B(p, j)

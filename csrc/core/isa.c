@@ -22,20 +22,27 @@ int pytfm__cpu_has(pytfm_isa isa) {
     case PYTFM_ISA_PORTABLE: return 1;
     case PYTFM_ISA_AVX2: return (f & avx2) == avx2;
     case PYTFM_ISA_AVX512: return (f & PYTFM_CPU_AVX512F) != 0;
+    case PYTFM_ISA_AVX512_BF16:
+        return PYTFM_HAVE_BF16_KERNELS && (f & PYTFM_CPU_AVX512F) && (f & PYTFM_CPU_AVX512_BF16);
     default: return 0;
     }
 }
 
 pytfm_status pytfm_set_max_isa(int32_t isa) {
-    PYTFM_CHECK(isa >= PYTFM_ISA_AUTO && isa <= PYTFM_ISA_AVX512,
-                "%s: isa must be a pytfm_isa value (0..4), got %d", __func__, (int)isa);
+    PYTFM_CHECK(isa >= PYTFM_ISA_AUTO && isa <= PYTFM_ISA_AVX512_BF16,
+                "%s: isa must be a pytfm_isa value (0..5), got %d", __func__, (int)isa);
     STORE(max_isa, isa);
     return PYTFM_STATUS_OK;
 }
 
-int32_t pytfm_get_isa(void) {
+/* the best ISA in [PLAIN, top] this CPU has under the cap */
+static int32_t best_up_to(int32_t top) {
     const int32_t cap = LOAD(max_isa);
-    for (int32_t isa = PYTFM_ISA_AVX512; isa > PYTFM_ISA_PLAIN; isa--)
+    for (int32_t isa = top; isa > PYTFM_ISA_PLAIN; isa--)
         if ((cap == PYTFM_ISA_AUTO || isa <= cap) && pytfm__cpu_has((pytfm_isa)isa)) return isa;
     return PYTFM_ISA_PLAIN;
 }
+
+int32_t pytfm_get_isa(void) { return best_up_to(PYTFM_ISA_AVX512); }
+
+int32_t pytfm_get_bf16_isa(void) { return best_up_to(PYTFM_ISA_AVX512_BF16); }

@@ -168,6 +168,40 @@ int32_t pytfm_get_num_threads(void) {
 #define PYTFM_ARCH "unknown"
 #endif
 
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
+
+/* The BF16 features of CPUID leaf 7 (Intel SDM vol. 2A, CPUID): AVX512_BF16 is EAX bit 5 of
+ * sub-leaf 1, AMX-BF16 EDX bit 22 of sub-leaf 0. Read here rather than through
+ * __builtin_cpu_supports, whose names for them vary between compilers. Either counts only
+ * where the OS saves the AVX-512 state, which __builtin_cpu_supports("avx512f") checks. */
+static uint64_t read_bf16_features(void) {
+    unsigned eax, ebx, ecx, edx;
+    uint64_t f = 0;
+    if (__get_cpuid_max(0, NULL) < 7 || !__builtin_cpu_supports("avx512f")) return 0;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    if (edx & (1u << 22)) f |= PYTFM_CPU_AMX_BF16;
+    if (eax >= 1) { // sub-leaf 1 exists
+        __cpuid_count(7, 1, eax, ebx, ecx, edx);
+        if (eax & (1u << 5)) f |= PYTFM_CPU_AVX512_BF16;
+    }
+    return f;
+}
+
+/* read_bf16_features(), asked once: CPUID traps to the hypervisor in a virtual machine (a
+ * microsecond or more), and every kernel call reads the features through pytfm_get_isa */
+static uint64_t bf16_features(void) {
+    const uint64_t KNOWN = (uint64_t)1 << 63;
+    static atomic_uint_fast64_t cached; /* 0 until the first call; racing first calls agree */
+    uint64_t f = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (!f) {
+        f = read_bf16_features() | KNOWN;
+        atomic_store_explicit(&cached, f, memory_order_relaxed);
+    }
+    return f & ~KNOWN;
+}
+#endif
+
 uint64_t pytfm__cpu_features(void) {
     uint64_t f = 0;
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -177,6 +211,7 @@ uint64_t pytfm__cpu_features(void) {
     if (__builtin_cpu_supports("avx2")) f |= PYTFM_CPU_AVX2;
     if (__builtin_cpu_supports("fma")) f |= PYTFM_CPU_FMA;
     if (__builtin_cpu_supports("avx512f")) f |= PYTFM_CPU_AVX512F;
+    f |= bf16_features();
 #elif defined(__aarch64__)
     f |= PYTFM_CPU_NEON; /* Advanced SIMD is mandatory on AArch64 */
 #endif

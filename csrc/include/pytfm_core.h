@@ -1,7 +1,8 @@
 /*
  * pytfm_core.h — what every part of libpytfm shares: statuses and the last error, the
- * version, the two process-wide settings (the thread count and the instruction-set cap) and
- * how the library was built. The other headers include it.
+ * version, the two process-wide settings (the thread count and the instruction-set cap), the
+ * precisions of the matrix products, and how the library was built. The other headers include
+ * it.
  *
  * Everything between this header's PYTFM_CDEF markers is read verbatim by the cffi builder
  * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
@@ -85,28 +86,60 @@ typedef enum pytfm_cpu_feature {
     PYTFM_CPU_AVX2 = 4,
     PYTFM_CPU_FMA = 8,
     PYTFM_CPU_AVX512F = 16,
-    PYTFM_CPU_NEON = 32
+    PYTFM_CPU_NEON = 32,
+    PYTFM_CPU_AVX512_BF16 = 64, /* vdpbf16ps, vcvtne2ps2bf16 (with AVX-512F usable) */
+    PYTFM_CPU_AMX_BF16 = 128    /* AMX tiles with BF16 products: detected, not used (no AMX
+                                   kernel yet; such a CPU runs the AVX512-BF16 ones) */
 } pytfm_cpu_feature;
 
 /* Instruction sets the kernels are written for. By default every kernel runs the fastest
  * version this CPU has; pytfm_set_max_isa caps that (tests compare the versions with it,
  * benchmarks time them). PLAIN runs the plain reference loops (the obviously-correct version
  * of each kernel); PORTABLE the vectorised kernels built for the baseline target (SSE2, NEON).
- * Versions agree to float32 rounding, not bit for bit: the fast ones sum in other orders. */
+ * Versions agree to float32 rounding, not bit for bit: the fast ones sum in other orders.
+ * AVX512_BF16 serves the BF16 products alone (pytfm_get_bf16_isa); every other kernel runs
+ * its AVX512 version there. */
 typedef enum pytfm_isa {
-    PYTFM_ISA_AUTO = 0,     /* no cap: the best this CPU has */
-    PYTFM_ISA_PLAIN = 1,    /* reference loops */
-    PYTFM_ISA_PORTABLE = 2, /* vectorised for the baseline target */
-    PYTFM_ISA_AVX2 = 3,     /* x86-64 AVX2 + FMA */
-    PYTFM_ISA_AVX512 = 4    /* x86-64 AVX-512F */
+    PYTFM_ISA_AUTO = 0,       /* no cap: the best this CPU has */
+    PYTFM_ISA_PLAIN = 1,      /* reference loops */
+    PYTFM_ISA_PORTABLE = 2,   /* vectorised for the baseline target */
+    PYTFM_ISA_AVX2 = 3,       /* x86-64 AVX2 + FMA */
+    PYTFM_ISA_AVX512 = 4,     /* x86-64 AVX-512F */
+    PYTFM_ISA_AVX512_BF16 = 5 /* AVX-512F + AVX512_BF16 (vdpbf16ps): the BF16 products */
 } pytfm_isa;
 
 /* Use no instruction set above isa (PYTFM_ISA_AUTO: no cap). Process-wide, like the thread
- * count; it changes which kernel versions run, and so the last bits of results. */
+ * count; it changes which kernel versions run, and so the last bits of results. A cap of
+ * PYTFM_ISA_AVX512 keeps the BF16 products off the AVX512_BF16 instructions (they then run
+ * as on a CPU without them: BF16-rounded inputs through the AVX-512 FP32 kernels). */
 PYTFM_API pytfm_status pytfm_set_max_isa(int32_t isa);
 
-/* The pytfm_isa the kernels use now: the best this CPU has, under the cap. */
+/* The pytfm_isa the FP32 kernels use now: the best this CPU has, under the cap, at most
+ * PYTFM_ISA_AVX512 (no FP32 kernel is written for more). */
 PYTFM_API int32_t pytfm_get_isa(void);
+
+/* The pytfm_isa the BF16 products (PYTFM_PRECISION_BF16) run on now:
+ *   PYTFM_ISA_AVX512_BF16  vdpbf16ps micro-kernels on panels packed as BF16 pairs
+ *   PYTFM_ISA_AVX512, PYTFM_ISA_AVX2
+ *                          the FP32 kernels of that ISA on panels rounded to BF16 as they are
+ *                          packed (the same products, summed in the FP32 kernels' order)
+ *   PYTFM_ISA_PORTABLE, PYTFM_ISA_PLAIN
+ *                          the plain loop on inputs rounded as they are read
+ * Every path multiplies the same BF16 values and sums in float32: results differ between
+ * paths only by the order of the sums. A CPU with AMX gets PYTFM_ISA_AVX512_BF16 (AMX tiles
+ * are not used). */
+PYTFM_API int32_t pytfm_get_bf16_isa(void);
+
+/* The precision of the matrix products (the linear layer's and pytfm_sgemm_ex's).
+ *   FP32  float32 inputs, float32 sums: the default, and what the functions without a
+ *         precision argument compute
+ *   BF16  each input rounded to BF16 (pytfm_round_bf16: 8 significant bits, round to nearest
+ *         even) as it is read, the products (exact in float32) summed in float32; outputs,
+ *         biases, activations and every other op stay float32 */
+typedef enum pytfm_precision {
+    PYTFM_PRECISION_FP32 = 0,
+    PYTFM_PRECISION_BF16 = 1
+} pytfm_precision;
 
 typedef struct pytfm_build_info {
     const char *version;   /* as pytfm_version() */

@@ -104,6 +104,32 @@ PYTFM_API pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, co
                                              const float *x, const float *w, int64_t rows,
                                              int64_t in, int64_t out);
 
+/* ---- The linear layer in a chosen precision ------------------------------------------- */
+/* pytfm_linear_forward, pytfm_linear_gelu_forward and pytfm_linear_backward with a
+ * pytfm_precision last (else PYTFM_STATUS_INVALID_ARGUMENT). PYTFM_PRECISION_FP32 computes
+ * exactly what the function without _ex does, bit for bit. PYTFM_PRECISION_BF16: each product
+ * (x·Wᵀ; dy·W and dyᵀ·x) multiplies its inputs rounded to BF16 (pytfm_round_bf16) and sums in
+ * float32, as pytfm_sgemm_ex; the bias, the GELU, db (the column sums of dy, unrounded) and
+ * every output stay float32. Nothing is stored in BF16: the rounding happens while the
+ * products pack their panels (or, for one row, as the row kernel reads x and W), so the
+ * arguments, shapes and gradient rule (dw, db accumulated) are the functions' without _ex. On
+ * each path of pytfm_get_bf16_isa() the same bits at any thread count.
+ * Scratch: as the function without _ex, its products' as pytfm_sgemm_ex's; none for one row
+ * (rows = 1) above PYTFM_ISA_PLAIN. */
+PYTFM_API pytfm_status pytfm_linear_forward_ex(float *y, const float *x, const float *w,
+                                               const float *b, int64_t rows, int64_t in,
+                                               int64_t out, int32_t precision);
+
+PYTFM_API pytfm_status pytfm_linear_gelu_forward_ex(float *y, float *h, const float *x,
+                                                    const float *w, const float *b,
+                                                    int64_t rows, int64_t in, int64_t out,
+                                                    int32_t precision);
+
+PYTFM_API pytfm_status pytfm_linear_backward_ex(float *dx, float *dw, float *db,
+                                                const float *dy, const float *x, const float *w,
+                                                int64_t rows, int64_t in, int64_t out,
+                                                int32_t precision);
+
 /* ---- SGEMM: C = β·C + op(A)·op(B) --------------------------------------------------- */
 /* Row-major float32 matrix product; the linear layer's products go through it.
  *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
@@ -126,6 +152,30 @@ PYTFM_API pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int
 PYTFM_API pytfm_status pytfm_sgemm_plain(float *c, const float *a, const float *b, int64_t m,
                                          int64_t n, int64_t k, int32_t trans_a,
                                          int32_t trans_b, float beta);
+
+/* pytfm_sgemm in a pytfm_precision (last; else PYTFM_STATUS_INVALID_ARGUMENT). FP32: exactly
+ * pytfm_sgemm. BF16: C = β·C + Σ_p bf16(op(A)[i, p])·bf16(op(B)[p, j]), bf16 the rounding of
+ * pytfm_round_bf16, applied as the panels are packed (A and B are not changed); each product
+ * is exact in float32, the sums float32 in the order of the path pytfm_get_bf16_isa() says:
+ * the vdpbf16ps micro-kernel (8×32 tiles, pairs of k per instruction; partial sums below
+ * 2^-126 may be flushed to zero), the FP32 micro-kernels on rounded panels (their order: the
+ * same bits as pytfm_sgemm on rounded copies of A and B), or the plain loop (the same bits as
+ * pytfm_sgemm_plain on rounded copies). β·C is float32. Scratch: as pytfm_sgemm's, for
+ * m, n, k >= 1 on the packed paths (op(A) is always packed: 216 KiB per thread), none on the
+ * plain loop. */
+PYTFM_API pytfm_status pytfm_sgemm_ex(float *c, const float *a, const float *b, int64_t m,
+                                      int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                                      float beta, int32_t precision);
+
+/* ---- BF16 rounding ---------------------------------------------------------------------- */
+/* y[i] = x[i] rounded to BF16 (a float32 whose low 16 bits are zero: 8 significant bits), as
+ * every BF16 product rounds its inputs: to nearest, ties to even; NaN stays NaN (made quiet);
+ * ±inf stays; a finite x of magnitude at least the largest BF16 plus half its ulp
+ * ((2 − 2^-8)·2^127) becomes ±inf; a float32 subnormal (|x| < 2^-126) becomes a zero of its
+ * sign, as the AVX512-BF16 instructions take subnormals (torch's conversion keeps them as BF16
+ * subnormals: the one difference).
+ *   y [count] written (may equal x), x [count]; count >= 0 */
+PYTFM_API pytfm_status pytfm_round_bf16(float *y, const float *x, int64_t count);
 
 /* ---- Softmax over the last axis ------------------------------------------------------ */
 /* y[r, :] = exp(x[r, :] - max(x[r, :])) / sum(...). Stable for any finite input; a row that

@@ -223,6 +223,21 @@ PYTFM_API pytfm_status pytfm_model_close(pytfm_model *model);
 PYTFM_API pytfm_status pytfm_model_get_config(const pytfm_model *model,
                                               pytfm_model_config *config);
 
+/* The precision of the model's linear layers from now on (a pytfm_precision; a model opens in
+ * PYTFM_PRECISION_FP32): in PYTFM_PRECISION_BF16 every product is the one
+ * pytfm_linear_forward_ex computes in BF16, as pytfm.nn.GPT(cfg, precision="bf16") runs it, so
+ * the logits are its bits (at the same thread count and instruction-set cap). BF16 converts
+ * each weight matrix once, here, into a BF16 copy that decoding a token at a time
+ * (pytfm_session_feed of one token) reads instead of the float32 weights: half the bytes per
+ * token, the same values. The copy takes 2 bytes per weight (n_layer·12·d_model² + vocab·
+ * d_model of them) besides the float32 parameters, which stay (the embedding, LayerNorm and
+ * the products of several rows read them); FP32 frees it. Not while another thread uses the
+ * model or one of its sessions. PYTFM_STATUS_OUT_OF_MEMORY leaves the model as it was. */
+PYTFM_API pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision);
+
+/* *precision = the model's pytfm_precision. */
+PYTFM_API pytfm_status pytfm_model_get_precision(const pytfm_model *model, int32_t *precision);
+
 /* The logits of every position of B sequences of T tokens, as pytfm.nn.GPT.forward(tokens).
  *   logits [B, T, vocab] written;  tokens [B, T], each in [0, vocab) (else
  *   PYTFM_STATUS_OUT_OF_RANGE);  1 <= T <= max_seq;  B >= 0 (0: nothing to do)

@@ -55,6 +55,10 @@ typedef struct pytfm__fast_kernels {
      * query's scores against a tile of keys (ldw = H·D) */
     void (*gemv)(float *y, const float *x, const float *w, int64_t ldw, const float *b,
                  int64_t in, int64_t out);
+    /* gemv in BF16: x and w rounded to BF16 as read (w16, when not NULL, the BF16 copy of w,
+     * read instead: the same values), the products summed in float as gemv sums */
+    void (*gemv_bf16)(float *y, const float *x, const float *w, const uint16_t *w16,
+                      int64_t ldw, const float *b, int64_t in, int64_t out);
 } pytfm__fast_kernels;
 
 extern const pytfm__fast_kernels pytfm__fast_portable, pytfm__fast_avx2, pytfm__fast_avx512;

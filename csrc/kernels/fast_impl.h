@@ -326,6 +326,38 @@ static void gemv(float *y, const float *x, const float *w, int64_t ldw, const fl
     }
 }
 
+/* w[i] as the BF16 one-row product multiplies it: rounded to BF16, or, from the BF16 copy w16
+ * (the top halves of the rounded weights), widened: the same value */
+static inline float bf16_weight_(const float *w, const uint16_t *w16, int64_t i) {
+    if (!w16) return pytfm__bf16_round(w[i]);
+    const uint32_t u = (uint32_t)w16[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* gemv on BF16-rounded x and w (w16, when not NULL, the BF16 copy of w, read instead): the
+ * BF16 linear layer on one row where the CPU has no AVX512-BF16. Each product of two BF16
+ * values is exact, so this sums the same products as the AVX512-BF16 kernel, in gemv's order
+ * (rows one at a time: x's rounding is redone per row, which costs less than the memory the
+ * rows are read from). */
+static void gemv_bf16(float *y, const float *x, const float *w, const uint16_t *w16,
+                      int64_t ldw, const float *b, int64_t in, int64_t out) {
+    for (int64_t o = 0; o < out; o++) {
+        const float *wo = w + o * ldw;
+        const uint16_t *w16o = w16 ? w16 + o * ldw : NULL;
+        if (o + 4 < out) PYTFM_PREFETCH(w16 ? (const void *)(w16o + 4 * ldw)
+                                            : (const void *)(wo + 4 * ldw));
+        float s[LANES] = {0}, t = 0.0f;
+        int64_t j = 0;
+        for (; j + LANES <= in; j += LANES)
+            for (int l = 0; l < LANES; l++)
+                s[l] = PYTFM_FMA(pytfm__bf16_round(x[j + l]), bf16_weight_(wo, w16o, j + l), s[l]);
+        for (; j < in; j++) t = PYTFM_FMA(pytfm__bf16_round(x[j]), bf16_weight_(wo, w16o, j), t);
+        y[o] = b ? gemv_sum(s, t) + b[o] : gemv_sum(s, t);
+    }
+}
+
 /* o = alpha·o + Σ_c p[c]·v[c·ldv ..] over nk keys, in order of c: four keys per pass, nested
  * as the one-at-a-time sum would be (the same bits), so that o is loaded and stored once per
  * four keys */
@@ -348,5 +380,5 @@ static void attn_pv_row(float *o, const float *p, const float *v, int64_t ldv, i
 const pytfm__fast_kernels PYTFM_FAST_TABLE = {
     softmax_forward, softmax_backward, layernorm_forward, layernorm_backward, gelu_forward,
     gelu_backward, logsumexp, scaled_exp, adamw, attn_softmax_row, attn_p_row, attn_ds_row,
-    attn_pv_row, gemv,
+    attn_pv_row, gemv, gemv_bf16,
 };

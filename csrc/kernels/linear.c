@@ -19,19 +19,48 @@
  * contiguous rows (fast_impl.h gemv), blocks of GEMV_BLOCK outputs to threads (the decode
  * figures are in docs/performance.md).
  */
+#include <string.h>
+
 #include "core/checks.h"
 #include "fast.h"
 
 enum { GEMV_BLOCK = 64 }; /* outputs per parallel task of a one-row product */
 
-/* h = x·Wᵀ + b, and y = gelu(h) when y is not NULL: both forwards. The bias and the GELU are
- * the product's epilogue (sgemm.c applies it to each block of h while the block is in L2); the
+/* The one-row product y = x·Wᵀ + b in BF16 (w16: W's BF16 copy, or NULL): the AVX512-BF16
+ * kernel, else the fast table's, as forward() splits the FP32 one among threads */
+static void one_row_bf16(const pytfm__fast_kernels *k, float *h, const float *x, const float *w,
+                         const uint16_t *w16, const float *b, int64_t in, int64_t out) {
+    const int dp = pytfm_get_bf16_isa() == PYTFM_ISA_AVX512_BF16;
+    if (out * in <= 4 * PYTFM_TASK_ELEMS) { // no parallel region (internal.h)
+        if (dp)
+            pytfm__gemv_bf16(h, x, w, w16, in, b, in, out);
+        else
+            k->gemv_bf16(h, x, w, w16, in, b, in, out);
+        return;
+    }
+    PYTFM_PARALLEL_FOR
+    for (int64_t o = 0; o < out; o += GEMV_BLOCK) {
+        const int64_t n = PYTFM_MIN(GEMV_BLOCK, out - o);
+        const uint16_t *w16o = w16 ? w16 + o * in : NULL;
+        if (dp)
+            pytfm__gemv_bf16(h + o, x, w + o * in, w16o, in, b ? b + o : NULL, in, n);
+        else
+            k->gemv_bf16(h + o, x, w + o * in, w16o, in, b ? b + o : NULL, in, n);
+    }
+}
+
+/* h = x·Wᵀ + b, and y = gelu(h) when y is not NULL: both forwards, in either precision (w16:
+ * W's BF16 copy for the one-row BF16 product, or NULL). The bias and the GELU are the
+ * product's epilogue (sgemm.c applies it to each block of h while the block is in L2); the
  * plain ISA, which has no row kernel for GELU to lend the epilogue, and the one-row product
  * take the GELU as pytfm_gelu_forward's own pass, whose bits the epilogue's equal. */
 static pytfm_status forward(const char *func, float *y, float *h, const float *x, const float *w,
-                            const float *b, int64_t rows, int64_t in, int64_t out) {
+                            const uint16_t *w16, const float *b, int64_t rows, int64_t in,
+                            int64_t out, int precision) {
     const pytfm__fast_kernels *k = pytfm__fast();
-    if (rows == 1 && k && out * in <= 4 * PYTFM_TASK_ELEMS) { // no parallel region (internal.h)
+    if (rows == 1 && k && precision == PYTFM_PRECISION_BF16) {
+        one_row_bf16(k, h, x, w, w16, b, in, out);
+    } else if (rows == 1 && k && out * in <= 4 * PYTFM_TASK_ELEMS) { // no parallel region
         k->gemv(h, x, w, in, b, in, out);
     } else if (rows == 1 && k) {
         PYTFM_PARALLEL_FOR
@@ -41,7 +70,7 @@ static pytfm_status forward(const char *func, float *y, float *h, const float *x
     } else {
         const pytfm__epilogue e = {b, k ? y : NULL, k ? k->gelu_forward : NULL};
         const pytfm__product h_xwt = {h, x, w, rows, out, in, 0, 1, 0.0f,
-                                      b || e.act ? &e : NULL};
+                                      b || e.act ? &e : NULL, precision};
         PYTFM_TRY(pytfm__sgemm_all(func, &h_xwt, 1));
         if (e.act) return PYTFM_STATUS_OK;
     }
@@ -51,30 +80,77 @@ static pytfm_status forward(const char *func, float *y, float *h, const float *x
 pytfm_status pytfm_linear_forward(float *y, const float *x, const float *w, const float *b,
                                   int64_t rows, int64_t in, int64_t out) {
     PYTFM_TRY(pytfm__check_linear_forward(__func__, y, x, w, b, rows, in, out));
-    return forward(__func__, NULL, y, x, w, b, rows, in, out);
+    return forward(__func__, NULL, y, x, w, NULL, b, rows, in, out, PYTFM_PRECISION_FP32);
+}
+
+pytfm_status pytfm_linear_forward_ex(float *y, const float *x, const float *w, const float *b,
+                                     int64_t rows, int64_t in, int64_t out, int32_t precision) {
+    PYTFM_TRY(pytfm__check_precision(__func__, precision));
+    PYTFM_TRY(pytfm__check_linear_forward(__func__, y, x, w, b, rows, in, out));
+    return forward(__func__, NULL, y, x, w, NULL, b, rows, in, out, precision);
+}
+
+pytfm_status pytfm__linear_forward_bf16(const char *func, float *y, const float *x,
+                                        const float *w, const uint16_t *w16, const float *b,
+                                        int64_t rows, int64_t in, int64_t out) {
+    return forward(func, NULL, y, x, w, w16, b, rows, in, out, PYTFM_PRECISION_BF16);
 }
 
 pytfm_status pytfm_linear_gelu_forward(float *y, float *h, const float *x, const float *w,
                                        const float *b, int64_t rows, int64_t in, int64_t out) {
     PYTFM_TRY(pytfm__check_linear_gelu_forward(__func__, y, h, x, w, b, rows, in, out));
-    return forward(__func__, y, h, x, w, b, rows, in, out);
+    return forward(__func__, y, h, x, w, NULL, b, rows, in, out, PYTFM_PRECISION_FP32);
+}
+
+pytfm_status pytfm_linear_gelu_forward_ex(float *y, float *h, const float *x, const float *w,
+                                          const float *b, int64_t rows, int64_t in, int64_t out,
+                                          int32_t precision) {
+    PYTFM_TRY(pytfm__check_precision(__func__, precision));
+    PYTFM_TRY(pytfm__check_linear_gelu_forward(__func__, y, h, x, w, b, rows, in, out));
+    return forward(__func__, y, h, x, w, NULL, b, rows, in, out, precision);
+}
+
+/* dW += dyᵀ·x and dx = dy·W (when dx is wanted) in one scratch allocation, then db += the
+ * column sums of dy (in float32 whatever the precision: a sum, not a product) */
+static pytfm_status backward(const char *func, float *dx, float *dw, float *db, const float *dy,
+                             const float *x, const float *w, int64_t rows, int64_t in,
+                             int64_t out, int precision) {
+    const pytfm__product products[2] = {
+        // dW += dyᵀ·x: dy [rows, out] = op(A)ᵀ
+        {dw, dy, x, out, in, rows, 1, 0, 1.0f, NULL, precision},
+        {dx, dy, w, rows, in, out, 0, 0, 0.0f, NULL, precision}, // dx = dy·W, when wanted
+    };
+    PYTFM_TRY(pytfm__sgemm_all(func, products, dx ? 2 : 1));
+    if (db) { // column blocks to threads; each column summed over the rows in order
+        enum { COLS = 64 };
+        PYTFM_PARALLEL_FOR_IF(rows * out > PYTFM_TASK_ELEMS && out > COLS)
+        for (int64_t o0 = 0; o0 < out; o0 += COLS) {
+            // the block's sums in a local array: db[o] += dy[r, o] for r in order, as on db
+            // itself, but the compiler may keep them in vectors (db could alias dy otherwise)
+            const int64_t n = PYTFM_MIN(COLS, out - o0);
+            float sum[COLS];
+            memcpy(sum, db + o0, (size_t)n * sizeof(float));
+            for (int64_t r = 0; r < rows; r++) {
+                const float *row = dy + r * out + o0;
+                for (int64_t o = 0; o < n; o++) sum[o] += row[o];
+            }
+            memcpy(db + o0, sum, (size_t)n * sizeof(float));
+        }
+    }
+    return PYTFM_STATUS_OK;
 }
 
 pytfm_status pytfm_linear_backward(float *dx, float *dw, float *db, const float *dy,
                                    const float *x, const float *w, int64_t rows, int64_t in,
                                    int64_t out) {
     PYTFM_TRY(pytfm__check_linear_backward(__func__, dx, dw, db, dy, x, w, rows, in, out));
-    const pytfm__product products[2] = {
-        {dw, dy, x, out, in, rows, 1, 0, 1.0f, NULL}, // dW += dyᵀ·x: dy [rows, out] = op(A)ᵀ
-        {dx, dy, w, rows, in, out, 0, 0, 0.0f, NULL}, // dx = dy·W, when dx is wanted
-    };
-    PYTFM_TRY(pytfm__sgemm_all(__func__, products, dx ? 2 : 1));
-    if (db) { // column blocks to threads; each column summed over the rows in order
-        enum { COLS = 64 };
-        PYTFM_PARALLEL_FOR_IF(rows * out > PYTFM_TASK_ELEMS && out > COLS)
-        for (int64_t o0 = 0; o0 < out; o0 += COLS)
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t o = o0; o < PYTFM_MIN(out, o0 + COLS); o++) db[o] += dy[r * out + o];
-    }
-    return PYTFM_STATUS_OK;
+    return backward(__func__, dx, dw, db, dy, x, w, rows, in, out, PYTFM_PRECISION_FP32);
+}
+
+pytfm_status pytfm_linear_backward_ex(float *dx, float *dw, float *db, const float *dy,
+                                      const float *x, const float *w, int64_t rows, int64_t in,
+                                      int64_t out, int32_t precision) {
+    PYTFM_TRY(pytfm__check_precision(__func__, precision));
+    PYTFM_TRY(pytfm__check_linear_backward(__func__, dx, dw, db, dy, x, w, rows, in, out));
+    return backward(__func__, dx, dw, db, dy, x, w, rows, in, out, precision);
 }

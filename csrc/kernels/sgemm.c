@@ -76,6 +76,31 @@ static void sgemm_plain(float *c, const float *a, const float *b, int64_t m, int
     }
 }
 
+/* The BF16 product's plain loop: sgemm_plain's loops and operations, each element of A and B
+ * rounded to BF16 as it is read (so the same bits as sgemm_plain on rounded copies) */
+#define RA(i, p) pytfm__bf16_round(OPA(i, p))
+static void sgemm_plain_bf16(float *c, const float *a, const float *b, int64_t m, int64_t n,
+                             int64_t k, int trans_a, int trans_b, float beta) {
+    PYTFM_PARALLEL_FOR
+    for (int64_t i = 0; i < m; i++) {
+        float *ci = c + i * n; // (n)
+        if (trans_b) {
+            for (int64_t j = 0; j < n; j++) {
+                float acc = 0.0f;
+                for (int64_t p = 0; p < k; p++) acc += RA(i, p) * pytfm__bf16_round(b[j * k + p]);
+                ci[j] = beta == 0.0f ? acc : beta * ci[j] + acc;
+            }
+        } else {
+            for (int64_t j = 0; j < n; j++) ci[j] = beta == 0.0f ? 0.0f : beta * ci[j];
+            for (int64_t p = 0; p < k; p++) {
+                const float aip = RA(i, p), *bp = b + p * n;
+                for (int64_t j = 0; j < n; j++) ci[j] += aip * pytfm__bf16_round(bp[j]);
+            }
+        }
+    }
+}
+#undef RA
+
 /* ---- the blocked driver, shared by the micro-kernels ------------------------------------- */
 
 enum { MC = 144, KC = 384, NC = 2048 };
@@ -173,8 +198,27 @@ static void pack_a(float *dst, const pytfm__product *g, int mr, int64_t i0, int6
  * (up to a quarter of the time at n = 128, where each packed panel serves only n/nr
  * micro-tiles); but a transposed A would be read with a stride of m floats per step, and at
  * m = 1024 those all fall into one L1 set: pack it, and whenever n is wide enough to pay for
- * the copy. B is always packed: its panel serves every row of the thread's band. */
-static int pack_a_pays(const pytfm__product *g) { return g->trans_a || g->n >= 512; }
+ * the copy. B is always packed: its panel serves every row of the thread's band. A BF16
+ * product packs A always: its values are rounded in the packed copy. */
+static int pack_a_pays(const pytfm__product *g) {
+    return g->trans_a || g->n >= 512 || g->precision == PYTFM_PRECISION_BF16;
+}
+
+/* The BF16 products where the CPU has no BF16 instructions: a packed panel of count floats
+ * rounded to BF16 in place, so that the FP32 micro-kernels multiply the rounded values
+ * (products of two BF16 values are exact in float32: the result is the same product). The
+ * packed kernels run on AVX2 and up. */
+#ifdef PYTFM_HAVE_X86_KERNELS
+__attribute__((target("avx2")))
+#endif
+static void round_panel(float *p, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        uint32_t u;
+        memcpy(&u, p + i, sizeof u);
+        u = pytfm__bf16_round_bits(u);
+        memcpy(p + i, &u, sizeof u);
+    }
+}
 
 /* k slice [p0, p0+kc) × columns [j0, j0+nc) of op(B) into micro-panels of nr columns */
 static void pack_b(float *dst, const pytfm__product *g, int nr, int64_t p0, int64_t kc,
@@ -198,10 +242,8 @@ static void pack_b(float *dst, const pytfm__product *g, int nr, int64_t p0, int6
     }
 }
 
-/* the epilogue on the finished rows × cols block of C at c (row stride g->n), whose first
- * element is C[i0, j0] */
-static void finish(const pytfm__product *g, float *c, int64_t i0, int64_t j0, int64_t rows,
-                   int64_t cols) {
+void pytfm__product_finish(const pytfm__product *g, float *c, int64_t i0, int64_t j0,
+                           int64_t rows, int64_t cols) {
     const pytfm__epilogue *e = g->epilogue;
     for (int64_t r = 0; r < rows; r++) {
         float *cr = c + r * g->n;
@@ -226,6 +268,8 @@ static void rows_times_panel(const pytfm__product *g, const pytfm__micro *uk, fl
         int64_t a_sp = 1, a_sr = g->k, a_panel = 0;
         if (pa) {
             pack_a(pa, g, mr, ic, mc, pc, kc);
+            if (g->precision == PYTFM_PRECISION_BF16)
+                round_panel(pa, (mc + mr - 1) / mr * mr * kc);
             a = pa, a_sp = mr, a_sr = 1, a_panel = mr * kc;
         }
         for (int64_t jr = 0; jr < nc; jr += nr)
@@ -235,7 +279,7 @@ static void rows_times_panel(const pytfm__product *g, const pytfm__micro *uk, fl
                 uk->run(c, g->n, a + (a_panel ? ir / mr * a_panel : ir * a_sr), a_sp, a_sr,
                         pb + jr * kc, nr, kc, rows, cols, bt);
             }
-        if (last) finish(g, g->c + ic * g->n + jc, ic, jc, mc, nc);
+        if (last) pytfm__product_finish(g, g->c + ic * g->n + jc, ic, jc, mc, nc);
     }
 }
 
@@ -297,6 +341,8 @@ static void gemm_blocked(const pytfm__product *g, const pytfm__micro *uk, const 
             for (int64_t pc = 0; pc < g->k; pc += KC) {
                 const int64_t kc = PYTFM_MIN(KC, g->k - pc);
                 pack_b(pb, g, (int)nr, pc, kc, jc, nc);
+                if (g->precision == PYTFM_PRECISION_BF16)
+                    round_panel(pb, (nc + nr - 1) / nr * nr * kc);
                 rows_times_panel(g, uk, bl->a_size ? pa : NULL, pb, i0, i1, jc, nc, pc, kc);
             }
         }
@@ -431,38 +477,57 @@ const pytfm__micro *pytfm__micro_for(int32_t isa) {
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
 /* The blocked kernels run where the CPU has a micro-kernel (AVX2 and up), for products with
- * something to sum (k > 0) into a non-empty C; the plain loop does the rest. */
+ * something to sum (k > 0) into a non-empty C; the plain loop does the rest. A BF16 product
+ * runs sgemm_bf16.c's kernels where the BF16 ISA is AVX512_BF16 (bf16 != 0), else these. */
 static int blocked(const pytfm__product *p, const pytfm__micro *uk) {
     return uk && p->m > 0 && p->n > 0 && p->k > 0;
+}
+
+static int bf16_blocked(const pytfm__product *p, int bf16) {
+    return bf16 && p->precision == PYTFM_PRECISION_BF16 && p->m > 0 && p->n > 0 && p->k > 0;
 }
 
 pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, int count) {
     // the ISA and the thread count are read once: another thread may change them meanwhile
     const int32_t isa = pytfm_get_isa();
+    const int bf16 = pytfm_get_bf16_isa() == PYTFM_ISA_AVX512_BF16;
     const int64_t threads = pytfm_get_num_threads();
     const pytfm__micro *uk = pytfm__micro_for(isa);
     if (isa >= PYTFM_ISA_AVX2 && !uk)
         return pytfm__fail(PYTFM_STATUS_INTERNAL, "%s: no sgemm kernel for isa %d", func, isa);
-    int64_t floats = -1; // the most any one product needs (they run one after the other)
+    int64_t words = -1; // 4-byte words: the most any one product needs (they run in turn)
     for (int i = 0; i < count; i++) {
-        if (!blocked(&products[i], uk)) continue;
-        const blocking bl = plan(&products[i], uk, threads);
-        if (scratch_floats(&bl) > floats) floats = scratch_floats(&bl);
+        const pytfm__product *g = &products[i];
+        int64_t w = -1;
+        if (bf16_blocked(g, bf16)) {
+            w = pytfm__gemm_bf16_scratch(g, threads);
+        } else if (blocked(g, uk)) {
+            const blocking bl = plan(g, uk, threads);
+            w = scratch_floats(&bl);
+        }
+        if (w > words) words = w;
     }
     float *buf = NULL; // only the blocked kernels need scratch
-    if (floats >= 0 && !(buf = pytfm__scratch(func, floats, sizeof(float))))
+    if (words >= 0 && !(buf = pytfm__scratch(func, words, sizeof(float))))
         return PYTFM_STATUS_OUT_OF_MEMORY;
     for (int i = 0; i < count; i++) {
         const pytfm__product *g = &products[i];
-        if (blocked(g, uk)) {
+        if (bf16_blocked(g, bf16)) {
+            pytfm__gemm_bf16(g, threads, (uint32_t *)(void *)buf);
+        } else if (blocked(g, uk)) {
             const blocking bl = plan(g, uk, threads);
             gemm_blocked(g, uk, &bl, buf);
         } else if (g->m > 0 && g->n > 0) { // k = 0 too: no products, C = β·C
-            sgemm_plain(g->c, g->a, g->b, g->m, g->n, g->k, g->trans_a != 0, g->trans_b != 0,
-                        g->beta);
+            if (g->precision == PYTFM_PRECISION_BF16)
+                sgemm_plain_bf16(g->c, g->a, g->b, g->m, g->n, g->k, g->trans_a != 0,
+                                 g->trans_b != 0, g->beta);
+            else
+                sgemm_plain(g->c, g->a, g->b, g->m, g->n, g->k, g->trans_a != 0,
+                            g->trans_b != 0, g->beta);
             if (g->epilogue) {
                 PYTFM_PARALLEL_ROWS(g->m, g->n)
-                for (int64_t r = 0; r < g->m; r++) finish(g, g->c + r * g->n, r, 0, 1, g->n);
+                for (int64_t r = 0; r < g->m; r++)
+                    pytfm__product_finish(g, g->c + r * g->n, r, 0, 1, g->n);
             }
         }
     }
@@ -473,7 +538,17 @@ pytfm_status pytfm__sgemm_all(const char *func, const pytfm__product *products, 
 pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
                          int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
     PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
-    const pytfm__product p = {c, a, b, m, n, k, trans_a, trans_b, beta, NULL};
+    const pytfm__product p = {c, a, b, m, n, k, trans_a, trans_b, beta, NULL,
+                              PYTFM_PRECISION_FP32};
+    return pytfm__sgemm_all(__func__, &p, 1);
+}
+
+pytfm_status pytfm_sgemm_ex(float *c, const float *a, const float *b, int64_t m, int64_t n,
+                            int64_t k, int32_t trans_a, int32_t trans_b, float beta,
+                            int32_t precision) {
+    PYTFM_TRY(pytfm__check_precision(__func__, precision));
+    PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
+    const pytfm__product p = {c, a, b, m, n, k, trans_a, trans_b, beta, NULL, precision};
     return pytfm__sgemm_all(__func__, &p, 1);
 }
 

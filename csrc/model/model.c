@@ -15,9 +15,16 @@
  * and instruction-set cap. A session runs the same ops on the new tokens only, at positions
  * [length, length + n), through attention_cache_append and attention_decode, as GPT.decode.
  *
+ * In PYTFM_PRECISION_BF16 (pytfm_model_set_precision) every product is the one
+ * pytfm_linear_forward_ex computes in BF16, which pytfm.nn calls for a model of that precision,
+ * so the logits are again Python's bits; the one-row products of decoding read a BF16 copy of
+ * each weight matrix (made once, by set_precision) instead of the float32 weights: the same
+ * values, half the bytes, and a decoded token reads every weight once.
+ *
  * The model is read-only once opened (the parameters, per-layer pointers into them, the
- * position table): any number of threads may share it. Each call allocates its own
- * activations (scratch, freed on every path); a session owns its caches.
+ * position table, the precision and the BF16 copies): any number of threads may share it,
+ * as long as none changes its precision meanwhile. Each call allocates its own activations
+ * (scratch, freed on every path); a session owns its caches.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -37,6 +44,8 @@ typedef struct layer {
     const float *ln_2_w, *ln_2_b;
     const float *fc_w, *fc_b;       /* mlp.c_fc [4C, C], [4C] */
     const float *mproj_w, *mproj_b; /* mlp.c_proj [C, 4C], [C] */
+    /* the BF16 copies of the four weight matrices (PYTFM_PRECISION_BF16), else NULL */
+    const uint16_t *attn_w16, *aproj_w16, *fc_w16, *mproj_w16;
 } layer;
 
 struct pytfm_model {
@@ -48,6 +57,9 @@ struct pytfm_model {
     layer *layers; /* [n_layer] */
     float *pe;        /* [max_seq, C] sinusoidal positions (owned), or NULL */
     const float *wpe; /* [max_seq, C] learned positions (in params), or NULL */
+    int32_t precision;          /* a pytfm_precision of the products */
+    uint16_t *w16;              /* owned: every BF16 copy in one allocation (BF16), or NULL */
+    const uint16_t *lm_head16;  /* the LM head's BF16 copy (BF16), or NULL */
 };
 
 /* pytfm.nn.sinusoidal_positions(max_seq, C), by the same function (pytfm_sinusoidal_positions,
@@ -160,6 +172,7 @@ pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data, size
 
 pytfm_status pytfm_model_close(pytfm_model *model) {
     if (!model) return PYTFM_STATUS_OK;
+    free(model->w16);
     free(model->pe);
     free(model->layers);
     free(model->params);
@@ -172,6 +185,70 @@ pytfm_status pytfm_model_get_config(const pytfm_model *model, pytfm_model_config
     PYTFM_CHECK(config != NULL, "%s: config must not be NULL", __func__);
     *config = model->config;
     return PYTFM_STATUS_OK;
+}
+
+/* ---- the precision ----------------------------------------------------------------------- */
+
+/* dst[i] = the top half of src[i] rounded to BF16 (pytfm__bf16_round_bits), i < count */
+static uint16_t *to_bf16(uint16_t *dst, const float *src, int64_t count) {
+    PYTFM_PARALLEL_FOR_IF(count > 4 * PYTFM_TASK_ELEMS)
+    for (int64_t i0 = 0; i0 < count; i0 += PYTFM_TASK_ELEMS)
+        for (int64_t i = i0; i < PYTFM_MIN(count, i0 + PYTFM_TASK_ELEMS); i++) {
+            uint32_t u;
+            memcpy(&u, src + i, sizeof u);
+            dst[i] = (uint16_t)(pytfm__bf16_round_bits(u) >> 16);
+        }
+    return dst + count;
+}
+
+pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision) {
+    PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
+    PYTFM_TRY(pytfm__check_precision(__func__, precision));
+    if (precision == model->precision) return PYTFM_STATUS_OK;
+    const int64_t C = model->C, L = model->config.n_layer;
+    if (precision == PYTFM_PRECISION_FP32) {
+        free(model->w16);
+        model->w16 = NULL, model->lm_head16 = NULL;
+        for (int64_t i = 0; i < L; i++) {
+            layer *l = &model->layers[i];
+            l->attn_w16 = l->aproj_w16 = l->fc_w16 = l->mproj_w16 = NULL;
+        }
+        model->precision = precision;
+        return PYTFM_STATUS_OK;
+    }
+    // 12·C² weights a layer and the LM head's V·C: within the parameters the reader checked
+    const int64_t count = L * 12 * C * C + model->V * C;
+    uint16_t *w16 = pytfm__scratch(__func__, count, sizeof(uint16_t));
+    if (!w16) return PYTFM_STATUS_OUT_OF_MEMORY;
+    uint16_t *p = w16;
+    for (int64_t i = 0; i < L; i++) {
+        layer *l = &model->layers[i];
+        l->attn_w16 = p, p = to_bf16(p, l->attn_w, 3 * C * C);
+        l->aproj_w16 = p, p = to_bf16(p, l->aproj_w, C * C);
+        l->fc_w16 = p, p = to_bf16(p, l->fc_w, 4 * C * C);
+        l->mproj_w16 = p, p = to_bf16(p, l->mproj_w, 4 * C * C);
+    }
+    model->lm_head16 = p, p = to_bf16(p, model->lm_head, model->V * C);
+    model->w16 = w16;
+    model->precision = precision;
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_model_get_precision(const pytfm_model *model, int32_t *precision) {
+    PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
+    PYTFM_CHECK(precision != NULL, "%s: precision must not be NULL", __func__);
+    *precision = model->precision;
+    return PYTFM_STATUS_OK;
+}
+
+/* y = x·Wᵀ + b over rows, as pytfm.nn.Linear.forward in the model's precision: the public
+ * kernel (FP32), or its BF16 form with the BF16 copy w16 for the one-row products */
+static pytfm_status linear(const pytfm_model *m, float *y, const float *x, const float *w,
+                           const uint16_t *w16, const float *b, int64_t rows, int64_t in,
+                           int64_t out) {
+    if (m->precision == PYTFM_PRECISION_FP32)
+        return pytfm_linear_forward(y, x, w, b, rows, in, out);
+    return pytfm__linear_forward_bf16("pytfm_linear_forward_ex", y, x, w, w16, b, rows, in, out);
 }
 
 /* ---- the forward pass, shared by pytfm_model_forward and pytfm_session_feed ----------------- */
@@ -204,7 +281,7 @@ static pytfm_status block(const pytfm_model *m, const layer *L, const acts *s, i
     // x + attn(ln_1(x))
     PYTFM_TRY(pytfm_layernorm_forward(s->a, s->mean, s->rstd, s->x, L->ln_1_w, L->ln_1_b, N, C,
                                       LN_EPS));
-    PYTFM_TRY(pytfm_linear_forward(s->qkv, s->a, L->attn_w, L->attn_b, N, C, 3 * C));
+    PYTFM_TRY(linear(m, s->qkv, s->a, L->attn_w, L->attn_w16, L->attn_b, N, C, 3 * C));
     // qkv (B, T, 3, H, D) -> q, k, v (B, T, H, D), q and k rotated: as pytfm.nn does it
     PYTFM_TRY(pytfm_qkv_split_forward(s->q, s->k, s->v, s->qkv, s->pos, B, T, H, D, 0,
                                       ROPE_BASE, m->config.pos == PYTFM_POS_ROPE));
@@ -218,14 +295,14 @@ static pytfm_status block(const pytfm_model *m, const layer *L, const acts *s, i
                                           1));
     }
     float *proj = s->qkv; // [N, C]
-    PYTFM_TRY(pytfm_linear_forward(proj, s->a, L->aproj_w, L->aproj_b, N, C, C));
+    PYTFM_TRY(linear(m, proj, s->a, L->aproj_w, L->aproj_w16, L->aproj_b, N, C, C));
     for (int64_t i = 0; i < N * C; i++) s->x[i] += proj[i];
     // x + mlp(ln_2(x))
     PYTFM_TRY(pytfm_layernorm_forward(s->a, s->mean, s->rstd, s->x, L->ln_2_w, L->ln_2_b, N, C,
                                       LN_EPS));
-    PYTFM_TRY(pytfm_linear_forward(s->h, s->a, L->fc_w, L->fc_b, N, C, 4 * C));
+    PYTFM_TRY(linear(m, s->h, s->a, L->fc_w, L->fc_w16, L->fc_b, N, C, 4 * C));
     PYTFM_TRY(pytfm_gelu_forward(s->h, s->h, N * 4 * C));
-    PYTFM_TRY(pytfm_linear_forward(proj, s->h, L->mproj_w, L->mproj_b, N, 4 * C, C));
+    PYTFM_TRY(linear(m, proj, s->h, L->mproj_w, L->mproj_w16, L->mproj_b, N, 4 * C, C));
     for (int64_t i = 0; i < N * C; i++) s->x[i] += proj[i];
     return PYTFM_STATUS_OK;
 }
@@ -257,7 +334,7 @@ static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *logits
     PYTFM_TRY(pytfm_layernorm_forward(s->a, s->mean, s->rstd, s->x, m->ln_f_w, m->ln_f_b, N, C,
                                       LN_EPS));
     float *out = caches && N > 1 ? s->head : logits;
-    PYTFM_TRY(pytfm_linear_forward(out, s->a, m->lm_head, NULL, N, C, V));
+    PYTFM_TRY(linear(m, out, s->a, m->lm_head, m->lm_head16, NULL, N, C, V));
     if (out != logits) memcpy(logits, out + (N - 1) * V, (size_t)V * sizeof(float));
     return PYTFM_STATUS_OK;
 }

@@ -58,8 +58,8 @@ def test_version_is_one_number_everywhere():
 
 def test_build_info():
     info = pytfm.build_info()
-    assert set(info) == {"version", "compiler", "flags", "arch", "cpu_features", "isa", "cuda",
-                         "cuda_version"}
+    assert set(info) == {"version", "compiler", "flags", "arch", "cpu_features", "isa", "bf16",
+                         "cuda", "cuda_version"}
     assert info["compiler"] != "unknown" and "-std=c11" in info["flags"]
     log = os.path.join(PKG, "lib", "cuda_build.log")
     if info["cuda"]:  # built with nvcc: the ptxas report of every kernel is kept
@@ -74,6 +74,8 @@ def test_build_info():
         best = "avx512" if "avx512f" in info["cpu_features"] else (
             "avx2" if {"avx2", "fma"} <= set(info["cpu_features"]) else "portable")
         assert info["isa"] == best
+        # the BF16 products: AVX512-BF16 where the CPU has it (with AMX too), else the FP32 ISA
+        assert info["bf16"] == ("avx512_bf16" if "avx512_bf16" in info["cpu_features"] else best)
     out = subprocess.run([sys.executable, "-m", "pytfm"], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0 and '"compiler"' in out.stdout
 
