@@ -235,6 +235,28 @@ def test_a_round_trip_through_transformers_is_identical(tmp_path):
             np.testing.assert_array_equal(back.params[name], p, err_msg=name)
 
 
+# config.json of the Hugging Face repository openai-community/gpt2, as published
+GPT2_124M_CONFIG = """{
+  "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+  "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+  "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768,
+  "n_head": 12, "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1,
+  "summary_activation": null, "summary_first_dropout": 0.1, "summary_proj_to_labels": true,
+  "summary_type": "cls_index", "summary_use_proj": true,
+  "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
+  "vocab_size": 50257
+}"""
+
+
+def test_the_published_gpt2_config_is_read_as_124m(tmp_path):
+    """Real GPT-2's config.json needs nothing beyond the rules: every field is known."""
+    (tmp_path / "config.json").write_text(GPT2_124M_CONFIG)
+    cfg = gpt2.read_config(str(tmp_path))
+    assert cfg == GPTConfig(vocab=50257, d_model=768, n_layer=12, n_head=12, max_seq=1024,
+                            pos="learned", tie_embeddings=True)
+    assert gpt2.memory_plan(cfg, optimizer=False)["params"] == 4 * 124_439_808
+
+
 def test_a_folder_holds_learned_positions_only(tmp_path):
     with pytest.raises(ValueError, match="learned positions .* has pos='rope'"):
         gpt2.save(GPT(GPTConfig(vocab=10, d_model=8, n_layer=1, n_head=2, max_seq=4)),
