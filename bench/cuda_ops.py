@@ -1,44 +1,54 @@
 """Time pytfm's CUDA kernels on the GPU against what bounds them, measured in the same run.
 
-    python bench/cuda_ops.py [--out FILE] [--budget SECONDS] [--cpu-threads N]
+    python bench/cuda_ops.py [--out FILE] [--json FILE] [--budget SECONDS] [--cpu-threads N]
+    python bench/cuda_ops.py --host-only     # no GPU: a step's host work, the kernels stubbed
 
-One table, each row printed as soon as it is measured (and appended to FILE), in this order:
-  ceilings    a device-to-device copy of 64x the L2 (counting bytes read and written), cuBLAS
-              (cupy.matmul, FP32, TF32 off) at n = 4096
-  attention   pytfm_attention_forward and forward+backward against
-              torch.nn.functional.scaled_dot_product_attention in float32 (B=4, H=8, D=64,
-              causal, T = 1024, 4096, 16384); the memory each takes beyond its inputs (peak of
-              CuPy's pool, and of the CUDA stream-ordered pool the kernels' scratch comes from;
-              torch.cuda.max_memory_allocated for torch), and the largest difference of the
-              outputs, so the two are seen to compute the same thing
-  train_tiny  examples/train_tiny.py's default config (its own parser's defaults, imported from
-              it): GPT(cfg, device="cuda") and AdamW, the step train_tiny takes (the loss read
-              back every step), tokens/s; against the same loop on the CPU with --cpu-threads
-              threads (default 2; 0 skips it) in this process, on this machine's CPU
-  products    the linear layer's three products, x·Wᵀ, dy·W and dyᵀ·x, through
-              pytfm_sgemm_cuda at n = 1024 and 4096 against cupy.matmul of the same operands
-              (transposed views: no copies on either side); linear_forward and linear_backward
-              at a GPT-2 MLP layer's size, and linear_gelu_forward
+One table, each row printed as soon as it is measured (and appended to FILE; every row, the
+GPU's clocks before and after, and the versions of everything also go to the --json FILE), in
+this order:
+  ceilings    a device-to-device copy of 64x the L2 (counting bytes read and written); the
+              matrix product at n = 8192 in FP32 (cupy.matmul with TF32 off, and torch),
+              TF32 (torch, allow_tf32) and BF16 (torch): what each precision's tensor cores or
+              CUDA cores give
+  training    examples/train_tiny.py's default config (its own parser's defaults): the step as
+              train_tiny takes it (the loop: zero_grad, forward, backward, clip, AdamW) and as
+              pytfm.nn.TrainStep takes it (no allocation, a CUDA graph), tokens/s, against the
+              loop on this machine's CPU with --cpu-threads threads (default 2; 0 skips it);
+              then a GPT-2-124M-shaped step (d=768, 12 layers, 12 heads, vocab 50257, B=8,
+              T=1024) both ways
+  attention   pytfm_attention_forward and forward+backward (float32, CUDA cores) beside
+              torch.nn.functional.scaled_dot_product_attention in float32 and in bfloat16, the
+              backend torch ran recorded (flash, memory-efficient, cuDNN or math, read from
+              the names of the kernels it launched), at B=4, H=8, D=64, causal, T = 1024,
+              4096, 16384; the memory each takes beyond its inputs, and the largest difference
+              of the outputs
+  products    the linear layer's three products, x·Wᵀ, dy·W and dyᵀ·x, through pytfm_sgemm_cuda
+              at n = 1024 and 4096 against cupy.matmul in FP32 (transposed views: no copies);
+              linear_forward, linear_gelu_forward and linear_backward at a GPT-2 MLP's size
   bandwidth   every memory-bound kernel, forward and backward, with every input at least 4x
               the L2 (read from the device), against a device-to-device copy of the same
               number of bytes (the fewest a kernel must move: each input read once, each
               output written once)
 Targets (the ratio a row must reach on an H200) are printed next to each ratio, with "yes" or
-"NO"; rows without a target show "-". These are benchmark figures,
-never a test. Timing: CUDA events around enough calls to fill ~20 ms, after warm-up; the
-median of 5 such runs. A section that fails prints its error and the others still run (exit
-status 1); a section that would start past --budget seconds (default: GPU_CHECK_STEP_SECONDS
-less 10, as scripts/gpu_check.sh sets it, else none) is printed as skipped.
+"NO"; rows without a target show "-". These are benchmark figures, never a test. Timing: CUDA
+events around enough calls to fill ~20 ms, after warm-up; the median of 5 such runs. A section
+that fails prints its error and the others still run (exit status 1); a section that would
+start past --budget seconds (default: GPU_CHECK_STEP_SECONDS less 10, as scripts/gpu_check.sh
+sets it, else none) is printed as skipped.
 
-The shape arithmetic and the table's formatting import without CuPy (tests/cuda/test_gpu_check.py
-checks the sizes against the 4x L2 rule).
+The shapes, the arithmetic, the backend's classification and the table's formatting import
+without CuPy or torch (tests/cuda/test_gpu_check.py tests them).
 """
 
 import argparse
 import importlib.util
+import json
 import math
 import os
+import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -47,18 +57,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1e6
 
 # ---- what is measured -----------------------------------------------------------------------
+CEILING_N = 8192
 ATTENTION_SHAPE = (4, 8, 64)  # B, H, D
 ATTENTION_T = (1024, 4096, 16384)
 ATTENTION_TARGET_T = 4096
 PRODUCT_N = (1024, 4096)
 LINEAR_SHAPE = (8192, 768, 3072)  # a GPT-2 small MLP layer: rows = B·T = 8192, in, out
+GPT2_SHAPE = dict(vocab=50257, d_model=768, n_layer=12, n_head=12, max_seq=1024)
+GPT2_BATCH = 8
 
 # ---- targets ------------------------------------------------------------------------------------
-# (label, ratio): the ratio this row must reach on an H200, against the row's baseline
-ATTENTION_FWD_TARGET = ("issue 10", 1.0)    # x torch SDPA at T = 4096
-ATTENTION_FWDBWD_TARGET = ("issue 10", 0.8)
-TRAIN_TINY_TARGET = ("issue 10", 3.0)       # x the 2-core CPU
-PRODUCT_TARGETS = {4096: ("issue 12", 0.8), 1024: ("issue 12", 0.6)}  # x cuBLAS
+# (what the row is held to, ratio): the ratio this row must reach on an H200 against its baseline
+ATTENTION_FWD_TARGET = ("attention fwd", 1.0)  # x torch's float32 SDPA at T = 4096
+ATTENTION_FWDBWD_TARGET = ("attention fwd+bwd", 0.8)
+TRAIN_TINY_TARGET = ("GPU step", 5.0)  # x the 2-core CPU step
+PRODUCT_TARGETS = {4096: ("SGEMM", 0.8), 1024: ("SGEMM", 0.6)}  # x cuBLAS FP32
 BANDWIDTH_TARGETS = {  # x the copy of the same bytes, per kernel and direction
     ("softmax", "forward"): 0.75, ("softmax", "backward"): 0.6,
     ("layernorm", "forward"): 0.75, ("layernorm", "backward"): 0.6,
@@ -71,7 +84,57 @@ BANDWIDTH_TARGETS = {  # x the copy of the same bytes, per kernel and direction
 
 def bandwidth_target(kernel, direction):
     t = BANDWIDTH_TARGETS.get((kernel, direction))
-    return None if t is None else ("issue 12", t)
+    return None if t is None else (f"memory-bound {direction}", t)
+
+
+# ---- the arithmetic ------------------------------------------------------------------------------
+def attention_flops(B, H, T, D, causal=True):
+    """The forward's multiply-adds counted twice (Q·Kᵀ and P·V): 4·B·H·T²·D, half of it
+    causal. The forward + backward is 3.5x that (the backward recomputes P: five products of
+    the forward's size but two halves, Q·Kᵀ again and dP = dO·Vᵀ)."""
+    return (2.0 if causal else 4.0) * B * H * T * T * D
+
+
+def tokens_per_s(steps, batch, context, seconds):
+    return steps * batch * context / seconds
+
+
+def sdpa_backend(kernel_names):
+    """The backend torch's scaled_dot_product_attention ran, from the names of the CUDA kernels
+    it launched (torch.profiler): "flash" (FlashAttention, bf16/fp16 only), "cudnn",
+    "efficient" (the memory-efficient cutlass kernel, float32 too), else "math" (matmuls and
+    a softmax: the [T, T] matrix stored)."""
+    names = " ".join(kernel_names).lower()
+    if "cudnn" in names or "cudnn_" in names:
+        return "cudnn"
+    if "flash" in names:
+        return "flash"
+    if "fmha" in names or "mem_eff" in names or "efficient" in names or "cutlass" in names:
+        return "efficient"
+    return "math"
+
+
+SMI_QUERY = ("name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,"
+             "power.draw,temperature.gpu,memory.used,memory.total")
+
+
+def parse_smi(text):
+    """nvidia-smi --query-gpu=SMI_QUERY --format=csv,noheader -> [{field: value}], one a GPU."""
+    fields = SMI_QUERY.split(",")
+    return [dict(zip(fields, (v.strip() for v in line.split(","))))
+            for line in text.strip().splitlines() if line.strip()]
+
+
+def smi():
+    """The GPUs' clocks, power and memory now (nvidia-smi), or why not."""
+    if shutil.which("nvidia-smi") is None:
+        return {"error": "nvidia-smi not found"}
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": str(e)}
+    return {"gpus": parse_smi(out.stdout)} if out.returncode == 0 else {"error": out.stderr}
 
 
 # ---- sizes: every input of a bandwidth row at least 4x the L2 -----------------------------------
@@ -123,62 +186,132 @@ HEAD = (f"{'kernel':46s} {'time us':>10s} {'rate':>9s} {'unit':8s} {'vs':12s} {'
         f"{'ratio':>7s} {'target':>8s} {'met':3s}  note")
 
 
-def format_row(name, seconds, rate, unit, vs="", vs_rate=None, target=None, note=""):
-    """One line of the table: ratio = rate / vs_rate; target (issue, ratio) or None."""
-    t = f"{seconds * 1e6:10.1f}" if seconds is not None else f"{'-':>10s}"
-    r = f"{rate:9.1f}" if rate is not None else f"{'-':>9s}"
+def row_record(name, seconds, rate, unit, vs="", vs_rate=None, target=None, note=""):
+    """One row as bench.json holds it: ratio = rate / vs_rate; target (what, ratio) or None."""
     ratio = rate / vs_rate if rate is not None and vs_rate else None
-    ratio_s = f"{ratio:6.2f}x" if ratio is not None else f"{'-':>7s}"
+    met = None if target is None or ratio is None else ratio >= target[1]
+    return {"name": name, "seconds": seconds, "rate": rate, "unit": unit, "vs": vs,
+            "vs_rate": vs_rate, "ratio": ratio, "target": None if target is None else
+            {"what": target[0], "ratio": target[1]}, "met": met, "note": note}
+
+
+def format_row(name, seconds, rate, unit, vs="", vs_rate=None, target=None, note=""):
+    """One line of the table: ratio = rate / vs_rate; target (what, ratio) or None."""
+    r = row_record(name, seconds, rate, unit, vs, vs_rate, target, note)
+    t = f"{seconds * 1e6:10.1f}" if seconds is not None else f"{'-':>10s}"
+    rate_s = f"{rate:9.1f}" if rate is not None else f"{'-':>9s}"
+    ratio_s = f"{r['ratio']:6.2f}x" if r["ratio"] is not None else f"{'-':>7s}"
     vr = f"{vs_rate:9.1f}" if vs_rate else f"{'-':>9s}"
     if target is None:
         tgt, met = f"{'-':>8s}", "-"
     else:
         tgt = f">={target[1]:.2f}x"
-        met = "-" if ratio is None else ("yes" if ratio >= target[1] else "NO")
+        met = "-" if r["met"] is None else ("yes" if r["met"] else "NO")
         note = f"{target[0]}; {note}" if note else target[0]
-    line = f"{name:46s} {t} {r} {unit:8s} {vs:12s} {vr} {ratio_s} {tgt:>8s} {met:3s}  {note}"
+    line = f"{name:46s} {t} {rate_s} {unit:8s} {vs:12s} {vr} {ratio_s} {tgt:>8s} {met:3s}  {note}"
     return line.rstrip()
 
 
 class Table:
-    def __init__(self, out):
-        self.out = out
+    """The table: each line printed, appended to out; each row kept for the JSON file."""
+
+    def __init__(self, out=None, json_out=None):
+        self.out, self.json_out = out, json_out
+        self.rows, self.lines, self.section = [], [], None
+        self.info = {}
 
     def line(self, text):
         print(text, flush=True)
+        self.lines.append(text)
         if self.out:
             with open(self.out, "a", encoding="utf-8") as f:
                 f.write(text + "\n")
 
     def row(self, *args, **kw):
+        self.rows.append(dict(row_record(*args, **kw), section=self.section))
         self.line(format_row(*args, **kw))
+
+    def write_json(self):
+        """bench.json: the machine (clocks, versions: self.info), then every row."""
+        if self.json_out:
+            with open(self.json_out, "w", encoding="utf-8") as f:
+                json.dump({**self.info, "rows": self.rows}, f, indent=1, default=str)
+                f.write("\n")
+
+
+def versions():
+    """What the figures depend on, beside the GPU: Python, the machine, pytfm's build."""
+    info = {"python": platform.python_version(), "machine": platform.machine()}
+    try:
+        import pytfm
+
+        info["pytfm"] = pytfm.build_info()
+    except Exception as e:  # (the bench then fails at its first section, saying why)
+        info["pytfm"] = f"{type(e).__name__}: {e}"
+    try:
+        info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                     capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        info["git"] = None
+    return info
 
 
 # ---- the GPU part -------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="also append the table to this file")
+    ap.add_argument("--json", help="write every row, the clocks and the versions to this file")
     step = os.environ.get("GPU_CHECK_STEP_SECONDS")
     ap.add_argument("--budget", type=float, default=float(step) - 10 if step else None,
                     help="seconds: sections that would start later are skipped")
     ap.add_argument("--cpu-threads", type=int, default=2,
                     help="threads of the CPU train_tiny run (0: skip it; default 2)")
+    ap.add_argument("--host-only", action="store_true",
+                    help="no GPU: the host work of a step, every CUDA kernel stubbed out")
     args = ap.parse_args(argv)
-    os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS in true FP32, as pytfm computes
+    if args.host_only:
+        return host_only()
+    os.environ.setdefault("CUPY_TF32", "0")  # cupy.matmul in true FP32, as pytfm computes
+    table = Table(args.out, args.json)
+    table.info = {"versions": versions(), "clocks_before": smi()}
+    try:
+        return run_gpu(args, table)
+    finally:
+        table.info["clocks_after"] = smi()
+        table.write_json()
+
+
+def run_gpu(args, table):
     import cupy as cp
 
     from pytfm import ops
     from pytfm._core import ffi, lib
 
     start = time.monotonic()
-    table = Table(args.out)
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     l2 = props["l2CacheSize"]
     shapes = bandwidth_shapes(l2)
+    table.info["gpu"] = {"name": name, "sms": props["multiProcessorCount"], "l2_bytes": l2,
+                         "memory_bytes": props["totalGlobalMem"],
+                         "compute_capability": f"{props['major']}.{props['minor']}",
+                         "cupy": cp.__version__,
+                         "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),
+                         "cuda_driver": cp.cuda.runtime.driverGetVersion()}
+    try:
+        import torch
+
+        table.info["gpu"]["torch"] = torch.__version__
+        table.info["gpu"]["torch_cuda"] = torch.version.cuda
+    except ImportError as e:
+        table.info["gpu"]["torch"] = f"not importable: {e}"
     table.line(f"pytfm CUDA kernels on {name}: {props['multiProcessorCount']} SMs, L2 "
                f"{l2 / MB:.1f} MB (bandwidth inputs >= {4 * l2 / MB:.0f} MB each), cupy "
-               f"{cp.__version__}")
+               f"{cp.__version__}, torch {table.info['gpu']['torch']}")
+    clocks = (table.info["clocks_before"].get("gpus") or [{}])[0]
+    table.line(f"clocks before: SM {clocks.get('clocks.sm', '?')} (max "
+               f"{clocks.get('clocks.max.sm', '?')}), memory {clocks.get('clocks.mem', '?')}, "
+               f"{clocks.get('power.draw', '?')}, {clocks.get('temperature.gpu', '?')} C")
     table.line(HEAD)
     failed = []
 
@@ -210,6 +343,7 @@ def main(argv=None):
         if left is not None and left <= 0:
             table.line(f"-- {title}: SKIPPED (past the budget of {args.budget:.0f} s)")
             return
+        table.section = title
         table.line(f"-- {title}")
         try:
             fn()
@@ -229,11 +363,25 @@ def main(argv=None):
         table.row(f"device-to-device copy {src.nbytes / 1e9:.2f} GB (ceiling)", t,
                   2 * src.nbytes / t / 1e9, "GB/s")
 
-    def ceiling_blas():
-        n = 4096
+    def ceiling_products():
+        import torch
+
+        n = CEILING_N
+        flops = 2.0 * n**3
         a, b = randn(n, n), randn(n, n)
         t = timed(lambda: cp.matmul(a, b))
-        table.row(f"cupy.matmul {n}^3 FP32 (ceiling)", t, 2 * n**3 / t / 1e12, "TFLOP/s")
+        table.row(f"cupy.matmul {n}^3 FP32, TF32 off (ceiling)", t, flops / t / 1e12, "TFLOP/s")
+        ta, tb = torch.from_dlpack(a), torch.from_dlpack(b)
+        saved = torch.backends.cuda.matmul.allow_tf32
+        try:
+            for label, tf32, x, y in (("FP32", False, ta, tb), ("TF32", True, ta, tb),
+                                      ("BF16", False, ta.bfloat16(), tb.bfloat16())):
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+                t = torch_timed(torch, lambda x=x, y=y: torch.matmul(x, y))
+                table.row(f"torch.matmul {n}^3 {label} (ceiling)", t, flops / t / 1e12,
+                          "TFLOP/s", note="cuBLAS; random data")
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = saved
 
     copy_buffers = {}
 
@@ -248,14 +396,111 @@ def main(argv=None):
         s, d = copy_buffers["src"][:half], copy_buffers["dst"][:half]
         return 2 * s.nbytes / timed(lambda: cp.copyto(d, s)) / 1e9
 
+    # -- training steps ---------------------------------------------------------------------------
+    def steps():
+        import numpy as np
+
+        import pytfm
+        from pytfm import data
+        from pytfm.nn import GPT, GPTConfig, TrainStep
+        from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
+
+        spec = importlib.util.spec_from_file_location(
+            "train_tiny", os.path.join(ROOT, "examples", "train_tiny.py"))
+        tiny = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tiny)
+        a = tiny.parse_args([])  # its defaults, no checks, no files touched
+        corpus = data.stdlib_corpus().astype(np.int64)
+
+        def run(cfg, batch, device, way, warm, seconds, max_steps):
+            """tokens/s, seconds a step and the last loss of `way` ("loop": as train_tiny
+            steps; "TrainStep": pytfm.nn.TrainStep, graph and all) on device."""
+            batches = data.Batches(corpus, cfg.max_seq, batch, seed=0)
+            model = GPT(cfg, device=device) if device != "cpu" else GPT(cfg)
+            opt = AdamW(model.params, model.grads, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+            to = cp.asarray if device == "cuda" else (lambda t: t)
+            train = TrainStep(model, opt, max_norm=1.0) if way == "TrainStep" else None
+            done, t0, loss = 0, None, None
+            for i in range(warm + max_steps):
+                if i == warm:
+                    if device == "cuda":
+                        cp.cuda.Device().synchronize()
+                    t0 = time.perf_counter()
+                lr = cosine_lr(i, a.lr, a.warmup, a.steps, min_lr=a.lr / 10)
+                x, y = batches.batch("train", i)
+                if train is not None:
+                    loss = train(x, y, lr)
+                else:  # train_tiny's step: the ids are bytes (no check), the loss stays
+                    model.zero_grad()
+                    _, loss = model.forward(to(x), to(y), check_ids=False)
+                    model.backward()
+                    clip_grad_norm(model.grads, 1.0)
+                    opt.step(lr)
+                if i >= warm:
+                    done += 1
+                    if time.perf_counter() - t0 > seconds:
+                        break
+            if device == "cuda":
+                cp.cuda.Device().synchronize()
+            elapsed = time.perf_counter() - t0
+            mode = f"; {train.mode}" + (f" ({train.graph_error})" if train.graph_error else "") \
+                if train else ""
+            return (tokens_per_s(done, batch, cfg.max_seq, elapsed), elapsed / done,
+                    f"loss {float(loss):.3f}{mode}")
+
+        cfg = GPTConfig(d_model=a.d_model, n_layer=a.n_layer, n_head=a.n_head,
+                        max_seq=a.context, pos=a.pos, seed=a.seed)
+        shape = f"d={cfg.d_model} L={cfg.n_layer} T={cfg.max_seq} B={a.batch}"
+        cpu_rate = None
+        if args.cpu_threads > 0:
+            threads = pytfm.get_num_threads()
+            pytfm.set_num_threads(args.cpu_threads)
+            try:
+                cpu_rate, cpu_step, _ = run(cfg, a.batch, "cpu", "loop", 2, 6.0, 40)
+            finally:
+                pytfm.set_num_threads(threads)
+            table.row(f"train_tiny step, CPU {args.cpu_threads} threads ({shape})", cpu_step,
+                      cpu_rate, "tok/s", note="this machine's CPU")
+        vs = f"CPU {args.cpu_threads} thr" if cpu_rate else ""
+        for way, warm in (("loop", 5), ("TrainStep", 4)):
+            rate, per, note = run(cfg, a.batch, "cuda", way, warm, 4.0, 400)
+            table.row(f"train_tiny step, GPU, {way}", per, rate, "tok/s", vs, cpu_rate,
+                      TRAIN_TINY_TARGET, note)
+        big = GPTConfig(**GPT2_SHAPE, pos="rope", seed=0)
+        loop_rate = None
+        for way in ("loop", "TrainStep"):
+            rate, per, note = run(big, GPT2_BATCH, "cuda", way, 2 if way == "loop" else 3,
+                                  8.0, 10)
+            table.row(f"GPT-2-124M-shaped step (B={GPT2_BATCH} T=1024), {way}", per, rate,
+                      "tok/s", "the loop" if loop_rate else "", loop_rate, None, note)
+            loop_rate = loop_rate or rate
+            cp.get_default_memory_pool().free_all_blocks()
+
     # -- attention against torch ------------------------------------------------------------------
+    def torch_timed(torch, fn, runs=5):
+        fn()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        reps = max(1, min(50, int(0.02 / max(s.elapsed_time(e) / 1e3, 1e-6))))
+        times = []
+        for _ in range(runs):
+            s.record()
+            for _ in range(reps):
+                fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) / 1e3 / reps)
+        return statistics.median(times)
+
     def attention():
         import torch
         import torch.nn.functional as F
 
-        table.line(f"   torch {torch.__version__} (matmul TF32 "
-                   f"{torch.backends.cuda.matmul.allow_tf32}); FLOPs: causal forward "
-                   "2·B·H·T²·D, forward+backward 3.5x that (the backward recomputes P)")
+        table.line(f"   torch {torch.__version__}; FLOPs: causal forward 2·B·H·T²·D, "
+                   "forward+backward 3.5x that (the backward recomputes P)")
         B, H, D = ATTENTION_SHAPE
         USED_HIGH = 8  # cudaMemPoolAttrUsedMemHigh; setting it to 0 resets the high-water mark
         try:  # the stream-ordered pool the kernels' scratch comes from (cudaMallocAsync)
@@ -289,142 +534,82 @@ def main(argv=None):
             del kept
             return peak
 
-        def torch_timed(fn, runs=5):
-            fn()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            reps = max(1, min(50, int(0.02 / max(s.elapsed_time(e) / 1e3, 1e-6))))
-            times = []
-            for _ in range(runs):
-                s.record()
-                for _ in range(reps):
+        def backend_of(fn):
+            """sdpa_backend of the kernels one call of fn launches (torch.profiler)."""
+            try:
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     fn()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e) / 1e3 / reps)
-            return statistics.median(times)
+                    torch.cuda.synchronize()
+                return sdpa_backend(e.key for e in prof.key_averages())
+            except Exception as e:  # no profiler here: say so in the note
+                return f"unknown ({type(e).__name__})"
 
         def at(T):
             q, k, v, dy = (randn(B, T, H, D) for _ in range(4))
             # torch in its own layout [B, H, T, D], its own allocations, the same values
             tq, tk, tv, tdy = (torch.from_dlpack(a).permute(0, 2, 1, 3).contiguous()
                                for a in (q, k, v, dy))
-            for t in (tq, tk, tv):
-                t.requires_grad_(True)
             cp.cuda.Device().synchronize()
-            flops = 2.0 * B * H * T * T * D  # causal: half of 4·B·H·T²·D
+            flops = attention_flops(B, H, T, D)
 
             fwd = lambda: ops.attention_forward(q, k, v, causal=True)  # noqa: E731
             o = fwd()[0]
-            t_fwd = timed(fwd)
-            mem_fwd = pytfm_peak(fwd)
+            t_fwd, mem_fwd = timed(fwd), pytfm_peak(fwd)
 
             def fwd_bwd():
                 o, lse = ops.attention_forward(q, k, v, causal=True)
                 return ops.attention_backward(dy, q, k, v, o, lse, causal=True)
 
-            t_fb = timed(fwd_bwd)
-            mem_fb = pytfm_peak(fwd_bwd)
+            t_fb, mem_fb = timed(fwd_bwd), pytfm_peak(fwd_bwd)
             dq = fwd_bwd()[0]
+            at_target = T == ATTENTION_TARGET_T
+            peers = {}
+            for dtype in (torch.float32, torch.bfloat16):
+                xq, xk, xv = (t.detach().to(dtype).requires_grad_() for t in (tq, tk, tv))
+                xdy = tdy.to(dtype)
 
-            def torch_fwd():
-                with torch.no_grad():
-                    return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+                def torch_fwd(xq=xq, xk=xk, xv=xv):
+                    with torch.no_grad():
+                        return F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)
 
-            def torch_fwd_bwd():
-                out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
-                return torch.autograd.grad(out, (tq, tk, tv), tdy)
+                def torch_fwd_bwd(xq=xq, xk=xk, xv=xv, xdy=xdy):
+                    out = F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)
+                    return torch.autograd.grad(out, (xq, xk, xv), xdy)
 
-            tt_fwd, tmem_fwd = torch_timed(torch_fwd), torch_peak(torch_fwd)
-            tt_fb, tmem_fb = torch_timed(torch_fwd_bwd), torch_peak(torch_fwd_bwd)
-            to = torch_fwd().permute(0, 2, 1, 3)
-            tdq = torch_fwd_bwd()[0].permute(0, 2, 1, 3)
-            o_t, dq_t = cp.from_dlpack(to.contiguous()), cp.from_dlpack(tdq.contiguous())
+                peers[dtype] = dict(
+                    fwd=torch_timed(torch, torch_fwd), fwd_bwd=torch_timed(torch, torch_fwd_bwd),
+                    mem_fwd=torch_peak(torch_fwd), mem_fwd_bwd=torch_peak(torch_fwd_bwd),
+                    backend=backend_of(torch_fwd), o=torch_fwd().float().permute(0, 2, 1, 3),
+                    dq=torch_fwd_bwd()[0].float().permute(0, 2, 1, 3))
+            f32 = peers[torch.float32]
+            o_t, dq_t = cp.from_dlpack(f32["o"].contiguous()), cp.from_dlpack(
+                f32["dq"].contiguous())
             diff_o = float(cp.abs(o - o_t).max() / cp.abs(o_t).max())
             diff_dq = float(cp.abs(dq - dq_t).max() / cp.abs(dq_t).max())
-            at = T == ATTENTION_TARGET_T
             table.row(f"attention_forward T={T} (B={B} H={H} D={D} causal)", t_fwd,
-                      flops / t_fwd / 1e12, "TFLOP/s", "torch SDPA", flops / tt_fwd / 1e12,
-                      ATTENTION_FWD_TARGET if at else None,
-                      f"mem {mem_fwd / MB:.0f} MB (torch {tmem_fwd / MB:.0f}); "
-                      f"max|o-torch|/max|o| {diff_o:.1e}")
+                      flops / t_fwd / 1e12, "TFLOP/s", "SDPA fp32", flops / f32["fwd"] / 1e12,
+                      ATTENTION_FWD_TARGET if at_target else None,
+                      f"torch: {f32['backend']}; mem {mem_fwd / MB:.0f} MB (torch "
+                      f"{f32['mem_fwd'] / MB:.0f}); max|o-torch|/max|o| {diff_o:.1e}")
             table.row(f"attention fwd+bwd T={T}", t_fb, 3.5 * flops / t_fb / 1e12, "TFLOP/s",
-                      "torch SDPA", 3.5 * flops / tt_fb / 1e12,
-                      ATTENTION_FWDBWD_TARGET if at else None,
-                      f"mem {mem_fb / MB:.0f} MB (torch {tmem_fb / MB:.0f}); "
-                      f"max|dq-torch|/max|dq| {diff_dq:.1e}")
+                      "SDPA fp32", 3.5 * flops / f32["fwd_bwd"] / 1e12,
+                      ATTENTION_FWDBWD_TARGET if at_target else None,
+                      f"torch: {f32['backend']}; mem {mem_fb / MB:.0f} MB (torch "
+                      f"{f32['mem_fwd_bwd'] / MB:.0f}); max|dq-torch|/max|dq| {diff_dq:.1e}")
+            b16 = peers[torch.bfloat16]
+            table.row(f"  torch SDPA bf16 fwd T={T}", b16["fwd"], flops / b16["fwd"] / 1e12,
+                      "TFLOP/s", "pytfm fp32", flops / t_fwd / 1e12, None,
+                      f"backend: {b16['backend']}; the ratio is bf16 over pytfm's fp32")
+            table.row(f"  torch SDPA bf16 fwd+bwd T={T}", b16["fwd_bwd"],
+                      3.5 * flops / b16["fwd_bwd"] / 1e12, "TFLOP/s", "pytfm fp32",
+                      3.5 * flops / t_fb / 1e12, None, f"backend: {b16['backend']}")
 
         for T in ATTENTION_T:
             at(T)  # its arrays go when it returns
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()
-
-    # -- train_tiny's default config --------------------------------------------------------------
-    def train_tiny():
-        import numpy as np
-
-        import pytfm
-        from pytfm import data
-        from pytfm.nn import GPT, GPTConfig
-        from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
-
-        spec = importlib.util.spec_from_file_location(
-            "train_tiny", os.path.join(ROOT, "examples", "train_tiny.py"))
-        tiny = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(tiny)
-        a = tiny.parse_args([])  # its defaults, no checks, no files touched
-        cfg = GPTConfig(d_model=a.d_model, n_layer=a.n_layer, n_head=a.n_head,
-                        max_seq=a.context, pos=a.pos, seed=a.seed)
-        batches = data.Batches(data.stdlib_corpus().astype(np.int64), a.context, a.batch,
-                               seed=a.seed)
-
-        def run(device, warm, seconds, max_steps):
-            model = GPT(cfg, device=device) if device != "cpu" else GPT(cfg)
-            opt = AdamW(model.params, model.grads, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
-            to = cp.asarray if device == "cuda" else (lambda t: t)
-            steps, t0 = 0, None
-            for step in range(warm + max_steps):
-                if step == warm:
-                    if device == "cuda":
-                        cp.cuda.Device().synchronize()
-                    t0 = time.perf_counter()
-                lr = cosine_lr(step, a.lr, a.warmup, a.steps, min_lr=a.lr / 10)
-                x, y = batches.batch("train", step)
-                model.zero_grad()
-                # as train_tiny's step: the ids are bytes (no check, no read of the device);
-                # the loss stays there until it is printed (here: once, at the end)
-                _, loss = model.forward(to(x), to(y), check_ids=False)
-                model.backward()
-                clip_grad_norm(model.grads, 1.0)
-                opt.step(lr)
-                if step >= warm:
-                    steps += 1
-                    if time.perf_counter() - t0 > seconds:
-                        break
-            if device == "cuda":
-                cp.cuda.Device().synchronize()
-            elapsed = time.perf_counter() - t0
-            return steps * a.batch * a.context / elapsed, elapsed / steps, float(loss)
-
-        shape = (f"d={cfg.d_model} L={cfg.n_layer} H={cfg.n_head} T={cfg.max_seq} "
-                 f"B={a.batch}")
-        gpu_rate, gpu_step, gpu_loss = run("cuda", 5, 10.0, 300)
-        cpu_rate = None
-        note = f"loss {gpu_loss:.3f}"
-        if args.cpu_threads > 0:
-            threads = pytfm.get_num_threads()
-            pytfm.set_num_threads(args.cpu_threads)
-            try:
-                cpu_rate, _, _ = run("cpu", 2, 8.0, 40)
-            finally:
-                pytfm.set_num_threads(threads)
-            note += f"; CPU: this machine, {args.cpu_threads} threads"
-        table.row(f"train_tiny default ({shape})", gpu_step, gpu_rate, "tok/s",
-                  f"CPU {args.cpu_threads} thr" if cpu_rate else "", cpu_rate,
-                  TRAIN_TINY_TARGET, note)
 
     # -- the products -----------------------------------------------------------------------------
     def products():
@@ -453,7 +638,7 @@ def main(argv=None):
                 err = float(cp.abs(c - ref).max() / cp.abs(ref).max())
                 t_mine, t_blas = timed(mine), timed(theirs)
                 table.row(f"sgemm {label} n={n}", t_mine, flops / t_mine / 1e12, "TFLOP/s",
-                          "cuBLAS", flops / t_blas / 1e12, PRODUCT_TARGETS.get(n),
+                          "cuBLAS FP32", flops / t_blas / 1e12, PRODUCT_TARGETS.get(n),
                           f"max err/max {err:.1e}")
 
         for n in PRODUCT_N:
@@ -552,9 +737,10 @@ def main(argv=None):
             k_cache.nbytes + v_cache.nbytes, "1 query; the caches read once")
 
     bw = "vs copy, inputs >= 4x L2:"
-    for title, fn in (("ceilings: copy", ceilings), ("ceilings: cuBLAS", ceiling_blas),
-                      ("attention vs torch SDPA (float32)", attention),
-                      ("train_tiny tokens/s", train_tiny),
+    for title, fn in (("ceilings: copy", ceilings),
+                      ("ceilings: matrix products, FP32 / TF32 / BF16", ceiling_products),
+                      ("training steps, tokens/s", steps),
+                      ("attention vs torch SDPA (fp32, bf16)", attention),
                       ("products vs cuBLAS (FP32, TF32 off)", products),
                       ("linear layer, GPT-2 MLP size", linear_layer),
                       (f"{bw} softmax, layernorm", rows_kernels),
@@ -562,9 +748,113 @@ def main(argv=None):
                       (f"{bw} rope, qkv_split", heads), (f"{bw} cross-entropy", cross_entropy),
                       (f"{bw} embedding", embedding), (f"{bw} attention_decode", decode)):
         section(title, fn)
+    table.info["failed_sections"] = failed
     table.line(f"bench/cuda_ops.py: {time.monotonic() - start:.0f} s"
                + (f"; FAILED sections: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
+
+
+# ---- no GPU: the host work of a step -------------------------------------------------------------
+def host_only(steps=20, calls=2000):
+    """train_tiny's step on the stand-in CuPy of the tests (tests/fake_cupy.py) with every CUDA
+    kernel stubbed out (each returns at once): what it asks of the host, per step, for the loop
+    train_tiny takes and for TrainStep's eager replay (a replayed graph asks one launch): the
+    twins called, the CuPy operations (element-wise kernels on a GPU: the residual adds, the
+    clip), the arrays allocated, the device and stream looked up; and the host time of one op
+    (softmax_forward through pytfm.ops, its kernel stubbed) outside a step and inside one. Timed
+    on this machine's CPU."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import numpy as np
+
+    import fake_cupy
+    import pytfm
+    from pytfm import _arrays, _core, data, ops
+    from pytfm.nn import GPT, GPTConfig, TrainStep
+    from pytfm.optim import AdamW, clip_grad_norm
+
+    twins = []
+
+    class Stub:  # pytfm's library, its CUDA functions answered at once
+        def __init__(self):
+            self.cpu = _core.lib
+
+        def pytfm_get_build_info(self, info):
+            status = self.cpu.pytfm_get_build_info(info)
+            info.cuda = 1
+            return status
+
+        def pytfm_cuda_device_count(self, count):
+            count[0] = 1
+            return 0
+
+        def __getattr__(self, name):
+            if name.endswith("_cuda") or name.startswith("pytfm_cuda_"):
+                def call(*args):
+                    twins.append(name)
+                    return 0
+                return call
+            return getattr(self.cpu, name)
+
+    cp = fake_cupy.new()
+    sys.modules["cupy"] = cp
+    real, _core.lib = _core.lib, Stub()
+    try:
+        cfg = GPTConfig(d_model=128, n_layer=4, n_head=4, max_seq=128)
+        x, y = data.Batches(data.stdlib_corpus().astype(np.int64), 128, 8, seed=0).batch(
+            "train", 0)
+        model = GPT(cfg, device="cuda")
+        opt = AdamW(model.params, model.grads, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+        gx, gy = cp.asarray(x), cp.asarray(y)
+
+        def loop():
+            model.zero_grad()
+            model.forward(gx, gy, check_ids=False)
+            model.backward()
+            clip_grad_norm(model.grads, 1.0)
+            opt.step(3e-3)
+
+        train = TrainStep(model, opt, max_norm=1.0)  # no emulator: its capture fails, it replays
+        counts = {}
+        with np.errstate(all="ignore"):  # the stubs leave the arrays' values unset
+            for name, fn in (("loop", loop), ("TrainStep replay", lambda: train(x, y))):
+                fn()
+                fn()
+                before = (len(twins), cp.operations(), cp.allocations(), cp.lookups())
+                for _ in range(steps):
+                    fn()
+                after = (len(twins), cp.operations(), cp.allocations(), cp.lookups())
+                counts[name] = [(b - a) / steps for a, b in zip(before, after)]
+        a = cp.asarray(np.zeros((8, 128), np.float32))
+        plan, stream = _arrays.Plan(), cp.cuda.Stream(non_blocking=True)
+        times = {}
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            ops.softmax_forward(a)
+        times["loop"] = (time.perf_counter() - t0) / calls
+        with _arrays.on_stream(cp, stream, plan):
+            plan.start()
+            ops.softmax_forward(a)
+            plan.finish()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                plan.start()
+                ops.softmax_forward(a)
+                plan.finish()
+            times["TrainStep replay"] = (time.perf_counter() - t0) / calls
+        print(f"host work of train_tiny's step (d=128, 4 layers, B=8, T=128) with every kernel "
+              f"stubbed: pytfm {pytfm.__version__}, Python {platform.python_version()}, "
+              f"{platform.processor() or platform.machine()}")
+        print(f"{'way':18s} {'twin calls':>10s} {'CuPy ops':>9s} {'arrays':>7s} {'lookups':>8s}"
+              f" {'us/op':>6s}")
+        for name, (n, operations, arrays, lookups) in counts.items():
+            print(f"{name:18s} {n:10.0f} {operations:9.0f} {arrays:7.0f} {lookups:8.0f} "
+                  f"{times[name] * 1e6:6.1f}")
+        print("us/op: pytfm.ops.softmax_forward on an 8x128 array, its kernel stubbed; "
+              f"TrainStep's mode here: {train.mode} ({train.graph_error})")
+    finally:
+        _core.lib = real
+        del sys.modules["cupy"]
+    return 0
 
 
 if __name__ == "__main__":

@@ -569,9 +569,7 @@ extern "C" pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, floa
     if (B * T * H == 0) return PYTFM_STATUS_OK;
     PYTFM_TRY(check_grid(__func__, B * H, T, BK, "T"));
     float *delta = nullptr;
-    PYTFM_TRY(pytfm__cuda_status(__func__, cudaMallocAsync((void **)&delta,
-                                                           (size_t)(B * H * T) * sizeof(float),
-                                                           (cudaStream_t)stream)));
+    PYTFM_TRY(pytfm__stream_scratch(__func__, &delta, B * H * T, stream));
     const int64_t rows = B * T * H;
     pytfm_status st = pytfm__launch(__func__, attention_delta_kernel,
                                     dim3(pytfm__blocks(rows, PYTFM_ROW_THREADS / PYTFM_WARP,
@@ -587,8 +585,7 @@ extern "C" pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, floa
         default: st = backward_launch<128>(__func__, a, B * H, stream); break;
         }
     }
-    const cudaError_t freed = cudaFreeAsync(delta, (cudaStream_t)stream);
-    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status(__func__, freed);
+    return pytfm__stream_scratch_free(__func__, delta, st, stream);
 }
 
 extern "C" pytfm_status pytfm_attention_cache_append_cuda(float *k_cache, float *v_cache,
@@ -636,10 +633,7 @@ extern "C" pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const 
     // each split's o and lse, laid out like o and lse, then merged
     const int64_t count = B * n_new * H * D, n_lse = B * H * n_new;
     float *scratch = nullptr;
-    PYTFM_TRY(pytfm__cuda_status(
-        __func__, cudaMallocAsync((void **)&scratch,
-                                  (size_t)(splits * (count + n_lse)) * sizeof(float),
-                                  (cudaStream_t)stream)));
+    PYTFM_TRY(pytfm__stream_scratch(__func__, &scratch, splits * (count + n_lse), stream));
     a.o = scratch;
     a.lse = scratch + splits * count;
     a.o_split = count;
@@ -651,6 +645,5 @@ extern "C" pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const 
                            dim3(PYTFM_ROW_THREADS), 0, stream, o, lse, (const float *)a.o,
                            (const float *)a.lse, n_new, H, (int)D, count, (int)splits, count,
                            n_lse);
-    const cudaError_t freed = cudaFreeAsync(scratch, (cudaStream_t)stream);
-    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status(__func__, freed);
+    return pytfm__stream_scratch_free(__func__, scratch, st, stream);
 }

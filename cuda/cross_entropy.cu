@@ -18,7 +18,8 @@
  * four at a time, so any vocabulary (50257 too) and any offset view take the vector loads.
  * Backward: one pass per row, read logits once and write dlogits once, float4 where the two
  * rows share their offset from a 16-byte boundary (otherwise float by float). kept is counted
- * once by one block into 8 bytes of stream scratch (cudaMallocAsync) before the row kernel.
+ * once by one block into 8 bytes of stream scratch (the stream's workspace, else
+ * cudaMallocAsync) before the row kernel.
  *
  * A target outside [0, vocab) that is not ignore_index is not checked on the host (it is
  * device memory): the loss becomes NaN.
@@ -241,13 +242,7 @@ extern "C" pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const 
                                                   vocab, dloss));
     if (rows == 0) return PYTFM_STATUS_OK;
     long long *kept = NULL;
-    const cudaError_t err = cudaMallocAsync((void **)&kept, sizeof *kept, (cudaStream_t)stream);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError(); // not left behind for the next launch to report
-        return pytfm__fail(
-            err == cudaErrorMemoryAllocation ? PYTFM_STATUS_OUT_OF_MEMORY : PYTFM_STATUS_CUDA_ERROR,
-            "%s: no scratch for the count of targets: %s", __func__, cudaGetErrorString(err));
-    }
+    PYTFM_TRY(pytfm__stream_scratch(__func__, &kept, 1, stream));
     pytfm_status st = PYTFM_LAUNCH(cross_entropy_count_kernel, dim3(1), dim3(1024), 0, stream, kept,
                                    targets, rows, ignore_index);
     if (st == PYTFM_STATUS_OK) {
@@ -257,8 +252,5 @@ extern "C" pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const 
                           dim3(ce_blocks(rows, vocab)), dim3(CE_THREADS), 0, stream, dlogits,
                           logits, targets, lse, k, rows, vocab, ignore_index, dloss);
     }
-    // freed in stream order, after the kernels that use it (or at once if they never ran)
-    const cudaError_t freed = cudaFreeAsync(kept, (cudaStream_t)stream);
-    if (freed != cudaSuccess) (void)cudaGetLastError();
-    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status(__func__, freed);
+    return pytfm__stream_scratch_free(__func__, kept, st, stream);
 }

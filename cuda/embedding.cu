@@ -22,10 +22,10 @@
  *      group (k = 0 or another id at k − 1) loads dtable's row chunk, adds the group's dy
  *      chunks in order (the keys and dy loads of 8 slots issued before their additions), and
  *      stores it; the other threads return at once.
- * Scratch: 2·rows keys of 8 bytes (cudaMallocAsync on the stream). The plain path, a thread
- * per column walking every id in order (the plain kernel), serves rows ≤ PLAIN_ROWS (one or
- * two launches fewer; a few dependent steps) and sizes whose keys do not fit 64 bits (rows
- * or vocab ≥ 2^31).
+ * Scratch: 2·rows keys of 8 bytes (the stream's workspace, else cudaMallocAsync). The plain
+ * path, a thread per column walking every id in order (the plain kernel), serves rows ≤
+ * PLAIN_ROWS (one or two launches fewer; a few dependent steps) and sizes whose keys do not
+ * fit 64 bits (rows or vocab ≥ 2^31).
  *
  * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
@@ -196,15 +196,7 @@ static pytfm_status embedding_backward_sorted(const char *func, float *dtable, c
                                               const int64_t *ids, int64_t rows, int64_t vocab,
                                               int64_t dim, void *stream) {
     emb_key *keys = NULL;
-    const cudaError_t err =
-        cudaMallocAsync((void **)&keys, 2 * (size_t)rows * sizeof *keys, (cudaStream_t)stream);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError(); // not left behind for the next launch to report
-        return pytfm__fail(err == cudaErrorMemoryAllocation ? PYTFM_STATUS_OUT_OF_MEMORY
-                                                            : PYTFM_STATUS_CUDA_ERROR,
-                           "%s: no scratch for %lld keys: %s", func, (long long)(2 * rows),
-                           cudaGetErrorString(err));
-    }
+    PYTFM_TRY(pytfm__stream_scratch(func, &keys, 2 * rows, stream));
     emb_key *in = keys, *out = keys + rows;
     pytfm_status st = pytfm__launch(func, embedding_sort_tiles_kernel,
                                     dim3(pytfm__blocks(rows, SORT_TILE, 1u << 30)),
@@ -222,10 +214,7 @@ static pytfm_status embedding_backward_sorted(const char *func, float *dtable, c
             func, vec ? embedding_accumulate_kernel<true> : embedding_accumulate_kernel<false>,
             dim3(pytfm__blocks(rows * (vec ? dim / 4 : dim), EMB_THREADS, PYTFM_MAX_BLOCKS)),
             dim3(EMB_THREADS), 0, stream, dtable, dy, (const emb_key *)in, rows, vocab, dim);
-    // freed in stream order, after the kernels that use it (or at once if they never ran)
-    const cudaError_t freed = cudaFreeAsync(keys, (cudaStream_t)stream);
-    if (freed != cudaSuccess) (void)cudaGetLastError();
-    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status(func, freed);
+    return pytfm__stream_scratch_free(func, keys, st, stream);
 }
 
 extern "C" pytfm_status pytfm_embedding_backward_cuda(float *dtable, const float *dy,

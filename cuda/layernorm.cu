@@ -56,6 +56,33 @@ layernorm_row_double(const pytfm__row_team<kWarp> &team, float *__restrict__ yr,
     }
 }
 
+/* yr[j] = (x − μ)[j]·rs·w[j] + b[j] for the columns a thread holds in v (x − μ), w and b read
+ * a float4 (or a float) at a time as each output is made: held as whole rows beside v they
+ * would take 2·N more registers, and the 32-floats-a-lane class would spill */
+template <int N, bool kWarp>
+static __device__ __forceinline__ void
+layernorm_affine_store(float *__restrict__ yr, const float (&v)[N], float rs,
+                       const float *__restrict__ w, const float *__restrict__ b, int cols, bool vec,
+                       const pytfm__row_team<kWarp> &team) {
+    if (vec) {
+        PYTFM_UNROLL
+        for (int k = 0; k < N; k += 4) {
+            const int j = pytfm__row_col(team, true, k);
+            if (j >= cols) continue;
+            const float4 wv = pytfm__load4(w + j), bv = pytfm__load4(b + j);
+            pytfm__store4(yr + j, make_float4(v[k] * rs * wv.x + bv.x, v[k + 1] * rs * wv.y + bv.y,
+                                              v[k + 2] * rs * wv.z + bv.z,
+                                              v[k + 3] * rs * wv.w + bv.w));
+        }
+    } else {
+        PYTFM_UNROLL
+        for (int k = 0; k < N; k++) {
+            const int j = pytfm__row_col(team, false, k);
+            if (j < cols) yr[j] = v[k] * rs * w[j] + b[j];
+        }
+    }
+}
+
 /* the forward of a row in registers: C::N floats per thread of the team (C a column class) */
 template <class C, bool kVec>
 static __global__ void __launch_bounds__(C::threads)
@@ -92,12 +119,7 @@ static __global__ void __launch_bounds__(C::threads)
             continue;
         }
         const float rs = rsqrtf(ss / (float)cols + eps);
-        float wv[C::N], bv[C::N];
-        pytfm__row_load(wv, w, cols, vec, team, 0.0f);
-        pytfm__row_load(bv, b, cols, vec, team, 0.0f);
-        PYTFM_UNROLL
-        for (int k = 0; k < C::N; k++) v[k] = v[k] * rs * wv[k] + bv[k];
-        pytfm__row_store(y + r * cols, v, cols, vec, team);
+        layernorm_affine_store<C::N>(y + r * cols, v, rs, w, b, cols, vec, team);
         if (team.rank == 0) {
             mean[r] = x0 + d;
             rstd[r] = rs;
@@ -289,7 +311,7 @@ extern "C" pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, floa
             using C = decltype(c);
             const int64_t blocks = pytfm__blocks(rows, C::rows_per_block, LN_BWD_BLOCKS);
             float *partial;
-            PYTFM_TRY(pytfm__scratch_async(func, &partial, blocks * 2 * cols, stream));
+            PYTFM_TRY(pytfm__stream_scratch(func, &partial, blocks * 2 * cols, stream));
             pytfm_status st = pytfm__launch_row_class(
                 func, c,
                 vec ? layernorm_backward_regs_kernel<C, true>
@@ -297,7 +319,7 @@ extern "C" pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, floa
                 rows, LN_BWD_BLOCKS, stream, dx, partial, dy, x, w, mean, rstd, rows, (int)cols);
             if (st == PYTFM_STATUS_OK)
                 st = pytfm__launch_column_total<2>(func, {{dw, db}}, partial, blocks, cols, stream);
-            return pytfm__scratch_free(func, partial, st, stream);
+            return pytfm__stream_scratch_free(func, partial, st, stream);
         },
         [&] {
             PYTFM_TRY(pytfm__launch_rows(func, layernorm_dx_kernel<true>,

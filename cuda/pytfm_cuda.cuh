@@ -26,6 +26,7 @@
 extern "C" {
 #include "core/checks.h" /* internal.h, and the argument checks shared with csrc/ */
 }
+#include "device.h" /* stream scratch (the workspaces), defined in device.cu */
 
 /* The status of the last launch (or runtime call) on this thread, named after func. */
 static inline pytfm_status pytfm__cuda_status(const char *func, cudaError_t err) {
@@ -479,26 +480,17 @@ static __global__ void __launch_bounds__(PYTFM_ROW_THREADS)
     }
 }
 
-/* Scratch for n floats on the stream (cudaMallocAsync), or a status naming func */
-static inline pytfm_status pytfm__scratch_async(const char *func, float **p, int64_t n,
-                                                void *stream) {
-    *p = nullptr;
-    const cudaError_t err =
-        cudaMallocAsync((void **)p, (size_t)n * sizeof(float), (cudaStream_t)stream);
-    if (err == cudaSuccess) return PYTFM_STATUS_OK;
-    (void)cudaGetLastError(); // not left behind for the next launch to report
-    return pytfm__fail(
-        err == cudaErrorMemoryAllocation ? PYTFM_STATUS_OUT_OF_MEMORY : PYTFM_STATUS_CUDA_ERROR,
-        "%s: no scratch for %lld partial sums: %s", func, (long long)n, cudaGetErrorString(err));
-}
+/* ---- scratch: the stream's workspace, else stream-ordered allocations (device.h) ------- */
 
-/* Free scratch in stream order (after the kernels that use it); the status of the work
- * before it, else of the free. */
-static inline pytfm_status pytfm__scratch_free(const char *func, float *p, pytfm_status st,
-                                               void *stream) {
-    const cudaError_t freed = cudaFreeAsync(p, (cudaStream_t)stream);
-    if (freed != cudaSuccess) (void)cudaGetLastError();
-    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status(func, freed);
+/* count elements of T of stream scratch, as pytfm__stream_scratch_bytes (device.h) */
+template <class T>
+static inline pytfm_status pytfm__stream_scratch(const char *func, T **p, int64_t count,
+                                                 void *stream) {
+    void *bytes = nullptr;
+    const pytfm_status st =
+        pytfm__stream_scratch_bytes(func, &bytes, count * (int64_t)sizeof(T), stream);
+    *p = static_cast<T *>(bytes);
+    return st;
 }
 
 /* Stage 2 over partial[chunks][K][cols] into out (a thread per output column) */
@@ -529,7 +521,7 @@ static pytfm_status pytfm__launch_column_sum(const char *func, Term term, int64_
     const int64_t chunk = pytfm__column_chunk_rows(rows, cols);
     const int64_t chunks = (rows + chunk - 1) / chunk; // ≤ PYTFM_COLUMN_BLOCKS: fits grid.y
     float *partial;
-    PYTFM_TRY(pytfm__scratch_async(func, &partial, chunks * Term::K * cols, stream));
+    PYTFM_TRY(pytfm__stream_scratch(func, &partial, chunks * Term::K * cols, stream));
     pytfm_status st = pytfm__launch(
         func, pytfm__column_partials_kernel<Term>,
         dim3(pytfm__blocks(cols, PYTFM_COLUMNS, 1u << 30), (unsigned)chunks),
@@ -538,7 +530,7 @@ static pytfm_status pytfm__launch_column_sum(const char *func, Term term, int64_
     for (int k = 0; k < Term::K; k++) out.sums[k] = term.sums[k];
     if (st == PYTFM_STATUS_OK)
         st = pytfm__launch_column_total<Term::K>(func, out, partial, chunks, cols, stream);
-    return pytfm__scratch_free(func, partial, st, stream);
+    return pytfm__stream_scratch_free(func, partial, st, stream);
 }
 
 #define PYTFM_LAUNCH_COLUMN_SUM(...) pytfm__launch_column_sum(__func__, __VA_ARGS__)

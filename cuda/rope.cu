@@ -9,9 +9,9 @@
  * floats each per distinct position row (T rows when the batches share positions,
  * pos_stride = 0, else B·T), computed in double and rounded to float as csrc/kernels/rope.c
  * does (the same expression: the same bits as computing them per pair), into stream scratch
- * (cudaMallocAsync). Then a thread per 4 pairs (b, t, h, i..i+3) where half is a multiple of 4
- * and the data is 16-byte aligned (two float4 loads, two float4 table loads, two float4
- * stores), else per pair. A thread reads its pairs before writing them, so in place (y == x)
+ * (the stream's workspace, else cudaMallocAsync). Then a thread per 4 pairs (b, t, h,
+ * i..i+3) where half is a multiple of 4 and the data is 16-byte aligned (two float4 loads,
+ * two float4 table loads, two float4 stores), else per pair. A thread reads its pairs before writing them, so in place (y == x)
  * is safe, __restrict__ included: no element is read after another thread wrote it.
  *
  * QKV split: qkv [B, T, 3, H, D] (per token q, k, v, each H·D floats) -> q, k, v [B, T, H, D],
@@ -166,15 +166,7 @@ static pytfm_status rotate_parts(const char *func, const rope_parts<kParts> &par
     const int64_t half = D / 2, rows = pos_stride == 0 ? T : B * T; // distinct position rows
     if (half == 0) return PYTFM_STATUS_OK;
     float *cs = NULL;
-    const cudaError_t err = cudaMallocAsync((void **)&cs, 2 * (size_t)(rows * half) * sizeof(float),
-                                            (cudaStream_t)stream);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError(); // not left behind for the next launch to report
-        return pytfm__fail(err == cudaErrorMemoryAllocation ? PYTFM_STATUS_OUT_OF_MEMORY
-                                                            : PYTFM_STATUS_CUDA_ERROR,
-                           "%s: no scratch for the angles of %lld positions: %s", func,
-                           (long long)rows, cudaGetErrorString(err));
-    }
+    PYTFM_TRY(pytfm__stream_scratch(func, &cs, 2 * rows * half, stream));
     float *sn = cs + rows * half;
     pytfm_status st = pytfm__launch(
         func, rope_table_kernel, dim3(pytfm__blocks(rows * half, 256, PYTFM_MAX_BLOCKS)), dim3(256),
@@ -193,10 +185,7 @@ static pytfm_status rotate_parts(const char *func, const rope_parts<kParts> &par
                      : launch_rotate<kParts, false, int64_t>(func, parts, cs, sn, B, T, H, D,
                                                              per_batch, stream);
     }
-    // freed in stream order, after the kernels that use it (or at once if they never ran)
-    const cudaError_t freed = cudaFreeAsync(cs, (cudaStream_t)stream);
-    if (freed != cudaSuccess) (void)cudaGetLastError();
-    return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status(func, freed);
+    return pytfm__stream_scratch_free(func, cs, st, stream);
 }
 
 static pytfm_status rope(const char *func, float *out, const float *in, const int64_t *pos,

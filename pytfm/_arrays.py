@@ -8,12 +8,19 @@ raises through pytfm._core.check (which reads the same attribute), so that one a
 pytfm._core.lib = another library, answers every call and every device check (the tests give
 the CUDA functions to the emulator that way: tests/fake_cupy.py). cupy is imported only when a
 CuPy array arrives.
+
+A GPU step (pytfm.nn.TrainStep) runs its ops inside on_stream(): there Args asks CuPy neither
+for the current device nor for the current stream (it was told both once), and takes its
+outputs from a Plan, the arrays the step's first run made, handed out again in the same order:
+a step of fixed shapes then allocates nothing.
 """
 
+import contextlib
 import math
 import numbers
 import operator
 import sys
+import threading
 
 import numpy as np
 
@@ -121,6 +128,101 @@ def check_index_arrays(*specs):
             raise ValueError(f"{name}[{i}] = {int(ids.ravel()[i])} is outside [0, {limit})")
 
 
+# ---- a GPU step's stream and arrays ------------------------------------------------------------
+
+
+class PlanMismatch(RuntimeError):
+    """A step asked its Plan for other arrays than its first run did."""
+
+
+class Plan:
+    """The arrays one step of fixed shapes uses, made by its first run (recording) and handed
+    out again, in the same order, by every later run: outputs of the ops (Args.empty,
+    Args.empty_like, fresh parameter gradients) and constants (arange). Arrays of one run are
+    reused by the next, so what a run returns (a loss) must be copied out before the next one
+    starts. A later run that asks for another shape or dtype, or for more or fewer arrays, is a
+    PlanMismatch: a step must make the same calls on every run."""
+
+    def __init__(self):
+        self.arrays = []  # in the order the first run asked for them
+        self.constants = {}
+        self.recorded = False
+        self.next = None  # while a later run goes: the index of the next array to hand out
+
+    def start(self):
+        """A run begins: a later one hands out the recorded arrays from the first; until a run
+        has finished, each records anew (what a failed one made is dropped)."""
+        if not self.recorded:
+            self.arrays = []
+        self.next = 0 if self.recorded else None
+
+    def finish(self):
+        """A run ends: the first one's arrays are the plan; a later one must have used them
+        all."""
+        if not self.recorded:
+            self.recorded = True
+        elif self.next != len(self.arrays):
+            raise PlanMismatch(f"the step used {self.next} of the {len(self.arrays)} arrays its "
+                               "first run made: a step must make the same calls on every run")
+        self.next = None
+
+    def take(self, xp, shape, dtype):
+        """An array of shape and dtype: new (recording), or the recorded one at this place."""
+        shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+        dtype = np.dtype(dtype)
+        if self.next is None:
+            a = xp.empty(shape, dtype)
+            self.arrays.append(a)
+            return a
+        i = self.next
+        have = self.arrays[i] if i < len(self.arrays) else None
+        if have is None or have.shape != shape or have.dtype != dtype:
+            made = "nothing" if have is None else f"{have.shape} {have.dtype}"
+            raise PlanMismatch(f"the step asked for array {i} of shape {shape}, {dtype}, where "
+                               f"its first run made {made}: a step must make the same calls, "
+                               "on arrays of the same shapes, on every run")
+        self.next = i + 1
+        return have
+
+    def constant(self, key, make):
+        """make(), once for the plan: a constant array the step reads (RoPE's positions)."""
+        if key not in self.constants:
+            self.constants[key] = make()
+        return self.constants[key]
+
+
+class _Current(threading.local):
+    stream = None  # (cupy, the stream's pointer as a cffi void *) inside on_stream
+    plan = None
+
+
+_CURRENT = _Current()
+
+
+@contextlib.contextmanager
+def on_stream(cupy, stream, plan=None):
+    """Run the block on `stream` (a cupy.cuda.Stream of the current device, made current here):
+    the ops' Args call their kernels on it without asking CuPy for the device or the stream,
+    take every array to be on that device (the caller checked its inputs once), and take their
+    outputs from plan when one is given."""
+    saved = _CURRENT.stream, _CURRENT.plan
+    _CURRENT.stream = (cupy, _core.ffi.cast("void *", stream.ptr))
+    _CURRENT.plan = plan
+    try:
+        with stream:
+            yield
+    finally:
+        _CURRENT.stream, _CURRENT.plan = saved
+
+
+def arange(xp, start, stop):
+    """xp.arange(start, stop) of int64: inside a plan, one array for the plan (a constant)."""
+    plan = _CURRENT.plan if xp is not np else None
+    if plan is None:
+        return xp.arange(start, stop, dtype=I64)
+    return plan.constant(("arange", start, stop), lambda: xp.arange(start, stop, dtype=I64))
+
+
 # ---- the arguments of one kernel call, and the call ------------------------------------------
 
 
@@ -153,6 +255,9 @@ class Args:
                 f"{arrays[0][0]} is a CuPy array, but this operation runs on NumPy arrays only "
                 "(it has no CUDA kernel yet); pass a numpy.ndarray"
             )
+        if _CURRENT.stream is not None:  # a GPU step: its device and stream are known
+            self.xp = _CURRENT.stream[0]
+            return
         import cupy
 
         self.xp = cupy
@@ -214,6 +319,10 @@ class Args:
     def grad(self, name, shape):
         """A zeroed fresh parameter gradient, or the caller's array to accumulate into."""
         if self.named[name] is None:
+            if self.gpu and _CURRENT.plan is not None:
+                g = _CURRENT.plan.take(self.xp, shape, F32)
+                g.fill(0.0)
+                return g
             try:
                 return self.xp.zeros(shape, F32)
             except ValueError as e:  # NumPy: "array is too big", naming no argument
@@ -247,9 +356,13 @@ class Args:
     # -- outputs and the call --
 
     def empty(self, shape, dtype=F32):
+        if self.gpu and _CURRENT.plan is not None:
+            return _CURRENT.plan.take(self.xp, shape, dtype)
         return self.xp.empty(shape, dtype)
 
     def empty_like(self, a):
+        if self.gpu and _CURRENT.plan is not None:
+            return _CURRENT.plan.take(self.xp, a.shape, a.dtype)
         return self.xp.empty_like(a)
 
     def call(self, *args):
@@ -258,7 +371,10 @@ class Args:
         args = [pointer(a) if a is None or is_array(a) else a for a in args]
         if not self.gpu:
             return _core.check(getattr(_core.lib, self.kernel)(*args))
-        stream = _core.ffi.cast("void *", self.xp.cuda.get_current_stream().ptr)
+        if _CURRENT.stream is not None:
+            stream = _CURRENT.stream[1]
+        else:
+            stream = _core.ffi.cast("void *", self.xp.cuda.get_current_stream().ptr)
         _core.check(getattr(_core.lib, self.kernel + "_cuda")(*args, stream))
 
 

@@ -7,7 +7,9 @@ The GPU needs three things, checked in this order: CuPy, a pytfm built with CUDA
 at install time), and a CUDA GPU with its driver. The checks ask the library through the
 attribute pytfm._core.lib, read at each call, the one every kernel call goes through too, so
 that a test may answer them all with another library. CuPy is imported only when a "cuda"
-device is asked for.
+device is asked for. The first time a device is used, its stream-ordered memory pool (where
+the kernels' scratch comes from when no workspace holds it) is told to keep what it has
+(keep_pool_memory).
 """
 
 import numpy as np
@@ -62,13 +64,37 @@ def require_cuda():
 
 
 def array_module(device, name="device"):
-    """The array module of device: numpy for "cpu", cupy for "cuda" (after require_cuda())."""
+    """The array module of device: numpy for "cpu", cupy for "cuda" (after require_cuda(), and
+    keep_pool_memory() for the current GPU)."""
     if check(device, name) == "cpu":
         return np
     require_cuda()
     import cupy
 
+    keep_pool_memory(cupy)
     return cupy
+
+
+_RELEASE_THRESHOLD = 4  # cudaMemPoolAttrReleaseThreshold
+_KEPT = {}  # device id -> None (done) or why it could not be done
+
+
+def keep_pool_memory(cupy):
+    """Set the release threshold of the current GPU's default stream-ordered pool (the memory of
+    cudaMallocAsync) to its maximum, once per device: the pool then keeps the memory freed into
+    it instead of handing it back to the driver at each synchronisation (a threshold of 0, the
+    default), so that an allocation after the first finds it there. The memory stays the
+    process's until it exits. -> None, or why the threshold could not be set (an old CuPy or
+    driver: the pool then works as it is)."""
+    device = cupy.cuda.runtime.getDevice()
+    if device not in _KEPT:
+        try:
+            pool = cupy.cuda.runtime.deviceGetDefaultMemPool(device)
+            cupy.cuda.runtime.memPoolSetAttribute(pool, _RELEASE_THRESHOLD, 2**64 - 1)
+            _KEPT[device] = None
+        except Exception as e:  # AttributeError, CUDARuntimeError: the pool as it is then
+            _KEPT[device] = f"{type(e).__name__}: {e}"
+    return _KEPT[device]
 
 
 def device_of(a):

@@ -1,6 +1,7 @@
 """Every CUDA kernel once, on small awkward sizes, through pytfm.ops with CuPy arrays, then one
-training step and a short generation of a tiny GPT on the GPU: the workload
-scripts/gpu_check.sh hands to compute-sanitizer (memcheck, racecheck, synccheck).
+training step and a short generation of a tiny GPT on the GPU, four calls of its TrainStep (the
+workspace's scratch, the captured graph replayed), and the C model on PYTFM_DEVICE_CUDA: the
+workload scripts/gpu_check.sh hands to compute-sanitizer (memcheck, racecheck, synccheck).
 
     python scripts/cuda_small_run.py          # PYTFM_SMALL_RUN_NO_POOL=1: CuPy's pools off
 
@@ -139,7 +140,54 @@ def gpt_generate():
     print(f"  tokens {cp.asnumpy(cp.asarray(out)).tolist()}")
 
 
-SECTIONS = [core_ops, fused_ops, attention, gpt_train_step, gpt_generate]
+def gpt_train_step_graph():
+    """pytfm.nn.TrainStep: record, replay from the workspace, capture, replay the graph."""
+    from pytfm.nn import GPT, GPTConfig, TrainStep
+    from pytfm.optim import AdamW
+
+    cfg = GPTConfig(d_model=32, n_layer=2, n_head=2, max_seq=17, pos="sinusoidal")
+    model = GPT(cfg, device="cuda")
+    step = TrainStep(model, AdamW(model.params, model.grads, lr=1e-3), max_norm=1.0)
+    for _ in range(4):
+        x = rng.integers(0, cfg.vocab, size=(2, 17))
+        loss = step(x, rng.integers(0, cfg.vocab, size=(2, 17)))
+    assert math.isfinite(float(loss)), loss
+    print(f"  last mode {step.mode}{' (' + step.graph_error + ')' if step.graph_error else ''}")
+
+
+def c_model_on_the_gpu():
+    """The C model API on PYTFM_DEVICE_CUDA: a forward of two rows, a session of a prompt and
+    three tokens."""
+    import tempfile
+
+    from pytfm import checkpoint
+    from pytfm.nn import GPT, GPTConfig
+
+    model = GPT(GPTConfig(d_model=32, n_layer=2, n_head=4, max_seq=17, tie_embeddings=False))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.safetensors")
+        checkpoint.save(path, model)
+        h = ffi.new("pytfm_model **")
+        check(lib.pytfm_model_open(h, path.encode(), lib.PYTFM_DEVICE_CUDA))
+    try:
+        tokens = rng.integers(0, 256, size=(2, 17))
+        logits = np.zeros((2, 17, 256), np.float32)
+        p = lambda a: ffi.from_buffer(  # noqa: E731
+            {np.float32: "float[]", np.int64: "int64_t[]"}[a.dtype.type], a)
+        check(lib.pytfm_model_forward(h[0], p(logits), p(tokens), 2, 17))
+        s = ffi.new("pytfm_session **")
+        check(lib.pytfm_session_open(s, h[0], 0))
+        last = np.zeros(256, np.float32)
+        for feed in (tokens[0, :5], tokens[0, 5:6], tokens[0, 6:8]):
+            check(lib.pytfm_session_feed(s[0], p(last), p(np.ascontiguousarray(feed)), feed.size))
+        check(lib.pytfm_session_close(s[0]))
+        assert np.isfinite(logits).all() and np.isfinite(last).all()
+    finally:
+        check(lib.pytfm_model_close(h[0]))
+
+
+SECTIONS = [core_ops, fused_ops, attention, gpt_train_step, gpt_generate, gpt_train_step_graph,
+            c_model_on_the_gpu]
 
 
 def main():

@@ -2,7 +2,8 @@
 # One call that checks pytfm's CUDA backend on a machine with an NVIDIA GPU, and always returns
 # a full report, however far it gets. Written for the H200 machine lent through the device
 # tool's `run` (python3 there: a Python 3.12 virtualenv with numpy, cupy-cuda13x, torch,
-# pytest, hypothesis and setuptools, but no cffi, and no network), usable on any such machine.
+# pytest, pytest-timeout, hypothesis and setuptools, but no cffi, and no network; 16 cores; one
+# command at most 600 s), usable on any such machine.
 #
 # On the H200 machine, from a session whose checkout holds gpu_wheels/ (made there by
 # `bash scripts/fetch_gpu_wheels.sh`; it is git-ignored, so it travels only when carried):
@@ -11,38 +12,47 @@
 #     bash scripts/gpu_check.sh            # the report goes to $OUT, or ./gpu_check_out
 #
 # Steps, in order; each runs under its own `timeout`, capped by what is left of one overall
-# deadline (GPU_CHECK_BUDGET seconds, default 540: the run tool allows 600). A failing step is
-# written into the report and the next one still runs; a step that would start with under
-# GPU_CHECK_MIN_STEP seconds left (default 5) is reported as skipped.
-#   wheels           cffi and pycparser from gpu_wheels/ (GPU_CHECK_WHEELS) into a temporary
-#                    folder with `pip install --no-index --no-deps --target`, put on PYTHONPATH;
-#                    nothing is installed when python3 already imports both
-#   build-werror     python3 setup.py build_ext --inplace, PYTFM_CUDA=1, PYTFM_WERROR=1,
-#                    PYTFM_CUDA_ARCH=90 (or as set); if it fails:
-#   build-plain      the same without PYTFM_WERROR (the report says so)
+# deadline (GPU_CHECK_BUDGET seconds, default 400: the run tool allows 600, and a second, warm
+# call, which finds the build and CuPy's compiled kernels in place, must still fit the lease).
+# A failing step is written into the report and the next one still runs; a step that would
+# start with under GPU_CHECK_MIN_STEP seconds left (default 5) is reported as skipped; the
+# steps that need the GPU are NOT RUN, saying why, once pytfm does not import or no GPU can be
+# used. The figures come before the checks: the bench runs right after the GPU is found.
+#   preflight        about a second: python3 and Python.h, cc, setuptools, cffi and cmake,
+#                    nvcc, libcudart_static.a under $CUDA_HOME, compute-sanitizer and the
+#                    options it has, pytest-timeout, and the GPU's clocks (nvidia-smi)
+#   wheels           cffi, pycparser and cmake from gpu_wheels/ (GPU_CHECK_WHEELS) into a
+#                    temporary folder with `pip install --no-index --no-deps --target`, put
+#                    on PYTHONPATH (and cmake on PATH); nothing when python3 has them already
+#   build            python3 setup.py build_ext --inplace, PYTFM_CUDA=1, PYTFM_CUDA_ARCH=90
+#                    (or as set), nvcc on every core (CMAKE_BUILD_PARALLEL_LEVEL); once, without
+#                    PYTFM_WERROR: warnings as errors are CI's, not this machine's
+#   registers        nvcc's -Xptxas -v report (pytfm/lib/cuda_build.log) as one row per
+#                    kernel: registers, static shared memory, stack, spills; a spill fails it
 #   import           import pytfm; its build_info must say CUDA
-#   nvidia-smi       the GPU, driver, clocks and memory as the driver reports them (read only)
 #   gpu              CuPy sees a device: its name, SMs, L2, memory; cupy and torch versions
+#   bench            bench/cuda_ops.py --out $OUT/bench.txt --json $OUT/bench.json, given the
+#                    step's seconds as its budget
 #   gpu-tests        pytest tests/cuda/test_cuda_gpu.py tests/cuda/test_cuda_gpu_model.py (the
-#                    files that exist); a run where every test skipped (no GPU) fails
+#                    files that exist), --durations, a per-test timeout where pytest-timeout is
+#                    installed; a run where every test skipped fails
 #   sanitizer-memcheck, sanitizer-racecheck, sanitizer-synccheck
 #                    compute-sanitizer over scripts/cuda_small_run.py with CuPy's memory pool
-#                    off (PYTFM_SMALL_RUN_NO_POOL=1), so memcheck sees each array's end; a
-#                    sanitizer that refuses the device or runtime is reported REFUSED
-#   bench            bench/cuda_ops.py --out $OUT/bench.txt, given the step's seconds as its
-#                    budget; the tests and sanitizers leave it at least 120 s of the deadline
-#                    (and it leaves 15 s for the register report)
-#   registers        nvcc's -Xptxas -v report (pytfm/lib/cuda_build.log) as one row per
-#                    kernel: registers, static shared memory, stack, spills
+#                    off (PYTFM_SMALL_RUN_NO_POOL=1), so memcheck sees each array's end, on
+#                    pytfm's kernels only (CuPy's excluded, where the sanitizer has
+#                    --kernel-name-exclude) and a bounded print; a sanitizer that refuses the
+#                    device or runtime is reported REFUSED
 # Files in $OUT (at most 8, flat, as the run tool brings back): gpu_check.txt (everything),
-# summary.txt (the table printed last), bench.txt, registers.txt, cuda_build.log.
+# summary.txt (the table printed last), bench.txt, bench.json, registers.txt, cuda_build.log.
 #
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_CHECK_MIN_STEP, GPU_CHECK_WHEELS, PYTFM_CUDA_ARCH,
 # GPU_CHECK_LIMIT_<STEP> (a step's own limit in seconds, e.g. GPU_CHECK_LIMIT_GPU_TESTS=120),
-# GPU_CHECK_TAIL (lines of each step's output echoed to stdout, default 12; the report keeps
-# all). tests/cuda/test_gpu_check.py rehearses every failure path with stub commands on PATH.
+# GPU_CHECK_TEST_TIMEOUT (seconds a GPU test may take, default 90), GPU_CHECK_TAIL (lines of
+# each step's output echoed to stdout, default 12; the report keeps all), CUDA_HOME or
+# CUDA_PATH (the toolkit; else nvcc's, else GPU_CHECK_CUDA_FALLBACK, default /usr/local/cuda).
+# tests/cuda/test_gpu_check.py rehearses every failure path with stub commands on PATH.
 # Exit status: 0 when every step passed (REFUSED sanitizers count as passed, and are listed),
-# 1 when a step failed, timed out or was skipped, 2 for a usage error.
+# 1 when a step failed, timed out, was skipped or not run, 2 for a usage error.
 
 set -uo pipefail  # no -e: a failing step must not end the run before the report is written
 cd "$(dirname "$0")/.." || exit 2
@@ -57,7 +67,8 @@ register_report() {
     printf '%5s %8s %7s %11s  %-18s %s\n' regs smem_B stack_B spill_st/ld file kernel
     # ptxas -v, per kernel: "Compiling entry function 'NAME' for 'sm_XX'", "Function properties
     # for NAME", "N bytes stack frame, N bytes spill stores, N bytes spill loads", "Used N
-    # registers, used N barriers[, N bytes smem][, ...]"; setup.py heads each file "## FILE"
+    # registers, used N barriers[, N bytes smem][, ...]"; cmake/nvcc_report.sh heads each file
+    # "## FILE"
     awk '
         /^## /                             { file = $2; sub(/^cuda\//, "", file) }
         /Compiling entry function/         { match($0, /\047[^\047]+\047/); fn = substr($0, RSTART + 1, RLENGTH - 2)
@@ -68,10 +79,14 @@ register_report() {
                                              for (i = 1; i <= NF; i++) {
                                                  if ($(i + 1) ~ /^registers/) regs = $i
                                                  if ($(i + 1) == "bytes" && $(i + 2) ~ /^smem/) smem = $i }
-                                             printf "%5d %8d %7d %5d/%-5d  %-18s %s [%s]\n", regs, smem, stack, st, ld, file, fn, arch }
+                                             printf "%5d %8d %7d %5d/%-5d  %-18s %s [%s]\n", regs, smem, stack, st, ld, file, fn, arch
+                                             if (st + ld > 0) spills++ }
+        END                                { if (spills) { printf "SPILLS: %d kernel(s) spill registers\n", spills > "/dev/stderr"; exit 3 } }
     ' "$log" | $demangle | sort -b -k5,5 -k1,1nr
+    local rc=${PIPESTATUS[0]}
     echo "smem_B is static shared memory only (dynamic shared memory is set at launch); a"
     echo "spill_st/ld other than 0/0 means registers went to local memory."
+    return "$rc"
 }
 if [ "${1:-}" = "--register-report" ]; then
     register_report "${2:-pytfm/lib/cuda_build.log}"
@@ -84,11 +99,12 @@ if [ $# -gt 0 ]; then
 fi
 
 OUT="${OUT:-$ROOT/gpu_check_out}"
-BUDGET="${GPU_CHECK_BUDGET:-540}"
+BUDGET="${GPU_CHECK_BUDGET:-400}"
 MIN_STEP="${GPU_CHECK_MIN_STEP:-5}"
 WHEELS="${GPU_CHECK_WHEELS:-$ROOT/gpu_wheels}"
 ARCH="${PYTFM_CUDA_ARCH:-90}"
 TAIL="${GPU_CHECK_TAIL:-12}"
+TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT:-90}"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # the checkout first: `python3 scripts/x.py` puts scripts/, not the root, on sys.path
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -96,7 +112,8 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT" || { echo "cannot create OUT=$OUT"; exit 2; }
 report="$OUT/gpu_check.txt"
 : >"$report"
-rm -f "$OUT/summary.txt" "$OUT/bench.txt" "$OUT/registers.txt" "$OUT/cuda_build.log"
+rm -f "$OUT/summary.txt" "$OUT/bench.txt" "$OUT/bench.json" "$OUT/registers.txt" \
+    "$OUT/cuda_build.log"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # killed from outside (the run tool's own limit): keep what the running step printed so far
@@ -118,11 +135,10 @@ record() { # name status seconds
     say "==== $1: $2 (${3} s)"
 }
 
-# run_step NAME LIMIT COMMAND...: run COMMAND under timeout min(LIMIT, left - RESERVE), its
-# output into $work/NAME.log, all of it appended to the report, the last TAIL lines echoed.
-# Sets RC (124 for a timeout, 125 when skipped), LOG, SECS and STATUS (the default reading of
-# RC: the caller may change STATUS, then calls `record "$NAME" "$STATUS" "$SECS"`).
-RESERVE=0
+# run_step NAME LIMIT COMMAND...: run COMMAND under timeout min(LIMIT, left), its output into
+# $work/NAME.log, all of it appended to the report, the last TAIL lines echoed. Sets RC (124
+# for a timeout, 125 when skipped), LOG, SECS and STATUS (the default reading of RC: the caller
+# may change STATUS, then calls `record "$NAME" "$STATUS" "$SECS"`).
 run_step() {
     NAME="$1"
     local limit="$2"; shift 2
@@ -130,17 +146,13 @@ run_step() {
     var="${var//-/_}"
     limit="${!var:-$limit}"
     local left; left="$(left_s)"
-    local avail=$((left - RESERVE))
     LOG="$work/$NAME.log"
     : >"$LOG"
-    if [ "$avail" -lt "$MIN_STEP" ]; then
-        RC=125 SECS=0.0
-        STATUS="SKIPPED (deadline: ${left} s left of ${BUDGET} s"
-        [ "$RESERVE" -gt 0 ] && STATUS="$STATUS, ${RESERVE} s of it kept for the bench"
-        STATUS="$STATUS)"
+    if [ "$left" -lt "$MIN_STEP" ]; then
+        RC=125 SECS=0.0 STATUS="SKIPPED (deadline: ${left} s left of ${BUDGET} s)"
         return
     fi
-    [ "$limit" -gt "$avail" ] && limit="$avail"
+    [ "$limit" -gt "$left" ] && limit="$left"
     local shown="$*"  # the command's first line (the -c probes run to several)
     [ "${shown%%$'\n'*}" = "$shown" ] || shown="${shown%%$'\n'*} ..."
     say ""
@@ -168,46 +180,132 @@ run_step() {
     fi
 }
 step() { run_step "$@"; record "$NAME" "$STATUS" "$SECS"; }
-# a step that cannot start (a tool is missing): recorded at once, no time spent
+# a step that cannot start (a tool is missing, the GPU cannot be used): recorded at once
 cannot() { say ""; record "$1" "$2" 0.0; }
 
 say "pytfm gpu_check $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')" \
     "$(date -u +%FT%TZ) on $(hostname 2>/dev/null || echo '?')"
 say "deadline ${BUDGET} s; report $report"
-say "python3: $(command -v python3 || echo 'not found') $(python3 --version 2>&1)"
-say "nvcc: $( (nvcc --version 2>&1 || echo 'not found') | tail -n 1)"
 
-# ---- wheels: cffi and pycparser (python3 there has neither, and no index) --------------------
-if python3 -c "import cffi, pycparser" >/dev/null 2>&1; then
-    say ""
-    say "==== wheels: python3 already imports cffi and pycparser: nothing installed"
-    record wheels "ok (already installed)" 0.0
-elif ! ls "$WHEELS"/cffi-*.whl "$WHEELS"/pycparser-*.whl >/dev/null 2>&1; then
-    cannot wheels "FAIL (no cffi and pycparser wheels in $WHEELS: python3 cannot import cffi; run \
-scripts/fetch_gpu_wheels.sh where pip reaches PyPI, and name gpu_wheels in the run tool's carry)"
-else
-    site="$work/site"
-    run_step wheels 120 python3 -m pip install --no-index --no-deps --no-compile \
-        --disable-pip-version-check --target "$site" "$WHEELS"/cffi-*.whl "$WHEELS"/pycparser-*.whl
-    export PYTHONPATH="$site:$PYTHONPATH"
-    if [ "$STATUS" = ok ] && ! python3 -c "import cffi, pycparser" >>"$report" 2>&1; then
-        STATUS="FAIL (installed into $site, but python3 still cannot import cffi)"
+# ---- preflight: what the build and the checks need, in about a second -----------------------
+q() { timeout 5 "$@" 2>&1; }  # a probe: its output, whatever it says
+preflight() {
+    local missing=()
+    echo "python3: $(command -v python3 || echo 'not found') $(q python3 --version)"
+    command -v python3 >/dev/null || missing+=(python3)
+    local include
+    include="$(q python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    if [ -f "$include/Python.h" ]; then echo "Python.h: $include/Python.h"
+    else echo "Python.h: not found in $include (a cffi module cannot be built)"; missing+=(Python.h); fi
+    local cc="${CC:-cc}"
+    if command -v "$cc" >/dev/null; then echo "$cc: $(q "$cc" --version | head -n 1)"
+    else echo "$cc: not found"; missing+=("$cc"); fi
+    echo "setuptools: $(q python3 -c 'import setuptools; print(setuptools.__version__)' | tail -n 1)"
+    q python3 -c 'import setuptools' >/dev/null || missing+=(setuptools)
+    echo "cffi: $(q python3 -c 'import cffi; print(cffi.__version__)' | tail -n 1)"
+    echo "cmake: $(command -v cmake || echo 'not on PATH') $( (q cmake --version || true) | head -n 1)"
+    local nvcc; nvcc="$(command -v nvcc || true)"
+    if [ -n "$nvcc" ]; then echo "nvcc: $nvcc, $(q nvcc --version | tail -n 1)"
+    else echo "nvcc: not found on PATH"; missing+=(nvcc); fi
+    # the toolkit: $CUDA_HOME, $CUDA_PATH, nvcc's folder's parent, /usr/local/cuda (or
+    # GPU_CHECK_CUDA_FALLBACK)
+    local homes=() home cudart=""
+    [ -n "${CUDA_HOME:-}" ] && homes+=("$CUDA_HOME")
+    [ -n "${CUDA_PATH:-}" ] && homes+=("$CUDA_PATH")
+    [ -n "$nvcc" ] && homes+=("$(dirname "$(dirname "$(readlink -f "$nvcc")")")")
+    homes+=("${GPU_CHECK_CUDA_FALLBACK:-/usr/local/cuda}")
+    for home in "${homes[@]}"; do
+        cudart="$(ls "$home"/lib64/libcudart_static.a "$home"/lib/libcudart_static.a \
+            "$home"/targets/*/lib/libcudart_static.a 2>/dev/null | head -n 1)"
+        [ -n "$cudart" ] && break
+    done
+    if [ -n "$cudart" ]; then echo "libcudart_static.a: $cudart"
+    else echo "libcudart_static.a: not found under ${homes[*]}"; missing+=(libcudart_static.a); fi
+    if [ -n "$SANITIZER" ]; then
+        echo "compute-sanitizer: $SANITIZER, $(q "$SANITIZER" --version | grep -m 1 -i version)"
+        echo "compute-sanitizer options used: ${SANITIZER_OPTS[*]:-(none of the filters)}"
+    else
+        echo "compute-sanitizer: not found (PATH, \$CUDA_HOME/bin, beside nvcc)"
     fi
-    record wheels "$STATUS" "$SECS"
+    echo "pytest-timeout: $(q python3 -c 'import pytest_timeout; print("yes")' | tail -n 1)"
+    if command -v nvidia-smi >/dev/null; then
+        echo "GPU: $(q nvidia-smi --format=csv,noheader --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,temperature.gpu,memory.used,memory.total)"
+    else
+        echo "GPU: nvidia-smi not found (no NVIDIA driver on this machine?)"
+    fi
+    if [ ${#missing[@]} -gt 0 ]; then echo "missing: ${missing[*]}"; return 1; fi
+}
+SANITIZER="$(command -v compute-sanitizer || true)"
+for dir in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda; do
+    [ -z "$SANITIZER" ] && [ -n "$dir" ] && [ -x "$dir/bin/compute-sanitizer" ] \
+        && SANITIZER="$dir/bin/compute-sanitizer"
+done
+if [ -z "$SANITIZER" ] && command -v nvcc >/dev/null; then
+    nvcc_dir="$(dirname "$(readlink -f "$(command -v nvcc)")")"
+    [ -x "$nvcc_dir/compute-sanitizer" ] && SANITIZER="$nvcc_dir/compute-sanitizer"
+fi
+SANITIZER_OPTS=()  # the filters this sanitizer knows (its --help says)
+if [ -n "$SANITIZER" ]; then
+    help="$(timeout 5 "$SANITIZER" --help 2>&1)"
+    [[ "$help" == *--kernel-name-exclude* ]] && SANITIZER_OPTS+=(--kernel-name-exclude kns=cupy)
+    [[ "$help" == *--print-limit* ]] && SANITIZER_OPTS+=(--print-limit 20)
+fi
+# run here, not under `timeout` (a shell function): each probe has its own 5 s
+say ""
+say "==== preflight"
+t0="$(now_us)"
+preflight >"$work/preflight.log" 2>&1
+pre_rc=$? status=ok
+[ "$pre_rc" = 0 ] || status="MISSING ($(grep -m 1 '^missing: ' "$work/preflight.log" | cut -c 10-))"
+cat "$work/preflight.log" >>"$report"
+cat "$work/preflight.log"
+record preflight "$status" "$(seconds_since "$t0")"
+
+# ---- wheels: cffi, pycparser and cmake (python3 there has no cffi, and no index) --------------
+need=()
+python3 -c "import cffi, pycparser" >/dev/null 2>&1 || need+=(cffi pycparser)
+# (the checkout's cmake/ folder is a namespace package: the wheel's has CMAKE_BIN_DIR)
+command -v cmake >/dev/null || python3 -c "from cmake import CMAKE_BIN_DIR" >/dev/null 2>&1 \
+    || need+=(cmake)
+if [ ${#need[@]} = 0 ]; then
+    say ""
+    say "==== wheels: python3 imports cffi and pycparser and cmake is there: nothing installed"
+    record wheels "ok (already installed)" 0.0
+else
+    wheels=() absent=()
+    for name in "${need[@]}"; do
+        w="$(ls "$WHEELS"/"$name"-*.whl 2>/dev/null | head -n 1)"
+        if [ -n "$w" ]; then wheels+=("$w"); else absent+=("$name"); fi
+    done
+    if [ ${#absent[@]} -gt 0 ]; then
+        cannot wheels "FAIL (no ${absent[*]} wheel in $WHEELS: python3 lacks ${need[*]}; run \
+scripts/fetch_gpu_wheels.sh where pip reaches PyPI, and name gpu_wheels in the run tool's carry)"
+    else
+        site="$work/site"
+        run_step wheels 60 python3 -m pip install --no-index --no-deps --no-compile \
+            --disable-pip-version-check --target "$site" "${wheels[@]}"
+        export PYTHONPATH="$site:$PYTHONPATH"
+        [ -d "$site/cmake/data/bin" ] && export PATH="$PATH:$site/cmake/data/bin"
+        if [ "$STATUS" = ok ] && ! python3 -c "import cffi, pycparser" >>"$report" 2>&1; then
+            STATUS="FAIL (installed into $site, but python3 still cannot import cffi)"
+        fi
+        record wheels "$STATUS" "$SECS"
+    fi
 fi
 
-# ---- build, warnings as errors, then without ------------------------------------------------
-run_step build-werror 300 env PYTFM_CUDA=1 PYTFM_WERROR=1 PYTFM_CUDA_ARCH="$ARCH" \
-    python3 setup.py build_ext --inplace
-case "$RC" in
-    0 | 124 | 125) record "$NAME" "$STATUS" "$SECS" ;;  # a timeout would time out again
-    *)
-        record "$NAME" "$STATUS: retried without PYTFM_WERROR" "$SECS"
-        say "the warnings-as-errors build failed: building once more without PYTFM_WERROR"
-        step build-plain 300 env -u PYTFM_WERROR PYTFM_CUDA=1 PYTFM_CUDA_ARCH="$ARCH" \
-            python3 setup.py build_ext --inplace
-        ;;
-esac
+# ---- build: once, nvcc on every core, warnings as warnings --------------------------------------
+jobs="$(nproc 2>/dev/null || echo 4)"
+step build 240 env -u PYTFM_WERROR PYTFM_CUDA=1 PYTFM_CUDA_ARCH="$ARCH" \
+    CMAKE_BUILD_PARALLEL_LEVEL="$jobs" python3 setup.py build_ext --inplace
+
+# ---- nvcc's register report ----------------------------------------------------------------------
+run_step registers 15 bash "$ROOT/scripts/gpu_check.sh" --register-report pytfm/lib/cuda_build.log
+if [ "$RC" = 3 ]; then STATUS="FAIL ($(grep -m 1 '^SPILLS: ' "$LOG" | cut -c 9-))"; fi
+record "$NAME" "$STATUS" "$SECS"
+[ -f "$LOG" ] && cp "$LOG" "$OUT/registers.txt"
+[ -f pytfm/lib/cuda_build.log ] && cp pytfm/lib/cuda_build.log "$OUT/cuda_build.log"
+
+# ---- import ----------------------------------------------------------------------------------------
 run_step import 60 python3 -c "import pytfm
 info = pytfm.build_info()
 print(pytfm.__file__, info)
@@ -218,14 +316,10 @@ if [ "$RC" != 0 ] && [ "$RC" != 125 ]; then
     [ -n "$why" ] && STATUS="FAIL (exit $RC): $why"
 fi
 record "$NAME" "$STATUS" "$SECS"
+UNUSABLE=""  # why the steps that need pytfm on a GPU cannot run (past the deadline: SKIPPED)
+[ "$STATUS" = ok ] || [[ "$STATUS" == SKIPPED* ]] || UNUSABLE="pytfm does not import: $STATUS"
 
-# ---- the GPU ---------------------------------------------------------------------------------
-if command -v nvidia-smi >/dev/null; then
-    step nvidia-smi 30 bash -c 'nvidia-smi && nvidia-smi --format=csv \
-        --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw'
-else
-    cannot nvidia-smi "FAIL (nvidia-smi not found on PATH: no NVIDIA driver on this machine?)"
-fi
+# ---- the GPU ---------------------------------------------------------------------------------------
 step gpu 60 python3 -c "import cupy, sys
 n = cupy.cuda.runtime.getDeviceCount()
 assert n > 0, 'CuPy sees no CUDA device'
@@ -241,19 +335,30 @@ try:
     print('torch', torch.__version__, 'cuda available:', torch.cuda.is_available())
 except ImportError as e:
     print('torch: not importable:', e)"
+[ -z "$UNUSABLE" ] && [ "$STATUS" != ok ] && [[ "$STATUS" != SKIPPED* ]] \
+    && UNUSABLE="no usable GPU: $STATUS"
+
+# gpu_step NAME LIMIT COMMAND...: the step, or NOT RUN with the reason when the GPU cannot be used
+gpu_step() {
+    if [ -n "$UNUSABLE" ]; then cannot "$1" "NOT RUN ($UNUSABLE)"; RC=126; return 1; fi
+    run_step "$@"
+}
+
+# ---- the benchmark: the figures first ----------------------------------------------------------
+gpu_step bench 150 python3 bench/cuda_ops.py --out "$OUT/bench.txt" --json "$OUT/bench.json" \
+    && record "$NAME" "$STATUS" "$SECS"
 
 # ---- the GPU tests -----------------------------------------------------------------------------
-# the tests and the sanitizers leave 135 s of the deadline for the bench and the register report,
-# the bench 15 s for the register report: a slow build cuts the checks, not the figures
-RESERVE=135
 tests=()
 for f in tests/cuda/test_cuda_gpu.py tests/cuda/test_cuda_gpu_model.py; do
     if [ -f "$f" ]; then tests+=("$f"); else say "gpu-tests: $f does not exist: not run"; fi
 done
+timeout_flag=()
+python3 -c "import pytest_timeout" >/dev/null 2>&1 && timeout_flag=(--timeout "$TEST_TIMEOUT")
 if [ ${#tests[@]} = 0 ]; then
     cannot gpu-tests "FAIL (no GPU test file found)"
-else
-    run_step gpu-tests 180 python3 -m pytest -q -p no:cacheprovider -rs "${tests[@]}"
+elif gpu_step gpu-tests 150 python3 -m pytest -q -p no:cacheprovider -rs --durations=15 \
+        "${timeout_flag[@]}" "${tests[@]}"; then
     if [ "$RC" = 0 ] && ! tail -n 3 "$LOG" | grep -q " passed"; then
         STATUS="FAIL (no test ran: every test skipped, reasons above)"
     elif [ "$RC" = 5 ]; then
@@ -262,23 +367,16 @@ else
     record "$NAME" "$STATUS" "$SECS"
 fi
 
-# ---- compute-sanitizer over a small run --------------------------------------------------------
-sanitizer="$(command -v compute-sanitizer || true)"
-for dir in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda; do
-    [ -z "$sanitizer" ] && [ -n "$dir" ] && [ -x "$dir/bin/compute-sanitizer" ] \
-        && sanitizer="$dir/bin/compute-sanitizer"
-done
-if [ -z "$sanitizer" ] && command -v nvcc >/dev/null; then
-    nvcc_dir="$(dirname "$(readlink -f "$(command -v nvcc)")")"
-    [ -x "$nvcc_dir/compute-sanitizer" ] && sanitizer="$nvcc_dir/compute-sanitizer"
-fi
+# ---- compute-sanitizer over a small run, on pytfm's kernels ----------------------------------
 for tool in memcheck racecheck synccheck; do
-    if [ -z "$sanitizer" ]; then
-        cannot "sanitizer-$tool" "FAIL (compute-sanitizer not found on PATH, in \$CUDA_HOME/bin or beside nvcc)"
+    case "$tool" in memcheck) limit=75 ;; racecheck) limit=90 ;; *) limit=60 ;; esac
+    if [ -z "$SANITIZER" ]; then
+        if [ -n "$UNUSABLE" ]; then cannot "sanitizer-$tool" "NOT RUN ($UNUSABLE)"
+        else cannot "sanitizer-$tool" "FAIL (compute-sanitizer not found on PATH, in \$CUDA_HOME/bin or beside nvcc)"; fi
         continue
     fi
-    run_step "sanitizer-$tool" 90 env PYTFM_SMALL_RUN_NO_POOL=1 "$sanitizer" --tool "$tool" \
-        --error-exitcode 99 python3 scripts/cuda_small_run.py
+    gpu_step "sanitizer-$tool" "$limit" env PYTFM_SMALL_RUN_NO_POOL=1 "$SANITIZER" --tool "$tool" \
+        --error-exitcode 99 "${SANITIZER_OPTS[@]}" python3 scripts/cuda_small_run.py || continue
     # the sanitizer's own lines start with "========="; a refusal of the device or runtime is
     # not a finding about pytfm: say so and go on
     refusal="$(grep -m 1 -E '^========= .*(not supported|Not supported|Internal Sanitizer Error|injection library|Unsupported)' "$LOG")"
@@ -289,16 +387,6 @@ for tool in memcheck racecheck synccheck; do
     fi
     record "$NAME" "$STATUS" "$SECS"
 done
-
-# ---- the benchmark ---------------------------------------------------------------------------------
-RESERVE=15
-step bench 240 python3 bench/cuda_ops.py --out "$OUT/bench.txt"
-RESERVE=0
-
-# ---- nvcc's register report ----------------------------------------------------------------------
-step registers 30 bash "$ROOT/scripts/gpu_check.sh" --register-report pytfm/lib/cuda_build.log
-[ -f "$LOG" ] && cp "$LOG" "$OUT/registers.txt"
-[ -f pytfm/lib/cuda_build.log ] && cp pytfm/lib/cuda_build.log "$OUT/cuda_build.log"
 
 # ---- the summary ---------------------------------------------------------------------------------
 failed=0 refused=0
@@ -316,8 +404,8 @@ for s in "${STATUSES[@]}"; do
         *) failed=$((failed + 1)) ;;
     esac
 done
-echo "gpu_check: ${#NAMES[@]} steps, $failed failed or skipped, $refused refused by the sanitizer" \
-    >>"$work/summary"
+echo "gpu_check: ${#NAMES[@]} steps, $failed failed, skipped or not run, $refused refused by" \
+    "the sanitizer" >>"$work/summary"
 cp "$work/summary" "$OUT/summary.txt"
 say ""
 if [ -s "$OUT/bench.txt" ]; then

@@ -4,6 +4,10 @@ The same .cu files nvcc compiles for the GPU are compiled here by the host C++ c
 cuda/emu/emu.h into one shared library, libpytfm_emu.so, with csrc/core/status.c (errors) and the
 emulator's self-test kernels (tests/cuda/emu_selftest.cu). It exports the pytfm_*_cuda
 functions of pytfm.h; "device" pointers are host pointers, so NumPy arrays are passed as-is.
+
+build_full() makes, from the same objects and every C source of the library, what a CUDA build
+is, its kernels emulated: libpytfm_emufull.so, the C model on PYTFM_DEVICE_CUDA included
+(csrc/model/model_cuda.c, compiled as in a CUDA build and left out of a CPU-only one).
 """
 
 import importlib.util
@@ -32,7 +36,22 @@ pytfm_status emu_big_shared(float *out, int bytes, int limit);
 pytfm_status emu_malloc_async(float *out, const float *in, int n);
 pytfm_status emu_cp_async(float *out, const float *in, int n, int groups, int pending,
                           int with_barrier, int size, int src_bytes, int leave_open, int global);
+pytfm_status emu_scale(float *x, int n, float by);
 """
+
+# the emulator's counters and graphs (cuda/emu/emu.cpp), in both libraries
+EMU_CDEF = """
+void pytfm_emu_counters(int64_t *out);
+int pytfm_emu_capture_begin(void);
+int64_t pytfm_emu_capture_length(void);
+int64_t pytfm_emu_capture_end(void);
+int pytfm_emu_graph_launch(int64_t graph, int64_t begin, int64_t end);
+const char *pytfm_emu_error(void);
+void pytfm_emu_graph_free(int64_t graph);
+"""
+# the order of pytfm_emu_counters (emu.h)
+COUNTERS = ("malloc", "free", "malloc_async", "free_async", "memcpy", "sync", "launches",
+            "captured")
 
 
 def read_cdef():
@@ -51,25 +70,62 @@ def compilers():
     return cc, cxx
 
 
-def build(out_dir, root=ROOT):
-    """Compile the emulator library into out_dir; return its path (raises on a failure)."""
-    cc, cxx = compilers()
+def _flags(root):
+    includes = [f"-I{root}/csrc/include", f"-I{root}/csrc", f"-I{os.path.join(root, 'cuda')}"]
+    return ["-O1", "-g", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+            "-DPYTFM_BUILDING", *includes]
+
+
+def _cuda_objects(out_dir, root):
+    """The objects of cuda/*.cu and cuda/emu/emu.cpp in out_dir (compiled there if missing)."""
+    _, cxx = compilers()
     cuda = os.path.join(root, "cuda")
-    includes = [f"-I{root}/csrc/include", f"-I{root}/csrc", f"-I{cuda}"]
     sources = sorted(os.path.join(cuda, f) for f in os.listdir(cuda) if f.endswith(".cu"))
-    sources += [os.path.join(root, "tests", "cuda", "emu_selftest.cu")]
-    flags = ["-O1", "-g", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
-             "-DPYTFM_BUILDING", *includes]
     objects = []
     for src in [*sources, os.path.join(cuda, "emu", "emu.cpp")]:
         obj = os.path.join(out_dir, os.path.basename(src) + ".o")
-        run([cxx, "-std=c++17", *flags, "-x", "c++", "-c", src, "-o", obj])
+        if not os.path.exists(obj):
+            run([cxx, "-std=c++17", *_flags(root), "-x", "c++", "-c", src, "-o", obj])
         objects.append(obj)
+    return objects
+
+
+def build(out_dir, root=ROOT):
+    """Compile the emulator library into out_dir; return its path (raises on a failure)."""
+    cc, cxx = compilers()
+    objects = _cuda_objects(out_dir, root)
+    selftest = os.path.join(out_dir, "emu_selftest.cu.o")
+    run([cxx, "-std=c++17", *_flags(root), "-x", "c++", "-c",
+         os.path.join(root, "tests", "cuda", "emu_selftest.cu"), "-o", selftest])
     status = os.path.join(out_dir, "status.o")
-    run([cc, "-std=c11", *flags, "-c", os.path.join(root, "csrc", "core", "status.c"), "-o",
-         status])
+    run([cc, "-std=c11", *_flags(root), "-c", os.path.join(root, "csrc", "core", "status.c"),
+         "-o", status])
     lib = os.path.join(out_dir, "libpytfm_emu.so")
-    run([cxx, "-shared", "-o", lib, *objects, status, "-lm"])
+    run([cxx, "-shared", "-o", lib, *objects, selftest, status, "-lm"])
+    return lib
+
+
+def full_sources(root=ROOT):
+    """The C sources of a CUDA build: every csrc/**/*.c but the CPU-only build's CUDA stubs
+    (csrc/core/cuda_stub.c), the C model on the GPU (csrc/model/model_cuda.c) included."""
+    csrc = os.path.join(root, "csrc")
+    found = sorted(os.path.join(d, f) for d, _, files in os.walk(csrc) for f in files
+                   if f.endswith(".c"))
+    return [f for f in found if os.path.basename(f) != "cuda_stub.c"]
+
+
+def build_full(out_dir, root=ROOT):
+    """libpytfm as a CUDA build makes it, its kernels compiled for the emulator, into out_dir
+    (reusing the kernels' objects of build() there); return its path."""
+    cc, cxx = compilers()
+    objects = _cuda_objects(out_dir, root)
+    for src in full_sources(root):
+        obj = os.path.join(out_dir, "full_" + os.path.relpath(src, root).replace(os.sep, "_")
+                           + ".o")
+        run([cc, "-std=c11", *_flags(root), "-DPYTFM_CUDA=1", "-c", src, "-o", obj])
+        objects.append(obj)
+    lib = os.path.join(out_dir, "libpytfm_emufull.so")
+    run([cxx, "-shared", "-o", lib, *objects, "-lm"])
     return lib
 
 
@@ -88,12 +144,20 @@ _CTYPES = {np.dtype(np.float32): "float *", np.dtype(np.int64): "int64_t *",
 
 
 class Emu:
-    """The emulator library through cffi's ABI mode, with the cdef of pytfm.h."""
+    """The emulator library through cffi's ABI mode, with the cdef of pytfm.h (and of the
+    self-test kernels unless full: build_full's library has none)."""
 
-    def __init__(self, path):
+    def __init__(self, path, full=False):
         self.ffi = cffi.FFI()
-        self.ffi.cdef(read_cdef() + SELFTEST_CDEF)
+        self.ffi.cdef(read_cdef() + EMU_CDEF + ("" if full else SELFTEST_CDEF))
         self.lib = self.ffi.dlopen(path)
+        self.dir = os.path.dirname(path)
+
+    def counters(self):
+        """{name: count} of the emulator's counters (COUNTERS), since the library loaded."""
+        out = self.ffi.new(f"int64_t[{len(COUNTERS)}]")
+        self.lib.pytfm_emu_counters(out)
+        return dict(zip(COUNTERS, out))
 
     def p(self, a):
         return self.ffi.NULL if a is None else self.ffi.cast(_CTYPES[a.dtype], a.ctypes.data)

@@ -6,14 +6,28 @@ The stand-in's arrays are NumPy arrays in disguise: an ndarray subclass named cu
 whose .data.ptr is host memory, which the emulator library's kernels (tests/cuda_emu.py) read
 and write as they would device memory. Its functions forward to NumPy and return such arrays;
 reductions and indexing give 0-d arrays, not scalars, as CuPy does. It counts what CuPy would
-copy back to the host (.get(), asnumpy(), float(), int(), bool(), .item(), .tolist()): reads().
+copy back to the host (.get(), asnumpy(), float(), int(), bool(), .item(), .tolist()): reads();
+the arrays it makes (a factory, an operation without out=, astype, copy): allocations(); the
+operations into existing arrays (a ufunc with out=, fill, copyto, an assignment), each a kernel
+on a GPU: operations(); the synchronisations asked for (Device().synchronize(),
+Stream.synchronize()): syncs(); and the current device and stream asked for (Device(),
+get_current_stream()): lookups().
 strict=True also refuses what CuPy refuses, a NumPy array mixed into an operation on device
 arrays or assigned into one (TypeError), so that a host array that slipped into device code
 fails here as it would on a GPU.
 
+Streams (cupy.cuda.Stream) are handles whose `with` makes them current, as in CuPy; they order
+nothing (the emulator runs each kernel at once). A capture (Stream.begin_capture ..
+end_capture) records rather than runs: the emulator records each kernel launched (its
+arguments as captured), and the stand-in each operation on its arrays (a ufunc with out=, fill,
+copyto, an assignment), in one order; the Graph it returns runs them all again at launch(). An
+array made, or a value read back, during a capture is an error, as it would corrupt or break
+a real one.
+
     cp = fake_cupy.install(monkeypatch, emu)   # sys.modules["cupy"] and pytfm._core.lib
 """
 
+import itertools
 import sys
 import types
 
@@ -22,11 +36,34 @@ import numpy as np
 import pytfm
 import pytfm._pytfm_cffi
 
-_STATE = types.SimpleNamespace(reads=0, strict=False)
+_STATE = types.SimpleNamespace(reads=0, strict=False, allocations=0, syncs=0, lookups=0,
+                               operations=0, capture=None, emu=None)
+
+
+class CaptureError(RuntimeError):
+    """What a real capture could not hold: an allocation or a read of the device."""
 
 
 def _read():
+    if _STATE.capture is not None:
+        raise CaptureError("a value read back from the device during a graph capture")
     _STATE.reads += 1
+
+
+def _allocated():
+    if _STATE.capture is not None:
+        raise CaptureError("an array allocated during a graph capture (its memory would not be "
+                           "the graph's)")
+    _STATE.allocations += 1
+
+
+def _deferred(run):
+    """Run the operation on device arrays now, or record it in the open capture."""
+    _STATE.operations += 1
+    if _STATE.capture is None:
+        return run()
+    _STATE.capture.append((_STATE.emu.lib.pytfm_emu_capture_length(), run))
+    return None
 
 
 def _host_array(a):
@@ -68,19 +105,44 @@ class ndarray(np.ndarray):  # noqa: N801 - stands in for cupy.ndarray
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         _refuse_host(inputs + (out or ()))
+        plain = tuple(_plain(a) for a in inputs)
         if out is not None:
             kwargs["out"] = tuple(_plain(o) for o in out)
-        result = getattr(ufunc, method)(*(_plain(a) for a in inputs), **kwargs)
-        if out is not None:
+            _deferred(lambda: getattr(ufunc, method)(*plain, **kwargs))
             return out[0] if len(out) == 1 else out
-        return _wrap(result)
+        _allocated()
+        return _wrap(getattr(ufunc, method)(*plain, **kwargs))
+
+    def fill(self, value):
+        _deferred(lambda: self.view(np.ndarray).fill(value))
+
+    def astype(self, dtype, *args, **kwargs):
+        _allocated()
+        return np.ndarray.astype(self, dtype, *args, **kwargs)
+
+    def copy(self, *args, **kwargs):
+        _allocated()
+        return np.ndarray.copy(self, *args, **kwargs)
+
+    def set(self, arr, stream=None):
+        """A copy from host memory into this array (CuPy's ndarray.set), at once."""
+        arr = np.asarray(arr)
+        if arr.shape != self.shape or arr.dtype != self.dtype:
+            raise ValueError(f"set: {arr.shape} {arr.dtype} into {self.shape} {self.dtype}")
+        if _STATE.capture is not None:
+            raise CaptureError("a copy from the host during a graph capture")
+        self.view(np.ndarray)[...] = arr
 
     def __getitem__(self, key):
-        return _wrap(super().__getitem__(key))
+        got = super().__getitem__(key)
+        if isinstance(got, np.generic):  # one element: a 0-d view, as CuPy gives, not a copy
+            got = super().__getitem__((key if isinstance(key, tuple) else (key,)) + (Ellipsis,))
+        return _wrap(got)
 
     def __setitem__(self, key, value):
         _refuse_host([value])
-        super().__setitem__(key, _plain(value))
+        plain = self.view(np.ndarray)
+        _deferred(lambda: plain.__setitem__(key, _plain(value)))
 
     # what copies to the host on a GPU
     def get(self):
@@ -114,7 +176,8 @@ ndarray.__module__ = "cupy"
 def _asarray(a, dtype=None):
     if isinstance(a, ndarray):
         return a if dtype is None or a.dtype == dtype else a.astype(dtype)
-    return np.array(a, dtype=dtype, order="C").view(ndarray)  # a copy, as to a device
+    _allocated()
+    return _aligned(np.array(a, dtype=dtype, order="C")).view(ndarray)  # a copy, as to a device
 
 
 def _asnumpy(a):
@@ -125,45 +188,167 @@ def _asnumpy(a):
 
 def _where(condition, x, y):
     _refuse_host([condition, x, y])
+    _allocated()
     return _wrap(np.where(_plain(condition), _plain(x), _plain(y)))
 
 
 def _stack(arrays, axis=0):
     _refuse_host(arrays)
+    _allocated()
     return _wrap(np.stack([_plain(a) for a in arrays], axis))
 
 
 def _concatenate(arrays, axis=0):
     _refuse_host(arrays)
+    _allocated()
     return _wrap(np.concatenate([_plain(a) for a in arrays], axis))
 
 
-def new(strict=False):
-    """A fresh stand-in module (its counters at zero); strict: refuse NumPy arrays mixed in."""
-    _STATE.reads, _STATE.strict = 0, strict
-    streams = []
+def _copyto(dst, src, casting="same_kind", where=True):
+    _refuse_host([dst, src, where])
+    plain_dst, plain_src, plain_where = _plain(dst), _plain(src), _plain(where)
+    _deferred(lambda: np.copyto(plain_dst, plain_src, casting=casting, where=plain_where))
+
+
+def _aligned(a):
+    """a copied to memory 256-byte aligned, as CuPy's allocations are."""
+    raw = np.empty(a.nbytes + 256, np.uint8)
+    start = -raw.ctypes.data % 256
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _made(make):
+    """A factory of arrays: make(*args) as one of ours, 256-byte aligned, counted."""
+    def factory(*args, **kwargs):
+        _allocated()
+        return _aligned(make(*args, **kwargs)).view(ndarray)
+    return factory
+
+
+class Graph:
+    """A captured step: the emulator's launches (its graph id) and the stand-in's operations,
+    each at the count of launches recorded before it."""
+
+    def __init__(self, emu, graph, ops):
+        self.emu, self.graph, self.ops = emu, graph, ops
+
+    def launch(self, stream=None):
+        done = 0
+        for at, run in self.ops:
+            self._launches(done, at)
+            run()
+            done = at
+        self._launches(done, -1)
+
+    def _launches(self, begin, end):
+        if self.emu.lib.pytfm_emu_graph_launch(self.graph, begin, end) != 0:
+            message = self.emu.ffi.string(self.emu.lib.pytfm_emu_error()).decode()
+            raise RuntimeError(f"a replayed kernel failed: {message}")
+
+    def __del__(self):
+        try:
+            self.emu.lib.pytfm_emu_graph_free(self.graph)
+        except Exception:  # the library may be gone at exit
+            pass
+
+
+_POINTERS = itertools.count(0x1000, 0x100)  # stream handles: distinct, never dereferenced
+
+
+def _module_stream_type(cp, emu):
+    streams = []  # the stack of current streams (the null stream below them)
+
+    class Stream:
+        def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+            self.ptr = 0 if null else next(_POINTERS)
+
+        def __enter__(self):
+            streams.append(self)
+            return self
+
+        def __exit__(self, *exc):
+            streams.pop()
+
+        def synchronize(self):
+            _read_free_sync()
+
+        def begin_capture(self, mode=None):
+            if _STATE.capture is not None or emu is None or \
+                    emu.lib.pytfm_emu_capture_begin() != 0:
+                raise RuntimeError("a capture is open already (or no emulator to record)")
+            _STATE.capture = []
+
+        def end_capture(self):
+            ops, _STATE.capture = _STATE.capture, None
+            graph = emu.lib.pytfm_emu_capture_end()
+            if ops is None or graph < 0:
+                raise RuntimeError("end_capture without begin_capture")
+            return Graph(emu, graph, ops)
+
+    Stream.__module__ = "cupy.cuda.stream"
+    null = Stream(null=True)
+    return Stream, lambda: streams[-1] if streams else null
+
+
+def _read_free_sync():
+    if _STATE.capture is not None:
+        raise CaptureError("a synchronisation during a graph capture")
+    _STATE.syncs += 1
+
+
+def new(strict=False, emu=None):
+    """A fresh stand-in module (its counters at zero); strict: refuse NumPy arrays mixed in;
+    emu: the emulator library (tests/cuda_emu.Emu) whose launches a capture records."""
+    _STATE.reads, _STATE.strict, _STATE.allocations, _STATE.syncs = 0, strict, 0, 0
+    _STATE.lookups, _STATE.operations, _STATE.capture, _STATE.emu = 0, 0, None, emu
+    asked = []
     cp = types.ModuleType("cupy")
     cp.ndarray = ndarray
     cp.asarray = _asarray
     cp.asnumpy = _asnumpy
-    cp.empty = lambda shape, dtype=np.float64: np.empty(shape, dtype).view(ndarray)
-    cp.zeros = lambda shape, dtype=np.float64: np.zeros(shape, dtype).view(ndarray)
-    cp.empty_like = lambda a: np.empty_like(_plain(a)).view(ndarray)
-    cp.zeros_like = lambda a: np.zeros_like(_plain(a)).view(ndarray)
-    cp.ones_like = lambda a: np.ones_like(_plain(a)).view(ndarray)
-    cp.arange = lambda *args, dtype=None: np.arange(*args, dtype=dtype).view(ndarray)
-    cp.sqrt = np.sqrt  # ufuncs: ndarray.__array_ufunc__ keeps the results ours
-    cp.where, cp.stack, cp.concatenate = _where, _stack, _concatenate
+    cp.empty = _made(lambda shape, dtype=np.float64: np.empty(shape, dtype))
+    cp.zeros = _made(lambda shape, dtype=np.float64: np.zeros(shape, dtype))
+    cp.empty_like = _made(lambda a: np.empty_like(_plain(a)))
+    cp.zeros_like = _made(lambda a: np.zeros_like(_plain(a)))
+    cp.ones_like = _made(lambda a: np.ones_like(_plain(a)))
+    cp.arange = _made(lambda *args, dtype=None: np.arange(*args, dtype=dtype))
+    # ufuncs: ndarray.__array_ufunc__ keeps the results ours (and defers those with out=)
+    cp.sqrt, cp.add, cp.divide, cp.multiply, cp.greater = (np.sqrt, np.add, np.divide,
+                                                          np.multiply, np.greater)
+    cp.where, cp.stack, cp.concatenate, cp.copyto = _where, _stack, _concatenate, _copyto
     cp.may_share_memory = np.may_share_memory
+    Stream, current = _module_stream_type(cp, emu)
 
     def current_stream():
-        streams.append(0)
-        return types.SimpleNamespace(ptr=0)
+        asked.append(0)
+        _STATE.lookups += 1
+        return current()
 
-    cp.cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0),
-                                    get_current_stream=current_stream)
-    cp.streams_asked = streams
+    class Device:
+        def __init__(self, device=None):
+            _STATE.lookups += 1
+            self.id = 0
+
+        def synchronize(self):
+            _read_free_sync()
+
+    pools = {}
+    runtime = types.SimpleNamespace(
+        getDevice=lambda: 0,
+        deviceGetDefaultMemPool=lambda device: 0x7000 + device,
+        memPoolSetAttribute=lambda pool, attr, value: pools.__setitem__((pool, attr), value),
+        memPoolGetAttribute=lambda pool, attr: pools.get((pool, attr), 0))
+    cp.cuda = types.SimpleNamespace(Device=Device, get_current_stream=current_stream,
+                                    Stream=Stream, Graph=Graph, runtime=runtime)
+    cp.pool_attributes = pools
+    cp.streams_asked = asked
     cp.reads = lambda: _STATE.reads
+    cp.allocations = lambda: _STATE.allocations
+    cp.syncs = lambda: _STATE.syncs
+    cp.lookups = lambda: _STATE.lookups
+    cp.operations = lambda: _STATE.operations
 
     def set_strict(on):
         _STATE.strict = on
@@ -221,7 +406,7 @@ class EmulatedLib:
 def install(monkeypatch, emu, strict=False):
     """The stand-in as sys.modules["cupy"] and EmulatedLib as pytfm._core.lib, the library
     every kernel call and every device check goes through, for one test. -> the stand-in."""
-    fake = new(strict)
+    fake = new(strict, emu)
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setattr(pytfm._core, "lib", EmulatedLib(emu))
     return fake

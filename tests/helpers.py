@@ -52,10 +52,11 @@ def header_text(include=INCLUDE):
 
 
 def library_sources():
-    """Every C source of libpytfm (csrc/**/*.c, the CUDA stubs' hand-written part included), for
+    """Every C source of a CPU-only libpytfm (csrc/**/*.c, the CUDA stubs' hand-written part
+    included, the C model on the GPU, csrc/model/model_cuda.c, left out as CMake leaves it), for
     the tests that build the library themselves (under sanitizers, libFuzzer)."""
     return sorted(os.path.join(d, f) for d, _, files in os.walk(CSRC) for f in files
-                  if f.endswith(".c"))
+                  if f.endswith(".c") and f != "model_cuda.c")
 
 
 def assert_close(name, got, ref, atol=0.0, rtol=1e-5):
@@ -198,14 +199,40 @@ def has_isa(name):
         pytfm.set_max_isa("auto")
 
 
+def python_path(*first):
+    """A PYTHONPATH for a subprocess: the folders `first`, then this process's PYTHONPATH, which
+    is extended, never replaced (it may hold what pytfm imports: cffi installed with pip
+    --target, as on the GPU check's machine)."""
+    return os.pathsep.join([*map(str, first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def subprocess_env(*first, **extra):
+    """This process's environment for a subprocess, its PYTHONPATH extended by `first`
+    (python_path) and `extra` variables set."""
+    return dict(os.environ, PYTHONPATH=python_path(*first), **{k: str(v) for k, v in
+                                                                extra.items()})
+
+
+def run_train_tiny(*args, cwd, timeout=300):
+    """examples/train_tiny.py with args in a fresh interpreter, from cwd, its environment this
+    one's with the checkout first on PYTHONPATH (subprocess_env): as the GPU model tests run it
+    on a GPU, and tests/cuda/test_gpu_conditions.py in the GPU check machine's conditions.
+    -> the CompletedProcess (text output)"""
+    script = os.path.join(ROOT, "examples", "train_tiny.py")
+    return subprocess.run([sys.executable, script, *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env=subprocess_env(ROOT), timeout=timeout)
+
+
 def run_python(code, threads=None, **env):
     """Run the snippet `code` in a fresh interpreter that imports the pytfm under test and sees
-    none of this environment (no PYTFM_NUM_THREADS, no hypothesis profile): only `env`, and
-    OMP_NUM_THREADS=`threads` when given. Returns the CompletedProcess (text output)."""
+    none of this environment (no PYTFM_NUM_THREADS, no hypothesis profile) but its PYTHONPATH,
+    after the pytfm's folder: only `env`, and OMP_NUM_THREADS=`threads` when given. Returns the
+    CompletedProcess (text output)."""
     import pytfm
 
     root = os.path.dirname(os.path.dirname(pytfm.__file__))
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": root, **{k: str(v) for k, v in env.items()}}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": python_path(root),
+           **{k: str(v) for k, v in env.items()}}
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,

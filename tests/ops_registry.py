@@ -1856,7 +1856,13 @@ NON_OPS = {
                       "pytfm_model_get_precision", "pytfm_model_forward", "pytfm_session_open",
                       "pytfm_session_close", "pytfm_session_feed", "pytfm_session_length",
                       "pytfm_session_reset", "pytfm_rng_seed", "pytfm_rng_next", "pytfm_sample"),
-    "pytfm_cuda.h": ("pytfm_cuda_device_count", "pytfm_cuda_stream_synchronize"),
+    # the workspaces and AdamW's scalars in device memory: what a step with no allocation in
+    # it, replayed as a CUDA graph, needs (tests/cuda/test_cuda_workspace.py); the kernel that
+    # reads the scalars from memory gives pytfm_adamw_step_cuda's bits there
+    "pytfm_cuda.h": ("pytfm_cuda_device_count", "pytfm_cuda_stream_synchronize",
+                     "pytfm_cuda_workspace_set", "pytfm_cuda_workspace_clear",
+                     "pytfm_cuda_workspace_get", "pytfm_cuda_adamw_scalars",
+                     "pytfm_adamw_step_scalars_cuda"),
 }
 
 

@@ -103,9 +103,10 @@ static inline pytfm_status pytfm__check_precision(const char *func, int32_t prec
     return PYTFM_STATUS_OK;
 }
 
-/* y [count] written (may equal x), x [count] */
-static inline pytfm_status pytfm__check_round_bf16(const char *func, const float *y,
-                                                   const float *x, int64_t count) {
+/* an elementwise map y = f(x): y [count] written, x [count]; y may be x itself, but no other
+ * overlap */
+static inline pytfm_status pytfm__check_map(const char *func, const float *y, const float *x,
+                                            int64_t count) {
     PYTFM_CHECK_MIN_IN(func, count, 0);
     int64_t n = 0;
     PYTFM_CHECK_COUNT(func, &n, float, count);
@@ -113,6 +114,11 @@ static inline pytfm_status pytfm__check_round_bf16(const char *func, const float
     PYTFM_CHECK_PTR_IN(func, x, n);
     PYTFM_CHECK_DISJOINT(func, 1, 0, 1, PYTFM_SPAN(y, n, float), PYTFM_SPAN(x, n, float));
     return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_round_bf16(const char *func, const float *y,
+                                                   const float *x, int64_t count) {
+    return pytfm__check_map(func, y, x, count);
 }
 
 /* ---- sgemm -------------------------------------------------------------------------------- */
@@ -379,16 +385,9 @@ static inline pytfm_status pytfm__check_sum_squares(const char *func, const doub
 
 /* ---- GELU --------------------------------------------------------------------------------- */
 
-/* y may be x itself */
 static inline pytfm_status pytfm__check_gelu_forward(const char *func, const float *y,
                                                      const float *x, int64_t count) {
-    PYTFM_CHECK_MIN_IN(func, count, 0);
-    int64_t n = 0;
-    PYTFM_CHECK_COUNT(func, &n, float, count);
-    PYTFM_CHECK_PTR_IN(func, y, n);
-    PYTFM_CHECK_PTR_IN(func, x, n);
-    PYTFM_CHECK_DISJOINT(func, 1, 0, 1, PYTFM_SPAN(y, n, float), PYTFM_SPAN(x, n, float));
-    return PYTFM_STATUS_OK;
+    return pytfm__check_map(func, y, x, count);
 }
 
 /* dx may be dy itself */

@@ -28,10 +28,15 @@ extern "C" {
  *     the backward; a target outside [0, vocab) (and not ignore_index) makes the loss NaN.
  *   - results agree with the CPU kernels to float32 rounding, not bit for bit (sums are
  *     combined in another order); each CUDA kernel gives the same bits on every run.
+ *   - scratch ("stream scratch" below) comes from the workspace bound to the stream when one
+ *     is (pytfm_cuda_workspace_set) and holds it, else from cudaMallocAsync on the stream,
+ *     given back (cudaFreeAsync) in stream order before the call returns. With a workspace
+ *     large enough, a twin allocates nothing and calls nothing that waits: a training step
+ *     can then be captured as a CUDA graph. No twin synchronises the stream or the device.
  * In a build without CUDA (nvcc was not found, or PYTFM_CUDA=0) every _cuda function and
- * pytfm_cuda_stream_synchronize return PYTFM_STATUS_NOT_SUPPORTED and say so in
- * pytfm_last_error() (the build generates them from this header); pytfm_get_build_info()
- * tells which build this is.
+ * every pytfm_cuda_ one but pytfm_cuda_device_count return PYTFM_STATUS_NOT_SUPPORTED and say
+ * so in pytfm_last_error() (the build generates them from this header);
+ * pytfm_get_build_info() tells which build this is.
  */
 
 /* The number of CUDA devices this process can use: 0, not an error, where there is no device
@@ -41,6 +46,27 @@ PYTFM_API pytfm_status pytfm_cuda_device_count(int32_t *count);
 /* Wait for the work queued on stream (NULL: the default stream); a fault raised by a kernel
  * comes back here as PYTFM_STATUS_CUDA_ERROR with the CUDA runtime's message. */
 PYTFM_API pytfm_status pytfm_cuda_stream_synchronize(void *stream);
+
+/* Bind the device buffer [bytes] (256-byte aligned, as cudaMalloc and CuPy give) to stream:
+ * from now on each twin called on stream takes its stream scratch from the start of buffer
+ * when it holds it (the scratch of one call is released before the call returns, so every
+ * call may use it all), and allocates it as without a workspace when it does not. buffer NULL
+ * with bytes 0: a binding that holds nothing and only measures (pytfm_cuda_workspace_get).
+ * Binding again replaces the binding and its counts; the buffer stays the caller's (it must
+ * outlive the binding and the work queued on stream). Like a cuBLAS handle's workspace, it
+ * serves one host thread at a time: threads that call twins at once use streams of their own.
+ * At most 64 streams have a binding at a time (more is PYTFM_STATUS_INVALID_ARGUMENT).
+ * pytfm.nn.TrainStep sizes one from a first step and binds it to its stream. */
+PYTFM_API pytfm_status pytfm_cuda_workspace_set(void *stream, void *buffer, int64_t bytes);
+
+/* Remove stream's binding, if any: its twins allocate their scratch again. */
+PYTFM_API pytfm_status pytfm_cuda_workspace_clear(void *stream);
+
+/* stream's binding: *bytes the buffer's size (-1: no binding), *need the most stream scratch
+ * one call on stream asked for since the binding, *misses the calls whose scratch the buffer
+ * could not hold (they allocated it); 0 and 0 without a binding. */
+PYTFM_API pytfm_status pytfm_cuda_workspace_get(void *stream, int64_t *bytes, int64_t *need,
+                                                int64_t *misses);
 
 /* As pytfm_sgemm, on the GPU (cuda/sgemm.cu): 128×128 tiles of C per block (64×64 when those
  * cannot fill the GPU), 8×8 outputs per thread in registers, float4 loads where a base is
@@ -62,6 +88,8 @@ PYTFM_API pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, const
                                                  const float *b, int64_t rows, int64_t in,
                                                  int64_t out, void *stream);
 
+/* db, when not NULL, is the two-stage column sum of pytfm_cuda.cuh (partials in stream
+ * scratch). */
 PYTFM_API pytfm_status pytfm_linear_backward_cuda(float *dx, float *dw, float *db,
                                                   const float *dy, const float *x,
                                                   const float *w, int64_t rows, int64_t in,
@@ -78,8 +106,8 @@ PYTFM_API pytfm_status pytfm_layernorm_forward_cuda(float *y, float *mean, float
                                                     const float *b, int64_t rows, int64_t cols,
                                                     float eps, void *stream);
 
-/* dw and db are accumulated by a column reduction in a fixed order: no atomics, same bits on
- * every run. */
+/* dw and db are accumulated by a column reduction in a fixed order (its partial sums in stream
+ * scratch): no atomics, same bits on every run. */
 PYTFM_API pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, float *db,
                                                      const float *dy, const float *x,
                                                      const float *w, const float *mean,
@@ -87,8 +115,8 @@ PYTFM_API pytfm_status pytfm_layernorm_backward_cuda(float *dx, float *dw, float
                                                      int64_t cols, void *stream);
 
 /* The angles come from a table of cos and sin per position row (T rows for pos [T], B·T for
- * [B, T]) made on the device in double and rounded to float, as the CPU does, in stream-ordered
- * scratch (cudaMallocAsync) of 4·rows·D bytes. */
+ * [B, T]) made on the device in double and rounded to float, as the CPU does, in 4·rows·D
+ * bytes of stream scratch. */
 PYTFM_API pytfm_status pytfm_rope_forward_cuda(float *y, const float *x, const int64_t *pos,
                                                int64_t B, int64_t T, int64_t H, int64_t D,
                                                int64_t pos_stride, double base, void *stream);
@@ -108,8 +136,8 @@ PYTFM_API pytfm_status pytfm_embedding_forward_cuda(float *y, const int64_t *ids
                                                     int64_t vocab, int64_t dim, void *stream);
 
 /* Repeated ids add up in order of i, as on the CPU: the same bits. The ids are grouped by a
- * sort on the device (16·rows bytes of stream-ordered scratch, cudaMallocAsync), each group
- * then added by one thread per column chunk; up to 16 rows, one thread per column walks them. */
+ * sort on the device (16·rows bytes of stream scratch), each group then added by one thread
+ * per column chunk; up to 16 rows, one thread per column walks them. */
 PYTFM_API pytfm_status pytfm_embedding_backward_cuda(float *dtable, const float *dy,
                                                      const int64_t *ids, int64_t rows,
                                                      int64_t vocab, int64_t dim, void *stream);
@@ -121,7 +149,7 @@ PYTFM_API pytfm_status pytfm_cross_entropy_forward_cuda(float *loss, float *lse,
                                                         int64_t vocab, int64_t ignore_index,
                                                         void *stream);
 
-/* kept is counted on the device into 8 bytes of stream-ordered scratch (cudaMallocAsync). */
+/* kept is counted on the device into 8 bytes of stream scratch. */
 PYTFM_API pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const float *logits,
                                                          const int64_t *targets,
                                                          const float *lse, int64_t rows,
@@ -132,6 +160,21 @@ PYTFM_API pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, c
                                              int64_t count, int64_t step, double lr,
                                              double beta1, double beta2, double eps,
                                              double weight_decay, void *stream);
+
+/* The eight float32 scalars of one AdamW step, computed on the host in double and rounded once,
+ * as pytfm_adamw_step and its twin compute them (same checks): scalars[8] (host memory)
+ * written: 1 − lr·wd, lr/(1 − β1ᵗ), sqrt(1 − β2ᵗ), β1, 1 − β1, β2, 1 − β2, eps. */
+PYTFM_API pytfm_status pytfm_cuda_adamw_scalars(float *scalars, int64_t step, double lr,
+                                                double beta1, double beta2, double eps,
+                                                double weight_decay);
+
+/* As pytfm_adamw_step_cuda, the scalars read on the device from scalars[8] (DEVICE memory, as
+ * pytfm_cuda_adamw_scalars writes them): the same bits. A kernel captured in a CUDA graph keeps
+ * its arguments; this one takes each step's lr and t from memory the caller rewrites before
+ * each replay. */
+PYTFM_API pytfm_status pytfm_adamw_step_scalars_cuda(float *param, float *m, float *v,
+                                                     const float *grad, int64_t count,
+                                                     const float *scalars, void *stream);
 
 /* The fused split of the QKV projection (RoPE on q and k), as pytfm_qkv_split_*: with RoPE, its
  * table of angles and kernel (q and k the bits of pytfm_rope_forward_cuda on the slices); without,
@@ -156,7 +199,8 @@ PYTFM_API pytfm_status pytfm_linear_gelu_forward_cuda(float *y, float *h, const 
                                                       void *stream);
 
 /* As pytfm_sum_squares, with out a DEVICE pointer to one double (written): gradient clipping
- * without a copy to the host. A fixed order: the same bits on every run. */
+ * without a copy to the host. A fixed order (partial sums in stream scratch past 256
+ * elements): the same bits on every run. */
 PYTFM_API pytfm_status pytfm_sum_squares_cuda(double *out, const float *x, int64_t count,
                                               void *stream);
 
@@ -164,7 +208,8 @@ PYTFM_API pytfm_status pytfm_sum_squares_cuda(double *out, const float *x, int64
  * rules and results (to float32 rounding) as pytfm_attention_forward/backward/cache_append/
  * decode. Memory linear in T; head dims 1 <= D <= PYTFM_CUDA_ATTENTION_MAX_D (a larger D is
  * PYTFM_STATUS_INVALID_ARGUMENT); the backward is deterministic (no atomics: the same bits on
- * every run). Any scratch is allocated on the stream and freed after use. */
+ * every run). Scratch (the backward's row sums, B·H·T floats; the decode's split results) is
+ * stream scratch. */
 #define PYTFM_CUDA_ATTENTION_MAX_D 128
 
 PYTFM_API pytfm_status pytfm_attention_forward_cuda(float *o, float *lse, const float *q,

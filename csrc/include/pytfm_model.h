@@ -146,7 +146,10 @@ PYTFM_API pytfm_status pytfm_json_check(const char *text, int64_t size);
 typedef struct pytfm_model pytfm_model;
 typedef struct pytfm_session pytfm_session;
 
-/* Where a model runs. Only the CPU for now; PYTFM_DEVICE_CUDA is NOT_SUPPORTED (reserved). */
+/* Where a model runs: the CPU, or the GPU (a CUDA build with a device: the parameters copied to
+ * the GPU once, the forward and the sessions on the CUDA twins of pytfm_cuda.h, the logits
+ * copied back to host memory; PYTFM_STATUS_NOT_SUPPORTED in a CPU-only build or without a
+ * device). The model API is the same on both: host pointers in and out. */
 typedef enum pytfm_device {
     PYTFM_DEVICE_CPU = 0,
     PYTFM_DEVICE_CUDA = 1
@@ -203,10 +206,11 @@ PYTFM_API pytfm_status pytfm_checkpoint_check(const pytfm_safetensors *st,
 
 /* Open the checkpoint at path and read its parameters into memory (the file is closed when
  * this returns): pytfm_safetensors_open, pytfm_checkpoint_check, then the parameters read into
- * one allocation (AdamW's moments, when there, are left unread). A file either layer refuses
- * is PYTFM_STATUS_INVALID_ARGUMENT with its message ("<path>: ..."); PYTFM_STATUS_NOT_SUPPORTED
- * for a device other than PYTFM_DEVICE_CPU; PYTFM_STATUS_OUT_OF_MEMORY. On failure *model is
- * set to NULL.
+ * one allocation (AdamW's moments, when there, are left unread); on PYTFM_DEVICE_CUDA also
+ * copied to the GPU, in one device allocation. A file either layer refuses is
+ * PYTFM_STATUS_INVALID_ARGUMENT with its message ("<path>: ..."); PYTFM_STATUS_NOT_SUPPORTED
+ * for PYTFM_DEVICE_CUDA where no GPU can be used (saying why) and for an unknown device;
+ * PYTFM_STATUS_OUT_OF_MEMORY. On failure *model is set to NULL.
  *   model   receives the handle (pytfm_model_close frees it)
  *   device  a pytfm_device */
 PYTFM_API pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t device);
@@ -232,7 +236,8 @@ PYTFM_API pytfm_status pytfm_model_get_config(const pytfm_model *model,
  * token, the same values. The copy takes 2 bytes per weight (n_layer·12·d_model² + vocab·
  * d_model of them) besides the float32 parameters, which stay (the embedding, LayerNorm and
  * the products of several rows read them); FP32 frees it. Not while another thread uses the
- * model or one of its sessions. PYTFM_STATUS_OUT_OF_MEMORY leaves the model as it was. */
+ * model or one of its sessions. PYTFM_STATUS_OUT_OF_MEMORY leaves the model as it was. A
+ * model opened on PYTFM_DEVICE_CUDA computes in FP32 only: BF16 is PYTFM_STATUS_NOT_SUPPORTED. */
 PYTFM_API pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision);
 
 /* *precision = the model's pytfm_precision. */
@@ -242,13 +247,15 @@ PYTFM_API pytfm_status pytfm_model_get_precision(const pytfm_model *model, int32
  *   logits [B, T, vocab] written;  tokens [B, T], each in [0, vocab) (else
  *   PYTFM_STATUS_OUT_OF_RANGE);  1 <= T <= max_seq;  B >= 0 (0: nothing to do)
  * Scratch: the activations of one layer for B·T tokens, B·T·(12·d_model + n_head + 2) + 2·T
- * floats, plus what the kernels take (pytfm_linear_forward's, pytfm_attention_forward's). */
+ * floats, plus what the kernels take (pytfm_linear_forward's, pytfm_attention_forward's); on
+ * the GPU the same on the device, and B·T·vocab more floats for the logits, on a stream made for
+ * the call, which returns once they are copied back. */
 PYTFM_API pytfm_status pytfm_model_forward(const pytfm_model *model, float *logits,
                                            const int64_t *tokens, int64_t B, int64_t T);
 
 /* A decoding session of one sequence: KV caches for max_len positions (1 <= max_len <=
- * max_seq; 0: max_seq), allocated here, 2·n_layer·max_len·d_model floats. On failure
- * *session is set to NULL. */
+ * max_seq; 0: max_seq), allocated here, 2·n_layer·max_len·d_model floats (on the GPU for a
+ * model there, with a stream of the session's own). On failure *session is set to NULL. */
 PYTFM_API pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *model,
                                           int64_t max_len);
 

@@ -24,7 +24,8 @@
  * The model is read-only once opened (the parameters, per-layer pointers into them, the
  * position table, the precision and the BF16 copies): any number of threads may share it,
  * as long as none changes its precision meanwhile. Each call allocates its own activations
- * (scratch, freed on every path); a session owns its caches.
+ * (scratch, freed on every path); a session owns its caches. A model opened on
+ * PYTFM_DEVICE_CUDA hands its forwards and sessions to model_cuda.c (the hooks marked "GPU").
  */
 #include <math.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@
 
 #include "checkpoint.h"
 #include "core/checks.h"
+#include "model_cuda.h"
 
 #define LN_EPS 1e-5f      /* pytfm.ops.layernorm_forward's default */
 #define ROPE_BASE 10000.0 /* pytfm.ops.rope_forward's default */
@@ -60,6 +62,7 @@ struct pytfm_model {
     int32_t precision;          /* a pytfm_precision of the products */
     uint16_t *w16;              /* owned: every BF16 copy in one allocation (BF16), or NULL */
     const uint16_t *lm_head16;  /* the LM head's BF16 copy (BF16), or NULL */
+    pytfm__cuda_model *cuda;    /* GPU: the copy on the device (PYTFM_DEVICE_CUDA), or NULL */
 };
 
 /* pytfm.nn.sinusoidal_positions(max_seq, C), by the same function (pytfm_sinusoidal_positions,
@@ -130,22 +133,28 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
 
 static pytfm_status check_device(const char *func, int32_t device) {
     if (device == PYTFM_DEVICE_CPU) return PYTFM_STATUS_OK;
-    if (device == PYTFM_DEVICE_CUDA)
-        return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
-                           "%s: device PYTFM_DEVICE_CUDA is not supported yet: models run on "
-                           "the CPU only (PYTFM_DEVICE_CPU)",
-                           func);
+    if (device == PYTFM_DEVICE_CUDA) return pytfm__cuda_model_check(func); // GPU
     return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
-                       "%s: device must be PYTFM_DEVICE_CPU (0), got %d", func, (int)device);
+                       "%s: device must be PYTFM_DEVICE_CPU (0) or PYTFM_DEVICE_CUDA (1), got %d",
+                       func, (int)device);
 }
 
-/* The model in the checkpoint open as st (closed here, whatever happens). */
-static pytfm_status open_from(pytfm_model **model, pytfm_safetensors *st, const char *func) {
+/* The model in the checkpoint open as st (closed here, whatever happens), on device. */
+static pytfm_status open_from(pytfm_model **model, pytfm_safetensors *st, int32_t device,
+                              const char *func) {
     pytfm__weights w;
     const pytfm_status status = pytfm__checkpoint_weights(st, &w);
     pytfm_safetensors_close(st);
     PYTFM_TRY(status);
-    return build(model, &w, func);
+    PYTFM_TRY(build(model, &w, func));
+    if (device != PYTFM_DEVICE_CUDA) return PYTFM_STATUS_OK;
+    pytfm_model *m = *model; // GPU: the parameters and the table copied to the device
+    const pytfm_status up = pytfm__cuda_model_open(&m->cuda, &m->config, m->params, m->pe, func);
+    if (up != PYTFM_STATUS_OK) {
+        pytfm_model_close(m);
+        *model = NULL;
+    }
+    return up;
 }
 
 pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t device) {
@@ -155,7 +164,7 @@ pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t dev
     PYTFM_TRY(check_device(__func__, device));
     pytfm_safetensors *st;
     PYTFM_TRY(pytfm_safetensors_open(&st, path));
-    return open_from(model, st, __func__);
+    return open_from(model, st, device, __func__);
 }
 
 pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data, size_t size,
@@ -167,11 +176,12 @@ pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data, size
     PYTFM_TRY(check_device(__func__, device));
     pytfm_safetensors *st;
     PYTFM_TRY(pytfm_safetensors_open_memory(&st, data, (int64_t)size, "<memory>"));
-    return open_from(model, st, __func__);
+    return open_from(model, st, device, __func__);
 }
 
 pytfm_status pytfm_model_close(pytfm_model *model) {
     if (!model) return PYTFM_STATUS_OK;
+    pytfm__cuda_model_close(model->cuda); // GPU
     free(model->w16);
     free(model->pe);
     free(model->layers);
@@ -205,6 +215,10 @@ pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision) {
     PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
     PYTFM_TRY(pytfm__check_precision(__func__, precision));
     if (precision == model->precision) return PYTFM_STATUS_OK;
+    if (model->cuda) // GPU: the CUDA twins compute in float32 only
+        return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
+                           "%s: a model on PYTFM_DEVICE_CUDA computes in PYTFM_PRECISION_FP32 only",
+                           __func__);
     const int64_t C = model->C, L = model->config.n_layer;
     if (precision == PYTFM_PRECISION_FP32) {
         free(model->w16);
@@ -391,6 +405,7 @@ pytfm_status pytfm_model_forward(const pytfm_model *model, float *logits,
                          PYTFM_SPAN(tokens, n_tokens, int64_t));
     PYTFM_TRY(pytfm__check_indices(__func__, "tokens", tokens, n_tokens, vocab, 0, 0));
     if (B == 0) return PYTFM_STATUS_OK;
+    if (model->cuda) return pytfm__cuda_model_forward(model->cuda, logits, tokens, B, T, __func__);
     return run(__func__, model, logits, tokens, B, T, 0, NULL, 0);
 }
 
@@ -401,6 +416,7 @@ struct pytfm_session {
     int64_t max_len;
     int64_t length; /* positions [0, length) of the caches hold the tokens fed */
     float *caches;  /* n_layer × (k, v), each [max_len, C] = [1, max_len, H, D] */
+    pytfm__cuda_session *cuda; /* GPU: the caches on the device instead (caches NULL) */
 };
 
 pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *model,
@@ -417,8 +433,15 @@ pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *mode
     int64_t count = 0;
     PYTFM_CHECK_COUNT(__func__, &count, float, n_layer, 2, max_len, C);
     pytfm_session *s = calloc(1, sizeof *s);
-    float *caches = s ? pytfm__scratch(__func__, count, sizeof(float)) : NULL;
-    if (!caches) {
+    if (s && model->cuda) { // GPU
+        const pytfm_status st = pytfm__cuda_session_open(&s->cuda, model->cuda, max_len, __func__);
+        if (st != PYTFM_STATUS_OK) {
+            free(s);
+            return st;
+        }
+    }
+    float *caches = s && !s->cuda ? pytfm__scratch(__func__, count, sizeof(float)) : NULL;
+    if (!caches && !(s && s->cuda)) {
         free(s);
         return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
                            "%s: cannot allocate KV caches of %lld positions (%lld floats)",
@@ -433,6 +456,7 @@ pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *mode
 
 pytfm_status pytfm_session_close(pytfm_session *session) {
     if (!session) return PYTFM_STATUS_OK;
+    pytfm__cuda_session_close(session->cuda); // GPU
     free(session->caches);
     free(session);
     return PYTFM_STATUS_OK;
@@ -453,7 +477,9 @@ pytfm_status pytfm_session_feed(pytfm_session *session, float *logits, const int
                          PYTFM_SPAN(logits, logits ? vocab : 0, float),
                          PYTFM_SPAN(tokens, n, int64_t));
     PYTFM_TRY(pytfm__check_indices(__func__, "tokens", tokens, n, vocab, 0, 0));
-    PYTFM_TRY(run(__func__, m, logits, tokens, 1, n, length, session->caches, max_len));
+    PYTFM_TRY(session->cuda // GPU
+                  ? pytfm__cuda_session_feed(session->cuda, logits, tokens, n, length, __func__)
+                  : run(__func__, m, logits, tokens, 1, n, length, session->caches, max_len));
     session->length = length + n;
     return PYTFM_STATUS_OK;
 }

@@ -66,6 +66,37 @@ static thread_local std::string last_message;
 static std::mutex limits_lock;
 static std::map<const void *, int> shared_limits;
 
+/* pytfm_emu_counters, and the graphs: a capture's launches, to run again */
+static std::mutex counters_lock;
+static int64_t counters[PYTFM_EMU_COUNTERS];
+
+static void count(int what) {
+    std::lock_guard<std::mutex> lock(counters_lock);
+    counters[what]++;
+}
+
+struct Recorded {
+    dim3 grid, block;
+    size_t shmem;
+    std::function<void()> body; // the kernel and its arguments, as captured
+};
+static std::mutex graphs_lock;
+static std::vector<Recorded> *capturing; // the open capture, or NULL
+static std::vector<std::vector<Recorded> *> graphs;
+
+static bool in_capture() {
+    std::lock_guard<std::mutex> lock(graphs_lock);
+    return capturing != nullptr;
+}
+
+/* the error a runtime call that is not allowed during a capture returns (to its caller: the
+ * next launch's cudaGetLastError does not see it) */
+static cudaError_t refuse_in_capture(const char *call) {
+    last_message = std::string("emulator: ") + call + " during a graph capture: a captured step "
+                   "must not allocate, copy or synchronise";
+    return cudaErrorStreamCaptureUnsupported;
+}
+
 static void fail(Launch &l, const char *fmt, ...) {
     if (!l.error.empty()) return;
     char buf[512];
@@ -328,6 +359,8 @@ static void run_block(Launch &l, char *stacks, size_t stack_size) {
     }
 }
 
+static void run_launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body);
+
 void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body,
             const void *key) {
     const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
@@ -358,6 +391,21 @@ void launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &bo
         last_message = "emulator: nested launches are not supported";
         return;
     }
+    {
+        std::lock_guard<std::mutex> lock(graphs_lock);
+        if (capturing) { // recorded, not run: as a kernel launched on a capturing stream
+            capturing->push_back(Recorded{grid, block, shmem, body});
+            std::lock_guard<std::mutex> count_lock(counters_lock);
+            counters[PYTFM_EMU_CAPTURED]++;
+            return;
+        }
+    }
+    run_launch(grid, block, shmem, body);
+}
+
+static void run_launch(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body) {
+    count(PYTFM_EMU_LAUNCHES);
+    const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     const size_t stack_size = 64 * 1024;
     char *stacks = (char *)mmap(nullptr, threads * stack_size, PROT_READ | PROT_WRITE,
                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -414,6 +462,7 @@ const char *cudaGetErrorString(cudaError_t error) {
     case cudaErrorInsufficientDriver:
         return "CUDA driver version is insufficient for CUDA runtime version";
     case cudaErrorInvalidConfiguration:
+    case cudaErrorStreamCaptureUnsupported:
     case cudaErrorLaunchFailure: return pytfm_emu::last_message.c_str();
     }
     return "unknown error";
@@ -428,6 +477,7 @@ const char *cudaGetErrorName(cudaError_t error) {
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     }
     return "cudaErrorUnknown";
 }
@@ -437,16 +487,129 @@ cudaError_t cudaGetDeviceCount(int *count) {
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    if (pytfm_emu::in_capture()) return pytfm_emu::refuse_in_capture("cudaStreamSynchronize");
+    pytfm_emu::count(PYTFM_EMU_SYNC);
+    return cudaSuccess;
+}
 
 cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t) {
+    if (pytfm_emu::in_capture()) return pytfm_emu::refuse_in_capture("cudaMallocAsync");
+    pytfm_emu::count(PYTFM_EMU_MALLOC_ASYNC);
     *ptr = malloc(bytes ? bytes : 1);
     return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t) {
+    if (pytfm_emu::in_capture()) return pytfm_emu::refuse_in_capture("cudaFreeAsync");
+    pytfm_emu::count(PYTFM_EMU_FREE_ASYNC);
     free(ptr);
     return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **ptr, size_t bytes) {
+    if (pytfm_emu::in_capture()) return pytfm_emu::refuse_in_capture("cudaMalloc");
+    pytfm_emu::count(PYTFM_EMU_MALLOC);
+    *ptr = malloc(bytes ? bytes : 1);
+    return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFree(void *ptr) {
+    if (pytfm_emu::in_capture()) return pytfm_emu::refuse_in_capture("cudaFree");
+    pytfm_emu::count(PYTFM_EMU_FREE);
+    free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                            cudaStream_t) {
+    if (pytfm_emu::in_capture()) return pytfm_emu::refuse_in_capture("cudaMemcpyAsync");
+    if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDeviceToDevice)
+        return cudaErrorInvalidValue;
+    pytfm_emu::count(PYTFM_EMU_MEMCPY);
+    if (bytes) memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+
+/* a stream: a distinct non-NULL handle (one byte of heap), which orders nothing here */
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned) {
+    *stream = (cudaStream_t)malloc(1);
+    return *stream ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    pytfm_emu::count(PYTFM_EMU_SYNC); // the runtime waits for the stream's work first
+    free(stream);
+    return cudaSuccess;
+}
+
+/* ---- counters and graphs, for the tests ---------------------------------------------- */
+
+#define EMU_EXPORT extern "C" __attribute__((visibility("default")))
+
+/* out[PYTFM_EMU_COUNTERS]: the counts since the library was loaded (emu.h's enum) */
+EMU_EXPORT void pytfm_emu_counters(int64_t *out) {
+    std::lock_guard<std::mutex> lock(pytfm_emu::counters_lock);
+    for (int i = 0; i < PYTFM_EMU_COUNTERS; i++) out[i] = pytfm_emu::counters[i];
+}
+
+/* Start recording launches instead of running them: 0, or -1 when a capture is open. */
+EMU_EXPORT int pytfm_emu_capture_begin(void) {
+    std::lock_guard<std::mutex> lock(pytfm_emu::graphs_lock);
+    if (pytfm_emu::capturing) return -1;
+    pytfm_emu::capturing = new std::vector<pytfm_emu::Recorded>();
+    return 0;
+}
+
+/* The launches the open capture holds so far (-1: none open): where a host operation recorded
+ * beside them (the stand-in CuPy's) goes in their order. */
+EMU_EXPORT int64_t pytfm_emu_capture_length(void) {
+    std::lock_guard<std::mutex> lock(pytfm_emu::graphs_lock);
+    return pytfm_emu::capturing ? (int64_t)pytfm_emu::capturing->size() : -1;
+}
+
+/* End the capture: its graph's id (>= 0), or -1 when none was open. */
+EMU_EXPORT int64_t pytfm_emu_capture_end(void) {
+    std::lock_guard<std::mutex> lock(pytfm_emu::graphs_lock);
+    if (!pytfm_emu::capturing) return -1;
+    pytfm_emu::graphs.push_back(pytfm_emu::capturing);
+    pytfm_emu::capturing = nullptr;
+    return (int64_t)pytfm_emu::graphs.size() - 1;
+}
+
+/* Run launches [begin, end) of graph (end -1: to its last), in order, as recorded: 0, or the
+ * first failure's error (cudaGetErrorString(error) says which launch and why; the rest do not
+ * run). */
+EMU_EXPORT int pytfm_emu_graph_launch(int64_t graph, int64_t begin, int64_t end) {
+    std::vector<pytfm_emu::Recorded> *g = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(pytfm_emu::graphs_lock);
+        if (graph < 0 || graph >= (int64_t)pytfm_emu::graphs.size() || pytfm_emu::capturing)
+            return cudaErrorInvalidValue;
+        g = pytfm_emu::graphs[(size_t)graph];
+    }
+    if (!g) return cudaErrorInvalidValue;
+    if (end < 0) end = (int64_t)g->size();
+    if (begin < 0 || begin > end || end > (int64_t)g->size()) return cudaErrorInvalidValue;
+    for (int64_t i = begin; i < end; i++) {
+        const pytfm_emu::Recorded &r = (*g)[(size_t)i];
+        pytfm_emu::run_launch(r.grid, r.block, r.shmem, r.body);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+
+/* The message of the last failure (of a replay, say) */
+EMU_EXPORT const char *pytfm_emu_error(void) { return pytfm_emu::last_message.c_str(); }
+
+/* Free graph's recorded launches. */
+EMU_EXPORT void pytfm_emu_graph_free(int64_t graph) {
+    std::lock_guard<std::mutex> lock(pytfm_emu::graphs_lock);
+    if (graph >= 0 && graph < (int64_t)pytfm_emu::graphs.size()) {
+        delete pytfm_emu::graphs[(size_t)graph];
+        pytfm_emu::graphs[(size_t)graph] = nullptr;
+    }
 }
 
 /* cudaFuncSetAttribute: only the dynamic shared memory limit, 0 to 227 KiB (the GPU refuses

@@ -39,9 +39,18 @@
  * __launch_bounds__ (ignored), __syncthreads, the four shuffles, float4 and make_float4,
  * rsqrtf, cp.async (cp_async below), and the runtime calls cudaGetLastError,
  * cudaGetErrorString/Name, cudaGetDeviceCount, cudaStreamSynchronize,
- * cudaMallocAsync/cudaFreeAsync for scratch and cudaFuncSetAttribute).
+ * cudaMallocAsync/cudaFreeAsync for scratch, cudaMalloc/cudaFree, cudaMemcpyAsync,
+ * cudaStreamCreateWithFlags/cudaStreamDestroy (device.cu) and cudaFuncSetAttribute).
  * Each is checked in tests/cuda/emu_selftest.cu. No atomics or votes: a kernel that needs one
  * adds it here, with a check of it there.
+ *
+ * Counters (pytfm_emu_counters): every allocation, free, copy, synchronisation and kernel
+ * run, so that a test can assert that a training step allocates and waits for nothing. A
+ * graph capture (pytfm_emu_capture_begin .. _end) records each launch, its arguments as
+ * captured, instead of running it, as CUDA's stream capture does, and a replay
+ * (pytfm_emu_graph_launch) runs them again in order; one capture at a time, whatever the
+ * stream. During a capture an allocation, a free, a copy or a synchronisation fails
+ * (cudaErrorStreamCaptureUnsupported): a step captured here needs none of them.
  */
 #ifndef PYTFM_EMU_H
 #define PYTFM_EMU_H
@@ -71,6 +80,7 @@ enum cudaError {
     cudaErrorInsufficientDriver = 35,
     cudaErrorNoDevice = 100,
     cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
 };
 typedef enum cudaError cudaError_t;
 
@@ -82,6 +92,34 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 /* Stream-ordered scratch: host memory here (malloc and free; launches run at once). */
 cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t stream);
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
+/* Device memory is host memory (malloc, free); a copy is a memcpy, done at once. */
+cudaError_t cudaMalloc(void **ptr, size_t bytes);
+cudaError_t cudaFree(void *ptr);
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+};
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                            cudaStream_t stream);
+/* Streams are handles that order nothing (launches run at once) */
+enum { cudaStreamNonBlocking = 1 };
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+
+/* What the counters of pytfm_emu_counters count, in its order */
+enum {
+    PYTFM_EMU_MALLOC,       /* cudaMalloc */
+    PYTFM_EMU_FREE,         /* cudaFree */
+    PYTFM_EMU_MALLOC_ASYNC, /* cudaMallocAsync */
+    PYTFM_EMU_FREE_ASYNC,   /* cudaFreeAsync */
+    PYTFM_EMU_MEMCPY,       /* cudaMemcpyAsync */
+    PYTFM_EMU_SYNC,         /* cudaStreamSynchronize, and a stream's destruction */
+    PYTFM_EMU_LAUNCHES,     /* kernels run (a replayed graph's included; captured ones not) */
+    PYTFM_EMU_CAPTURED,     /* kernels recorded by a capture */
+    PYTFM_EMU_COUNTERS
+};
 
 /* The one function attribute the kernels set: the most dynamic shared memory a launch of that
  * kernel may ask for (48 KiB unless raised; at most PYTFM_EMU_MAX_OPTIN_SHARED). */

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from checkpoint_edits import edit_structure, pack, unpack
 from checkpoint_edits import small_model as small
-from helpers import CSRC, TESTS, library_sources
+from helpers import CSRC, TESTS, library_sources, subprocess_env
 from pytfm import checkpoint
 from pytfm._core import ffi, lib
 from pytfm.checkpoint import CheckpointError
@@ -684,7 +684,7 @@ def test_a_fifo_is_refused_at_once_naming_the_path(tmp_path, reader):
 
     path = str(tmp_path / "fifo.safetensors")
     os.mkfifo(path)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
+    env = subprocess_env(os.path.dirname(os.path.dirname(pytfm.__file__)))
     try:
         run = subprocess.run([sys.executable, "-c", FIFO_OPEN, reader, path], capture_output=True,
                              text=True, env=env, cwd="/", timeout=60)

@@ -5,7 +5,8 @@
  * shuffle waiting for a lane that left, lanes of a warp at different shuffles, bad launch
  * configurations (48 KiB of dynamic shared memory unless cudaFuncSetAttribute raised the
  * kernel's limit, 227 KiB at most), float4 accesses (16-byte aligned or a launch error),
- * cudaMallocAsync scratch, cp.async (performed only by the wait that covers its group).
+ * cudaMallocAsync scratch, cp.async (performed only by the wait that covers its group), a
+ * launch that a graph capture records (emu_scale).
  * Built only into the emulator's test library, never into libpytfm.
  */
 #include "pytfm_cuda.cuh"
@@ -134,6 +135,11 @@ EXPORT pytfm_status emu_malloc_async(float *out, const float *in, int n) {
         st = PYTFM_LAUNCH(scale_kernel, dim3(1), dim3(64), 0, nullptr, out, scratch, n, 1.0f);
     const cudaError_t err = cudaFreeAsync(scratch, nullptr);
     return st != PYTFM_STATUS_OK ? st : pytfm__cuda_status("cudaFreeAsync", err);
+}
+
+/* x[i] *= by in place (one block): the launch a graph capture records and a replay repeats */
+EXPORT pytfm_status emu_scale(float *x, int n, float by) {
+    return PYTFM_LAUNCH(scale_kernel, dim3(1), dim3(64), 0, nullptr, x, (const float *)x, n, by);
 }
 
 /* cp.async (pytfm__cp_async16/4, commit, wait<N>): thread t of n copies, per group g < groups,

@@ -12,7 +12,6 @@ Sizes are tiny: the emulator runs each CUDA thread as a fiber.
 
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -20,7 +19,7 @@ import pytest
 
 import fake_cupy
 import pytfm
-from helpers import ROOT
+from helpers import ROOT, run_train_tiny
 from pytfm import checkpoint, ops
 from pytfm import device as devices
 from pytfm.generate import generate
@@ -438,10 +437,21 @@ def test_train_tiny_device_cuda_fails_clearly_here(tmp_path):
     why = devices.cuda_problem()
     if why is None:
         pytest.skip("the GPU can be used here: tests/cuda/test_cuda_gpu_model.py trains on it")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_tiny.py"),
-                        "--device", "cuda", "--steps", "1"], capture_output=True, text=True,
-                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    r = run_train_tiny("--device", "cuda", "--steps", "1", cwd=tmp_path, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.splitlines()[-1] == (f"train_tiny.py: error: --device cuda: {why} "
                                          "(--device cpu trains on the CPU)")
     assert not (tmp_path / "out").exists()
+
+
+def test_train_tiny_runs_in_a_fresh_interpreter(tmp_path):
+    """The subprocess test_cuda_gpu_model.py starts on a GPU, on the CPU: the same helper, the
+    same environment (this one's, PYTHONPATH extended), so that a PYTHONPATH that loses what
+    pytfm imports fails here too (tests/cuda/test_gpu_conditions.py runs it in the GPU check
+    machine's conditions)."""
+    r = run_train_tiny("--steps", "2", "--eval-every", "2", "--log-every", "1", "--batch", "2",
+                       "--context", "16", "--d-model", "16", "--n-layer", "1", "--n-head", "2",
+                       "--sample-tokens", "4", "--out", tmp_path / "run", cwd=tmp_path,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "step     2/2" in r.stdout and (tmp_path / "run" / "model.safetensors").exists()

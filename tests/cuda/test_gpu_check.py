@@ -1,12 +1,16 @@
 """scripts/gpu_check.sh rehearsed without a GPU: the real script runs in a copy of its folder
 layout, with stub commands first on PATH (python3, nvidia-smi, compute-sanitizer, nvcc) whose
-behaviour each test picks through STUB_* variables. Every failure path the H200 call can meet
-is forced once, and the report, the summary table and the exit status are checked: a failing
-step is reported and the next one still runs, a hanging one is killed at its limit, the
-overall deadline turns the remaining steps into SKIPPED rows, a sanitizer that refuses the
-device is REFUSED (not a failure), and missing wheels say what to do.
+behaviour each test picks through STUB_* variables, and the system's other commands beside
+them (cmake only when a test puts it there). Every failure path the H200 call can meet is
+forced once, and the report, the summary table and the exit status are checked: the steps run
+in their order (the figures before the checks), a failing step is reported and the next one
+still runs, the steps that need the GPU say why they did not run once pytfm does not import or
+no GPU can be used, a hanging one is killed at its limit, the overall deadline turns the
+remaining steps into SKIPPED rows, a sanitizer that refuses the device is REFUSED (not a
+failure), a spilling kernel fails the register report, and missing wheels say what to do.
 """
 
+import json
 import os
 import re
 import shutil
@@ -19,29 +23,35 @@ import types
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, subprocess_env
 
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.sh")
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="needs bash and GNU timeout")
 
-# python3 as the script calls it: the wheels' install and import, setup.py, pytest, the small
-# run, the benchmark, and the -c probes (cffi, pytfm, cupy)
+# python3 as the script calls it: the preflight's probes, the wheels' install and import,
+# setup.py, pytest, the small run, the benchmark, and the -c probes (cffi, pytfm, cupy)
 PYTHON3 = r"""#!/bin/bash
 echo "python3 $*" >>"$STUB_LOG"
-has_cffi() {
-    [ "${STUB_CFFI:-0}" = 1 ] && return 0
+on_path() {  # a module the wheels installed into a folder on PYTHONPATH
     local IFS=:
-    for d in $PYTHONPATH; do [ -f "$d/cffi_installed" ] && return 0; done
+    for d in $PYTHONPATH; do [ -f "$d/$1_installed" ] && return 0; done
     return 1
 }
+has_cffi() { [ "${STUB_CFFI:-0}" = 1 ] || on_path cffi; }
 hang() { echo $$ >>"$STUB_PIDS"; exec sleep 60; }
 case "$1" in
 --version) echo "Python 3.12.3 (stub)"; exit 0 ;;
 -c)
     case "$2" in
     "import cffi, pycparser") has_cffi ;;
+    "from cmake import CMAKE_BIN_DIR") on_path cmake ;;
+    *sysconfig*) echo "$STUB_INCLUDE" ;;
+    *"import setuptools"*) echo "80.9.0 (stub)" ;;
+    *"import cffi; print"*)
+        has_cffi && echo "2.0.0 (stub)" || { echo "No module named 'cffi'"; exit 1; } ;;
+    *pytest_timeout*) [ "${STUB_PYTEST_TIMEOUT:-1}" = 1 ] && echo yes || exit 1 ;;
     "import pytfm"*)
         [ "${STUB_IMPORT:-ok}" = undefined ] && {
             echo "ImportError: pytfm/_pytfm_cffi.abi3.so: undefined symbol: pytfm_x_cuda"; exit 1; }
@@ -55,10 +65,20 @@ case "$1" in
 -m)
     case "$2" in
     pip)
-        while [ $# -gt 0 ]; do [ "$1" = --target ] && target="$2"; shift; done
+        shift 2
+        wheels=()
+        while [ $# -gt 0 ]; do
+            case "$1" in --target) target="$2"; shift ;; *.whl) wheels+=("$1") ;; esac
+            shift
+        done
         [ "${STUB_PIP:-ok}" = ok ] || { echo "ERROR: no matching distribution"; exit 1; }
-        mkdir -p "$target" && touch "$target/cffi_installed"
-        echo "Successfully installed cffi pycparser"; exit 0 ;;
+        mkdir -p "$target"
+        for w in "${wheels[@]}"; do
+            name="$(basename "$w")"; name="${name%%-*}"
+            touch "$target/${name}_installed"
+            [ "$name" = cmake ] && mkdir -p "$target/cmake/data/bin"
+        done
+        echo "Successfully installed ${wheels[*]##*/}"; exit 0 ;;
     pytest)
         echo "pytest args: ${*:3}"
         case "${STUB_TESTS:-ok}" in
@@ -74,19 +94,17 @@ setup.py)
     has_cffi || { echo "ModuleNotFoundError: No module named 'cffi'"; exit 1; }
     case "${STUB_BUILD:-ok}" in
     fail) echo "cuda/attention.cu(12): error: identifier x is undefined"; exit 1 ;;
-    werror) [ "${PYTFM_WERROR:-}" = 1 ] && {
-                echo "cuda/attention.cu(40): error #177-D: variable y was declared but never"\
-                     "referenced (warnings treated as errors)"; exit 1; } ;;
     hang) hang ;;
     esac
     mkdir -p pytfm/lib
-    cat >pytfm/lib/cuda_build.log <<'EOF'
+    spill=0; [ "${STUB_SPILL:-0}" = 1 ] && spill=8
+    cat >pytfm/lib/cuda_build.log <<LOG
 # nvcc (stub)
 
 ## cuda/attention.cu
 ptxas info    : Compiling entry function '_Z8attn_fwdILi64EEvPfPKfi' for 'sm_90'
 ptxas info    : Function properties for _Z8attn_fwdILi64EEvPfPKfi
-    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+    16 bytes stack frame, $spill bytes spill stores, $spill bytes spill loads
 ptxas info    : Used 255 registers, used 1 barriers, 33280 bytes smem, 432 bytes cmem[0]
 
 ## cuda/gelu.cu
@@ -94,21 +112,29 @@ ptxas info    : Compiling entry function '_Z19gelu_forward_kernelPfPKfl' for 'sm
 ptxas info    : Function properties for _Z19gelu_forward_kernelPfPKfl
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 28 registers, used 0 barriers, 376 bytes cmem[0]
-EOF
+LOG
     echo "built (PYTFM_CUDA=$PYTFM_CUDA PYTFM_WERROR=${PYTFM_WERROR:-unset}" \
-         "PYTFM_CUDA_ARCH=$PYTFM_CUDA_ARCH)" ;;
+         "PYTFM_CUDA_ARCH=$PYTFM_CUDA_ARCH jobs=${CMAKE_BUILD_PARALLEL_LEVEL:-unset})" ;;
 scripts/cuda_small_run.py)
     echo "cuda_small_run: every kernel ran (pool off: ${PYTFM_SMALL_RUN_NO_POOL:-no})" ;;
 bench/cuda_ops.py)
     [ "${STUB_BENCH:-ok}" = hang ] && hang
     echo "budget ${GPU_CHECK_STEP_SECONDS:-none} s"
-    printf 'kernel  time  rate\nsoftmax_forward  1.0 us  3000 GB/s\n' | tee "$3" ;;
+    printf 'kernel  time  rate\nsoftmax_forward  1.0 us  3000 GB/s\n' | tee "$3"
+    echo '{"rows": [{"name": "softmax_forward"}]}' >"$5" ;;
 *) echo "stub python3: unexpected $*"; exit 3 ;;
 esac
 """
 
 SANITIZER = r"""#!/bin/bash
 echo "compute-sanitizer $*" >>"$STUB_LOG"
+case "$1" in
+--version) echo "Compute Sanitizer 2025.3.1 (stub)"; echo "Version 2025.3.1"; exit 0 ;;
+--help)
+    echo "  --tool arg  --error-exitcode arg"
+    [ "${STUB_SANITIZER_FILTERS:-1}" = 1 ] && echo "  --kernel-name-exclude arg  --print-limit arg"
+    exit 0 ;;
+esac
 echo "========= COMPUTE-SANITIZER"
 case "${STUB_SANITIZER:-ok}" in
 refuse) echo "========= Error: Device not supported. Please refer to the documentation"
@@ -124,7 +150,8 @@ exit $rc
 
 NVIDIA_SMI = """#!/bin/bash
 echo "nvidia-smi $*" >>"$STUB_LOG"
-echo "NVIDIA H200 (stub), 143771 MiB, driver 580.159.04"
+echo "NVIDIA H200 (stub), 580.159.04, 1980 MHz, 1980 MHz, 3201 MHz, 3201 MHz, 120 W, 31, 0 MiB, \
+143771 MiB"
 """
 
 NVCC = """#!/bin/bash
@@ -132,10 +159,32 @@ echo "Cuda compilation tools, release 13.0 (stub)"
 """
 
 PYTEST_FILES = ("tests/cuda/test_cuda_gpu.py", "tests/cuda/test_cuda_gpu_model.py")
+STUBBED = ("python3", "nvidia-smi", "compute-sanitizer", "nvcc", "cmake")
 
 
-def make_tree(tmp_path, *, wheels=True, model_tests=True, smi=True):
-    """A copy of the script in the folder layout it expects, and a bin/ of stubs."""
+def system_bin(tmp_path, cmake):
+    """The system's commands, but those the stubs stand for (and cmake, unless asked for: then
+    a stub of it)."""
+    sysbin = tmp_path / "sysbin"
+    sysbin.mkdir()
+    for folder in ("/usr/local/bin", "/usr/bin", "/bin"):
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            if name not in STUBBED and not os.path.lexists(sysbin / name):
+                (sysbin / name).symlink_to(os.path.join(folder, name))
+    if cmake:
+        path = sysbin / "cmake"
+        path.write_text("#!/bin/bash\necho 'cmake version 4.4.3 (stub)'\n")
+        path.chmod(0o755)
+    return sysbin
+
+
+def make_tree(tmp_path, *, wheels=True, model_tests=True, smi=True, cmake=False, cudart=True,
+              python_h=True):
+    """A copy of the script in the folder layout it expects, a toolkit folder whose bin/ holds
+    the stubs, a sysbin/ of the system's other commands and an include folder (Python.h);
+    -> (the copy's root, PATH, the include folder)."""
     root = tmp_path / "repo"
     (root / "scripts").mkdir(parents=True)
     shutil.copy(SCRIPT, root / "scripts" / "gpu_check.sh")
@@ -146,10 +195,19 @@ def make_tree(tmp_path, *, wheels=True, model_tests=True, smi=True):
     if wheels:
         (root / "gpu_wheels").mkdir()
         for w in ("cffi-2.0.0-cp312-cp312-manylinux2014_x86_64.whl",
-                  "pycparser-3.0-py3-none-any.whl"):
+                  "pycparser-3.0-py3-none-any.whl",
+                  "cmake-4.4.3-py3-none-manylinux2014_x86_64.whl"):
             (root / "gpu_wheels" / w).write_bytes(b"")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    cuda = tmp_path / "cuda"  # nvcc's toolkit: the $CUDA_HOME the script derives from it
+    bin_dir = cuda / "bin"
+    bin_dir.mkdir(parents=True)
+    if cudart:
+        (cuda / "lib64").mkdir()
+        (cuda / "lib64" / "libcudart_static.a").write_bytes(b"")
+    include = tmp_path / "include"
+    include.mkdir()
+    if python_h:
+        (include / "Python.h").write_text("/* stub */\n")
     stubs = {"python3": PYTHON3, "compute-sanitizer": SANITIZER, "nvcc": NVCC}
     if smi:
         stubs["nvidia-smi"] = NVIDIA_SMI
@@ -157,19 +215,23 @@ def make_tree(tmp_path, *, wheels=True, model_tests=True, smi=True):
         path = bin_dir / name
         path.write_text(textwrap.dedent(text))
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    return root, bin_dir
+    return root, f"{bin_dir}:{system_bin(tmp_path, cmake)}", include
 
 
 def run_check(tmp_path, out=True, expect_seconds=15, **stub):
     """Run the copied script with the stubs; -> .rc (exit status), .stdout (with stderr),
-    .report (gpu_check.txt), .out (the OUT folder), .rows ({step: status} of summary.txt)."""
-    root, bin_dir = make_tree(tmp_path, **{k: stub.pop(k) for k in ("wheels", "model_tests", "smi")
-                                           if k in stub})
+    .report (gpu_check.txt), .out (the OUT folder), .rows ({step: status} of summary.txt),
+    .calls (the stubs' log of their calls)."""
+    tree = {k: stub.pop(k) for k in ("wheels", "model_tests", "smi", "cmake", "cudart",
+                                      "python_h") if k in stub}
+    root, path, include = make_tree(tmp_path, **tree)
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GPU_CHECK_", "PYTFM_", "CUDA_", "STUB_")) and k != "OUT"}
+           if not k.startswith(("GPU_CHECK_", "PYTFM_", "CUDA_", "STUB_", "CMAKE_"))
+           and k != "OUT"}
     out_dir = tmp_path / "out"
-    env.update(PATH=f"{bin_dir}:/usr/bin:/bin", STUB_LOG=str(tmp_path / "calls.log"),
-               STUB_PIDS=str(tmp_path / "pids"), PYTHONPATH="")
+    env.update(PATH=path, STUB_LOG=str(tmp_path / "calls.log"), STUB_PIDS=str(tmp_path / "pids"),
+               STUB_INCLUDE=str(include), PYTHONPATH="",
+               GPU_CHECK_CUDA_FALLBACK=str(tmp_path / "no-cuda"))  # not this machine's toolkit
     if out:
         env["OUT"] = str(out_dir)
     else:
@@ -179,9 +241,11 @@ def run_check(tmp_path, out=True, expect_seconds=15, **stub):
     r = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh")], env=env,
                        capture_output=True, text=True, timeout=60)
     assert time.monotonic() - t0 < expect_seconds, r.stdout
+    calls = tmp_path / "calls.log"
     return types.SimpleNamespace(rc=r.returncode, stdout=r.stdout + r.stderr, out=out_dir,
                                  report=(out_dir / "gpu_check.txt").read_text(),
-                                 rows=summary(out_dir))
+                                 rows=summary(out_dir),
+                                 calls=calls.read_text() if calls.exists() else "")
 
 
 def summary(out_dir):
@@ -194,9 +258,10 @@ def summary(out_dir):
     return rows
 
 
-ALL_STEPS = ["wheels", "build-werror", "import", "nvidia-smi", "gpu", "gpu-tests",
-             "sanitizer-memcheck", "sanitizer-racecheck", "sanitizer-synccheck", "bench",
-             "registers"]
+ALL_STEPS = ["preflight", "wheels", "build", "registers", "import", "gpu", "bench", "gpu-tests",
+             "sanitizer-memcheck", "sanitizer-racecheck", "sanitizer-synccheck"]
+GPU_STEPS = ALL_STEPS[6:]
+SUMMARY = "gpu_check: 11 steps, {} failed, skipped or not run, {} refused by the sanitizer"
 
 
 def test_everything_passes(tmp_path):
@@ -204,115 +269,133 @@ def test_everything_passes(tmp_path):
     assert list(r.rows) == ALL_STEPS
     assert all(s.startswith("ok") for s in r.rows.values()), r.rows
     assert r.rc == 0, r.stdout
-    calls = (tmp_path / "calls.log").read_text()
-    # the wheels went in with --no-index --target, and the build found cffi through PYTHONPATH
+    # the preflight, first: what the build and the checks need
+    for line in ("Python.h: ", "setuptools: 80.9.0", "nvcc: ", "libcudart_static.a: ",
+                 "compute-sanitizer options used: --kernel-name-exclude kns=cupy --print-limit",
+                 "pytest-timeout: yes", "GPU: NVIDIA H200 (stub), 580.159.04, 1980 MHz"):
+        assert line in r.report, line
+    assert r.report.index("==== preflight") < r.report.index("==== wheels")
+    # the wheels, cmake's too (none on PATH), went in with --no-index --target
     assert re.search(r"python3 -m pip install --no-index --no-deps .*--target \S+/site "
-                     r"\S+/gpu_wheels/cffi-2\.0\.0\S+\.whl \S+/pycparser-3\.0\S+\.whl", calls)
-    assert "built (PYTFM_CUDA=1 PYTFM_WERROR=1 PYTFM_CUDA_ARCH=90)" in r.report
-    assert "build-plain" not in r.rows
-    # both GPU test files, the three sanitizers over the small run with the pool off
-    assert "pytest args: -q -p no:cacheprovider -rs " + " ".join(PYTEST_FILES) in r.report
+                     r"\S+/cffi-2\.0\.0\S+\.whl \S+/pycparser-3\.0\S+\.whl "
+                     r"\S+/cmake-4\.4\.3\S+\.whl", r.calls), r.calls
+    # one build, every core, warnings not errors
+    assert re.search(r"built \(PYTFM_CUDA=1 PYTFM_WERROR=unset PYTFM_CUDA_ARCH=90 jobs=\d+\)",
+                     r.report)
+    # the figures come before the checks
+    positions = [r.report.index(f"==== {s}:") for s in ("bench", "gpu-tests",
+                                                         "sanitizer-memcheck")]
+    assert positions == sorted(positions)
+    # both GPU test files, their durations, a per-test timeout
+    assert "pytest args: -q -p no:cacheprovider -rs --durations=15 --timeout 90 " + \
+        " ".join(PYTEST_FILES) in r.report
+    # the three sanitizers over the small run with the pool off, on pytfm's kernels only
     for tool in ("memcheck", "racecheck", "synccheck"):
-        assert f"compute-sanitizer --tool {tool} --error-exitcode 99 python3 " \
-               "scripts/cuda_small_run.py" in calls
+        assert f"compute-sanitizer --tool {tool} --error-exitcode 99 --kernel-name-exclude " \
+               "kns=cupy --print-limit 20 python3 scripts/cuda_small_run.py" in r.calls
     assert r.report.count("every kernel ran (pool off: 1)") == 3
-    # the bench is given its step's seconds (240, or less when the deadline is nearer)
-    assert re.search(r"budget (\d+) s", r.report) and int(re.search(r"budget (\d+) s",
-                                                                  r.report).group(1)) <= 240
+    # the bench is given its step's seconds (150, or less when the deadline is nearer)
+    budget = int(re.search(r"budget (\d+) s", r.report).group(1))
+    assert 100 <= budget <= 150
     assert "softmax_forward" in (r.out / "bench.txt").read_text()
+    assert json.loads((r.out / "bench.json").read_text())["rows"]
     # the register report: one row per kernel, demangled when c++filt exists, spills shown
     regs = (r.out / "registers.txt").read_text()
-    assert re.search(r"^\s+255\s+33280\s+16\s+8/12\s+attention\.cu\s+"
+    assert re.search(r"^\s+255\s+33280\s+16\s+0/0\s+attention\.cu\s+"
                      r"void attn_fwd<64>\(float\*, float const\*, int\) \[sm_90\]$",
                      regs, re.M), regs
     assert regs.index("attention.cu") < regs.index("gelu.cu")  # by file
-    assert re.search(r"^\s+28\s+0\s+0\s+0/0\s+gelu\.cu\s+gelu_forward_kernel\(float\*", regs, re.M)
+    assert re.search(r"^\s+28\s+0\s+0\s+0/0\s+gelu\.cu\s+gelu_forward_kernel\(float\*", regs,
+                     re.M)
     assert (r.out / "cuda_build.log").exists()
     # what the run tool brings back: at most 8 files, flat, plain names
     names = os.listdir(r.out)
     assert len(names) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names), names
-    assert set(names) == {"gpu_check.txt", "summary.txt", "bench.txt", "registers.txt",
-                          "cuda_build.log"}
-    # the summary table is the last thing printed, and in the r.report too
-    assert r.stdout.rstrip().splitlines()[-1].startswith("gpu_check: 11 steps, 0 failed")
+    assert set(names) == {"gpu_check.txt", "summary.txt", "bench.txt", "bench.json",
+                          "registers.txt", "cuda_build.log"}
+    # the summary table is the last thing printed, and in the report too
+    assert r.stdout.rstrip().splitlines()[-1] == SUMMARY.format(0, 0)
     assert (r.out / "summary.txt").read_text() in r.report
+    assert re.match(r"gpu_check summary \(\d+\.\d s of 400 s\)",
+                    (r.out / "summary.txt").read_text())
 
 
-def test_werror_build_fails_then_plain_build_passes(tmp_path):
-    r = run_check(tmp_path, STUB_BUILD="werror")
-    error = ("cuda/attention.cu(40): error #177-D: variable y was declared but never "
-             "referenced (warnings treated as errors)")
-    # the status holds the output's last line, cut at 100 characters
-    assert r.rows["build-werror"] == f"FAIL (exit 1): {error[:100]}: retried without PYTFM_WERROR"
-    assert r.rows["build-plain"] == "ok"
-    assert "warnings treated as errors" in r.report
-    assert "the warnings-as-errors build failed: building once more without " \
-           "PYTFM_WERROR" in r.report
-    assert "built (PYTFM_CUDA=1 PYTFM_WERROR=unset PYTFM_CUDA_ARCH=90)" in r.report
-    assert all(r.rows[s] == "ok" for s in ALL_STEPS if s != "build-werror"), r.rows
-    assert r.rc == 1  # the warning is still a failure of the check
-
-
-def test_build_fails_both_ways_and_every_later_step_still_reports(tmp_path):
+def test_a_failed_build_is_built_once_and_the_gpu_steps_say_why_they_did_not_run(tmp_path):
     r = run_check(tmp_path, STUB_BUILD="fail")
-    assert list(r.rows) == ALL_STEPS[:2] + ["build-plain"] + ALL_STEPS[2:]
-    undefined = "FAIL (exit 1): cuda/attention.cu(12): error: identifier x is undefined"
-    assert r.rows["build-werror"] == undefined + ": retried without PYTFM_WERROR"
-    assert r.rows["build-plain"] == undefined
-    assert r.report.count("\ncuda/attention.cu(12): error: identifier x is undefined") == 2
-    assert r.rows["import"] == "FAIL (exit 1): ImportError: pytfm's compiled module is missing"
-    # the GPU steps still ran (the stubs answer as a GPU machine would)
-    for s in ("nvidia-smi", "gpu", "gpu-tests", "sanitizer-memcheck", "bench"):
-        assert r.rows[s] == "ok", (s, r.rows)
+    assert list(r.rows) == ALL_STEPS  # no second build
+    assert r.rows["build"] == "FAIL (exit 1): cuda/attention.cu(12): error: identifier x is " \
+                              "undefined"
+    assert r.report.count("\ncuda/attention.cu(12): error: identifier x is undefined") == 1
     assert r.rows["registers"] == "FAIL (exit 1): no pytfm/lib/cuda_build.log: the CUDA build " \
                                   "did not run (or wrote no report)"
+    imported = "FAIL (exit 1): ImportError: pytfm's compiled module is missing"
+    assert r.rows["import"] == imported
+    assert r.rows["gpu"] == "ok"  # it needs CuPy only
+    for s in GPU_STEPS:
+        assert r.rows[s] == f"NOT RUN (pytfm does not import: {imported})", (s, r.rows)
+    assert "bench/cuda_ops.py" not in r.calls and "-m pytest" not in r.calls
+    assert "compute-sanitizer --tool" not in r.calls
     assert r.rc == 1
 
 
 def test_no_gpu_each_gpu_step_says_so(tmp_path):
-    r = run_check(tmp_path, smi=False, STUB_GPU=0, STUB_TESTS="skip", STUB_IMPORT="undefined")
+    r = run_check(tmp_path, smi=False, STUB_GPU=0)
+    assert "GPU: nvidia-smi not found (no NVIDIA driver on this machine?)" in r.report
+    assert r.rows["preflight"] == "ok" and r.rows["import"] == "ok"
+    no_gpu = "FAIL (exit 1): AssertionError: CuPy sees no CUDA device"
+    assert r.rows["gpu"] == no_gpu
+    for s in GPU_STEPS:
+        assert r.rows[s] == f"NOT RUN (no usable GPU: {no_gpu})", (s, r.rows)
+    assert r.stdout.rstrip().splitlines()[-1] == SUMMARY.format(6, 0)
+    assert r.rc == 1
+
+
+def test_an_undefined_twin_is_named_and_nothing_runs_on_the_gpu(tmp_path):
+    r = run_check(tmp_path, STUB_IMPORT="undefined")
     assert r.rows["import"] == "FAIL (exit 1): undefined symbol: pytfm_x_cuda"
-    assert r.rows["nvidia-smi"].startswith("FAIL (nvidia-smi not found on PATH")
-    assert r.rows["gpu"] == "FAIL (exit 1): AssertionError: CuPy sees no CUDA device"
+    assert r.rows["bench"] == "NOT RUN (pytfm does not import: FAIL (exit 1): undefined symbol: " \
+                              "pytfm_x_cuda)"
+    assert r.rc == 1
+
+
+def test_every_gpu_test_skipping_fails_the_step(tmp_path):
+    r = run_check(tmp_path, STUB_TESTS="skip", STUB_PYTEST_TIMEOUT=0)
     assert r.rows["gpu-tests"] == "FAIL (no test ran: every test skipped, reasons above)"
     assert "no CUDA GPU here" in r.report
-    assert r.rows["bench"] == "ok" and r.rows["registers"] == "ok"  # they still ran
+    # without pytest-timeout, no --timeout
+    assert "pytest args: -q -p no:cacheprovider -rs --durations=15 tests/" in r.report
     assert r.rc == 1
 
 
 def test_hanging_step_is_killed_and_the_next_runs(tmp_path):
-    r = run_check(tmp_path, STUB_TESTS="hang",
-                                        GPU_CHECK_LIMIT_GPU_TESTS=2)
+    r = run_check(tmp_path, STUB_TESTS="hang", GPU_CHECK_LIMIT_GPU_TESTS=2)
     assert r.rows["gpu-tests"] == "TIMEOUT (killed after 2 s)"
     assert "collecting ..." in r.report  # its output up to the kill is kept
-    assert r.rows["sanitizer-memcheck"] == "ok" and r.rows["registers"] == "ok"
+    assert r.rows["sanitizer-memcheck"] == "ok" and r.rows["bench"] == "ok"
     for pid in (tmp_path / "pids").read_text().split():
         assert not os.path.exists(f"/proc/{pid}"), "the hanging process outlived its step"
     assert r.rc == 1
 
 
 def test_deadline_skips_the_remaining_steps(tmp_path):
-    r = run_check(tmp_path, expect_seconds=12, STUB_BUILD="hang",
-                                        GPU_CHECK_BUDGET=4, GPU_CHECK_MIN_STEP=1)
+    r = run_check(tmp_path, expect_seconds=12, STUB_BUILD="hang", GPU_CHECK_BUDGET=4,
+                  GPU_CHECK_MIN_STEP=1)
     assert r.rows["wheels"] == "ok"
-    assert re.fullmatch(r"TIMEOUT \(killed after [34] s\)", r.rows["build-werror"]), r.rows
-    assert "build-plain" not in r.rows  # a build that timed out is not tried again
-    later = ALL_STEPS[2:]
-    assert all(re.fullmatch(r"SKIPPED \(deadline: -?\d+ s left of 4 s(, \d+ s of it kept for "
-                            r"the bench)?\)", r.rows[s]) for s in later), r.rows
-    assert "gpu_check: 11 steps, 10 failed or skipped" in r.stdout
+    assert re.fullmatch(r"TIMEOUT \(killed after [34] s\)", r.rows["build"]), r.rows
+    later = ALL_STEPS[3:]
+    assert all(re.fullmatch(r"SKIPPED \(deadline: -?\d+ s left of 4 s\)", r.rows[s])
+               for s in later), r.rows
+    assert SUMMARY.format(9, 0) in r.stdout
     assert r.rc == 1
 
 
-def test_slow_steps_leave_the_bench_its_time(tmp_path):
-    # as if a slow build had left 140 s: the tests may take what is above 135 s, the sanitizers
-    # are skipped, the bench gets 120 s and the register report the last 15
-    r = run_check(tmp_path, GPU_CHECK_BUDGET=140, GPU_CHECK_MIN_STEP=1, STUB_TESTS="hang")
-    assert re.fullmatch(r"TIMEOUT \(killed after [345] s\)", r.rows["gpu-tests"]), r.rows
-    assert re.fullmatch(r"SKIPPED \(deadline: 13[3-6] s left of 140 s, 135 s of it kept for "
-                        r"the bench\)", r.rows["sanitizer-memcheck"]), r.rows
-    assert r.rows["bench"] == "ok" and r.rows["registers"] == "ok"
-    assert re.search(r"budget 1(1\d|20) s", r.report)  # what is left, less 15 s
+def test_a_slow_bench_leaves_the_checks_what_is_left(tmp_path):
+    """The bench first: one that hangs is killed at its limit, and the tests and the
+    sanitizers still run in what is left of the deadline."""
+    r = run_check(tmp_path, expect_seconds=20, STUB_BENCH="hang", GPU_CHECK_LIMIT_BENCH=3,
+                  GPU_CHECK_BUDGET=30, GPU_CHECK_MIN_STEP=1)
+    assert r.rows["bench"] == "TIMEOUT (killed after 3 s)"
+    assert r.rows["gpu-tests"] == "ok" and r.rows["sanitizer-synccheck"] == "ok"
 
 
 def test_sanitizer_refusing_is_reported_and_not_a_failure(tmp_path):
@@ -321,7 +404,7 @@ def test_sanitizer_refusing_is_reported_and_not_a_failure(tmp_path):
         assert r.rows[f"sanitizer-{tool}"] == "REFUSED (Error: Device not supported. Please " \
                                             "refer to the documentation)"
     assert r.rows["bench"] == "ok"
-    assert "gpu_check: 11 steps, 0 failed or skipped, 3 refused by the sanitizer" in r.stdout
+    assert SUMMARY.format(0, 3) in r.stdout
     assert r.rc == 0
 
 
@@ -332,23 +415,54 @@ def test_sanitizer_finding_errors_fails(tmp_path):
     assert r.rc == 1
 
 
+def test_a_sanitizer_without_the_filters_runs_without_them(tmp_path):
+    r = run_check(tmp_path, STUB_SANITIZER_FILTERS=0)
+    assert "compute-sanitizer options used: (none of the filters)" in r.report
+    assert "compute-sanitizer --tool memcheck --error-exitcode 99 python3 " \
+           "scripts/cuda_small_run.py" in r.calls
+    assert r.rows["sanitizer-memcheck"] == "ok"
+
+
+def test_a_kernel_that_spills_fails_the_register_report(tmp_path):
+    r = run_check(tmp_path, STUB_SPILL=1)
+    assert r.rows["registers"] == "FAIL (1 kernel(s) spill registers)"
+    assert re.search(r"^\s+255\s+33280\s+16\s+8/8\s+attention\.cu",
+                     (r.out / "registers.txt").read_text(), re.M)
+    assert r.rows["bench"] == "ok" and r.rc == 1
+
+
+def test_the_preflight_says_what_the_build_will_miss(tmp_path):
+    r = run_check(tmp_path, python_h=False, cudart=False)
+    assert r.rows["preflight"] == "MISSING (Python.h libcudart_static.a)"
+    assert "Python.h: not found in " in r.report
+    assert re.search(r"libcudart_static.a: not found under \S+/cuda \S+/no-cuda", r.report)
+    assert r.rows["build"] == "ok" and r.rc == 1  # (the stub builds anyway)
+
+
 def test_missing_wheels_say_how_to_get_them(tmp_path):
     r = run_check(tmp_path, wheels=False)
-    assert r.rows["wheels"].startswith("FAIL (no cffi and pycparser wheels in ")
+    assert r.rows["wheels"].startswith("FAIL (no cffi pycparser cmake wheel in ")
     assert "scripts/fetch_gpu_wheels.sh" in r.rows["wheels"] and "carry" in r.rows["wheels"]
     assert "No module named 'cffi'" in r.report  # the build then fails, and says why
-    assert r.rows["build-plain"] == "FAIL (exit 1): ModuleNotFoundError: No module named 'cffi'"
+    assert r.rows["build"] == "FAIL (exit 1): ModuleNotFoundError: No module named 'cffi'"
     assert r.rows["gpu"] == "ok" and r.rows["registers"].startswith("FAIL")
     assert r.rc == 1
 
 
-def test_cffi_already_installed_and_a_missing_test_file(tmp_path):
-    r = run_check(tmp_path, out=False, model_tests=False, STUB_CFFI=1)
+def test_cffi_and_cmake_already_there_and_a_missing_test_file(tmp_path):
+    r = run_check(tmp_path, out=False, model_tests=False, cmake=True, STUB_CFFI=1)
     assert r.rows["wheels"] == "ok (already installed)"
-    assert "pip install" not in (tmp_path / "calls.log").read_text()
+    assert "pip install" not in r.calls
+    assert "cmake version 4.4.3 (stub)" in r.report
     assert "gpu-tests: tests/cuda/test_cuda_gpu_model.py does not exist: not run" in r.report
-    assert "pytest args: -q -p no:cacheprovider -rs tests/cuda/test_cuda_gpu.py\n" in r.report
+    assert "--timeout 90 tests/cuda/test_cuda_gpu.py\n" in r.report
     assert r.rows["gpu-tests"] == "ok" and r.rc == 0
+
+
+def test_only_the_missing_wheels_are_installed(tmp_path):
+    r = run_check(tmp_path, STUB_CFFI=1)  # cffi and pycparser there: cmake alone
+    assert re.search(r"--target \S+/site \S+/cmake-4\.4\.3\S+\.whl\n", r.calls), r.calls
+    assert r.rows["wheels"] == "ok"
 
 
 def test_help_and_usage_error():
@@ -365,7 +479,7 @@ def test_bench_imports_without_cupy_or_torch():
     code = ("import sys, bench.cuda_ops; "
             "assert not {'cupy', 'torch'} & set(sys.modules), sorted(sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+                       timeout=60, env=subprocess_env(ROOT))
     assert r.returncode == 0, r.stderr
 
 
@@ -394,13 +508,70 @@ def test_bench_row_shows_the_ratio_and_whether_the_target_is_met(cuda_ops):
     HEAD, format_row = cuda_ops.HEAD, cuda_ops.format_row  # noqa: N806 - the module's names
 
     met = format_row("softmax_forward 78848x768", 1e-4, 3500.0, "GB/s", "copy same B", 4000.0,
-                     ("issue 12", 0.75), "484 MB moved")
+                     ("memory-bound forward", 0.75), "484 MB moved")
     assert re.search(r" 100\.0 +3500\.0 GB/s +copy same B +4000\.0 +0\.88x +>=0\.75x yes  "
-                     r"issue 12; 484 MB moved$", met), met
-    below = format_row("attention fwd+bwd T=4096", 2e-3, 10.0, "TFLOP/s", "torch SDPA", 20.0,
-                       ("issue 10", 0.8))
-    assert re.search(r" 0\.50x +>=0\.80x NO   issue 10$", below), below
+                     r"memory-bound forward; 484 MB moved$", met), met
+    below = format_row("attention fwd+bwd T=4096", 2e-3, 10.0, "TFLOP/s", "SDPA fp32", 20.0,
+                       cuda_ops.ATTENTION_FWDBWD_TARGET)
+    assert re.search(r" 0\.50x +>=0\.80x NO   attention fwd\+bwd$", below), below
     plain = format_row("device-to-device copy", 1e-3, 4300.0, "GB/s")
     assert re.search(r"GB/s +- +- +- -$", plain), plain
     # the columns line up with the header
-    assert len(met.split("  issue")[0]) == len(HEAD.split("  note")[0])
+    assert len(met.split("  memory")[0]) == len(HEAD.split("  note")[0])
+    assert cuda_ops.bandwidth_target("layernorm", "backward") == ("memory-bound backward", 0.6)
+    assert cuda_ops.TRAIN_TINY_TARGET[1] == 5.0  # x the 2-core CPU step
+
+
+def test_bench_json_holds_every_row_with_its_ratio_and_the_machine(cuda_ops, tmp_path):
+    table = cuda_ops.Table(str(tmp_path / "bench.txt"), str(tmp_path / "bench.json"))
+    table.info = {"clocks_before": {"gpus": cuda_ops.parse_smi(
+        "NVIDIA H200, 580.159.04, 1980 MHz, 1980 MHz, 3201 MHz, 3201 MHz, 300.12 W, 41, "
+        "1 MiB, 143771 MiB\n")}}
+    table.section = "ceilings"
+    table.row("copy", 1e-3, 4300.0, "GB/s")
+    table.section = "training"
+    table.row("train_tiny step, GPU, TrainStep", 1e-3, 1.0e6, "tok/s", "CPU 2 thr", 1.6e4,
+              cuda_ops.TRAIN_TINY_TARGET, "graph")
+    table.write_json()
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    gpu = saved["clocks_before"]["gpus"][0]
+    assert gpu["name"] == "NVIDIA H200" and gpu["clocks.sm"] == "1980 MHz"
+    assert gpu["memory.total"] == "143771 MiB"
+    copy, step = saved["rows"]
+    assert copy == dict(name="copy", seconds=1e-3, rate=4300.0, unit="GB/s", vs="", vs_rate=None,
+                        ratio=None, target=None, met=None, note="", section="ceilings")
+    assert step["ratio"] == pytest.approx(62.5) and step["met"] is True
+    assert step["target"] == {"what": "GPU step", "ratio": 5.0} and step["section"] == "training"
+    assert (tmp_path / "bench.txt").read_text().count("\n") == 2
+
+
+def test_bench_arithmetic(cuda_ops):
+    # causal: half of 4·B·H·T²·D
+    assert cuda_ops.attention_flops(4, 8, 4096, 64) == 2 * 4 * 8 * 4096**2 * 64
+    assert cuda_ops.attention_flops(1, 1, 10, 2, causal=False) == 4 * 100 * 2
+    assert cuda_ops.tokens_per_s(10, 8, 128, 0.5) == 20480.0
+
+
+@pytest.mark.parametrize("names,backend", [
+    (["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>"], "flash"),
+    (["fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)"],
+     "efficient"),
+    (["cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3"], "cudnn"),
+    (["ampere_sgemm_128x64_tn", "at::native::(anonymous)::cunn_SoftMaxForward"], "math"),
+])
+def test_bench_tells_the_sdpa_backend_from_its_kernels(cuda_ops, names, backend):
+    assert cuda_ops.sdpa_backend(names) == backend
+
+
+def test_bench_host_only_counts_a_steps_host_work_without_a_gpu():
+    """--host-only: no GPU, CuPy or torch needed; the loop allocates and looks up the device
+    and the stream per op, TrainStep's replay neither."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "cuda_ops.py"), "--host-only"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=subprocess_env(ROOT))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^(loop|TrainStep replay) +(\d+) +(\d+) +(\d+) +(\d+) +([\d.]+)$", r.stdout, re.M)}
+    assert set(rows) == {"loop", "TrainStep replay"}, r.stdout
+    assert int(rows["loop"][2]) > 0 and int(rows["loop"][3]) == 2 * int(rows["loop"][0])
+    assert rows["TrainStep replay"][2:4] == ("0", "0")  # no array made, nothing looked up

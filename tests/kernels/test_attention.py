@@ -12,7 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pytfm
-from helpers import EPS32, amax, assert_close, assert_same_bits_at_any_thread_count, f32, seeds
+from helpers import (
+    EPS32,
+    amax,
+    assert_close,
+    assert_same_bits_at_any_thread_count,
+    f32,
+    seeds,
+    subprocess_env,
+)
 from ops_registry import (
     ATTENTION_BACKWARD,
     ATTENTION_FORWARD,
@@ -196,7 +204,7 @@ def test_attention_memory_does_not_grow_with_t_squared():
         print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
         """
     )
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(ops.__file__)))
+    env = subprocess_env(os.path.dirname(os.path.dirname(ops.__file__)))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
                        check=True, env=env)
     grown_kib = int(r.stdout)

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, subprocess_env
 from pytfm import checkpoint, device
 from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW
@@ -44,7 +44,7 @@ def unprivileged():
 def run(script, *args, cwd, prefix=(), path=()):
     """The example in a fresh interpreter, from cwd; path: folders put before the checkout on
     its PYTHONPATH."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, path), ROOT]))
+    env = subprocess_env(*path, ROOT)
     start = time.perf_counter()
     command = [*prefix, sys.executable, os.path.join(EXAMPLES, script), *map(str, args)]
     r = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
@@ -383,7 +383,7 @@ def test_import_pytfm_gives_every_public_module():
             "assert not [m for m in sys.modules if m.split('.')[0] in ('cupy', 'mpi4py')]\n"
             "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+                       env=subprocess_env(ROOT), timeout=120)
     assert r.returncode == 0 and r.stdout == "ok\n", (r.stdout, r.stderr)
 
 

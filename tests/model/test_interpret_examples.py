@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, subprocess_env
 from pytfm import checkpoint
 from pytfm.nn import GPT, GPTConfig
 
@@ -63,7 +63,7 @@ def run(script, *args, cwd, block_matplotlib=False):
         with open(os.path.join(blocker, "matplotlib", "__init__.py"), "w") as f:
             f.write("raise ImportError('matplotlib is blocked for this test')\n")
         path.insert(0, blocker)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    env = subprocess_env(*path)
     command = [sys.executable, os.path.join(EXAMPLES, f"{script}.py"), *map(str, args)]
     r = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
@@ -242,7 +242,7 @@ def test_scaling_quick_sweep_writes_a_png_and_resumes(tmp_path):
     results.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
     r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "scaling.py"), "--quick", "--out",
                         "sw"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=ROOT))
+                       env=subprocess_env(ROOT))
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("skipped") == 5 and "line 6 is not a whole record" in r.stderr
     redone = json.loads(results.read_text().splitlines()[-1])

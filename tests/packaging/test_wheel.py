@@ -16,7 +16,7 @@ import zipfile
 
 import pytest
 
-from helpers import ROOT, public_headers
+from helpers import ROOT, public_headers, subprocess_env
 
 pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "setup.py")),
                                 reason="needs the source checkout")
@@ -64,7 +64,7 @@ def test_sdist_builds_a_wheel_without_a_system_cmake(tmp_path, path_without):
          str(target), str(wheel)])
     out = run([sys.executable, "-c", "import pytfm; print(pytfm.__file__); "
                "print(pytfm.build_info()['cuda'], pytfm.ops.softmax_forward)"],
-              env=dict(os.environ, PYTHONPATH=str(target)), cwd=tmp_path)
+              env=subprocess_env(target), cwd=tmp_path)
     assert out.splitlines()[0] == str(target / "pytfm" / "__init__.py")
     assert out.splitlines()[1].startswith("False ")
     dynamic = run(["readelf", "-d", str(target / extension)])
