@@ -7,6 +7,8 @@
     python examples/train_tiny.py --device cuda                # on the GPU (CuPy, CUDA build)
     python examples/train_tiny.py --precision bf16             # BF16 products (CPU), FP32 state
     mpiexec -n 2 python examples/train_tiny.py                 # two processes (pytfm[mpi])
+    python examples/train_tiny.py --tokenizer bpe:4096         # GPT-2's BPE, trained on the text
+    python examples/train_tiny.py --init-from gpt2 --text my.txt --lr 3e-4   # fine-tune GPT-2
 
 With no --text it learns from the Python standard library's own source files, which every
 machine has. It prints a progress line every --log-every steps and the validation loss every
@@ -18,6 +20,18 @@ was. Every flag and path is checked before training (--out by creating it and wr
 file): a bad one stops the script with its usage and one line naming the flag, exit status 2.
 So does an OUT/model.safetensors that a run would replace, unless --resume continues it or
 --force replaces it. Sample from a checkpoint later with examples/sample.py.
+
+By default the tokens are the text's bytes. --tokenizer bpe:N trains a byte-level BPE of N
+tokens on the text first (GPT-2's pre-tokenizer and file format, pytfm.tokenizer), trains the
+model on its tokens and saves it beside the checkpoint (OUT/vocab.json, OUT/merges.txt), where
+sample.py finds it. --init-from FOLDER fine-tunes the GPT-2 of a Hugging Face folder
+(config.json, model.safetensors, its tokenizer beside them: pytfm.gpt2) on the text tokenized
+with that tokenizer; the model's shape is the folder's (--d-model, --n-layer, --n-head, --pos
+are not used), --context at most its n_positions, and OUT becomes a folder of the same layout
+(transformers reads it), saved at each evaluation; its memory (parameters, gradients, AdamW's
+moments and a step's activations, pytfm.gpt2.memory_plan) is compared with what the machine
+has before the model is loaded. Such a run continues with --init-from OUT (AdamW's moments
+start again), not --resume.
 
 The text is held as its bytes, one token per byte (its own size in memory), and is opened and
 read once (a pipe works). Its memory is planned before it is read: a --text larger than the
@@ -55,11 +69,13 @@ from dataclasses import asdict
 import numpy as np
 
 import pytfm
-from pytfm import checkpoint, data, distributed
+from pytfm import checkpoint, data, distributed, gpt2
 from pytfm import device as devices
 from pytfm.generate import generate
 from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import MAX_LR, AdamW, clip_grad_norm, cosine_lr
+from pytfm.tokenizer import MAX_TOKENS, Tokenizer, TokenizerError
+from pytfm.tokenizer import train as train_tokenizer
 
 SEED_MAX = 2**32 - 1  # as numpy.random.seed and most twins take
 INT_MAX = 2**63 - 1  # the schedule's step counts are int64 in pytfm
@@ -96,7 +112,7 @@ def add_model_args(p):
     p.add_argument("--context", type=int, default=128,
                    help="tokens per window, >= 2 and at most half the text's bytes minus 1")
     p.add_argument("--batch", type=int, default=8, help="windows per step")
-    p.add_argument("--pos", choices=["rope", "sinusoidal", "none"], default="rope",
+    p.add_argument("--pos", choices=["rope", "sinusoidal", "none", "learned"], default="rope",
                    help="how attention sees token positions")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=20, help="steps of linear warmup")
@@ -113,6 +129,11 @@ def parser():
     p.add_argument("--text", help="train on this file instead of the stdlib corpus; it is "
                    "read as raw bytes, one token per byte: any encoding works (the sample at the "
                    "end shows as UTF-8)")
+    p.add_argument("--tokenizer", default="bytes", help="the tokens: 'bytes' (one per byte), or "
+                   "'bpe:N' for a byte-level BPE of N tokens trained on the text, saved in --out")
+    p.add_argument("--init-from", metavar="FOLDER", help="fine-tune the GPT-2 of this Hugging "
+                   "Face folder (config.json, model.safetensors, its tokenizer) and save OUT as "
+                   "such a folder; fine-tuning wants a lower --lr, e.g. 3e-4")
     p.add_argument("--out", default="out", help="folder for checkpoint, loss log and plot")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
@@ -180,6 +201,8 @@ def check_numbers(p, args):
                   max_seq=args.context, pos=args.pos, seed=args.seed)
     except ValueError as e:
         p.error(str(e))
+    if args.init_from:  # check_tokens plans a fine-tuning run, once it has read the folder
+        return
     need, have = memory_needed(args), physical_memory()
     if have and need > have:
         need_text, have_text = gib(need, have)
@@ -200,11 +223,59 @@ def gib(*sizes):
 
 def memory_needed(args):
     """A lower estimate of the bytes training takes: parameters with their gradients and AdamW
-    moments, and per token about 20 saved floats per layer and feature plus the logits."""
-    d, layers = args.d_model, args.n_layer
-    params = data.VOCAB * d + layers * (12 * d * d + 13 * d) + 2 * d
-    per_token = 20 * d * layers + 3 * data.VOCAB
+    moments, and per token about 20 saved floats per layer and feature plus the logits (for
+    --init-from, the folder's pytfm.gpt2.memory_plan)."""
+    if args.init_from:
+        return gpt2.memory_plan(gpt2.read_config(args.init_from), args.batch,
+                                args.context)["total"]
+    d, layers, vocab = args.d_model, args.n_layer, bpe_size(args) or data.VOCAB
+    params = vocab * d + layers * (12 * d * d + 13 * d) + 2 * d
+    per_token = 20 * d * layers + 3 * vocab
     return 4 * (4 * params + args.batch * args.context * per_token)
+
+
+def bpe_size(args):
+    """N of --tokenizer bpe:N (checked by check_tokens), else None."""
+    return int(args.tokenizer[4:]) if args.tokenizer.startswith("bpe:") else None
+
+
+def check_tokens(p, args):
+    """--tokenizer and --init-from, and the folder --init-from names: its config, its
+    tokenizer, --context within its positions, and the memory a step of it needs. -> (the
+    folder's tokenizer, its GPTConfig), or (None, None) without --init-from."""
+    kind = args.tokenizer
+    if kind != "bytes":
+        n = kind[4:]
+        if not (kind.startswith("bpe:") and n.isdigit() and n.isascii()):
+            p.error(f"--tokenizer must be 'bytes' or 'bpe:N' (N tokens), got {kind!r}")
+        if not 257 <= int(n) <= MAX_TOKENS:
+            p.error(f"--tokenizer bpe:N needs N in [257, {MAX_TOKENS}] (the 256 bytes, "
+                    f"<|endoftext|> and the merges), got {n}")
+    folder = args.init_from
+    if folder is None:
+        return None, None
+    if kind != "bytes":
+        p.error("--tokenizer: --init-from tokenizes with the folder's own tokenizer")
+    if args.resume:
+        p.error("--resume continues a pytfm checkpoint; a fine-tuning run saves a GPT-2 folder: "
+                "continue it with --init-from OUT")
+    try:
+        cfg = gpt2.read_config(folder)
+        tok = gpt2.load_tokenizer(folder)
+    except (checkpoint.CheckpointError, TokenizerError, OSError) as e:
+        p.error(f"--init-from: {e}")
+    if len(tok) > cfg.vocab:
+        p.error(f"--init-from: its tokenizer has {len(tok)} tokens, more than the model's "
+                f"{cfg.vocab}")
+    if args.context > cfg.max_seq:
+        p.error(f"--context {args.context} is longer than the {cfg.max_seq} positions of the "
+                f"model in {folder}")
+    plan, have = gpt2.memory_plan(cfg, args.batch, args.context), gpt2.available_memory()
+    if have is not None and plan["total"] > have:
+        p.error(f"--init-from {folder}, --batch {args.batch}, --context {args.context}: a "
+                f"training step needs {gpt2.describe(plan)}, more than the "
+                f"{have / 2**30:.2f} GiB of memory available")
+    return tok, cfg
 
 
 def physical_memory():
@@ -305,11 +376,11 @@ def read_text(p, args, f):
         p.error(f"--text: {e}")
 
 
-def context_too_long(p, args, size):
+def context_too_long(p, args, size, unit="bytes"):
     where = args.text or "the stdlib corpus"
     hint = f"use --context {size // 2 - 1} or less" if size >= 6 else "give a longer text"
-    p.error(f"--context {args.context} is too long for the {size:,} bytes of {where}: training "
-            f"and validation need context + 1 bytes each ({hint})")
+    p.error(f"--context {args.context} is too long for the {size:,} {unit} of {where}: training "
+            f"and validation need context + 1 {unit} each ({hint})")
 
 
 def check_out_path(p, out):
@@ -373,14 +444,15 @@ def check_prompt(p, args):
     return raw
 
 
-def sample_prompt(args, raw, tokens):
-    """The bytes the sample at the end continues (uint8): --prompt's (raw), or by default
+def sample_prompt(args, raw, text, tok=None):
+    """The tokens the sample at the end continues: --prompt's bytes (raw), or by default
     'def ' for the stdlib corpus (Python source) and the first PROMPT_BYTES bytes of a --text,
-    cut to leave room in the context for one new byte."""
-    if raw is not None:
-        return np.frombuffer(raw, np.uint8)
-    first = data.encode("def ") if args.text is None else tokens[:PROMPT_BYTES]
-    return np.asarray(first[:args.context - 1], np.uint8)
+    cut to leave room in the context for one new token; the bytes themselves (uint8), or
+    their tokens by tok (int64)."""
+    if raw is None:
+        raw = b"def " if args.text is None else bytes(text[:PROMPT_BYTES])
+    ids = np.frombuffer(raw, np.uint8) if tok is None else tok.encode_array(raw)
+    return ids[:args.context - 1]
 
 
 def load_checkpoint(p, path, model=None, opt=None):
@@ -399,17 +471,31 @@ def load_checkpoint(p, path, model=None, opt=None):
         p.error(f"--resume: cannot read {path}: {e.strerror or e}")
 
 
-def check_resume(p, args, ckpt):
-    """The checkpoint in --out holds the model the flags describe, at a step <= --steps."""
+def resumed_tokenizer(p, args):
+    """--resume with --tokenizer bpe:N: the tokenizer the run saved in --out (None for
+    bytes)."""
+    if bpe_size(args) is None:
+        return None
+    try:
+        return Tokenizer.from_folder(args.out)
+    except (TokenizerError, OSError) as e:
+        p.error(f"--resume: --tokenizer {args.tokenizer} continues with the tokenizer the run "
+                f"saved in {args.out}: {e}")
+
+
+def check_resume(p, args, ckpt, vocab=data.VOCAB):
+    """The checkpoint in --out holds the model the flags describe (of vocab tokens), at a step
+    <= --steps."""
     saved, step, _ = load_checkpoint(p, ckpt)
-    flags = {"d_model": args.d_model, "n_layer": args.n_layer, "n_head": args.n_head,
-             "max_seq": args.context, "pos": args.pos, "seed": args.seed}
+    flags = {"vocab": vocab, "d_model": args.d_model, "n_layer": args.n_layer,
+             "n_head": args.n_head, "max_seq": args.context, "pos": args.pos, "seed": args.seed}
     have, want = asdict(saved.cfg), asdict(GPTConfig(**flags))
     other = [f"{k}={have[k]!r}" for k in have if k not in flags and have[k] != want[k]]
     if other:
         p.error(f"--resume: {ckpt} holds a model train_tiny.py does not make ({', '.join(other)})")
-    wrong = [f"{flag('context' if k == 'max_seq' else k)} {have[k]}"
-             for k in flags if have[k] != want[k]]
+    names = {"max_seq": "context", "vocab": "tokenizer"}
+    wrong = [f"{flag(names.get(k, k))} {have[k]}" if k != "vocab" else
+             f"a vocabulary of {have[k]} (here {vocab})" for k in flags if have[k] != want[k]]
     if wrong:
         p.error(f"--resume: {ckpt} was trained with {', '.join(wrong)}; resume with the flags "
                 "it was started with")
@@ -443,7 +529,7 @@ def write_log(path, rows):
         w.writerows(rows)
 
 
-def plot(path, rows):
+def plot(path, rows, unit="byte"):
     try:
         import matplotlib
 
@@ -457,7 +543,7 @@ def plot(path, rows):
     val = [(r[0], r[2]) for r in rows if r[2] != ""]
     if val:
         plt.plot(*zip(*val), "o-", label="validation")
-    plt.xlabel("step"), plt.ylabel("loss (nats/byte)"), plt.legend(), plt.tight_layout()
+    plt.xlabel("step"), plt.ylabel(f"loss (nats/{unit})"), plt.legend(), plt.tight_layout()
     plt.savefig(path)
     plt.close()
     return True
@@ -470,6 +556,7 @@ def prepare(argv, ranks):
     p = parser()
     args = p.parse_args(argv)
     check_numbers(p, args)
+    tok, base = check_tokens(p, args)
     raw_prompt = check_prompt(p, args)
     if args.device == "cuda":
         problem = devices.cuda_problem()
@@ -488,15 +575,27 @@ def prepare(argv, ranks):
     try:
         ckpt = check_out(p, args)
         if args.resume:
-            check_resume(p, args, ckpt)
+            tok = resumed_tokenizer(p, args)
+            check_resume(p, args, ckpt, data.VOCAB if tok is None else len(tok))
     except BaseException:
         if text is not None:
             text.close()
         raise
-    tokens = read_text(p, args, text)
-    if len(tokens) < min_text_bytes(args.context):
-        context_too_long(p, args, len(tokens))
-    return args, ckpt, tokens, sample_prompt(args, raw_prompt, tokens)
+    raw = read_text(p, args, text)
+    if len(raw) < min_text_bytes(args.context):
+        context_too_long(p, args, len(raw))
+    tokens = raw
+    if tok is None and bpe_size(args) is not None:
+        tok = train_tokenizer(raw.tobytes(), bpe_size(args))
+        tok.save(args.out)
+        print(f"trained a byte-level BPE of {len(tok):,} tokens on the text: "
+              f"{os.path.join(args.out, 'vocab.json')}, merges.txt")
+    if tok is not None:
+        tokens = tok.encode_array(raw.tobytes(), dtype=np.uint16 if len(tok) <= 2**16 else
+                                  np.int32)
+        if len(tokens) < min_text_bytes(args.context):
+            context_too_long(p, args, len(tokens), "tokens")
+    return args, ckpt, tokens, sample_prompt(args, raw_prompt, raw, tok), tok, base
 
 
 def resume(ckpt, model, opt):
@@ -534,21 +633,29 @@ def timeout_flag(argv):
 
 
 def run(world, argv, interrupt_at):
-    held = []  # rank 0: the text's bytes, sent to the others by world.broadcast, not pickled
+    held = []  # rank 0: the text's tokens, sent to the others by world.broadcast, not pickled;
+    # and its tokenizer, which rank 0 alone uses (to save and sample)
 
     def prepared(argv, ranks):
-        args, ckpt, tokens, prompt = prepare(argv, ranks)
-        held.append(tokens)
-        return args, ckpt, len(tokens), prompt
+        args, ckpt, tokens, prompt, tok, base = prepare(argv, ranks)
+        held.append((tokens, tok))
+        vocab = data.VOCAB if tok is None else len(tok)
+        return (args, ckpt, len(tokens), tokens.dtype.str, prompt, vocab,
+                None if base is None else asdict(base))
 
-    args, ckpt, n_tokens, prompt = world.on_root(prepared, argv, world.size)
-    tokens = held[0] if held else np.empty(n_tokens, np.uint8)
+    args, ckpt, n_tokens, dtype, prompt, vocab, base = world.on_root(prepared, argv, world.size)
+    tokens, tok = held[0] if held else (np.empty(n_tokens, dtype), None)
     world.broadcast(tokens)
     log_path = os.path.join(args.out, "loss.csv")
     batches = data.Batches(tokens, args.context, args.batch, seed=args.seed)
-    cfg = GPTConfig(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
-                    max_seq=args.context, pos=args.pos, seed=args.seed)
-    model = GPT(cfg, device=args.device, precision=args.precision)
+    if base is not None:  # --init-from: the folder's model (rank 0 reads its weights)
+        cfg = GPTConfig(**base)
+        model = gpt2.load(args.init_from, args.device) if world.root else GPT(cfg, args.device)
+        model.set_precision(args.precision)
+    else:
+        cfg = GPTConfig(vocab=vocab, d_model=args.d_model, n_layer=args.n_layer,
+                        n_head=args.n_head, max_seq=args.context, pos=args.pos, seed=args.seed)
+        model = GPT(cfg, device=args.device, precision=args.precision)
     opt = AdamW(model.params, model.grads, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     step, rows = 0, []
     if args.resume:  # saved on any number of ranks: the state is the same
@@ -561,9 +668,11 @@ def run(world, argv, interrupt_at):
         threads = pytfm.get_num_threads()
         ranks = f"; {world.size} ranks, {threads} thread{'s' * (threads > 1)} each"
     if world.root:
-        print(f"pytfm {pytfm.__version__}: GPT with {model.num_params():,} parameters "
+        what = "bytes" if tok is None else f"tokens (a vocabulary of {len(tok):,})"
+        init = f" from {args.init_from}" if args.init_from else ""
+        print(f"pytfm {pytfm.__version__}: GPT{init} with {model.num_params():,} parameters "
               f"({cfg.n_layer} layers, d={cfg.d_model}, {cfg.n_head} heads, context "
-              f"{cfg.max_seq}, pos={cfg.pos}); {len(tokens):,} bytes of "
+              f"{cfg.max_seq}, pos={cfg.pos}); {len(tokens):,} {what} of "
               f"{'text from ' + args.text if args.text else 'Python stdlib source'}{ranks}")
         if args.precision == "bf16":
             print(f"precision bf16, the BF16 products' path: {pytfm.bf16_path()}")
@@ -572,7 +681,7 @@ def run(world, argv, interrupt_at):
     previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
     try:
         return train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at,
-                     world, prompt)
+                     world, prompt, tok)
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -582,8 +691,10 @@ def quiet(*_, **__):
 
 
 def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt_at, world=None,
-          prompt=None):
-    """The training loop, then the sample after prompt (uint8; None: 'def '). Under N ranks:
+          prompt=None, tokenizer=None):
+    """The training loop, then the sample after prompt (token ids; None: 'def '), its tokens
+    by tokenizer (None: bytes); with --init-from, model is saved as a GPT-2 folder in --out
+    (with tokenizer), else as a pytfm checkpoint (ckpt). Under N ranks:
     each trains its rows of every batch; the loss, the gradients and every decision to stop are
     agreed through the world's collectives, so that all ranks take the same steps; rank 0 alone
     writes and prints."""
@@ -594,7 +705,9 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
 
     def save():
         world.check_identical(model.params.buffer)  # a divergence stops the run, not saved
-        if world.root:
+        if world.root and getattr(args, "init_from", None):
+            gpt2.save(model, args.out, tokenizer)
+        elif world.root:
             checkpoint.save(ckpt, model, step, opt, extra={"log": rows, "args": vars(args)})
 
     # (row, loss, gradient norm, share) of each step whose loss is not read yet; the loss and
@@ -668,22 +781,25 @@ def train(args, model, opt, batches, step, rows, ckpt, log_path, stop, interrupt
     if world.root:
         write_log(log_path, rows)
     if world.any(stop):
-        say(f"\ninterrupted: checkpoint saved at step {step} in {ckpt}; continue with --resume")
+        again = f"--init-from {args.out}" if getattr(args, "init_from", None) else "--resume"
+        say(f"\ninterrupted: checkpoint saved at step {step} in {ckpt}; continue with {again}")
         return 130
     if not world.root:
         return 0
     png = os.path.join(args.out, "loss.png")
-    if plot(png, rows):
+    if plot(png, rows, "byte" if tokenizer is None else "token"):
         print(f"saved {ckpt}, {log_path} and {png}")
     else:
         print(f"saved {ckpt} and {log_path}")
         print(f"skipped the plot {png}: matplotlib is not installed ({PLOT_EXTRA})")
     if args.sample_tokens == 0:
         return 0
-    prompt = data.encode("def ") if prompt is None else prompt.astype(np.int64)
-    prompt = prompt[None, :cfg.max_seq - 1]  # leave room for one new token
-    n_new = min(args.sample_tokens, cfg.max_seq - prompt.shape[1])
-    text = data.decode(generate(model, prompt, n_new, temperature=0.8, top_k=40, seed=args.seed)[0])
+    if prompt is None:
+        prompt = data.encode("def ") if tokenizer is None else tokenizer.encode_array("def ")
+    prompt = prompt.astype(np.int64)[None, :min(cfg.max_seq, args.context) - 1]  # room for one
+    n_new = min(args.sample_tokens, min(cfg.max_seq, args.context) - prompt.shape[1])
+    ids = generate(model, prompt, n_new, temperature=0.8, top_k=40, seed=args.seed)[0]
+    text = data.decode(ids) if tokenizer is None else tokenizer.decode(ids)
     print("sample (temperature 0.8, top-k 40):\n" + text)
     return 0
 

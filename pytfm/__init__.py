@@ -7,7 +7,8 @@ pytfm.ops holds one function per op direction (stateless); pytfm.KVCache the key
 of a decoding run; pytfm.nn a GPT with hand-written backward passes (on the CPU, or on the GPU
 with CuPy: pytfm.device), trained with pytfm.optim on pytfm.data's batches, saved and loaded by
 pytfm.checkpoint, sampled by pytfm.generate, across processes with pytfm.distributed;
-pytfm.interpret scores attention heads; pytfm.reference is the float64 NumPy oracle.
+pytfm.interpret scores attention heads; pytfm.gpt2 reads and writes Hugging Face GPT-2 folders
+and pytfm.tokenizer is GPT-2's byte-level BPE; pytfm.reference is the float64 NumPy oracle.
 
 Every one of those modules is an attribute of the package after `import pytfm`; the ones not
 imported below load on first use (pytfm.data, ...), so that importing pytfm stays quick. CuPy
@@ -34,8 +35,8 @@ from .kvcache import KVCache
 __version__ = version()
 _settings_from_environment()
 
-_ON_FIRST_USE = ("checkpoint", "data", "distributed", "generate", "interpret", "nn", "optim",
-                 "reference")
+_ON_FIRST_USE = ("checkpoint", "data", "distributed", "generate", "gpt2", "interpret", "nn",
+                 "optim", "reference", "tokenizer")
 
 __all__ = ["KVCache", "PytfmError", "__version__", "bf16_path", "build_info", "device",
            "get_bf16_isa", "get_isa",

@@ -44,7 +44,7 @@ from ._arrays import arange, as_bool, as_float, check_index_arrays, is_array, is
 from ._core import precision_code
 from .kvcache import KVCache
 
-POSITIONS = ("rope", "sinusoidal", "none")
+POSITIONS = ("rope", "sinusoidal", "none", "learned")
 MAX_ATTENTION_BYTES = 2**28  # GPT.attention_probs refuses maps larger than 256 MiB in all
 _PROBES = threading.Lock()  # held while GPT.attention_probs sets or clears a layer's probe
 
@@ -56,7 +56,7 @@ class GPTConfig:
     n_layer: int = 4
     n_head: int = 4
     max_seq: int = 128  # longest context
-    pos: str = "rope"  # rope | sinusoidal (added to the embedding) | none
+    pos: str = "rope"  # rope | sinusoidal (added to the embedding) | none | learned (GPT-2's)
     tie_embeddings: bool = True  # the LM head reuses transformer.wte.weight
     seed: int = 0  # initialisation
 
@@ -96,6 +96,8 @@ def param_shapes(cfg):
     mismatch, so a config claiming a million layers costs nothing."""
     C = cfg.d_model
     yield "transformer.wte.weight", (cfg.vocab, C)
+    if cfg.pos == "learned":
+        yield "transformer.wpe.weight", (cfg.max_seq, C)
     for i in range(cfg.n_layer):
         h = f"transformer.h.{i}"
         for layer, shape in ((f"{h}.ln_1", (C,)), (f"{h}.attn.c_attn", (3 * C, C)),
@@ -271,6 +273,28 @@ class Embedding:
         ops.embedding_backward(dy, ids, self.w.shape[0], dtable=self.dw, check_ids=False)
 
 
+class LearnedPositions:
+    """GPT-2's absolute positions: x + wpe[start : start + T], wpe [max_seq, dim] a parameter
+    (transformer.wpe.weight) whose gradient accumulates as an embedding's: row start + t gets
+    the gradient at position t of each sequence in turn (pytfm_embedding_backward, one call per
+    sequence, ids a plan's constant: inside a TrainStep nothing is allocated)."""
+
+    def __init__(self, P, name, max_seq, dim):
+        self.w, self.dw = P.add(f"{name}.weight", (max_seq, dim), 0.02)
+        self.saved = None
+
+    def forward(self, x, start, pos, save=True):  # (B, T, dim), pos = start + arange(T) -> x,
+        if save:  # the rows added in place
+            self.saved = pos
+        x += self.w[start:start + x.shape[1]]
+        return x
+
+    def backward(self, dx):  # (B, T, dim) -> None (the positions have no gradient)
+        pos = self.saved
+        for b in range(dx.shape[0]):
+            ops.embedding_backward(dx[b], pos, self.w.shape[0], dtable=self.dw, check_ids=False)
+
+
 class LayerNorm:
     def __init__(self, P, name, dim):
         self.w, self.dw = P.add(f"{name}.weight", (dim,))
@@ -418,6 +442,8 @@ class GPT:
         self._trainer, self._trainer_lock = None, threading.Lock()  # see the module's "Threads"
         P = Parameters(cfg)
         self.wte = Embedding(P, "transformer.wte", cfg.vocab, cfg.d_model)
+        self.wpe = (LearnedPositions(P, "transformer.wpe", cfg.max_seq, cfg.d_model)
+                    if cfg.pos == "learned" else None)
         sinusoidal = cfg.pos == "sinusoidal"
         self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) if sinusoidal else None
         self.blocks = [Block(P, f"transformer.h.{i}", cfg) for i in range(cfg.n_layer)]
@@ -476,6 +502,8 @@ class GPT:
     def _layers(self):
         """Every layer object, each once (a tied LM head shares the embedding's arrays)."""
         yield self.wte
+        if self.wpe is not None:
+            yield self.wpe
         for block in self.blocks:
             yield from (block.ln_1, block.attn, block.attn.c_attn, block.attn.c_proj,
                         block.ln_2, block.mlp, block.mlp.c_fc, block.mlp.c_proj)
@@ -562,6 +590,8 @@ class GPT:
         if self.pe is not None:
             x += self.pe[start:start + T]
         pos = arange(self.xp, start, start + T)  # inside a TrainStep: one array for its plan
+        if self.wpe is not None:
+            x = self.wpe.forward(x, start, pos, save)
         for block, cache in zip(self.blocks, caches):
             x = block.forward(x, pos, save, cache)
         return self.lm_head.forward(self.ln_f.forward(x, save), save)
@@ -602,7 +632,9 @@ class GPT:
         dx = self.ln_f.backward(self.lm_head.backward(dlogits))  # (B, T, C)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
-        self.wte.backward(dx)  # the positional table, if any, is fixed
+        self.wte.backward(dx)
+        if self.wpe is not None:  # learned positions; a sinusoidal table is fixed
+            self.wpe.backward(dx)
 
     def attention_probs(self, idx, layers=None):
         """The attention weights of the tokens idx (B, T) in each layer (every layer, or the

@@ -159,7 +159,9 @@ typedef enum pytfm_device {
 typedef enum pytfm_pos {
     PYTFM_POS_ROPE = 0,       /* rotary embeddings on q and k */
     PYTFM_POS_SINUSOIDAL = 1, /* a fixed sin/cos table added to the token embeddings */
-    PYTFM_POS_NONE = 2        /* no positions */
+    PYTFM_POS_NONE = 2,       /* no positions */
+    PYTFM_POS_LEARNED = 3     /* GPT-2's: a table transformer.wpe.weight [max_seq, d_model], a
+                                 parameter, added to the token embeddings */
 } pytfm_pos;
 
 /* A model's shape, from the checkpoint's __metadata__ (GPTConfig and the training step). */
@@ -188,12 +190,13 @@ typedef struct pytfm_checkpoint_info {
 /* Check that the open file st is a pytfm checkpoint (layer 2), and fill *info: __metadata__
  * "format" is "pytfm"; "config" is a JSON object (pytfm_json_check) with exactly the fields
  * of pytfm.nn.GPTConfig, each as GPTConfig checks it (vocab, d_model, n_layer, n_head, max_seq
- * ints in [1, 2^63); seed an int >= 0, of any size; pos "rope", "sinusoidal" or "none";
- * tie_embeddings a bool; d_model a multiple of n_head; rope: an even head dim; sinusoidal: an
- * even d_model); "step" and "optim.t" (optional) non-negative int64s in ASCII decimal, at most
- * 19 digits; "extra" (optional) JSON. The tensors are exactly the parameters the config
- * implies (the order of pytfm.nn.param_shapes; a Linear's weight is [out, in]), float32 of
- * their shapes, with both AdamW moments of each when optim.t is there, and nothing else; a
+ * ints in [1, 2^63); seed an int >= 0, of any size; pos "rope", "sinusoidal", "none" or
+ * "learned"; tie_embeddings a bool; d_model a multiple of n_head; rope: an even head dim;
+ * sinusoidal: an even d_model); "step" and "optim.t" (optional) non-negative int64s in ASCII
+ * decimal, at most 19 digits; "extra" (optional) JSON. The tensors are exactly the parameters
+ * the config implies (the order of pytfm.nn.param_shapes, the learned positions' table
+ * transformer.wpe.weight [max_seq, d_model] included; a Linear's weight is [out, in]), float32
+ * of their shapes, with both AdamW moments of each when optim.t is there, and nothing else; a
  * sinusoidal table (max_seq·d_model floats, made at load, not stored) is at most
  * max(the stored parameters, 2^24) floats. The expected names are made one at a time, so a
  * config of 2^60 layers fails at once. Once this passes, "config" and "extra"

@@ -117,9 +117,12 @@ static pytfm_status check_config(checker *c, const pytfm__json *values) {
         c->cfg.pos = PYTFM_POS_SINUSOIDAL;
     else if (pytfm__json_string_is(pos, "none"))
         c->cfg.pos = PYTFM_POS_NONE;
+    else if (pytfm__json_string_is(pos, "learned"))
+        c->cfg.pos = PYTFM_POS_LEARNED;
     else
         return BAD(c->st,
-                   "config: GPTConfig.pos must be one of ('rope', 'sinusoidal', 'none'), got %s",
+                   "config: GPTConfig.pos must be one of ('rope', 'sinusoidal', 'none', "
+                   "'learned'), got %s",
                    show(pos, a));
     if (pytfm__json_kind_of(tie) != PYTFM__JSON_BOOL)
         return BAD(c->st, "config: GPTConfig.tie_embeddings must be a bool, got %s", show(tie, a));
@@ -185,9 +188,9 @@ static pytfm_status check_metadata(checker *c) {
 
 /* ---- 2. the tensors ----------------------------------------------------------------------- */
 
-/* The parameters of param_shapes(cfg), one at a time: layer −1 is the token embedding; layers
- * 0 .. n_layer − 1 have 12 slots each; layer n_layer, the tail, has the final LayerNorm's two
- * and, untied, the LM head. */
+/* The parameters of param_shapes(cfg), one at a time: layer −1 is the token embedding (slot
+ * 0) and, for learned positions, their table (slot 1); layers 0 .. n_layer − 1 have 12 slots
+ * each; layer n_layer, the tail, has the final LayerNorm's two and, untied, the LM head. */
 typedef struct walk {
     int64_t layer;
     int slot;
@@ -213,8 +216,8 @@ static int expected_at(const pytfm_model_config *cfg, walk w, expected *x) {
     x->valid = 1;
     x->shape[1] = C;
     if (w.layer < 0) {
-        snprintf(x->name, sizeof x->name, "transformer.wte.weight");
-        x->ndim = 2, x->shape[0] = cfg->vocab;
+        snprintf(x->name, sizeof x->name, "transformer.%s.weight", w.slot ? "wpe" : "wte");
+        x->ndim = 2, x->shape[0] = w.slot ? cfg->max_seq : cfg->vocab;
         return 1;
     }
     if (w.layer < cfg->n_layer) {
@@ -239,6 +242,7 @@ static int expected_at(const pytfm_model_config *cfg, walk w, expected *x) {
 }
 
 static walk next_slot(const pytfm_model_config *cfg, walk w) {
+    if (w.layer < 0 && w.slot == 0 && cfg->pos == PYTFM_POS_LEARNED) return (walk){-1, 1};
     if (w.layer < 0) return (walk){0, 0};
     if (w.layer < cfg->n_layer && w.slot == 11) return (walk){w.layer + 1, 0};
     return (walk){w.layer, w.slot + 1};
@@ -246,7 +250,7 @@ static walk next_slot(const pytfm_model_config *cfg, walk w) {
 
 /* Python's repr of asdict(cfg) */
 static const char *show_config(const checker *c, char *buf, size_t cap) {
-    static const char *const pos[] = {"rope", "sinusoidal", "none"};
+    static const char *const pos[] = {"rope", "sinusoidal", "none", "learned"};
     const pytfm_model_config *g = &c->cfg;
     snprintf(buf, cap,
              "{'vocab': %lld, 'd_model': %lld, 'n_layer': %lld, 'n_head': %lld, 'max_seq': %lld, "

@@ -8,6 +8,7 @@
  * V = vocab; a Linear's weight is [out, in]):
  *
  *   transformer.wte.weight                 [V, C]
+ *   transformer.wpe.weight                 [max_seq, C]   only when pos is learned
  *   for each layer i = 0 .. n_layer − 1:
  *     transformer.h.i.ln_1.weight, .bias   [C], [C]
  *     transformer.h.i.attn.c_attn.weight   [3C, C]   then .bias [3C]

@@ -2,7 +2,7 @@
  * model.c — pytfm.nn.GPT in C: a model read from a checkpoint, its forward pass, and KV-cache
  * sessions that decode one sequence token by token.
  *
- *   x = wte[tokens] (+ pe[positions])                                   [N, C], N = B·T
+ *   x = wte[tokens] (+ pe[positions]: sinusoidal, or learned wpe)       [N, C], N = B·T
  *   per block:  a = ln_1(x);  q, k, v = split(a·W_attnᵀ + b)            [B, T, H, D] each
  *               q, k = rope(q), rope(k) at the positions (pos = rope)
  *               o = causal attention(q, k, v), scale (float)(1/sqrt(D))
@@ -22,7 +22,7 @@
  * values, half the bytes, and a decoded token reads every weight once.
  *
  * The model is read-only once opened (the parameters, per-layer pointers into them, the
- * sinusoidal table, the precision and the BF16 copies): any number of threads may share it,
+ * position table, the precision and the BF16 copies): any number of threads may share it,
  * as long as none changes its precision meanwhile. Each call allocates its own activations
  * (scratch, freed on every path); a session owns its caches. A model opened on
  * PYTFM_DEVICE_CUDA hands its forwards and sessions to model_cuda.c (the hooks marked "GPU").
@@ -57,7 +57,8 @@ struct pytfm_model {
     float *params; /* owned: the reader's allocation, in checkpoint.h's order */
     const float *wte, *ln_f_w, *ln_f_b, *lm_head;
     layer *layers; /* [n_layer] */
-    float *pe;     /* [max_seq, C] sinusoidal positions, or NULL */
+    float *pe;        /* [max_seq, C] sinusoidal positions (owned), or NULL */
+    const float *wpe; /* [max_seq, C] learned positions (in params), or NULL */
     int32_t precision;          /* a pytfm_precision of the products */
     uint16_t *w16;              /* owned: every BF16 copy in one allocation (BF16), or NULL */
     const uint16_t *lm_head16;  /* the LM head's BF16 copy (BF16), or NULL */
@@ -99,6 +100,7 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
     const int64_t C = m->C;
     const float *p = w->params; // walked in checkpoint.h's order
     m->wte = p, p += m->V * C;
+    if (c->pos == PYTFM_POS_LEARNED) m->wpe = p, p += c->max_seq * C;
     for (int64_t i = 0; i < c->n_layer; i++) {
         layer *l = &layers[i];
         l->ln_1_w = p, p += C, l->ln_1_b = p, p += C;
@@ -329,9 +331,10 @@ static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *logits
     const int64_t C = m->C, V = m->V, N = B * T;
     for (int64_t t = 0; t < T; t++) s->pos[t] = start + t;
     PYTFM_TRY(pytfm_embedding_forward(s->x, tokens, m->wte, N, V, C));
-    if (m->pe) // x += pe[start : start + T], broadcast over the batch
+    const float *table = m->pe ? m->pe : m->wpe;
+    if (table) // x += table[start : start + T], broadcast over the batch
         for (int64_t r = 0; r < N; r++) {
-            const float *pe = m->pe + (start + r % T) * C;
+            const float *pe = table + (start + r % T) * C;
             for (int64_t c = 0; c < C; c++) s->x[r * C + c] += pe[c];
         }
     for (int64_t i = 0; i < m->config.n_layer; i++) {

@@ -7,7 +7,7 @@
  *   x = wte[tokens] (+ pe[positions]);  per block: x += attn(ln_1(x)); x += mlp(ln_2(x))
  *   logits = ln_f(x)·Wᵀ                                   (model.c's header has it op by op)
  *
- * The residual adds and the sinusoidal table, loops over host memory in model.c, are a row add
+ * The residual adds and the position table, loops over host memory in model.c, are a row add
  * on the device (cuda/device.h). The logits agree with the CPU model's to float32 rounding (the
  * twins sum in other orders than the C kernels), not bit for bit.
  *
@@ -44,7 +44,7 @@ struct pytfm__cuda_model {
     float scale;   /* attention's: 1/sqrt(D) in double, then float, as model.c */
     float *params; /* device: the parameters, then the sinusoidal table when there is one */
     const float *wte, *ln_f_w, *ln_f_b, *lm_head;
-    const float *pe; /* [max_seq, C] on the device, or NULL */
+    const float *pe; /* [max_seq, C] on the device: sinusoidal, or learned (in params), or NULL */
     layer *layers;   /* [n_layer], host memory holding device pointers */
 };
 
@@ -70,6 +70,7 @@ static int64_t walk(pytfm__cuda_model *m, const float *p) {
     const int64_t C = m->C;
     const float *start = p;
     m->wte = p, p += m->V * C;
+    if (m->config.pos == PYTFM_POS_LEARNED) m->pe = p, p += m->config.max_seq * C;
     for (int64_t i = 0; i < m->config.n_layer; i++) {
         layer *l = &m->layers[i];
         l->ln_1_w = p, p += C, l->ln_1_b = p, p += C;

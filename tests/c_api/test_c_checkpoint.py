@@ -44,7 +44,7 @@ FUZZ = os.path.join(TESTS, "c_api", "fuzz")
 REGRESSIONS = os.path.join(FUZZ, "regressions")
 OK, INVALID = lib.PYTFM_STATUS_OK, lib.PYTFM_STATUS_INVALID_ARGUMENT
 DEPTH = lib.PYTFM_JSON_MAX_DEPTH
-POS = {"rope": 0, "sinusoidal": 1, "none": 2}
+POS = {"rope": 0, "sinusoidal": 1, "none": 2, "learned": 3}
 needs_csrc = pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the source checkout")
 
 
@@ -472,6 +472,8 @@ HOSTILE = [
     ("d_model huge", edit_config(d_model=2**62, n_head=1),
      r"needs float32\[8, 4611686018427387904\]"),
     ("untied, no lm_head", edit_config(tie_embeddings=False), r"tensor lm_head.weight is missing"),
+    ("learned, no wpe", edit_config(pos="learned"), r"tensor transformer.wpe.weight is missing: "
+     r"config \{.*'pos': 'learned'.*\} needs float32\[4, 4\]"),
     ("sinusoidal table", edit_header(big_table), r"needs a sinusoidal table of 4398046511104 "
      r"floats for \d+ stored parameters"),
     ("sinusoidal table 2**63", edit_config(pos="sinusoidal", max_seq=2**62),
@@ -719,7 +721,7 @@ def test_every_truncation_runs_clean_under_asan(tmp_path):
 # ---- what the reader accepts: the same config everywhere, the bytes as stored ---------------
 
 
-@pytest.mark.parametrize("pos", ["rope", "sinusoidal", "none"])
+@pytest.mark.parametrize("pos", list(POS))
 @pytest.mark.parametrize("tie", [True, False])
 @pytest.mark.parametrize("adamw", [False, True])
 def test_happy_path_same_config_and_parameters(tmp_path, pos, tie, adamw):
@@ -949,13 +951,14 @@ def test_json_nests_to_its_explicit_limit(tmp_path, kind):
 def seeds():
     """Real checkpoints to mutate (a function, not a fixture: hypothesis would print it)."""
     return (saved(), saved("sinusoidal", False, False, extra=(("a", (1, 2.5)),)),
-            saved("none", True, True, n_layer=2))
+            saved("none", True, True, n_layer=2), saved("learned", False, True))
 
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=6)
     | st.sampled_from([0, 1, -1, 2, 4, 8, 12, 16, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63),
-                       10**30, "F32", "I64", "pytfm", "rope", "none", "sinusoidal"])
+                       10**30, "F32", "I64", "pytfm", "rope", "none", "sinusoidal",
+                       "learned"])
     | st.integers(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
                                                                 max_size=3),

@@ -31,7 +31,7 @@ OK = lib.PYTFM_STATUS_OK
 INVALID = lib.PYTFM_STATUS_INVALID_ARGUMENT
 OUT_OF_RANGE = lib.PYTFM_STATUS_OUT_OF_RANGE
 POS = {"rope": lib.PYTFM_POS_ROPE, "sinusoidal": lib.PYTFM_POS_SINUSOIDAL,
-       "none": lib.PYTFM_POS_NONE}
+       "none": lib.PYTFM_POS_NONE, "learned": lib.PYTFM_POS_LEARNED}
 
 
 def ptr(a):
@@ -118,7 +118,7 @@ def saved(model, path, step=0):
     return path
 
 
-CASES = [(pos, tie) for pos in ("rope", "sinusoidal", "none") for tie in (True, False)]
+CASES = [(pos, tie) for pos in POS for tie in (True, False)]
 
 
 # ---- opening, and the forward pass ----------------------------------------------------------

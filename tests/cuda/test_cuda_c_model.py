@@ -21,6 +21,8 @@ CONFIGS = {
                                    pos="sinusoidal", tie_embeddings=False, seed=1),
     "none-odd-head-dim": GPTConfig(vocab=37, d_model=30, n_layer=1, n_head=2, max_seq=24,
                                    pos="none", seed=2),  # head dim 15
+    "learned-tied": GPTConfig(vocab=40, d_model=32, n_layer=2, n_head=4, max_seq=24,
+                              pos="learned", seed=3),
 }
 
 

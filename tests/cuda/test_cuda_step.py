@@ -25,6 +25,8 @@ CONFIGS = {
                                    pos="sinusoidal", tie_embeddings=False, seed=1),
     "none-odd-head-dim": GPTConfig(vocab=29, d_model=30, n_layer=2, n_head=2, max_seq=12,
                                    pos="none", seed=2),
+    "learned-tied": GPTConfig(vocab=32, d_model=32, n_layer=2, n_head=2, max_seq=12,
+                              pos="learned", seed=3),
 }
 TINY = CONFIGS["rope-tied"]
 LR = (3e-2, 1e-2, 2e-2, 5e-3, 1e-2, 2.5e-2, 1e-3)

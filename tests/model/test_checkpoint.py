@@ -458,7 +458,7 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     ("seed", -1, ValueError, "GPTConfig.seed must be a non-negative int, got -1"),
     ("seed", False, TypeError, "GPTConfig.seed must be an int, got False"),
     ("pos", None, TypeError, "GPTConfig.pos must be a str, got None"),
-    ("pos", "learned", ValueError, "GPTConfig.pos must be one of"),
+    ("pos", "alibi", ValueError, "GPTConfig.pos must be one of"),
     ("tie_embeddings", "yes", TypeError, "GPTConfig.tie_embeddings must be a bool, got 'yes'"),
 ])
 def test_gptconfig_names_the_bad_field(field, value, error, match):

@@ -59,6 +59,8 @@ def reference_maps(model, idx):  # int64 (B, T) -> [P (B, H, T, T)] per layer, f
     x = R.embedding_forward(idx, p["transformer.wte.weight"])
     if cfg.pos == "sinusoidal":
         x = x + sinusoidal_positions(T, cfg.d_model)
+    if cfg.pos == "learned":
+        x = x + np.asarray(p["transformer.wpe.weight"][:T], np.float64)
     pos, maps = np.arange(T), []
     for i in range(cfg.n_layer):
         w = {name[len(f"transformer.h.{i}."):]: value for name, value in p.items()

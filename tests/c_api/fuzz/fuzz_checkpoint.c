@@ -122,7 +122,7 @@ static void read_checkpoint(const uint8_t *data, size_t size) {
         const pytfm_model_config *c = &info.config;
         EXPECT(c->vocab >= 1 && c->d_model >= 1 && c->n_layer >= 1 && c->n_head >= 1);
         EXPECT(c->max_seq >= 1 && c->d_model % c->n_head == 0 && c->step >= 0);
-        EXPECT(c->pos >= PYTFM_POS_ROPE && c->pos <= PYTFM_POS_NONE);
+        EXPECT(c->pos >= PYTFM_POS_ROPE && c->pos <= PYTFM_POS_LEARNED);
         EXPECT((size_t)c->n_params <= size / sizeof(float));
         EXPECT(info.has_optimizer || info.optim_t == 0);
     }

