@@ -84,6 +84,11 @@ def header():
             row = []
     if row:
         lines.append("    " + " ".join(row))
+    lines += ["};", "", "/* the class of each ASCII code point, the same as the table's */",
+              "static const uint8_t pytfm__uclass_ascii[128] = {"]
+    ascii = [KINDS.get(kind(cp), 0) for cp in range(128)]
+    for i in range(0, 128, 32):
+        lines.append("    " + ", ".join(map(str, ascii[i:i + 32])) + ",")
     lines += ["};", "", "#endif /* PYTFM_UNICODE_TABLES_H */", ""]
     return "\n".join(lines)
 

@@ -158,8 +158,6 @@ static int utf8_at(const unsigned char *p, size_t n, uint32_t *cp) {
     return 0;
 }
 
-static unsigned char ascii_class[128];
-
 static int class_of(uint32_t cp) {
     size_t lo = 0, hi = PYTFM__UCLASS_RANGES;
     while (lo < hi) {
@@ -177,7 +175,7 @@ static int class_of(uint32_t cp) {
 static int char_at(const unsigned char *p, size_t n, size_t *len) {
     if (p[0] < 0x80) {
         *len = 1;
-        return ascii_class[p[0]];
+        return pytfm__uclass_ascii[p[0]];
     }
     uint32_t cp = 0;
     const int k = utf8_at(p, n, &cp);
@@ -187,10 +185,6 @@ static int char_at(const unsigned char *p, size_t n, size_t *len) {
     }
     *len = (size_t)k;
     return class_of(cp);
-}
-
-static void init_ascii_class(void) {
-    for (uint32_t c = 0; c < 128; c++) ascii_class[c] = (unsigned char)class_of(c);
 }
 
 /* The end of GPT-2's word starting at p[0] (p < end): the pattern's alternatives in order. */
@@ -805,11 +799,6 @@ static pytfm_status finish_checks(builder *b) {
 }
 
 static pytfm_status new_builder(builder *b, const char *source) {
-    static atomic_int classes_ready;
-    if (!atomic_load(&classes_ready)) { /* idempotent: two threads write the same bytes */
-        init_ascii_class();
-        atomic_store(&classes_ready, 1);
-    }
     memset(b, 0, sizeof *b);
     b->source = source;
     byte_names(b->name, b->byte_of);

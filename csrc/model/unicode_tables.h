@@ -219,4 +219,12 @@ static const pytfm__uclass_range pytfm__uclass_table[PYTFM__UCLASS_RANGES] = {
     {0x2B820, 0x2CEA1, 1}, {0x2CEB0, 0x2EBE0, 1}, {0x2F800, 0x2FA1D, 1}, {0x30000, 0x3134A, 1},
 };
 
+/* the class of each ASCII code point, the same as the table's */
+static const uint8_t pytfm__uclass_ascii[128] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0,
+    0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0,
+    0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0,
+};
+
 #endif /* PYTFM_UNICODE_TABLES_H */
