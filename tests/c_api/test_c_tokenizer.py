@@ -83,16 +83,23 @@ def test_the_unicode_table_is_the_generators_output_on_this_pythons_unicode():
     assert len(ranges) > 500 and ranges[0] == (0x9, 0xD, "W")
 
 
-def test_every_code_point_is_classed_as_the_python_tokenizer_classes_it(ctok, gpt2_tokenizer):
-    """Every code point but the surrogates (assigned or not) in the probes "a" c "!" and
-    "1" c "!": the ids tell where the words' boundaries fall, so how c is classed."""
+def test_every_code_point_is_classed_as_both_oracles_class_it(ctok, gpt2_tokenizer,
+                                                               hf_tokenizer):
+    """Every code point but the surrogates in the probes "a" c "!" and "1" c "!": the ids tell
+    where the words' boundaries fall, so how c is classed. As pytfm.tokenizer on all of them,
+    assigned or not (both class by the same Unicode); as tokenizers on those this Unicode
+    assigns (its regex engine's later Unicode makes letters and numbers of some of the rest)."""
     if unicode_version() != unicodedata.unidata_version:
         pytest.skip("the table's Unicode is not this Python's: pytfm.tokenizer classes by it")
     codes = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and c != ord("'")]
+    assigned = [c for c in codes if unicodedata.category(chr(c)) != "Cn"]
     for probe in ("a{}!", "1{}!"):
         for start in range(0, len(codes), 1 << 16):
             text = "".join(probe.format(chr(c)) for c in codes[start:start + (1 << 16)])
             assert ctok.encode(text).tolist() == gpt2_tokenizer.encode(text), (probe, start)
+        for start in range(0, len(assigned), 1 << 14):
+            text = "".join(probe.format(chr(c)) for c in assigned[start:start + (1 << 14)])
+            assert ctok.encode(text).tolist() == hf_tokenizer(text), (probe, start)
 
 
 # ---- GPT-2's vocabulary: the stdlib, prose, drawn text, any bytes -------------------------------
@@ -491,3 +498,27 @@ def test_fuzzing_text_on_gpt2s_vocabulary_finds_nothing(tokenizer_fuzzer, tmp_pa
     kept = fuzz_for_a_while(tokenizer_fuzzer, tmp_path,
                             {"PYTFM_FUZZ_VOCAB": os.path.dirname(vocab)})
     assert kept
+
+
+@needs_csrc
+def test_hostile_files_and_seeds_pass_the_fuzz_target(tokenizer_fuzzer, tmp_path):
+    """Every hostile file above, as an input of the fuzz target (vocab.json NUL merges.txt),
+    and the seeds, run once under ASan and LeakSanitizer: refused without a leak."""
+    inputs = []
+    for n, (edit, _) in enumerate(HOSTILE):
+        (tmp_path / str(n)).mkdir()
+        folder = small_files(tmp_path / str(n), **edit)
+        with open(os.path.join(folder, "vocab.json"), "rb") as v, \
+                open(os.path.join(folder, "merges.txt"), "rb") as m:
+            vocab, merges = v.read(), m.read()
+        if b"\0" in vocab:
+            continue
+        path = tmp_path / f"hostile-{n}"
+        path.write_bytes(b"\x01" + vocab + b"\0" + merges)
+        inputs.append(str(path))
+    seeds = os.path.join(FUZZ, "tokenizer_seeds")
+    inputs += [os.path.join(seeds, f) for f in sorted(os.listdir(seeds))]
+    run = subprocess.run([tokenizer_fuzzer, *inputs], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTFM_FUZZ_VOCAB": ""})
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.stderr.count("Executed ") == len(inputs), run.stderr[-2000:]
