@@ -20,6 +20,8 @@ from .tokenizer import TokenizerError
 
 __all__ = ["CTokenizer", "unicode_version"]
 
+_ONE_PASS = 1 << 24  # bytes of text encoded in one pass; a longer one is counted first
+
 
 def _error():
     return ffi.string(lib.pytfm_last_error()).decode("utf-8", "replace")
@@ -119,10 +121,17 @@ class CTokenizer:
             raw = bytes(text)
         else:
             raise TypeError(f"text must be a str or bytes, got {type(text).__name__}")
-        ids = np.empty(max(len(raw), 1), np.int32)  # never more ids than bytes
         count = ffi.new("int64_t *")
-        _check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), 1 if special else 0,
-                                          ffi.from_buffer("int32_t[]", ids), len(ids), count),
+        special = 1 if special else 0
+        if len(raw) <= _ONE_PASS:
+            size = max(len(raw), 1)  # a text never has more ids than bytes
+        else:  # a long text is counted first, not given 4 bytes of ids per byte
+            _check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), special, ffi.NULL, 0,
+                                              count), "encode")
+            size = max(count[0], 1)
+        ids = np.empty(size, np.int32)
+        _check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), special,
+                                          ffi.from_buffer("int32_t[]", ids), size, count),
                "encode")
         return ids[:count[0]]
 

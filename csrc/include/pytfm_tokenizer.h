@@ -9,7 +9,8 @@
  *      's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *    (hand-coded: the leftmost alternative that matches wins, \s+(?!\S) leaves the last white
  *    space of a run before a non-space to the next word). \p{L} is a letter (categories L*),
- *    \p{N} a number (N*), \s Unicode's White_Space, from tables of pytfm_tokenizer_unicode_version().
+ *    \p{N} a number (N*), \s Unicode's White_Space, from tables of the Unicode version
+ *    pytfm_tokenizer_unicode_version() names.
  *    Bytes are read as UTF-8; a byte that does not begin a valid UTF-8 sequence (overlong forms,
  *    surrogates, code points past U+10FFFF and truncated sequences are not valid) is one "other"
  *    character of its own, as Python's surrogateescape reads it. So every byte string has one

@@ -938,7 +938,8 @@ static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t siz
             return BAD(b, "model.%s must be absent, null%s: GPT-2's BPE has none",
                        settings[i].key, settings[i].string_ok  ? " or \"\""
                                         : settings[i].false_ok ? " or false" : "");
-    if (!absent_or(doc, "normalizer", 0, 0)) return BAD(b, "normalizer must be null (GPT-2 has none)");
+    if (!absent_or(doc, "normalizer", 0, 0))
+        return BAD(b, "normalizer must be null (GPT-2 has none)");
     if (!member(doc, "pre_tokenizer", &part) || !is_type(part, "ByteLevel"))
         return BAD(b, "pre_tokenizer must be ByteLevel");
     pytfm__json v;

@@ -239,6 +239,15 @@ def test_encode_and_decode_say_the_size_and_refuse_a_short_buffer(ctok):
     assert lib.pytfm_tokenizer_vocab_size(ffi.NULL) == 0 and lib.pytfm_tokenizer_eot(ffi.NULL) == -1
 
 
+def test_a_long_text_is_counted_first_and_gives_the_same_ids(ctok, monkeypatch):
+    import pytfm._ctokenizer as ct
+
+    text = (PROSE * 20).encode()
+    want = ctok.encode(text).tolist()
+    monkeypatch.setattr(ct, "_ONE_PASS", 100)
+    assert ctok.encode(text).tolist() == want and ctok.encode(b"").tolist() == []
+
+
 def test_threads_encoding_at_once_agree(ctok):
     """One tokenizer, four threads: the cache is one encode's at a time, the others merge
     without it, and every result is the same."""
