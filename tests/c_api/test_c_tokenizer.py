@@ -464,6 +464,7 @@ def fuzz_for_a_while(exe, tmp_path, env):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     run = subprocess.run([exe, f"-max_total_time={seconds}", "-print_final_stats=1",
+                          f"-dict={os.path.join(FUZZ, 'tokenizer.dict')}",
                           f"-artifact_prefix={tmp_path}/", "-rss_limit_mb=2048",
                           str(corpus), os.path.join(FUZZ, "tokenizer_seeds")],
                          capture_output=True, text=True, timeout=seconds + 300,
