@@ -1856,6 +1856,12 @@ NON_OPS = {
                       "pytfm_model_get_precision", "pytfm_model_forward", "pytfm_session_open",
                       "pytfm_session_close", "pytfm_session_feed", "pytfm_session_length",
                       "pytfm_session_reset", "pytfm_rng_seed", "pytfm_rng_next", "pytfm_sample"),
+    "pytfm_tokenizer.h": ("pytfm_tokenizer_open", "pytfm_tokenizer_open_memory",
+                          "pytfm_tokenizer_open_json", "pytfm_tokenizer_open_json_memory",
+                          "pytfm_tokenizer_close", "pytfm_tokenizer_vocab_size",
+                          "pytfm_tokenizer_eot", "pytfm_tokenizer_merge_count",
+                          "pytfm_tokenizer_unicode_version", "pytfm_tokenizer_encode",
+                          "pytfm_tokenizer_decode", "pytfm_tokenizer_token"),
     # the workspaces and AdamW's scalars in device memory: what a step with no allocation in
     # it, replayed as a CUDA graph, needs (tests/cuda/test_cuda_workspace.py); the kernel that
     # reads the scalars from memory gives pytfm_adamw_step_cuda's bits there

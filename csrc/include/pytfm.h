@@ -6,6 +6,7 @@
  *   pytfm_core.h     statuses and errors, version, thread count, instruction-set cap, build info
  *   pytfm_kernels.h  the CPU kernels, forward and backward, and the conventions they all follow
  *   pytfm_model.h    the model API: open a checkpoint, forward, decoding sessions, sampling
+ *   pytfm_tokenizer.h  GPT-2's byte-level BPE tokenizer: open a vocabulary, encode, decode
  *   pytfm_cuda.h     the CUDA twins of the kernels, on device pointers and a stream
  *
  * The cffi binding (pytfm/_build_ffi.py) reads the headers included below, in this order.
@@ -16,6 +17,7 @@
 #include "pytfm_core.h"
 #include "pytfm_kernels.h"
 #include "pytfm_model.h"
+#include "pytfm_tokenizer.h"
 #include "pytfm_cuda.h"
 
 #endif /* PYTFM_H */

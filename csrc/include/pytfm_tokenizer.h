@@ -1,0 +1,121 @@
+/*
+ * pytfm_tokenizer.h — GPT-2's byte-level BPE tokenizer in C: open a vocabulary, encode bytes to
+ * token ids, decode ids to bytes, the special token <|endoftext|>.
+ *
+ * What encode does (token for token what Hugging Face tokenizers and pytfm.tokenizer give):
+ * 1. With special set, each <|endoftext|> of the text is that token, and each piece between is
+ *    tokenized alone; without it those characters are text like any other.
+ * 2. A piece is cut into words by GPT-2's pre-tokenizer pattern
+ *      's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ *    (hand-coded: the leftmost alternative that matches wins, \s+(?!\S) leaves the last white
+ *    space of a run before a non-space to the next word). \p{L} is a letter (categories L*),
+ *    \p{N} a number (N*), \s Unicode's White_Space, from tables of the Unicode version
+ *    pytfm_tokenizer_unicode_version() names.
+ *    Bytes are read as UTF-8; a byte that does not begin a valid UTF-8 sequence (overlong forms,
+ *    surrogates, code points past U+10FFFF and truncated sequences are not valid) is one "other"
+ *    character of its own, as Python's surrogateescape reads it. So every byte string has one
+ *    tokenization, and decode of encode gives the bytes back.
+ * 3. Each word's bytes are merged by rank (the line of the merge in merges.txt), lowest first,
+ *    each occurrence left to right, until no adjacent pair has a merge.
+ *
+ * Files are checked before anything is built: strict UTF-8 JSON (pytfm_json_check), at most
+ * PYTFM_TOKENIZER_MAX_FILE bytes, a vocabulary {token: id} of 256 to PYTFM_TOKENIZER_MAX_TOKENS
+ * tokens whose ids are 0 .. n-1 each once and that holds the 256 byte tokens; every merge's
+ * parts are byte tokens or results of earlier merges, every result a token not made before, and
+ * every token a byte, a merge's result or <|endoftext|>. A failure is INVALID_ARGUMENT (or
+ * OUT_OF_MEMORY) with pytfm_last_error() naming the file and what is wrong; nothing is left
+ * allocated and *out is NULL.
+ *
+ * Threads: a tokenizer is read-only once open, except for a cache of words already merged,
+ * which one encode at a time uses (another encode running at the same time merges without it),
+ * so any number of threads may encode and decode with one tokenizer at once.
+ *
+ * Everything between this header's PYTFM_CDEF markers is read verbatim by the cffi builder
+ * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
+ */
+#ifndef PYTFM_TOKENIZER_H
+#define PYTFM_TOKENIZER_H
+
+#include "pytfm_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* PYTFM_CDEF_BEGIN */
+
+enum {
+    PYTFM_TOKENIZER_MAX_FILE = 268435456,  /* bytes of a tokenizer file, at most (256 MiB) */
+    PYTFM_TOKENIZER_MAX_TOKENS = 16777216  /* tokens of a vocabulary, at most */
+};
+
+typedef struct pytfm_tokenizer pytfm_tokenizer;
+
+/* Open GPT-2's vocab.json (encoder.json) and merges.txt (vocab.bpe: an optional "#version"
+ * first line, then "a b" per line, a final newline allowed). *out: the tokenizer, to be freed
+ * with pytfm_tokenizer_close; NULL on failure. */
+PYTFM_API pytfm_status pytfm_tokenizer_open(const char *vocab_path, const char *merges_path,
+                                            pytfm_tokenizer **out);
+
+/* The same from texts in memory: vocab[0..vocab_size), merges[0..merges_size) (not kept). */
+PYTFM_API pytfm_status pytfm_tokenizer_open_memory(const char *vocab, int64_t vocab_size,
+                                                   const char *merges, int64_t merges_size,
+                                                   pytfm_tokenizer **out);
+
+/* Open Hugging Face's tokenizer.json of a GPT-2-style byte-level BPE: model.type "BPE" (no
+ * dropout, unk_token, prefix or suffix, fuse_unk, byte_fallback, ignore_merges), normalizer
+ * null, pre_tokenizer ByteLevel (add_prefix_space false, use_regex true), decoder ByteLevel or
+ * null, added_tokens only <|endoftext|>; model.merges as "a b" strings or [a, b] pairs. */
+PYTFM_API pytfm_status pytfm_tokenizer_open_json(const char *path, pytfm_tokenizer **out);
+
+/* The same from the text[0..size) of a tokenizer.json in memory (not kept). */
+PYTFM_API pytfm_status pytfm_tokenizer_open_json_memory(const char *text, int64_t size,
+                                                        pytfm_tokenizer **out);
+
+/* Free a tokenizer (NULL is ignored). */
+PYTFM_API void pytfm_tokenizer_close(pytfm_tokenizer *tok);
+
+/* The number of tokens of the vocabulary (ids are 0 .. size-1); 0 for NULL. */
+PYTFM_API int64_t pytfm_tokenizer_vocab_size(const pytfm_tokenizer *tok);
+
+/* The id of <|endoftext|>, or -1 when the vocabulary has none (or tok is NULL). */
+PYTFM_API int32_t pytfm_tokenizer_eot(const pytfm_tokenizer *tok);
+
+/* The number of merges (their ranks are 0 .. count-1); 0 for NULL. */
+PYTFM_API int64_t pytfm_tokenizer_merge_count(const pytfm_tokenizer *tok);
+
+/* The Unicode version of the pre-tokenizer's character classes, e.g. "14.0.0". */
+PYTFM_API const char *pytfm_tokenizer_unicode_version(void);
+
+/* Encode text[0..size) (any bytes; text may be NULL when size is 0). special: nonzero, each
+ * <|endoftext|> in the text is that token (when the vocabulary has it); 0, it is text.
+ * *count: the number of ids of the text, always set on OK and when the ids do not fit. ids:
+ * capacity int32 ids written (ids may be NULL when capacity is 0); a text never has more ids
+ * than bytes, so capacity = size always fits. capacity 0 with ids NULL asks the count only and
+ * returns OK; a capacity below the count otherwise is INVALID_ARGUMENT ("needs N ids"), ids
+ * holding the first capacity of them. */
+PYTFM_API pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text,
+                                              int64_t size, int32_t special, int32_t *ids,
+                                              int64_t capacity, int64_t *count);
+
+/* Decode ids[0..n) into the bytes they stand for (<|endoftext|> as its 13 characters): *size,
+ * their number, always set on OK and when they do not fit; out: capacity bytes written (NULL
+ * allowed when capacity is 0; not NUL-terminated). capacity 0 with out NULL asks the size only
+ * and returns OK; a capacity below it otherwise is INVALID_ARGUMENT, out holding the first
+ * capacity bytes. An id outside 0 .. vocab_size-1 is OUT_OF_RANGE, naming its index. */
+PYTFM_API pytfm_status pytfm_tokenizer_decode(const pytfm_tokenizer *tok, const int32_t *ids,
+                                              int64_t n, char *out, int64_t capacity,
+                                              int64_t *size);
+
+/* The bytes of token id: *bytes points into the tokenizer (valid until it is closed), *size
+ * their number. An id outside the vocabulary is OUT_OF_RANGE. */
+PYTFM_API pytfm_status pytfm_tokenizer_token(const pytfm_tokenizer *tok, int32_t id,
+                                             const char **bytes, int64_t *size);
+
+/* PYTFM_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PYTFM_TOKENIZER_H */
