@@ -97,3 +97,23 @@ def pytfm_step(model, x, y):
         opt.step(1e-4)
 
     return step
+
+
+def stdlib_texts():
+    """Every .py file of the running Python's standard library (site-packages left out) that is
+    UTF-8, as str, in a sorted walk: the tokenizer benchmarks' corpus."""
+    import sysconfig
+
+    root = sysconfig.get_paths()["stdlib"]
+    texts = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x != "site-packages")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                with open(os.path.join(d, name), "rb") as f:
+                    raw = f.read()
+                try:
+                    texts.append(raw.decode("utf-8"))
+                except UnicodeDecodeError:
+                    pass
+    return texts

@@ -36,7 +36,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import ROOT, cpu_name, worker_env  # noqa: E402
+from common import ROOT, cpu_name, stdlib_texts, worker_env  # noqa: E402
 
 SHAPE = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 TRAIN_B, TRAIN_T = 4, 256
@@ -141,24 +141,6 @@ def train_worker(lib, folder):
             opt.step()
             return loss.item()
     return {"step_s": timed(step, 2), "tokens": TRAIN_B * TRAIN_T}
-
-
-def stdlib_texts():
-    import sysconfig
-
-    root = sysconfig.get_paths()["stdlib"]
-    texts = []
-    for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x != "site-packages")
-        for name in sorted(files):
-            if name.endswith(".py"):
-                with open(os.path.join(d, name), "rb") as f:
-                    raw = f.read()
-                try:
-                    texts.append(raw.decode("utf-8"))
-                except UnicodeDecodeError:
-                    pass
-    return texts
 
 
 def tokenizer_worker(lib, vocab_folder):

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import cpu_name, worker_env  # noqa: E402
+from bench.common import cpu_name, stdlib_texts, worker_env  # noqa: E402
 
 VOCAB_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "pytfm", "gpt2-vocab")
 LIBS = ("pytfm-c", "tokenizers", "pytfm-python")
@@ -39,24 +39,6 @@ def vocab_paths():
             return paths
     sys.exit(f"no GPT-2 vocabulary (encoder.json, vocab.bpe) in {folder}: see "
              "tests/model/gpt2_oracle.py for the fetch")
-
-
-def stdlib_texts():
-    import sysconfig
-
-    root = sysconfig.get_paths()["stdlib"]
-    texts = []
-    for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x != "site-packages")
-        for name in sorted(files):
-            if name.endswith(".py"):
-                with open(os.path.join(d, name), "rb") as f:
-                    raw = f.read()
-                try:
-                    texts.append(raw.decode("utf-8"))
-                except UnicodeDecodeError:
-                    pass
-    return texts
 
 
 def worker(lib, vocab, merges):

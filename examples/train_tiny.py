@@ -286,23 +286,10 @@ def physical_memory():
 
 
 def available_memory():
-    """The bytes this process may still take: Linux's MemAvailable (free memory and the caches
-    the kernel can drop), less where a cgroup v2 limit (memory.max) is closer; elsewhere the
-    physical memory (0 where unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return physical_memory()
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
-            limit, used = f.read().strip(), int(g.read())
-        if limit != "max":
-            available = min(available, max(int(limit) - used, 0))
-    except (OSError, ValueError):
-        pass
-    return available
+    """The bytes this process may still take (pytfm.device.available_memory); elsewhere than
+    Linux the physical memory (0 where unknown)."""
+    available = devices.available_memory()
+    return physical_memory() if available is None else available
 
 
 def text_limit(args):

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from ._core import ffi, lib
-from .tokenizer import TokenizerError
+from .tokenizer import TokenizerError, folder_files
 
 __all__ = ["CTokenizer", "unicode_version"]
 
@@ -93,14 +93,8 @@ class CTokenizer:
     @classmethod
     def from_folder(cls, folder):
         """The tokenizer in a folder: vocab.json + merges.txt, else tokenizer.json."""
-        vocab, merges = (os.path.join(folder, n) for n in ("vocab.json", "merges.txt"))
-        if os.path.exists(vocab) or os.path.exists(merges):
-            return cls.from_files(vocab, merges)
-        path = os.path.join(folder, "tokenizer.json")
-        if os.path.exists(path):
-            return cls.from_tokenizer_json(path)
-        raise FileNotFoundError(f"{folder}: no tokenizer (vocab.json + merges.txt, or "
-                                "tokenizer.json)")
+        paths = folder_files(folder)
+        return cls.from_files(*paths) if len(paths) == 2 else cls.from_tokenizer_json(*paths)
 
     def __len__(self):
         return int(lib.pytfm_tokenizer_vocab_size(self._tok))

@@ -129,3 +129,23 @@ def to_device(a, device):
     import cupy
 
     return cupy.asarray(a)
+
+
+def available_memory():
+    """The bytes of host memory this process may still take: Linux's MemAvailable (free memory
+    and the caches the kernel can drop), less where a cgroup v2 limit (memory.max) is closer;
+    None where unknown (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit, used = f.read().strip(), int(g.read())
+        if limit != "max":
+            available = min(available, max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return available

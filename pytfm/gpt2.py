@@ -45,6 +45,7 @@ import os
 import numpy as np
 
 from .checkpoint import CheckpointError, SafetensorsFile, json_error, save_file
+from .device import available_memory  # memory_plan's default; tests patch it here
 from .nn import GPT, GPTConfig
 from .tokenizer import Tokenizer
 
@@ -335,25 +336,6 @@ def memory_plan(cfg, batch=None, context=None, optimizer=True):
         plan["activations"] = 4 * N * (16 * C * cfg.n_layer + 3 * C + 2 * cfg.vocab + 8 * C)
     plan["total"] = sum(plan.values())
     return plan
-
-
-def available_memory():
-    """The bytes this process may still take (Linux's MemAvailable, a cgroup's limit where it
-    is lower), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
-            limit, used = f.read().strip(), int(g.read())
-        if limit != "max":
-            available = min(available, max(int(limit) - used, 0))
-    except (OSError, ValueError):
-        pass
-    return available
 
 
 def describe(plan):

@@ -220,6 +220,19 @@ class _Cache(dict):
         return ids
 
 
+def folder_files(folder):
+    """The tokenizer files of a folder: (vocab.json, merges.txt) when either is there, else
+    (tokenizer.json,); FileNotFoundError when there is neither."""
+    vocab, merges = (os.path.join(folder, n) for n in ("vocab.json", "merges.txt"))
+    if os.path.exists(vocab) or os.path.exists(merges):
+        return vocab, merges
+    path = os.path.join(folder, "tokenizer.json")
+    if os.path.exists(path):
+        return (path,)
+    raise FileNotFoundError(f"{folder}: no tokenizer (vocab.json + merges.txt, or "
+                            "tokenizer.json)")
+
+
 class Tokenizer:
     """A byte-level BPE: vocab {token: id} (tokens in GPT-2's byte-level alphabet), merges
     [(a, b)] in rank order, checked as the module says. .eot: the id of <|endoftext|> (None
@@ -343,14 +356,8 @@ class Tokenizer:
     @classmethod
     def from_folder(cls, folder):
         """The tokenizer in a folder: vocab.json + merges.txt, else tokenizer.json."""
-        vocab, merges = (os.path.join(folder, n) for n in ("vocab.json", "merges.txt"))
-        if os.path.exists(vocab) or os.path.exists(merges):
-            return cls.from_files(vocab, merges)
-        path = os.path.join(folder, "tokenizer.json")
-        if os.path.exists(path):
-            return cls.from_tokenizer_json(path)
-        raise FileNotFoundError(f"{folder}: no tokenizer (vocab.json + merges.txt, or "
-                                "tokenizer.json)")
+        paths = folder_files(folder)
+        return cls.from_files(*paths) if len(paths) == 2 else cls.from_tokenizer_json(*paths)
 
     def save(self, folder):
         """Write vocab.json and merges.txt into folder (made if missing), GPT-2's format: what

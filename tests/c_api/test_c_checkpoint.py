@@ -1083,8 +1083,9 @@ def libfuzzer_clang():
     return None, "no clang links -fsanitize=fuzzer (" + ("; ".join(tried) or "none found") + ")"
 
 
-@pytest.fixture(scope="session")
-def fuzzer(tmp_path_factory):
+def build_fuzz_target(tmp_path_factory, name):
+    """tests/c_api/fuzz/<name>.c linked with the library's sources under libFuzzer, ASan and
+    UBSan: the executable's path; a skip (a failure under CI) without a clang that can."""
     cc, why = libfuzzer_clang()
     if cc is None:
         message = (f"{why}: install clang with libFuzzer (Debian/Ubuntu: apt-get install clang-14 "
@@ -1092,14 +1093,19 @@ def fuzzer(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    exe = str(tmp_path_factory.mktemp("fuzz") / "fuzz_checkpoint")
+    exe = str(tmp_path_factory.mktemp("fuzz") / name)
     build = subprocess.run([cc, "-g", "-O1", "-fsanitize=fuzzer,address,undefined",
                             "-fno-sanitize-recover=all", "-std=c11", "-Wall", "-Wextra", "-Werror",
                             "-Wno-unknown-pragmas", f"-I{CSRC}/include", f"-I{CSRC}",
-                            os.path.join(FUZZ, "fuzz_checkpoint.c"), *library_sources(), "-lm",
+                            os.path.join(FUZZ, f"{name}.c"), *library_sources(), "-lm",
                             "-o", exe], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     return exe
+
+
+@pytest.fixture(scope="session")
+def fuzzer(tmp_path_factory):
+    return build_fuzz_target(tmp_path_factory, "fuzz_checkpoint")
 
 
 @needs_csrc

@@ -19,13 +19,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import CSRC, ROOT, TESTS, library_sources
+from helpers import CSRC, ROOT, TESTS
 from pytfm._core import ffi, lib
 from pytfm._ctokenizer import CTokenizer, unicode_version
 from pytfm.tokenizer import ENDOFTEXT, TokenizerError, bytes_to_unicode
 
 sys.path.insert(0, os.path.join(TESTS, "model"))
 import gpt2_oracle  # noqa: E402  (tests/model's oracles: a skip without them, a failure in CI)
+from gpt2_oracle import small_files  # noqa: E402
 
 stdlib_sources, transformers, vocab_files = (gpt2_oracle.stdlib_sources, gpt2_oracle.transformers,
                                              gpt2_oracle.vocab_files)
@@ -280,23 +281,6 @@ TABLE = list(bytes_to_unicode().values())
 BASE = {c: i for i, c in enumerate(TABLE)}
 
 
-def small_files(tmp_path, vocab=None, merges=None, vocab_text=None, merges_text=None):
-    """A folder with a byte-level vocabulary of 256 bytes, merges 'Ġ t' and 'Ġt h', and
-    <|endoftext|> (or what is given instead)."""
-    if vocab is None:
-        vocab = {**BASE, "Ġt": 256, "Ġth": 257, ENDOFTEXT: 258}
-    if merges is None:
-        merges = [("Ġ", "t"), ("Ġt", "h")]
-    folder = tmp_path / "tok"
-    folder.mkdir(exist_ok=True)
-    (folder / "vocab.json").write_bytes(
-        vocab_text if vocab_text is not None else json.dumps(vocab).encode())
-    (folder / "merges.txt").write_bytes(merges_text if merges_text is not None else
-                                        ("#version: 0.2\n" + "".join(
-                                            f"{a} {b}\n" for a, b in merges)).encode())
-    return str(folder)
-
-
 def test_a_small_vocabulary_works(tmp_path):
     tok = CTokenizer.from_folder(small_files(tmp_path))
     assert tok.encode(" the").tolist() == [257, BASE["e"]] and tok.eot == 258
@@ -440,23 +424,9 @@ def test_merges_as_pairs_in_tokenizer_json_are_read(tmp_path):
 
 @pytest.fixture(scope="session")
 def tokenizer_fuzzer(tmp_path_factory):
-    from test_c_checkpoint import libfuzzer_clang
+    from test_c_checkpoint import build_fuzz_target
 
-    cc, why = libfuzzer_clang()
-    if cc is None:
-        message = (f"{why}: install clang with libFuzzer (Debian/Ubuntu: apt-get install clang-14 "
-                   f"libclang-rt-14-dev)")
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    exe = str(tmp_path_factory.mktemp("fuzz") / "fuzz_tokenizer")
-    build = subprocess.run([cc, "-g", "-O1", "-fsanitize=fuzzer,address,undefined",
-                            "-fno-sanitize-recover=all", "-std=c11", "-Wall", "-Wextra", "-Werror",
-                            "-Wno-unknown-pragmas", f"-I{CSRC}/include", f"-I{CSRC}",
-                            os.path.join(FUZZ, "fuzz_tokenizer.c"), *library_sources(), "-lm",
-                            "-o", exe], capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    return exe
+    return build_fuzz_target(tmp_path_factory, "fuzz_tokenizer")
 
 
 def fuzz_for_a_while(exe, tmp_path, env):

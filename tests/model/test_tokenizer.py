@@ -10,7 +10,7 @@ import unicodedata
 
 import numpy as np
 import pytest
-from gpt2_oracle import stdlib_sources, tokenizers, transformers
+from gpt2_oracle import small_files, stdlib_sources, tokenizers, transformers
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -181,25 +181,6 @@ def test_vocab_and_merges_and_tokenizer_json_give_the_same_tokenizer(gpt2_tokeni
     again = Tokenizer.from_folder(str(tmp_path / "again"))
     assert again.vocab == gpt2_tokenizer.vocab and again.merges == gpt2_tokenizer.merges
     assert again.encode(PROSE) == gpt2_tokenizer.encode(PROSE)
-
-
-def small_files(tmp_path, vocab=None, merges=None, vocab_text=None, merges_text=None):
-    """A folder with a byte-level vocabulary of 256 bytes, merges 'Ġ t' and 'Ġt h', and
-    <|endoftext|> (or what is given instead)."""
-    table = list(bytes_to_unicode().values())
-    if vocab is None:
-        vocab = {c: i for i, c in enumerate(table)}
-        vocab.update({"Ġt": 256, "Ġth": 257, ENDOFTEXT: 258})
-    if merges is None:
-        merges = [("Ġ", "t"), ("Ġt", "h")]
-    folder = tmp_path / "tok"
-    folder.mkdir(exist_ok=True)
-    (folder / "vocab.json").write_bytes(
-        vocab_text if vocab_text is not None else json.dumps(vocab).encode())
-    (folder / "merges.txt").write_bytes(merges_text if merges_text is not None else
-                                        ("#version: 0.2\n" + "".join(
-                                            f"{a} {b}\n" for a, b in merges)).encode())
-    return str(folder)
 
 
 def test_a_small_vocabulary_works(tmp_path):
