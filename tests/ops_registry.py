@@ -512,6 +512,12 @@ def bf16_backward_tol(a, want):
             None if a["b"] is None else Tol(2 * n * EPS32 * (adb + _abs(a["db0"])))]
 
 
+# the _ex twins (pytfm_cuda.h: TF32 and BF16 on the tensor cores): their own tests on the
+# emulator, as no pytfm.ops wrapper reaches them yet (their Checks are the CPU's: no emu sizes)
+TC_LINEAR = "tests/cuda/test_cuda_tensor_core.py::test_linear_ex_twins_on_the_tensor_cores"
+TC_LINEAR_FP32 = ("tests/cuda/test_cuda_tensor_core.py::"
+                  "test_linear_ex_twins_at_fp32_are_the_twins_bits")
+
 BF16_NOT_FAST = ("tests/kernels/test_bf16.py: every BF16 path (AVX512-BF16, the FP32 kernels "
                  "on rounded panels, the plain loop) against the reference on rounded inputs, and "
                  "the fallbacks bit for bit against the FP32 kernels on rounded copies")
@@ -539,8 +545,9 @@ LINEAR_FORWARD_EX = Op(
             r"x.shape\[-1\] must equal w.shape\[1\] = 3"),
     ),
     scratch="as pytfm_sgemm_ex's, for the one product x·Wᵀ: the sgemm_ex case",
-    cuda=False, wrapper=False, reference=False,
-    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_linear_layer_on_every_path",),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_linear_layer_on_every_path",
+               TC_LINEAR, TC_LINEAR_FP32),
 )
 
 LINEAR_GELU_FORWARD_EX = Op(
@@ -559,8 +566,9 @@ LINEAR_GELU_FORWARD_EX = Op(
     bad=(Bad(lambda: ops.linear_gelu_forward(z(4, 3), z(5, 3), z(5), precision="tf32"),
              ValueError, r"precision must be one of fp32, bf16; got 'tf32'"),),
     scratch="as pytfm_linear_forward_ex's: the sgemm_ex case",
-    cuda=False, wrapper=False, reference=False,
-    tested_in=("tests/kernels/test_bf16.py::test_linear_gelu_in_bf16_is_linear_then_gelu",),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_bf16.py::test_linear_gelu_in_bf16_is_linear_then_gelu",
+               TC_LINEAR, TC_LINEAR_FP32),
 )
 
 LINEAR_BACKWARD_EX = Op(
@@ -578,8 +586,9 @@ LINEAR_BACKWARD_EX = Op(
     bad=(Bad(lambda: ops.linear_backward(z(2, 4), x23, w43, precision="BF16"), ValueError,
              r"precision must be one of fp32, bf16; got 'BF16'"),),
     scratch="as pytfm_linear_backward's, one allocation for both products: the sgemm_ex case",
-    cuda=False, wrapper=False, reference=False,
-    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_linear_layer_on_every_path",),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_linear_layer_on_every_path",
+               TC_LINEAR, TC_LINEAR_FP32),
 )
 
 SGEMM_EX = Op(
@@ -601,9 +610,14 @@ out_bytes = 0  # C is the caller's
 # own panel of B for its half of C's 1024 columns (384 × 512 floats or pairs)
 scratch_bytes = 4 * threads * (144 * 384 + 384 * 512)
 """),
-    cuda=False, wrapper=False, reference=False,
+    wrapper=False, reference=False,
     tested_in=("tests/kernels/test_bf16.py::test_the_bf16_sgemm_on_every_path",
-               "tests/kernels/test_bf16.py::test_the_fallbacks_are_the_fp32_kernels_on_rounded_copies"),
+               "tests/kernels/test_bf16.py::test_the_fallbacks_are_the_fp32_kernels_on_rounded_copies",
+               "tests/cuda/test_cuda_tensor_core.py::"
+               "test_tensor_core_sgemm_matches_the_reference_on_rounded_inputs",
+               "tests/cuda/test_cuda_tensor_core.py::"
+               "test_both_orders_both_cp_async_modes_and_offset_views_give_the_same_bits",
+               "tests/cuda/test_cuda_tensor_core.py::test_fp32_through_the_ex_twin_is_pytfm_sgemm_cuda"),
 )
 
 
@@ -1867,8 +1881,8 @@ NON_OPS = {
 
 
 def checked(cuda=False):
-    """The ops with a Check (cuda: and a CUDA twin)."""
-    return [op for op in OPS if op.check is not None and (op.cuda or not cuda)]
+    """The ops with a Check (cuda: and a CUDA twin the Check runs, at its emu sizes)."""
+    return [op for op in OPS if op.check is not None and (not cuda or op.cuda and op.check.emu)]
 
 
 def case_id(values):
