@@ -432,3 +432,70 @@ def test_linear_ex_twins_at_fp32_are_the_twins_bits(emu):
         res[name] = (dx, dw, db)
     for a, c in zip(*res.values()):
         np.testing.assert_array_equal(bits(a), bits(c))
+
+
+# ---- the GPT on the GPU in TF32 and BF16 (the emulated stand-in) ------------------------------
+
+
+@pytest.fixture
+def strict_cp(emu, monkeypatch):
+    import fake_cupy
+
+    return fake_cupy.install(monkeypatch, emu, strict=True)
+
+
+def gpt_step(model, x, y):
+    model.zero_grad()
+    _, loss = model.forward(x, y)
+    model.backward()
+    return float(loss)
+
+
+def test_the_gpt_on_the_gpu_runs_its_linear_layers_on_the_tensor_cores(strict_cp, monkeypatch):
+    """GPT(..., device="cuda", precision="bf16"/"tf32"): every linear layer's products go to
+    the _ex twins (counted), the loss of a training step is the CPU model's in "bf16" to float32
+    sum order (64 eps, as test_cuda_model.py holds FP32 to; the gradients to BF16's ulp, see
+    below), and "tf32"'s loss is FP32's within TF32's rounding of two inputs (2·2^-11, doubled
+    for the backward's share) of the loss; TF32 on the CPU is refused."""
+    import fake_cupy
+    from pytfm.nn import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab=32, d_model=32, n_layer=2, n_head=2, max_seq=12)
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, cfg.vocab, (2, 12)), rng.integers(0, cfg.vocab, (2, 12))
+    lib = pytfm._core.lib
+    calls = []
+    for name in ("pytfm_linear_forward_ex_cuda", "pytfm_linear_gelu_forward_ex_cuda",
+                 "pytfm_linear_backward_ex_cuda"):
+        real = getattr(lib, name)
+
+        def counted(*args, _real=real, _name=name):
+            calls.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(lib, name, counted, raising=False)
+    cpu16 = GPT(cfg, precision="bf16")
+    want16 = gpt_step(cpu16, x, y)
+    gpu16 = GPT(cfg, device="cuda", precision="bf16")
+    assert gpu16.precision == "bf16"
+    got16 = gpt_step(gpu16, strict_cp.asarray(x), strict_cp.asarray(y))
+    assert calls, "no linear layer reached the tensor cores"
+    assert abs(got16 - want16) <= 64 * EPS32 * want16
+    # a gradient's inputs (activations, dy) differ in float32 sum order upstream, and one such
+    # ulp can move an input across a BF16 rounding boundary: a BF16 ulp (2^-8 of the input)
+    # in a few of a product's terms, so a gradient agrees to about 2^-8 of its scale, not 64 eps
+    for k, want in cpu16.grads.items():
+        got = fake_cupy._asnumpy(gpu16.grads[k]).astype(np.float64)
+        assert np.abs(got - want).max() <= 2.0**-7 * float(abs(want).max()) + 1e-30, k
+    calls.clear()
+    want32 = gpt_step(GPT(cfg), x, y)
+    gpu32 = GPT(cfg, device="cuda", precision="tf32")
+    got32 = gpt_step(gpu32, strict_cp.asarray(x), strict_cp.asarray(y))
+    assert set(calls) == {"pytfm_linear_forward_ex_cuda", "pytfm_linear_gelu_forward_ex_cuda",
+                          "pytfm_linear_backward_ex_cuda"}
+    assert abs(got32 - want32) <= 4 * 2.0**-11 * want32
+    with pytest.raises(ValueError, match=r"precision 'tf32' runs on the GPU only"):
+        GPT(cfg, precision="tf32")
+    with pytest.raises(ValueError, match=r"precision 'tf32' runs on the GPU only"):
+        gpu32.to("cpu")
+    assert gpu16.to("cpu").precision == "bf16"
