@@ -512,8 +512,12 @@ def bf16_backward_tol(a, want):
             None if a["b"] is None else Tol(2 * n * EPS32 * (adb + _abs(a["db0"])))]
 
 
-# the _ex twins (pytfm_cuda.h: TF32 and BF16 on the tensor cores): their own tests on the
-# emulator, as no pytfm.ops wrapper reaches them yet (their Checks are the CPU's: no emu sizes)
+# the _ex twins (pytfm_cuda.h: TF32 and BF16 on the tensor cores): pytfm.ops on CuPy arrays
+# runs the BF16 Checks there (at BF16_EMU: one tile, ragged, with and without a bias, held to
+# the CPU's BF16 bound, which the tensor cores' FP32 sums meet); TF32, which has no CPU twin,
+# and the kernels' own paths in tests/cuda/test_cuda_tensor_core.py
+BF16_EMU = (dict(rows=3, inn=5, out=7, bias=True, seed=15),
+            dict(rows=33, inn=64, out=65, bias=False, seed=162))
 TC_LINEAR = "tests/cuda/test_cuda_tensor_core.py::test_linear_ex_twins_on_the_tensor_cores"
 TC_LINEAR_FP32 = ("tests/cuda/test_cuda_tensor_core.py::"
                   "test_linear_ex_twins_at_fp32_are_the_twins_bits")
@@ -532,7 +536,7 @@ LINEAR_FORWARD_EX = Op(
         LINEAR_DRAW, linear_make,
         run=lambda a: [ops.linear_forward(a["x"], a["w"], a["b"], precision="bf16")],
         want=lambda a: [bf16_linear_want(a)], tol=lambda a, want: [bf16_linear_tol(a)],
-        outputs=("y",), threads=BF16_THREADS),
+        outputs=("y",), threads=BF16_THREADS, emu=BF16_EMU),
     fast=BF16_NOT_FAST,
     bad=(
         Bad(lambda: ops.linear_forward(x23, w43, precision="fp16"), ValueError,
@@ -561,7 +565,7 @@ LINEAR_GELU_FORWARD_EX = Op(
         # |gelu'| <= 1.13: h's error carries over to y, plus gelu's own few roundings
         tol=lambda a, want: [Tol(1.2 * bf16_linear_tol(a).atol + 4 * EPS32 * (1.0 + abs(want[1])),
                                  0.0), bf16_linear_tol(a)],
-        outputs=("y", "h"), threads=(dict(rows=300, inn=200, out=90, seed=1),)),
+        outputs=("y", "h"), threads=(dict(rows=300, inn=200, out=90, seed=1),), emu=BF16_EMU),
     fast=BF16_NOT_FAST,
     bad=(Bad(lambda: ops.linear_gelu_forward(z(4, 3), z(5, 3), z(5), precision="tf16"),
              ValueError, r"precision must be one of fp32, bf16, tf32; got 'tf16'"),
@@ -583,7 +587,8 @@ LINEAR_BACKWARD_EX = Op(
                                                has_bias=a["b"] is not None, dw=a["dw0"],
                                                db=a["db0"], precision="bf16")),
         want=bf16_backward_want, tol=bf16_backward_tol, outputs=("dx", "dw", "db"),
-        threads=(dict(rows=300, inn=257, out=130, seed=3),)),
+        threads=(dict(rows=300, inn=257, out=130, seed=3),),
+        emu=BF16_EMU),
     fast=BF16_NOT_FAST,
     bad=(Bad(lambda: ops.linear_backward(z(2, 4), x23, w43, precision="BF16"), ValueError,
              r"precision must be one of fp32, bf16, tf32; got 'BF16'"),
