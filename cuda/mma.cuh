@@ -5,7 +5,8 @@
  *   pytfm__tf32(x)              cvt.rna.tf32.f32: x rounded to TF32 (10 mantissa bits, to
  *                               nearest, ties away from zero), as a .b32 register
  *   pytfm__bf16x2(lo, hi)       cvt.rn.bf16x2.f32: both rounded to BF16 (nearest even, as
- *                               pytfm_round_bf16), lo in the lower 16 bits
+ *                               pytfm_round_bf16 but subnormals kept), lo in the lower
+ *                               16 bits
  *   pytfm__mma_tf32(d, a, b)    mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, d += a·b
  *   pytfm__mma_bf16(d, a, b)    mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a·b
  *

@@ -7,9 +7,10 @@
  *
  * Each input is rounded as it goes from shared memory into a fragment register: TF32 by
  * cvt.rna.tf32.f32 (to nearest, ties away: pytfm__tf32), BF16 by cvt.rn.bf16x2.f32 (to nearest
- * even: pytfm_round_bf16's rounding); the products are exact in FP32 and summed in FP32 by the
- * mma instructions (cuda/mma.cuh), so C = Σ_p r(op(A)[i, p])·r(op(B)[p, j]) in FP32 with a
- * bound of γ_k-type (the tests: tests/cuda/test_cuda_tensor_core.py). β = 0 does not read C.
+ * even: pytfm_round_bf16's rounding, but subnormals kept where the CPU flushes them); the
+ * products are exact in FP32 and summed in FP32 by the mma instructions (cuda/mma.cuh), so
+ * C = Σ_p r(op(A)[i, p])·r(op(B)[p, j]) in FP32 with a γ_k-type bound (the tests:
+ * tests/cuda/test_cuda_tensor_core.py). β = 0 does not read C.
  *
  *  - A block of 256 threads (8 warps, 2 × 4) owns a 128 × 128 tile of C; a warp 64 × 32 of
  *    it: 4 × 4 fragments of m16n8, 64 FP32 accumulators per thread. One block per tile, all

@@ -92,9 +92,10 @@ PYTFM_API pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, const
  * PYTFM_PRECISION_TF32 and PYTFM_PRECISION_BF16 (cuda/sgemm_tc.cu): on the tensor cores
  * (mma.sync m16n8k8 TF32, m16n8k16 BF16; sm_80 and newer), C = β·C + Σ_p r(op(A)[i, p])·
  * r(op(B)[p, j]) with r the rounding of the precision (TF32: to nearest, ties away from zero,
- * cvt.rna; BF16: pytfm_round_bf16's, to nearest even) applied in registers as the inputs are
- * read (A and B stay float32 and unchanged), each product exact in float32 and the sums
- * float32 (in the order of the mma instructions: not pytfm_sgemm_ex's bits). 128×128 tiles
+ * cvt.rna; BF16: pytfm_round_bf16's, to nearest even, but float32 subnormals kept, not
+ * flushed) applied in registers as the inputs are read (A and B stay float32 and unchanged),
+ * each product exact in float32 and the sums float32 (in the order of the mma instructions:
+ * not pytfm_sgemm_ex's bits). 128×128 tiles
  * per block, double-buffered cp.async tiles, any m, n, k >= 0, every transpose, any float
  * alignment; no scratch. */
 PYTFM_API pytfm_status pytfm_sgemm_ex_cuda(float *c, const float *a, const float *b, int64_t m,

@@ -203,7 +203,8 @@ static __global__ void mma_kernel(float *d, const float *a, const float *b, cons
         memcpy(&fb[1], &b[(t + 4) * 8 + g], 4);
         pytfm__mma_tf32(fd, fa, fb);
     } else {
-        const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+        const int rows[4] = {g, g + 8, g, g + 8};
+        const int cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
         for (int r = 0; r < 4; r++)
             fa[r] = pytfm__bf16x2(a[rows[r] * 16 + cols[r]], a[rows[r] * 16 + cols[r] + 1]);
         fb[0] = pytfm__bf16x2(b[2 * t * 8 + g], b[(2 * t + 1) * 8 + g]);
