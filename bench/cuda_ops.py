@@ -25,6 +25,10 @@ this order:
   products    the linear layer's three products, x·Wᵀ, dy·W and dyᵀ·x, through pytfm_sgemm_cuda
               at n = 1024 and 4096 against cupy.matmul in FP32 (transposed views: no copies);
               linear_forward, linear_gelu_forward and linear_backward at a GPT-2 MLP's size
+  tensor cores  the same three products through pytfm_sgemm_ex_cuda in TF32 and in BF16
+              (cuda/sgemm_tc.cu, FP32 in memory, rounded in registers) at n = 1024 and 4096
+              against cuBLAS in the same mode (torch.matmul: FP32 tensors with allow_tf32,
+              bfloat16 tensors), the largest difference from cuBLAS FP32
   bandwidth   every memory-bound kernel, forward and backward, with every input at least 4x
               the L2 (read from the device), against a device-to-device copy of the same
               number of bytes (the fewest a kernel must move: each input read once, each
@@ -72,6 +76,9 @@ ATTENTION_FWD_TARGET = ("attention fwd", 1.0)  # x torch's float32 SDPA at T = 4
 ATTENTION_FWDBWD_TARGET = ("attention fwd+bwd", 0.8)
 TRAIN_TINY_TARGET = ("GPU step", 5.0)  # x the 2-core CPU step
 PRODUCT_TARGETS = {4096: ("SGEMM", 0.8), 1024: ("SGEMM", 0.6)}  # x cuBLAS FP32
+# x cuBLAS in the same precision, at n = 4096 (none at 1024: a figure, no target)
+TENSOR_CORE_TARGETS = {("tf32", 4096): ("SGEMM TF32", 0.7), ("bf16", 4096): ("SGEMM BF16", 0.6)}
+TENSOR_CORE_PRECISIONS = (("tf32", 2), ("bf16", 1))  # name, pytfm_precision
 BANDWIDTH_TARGETS = {  # x the copy of the same bytes, per kernel and direction
     ("softmax", "forward"): 0.75, ("softmax", "backward"): 0.6,
     ("layernorm", "forward"): 0.75, ("layernorm", "backward"): 0.6,
@@ -93,6 +100,20 @@ def attention_flops(B, H, T, D, causal=True):
     causal. The forward + backward is 3.5x that (the backward recomputes P: five products of
     the forward's size but two halves, Q·Kᵀ again and dP = dO·Vᵀ)."""
     return (2.0 if causal else 4.0) * B * H * T * T * D
+
+
+def product_cases(n):
+    """The linear layer's three products at m = n = k = n, as pytfm_sgemm(_ex)_cuda takes them:
+    [(label, m, n, k, trans_a, trans_b, operands)], operands naming the (x, w, dy) inputs in
+    the order of the call (A, B)."""
+    return [("x.W^T (forward)", n, n, n, 0, 1, ("x", "w")),
+            ("dy.W (dx)", n, n, n, 0, 0, ("dy", "w")),
+            ("dy^T.x (dW)", n, n, n, 1, 0, ("dy", "x"))]
+
+
+def tensor_core_target(precision, n):
+    """(what, ratio) a tensor-core row at size n is held to (x cuBLAS in the same precision)"""
+    return TENSOR_CORE_TARGETS.get((precision, n))
 
 
 def tokens_per_s(steps, batch, context, seconds):
@@ -644,6 +665,49 @@ def run_gpu(args, table):
         for n in PRODUCT_N:
             at(n)
 
+    def tensor_core_products():
+        import torch
+
+        from pytfm._arrays import pointer as ptr
+
+        def call(c, a, b, m, n, k, ta, tb, code):
+            status = lib.pytfm_sgemm_ex_cuda(ptr(c), ptr(a), ptr(b), m, n, k, ta, tb, 0.0, code,
+                                             stream_ptr())
+            if status:
+                raise RuntimeError(ffi.string(lib.pytfm_last_error()).decode())
+
+        saved = torch.backends.cuda.matmul.allow_tf32
+        try:
+            for n in PRODUCT_N:
+                arrays = {name: randn(n, n) for name in ("x", "w", "dy")}
+                c = cp.empty((n, n), cp.float32)
+                flops = 2.0 * n**3
+                for precision, code in TENSOR_CORE_PRECISIONS:
+                    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+                    dtype = torch.float32 if precision == "tf32" else torch.bfloat16
+                    theirs = {k: torch.from_dlpack(v).to(dtype) for k, v in arrays.items()}
+                    for label, m, nn, k, ta, tb, (an, bn) in product_cases(n):
+                        a, b = arrays[an], arrays[bn]
+                        ta_t = theirs[an].T if ta else theirs[an]
+                        tb_t = theirs[bn].T if tb else theirs[bn]
+
+                        def mine(c=c, a=a, b=b, m=m, nn=nn, k=k, ta=ta, tb=tb, code=code):
+                            call(c, a, b, m, nn, k, ta, tb, code)
+
+                        mine()
+                        exact = cp.matmul(a.T if ta else a, b.T if tb else b)
+                        err = float(cp.abs(c - exact).max() / cp.abs(exact).max())
+                        t_mine = timed(mine)
+                        t_blas = torch_timed(torch, lambda x=ta_t, y=tb_t: torch.matmul(x, y))
+                        table.row(f"sgemm_ex {precision} {label} n={n}", t_mine,
+                                  flops / t_mine / 1e12, "TFLOP/s", f"cuBLAS {precision}",
+                                  flops / t_blas / 1e12, tensor_core_target(precision, n),
+                                  f"max err/max vs FP32 {err:.1e}")
+                del arrays, theirs
+                cp.get_default_memory_pool().free_all_blocks()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = saved
+
     def linear_layer():
         ROWS, IN, OUT = LINEAR_SHAPE
         x, w, b, dy = randn(ROWS, IN), randn(OUT, IN), randn(OUT), randn(ROWS, OUT)
@@ -742,6 +806,7 @@ def run_gpu(args, table):
                       ("training steps, tokens/s", steps),
                       ("attention vs torch SDPA (fp32, bf16)", attention),
                       ("products vs cuBLAS (FP32, TF32 off)", products),
+                      ("tensor-core products vs cuBLAS (TF32, BF16)", tensor_core_products),
                       ("linear layer, GPT-2 MLP size", linear_layer),
                       (f"{bw} softmax, layernorm", rows_kernels),
                       (f"{bw} gelu, sum_squares, adamw", elementwise),

@@ -535,4 +535,10 @@ static pytfm_status pytfm__launch_column_sum(const char *func, Term term, int64_
 
 #define PYTFM_LAUNCH_COLUMN_SUM(...) pytfm__launch_column_sum(__func__, __VA_ARGS__)
 
+/* pytfm_sgemm_ex_cuda's product after its checks, its errors naming func (cuda/sgemm_tc.cu):
+ * FP32 on pytfm_sgemm_cuda, TF32 and BF16 on the tensor cores */
+pytfm_status pytfm__sgemm_ex_cuda(const char *func, float *c, const float *a, const float *b,
+                                  int64_t m, int64_t n, int64_t k, int32_t trans_a,
+                                  int32_t trans_b, float beta, int32_t precision, void *stream);
+
 #endif /* PYTFM_CUDA_CUH */

@@ -31,6 +31,8 @@ ATT = ["tests/kernels/test_ops.py", "tests/kernels/test_attention.py", "tests/ke
 FAST = ["tests/kernels/test_fast.py"]
 EMU = ["tests/cuda/test_cuda_emu.py"]  # the CUDA kernels, run on the CPU by cuda/emu
 SGEMM = ["tests/cuda/test_cuda_sgemm.py"]  # the GPU SGEMM, fast and plain (the oracle), on cuda/emu
+# the emulator's mma and eager cp.async, the tensor-core SGEMM and the linear _ex twins on it
+TC = ["tests/cuda/test_cuda_tensor_core.py"]
 # the row and column kernels (rows in registers, the plain ones past 4096 columns, the two-stage
 # column sums), by their own tests and the general ones
 ROWS = ["tests/cuda/test_cuda_rows.py", "tests/cuda/test_cuda_emu.py"]
@@ -81,6 +83,23 @@ MUTATIONS = {
     "cuda_sgemm_no_barrier_after_compute": ("cuda/sgemm.cu", "        __syncthreads(); // the tiles are overwritten next slice", "", SGEMM),
     "cuda_sgemm_k_edge_off_by_one": ("cuda/sgemm.cu", "Bs[p][j] = gj < n && gp < k ?", "Bs[p][j] = gj < n && gp <= k ?", SGEMM),
     "cuda_sgemm_store_off_by_one": ("cuda/sgemm.cu", "if (gi < m && gj < n) {", "if (gi <= m && gj < n) {", SGEMM),
+    # the emulator's mma: a wrong fragment layout (TF32 a1 and a2 swapped; BF16 b's halves
+    # swapped), the eager cp.async mode landing copies at the wait after all; the tensor-core
+    # SGEMM: its own gather of a fragment wrong, no barrier after a slice, TF32 truncated
+    # instead of rounded, a tile's row edge off by one
+    "cuda_mma_tf32_layout_a_swapped": ("cuda/emu/emu.cpp", "return {row % 8 * 4 + col % 4, row / 8 + 2 * (col / 4), 0};",
+                                       "return {row % 8 * 4 + col % 4, 2 * (row / 8) + col / 4, 0};", TC),
+    "cuda_mma_bf16_halves_swapped": ("cuda/emu/emu.cpp", "return {col * 4 + row % 8 / 2, row / 8, row % 2};",
+                                     "return {col * 4 + row % 8 / 2, row / 8, 1 - row % 2};", TC),
+    "cuda_emu_eager_cp_async_at_the_wait": ("cuda/emu/emu.cpp", "if (cp_async_eager) { // at its earliest",
+                                            "if (!cp_async_eager) { // at its earliest", TC),
+    "cuda_sgemm_tc_fragment_gather": ("cuda/sgemm_tc.cu", "fa[i][1] = pytfm__tf32(at<AK>(As, r + 8, kk + t));",
+                                      "fa[i][1] = pytfm__tf32(at<AK>(As, r, kk + t + 4));", TC),
+    "cuda_sgemm_tc_no_barrier_after_slice": ("cuda/sgemm_tc.cu", "        __syncthreads(); // the next slice is in for everyone", "        //", TC),
+    "cuda_sgemm_tc_truncates_tf32": ("cuda/mma.cuh", "    return pytfm_emu::cvt_rna_tf32(x);",
+                                     "    uint32_t u;\n    memcpy(&u, &x, 4);\n    return u;", TC),
+    "cuda_sgemm_tc_row_edge_off_by_one": ("cuda/sgemm_tc.cu", "const int64_t left = gr >= rows ||",
+                                          "const int64_t left = gr > rows ||", TC),
     "cuda_block_sum_no_barrier": ("cuda/pytfm_cuda.cuh", "    if (lane == 0) scratch[warp] = v;\n    __syncthreads();\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;",
                                   "    if (lane == 0) scratch[warp] = v;\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;", EMU),
     "cuda_softmax_row_off_by_one": ("cuda/softmax.cu", "for (int64_t j = team.rank; j < cols; j += team.size) yr[j] = expf(",

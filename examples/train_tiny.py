@@ -5,7 +5,7 @@
     python examples/train_tiny.py --out run1 --resume          # continue an interrupted run
     python examples/train_tiny.py --force                      # train anew over out/
     python examples/train_tiny.py --device cuda                # on the GPU (CuPy, CUDA build)
-    python examples/train_tiny.py --precision bf16             # BF16 products (CPU), FP32 state
+    python examples/train_tiny.py --precision bf16             # BF16 products, FP32 state
     mpiexec -n 2 python examples/train_tiny.py                 # two processes (pytfm[mpi])
     python examples/train_tiny.py --tokenizer bpe:4096         # GPT-2's BPE, trained on the text
     python examples/train_tiny.py --init-from gpt2 --text my.txt --lr 3e-4   # fine-tune GPT-2
@@ -122,10 +122,11 @@ def parser():
     p = new_parser(__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=800, help="optimizer steps in all")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+    p.add_argument("--precision", choices=["fp32", "bf16", "tf32"], default="fp32",
                    help="of the linear layers' products: bf16 rounds their inputs to BF16 and "
                    "sums in float32 (weights, gradients and optimizer state stay float32; the "
-                   "checkpoint is float32 either way); on the CPU")
+                   "checkpoint is float32 either way), on the CPU or the GPU's tensor cores; "
+                   "tf32 (TF32-rounded inputs) on the GPU only")
     p.add_argument("--text", help="train on this file instead of the stdlib corpus; it is "
                    "read as raw bytes, one token per byte: any encoding works (the sample at the "
                    "end shows as UTF-8)")
@@ -552,9 +553,9 @@ def prepare(argv, ranks):
         if ranks > 1:
             p.error(f"--device cuda trains in one process, not {ranks} ranks: run it without "
                     "mpiexec")
-        if args.precision != "fp32":
-            p.error(f"--precision {args.precision} runs on the CPU only: --precision fp32 "
-                    "with --device cuda")
+    if args.precision == "tf32" and args.device != "cuda":
+        p.error("--precision tf32 runs on the GPU only (its tensor cores): --device cuda, or "
+                "--precision fp32 or bf16 on the CPU")
     if args.batch < ranks:
         p.error(f"--batch {args.batch} is the global batch, split over the {ranks} ranks: it "
                 f"must be at least {ranks}, one row each")
@@ -661,8 +662,10 @@ def run(world, argv, interrupt_at):
               f"({cfg.n_layer} layers, d={cfg.d_model}, {cfg.n_head} heads, context "
               f"{cfg.max_seq}, pos={cfg.pos}); {len(tokens):,} {what} of "
               f"{'text from ' + args.text if args.text else 'Python stdlib source'}{ranks}")
-        if args.precision == "bf16":
+        if args.precision == "bf16" and args.device == "cpu":
             print(f"precision bf16, the BF16 products' path: {pytfm.bf16_path()}")
+        elif args.precision != "fp32":
+            print(f"precision {args.precision}: the linear layers on the tensor cores")
 
     stop = []  # Ctrl-C: finish the step, then save
     previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))

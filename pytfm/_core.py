@@ -117,12 +117,13 @@ def bf16_path():
     return _BF16_PATHS[name] + (" (capped: the CPU has AVX512-BF16)" if capped else "")
 
 
-PRECISIONS = ("fp32", "bf16")  # pytfm_precision, in order
+PRECISIONS = ("fp32", "bf16", "tf32")  # pytfm_precision, in order
 
 
 def precision_code(precision, name="precision"):
-    """The pytfm_precision of a precision's name: "fp32" (float32 products, the default) or
-    "bf16" (products of BF16-rounded inputs, summed in float32)."""
+    """The pytfm_precision of a precision's name: "fp32" (float32 products, the default),
+    "bf16" (products of BF16-rounded inputs, summed in float32) or "tf32" (of TF32-rounded
+    inputs, on the GPU's tensor cores only)."""
     if not isinstance(precision, str):
         raise TypeError(f"{name} must be a str, one of {', '.join(PRECISIONS)}; got "
                         f"{type(precision).__name__}")

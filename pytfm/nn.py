@@ -432,7 +432,10 @@ class GPT:
     (forward x·Wᵀ, backward dy·W and dyᵀ·x) multiplies BF16-rounded inputs and sums in float32,
     as torch.autocast("cpu", torch.bfloat16) does; parameters, gradients, optimizer state,
     LayerNorm, attention, softmax and the loss stay float32. "bf16" runs on the CPU
-    (pytfm.bf16_path() says how). model.precision says which; set_precision changes it."""
+    (pytfm.bf16_path() says how) and on the GPU (the tensor cores), "tf32" (TF32-rounded
+    inputs, float32 sums) on the GPU only: on "cuda" each linear layer's products run on
+    pytfm_linear_*_ex_cuda, the rest as in "fp32". model.precision says which; set_precision
+    changes it."""
 
     def __init__(self, cfg, device="cpu", precision="fp32"):
         if not isinstance(cfg, GPTConfig):
@@ -459,9 +462,9 @@ class GPT:
         """The precision of the linear layers' products from now on ("fp32" or "bf16", see
         GPT); returns the model. A forward and its backward should run in one precision."""
         precision_code(precision)  # a bad name fails here, naming the argument
-        if precision != "fp32" and self.device != "cpu":
-            raise ValueError(f"precision {precision!r} runs on the CPU only: use "
-                             f"precision='fp32' on device {self.device!r}")
+        if precision == "tf32" and self.device == "cpu":
+            raise ValueError("precision 'tf32' runs on the GPU only (its tensor cores): use "
+                             "'fp32' or 'bf16' on the CPU, or GPT(..., device='cuda')")
         if precision != self.precision:
             self._claim("set_precision")  # a forward in flight elsewhere would mix precisions
         for layer in self._layers():
@@ -479,9 +482,9 @@ class GPT:
         xp = devices.array_module(device)
         if device == self.device:
             return self
-        if self.precision != "fp32":
-            raise ValueError(f"precision {self.precision!r} runs on the CPU only: "
-                             "set_precision('fp32') before moving the model to the GPU")
+        if self.precision == "tf32" and device == "cpu":
+            raise ValueError("precision 'tf32' runs on the GPU only: set_precision('fp32') or "
+                             "'bf16' before moving the model to the CPU")
         self._claim("to")
         params, grads = self.params.to(device), self.grads.to(device)
         moved = {}  # id of an old array -> the array that replaces it

@@ -8,8 +8,9 @@ in pytfm.h: rows and cols, count (a flat array's elements), vocab, B, T, H, D, n
 Backends: NumPy arrays run the C kernels; CuPy arrays run their CUDA twins (pytfm_*_cuda) on
 CuPy's current stream and return CuPy arrays (cupy is imported only when one arrives). All the
 arrays of one call must be of one kind and, for CuPy, on the current device. Every op with array
-arguments has a CUDA twin, but for round_bf16 and the linear layer's precision="bf16" (NumPy
-arrays only); a library without one (an older build) takes NumPy arrays only.
+arguments has a CUDA twin, but for round_bf16 (NumPy arrays only); the linear layer's
+precision="tf32" runs on CuPy arrays only (the GPU's tensor cores). A library without a twin
+(an older build) takes NumPy arrays only.
 Results are of one kind on both backends: arrays of the inputs' kind, a reduction (the loss of
 cross_entropy_forward, sum_squares) a 0-d array, so that nothing is read back from a device
 unless the caller asks (float(loss)).
@@ -58,12 +59,21 @@ def _precise(kernel, precision):
     return (kernel, ()) if code == 0 else (kernel + "_ex", (code,))
 
 
+def _gpu_only(a, precision):
+    """TF32 is the tensor cores' format: the C kernels have no TF32 products"""
+    if precision == "tf32" and not a.gpu:
+        raise ValueError("precision 'tf32' runs on CuPy arrays only (the GPU's tensor cores); "
+                         "on NumPy arrays use 'fp32' or 'bf16'")
+
+
 def linear_forward(x, w, b=None, precision="fp32"):
     """y = x·wᵀ + b.  x [..., in], w [out, in], b [out] or None -> y [..., out]. precision:
-    "fp32", or "bf16" (x and w rounded to BF16 as the product reads them, sums in float32: see
-    pytfm_linear_forward_ex); NumPy arrays only in "bf16"."""
+    "fp32", "bf16" (x and w rounded to BF16 as the product reads them, sums in float32: see
+    pytfm_linear_forward_ex; on CuPy arrays the tensor cores, pytfm_linear_forward_ex_cuda) or
+    "tf32" (rounded to TF32, on the tensor cores: CuPy arrays only)."""
     kernel, extra = _precise("pytfm_linear_forward", precision)
     a = _Args(kernel, locals())
+    _gpu_only(a, precision)
     x, w, rows, inn, out = _linear_dims(a)
     b = a.array("b", shape=(out,), because="w.shape[0]", optional=True)
     y = a.empty(x.shape[:-1] + (out,))
@@ -76,6 +86,7 @@ def linear_gelu_forward(x, w, b=None, precision="fp32"):
     precision as linear_forward"""
     kernel, extra = _precise("pytfm_linear_gelu_forward", precision)
     a = _Args(kernel, locals())
+    _gpu_only(a, precision)
     x, w, rows, inn, out = _linear_dims(a)
     b = a.array("b", shape=(out,), because="w.shape[0]", optional=True)
     y, h = a.empty(x.shape[:-1] + (out,)), a.empty(x.shape[:-1] + (out,))
@@ -89,6 +100,7 @@ def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None, precision="fp3
     dyᵀ·x take BF16-rounded inputs, db (the column sums of dy) is float32."""
     kernel, extra = _precise("pytfm_linear_backward", precision)
     a = _Args(kernel, locals())
+    _gpu_only(a, precision)
     x, w, rows, inn, out = _linear_dims(a)
     dy = a.array("dy", shape=x.shape[:-1] + (out,), because="x.shape[:-1] + (w.shape[0],)")
     has_bias = a.bool("has_bias")

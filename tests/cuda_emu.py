@@ -37,6 +37,10 @@ pytfm_status emu_malloc_async(float *out, const float *in, int n);
 pytfm_status emu_cp_async(float *out, const float *in, int n, int groups, int pending,
                           int with_barrier, int size, int src_bytes, int leave_open, int global);
 pytfm_status emu_scale(float *x, int n, float by);
+pytfm_status emu_mma(float *d, const float *a, const float *b, const float *c, int bf16,
+                     int missing);
+pytfm_status emu_round_tc(int *tf32, int *bf16, const float *x, int n);
+pytfm_status emu_cp_async_war(float *out, const float *in, int with_barrier);
 """
 
 # the emulator's counters and graphs (cuda/emu/emu.cpp), in both libraries
@@ -48,6 +52,7 @@ int64_t pytfm_emu_capture_end(void);
 int pytfm_emu_graph_launch(int64_t graph, int64_t begin, int64_t end);
 const char *pytfm_emu_error(void);
 void pytfm_emu_graph_free(int64_t graph);
+void pytfm_emu_set_cp_async(int eager);
 """
 # the order of pytfm_emu_counters (emu.h)
 COUNTERS = ("malloc", "free", "malloc_async", "free_async", "memcpy", "sync", "launches",

@@ -512,6 +512,16 @@ def bf16_backward_tol(a, want):
             None if a["b"] is None else Tol(2 * n * EPS32 * (adb + _abs(a["db0"])))]
 
 
+# the _ex twins (pytfm_cuda.h: TF32 and BF16 on the tensor cores): pytfm.ops on CuPy arrays
+# runs the BF16 Checks there (at BF16_EMU: one tile, ragged, with and without a bias, held to
+# the CPU's BF16 bound, which the tensor cores' FP32 sums meet); TF32, which has no CPU twin,
+# and the kernels' own paths in tests/cuda/test_cuda_tensor_core.py
+BF16_EMU = (dict(rows=3, inn=5, out=7, bias=True, seed=15),
+            dict(rows=33, inn=64, out=65, bias=False, seed=162))
+TC_LINEAR = "tests/cuda/test_cuda_tensor_core.py::test_linear_ex_twins_on_the_tensor_cores"
+TC_LINEAR_FP32 = ("tests/cuda/test_cuda_tensor_core.py::"
+                  "test_linear_ex_twins_at_fp32_are_the_twins_bits")
+
 BF16_NOT_FAST = ("tests/kernels/test_bf16.py: every BF16 path (AVX512-BF16, the FP32 kernels "
                  "on rounded panels, the plain loop) against the reference on rounded inputs, and "
                  "the fallbacks bit for bit against the FP32 kernels on rounded copies")
@@ -526,21 +536,22 @@ LINEAR_FORWARD_EX = Op(
         LINEAR_DRAW, linear_make,
         run=lambda a: [ops.linear_forward(a["x"], a["w"], a["b"], precision="bf16")],
         want=lambda a: [bf16_linear_want(a)], tol=lambda a, want: [bf16_linear_tol(a)],
-        outputs=("y",), threads=BF16_THREADS),
+        outputs=("y",), threads=BF16_THREADS, emu=BF16_EMU),
     fast=BF16_NOT_FAST,
     bad=(
         Bad(lambda: ops.linear_forward(x23, w43, precision="fp16"), ValueError,
-            r"precision must be one of fp32, bf16; got 'fp16'"),
+            r"precision must be one of fp32, bf16, tf32; got 'fp16'"),
         Bad(lambda: ops.linear_forward(x23, w43, precision=1), TypeError,
-            r"precision must be a str, one of fp32, bf16; got int"),
-        Bad(lambda: ops.linear_forward(FakeCupyArray(), FakeCupyArray(), precision="bf16"),
-            TypeError, r"x is a CuPy array, but this operation runs on NumPy arrays only"),
+            r"precision must be a str, one of fp32, bf16, tf32; got int"),
+        Bad(lambda: ops.linear_forward(x23, w43, precision="tf32"), ValueError,
+            r"precision 'tf32' runs on CuPy arrays only \(the GPU's tensor cores\)"),
         Bad(lambda: ops.linear_forward(z(2, 5), w43, precision="bf16"), ValueError,
             r"x.shape\[-1\] must equal w.shape\[1\] = 3"),
     ),
     scratch="as pytfm_sgemm_ex's, for the one product x·Wᵀ: the sgemm_ex case",
-    cuda=False, wrapper=False, reference=False,
-    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_linear_layer_on_every_path",),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_linear_layer_on_every_path",
+               TC_LINEAR, TC_LINEAR_FP32),
 )
 
 LINEAR_GELU_FORWARD_EX = Op(
@@ -554,13 +565,16 @@ LINEAR_GELU_FORWARD_EX = Op(
         # |gelu'| <= 1.13: h's error carries over to y, plus gelu's own few roundings
         tol=lambda a, want: [Tol(1.2 * bf16_linear_tol(a).atol + 4 * EPS32 * (1.0 + abs(want[1])),
                                  0.0), bf16_linear_tol(a)],
-        outputs=("y", "h"), threads=(dict(rows=300, inn=200, out=90, seed=1),)),
+        outputs=("y", "h"), threads=(dict(rows=300, inn=200, out=90, seed=1),), emu=BF16_EMU),
     fast=BF16_NOT_FAST,
-    bad=(Bad(lambda: ops.linear_gelu_forward(z(4, 3), z(5, 3), z(5), precision="tf32"),
-             ValueError, r"precision must be one of fp32, bf16; got 'tf32'"),),
+    bad=(Bad(lambda: ops.linear_gelu_forward(z(4, 3), z(5, 3), z(5), precision="tf16"),
+             ValueError, r"precision must be one of fp32, bf16, tf32; got 'tf16'"),
+         Bad(lambda: ops.linear_gelu_forward(z(4, 3), z(5, 3), z(5), precision="tf32"),
+             ValueError, r"precision 'tf32' runs on CuPy arrays only"),),
     scratch="as pytfm_linear_forward_ex's: the sgemm_ex case",
-    cuda=False, wrapper=False, reference=False,
-    tested_in=("tests/kernels/test_bf16.py::test_linear_gelu_in_bf16_is_linear_then_gelu",),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_bf16.py::test_linear_gelu_in_bf16_is_linear_then_gelu",
+               TC_LINEAR, TC_LINEAR_FP32),
 )
 
 LINEAR_BACKWARD_EX = Op(
@@ -573,13 +587,17 @@ LINEAR_BACKWARD_EX = Op(
                                                has_bias=a["b"] is not None, dw=a["dw0"],
                                                db=a["db0"], precision="bf16")),
         want=bf16_backward_want, tol=bf16_backward_tol, outputs=("dx", "dw", "db"),
-        threads=(dict(rows=300, inn=257, out=130, seed=3),)),
+        threads=(dict(rows=300, inn=257, out=130, seed=3),),
+        emu=BF16_EMU),
     fast=BF16_NOT_FAST,
     bad=(Bad(lambda: ops.linear_backward(z(2, 4), x23, w43, precision="BF16"), ValueError,
-             r"precision must be one of fp32, bf16; got 'BF16'"),),
+             r"precision must be one of fp32, bf16, tf32; got 'BF16'"),
+         Bad(lambda: ops.linear_backward(z(2, 4), x23, w43, precision="tf32"), ValueError,
+             r"precision 'tf32' runs on CuPy arrays only"),),
     scratch="as pytfm_linear_backward's, one allocation for both products: the sgemm_ex case",
-    cuda=False, wrapper=False, reference=False,
-    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_linear_layer_on_every_path",),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_bf16.py::test_the_bf16_linear_layer_on_every_path",
+               TC_LINEAR, TC_LINEAR_FP32),
 )
 
 SGEMM_EX = Op(
@@ -601,9 +619,14 @@ out_bytes = 0  # C is the caller's
 # own panel of B for its half of C's 1024 columns (384 × 512 floats or pairs)
 scratch_bytes = 4 * threads * (144 * 384 + 384 * 512)
 """),
-    cuda=False, wrapper=False, reference=False,
+    wrapper=False, reference=False,
     tested_in=("tests/kernels/test_bf16.py::test_the_bf16_sgemm_on_every_path",
-               "tests/kernels/test_bf16.py::test_the_fallbacks_are_the_fp32_kernels_on_rounded_copies"),
+               "tests/kernels/test_bf16.py::test_the_fallbacks_are_the_fp32_kernels_on_rounded_copies",
+               "tests/cuda/test_cuda_tensor_core.py::"
+               "test_tensor_core_sgemm_matches_the_reference_on_rounded_inputs",
+               "tests/cuda/test_cuda_tensor_core.py::"
+               "test_both_orders_both_cp_async_modes_and_offset_views_give_the_same_bits",
+               "tests/cuda/test_cuda_tensor_core.py::test_fp32_through_the_ex_twin_is_pytfm_sgemm_cuda"),
 )
 
 
@@ -1873,8 +1896,8 @@ NON_OPS = {
 
 
 def checked(cuda=False):
-    """The ops with a Check (cuda: and a CUDA twin)."""
-    return [op for op in OPS if op.check is not None and (op.cuda or not cuda)]
+    """The ops with a Check (cuda: and a CUDA twin the Check runs, at its emu sizes)."""
+    return [op for op in OPS if op.check is not None and (not cuda or op.cuda and op.check.emu)]
 
 
 def case_id(values):

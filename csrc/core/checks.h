@@ -103,6 +103,15 @@ static inline pytfm_status pytfm__check_precision(const char *func, int32_t prec
     return PYTFM_STATUS_OK;
 }
 
+/* the same for the CUDA twins (cuda/), which also compute in TF32 on the tensor cores */
+static inline pytfm_status pytfm__check_precision_cuda(const char *func, int32_t precision) {
+    PYTFM_CHECK(precision == PYTFM_PRECISION_FP32 || precision == PYTFM_PRECISION_BF16 ||
+                    precision == PYTFM_PRECISION_TF32,
+                "%s: precision must be a pytfm_precision (0: FP32, 1: BF16, 2: TF32), got %d",
+                func, (int)precision);
+    return PYTFM_STATUS_OK;
+}
+
 /* an elementwise map y = f(x): y [count] written, x [count]; y may be x itself, but no other
  * overlap */
 static inline pytfm_status pytfm__check_map(const char *func, const float *y, const float *x,

@@ -135,10 +135,16 @@ PYTFM_API int32_t pytfm_get_bf16_isa(void);
  *         precision argument compute
  *   BF16  each input rounded to BF16 (pytfm_round_bf16: 8 significant bits, round to nearest
  *         even) as it is read, the products (exact in float32) summed in float32; outputs,
- *         biases, activations and every other op stay float32 */
+ *         biases, activations and every other op stay float32
+ *   TF32  the GPU's tensor-core format, for the _cuda twins only (pytfm_cuda.h): each input
+ *         rounded to TF32 (11 significant bits, to nearest, ties away from zero: the GPU's
+ *         cvt.rna.tf32.f32) as it is read, the products (exact in float32) summed in float32.
+ *         The CPU functions refuse it (PYTFM_STATUS_INVALID_ARGUMENT): its CPU twin would be
+ *         the FP32 kernels on rounded inputs, which no caller needs yet. */
 typedef enum pytfm_precision {
     PYTFM_PRECISION_FP32 = 0,
-    PYTFM_PRECISION_BF16 = 1
+    PYTFM_PRECISION_BF16 = 1,
+    PYTFM_PRECISION_TF32 = 2
 } pytfm_precision;
 
 typedef struct pytfm_build_info {

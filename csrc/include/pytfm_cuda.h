@@ -88,6 +88,41 @@ PYTFM_API pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, const
                                                  const float *b, int64_t rows, int64_t in,
                                                  int64_t out, void *stream);
 
+/* As pytfm_sgemm_ex, on the GPU. PYTFM_PRECISION_FP32: pytfm_sgemm_cuda, its bits.
+ * PYTFM_PRECISION_TF32 and PYTFM_PRECISION_BF16 (cuda/sgemm_tc.cu): on the tensor cores
+ * (mma.sync m16n8k8 TF32, m16n8k16 BF16; sm_80 and newer), C = β·C + Σ_p r(op(A)[i, p])·
+ * r(op(B)[p, j]) with r the rounding of the precision (TF32: to nearest, ties away from zero,
+ * cvt.rna; BF16: pytfm_round_bf16's, to nearest even, but float32 subnormals kept, not
+ * flushed) applied in registers as the inputs are read (A and B stay float32 and unchanged),
+ * each product exact in float32 and the sums float32 (in the order of the mma instructions:
+ * not pytfm_sgemm_ex's bits). 128×128 tiles
+ * per block, double-buffered cp.async tiles, any m, n, k >= 0, every transpose, any float
+ * alignment; no scratch. */
+PYTFM_API pytfm_status pytfm_sgemm_ex_cuda(float *c, const float *a, const float *b, int64_t m,
+                                           int64_t n, int64_t k, int32_t trans_a,
+                                           int32_t trans_b, float beta, int32_t precision,
+                                           void *stream);
+
+/* As pytfm_linear_forward_ex, pytfm_linear_gelu_forward_ex and pytfm_linear_backward_ex, on
+ * the GPU: PYTFM_PRECISION_FP32 gives the bits of the twins without _ex; TF32 and BF16 run
+ * each product (x·Wᵀ; dy·W and dyᵀ·x) as pytfm_sgemm_ex_cuda does, the bias, the GELU and
+ * db (the column sums of dy, unrounded) as the twins without _ex. Scratch: theirs. */
+PYTFM_API pytfm_status pytfm_linear_forward_ex_cuda(float *y, const float *x, const float *w,
+                                                    const float *b, int64_t rows, int64_t in,
+                                                    int64_t out, int32_t precision,
+                                                    void *stream);
+
+PYTFM_API pytfm_status pytfm_linear_gelu_forward_ex_cuda(float *y, float *h, const float *x,
+                                                         const float *w, const float *b,
+                                                         int64_t rows, int64_t in, int64_t out,
+                                                         int32_t precision, void *stream);
+
+PYTFM_API pytfm_status pytfm_linear_backward_ex_cuda(float *dx, float *dw, float *db,
+                                                     const float *dy, const float *x,
+                                                     const float *w, int64_t rows, int64_t in,
+                                                     int64_t out, int32_t precision,
+                                                     void *stream);
+
 /* db, when not NULL, is the two-stage column sum of pytfm_cuda.cuh (partials in stream
  * scratch). */
 PYTFM_API pytfm_status pytfm_linear_backward_cuda(float *dx, float *dw, float *db,

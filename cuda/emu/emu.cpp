@@ -25,7 +25,9 @@ namespace pytfm_emu {
 enum State { RUNNABLE, AT_SYNCTHREADS, AT_WARP, EXITED };
 
 static const char *const op_names[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
-                                       "__shfl_xor_sync"};
+                                       "__shfl_xor_sync",
+                                       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+                                       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"};
 
 /* a queued cp.async: group -1 until the thread's next commit */
 struct AsyncCopy {
@@ -43,6 +45,8 @@ struct Fiber {
     unsigned mask;
     uint64_t value, result;
     int arg, width;
+    uint32_t fa[4], fb[2]; // an mma's A and B fragments (registers as the lane holds them)
+    float fc[4], fd[4];    // its C fragment, and D handed back
     std::vector<AsyncCopy> copies; // issued, not yet performed (cp_async)
     long groups;                   // groups committed so far
 };
@@ -59,6 +63,8 @@ struct Launch {
 
 static thread_local Launch *active;
 static int reverse_order; // run the fibers of a block last to first (pytfm_emu_set_order)
+// cp.async lands at its issue (1) or at the wait (0); -1: not yet read from the environment
+static int cp_async_eager = -1;
 static thread_local cudaError_t last_error = cudaSuccess;
 static thread_local std::string last_message;
 
@@ -165,6 +171,15 @@ void cp_async(void *dst, const void *src, int size, int src_bytes) {
         fail_launch("cp.async to %p, which is not in shared memory", dst);
         return;
     }
+    if (cp_async_eager < 0) {
+        const char *mode = getenv("PYTFM_EMU_CP_ASYNC");
+        cp_async_eager = mode && !strcmp(mode, "eager");
+    }
+    if (cp_async_eager) { // at its earliest: the copy lands now
+        memcpy(dst, src, (size_t)src_bytes);
+        memset((char *)dst + src_bytes, 0, (size_t)(size - src_bytes));
+        return;
+    }
     active->current->copies.push_back({dst, src, size, src_bytes, -1});
 }
 
@@ -212,6 +227,62 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width) {
     return f->result;
 }
 
+MmaSlot mma_layout(WarpOp op, char which, int row, int col) {
+    if (which == 'c') return {row % 8 * 4 + col / 2, row / 8 * 2 + col % 2, 0};
+    if (op == MMA_TF32_M16N8K8) {
+        if (which == 'a') return {row % 8 * 4 + col % 4, row / 8 + 2 * (col / 4), 0};
+        return {col * 4 + row % 4, row / 4, 0}; // b: row is k, col is n
+    }
+    if (which == 'a') return {row % 8 * 4 + col % 8 / 2, row / 8 + 2 * (col / 8), col % 2};
+    return {col * 4 + row % 8 / 2, row / 8, row % 2};
+}
+
+void mma(WarpOp op, float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    if (!active || !active->current) return fail_launch("%s outside a kernel", op_names[op]);
+    Fiber *f = active->current;
+    memcpy(f->fa, a, sizeof f->fa);
+    memcpy(f->fb, b, sizeof f->fb);
+    memcpy(f->fc, c, sizeof f->fc);
+    f->op = op;
+    f->mask = 0xffffffffu; // .aligned: the whole warp
+    f->arg = 0;
+    f->width = 32;
+    yield(AT_WARP);
+    memcpy(d, f->fd, sizeof f->fd);
+}
+
+/* An operand element as the tensor core reads it: a TF32 register's top 19 bits (the low 13
+ * ignored), or one 16-bit half of a BF16 pair */
+static float mma_operand(WarpOp op, uint32_t reg, int half) {
+    const uint32_t bits = op == MMA_TF32_M16N8K8 ? reg & 0xffffe000u : (reg >> (16 * half)) << 16;
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
+}
+
+/* D = A·B + C over the 32 lanes of a warp (all of them there), fragments per mma_layout */
+static void complete_mma(Fiber *lanes, WarpOp op) {
+    const int K = op == MMA_TF32_M16N8K8 ? 8 : 16;
+    float A[16][16], B[16][8];
+    for (int r = 0; r < 16; r++)
+        for (int p = 0; p < K; p++) {
+            const MmaSlot s = mma_layout(op, 'a', r, p);
+            A[r][p] = mma_operand(op, lanes[s.lane].fa[s.reg], s.half);
+        }
+    for (int p = 0; p < K; p++)
+        for (int j = 0; j < 8; j++) {
+            const MmaSlot s = mma_layout(op, 'b', p, j);
+            B[p][j] = mma_operand(op, lanes[s.lane].fb[s.reg], s.half);
+        }
+    for (int r = 0; r < 16; r++)
+        for (int j = 0; j < 8; j++) {
+            const MmaSlot s = mma_layout(op, 'c', r, j);
+            float acc = lanes[s.lane].fc[s.reg];
+            for (int p = 0; p < K; p++) acc = fmaf(A[r][p], B[p][j], acc);
+            lanes[s.lane].fd[s.reg] = acc;
+        }
+}
+
 static void fiber_main() {
     (*active->body)();
     active->current->state = EXITED; // uc_link returns to the scheduler
@@ -225,6 +296,8 @@ static int source_lane(const Fiber &f, int lane) {
     case SHFL_UP: return lane - f.arg >= base ? lane - f.arg : lane;
     case SHFL_DOWN: return lane + f.arg < base + w ? lane + f.arg : lane;
     case SHFL_XOR: return (lane ^ f.arg) < base + w ? lane ^ f.arg : lane;
+    case MMA_TF32_M16N8K8:
+    case MMA_BF16_M16N8K16: break; // no shuffle: complete_warp_op computes the product
     }
     return lane; // not reached: every WarpOp is a shuffle named above
 }
@@ -268,6 +341,11 @@ static int complete_warp_op(Launch &l, size_t warp, size_t first) {
                  op_names[b.op], b.mask);
             return -1;
         }
+    }
+    if (a.op == MMA_TF32_M16N8K8 || a.op == MMA_BF16_M16N8K16) {
+        complete_mma(&l.fibers[warp * 32], a.op);
+        for (int lane = 0; lane < 32; lane++) l.fibers[warp * 32 + lane].state = RUNNABLE;
+        return 1;
     }
     for (int lane = 0; lane < 32; lane++) {
         if (!(a.mask >> lane & 1u)) continue;
@@ -445,6 +523,12 @@ static void run_launch(dim3 grid, dim3 block, size_t shmem, const std::function<
  * stale data in one of the two orders; the tests run each kernel in both. */
 extern "C" __attribute__((visibility("default"))) void pytfm_emu_set_order(int reverse) {
     pytfm_emu::reverse_order = reverse;
+}
+
+/* cp.async's mode: 1 eager (each copy lands at its issue), 0 at the wait (the default, unless
+ * PYTFM_EMU_CP_ASYNC=eager was in the environment at the first copy). */
+extern "C" __attribute__((visibility("default"))) void pytfm_emu_set_cp_async(int eager) {
+    pytfm_emu::cp_async_eager = eager != 0;
 }
 
 cudaError_t cudaGetLastError(void) {

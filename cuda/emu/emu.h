@@ -32,7 +32,26 @@
  * thread's end. So a read of the destination before its wait, or by another thread without a
  * barrier after the wait, sees the 0xff fill (NaN) or the previous tile's data. The destination
  * must be shared memory, both addresses aligned to the copy's size (16 or 4), else the launch
- * fails naming the thread.
+ * fails naming the thread. The eager mode (PYTFM_EMU_CP_ASYNC=eager in the environment when
+ * the library loads, or pytfm_emu_set_cp_async(1)) lands each copy at its issue instead, at
+ * its earliest: a copy into a buffer that another thread still reads, with no barrier between
+ * that read and the issue (a write after read), overwrites it under the reader. A kernel must
+ * give the same results in both modes; the tests run the tensor-core kernels in both.
+ *
+ * The warp-level matrix instructions (pytfm_emu::mma, reached through cuda/mma.cuh):
+ * mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 and
+ * mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 are warp collectives like the shuffles:
+ * the operation completes when all 32 lanes of the warp have reached it (the .aligned form:
+ * every lane executes the same mma), a lane that exits or waits elsewhere fails the launch
+ * naming the thread. The lanes' fragments are gathered by the PTX ISA's layouts ("Matrix
+ * Fragments for mma.m16n8k8" and "for mma.m16n8k16", the layouts of mma_layout below), the
+ * product D = A·B + C computed and each lane's four D elements handed back. Inputs as the
+ * hardware reads them: a TF32 operand is the register's top 19 bits (the low 13 bits of an
+ * FP32 value that was not converted with cvt.rna.tf32.f32 are ignored: truncation); a BF16
+ * operand the 16-bit halves of the packed registers (lower half: the lower k). Each product is
+ * exact in float32 and the k of one instruction are added in order, from C, each sum rounded
+ * to float32 (fmaf): the hardware's order inside one instruction is unspecified, so the tests'
+ * bounds allow any order of those k additions.
  *
  * It provides what the kernels of cuda/ use (threadIdx, blockIdx, blockDim, gridDim, static
  * and dynamic __shared__ memory (PYTFM_DYNAMIC_SHARED, sized by PYTFM_LAUNCH's shared_bytes),
@@ -140,7 +159,22 @@ inline float4 make_float4(float x, float y, float z, float w) { return float4{x,
 
 namespace pytfm_emu {
 
-enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR };
+enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, MMA_TF32_M16N8K8, MMA_BF16_M16N8K16 };
+
+/* Where element (row, col) of an mma operand lives: lane and register (index into the lane's
+ * fragment array). op MMA_TF32_M16N8K8 or MMA_BF16_M16N8K16; which 'a' (16 × K, row-major),
+ * 'b' (K × 8, column-major) or 'c' (16 × 8, the accumulators and D). For BF16, a and b
+ * registers hold two elements: half 0 the lower 16 bits. As the PTX ISA's figures (g = lane /
+ * 4, t = lane % 4):
+ *   TF32 m16n8k8  a: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
+ *                 b: b0 (t, g), b1 (t + 4, g)
+ *   BF16 m16n8k16 a: a0 (g, 2t, 2t+1), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..)
+ *                 b: b0 (2t..2t+1, g), b1 (2t + 8..2t + 9, g)
+ *   both          c: c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1) */
+struct MmaSlot {
+    int lane, reg, half;
+};
+MmaSlot mma_layout(WarpOp op, char which, int row, int col);
 
 const dim3 &thread_idx();
 const dim3 &block_idx();
@@ -161,6 +195,29 @@ void fail_launch(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cp_async(void *dst, const void *src, int size, int src_bytes);
 void cp_async_commit();
 void cp_async_wait(int pending);
+/* d[4] = a·b + c for the calling lane's fragments (d may be c): op as MmaSlot's */
+void mma(WarpOp op, float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+
+/* cvt.rna.tf32.f32: x rounded to TF32 (10 stored mantissa bits), to nearest, ties away from
+ * zero, returned as float32 bits with the low 13 bits zero; NaN stays a NaN, a value that
+ * rounds past the largest finite one becomes infinity. */
+inline uint32_t cvt_rna_tf32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) // inf stays, NaN stays a (quiet) NaN
+        return (u & 0x007fffffu) ? (u | 0x00400000u) & 0xffffe000u : u;
+    return (u + 0x1000u) & 0xffffe000u;
+}
+
+/* cvt.rn.bf16x2.f32 d, hi, lo: both rounded to BF16, to nearest even (pytfm_round_bf16's
+ * rounding), lo in the lower 16 bits; NaN stays a quiet NaN */
+inline uint32_t bf16_rn(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x0040u;
+    return (u + 0x7fffu + (u >> 16 & 1u)) >> 16;
+}
+inline uint32_t cvt_rn_bf16x2(float hi, float lo) { return bf16_rn(hi) << 16 | bf16_rn(lo); }
 
 template <class T> T shfl(WarpOp op, unsigned mask, T v, int arg, int width) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a word");

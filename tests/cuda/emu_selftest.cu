@@ -6,10 +6,12 @@
  * configurations (48 KiB of dynamic shared memory unless cudaFuncSetAttribute raised the
  * kernel's limit, 227 KiB at most), float4 accesses (16-byte aligned or a launch error),
  * cudaMallocAsync scratch, cp.async (performed only by the wait that covers its group), a
- * launch that a graph capture records (emu_scale).
+ * launch that a graph capture records (emu_scale), the two mma instructions against a plain
+ * product (emu_mma) and the roundings that feed them (emu_round_tc), a write after read that
+ * only the eager cp.async mode shows (emu_cp_async_war).
  * Built only into the emulator's test library, never into libpytfm.
  */
-#include "pytfm_cuda.cuh"
+#include "mma.cuh" /* includes pytfm_cuda.cuh */
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -178,4 +180,85 @@ EXPORT pytfm_status emu_cp_async(float *out, const float *in, int n, int groups,
                                  int global) {
     return PYTFM_LAUNCH(cp_async_kernel, dim3(1), dim3(n), 0, nullptr, out, in, groups, pending,
                         with_barrier, size, src_bytes, leave_open, global);
+}
+
+/* ---- the warp-level matrix instructions (cuda/mma.cuh) ----------------------------------- */
+
+/* One warp: d [16][8] = a [16][K] · b [K][8] + c [16][8], all row-major, through one
+ * pytfm__mma_tf32 (K = 8; a and b passed as raw float32 bits, so the instruction's own
+ * truncation applies) or pytfm__mma_bf16 (K = 16; a and b rounded by pytfm__bf16x2). Each lane
+ * gathers its fragments by the PTX ISA's layouts, written out here apart from the emulator's
+ * (g = lane / 4, t = lane % 4); missing: a lane (0..31) that returns before the mma, or -1. */
+static __global__ void mma_kernel(float *d, const float *a, const float *b, const float *c,
+                                  int bf16, int missing) {
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    if (lane == missing) return;
+    uint32_t fa[4], fb[2];
+    float fd[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
+                   c[(g + 8) * 8 + 2 * t + 1]};
+    if (!bf16) {
+        const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {t, t, t + 4, t + 4};
+        for (int r = 0; r < 4; r++) memcpy(&fa[r], &a[rows[r] * 8 + cols[r]], 4);
+        memcpy(&fb[0], &b[t * 8 + g], 4);
+        memcpy(&fb[1], &b[(t + 4) * 8 + g], 4);
+        pytfm__mma_tf32(fd, fa, fb);
+    } else {
+        const int rows[4] = {g, g + 8, g, g + 8};
+        const int cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+        for (int r = 0; r < 4; r++)
+            fa[r] = pytfm__bf16x2(a[rows[r] * 16 + cols[r]], a[rows[r] * 16 + cols[r] + 1]);
+        fb[0] = pytfm__bf16x2(b[2 * t * 8 + g], b[(2 * t + 1) * 8 + g]);
+        fb[1] = pytfm__bf16x2(b[(2 * t + 8) * 8 + g], b[(2 * t + 9) * 8 + g]);
+        pytfm__mma_bf16(fd, fa, fb);
+    }
+    d[g * 8 + 2 * t] = fd[0];
+    d[g * 8 + 2 * t + 1] = fd[1];
+    d[(g + 8) * 8 + 2 * t] = fd[2];
+    d[(g + 8) * 8 + 2 * t + 1] = fd[3];
+}
+
+EXPORT pytfm_status emu_mma(float *d, const float *a, const float *b, const float *c, int bf16,
+                            int missing) {
+    return PYTFM_LAUNCH(mma_kernel, dim3(1), dim3(32), 0, nullptr, d, a, b, c, bf16, missing);
+}
+
+/* tf32[i], bf16[i]: x[i] by pytfm__tf32 (cvt.rna.tf32.f32) and the low half of
+ * pytfm__bf16x2(x[i], 0) (cvt.rn.bf16x2.f32), as bits */
+static __global__ void round_tc_kernel(int *tf32, int *bf16, const float *x, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        tf32[i] = (int)pytfm__tf32(x[i]);
+        bf16[i] = (int)(pytfm__bf16x2(x[i], 0.0f) & 0xffffu);
+    }
+}
+
+EXPORT pytfm_status emu_round_tc(int *tf32, int *bf16, const float *x, int n) {
+    return PYTFM_LAUNCH(round_tc_kernel, dim3(1), dim3(64), 0, nullptr, tf32, bf16, x, n);
+}
+
+/* A write after read on one shared buffer: 64 threads each copy 4 floats of tile 0 into s by
+ * cp.async, wait, pass a barrier and read their neighbour's 4 (out[0..256)); then each copies
+ * tile 1 into its own slot, the wait for it after a barrier, and reads the neighbour's again
+ * (out[256..512)). Without with_barrier nothing keeps a thread's second copy from landing
+ * before its neighbour's first read: the eager cp.async mode shows it, the "at the wait" mode
+ * (which lands the copy after the barrier) cannot. */
+static __global__ void cp_async_war_kernel(float *out, const float *in, int with_barrier) {
+    __shared__ float s[4 * 64];
+    const int n = blockDim.x, t = threadIdx.x, next = (t + 1) % n;
+    pytfm__cp_async16(s + 4 * t, in + 4 * t, 16);
+    pytfm__cp_async_commit();
+    pytfm__cp_async_wait<0>();
+    __syncthreads();
+    for (int q = 0; q < 4; q++) out[4 * t + q] = s[4 * next + q];
+    if (with_barrier) __syncthreads(); // every read of tile 0 before any copy of tile 1
+    pytfm__cp_async16(s + 4 * t, in + 4 * n + 4 * t, 16);
+    pytfm__cp_async_commit();
+    __syncthreads();
+    pytfm__cp_async_wait<0>();
+    __syncthreads();
+    for (int q = 0; q < 4; q++) out[4 * n + 4 * t + q] = s[4 * next + q];
+}
+
+EXPORT pytfm_status emu_cp_async_war(float *out, const float *in, int with_barrier) {
+    return PYTFM_LAUNCH(cp_async_war_kernel, dim3(1), dim3(64), 0, nullptr, out, in,
+                        with_barrier);
 }

@@ -287,6 +287,43 @@ def test_sgemm_sizes_off_the_tiles(m, n, k, trans_a, trans_b):
         assert bits_equal(c, plain)
 
 
+def tensor_core_rounded(x, precision):
+    """x rounded as pytfm_sgemm_ex_cuda rounds it, on the device, in float64: TF32 to nearest,
+    ties away (cvt.rna); BF16 to nearest even (cvt.rn, subnormals kept)"""
+    u = x.view(cp.uint32).astype(cp.uint64)
+    if precision == 2:
+        r = (u + 0x1000) & 0xFFFFE000
+    else:
+        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return r.astype(cp.uint32).view(cp.float32).astype(cp.float64)
+
+
+@pytest.mark.parametrize("precision", [2, 1], ids=["tf32", "bf16"])
+@pytest.mark.parametrize("m,n,k,trans_a,trans_b", [(4096, 4096, 4096, 0, 1),
+                                                   (4096, 4096, 4096, 0, 0),
+                                                   (4096, 4096, 4096, 1, 0),
+                                                   (129, 131, 77, 1, 1), (1, 300, 17, 0, 1)])
+def test_tensor_core_sgemm_against_the_rounded_reference(precision, m, n, k, trans_a, trans_b):
+    """pytfm_sgemm_ex_cuda in TF32 and BF16 on the tensor cores: the real instructions'
+    fragment layouts and roundings, against float64 on the inputs rounded as the kernel rounds
+    them, within tests/cuda/test_cuda_tensor_core.py's bound (k + 2 float32 roundings of at
+    most 2u each, u = 2^-24)."""
+    a, b, _, _ = sgemm_case(m, n, k, trans_a, trans_b, seed=m + k + precision)
+    opa = tensor_core_rounded(a.T if trans_a else a, precision)
+    opb = tensor_core_rounded(b.T if trans_b else b, precision)
+    want = cp.matmul(opa, opb)
+    tol = 1.01 * (k + 2) * 2 * 2.0**-24 * cp.matmul(abs(opa), abs(opb))
+    from pytfm._core import check, ffi, lib
+
+    c = cp.full((m, n), cp.nan, cp.float32)
+    stream = ffi.cast("void *", cp.cuda.get_current_stream().ptr)
+    check(lib.pytfm_sgemm_ex_cuda(ffi.cast("float *", c.data.ptr),
+                                  ffi.cast("float *", a.data.ptr),
+                                  ffi.cast("float *", b.data.ptr), m, n, k, trans_a, trans_b,
+                                  0.0, precision, stream))
+    same(f"sgemm_ex.{precision}.{m}x{n}x{k}", c, want, tol, 0)
+
+
 @pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
 def test_sgemm_on_views_offset_by_one_float(trans_a, trans_b):
     """x[1:] of a larger array is contiguous but 4 bytes past a 16-byte boundary: the loaders

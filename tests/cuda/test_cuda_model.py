@@ -408,6 +408,33 @@ def test_train_tiny_trains_saves_and_samples_on_the_gpu_path(cp, tmp_path, capsy
     assert at == 3 and [row[1] for row in extra["log"]] == [float(r[1]) for r in gpu_log[:3]]
 
 
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_train_tiny_trains_on_the_tensor_cores(cp, tmp_path, capsys, precision):
+    """--device cuda --precision tf32/bf16: the linear layers on the _ex twins; each step's
+    loss within the inputs' rounding (two inputs of each product at the format's unit
+    roundoff, 2^-11 TF32, 2^-8 BF16, four times over for five steps' drift) of FP32's"""
+    tt = load_train_tiny()
+    assert tt.main(tiny_run(tmp_path, "fp32", "--device", "cuda")) == 0
+    capsys.readouterr()
+    assert tt.main(tiny_run(tmp_path, precision, "--device", "cuda", "--precision",
+                            precision)) == 0
+    assert "the linear layers on the tensor cores" in capsys.readouterr().out
+    u = 2.0**-11 if precision == "tf32" else 2.0**-8
+    for c, g in zip(read_log(tmp_path / "fp32" / "loss.csv"),
+                    read_log(tmp_path / precision / "loss.csv"), strict=True):
+        assert abs(float(g[1]) - float(c[1])) <= 8 * u * float(c[1]) + 2e-5, (c, g)
+    model, at, _ = checkpoint.load(tmp_path / precision / "model.safetensors")
+    assert at == 5 and model.precision == "fp32"  # the file holds float32, no precision
+
+
+def test_train_tiny_refuses_tf32_on_the_cpu(tmp_path):
+    r = run_train_tiny("--precision", "tf32", "--steps", "1", cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1] == ("train_tiny.py: error: --precision tf32 runs on the "
+                                         "GPU only (its tensor cores): --device cuda, or "
+                                         "--precision fp32 or bf16 on the CPU")
+
+
 def test_train_tiny_stops_on_a_bad_loss_read_late_on_the_gpu(cp, tmp_path, capsys, monkeypatch):
     tt = load_train_tiny()
 

@@ -552,6 +552,22 @@ def test_bench_arithmetic(cuda_ops):
     assert cuda_ops.tokens_per_s(10, 8, 128, 0.5) == 20480.0
 
 
+def test_bench_tensor_core_rows(cuda_ops):
+    """the three products as the linear layer takes them (x·Wᵀ: trans_b; dy·W; dyᵀ·x: trans_a),
+    each precision's pytfm_precision, and the targets at 4096 only"""
+    cases = cuda_ops.product_cases(64)
+    assert [(t[4], t[5], t[6]) for t in cases] == [(0, 1, ("x", "w")), (0, 0, ("dy", "w")),
+                                                  (1, 0, ("dy", "x"))]
+    assert all(t[1:4] == (64, 64, 64) for t in cases)
+    assert dict(cuda_ops.TENSOR_CORE_PRECISIONS) == {"tf32": 2, "bf16": 1}
+    assert cuda_ops.tensor_core_target("tf32", 4096) == ("SGEMM TF32", 0.7)
+    assert cuda_ops.tensor_core_target("bf16", 4096) == ("SGEMM BF16", 0.6)
+    assert cuda_ops.tensor_core_target("tf32", 1024) is None
+    line = cuda_ops.format_row("sgemm_ex tf32 x.W^T (forward) n=4096", 1e-3, 280.0, "TFLOP/s",
+                               "cuBLAS tf32", 400.0, cuda_ops.tensor_core_target("tf32", 4096))
+    assert " 0.70x" in line and ">=0.70x" in line and " yes " in line
+
+
 @pytest.mark.parametrize("names,backend", [
     (["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>"], "flash"),
     (["fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)"],

@@ -1,0 +1,83 @@
+/*
+ * mma.cuh — the warp-level matrix instructions the tensor-core kernels use, one wrapper each:
+ * inline PTX on the GPU (sm_80 and newer), the emulator's version (cuda/emu) on the CPU.
+ *
+ *   pytfm__tf32(x)              cvt.rna.tf32.f32: x rounded to TF32 (10 mantissa bits, to
+ *                               nearest, ties away from zero), as a .b32 register
+ *   pytfm__bf16x2(lo, hi)       cvt.rn.bf16x2.f32: both rounded to BF16 (nearest even, as
+ *                               pytfm_round_bf16 but subnormals kept), lo in the lower
+ *                               16 bits
+ *   pytfm__mma_tf32(d, a, b)    mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, d += a·b
+ *   pytfm__mma_bf16(d, a, b)    mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a·b
+ *
+ * Each mma is a warp collective: all 32 lanes of the warp call it together. Fragments: a[4]
+ * (16 × K of A, row-major), b[2] (K × 8 of B), d[4] (16 × 8 FP32 accumulators), by the PTX
+ * ISA's layouts, which emu.h's pytfm_emu::mma_layout states (g = lane / 4, t = lane % 4):
+ *   TF32 a: (g, t) (g + 8, t) (g, t + 4) (g + 8, t + 4)   b: (t, g) (t + 4, g)
+ *   BF16 a: pairs of k (g, 2t) (g + 8, 2t) (g, 2t + 8) (g + 8, 2t + 8)
+ *        b: pairs of k (2t, g) (2t + 8, g)
+ *   d:      (g, 2t) (g, 2t + 1) (g + 8, 2t) (g + 8, 2t + 1)
+ * A TF32 operand not made by pytfm__tf32 is truncated by the hardware (its low 13 bits are
+ * ignored): the kernels round with pytfm__tf32 first, and the emulator truncates the same way.
+ */
+#ifndef PYTFM_MMA_CUH
+#define PYTFM_MMA_CUH
+
+#include "pytfm_cuda.cuh"
+
+#if defined(PYTFM_EMULATE)
+
+static __device__ __forceinline__ uint32_t pytfm__tf32(float x) {
+    return pytfm_emu::cvt_rna_tf32(x);
+}
+static __device__ __forceinline__ uint32_t pytfm__bf16x2(float lo, float hi) {
+    return pytfm_emu::cvt_rn_bf16x2(hi, lo);
+}
+static __device__ __forceinline__ void pytfm__mma_tf32(float d[4], const uint32_t a[4],
+                                                       const uint32_t b[2]) {
+    pytfm_emu::mma(pytfm_emu::MMA_TF32_M16N8K8, d, a, b, d);
+}
+static __device__ __forceinline__ void pytfm__mma_bf16(float d[4], const uint32_t a[4],
+                                                       const uint32_t b[2]) {
+    pytfm_emu::mma(pytfm_emu::MMA_BF16_M16N8K16, d, a, b, d);
+}
+
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+static __device__ __forceinline__ uint32_t pytfm__tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+static __device__ __forceinline__ uint32_t pytfm__bf16x2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+static __device__ __forceinline__ void pytfm__mma_tf32(float d[4], const uint32_t a[4],
+                                                       const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+static __device__ __forceinline__ void pytfm__mma_bf16(float d[4], const uint32_t a[4],
+                                                       const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+#else /* nvcc's host pass, or a GPU without tensor cores for these types: never launched */
+
+static __device__ __forceinline__ uint32_t pytfm__tf32(float x) { return __float_as_uint(x); }
+static __device__ __forceinline__ uint32_t pytfm__bf16x2(float, float) { return 0; }
+static __device__ __forceinline__ void pytfm__mma_tf32(float *, const uint32_t *,
+                                                       const uint32_t *) {}
+static __device__ __forceinline__ void pytfm__mma_bf16(float *, const uint32_t *,
+                                                       const uint32_t *) {}
+
+#endif
+
+#endif /* PYTFM_MMA_CUH */
