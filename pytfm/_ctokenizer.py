@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from ._core import ffi, lib
-from .tokenizer import TokenizerError, folder_files
+from .tokenizer import TokenizerError, folder_files, token_ids
 
 __all__ = ["CTokenizer", "unicode_version"]
 
@@ -131,15 +131,9 @@ class CTokenizer:
 
     def decode_bytes(self, ids):
         """Token ids (a sequence or a 1-D integer array) -> the bytes they stand for."""
-        arr = np.asarray(ids)
+        arr = token_ids(ids, len(self))
         if arr.size == 0:
             return b""
-        if arr.ndim != 1 or arr.dtype.kind not in "iu":
-            raise ValueError(f"ids must be a 1-D sequence of integer token ids, got an array "
-                             f"of shape {arr.shape} and dtype {arr.dtype}")
-        if int(arr.min()) < 0 or int(arr.max()) >= len(self):
-            bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
-            raise ValueError(f"ids: token {bad} is outside the vocabulary [0, {len(self)})")
         arr = np.ascontiguousarray(arr, np.int32)
         src = ffi.from_buffer("int32_t[]", arr)
         size = ffi.new("int64_t *")

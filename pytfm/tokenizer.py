@@ -220,6 +220,22 @@ class _Cache(dict):
         return ids
 
 
+def token_ids(ids, vocab_size):
+    """ids (a sequence or a 1-D integer array) as a 1-D integer array, each in [0, vocab_size);
+    ValueError naming ids otherwise. What both tokenizers' decode_bytes take."""
+    ids = np.asarray(ids)
+    if ids.size == 0:
+        return ids.reshape(0).astype(np.int64)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise ValueError(f"ids must be a 1-D sequence of integer token ids, got an array "
+                         f"of shape {ids.shape} and dtype {ids.dtype}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"ids: token {bad} is outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
 def folder_files(folder):
     """The tokenizer files of a folder: (vocab.json, merges.txt) when either is there, else
     (tokenizer.json,); FileNotFoundError when there is neither."""
@@ -318,16 +334,7 @@ class Tokenizer:
 
     def decode_bytes(self, ids):
         """Token ids (a sequence or a 1-D integer array) -> the bytes they stand for."""
-        ids = np.asarray(ids)
-        if ids.size == 0:
-            return b""
-        if ids.ndim != 1 or ids.dtype.kind not in "iu":
-            raise ValueError(f"ids must be a 1-D sequence of integer token ids, got an array "
-                             f"of shape {ids.shape} and dtype {ids.dtype}")
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= len(self._bytes):
-            bad = low if low < 0 else high
-            raise ValueError(f"ids: token {bad} is outside the vocabulary [0, {len(self._bytes)})")
+        ids = token_ids(ids, len(self._bytes))
         return b"".join(map(self._bytes.__getitem__, ids.tolist()))
 
     def decode(self, ids, errors="replace"):

@@ -1103,6 +1103,28 @@ def build_fuzz_target(tmp_path_factory, name):
     return exe
 
 
+def fuzz_for_a_while(exe, tmp_path, dictionary, seeds, env=None, what="libFuzzer"):
+    """A bounded libFuzzer run of exe (PYTFM_FUZZ_SECONDS, default 30) from tests/c_api/fuzz's
+    seeds folder with its dictionary, into tmp_path/corpus: asserts no crash, leak, OOM or
+    time-out and more than 1000 inputs run; (the inputs it kept, sorted; its stderr)."""
+    seconds = int(os.environ.get("PYTFM_FUZZ_SECONDS", "30"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    run = subprocess.run([exe, f"-max_total_time={seconds}", "-print_final_stats=1",
+                          f"-dict={os.path.join(FUZZ, dictionary)}",
+                          f"-artifact_prefix={tmp_path}/", "-rss_limit_mb=2048",
+                          str(corpus), os.path.join(FUZZ, seeds)],
+                         capture_output=True, text=True, timeout=seconds + 300,
+                         env={**os.environ, **(env or {})})
+    crashes = [f for f in os.listdir(tmp_path) if f.startswith(("crash-", "leak-", "oom-",
+                                                                  "timeout-"))]
+    assert run.returncode == 0 and not crashes, (crashes, run.stderr[-4000:])
+    runs = re.search(r"stat::number_of_executed_units: (\d+)", run.stderr)
+    assert runs and int(runs.group(1)) > 1000, run.stderr[-2000:]
+    print(f"{what}: {runs.group(1)} inputs in {seconds} s")
+    return sorted(corpus.iterdir()), run.stderr
+
+
 @pytest.fixture(scope="session")
 def fuzzer(tmp_path_factory):
     return build_fuzz_target(tmp_path_factory, "fuzz_checkpoint")
@@ -1124,22 +1146,8 @@ def test_fuzzing_for_a_while_finds_nothing(fuzzer, tmp_path):
     leak, no trap of the target's checks; then every input it kept (those that reached new
     code) read alike through Python and the model API, as it is and wrapped as a header, and
     every kept JSON text the check passes read by json.loads."""
-    seconds = int(os.environ.get("PYTFM_FUZZ_SECONDS", "30"))
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    run = subprocess.run([fuzzer, f"-max_total_time={seconds}", "-print_final_stats=1",
-                          f"-dict={os.path.join(FUZZ, 'checkpoint.dict')}",
-                          f"-artifact_prefix={tmp_path}/", "-rss_limit_mb=2048",
-                          str(corpus), os.path.join(FUZZ, "seeds")],
-                         capture_output=True, text=True, timeout=seconds + 300)
-    crashes = [f for f in os.listdir(tmp_path) if f.startswith(("crash-", "leak-", "oom-",
-                                                                  "timeout-"))]
-    assert run.returncode == 0 and not crashes, (crashes, run.stderr[-4000:])
-    runs = re.search(r"stat::number_of_executed_units: (\d+)", run.stderr)
-    assert runs and int(runs.group(1)) > 1000, run.stderr[-2000:]
-    print(f"libFuzzer: {runs.group(1)} inputs in {seconds} s")
-    assert "Done " in run.stderr, run.stderr[-2000:]
-    kept = sorted(corpus.iterdir())
+    kept, stderr = fuzz_for_a_while(fuzzer, tmp_path, "checkpoint.dict", "seeds")
+    assert "Done " in stderr, stderr[-2000:]
     assert kept
     wrapped = str(tmp_path / "wrapped.safetensors")
     for path in kept:

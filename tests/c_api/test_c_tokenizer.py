@@ -26,7 +26,7 @@ from pytfm.tokenizer import ENDOFTEXT, TokenizerError, bytes_to_unicode
 
 sys.path.insert(0, os.path.join(TESTS, "model"))
 import gpt2_oracle  # noqa: E402  (tests/model's oracles: a skip without them, a failure in CI)
-from gpt2_oracle import PROSE, small_files  # noqa: E402
+from gpt2_oracle import PROSE, UNICODE, small_files  # noqa: E402
 
 stdlib_sources, transformers, vocab_files = (gpt2_oracle.stdlib_sources, gpt2_oracle.transformers,
                                              gpt2_oracle.vocab_files)
@@ -131,19 +131,6 @@ def test_prose_is_tokenized_as_both_oracles_do(ctok, gpt2_tokenizer, hf_tokenize
     assert plain == gpt2_tokenizer.encode(ENDOFTEXT, special=False) and 50256 not in plain
     assert len(ctok) == 50257 and ctok.n_merges == 50000
     assert ctok.token_bytes(15496) == b"Hello" and ctok.token_bytes(50256) == ENDOFTEXT.encode()
-
-
-PIECES = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'", "  ", "   ", " ", "\r\n", "\n",
-          "\t", "\u00a0", "\u3000", "\x1c", "\x85", "123", "4", "٣", "½", "Ⅻ", "x²", "a", "Hello",
-          " world", "é", "e\u0301", "\u0301", "日本", "語", "한국", "😀", "👍🏽", "👩‍👧", "🇩🇪",
-          "𝔘", "𝟘", "!", "?!", "...", "--", "_", "(", ")", ENDOFTEXT, "<|", "|>", "ǅ", "ß",
-          "\u2028", "\u200b", "\ufeff", " 'll", "''", "' s"]
-ASSIGNED = st.characters(blacklist_categories=("Cs", "Cn"))
-UNICODE = st.lists(st.one_of(st.sampled_from(PIECES), ASSIGNED,
-                             st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF),
-                             st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),
-                             st.characters(min_codepoint=0x300, max_codepoint=0x36F)),
-                   max_size=40).map("".join)
 
 
 @given(UNICODE)
@@ -418,23 +405,12 @@ def tokenizer_fuzzer(tmp_path_factory):
 
 
 def fuzz_for_a_while(exe, tmp_path, env):
-    seconds = int(os.environ.get("PYTFM_FUZZ_SECONDS", "30"))
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    run = subprocess.run([exe, f"-max_total_time={seconds}", "-print_final_stats=1",
-                          f"-dict={os.path.join(FUZZ, 'tokenizer.dict')}",
-                          f"-artifact_prefix={tmp_path}/", "-rss_limit_mb=2048",
-                          str(corpus), os.path.join(FUZZ, "tokenizer_seeds")],
-                         capture_output=True, text=True, timeout=seconds + 300,
-                         env={**os.environ, **env})
-    crashes = [f for f in os.listdir(tmp_path) if f.startswith(("crash-", "leak-", "oom-",
-                                                                  "timeout-"))]
-    assert run.returncode == 0 and not crashes, (crashes, run.stderr[-4000:])
-    runs = re.search(r"stat::number_of_executed_units: (\d+)", run.stderr)
-    assert runs and int(runs.group(1)) > 1000, run.stderr[-2000:]
+    from test_c_checkpoint import fuzz_for_a_while as run
+
     which = "GPT-2's" if env["PYTFM_FUZZ_VOCAB"] else "a small"
-    print(f"libFuzzer (tokenizer, {which} vocabulary): {runs.group(1)} inputs in {seconds} s")
-    return sorted(corpus.iterdir())
+    kept, _ = run(exe, tmp_path, "tokenizer.dict", "tokenizer_seeds", env,
+                  f"libFuzzer (tokenizer, {which} vocabulary)")
+    return kept
 
 
 @needs_csrc

@@ -12,6 +12,9 @@ import sysconfig
 
 import numpy as np
 import pytest
+from hypothesis import strategies as st
+
+from pytfm.tokenizer import ENDOFTEXT
 
 VOCAB_ENV = "PYTFM_GPT2_VOCAB"  # a folder with encoder.json + vocab.bpe (or vocab.json + merges)
 VOCAB_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "pytfm", "gpt2-vocab")
@@ -31,6 +34,21 @@ PROSE = (
     "Roman Ⅻ, circled ①②, Arabic-Indic ٠١٢, Devanagari १२३. <|endoftext|>The next document "
     "starts here.<|endoftext|><|endoftext|>\n"
 )
+
+# drawn text for the tokenizer tests: GPT-2's pattern's corner cases (contractions, runs of
+# spaces, line ends, Unicode spaces, digits of other scripts, combining marks, emoji sequences,
+# the special token and its halves) mixed with any assigned character
+PIECES = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'", "  ", "   ", " ", "\r\n", "\n",
+          "\t", "\u00a0", "\u3000", "\x1c", "\x85", "123", "4", "٣", "½", "Ⅻ", "x²", "a", "Hello",
+          " world", "é", "e\u0301", "\u0301", "日本", "語", "한국", "😀", "👍🏽", "👩‍👧", "🇩🇪",
+          "𝔘", "𝟘", "!", "?!", "...", "--", "_", "(", ")", ENDOFTEXT, "<|", "|>", "ǅ", "ß",
+          "\u2028", "\u200b", "\ufeff", " 'll", "''", "' s"]
+ASSIGNED = st.characters(blacklist_categories=("Cs", "Cn"))
+UNICODE = st.lists(st.one_of(st.sampled_from(PIECES), ASSIGNED,
+                             st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF),
+                             st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),
+                             st.characters(min_codepoint=0x300, max_codepoint=0x36F)),
+                   max_size=40).map("".join)
 
 def missing(message):
     if os.environ.get("CI"):
@@ -160,7 +178,7 @@ def stdlib_sources():
 def small_files(tmp_path, vocab=None, merges=None, vocab_text=None, merges_text=None):
     """A folder with a byte-level vocabulary of 256 bytes, merges 'Ġ t' and 'Ġt h', and
     <|endoftext|> (or what is given instead): vocab.json and merges.txt, no oracle needed."""
-    from pytfm.tokenizer import ENDOFTEXT, bytes_to_unicode
+    from pytfm.tokenizer import bytes_to_unicode
 
     if vocab is None:
         vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}

@@ -10,7 +10,7 @@ import unicodedata
 
 import numpy as np
 import pytest
-from gpt2_oracle import PROSE, small_files, stdlib_sources, tokenizers, transformers
+from gpt2_oracle import PROSE, UNICODE, small_files, stdlib_sources, tokenizers, transformers
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -102,18 +102,6 @@ def test_prose_is_tokenized_as_gpt2tokenizerfast_does(gpt2_tokenizer, hf_tokeniz
     assert gpt2_tokenizer.encode(ENDOFTEXT) == [50256] == [gpt2_tokenizer.eot]
     plain = gpt2_tokenizer.encode(ENDOFTEXT, special=False)
     assert 50256 not in plain and gpt2_tokenizer.decode(plain) == ENDOFTEXT
-
-
-PIECES = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'", "  ", "   ", " ", "\r\n", "\n",
-          "\t", "\u00a0", "\u3000", "\x1c", "\x85", "123", "4", "٣", "½", "Ⅻ", "x²", "a", "Hello",
-          " world", "é", "e\u0301", "\u0301", "日本", "語", "한국", "😀", "👍🏽", "👩‍👧", "🇩🇪",
-          "𝔘", "𝟘", "!", "?!", "...", "--", "_", "(", ")", ENDOFTEXT, "<|", "|>", "ǅ", "ß"]
-ASSIGNED = st.characters(blacklist_categories=("Cs", "Cn"))
-UNICODE = st.lists(st.one_of(st.sampled_from(PIECES), ASSIGNED,
-                             st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF),
-                             st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),
-                             st.characters(min_codepoint=0x300, max_codepoint=0x36F)),
-                   max_size=40).map("".join)
 
 
 @given(UNICODE)
