@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "core/checks.h"
+#include "tile_avx512.h"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -430,16 +431,6 @@ enum { MR_AVX512 = 8, NR_AVX512 = 32 };
         acc##r##0 = _mm512_fmadd_ps(x, b0, acc##r##0);                                         \
         acc##r##1 = _mm512_fmadd_ps(x, b1, acc##r##1);                                         \
     }
-#define AVX512_STORE(r)                                                                        \
-    if (r < rows) {                                                                            \
-        float *cr = c + r * ldc;                                                               \
-        if (bt != 0.0f) {                                                                      \
-            acc##r##0 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, cr), acc##r##0);       \
-            acc##r##1 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, cr + 16), acc##r##1);  \
-        }                                                                                      \
-        _mm512_mask_storeu_ps(cr, m0, acc##r##0);                                              \
-        _mm512_mask_storeu_ps(cr + 16, m1, acc##r##1);                                         \
-    }
 
 __attribute__((target("avx512f"))) static void micro_avx512(float *c, int64_t ldc,
                                                             const float *a, int64_t a_sp,
@@ -456,7 +447,7 @@ __attribute__((target("avx512f"))) static void micro_avx512(float *c, int64_t ld
         AVX512_ROWS(AVX512_STEP)
     }
     const __m512 beta = _mm512_set1_ps(bt);
-    AVX512_ROWS(AVX512_STORE)
+    AVX512_ROWS(PYTFM__AVX512_STORE_ROW)
 }
 
 static const pytfm__micro micro_for_avx2 = {MR_AVX2, NR_AVX2, micro_avx2};

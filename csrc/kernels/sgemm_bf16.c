@@ -28,6 +28,7 @@
 #include <stdlib.h>
 
 #include "core/checks.h"
+#include "tile_avx512.h"
 
 #if PYTFM_HAVE_BF16_KERNELS
 #include <immintrin.h>
@@ -180,16 +181,6 @@ TARGET static void pack_b(uint32_t *dst, const pytfm__product *g, int64_t p0, in
         acc##r##0 = _mm512_dpbf16_ps(acc##r##0, x, b0);                                        \
         acc##r##1 = _mm512_dpbf16_ps(acc##r##1, x, b1);                                        \
     }
-#define STORE(r)                                                                               \
-    if (r < rows) {                                                                            \
-        float *cr = c + r * ldc;                                                               \
-        if (bt != 0.0f) {                                                                      \
-            acc##r##0 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, cr), acc##r##0);       \
-            acc##r##1 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, cr + 16), acc##r##1);  \
-        }                                                                                      \
-        _mm512_mask_storeu_ps(cr, m0, acc##r##0);                                              \
-        _mm512_mask_storeu_ps(cr + 16, m1, acc##r##1);                                         \
-    }
 
 TARGET static void micro(float *c, int64_t ldc, const uint32_t *a, const uint32_t *b,
                          int64_t kc2, int rows, int cols, float bt) {
@@ -206,7 +197,7 @@ TARGET static void micro(float *c, int64_t ldc, const uint32_t *a, const uint32_
         ROWS(STEP)
     }
     const __m512 beta = _mm512_set1_ps(bt);
-    ROWS(STORE)
+    ROWS(PYTFM__AVX512_STORE_ROW)
 }
 
 /* ---- the driver ------------------------------------------------------------------------- */
