@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "acts.h"
 #include "checkpoint.h"
 #include "core/checks.h"
 #include "model_cuda.h"
@@ -267,24 +268,8 @@ static pytfm_status linear(const pytfm_model *m, float *y, const float *x, const
 
 /* ---- the forward pass, shared by pytfm_model_forward and pytfm_session_feed ----------------- */
 
-/* The activations of one call, N = B·T tokens, in one scratch allocation. */
-typedef struct acts {
-    int64_t *pos;            /* [T] positions start .. start + T − 1 (RoPE's pos, shared by b) */
-    float *x;                /* [N, C] the residual stream */
-    float *a;                /* [N, C] a LayerNorm's output, then attention's */
-    float *qkv;              /* [N, 3C] c_attn's output; its first N·C floats then hold the */
-                             /*   output of each c_proj before the residual add */
-    float *q, *k, *v;        /* [B, T, H, D] each, adjacent (k = q + N·C) */
-    float *h;                /* [N, 4C] c_fc's output, GELU in place */
-    float *mean, *rstd, *lse; /* [N], [N], [B, H, T]: what the kernels save, unused here */
-    float *head;             /* [N, vocab] all the rows' logits (a session fed N > 1 tokens) */
-} acts;
-
-/* floats of scratch per token: x, a, qkv, q, k, v, h (12·C), mean, rstd, lse (H), and the
- * logits of every token when a session is fed several */
-static int64_t floats_per_token(const pytfm_model *m, int head) {
-    return 12 * m->C + 2 + m->H + (head ? m->V : 0);
-}
+/* The activations of one call (acts.h): host memory, no copy of the tokens. */
+typedef pytfm__acts acts;
 
 /* one block, as pytfm.nn.Block.forward; caches: this layer's k and v caches [max_len, C]
  * (a session), or NULL (the whole sequence) */
@@ -361,28 +346,13 @@ static pytfm_status run(const char *func, const pytfm_model *m, float *logits,
     const int64_t N = B * T, C = m->C, H = m->H;
     const int head = caches && logits && N > 1;
     int64_t floats = 0;
-    if (!pytfm__mul_within(N, floats_per_token(m, head), pytfm__max_elems(sizeof(float)),
-                           &floats) ||
-        !pytfm__add_within(floats, 2 * T, pytfm__max_elems(sizeof(float)), &floats))
+    if (!pytfm__acts_floats(N, T, C, H, 0, head ? m->V : 0, &floats))
         return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
                            "%s: %lld tokens need more scratch than memory can address", func,
                            (long long)N);
     float *buf = pytfm__scratch(func, floats, sizeof(float));
     if (!buf) return PYTFM_STATUS_OUT_OF_MEMORY;
-    acts s;
-    s.pos = (int64_t *)(void *)buf; // 2·T floats: T int64 at the 64-byte-aligned start
-    float *p = buf + 2 * T;
-    s.x = p, p += N * C;
-    s.a = p, p += N * C;
-    s.qkv = p, p += N * 3 * C;
-    s.q = p, p += N * C;
-    s.k = p, p += N * C;
-    s.v = p, p += N * C;
-    s.h = p, p += N * 4 * C;
-    s.mean = p, p += N;
-    s.rstd = p, p += N;
-    s.lse = p, p += N * H;
-    s.head = head ? p : NULL;
+    const acts s = pytfm__acts_carve(buf, N, T, C, H, 0, head); // pos at the aligned start
     const pytfm_status st = logits_of(m, &s, logits, tokens, B, T, start, caches, max_len);
     free(buf);
     return st;

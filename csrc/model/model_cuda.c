@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "acts.h"
 #include "core/checks.h"
 #include "device.h"
 #include "model_cuda.h"
@@ -135,14 +136,8 @@ void pytfm__cuda_model_close(pytfm__cuda_model *model) {
 
 /* ---- the forward pass, shared by forwards and feeds ----------------------------------------- */
 
-/* The activations of one call on the device, N = B·T tokens, in one allocation */
-typedef struct acts {
-    int64_t *pos, *tokens;   /* [T] positions, [N] tokens, copied from the host */
-    float *x, *a, *qkv;      /* [N, C], [N, C], [N, 3C]; qkv's first N·C floats then each */
-    float *q, *k, *v, *h;    /*   c_proj's output;  [B, T, H, D] × 3, [N, 4C] */
-    float *mean, *rstd, *lse; /* [N], [N], [B, H, T] */
-    float *head;             /* [N, vocab] every row's logits, or NULL */
-} acts;
+/* The activations of one call on the device (acts.h), the tokens' copy among them */
+typedef pytfm__acts acts;
 
 /* one block, as model.c's block(): caches NULL (a forward) or this layer's [max_len, C] pair */
 static pytfm_status block(const pytfm__cuda_model *m, const layer *L, const acts *s, int64_t B,
@@ -204,9 +199,7 @@ static pytfm_status run(const char *func, const pytfm__cuda_model *m, float *log
                         float *caches, int64_t max_len, int last_row, void *stream) {
     const int64_t N = B * T, C = m->C, H = m->H, V = m->V;
     int64_t floats = 0;
-    if (!pytfm__mul_within(N, 12 * C + 4 + H + (logits ? V : 0),
-                           pytfm__max_elems(sizeof(float)), &floats) ||
-        !pytfm__add_within(floats, 2 * T, pytfm__max_elems(sizeof(float)), &floats))
+    if (!pytfm__acts_floats(N, T, C, H, 1, logits ? V : 0, &floats))
         return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
                            "%s: %lld tokens need more memory than can be addressed", func,
                            (long long)N);
@@ -217,21 +210,7 @@ static pytfm_status run(const char *func, const pytfm__cuda_model *m, float *log
     pytfm_status st =
         pytfm__stream_scratch_bytes(func, (void **)&buf, floats * (int64_t)sizeof(float), stream);
     if (st == PYTFM_STATUS_OK) {
-        acts s;
-        float *p = buf;
-        s.pos = (int64_t *)(void *)p, p += 2 * T;
-        s.tokens = (int64_t *)(void *)p, p += 2 * N;
-        s.x = p, p += N * C;
-        s.a = p, p += N * C;
-        s.qkv = p, p += N * 3 * C;
-        s.q = p, p += N * C;
-        s.k = p, p += N * C;
-        s.v = p, p += N * C;
-        s.h = p, p += N * 4 * C;
-        s.mean = p, p += N;
-        s.rstd = p, p += N;
-        s.lse = p, p += N * H;
-        s.head = logits ? p : NULL;
+        const acts s = pytfm__acts_carve(buf, N, T, C, H, 1, logits != NULL);
         st = pytfm__cuda_copy(func, s.pos, pos, T * (int64_t)sizeof *pos, PYTFM__TO_DEVICE,
                               stream);
         if (st == PYTFM_STATUS_OK)
