@@ -349,25 +349,62 @@ static int parse(int argc, char **argv, options *o) {
     return 0;
 }
 
-/* the model in the checkpoint at path, or NULL with the problem reported (status 2) */
-static pytfm_model *load(const char *path) {
+static int is_file(const char *folder, const char *name) {
+    char path[4096];
     struct stat st;
+    snprintf(path, sizeof path, "%s/%s", folder, name);
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* the tokenizer of the GPT-2 folder at path (vocab.json + merges.txt, else tokenizer.json), or
+ * NULL with the problem reported (status 2) */
+static pytfm_tokenizer *load_tokenizer(const char *path) {
+    char a[4096], b[4096];
+    pytfm_tokenizer *tok = NULL;
+    pytfm_status st;
+    if (is_file(path, "vocab.json") && is_file(path, "merges.txt")) {
+        snprintf(a, sizeof a, "%s/vocab.json", path);
+        snprintf(b, sizeof b, "%s/merges.txt", path);
+        st = pytfm_tokenizer_open(a, b, &tok);
+    } else if (is_file(path, "tokenizer.json")) {
+        snprintf(a, sizeof a, "%s/tokenizer.json", path);
+        st = pytfm_tokenizer_open_json(a, &tok);
+    } else {
+        fail("checkpoint: the GPT-2 folder %s has no tokenizer (vocab.json and merges.txt, or "
+             "tokenizer.json)",
+             path);
+        return NULL;
+    }
+    if (st != PYTFM_STATUS_OK) {
+        fail("checkpoint: %s", pytfm_last_error());
+        return NULL;
+    }
+    return tok;
+}
+
+/* the model at path: a checkpoint file, or a GPT-2 folder (config.json, its weights and its
+ * tokenizer: *tok, else NULL); NULL with the problem reported (status 2) */
+static pytfm_model *load(const char *path, pytfm_tokenizer **tok) {
+    struct stat st;
+    *tok = NULL;
     if (stat(path, &st) != 0) {
         fail("checkpoint: there is no file %s", path);
         return NULL;
     }
-    if (S_ISDIR(st.st_mode)) {
+    if (S_ISDIR(st.st_mode) && !is_file(path, "config.json")) {
         char inside[4096];
-        struct stat st2;
         snprintf(inside, sizeof inside, "%s/model.safetensors", path);
-        const int hint = stat(inside, &st2) == 0 && S_ISREG(st2.st_mode);
+        const int hint = is_file(path, "model.safetensors");
         fail("checkpoint: %s is a folder%s%s%s", path, hint ? " (did you mean " : "",
              hint ? inside : "", hint ? "?)" : "");
         return NULL;
     }
+    if (S_ISDIR(st.st_mode) && !(*tok = load_tokenizer(path))) return NULL;
     pytfm_model *model = NULL;
     if (pytfm_model_open(&model, path, PYTFM_DEVICE_CPU) != PYTFM_STATUS_OK) {
         fail("checkpoint: %s", pytfm_last_error());
+        pytfm_tokenizer_close(*tok);
+        *tok = NULL;
         return NULL;
     }
     return model;
@@ -390,25 +427,140 @@ static double seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* out[0, n_prompt) (the prompt) continued by n_new sampled tokens; logits [vocab] */
+/* ---- the text, streamed ----------------------------------------------------------------- */
+
+/* Bytes on their way to stdout: each token's bytes are written as it comes, but for the end
+ * of a UTF-8 character that the next token completes (GPT-2's tokens are bytes, and one
+ * character may span several): so a reader of the pipe never sees half a character at a
+ * flush. What is held at the end is written as it is. */
+typedef struct stream {
+    char *buf;
+    size_t n, cap;
+} stream;
+
+/* the bytes at the end of buf[0..n) that begin a UTF-8 character they do not complete */
+static size_t incomplete_tail(const unsigned char *buf, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        const unsigned char c = buf[n - k];
+        if ((c & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
+        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > k ? k : 0;
+    }
+    return 0;
+}
+
+/* append bytes[0..n) and write out all but an incomplete character (all when last); 0, or -1
+ * when memory ran out */
+static int stream_put(stream *s, const char *bytes, size_t n, int last) {
+    if (s->n + n > s->cap) {
+        const size_t cap = 2 * (s->n + n) + 16;
+        char *grown = realloc(s->buf, cap);
+        if (!grown) return -1;
+        s->buf = grown, s->cap = cap;
+    }
+    if (n) memcpy(s->buf + s->n, bytes, n);
+    s->n += n;
+    const size_t keep = last ? 0 : incomplete_tail((const unsigned char *)s->buf, s->n);
+    fwrite(s->buf, 1, s->n - keep, stdout);
+    memmove(s->buf, s->buf + s->n - keep, keep);
+    s->n = keep;
+    fflush(stdout);
+    return 0;
+}
+
+/* the bytes of token id: the tokenizer's, or (no tokenizer) the byte id itself */
+static pytfm_status token_bytes(const pytfm_tokenizer *tok, int64_t id, const char **bytes,
+                                int64_t *size) {
+    static char all[BYTES];
+    if (tok) return pytfm_tokenizer_token(tok, (int32_t)id, bytes, size);
+    for (int i = 0; i < BYTES; i++) all[i] = (char)i;
+    *bytes = all + id, *size = 1;
+    return PYTFM_STATUS_OK;
+}
+
+/* The prompt out[0, n_prompt) fed at once, then n_new tokens sampled, each fed back, its bytes
+ * streamed to stdout as it comes: *t_prompt, *t_new the seconds of the model's work (the feeds
+ * and the draws, not the writes). */
 static pytfm_status generate(pytfm_session *session, int64_t *out, float *logits,
                              int64_t n_prompt, int64_t n_new, const options *o, int64_t vocab,
-                             double *t_prompt, double *t_new) {
+                             const pytfm_tokenizer *tok, stream *text, double *t_prompt,
+                             double *t_new) {
     pytfm_rng rng;
     pytfm_rng_seed(&rng, (uint64_t)o->seed);
     const int64_t top_k = o->top_k < vocab ? o->top_k : 0;
     double t0 = seconds();
     pytfm_status st = pytfm_session_feed(session, logits, out, n_prompt);
     *t_prompt = seconds() - t0;
-    t0 = seconds();
+    *t_new = 0.0;
     for (int64_t i = 0; i < n_new && st == PYTFM_STATUS_OK; i++) {
         int64_t *token = out + n_prompt + i;
+        t0 = seconds();
         st = pytfm_sample(token, logits, vocab, o->temperature, top_k, &rng);
         if (st == PYTFM_STATUS_OK && i + 1 < n_new)
             st = pytfm_session_feed(session, logits, token, 1);
+        *t_new += seconds() - t0;
+        const char *bytes;
+        int64_t size;
+        if (st == PYTFM_STATUS_OK) st = token_bytes(tok, *token, &bytes, &size);
+        if (st == PYTFM_STATUS_OK && stream_put(text, bytes, (size_t)size, 0))
+            st = PYTFM_STATUS_OUT_OF_MEMORY;
     }
-    *t_new = seconds() - t0;
     return st;
+}
+
+/* the prompt's token ids into *ids (malloc'd), *n of them: its bytes, or the tokenizer's
+ * encoding (<|endoftext|> in it the special token, as sample.py has it); 0, or the exit
+ * status of a prompt that cannot be */
+static int encode_prompt(const char *prompt, const pytfm_tokenizer *tok, int64_t **ids,
+                         int64_t *n) {
+    const size_t len = strlen(prompt);
+    int32_t *tmp = malloc((len ? len : 1) * sizeof *tmp);
+    int64_t *out = malloc((len ? len : 1) * sizeof *out), count = (int64_t)len;
+    pytfm_status st = tmp && out ? PYTFM_STATUS_OK : PYTFM_STATUS_OUT_OF_MEMORY;
+    if (st == PYTFM_STATUS_OK && tok)
+        st = pytfm_tokenizer_encode(tok, prompt, (int64_t)len, 1, tmp, (int64_t)len, &count);
+    for (int64_t i = 0; st == PYTFM_STATUS_OK && i < count; i++)
+        out[i] = tok ? tmp[i] : (unsigned char)prompt[i];
+    free(tmp);
+    if (st != PYTFM_STATUS_OK) {
+        free(out);
+        fprintf(stderr, "generate: error: cannot encode the prompt: %s\n",
+                st == PYTFM_STATUS_OUT_OF_MEMORY && !tok ? "out of memory" : pytfm_last_error());
+        return 1;
+    }
+    if (count == 0) { /* a byte-level BPE gives every byte a token: only for a tokenizer's bug */
+        free(out);
+        return fail("--prompt encodes to no tokens: generation continues at least one");
+    }
+    *ids = out, *n = count;
+    return 0;
+}
+
+/* the checks of the model against the tokenizer and the prompt: 0, or the exit status */
+static int check_fit(const pytfm_model_config *cfg, const pytfm_tokenizer *tok, int64_t n_prompt) {
+    if (!tok && cfg->vocab != BYTES)
+        return fail("checkpoint: its model has a vocabulary of %lld tokens, not the %d bytes "
+                    "generate encodes text into",
+                    (long long)cfg->vocab, BYTES);
+    if (tok && pytfm_tokenizer_vocab_size(tok) > cfg->vocab)
+        return fail("checkpoint: its tokenizer has %lld tokens, more than the model's "
+                    "vocabulary of %lld",
+                    (long long)pytfm_tokenizer_vocab_size(tok), (long long)cfg->vocab);
+    if (n_prompt > cfg->max_seq)
+        return fail("--prompt is %lld %s, longer than the model's context of %lld",
+                    (long long)n_prompt, tok ? "tokens" : "bytes", (long long)cfg->max_seq);
+    return 0;
+}
+
+static void cleanup(int64_t *out, float *logits, int64_t *prompt, pytfm_session *session,
+                    pytfm_model *model, pytfm_tokenizer *tok, stream *text) {
+    free(out);
+    free(logits);
+    free(prompt);
+    free(text->buf);
+    pytfm_session_close(session);
+    pytfm_model_close(model);
+    pytfm_tokenizer_close(tok);
 }
 
 int main(int argc, char **argv) {
@@ -420,27 +572,23 @@ int main(int argc, char **argv) {
     if (bad) return bad < 0 ? 0 : bad;
     if (pytfm_set_num_threads((int32_t)o.threads) != PYTFM_STATUS_OK)
         return fail("--threads: %s", pytfm_last_error());
-    pytfm_model *model = load(o.checkpoint);
+    pytfm_tokenizer *tok = NULL;
+    pytfm_model *model = load(o.checkpoint, &tok);
     if (!model) return 2;
+    stream text = {NULL, 0, 0};
+    int64_t *prompt = NULL, n_prompt = 0;
     if (pytfm_model_set_precision(model, o.precision) != PYTFM_STATUS_OK) {
         fprintf(stderr, "generate: error: %s\n", pytfm_last_error());
-        pytfm_model_close(model);
+        cleanup(NULL, NULL, NULL, NULL, model, tok, &text);
         return 1;
     }
     pytfm_model_config cfg;
     pytfm_model_get_config(model, &cfg);
-    const int64_t n_prompt = (int64_t)strlen(o.prompt);
-    int code = 0;
-    if (cfg.vocab != BYTES) {
-        code = fail("checkpoint: its model has a vocabulary of %lld tokens, not the %d bytes "
-                    "generate encodes text into",
-                    (long long)cfg.vocab, BYTES);
-    } else if (n_prompt > cfg.max_seq) {
-        code = fail("--prompt is %lld bytes, longer than the model's context of %lld",
-                    (long long)n_prompt, (long long)cfg.max_seq);
-    }
+    int code = check_fit(&cfg, tok, 0);
+    if (!code) code = encode_prompt(o.prompt, tok, &prompt, &n_prompt);
+    if (!code) code = check_fit(&cfg, tok, n_prompt);
     if (code) {
-        pytfm_model_close(model);
+        cleanup(NULL, NULL, prompt, NULL, model, tok, &text);
         return code;
     }
     int64_t n_new = o.tokens < cfg.max_seq - n_prompt ? o.tokens : cfg.max_seq - n_prompt;
@@ -455,7 +603,7 @@ int main(int argc, char **argv) {
     pytfm_status st = pytfm_session_open(&session, model, n_prompt + n_new);
     if (st != PYTFM_STATUS_OK) {
         fprintf(stderr, "generate: error: %s\n", pytfm_last_error());
-        pytfm_model_close(model);
+        cleanup(NULL, NULL, prompt, NULL, model, tok, &text);
         return 1;
     }
     const uint64_t n_out = (uint64_t)(n_prompt + n_new);
@@ -464,36 +612,35 @@ int main(int argc, char **argv) {
     if (!out || !logits) {
         fprintf(stderr, "generate: error: cannot allocate %llu tokens and their logits\n",
                 (unsigned long long)n_out);
-        free(out);
-        free(logits);
-        pytfm_session_close(session);
-        pytfm_model_close(model);
+        cleanup(out, logits, prompt, session, model, tok, &text);
         return 1;
     }
-    for (int64_t i = 0; i < n_prompt; i++) out[i] = (unsigned char)o.prompt[i];
+    memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
     double t_prompt = 0.0, t_new = 0.0;
-    st = generate(session, out, logits, n_prompt, n_new, &o, cfg.vocab, &t_prompt, &t_new);
+    st = stream_put(&text, o.prompt, strlen(o.prompt), 0) ? PYTFM_STATUS_OUT_OF_MEMORY
+                                                          : PYTFM_STATUS_OK;
+    if (st == PYTFM_STATUS_OK)
+        st = generate(session, out, logits, n_prompt, n_new, &o, cfg.vocab, tok, &text,
+                      &t_prompt, &t_new);
     if (st == PYTFM_STATUS_OK) {
-        for (int64_t i = 0; i < n_prompt + n_new; i++) putchar((int)out[i]);
-        putchar('\n');
+        stream_put(&text, "\n", 1, 1);
         if (fflush(stdout) != 0 || ferror(stdout)) { // a full disk, a closed pipe: say so
             fprintf(stderr, "generate: error: cannot write the text to stdout: %s\n",
                     strerror(errno));
             code = 1;
         }
         fprintf(stderr,
-                "generate: prompt of %lld tokens in %.2f ms; %lld new tokens in %.2f ms: %.0f "
-                "tokens/s, threads: %d, precision: %s\n",
-                (long long)n_prompt, 1e3 * t_prompt, (long long)n_new, 1e3 * t_new,
+                "generate: prompt of %lld tokens in %.2f ms: %.0f tokens/s; %lld new tokens in "
+                "%.2f ms: %.0f tokens/s, threads: %d, precision: %s\n",
+                (long long)n_prompt, 1e3 * t_prompt,
+                t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, (long long)n_new, 1e3 * t_new,
                 t_new > 0 ? (double)n_new / t_new : 0.0, (int)pytfm_get_num_threads(),
                 precision_name(o.precision));
     } else {
-        fprintf(stderr, "generate: error: %s\n", pytfm_last_error());
+        fprintf(stderr, "generate: error: %s\n",
+                st == PYTFM_STATUS_OUT_OF_MEMORY ? "out of memory" : pytfm_last_error());
         code = 1;
     }
-    free(out);
-    free(logits);
-    pytfm_session_close(session);
-    pytfm_model_close(model);
+    cleanup(out, logits, prompt, session, model, tok, &text);
     return code;
 }

@@ -59,6 +59,14 @@ static pytfm_status vfail(const char *source, pytfm_status status, const char *f
     return pytfm__fail(status, "%s%s: %s", cut, source, message);
 }
 
+pytfm_status pytfm__fail_at(const char *source, pytfm_status status, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    const pytfm_status result = vfail(source, status, fmt, args);
+    va_end(args);
+    return result;
+}
+
 pytfm_status pytfm__st_fail(const pytfm_safetensors *st, pytfm_status status, const char *fmt,
                             ...) {
     va_list args;

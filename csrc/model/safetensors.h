@@ -63,6 +63,13 @@ pytfm_status pytfm__st_fail(const pytfm_safetensors *st, pytfm_status status, co
 #endif
     ;
 
+/* The same, naming source (NULL: nothing), for the layers that read several files. */
+pytfm_status pytfm__fail_at(const char *source, pytfm_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
 /* The entry named name[0..len), or NULL. */
 const pytfm__st_entry *pytfm__st_find(const pytfm_safetensors *st, const char *name, size_t len);
 
