@@ -264,7 +264,7 @@ PYTFM_API pytfm_status pytfm_gpt2_get_config(const pytfm_gpt2 *gpt2, pytfm_model
  * each Conv1D weight transposed to [out, in]; then a stored tied lm_head.weight is compared
  * with the embedding (an error naming its file when they differ, as NumPy's array_equal
  * compares). With pread: a file that has shrunk since the open is an error naming the tensor.
- * Scratch: max(4·n_embd², vocab·n_embd when a tied head is stored) floats. params written
+ * Scratch: 128·n_embd floats (a band of 32 rows of a Conv1D weight). params written
  * (partly, on failure). Any number of threads may read one handle at once. */
 PYTFM_API pytfm_status pytfm_gpt2_read(const pytfm_gpt2 *gpt2, float *params, int64_t count);
 

@@ -41,7 +41,7 @@ enum {
     MAX_JSON = 1 << 24, /* bytes of a config.json or an index, at most (pytfm.gpt2.MAX_CONFIG) */
     MAX_NAME = 96,      /* bytes of an expected tensor's name, NUL included */
     SHOW = PYTFM__SHOW,
-    BLOCK = 32 /* the transpose's tile */
+    BLOCK = 32         /* rows of a Conv1D weight read and transposed at once */
 };
 
 static const char CONFIG[] = "config.json", WEIGHTS[] = "model.safetensors",
@@ -855,14 +855,32 @@ pytfm_status pytfm_gpt2_get_config(const pytfm_gpt2 *gpt2, pytfm_model_config *c
     return PYTFM_STATUS_OK;
 }
 
-/* dst [cols, rows] = src [rows, cols] transposed, in tiles */
-static void transpose(float *dst, const float *src, int64_t rows, int64_t cols) {
-    PYTFM_PARALLEL_FOR
+/* dst[c·rows + r] = src[(r − r0)·cols + c] for the rows [r0, r0 + n) of a [rows, cols]
+ * matrix held in src: that band of rows transposed into dst [cols, rows] */
+static void transpose_band(float *dst, const float *src, int64_t r0, int64_t n, int64_t rows,
+                           int64_t cols) {
     for (int64_t c0 = 0; c0 < cols; c0 += BLOCK)
-        for (int64_t r0 = 0; r0 < rows; r0 += BLOCK)
-            for (int64_t c = c0; c < PYTFM_MIN(cols, c0 + BLOCK); c++)
-                for (int64_t r = r0; r < PYTFM_MIN(rows, r0 + BLOCK); r++)
-                    dst[c * rows + r] = src[r * cols + c];
+        for (int64_t c = c0; c < PYTFM_MIN(cols, c0 + BLOCK); c++)
+            for (int64_t r = 0; r < n; r++) dst[c * rows + r0 + r] = src[r * cols + c];
+}
+
+/* Conv1D weight e ([rows, cols] = [in, out] stored) into dst [cols, rows]: a band of BLOCK
+ * rows at a time read into buf (BLOCK·cols floats, so that the band stays in cache while it
+ * is transposed), then transposed into place: one pass over the weight, not a copy and then
+ * another. On the calling thread: reading is memory-bound (the copy out of the page cache and
+ * the first touch of the parameters' pages), which more threads do not speed up on a busy
+ * machine. */
+static pytfm_status read_transposed(const pytfm_gpt2 *g, size_t f, const pytfm__st_entry *e,
+                                    float *dst, float *buf, int64_t rows, int64_t cols) {
+    const pytfm_safetensors *st = g->files[f].st;
+    for (int64_t r0 = 0; r0 < rows; r0 += BLOCK) {
+        const int64_t n = PYTFM_MIN(BLOCK, rows - r0), floats = n * cols;
+        PYTFM_TRY(pytfm__st_read_part(st, e, r0 * cols * (int64_t)sizeof(float), buf,
+                                      floats * (int64_t)sizeof(float)));
+        pytfm__to_host_order(buf, floats);
+        transpose_band(dst, buf, r0, n, rows, cols);
+    }
+    return PYTFM_STATUS_OK;
 }
 
 /* the entry's floats into out, in host order */
@@ -870,7 +888,7 @@ static pytfm_status read_floats(const pytfm_gpt2 *g, size_t f, const pytfm__st_e
                                 float *out) {
     const pytfm_safetensors *st = g->files[f].st;
     const int64_t bytes = e->end - e->begin;
-    PYTFM_TRY(pytfm_safetensors_read(st, e - st->entries, out, bytes));
+    PYTFM_TRY(pytfm__st_read_part(st, e, 0, out, bytes));
     pytfm__to_host_order(out, bytes / (int64_t)sizeof(float));
     return PYTFM_STATUS_OK;
 }
@@ -882,8 +900,9 @@ pytfm_status pytfm_gpt2_read(const pytfm_gpt2 *gpt2, float *params, int64_t coun
                 "%s: count must be the config's n_params (%lld), got %lld", __func__,
                 (long long)gpt2->config.n_params, (long long)count);
     const int64_t C = gpt2->config.d_model, V = gpt2->config.vocab;
-    /* the largest Conv1D weight, 4·C² floats, and a stored tied head, V·C: within the file */
-    const int64_t scratch = gpt2->lm_head && V > 4 * C ? V * C : 4 * C * C;
+    /* a band of BLOCK rows of the widest Conv1D weight, BLOCK·4C floats (C is within the
+     * file); a stored tied head is compared a band at a time too */
+    const int64_t scratch = BLOCK * 4 * C;
     float *buf = pytfm__scratch(__func__, scratch, sizeof(float));
     if (!buf) return PYTFM_STATUS_OUT_OF_MEMORY;
     pytfm_status status = PYTFM_STATUS_OK;
@@ -895,18 +914,21 @@ pytfm_status pytfm_gpt2_read(const pytfm_gpt2 *gpt2, float *params, int64_t coun
         const pytfm__st_entry *e = find(gpt2, x.name, strlen(x.name), &f);
         const int64_t floats = (e->end - e->begin) / (int64_t)sizeof(float);
         if (x.conv) {
-            status = read_floats(gpt2, f, e, buf);
-            if (status == PYTFM_STATUS_OK)
-                transpose(params + at, buf, x.factor[0] * C, x.factor[1] * C);
+            status = read_transposed(gpt2, f, e, params + at, buf, x.factor[0] * C,
+                                     x.factor[1] * C);
         } else {
             status = read_floats(gpt2, f, e, params + at);
         }
         at += floats;
     }
-    if (status == PYTFM_STATUS_OK && gpt2->lm_head) {
-        status = read_floats(gpt2, gpt2->lm_head_file, gpt2->lm_head, buf);
-        for (int64_t i = 0; status == PYTFM_STATUS_OK && i < V * C; i++)
-            if (buf[i] != params[i]) /* wte is first; as NumPy's array_equal compares */
+    const pytfm_safetensors *head = gpt2->lm_head ? gpt2->files[gpt2->lm_head_file].st : NULL;
+    for (int64_t i0 = 0; head && status == PYTFM_STATUS_OK && i0 < V * C; i0 += scratch) {
+        const int64_t n = PYTFM_MIN(scratch, V * C - i0);
+        status = pytfm__st_read_part(head, gpt2->lm_head, i0 * (int64_t)sizeof(float), buf,
+                                     n * (int64_t)sizeof(float));
+        if (status == PYTFM_STATUS_OK) pytfm__to_host_order(buf, n);
+        for (int64_t i = 0; status == PYTFM_STATUS_OK && i < n; i++)
+            if (buf[i] != params[i0 + i]) /* wte is first; as NumPy's array_equal compares */
                 status = BAD(gpt2->files[gpt2->lm_head_file].path,
                              "lm_head.weight differs from the embedding, but config.json ties "
                              "them (tie_word_embeddings)");
