@@ -133,3 +133,64 @@ def test_the_config_parser_is_the_python_rules(tmp_path):
     raw = json.dumps({**TINY, "n_inner": 4 * 24 + 1}).encode()
     assert lib.pytfm_gpt2_config_parse(out, raw, len(raw), b"c.json") != OK
     assert last_error() == "c.json: n_inner is 97: pytfm runs GPT-2's None only"
+
+
+def test_every_folder_is_read_clean_under_asan_and_ubsan(tmp_path):
+    """tests/c_api/open_gpt2.c (the library built from its sources with ASan and UBSan) on the
+    good folders (one file, shards, GPT2Model's names with the buffers) and every hostile one:
+    each read both ways (pytfm_gpt2_open + read, pytfm_model_open) with the same verdict, no
+    leak, no read or write out of bounds."""
+    import shutil
+    import subprocess
+
+    from test_c_checkpoint import ASAN_ENV, FLAGS, SANITIZE
+
+    from helpers import CSRC, library_sources
+
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    probe = tmp_path / "probe.c"
+    probe.write_text("int main(void) { return 0; }\n")
+    if subprocess.run([cc, *FLAGS, *SANITIZE, str(probe), "-o", str(probe) + ".exe"],
+                      capture_output=True).returncode:
+        if os.environ.get("CI"):
+            pytest.fail("the C compiler cannot link sanitizer runtimes here")
+        pytest.skip("the C compiler cannot link sanitizer runtimes (libasan/libubsan) here")
+    exe = str(tmp_path / "open_gpt2")
+    build = subprocess.run([cc, *FLAGS, *SANITIZE, f"-I{CSRC}/include", f"-I{CSRC}",
+                            os.path.join(TESTS, "c_api", "open_gpt2.c"), *library_sources(),
+                            "-lm", "-o", exe], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    path, _ = folder_of(tmp_path)
+    tensors, _ = checkpoint.load_file(os.path.join(path, "model.safetensors"))
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    shutil.copy(os.path.join(path, "config.json"), sharded)
+    names = sorted(tensors)
+    wmap = {}
+    for k, part in enumerate((names[:7], names[7:])):
+        file = f"model-{k + 1:05d}-of-00002.safetensors"
+        checkpoint.save_file(str(sharded / file), {n: tensors[n] for n in part}, {})
+        wmap.update({n: file for n in part})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wmap}))
+    P = TINY["n_positions"]
+    bare = {k[len("transformer."):]: v for k, v in tensors.items()}
+    bare.update({f"h.{i}.attn.bias": np.ones((1, 1, P, P), np.float32) for i in range(2)})
+    bare["h.0.attn.masked_bias"] = np.array(-1e4, np.float32)
+    bare["lm_head.weight"] = bare["wte.weight"]
+    buffers = tmp_path / "buffers"
+    buffers.mkdir()
+    shutil.copy(os.path.join(path, "config.json"), buffers)
+    checkpoint.save_file(str(buffers / "model.safetensors"), bare, {})
+    good = [path, str(sharded), str(buffers)]
+    hostile = []
+    for k, (change, _) in enumerate(HOSTILE):
+        (tmp_path / f"h{k}").mkdir()
+        hostile.append(edited(tmp_path / f"h{k}", path, **change))
+    r = subprocess.run([exe, *good, *hostile], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, **ASAN_ENV))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    n = sum(p.size for p in gpt2.load(path).params.values())
+    assert lines[:3] == [f"{p}: ok {n}" for p in good]
+    assert all(line.startswith("rejected: ") for line in lines[3:]) and len(lines) == \
+        len(good) + len(hostile)
