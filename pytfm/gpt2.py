@@ -56,7 +56,6 @@ from .tokenizer import Tokenizer
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-MAX_CONFIG = 1 << 24  # bytes of a config.json or an index, at most (the C reader's limit)
 
 
 def _ignored():

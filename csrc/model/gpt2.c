@@ -109,13 +109,14 @@ static int is_regular(const char *path) {
     return stat(path, &s) == 0 && S_ISREG(s.st_mode);
 }
 
+/* folder/name (one '/' between them, as os.path.join writes it), malloc'd */
 static char *join(const char *folder, const char *name) {
-    const size_t a = strlen(folder), b = strlen(name);
-    char *p = malloc(a + b + 2);
+    const size_t a = strlen(folder), b = strlen(name), slash = a && folder[a - 1] != '/';
+    char *p = malloc(a + slash + b + 1);
     if (!p) return NULL;
     memcpy(p, folder, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
+    if (slash) p[a] = '/';
+    memcpy(p + a + slash, name, b + 1);
     return p;
 }
 
@@ -514,7 +515,7 @@ static pytfm_status open_shard(pytfm_gpt2 *g, char *path, const placed *map, siz
     }
     s->path = path;
     g->n_files++;
-    const char *file = strrchr(path, '/') + 1;
+    const char *slash = strrchr(path, '/'), *file = slash ? slash + 1 : path;
     char a[SHOW];
     for (size_t i = 0; i < s->st->n_entries; i++) {
         const pytfm__st_entry *e = &s->st->entries[i];
