@@ -1,7 +1,7 @@
 /*
- * pytfm_model.h — a GPT in C: the checkpoint reader (safetensors files, pytfm checkpoints), a
- * model read from a checkpoint, its forward pass, decoding sessions with a KV cache, and
- * sampling.
+ * pytfm_model.h — a GPT in C: the checkpoint reader (safetensors files, pytfm checkpoints,
+ * Hugging Face GPT-2 folders), a model read from a checkpoint or a folder, its forward pass,
+ * decoding sessions with a KV cache, and sampling.
  *
  * Everything between this header's PYTFM_CDEF markers is read verbatim by the cffi builder
  * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
