@@ -5,24 +5,46 @@
  *
  *   c [m, n]; a [m, k] ([k, m] with trans_a); b [k, n] ([n, k] with trans_b), FP32 in memory
  *
- * Each input is rounded as it goes from shared memory into a fragment register: TF32 by
- * cvt.rna.tf32.f32 (to nearest, ties away: pytfm__tf32), BF16 by cvt.rn.bf16x2.f32 (to nearest
- * even: pytfm_round_bf16's rounding, but subnormals kept where the CPU flushes them); the
- * products are exact in FP32 and summed in FP32 by the mma instructions (cuda/mma.cuh), so
- * C = Σ_p r(op(A)[i, p])·r(op(B)[p, j]) in FP32 with a γ_k-type bound (the tests:
- * tests/cuda/test_cuda_tensor_core.py). β = 0 does not read C.
+ * Each input is rounded once, as it goes from its FP32 staging tile into the tile the
+ * fragments are loaded from: TF32 by cvt.rna.tf32.f32 (to nearest, ties away: pytfm__tf32),
+ * BF16 by cvt.rn.bf16x2.f32 (to nearest even: pytfm_round_bf16's rounding, but subnormals kept
+ * where the CPU flushes them); the products are exact in FP32 and summed in FP32 by the mma
+ * instructions (cuda/mma.cuh), so C = Σ_p r(op(A)[i, p])·r(op(B)[p, j]) in FP32 with a
+ * γ_k-type bound (the tests: tests/cuda/test_cuda_tensor_core.py). β = 0 does not read C.
+ *
+ * The bf16 precision keeps FP32 in memory (pytfm/nn.py: master weights, activations and
+ * gradients are float32 arrays; the product rounds its inputs), so the global reads are FP32;
+ * what BF16 saves is inside the block: the rounded tiles are BF16 (half the shared bytes, half
+ * the ldmatrix traffic of TF32's), each element is converted once per block instead of once
+ * per warp that reads it, and one m16n8k16 does the work of two m16n8k8.
  *
  *  - A block of 256 threads (8 warps, 2 × 4) owns a 128 × 128 tile of C; a warp 64 × 32 of
  *    it: 4 × 4 fragments of m16n8, 64 FP32 accumulators per thread. One block per tile, all
  *    in gridDim.x, GROUP tile rows at a time down their columns (as sgemm.cu: L2 reuse).
- *  - k goes in slices of 16 (two m16n8k8 TF32 steps or one m16n8k16 BF16 step per fragment),
- *    both operands by cp.async into shared tiles, twice (double buffering): while slice s is
- *    multiplied, slice s + 1 is on its way into the other buffer; one barrier per slice.
- *  - The tiles lie as the operands lie in memory, so no transposing copy: an operand whose
- *    rows are k long (A, or Bᵀ with trans_b) as [128][16 + 4] (row stride ≡ 20 floats: the
- *    TF32 fragment reads (g, t) fall in 32 distinct banks), one whose rows run along m or n
- *    (Aᵀ with trans_a, B) as [16][128 + 8] (stride ≡ 8 banks: (t, g) in 32 distinct banks).
- *    BF16 reads pairs of k: 2-way conflicts on both layouts.
+ *    Why these sizes on an H200 (132 SMs, 227 KiB of shared memory and 64 K registers per SM):
+ *    128 × 128 reads 2·128·16·4 bytes per 2·128·128·16 flops (32 flops a byte, 64 for BF16's
+ *    ...per BF16 byte of shared tile) with 64 accumulators, which leaves registers for two
+ *    blocks per SM (≤ 128 a thread: the ptxas report, cuda_build.log); at 4096² that is 1024
+ *    tiles, 3.9 waves of 264 resident blocks. 256 × 128 would halve the waves' tail but need
+ *    128 accumulators a thread: one block per SM, no other block to hide its barrier behind.
+ *  - k goes in slices of 16 through a ring of STAGES = 4 FP32 staging buffers per operand,
+ *    filled by cp.async (STAGES slices in flight: about 3 slices of ~0.5 µs of L2 latency
+ *    covered), each slice converted into one of two rounded tiles (TF32 or BF16) one slice
+ *    ahead of the products, so one barrier per slice orders everything (see the loop).
+ *  - The staging tiles lie as the operands lie in memory (no padding: a warp's 16-byte copies
+ *    and reads of them cover 512 contiguous bytes, conflict free). The rounded tiles:
+ *      TF32, both operands: [128][16] words, k contiguous (a transposed operand is transposed
+ *        by the conversion), read by ldmatrix (no .trans: a row of 4 words is a row of 8
+ *        halves, and lane i receives word (i / 4, i % 4): TF32's fragment order);
+ *      BF16, rows k long (A, or Bᵀ with trans_b): [128][16] halves, by ldmatrix;
+ *      BF16, rows along m or n (Aᵀ with trans_a, B): [16][128] halves, by ldmatrix.trans.
+ *    Each is XOR-swizzled by 16-byte chunks (swz below) so that the 8 rows of one ldmatrix
+ *    matrix, which share a logical chunk, fall in 8 distinct 16-byte bank groups: one
+ *    wavefront per matrix (the emulator counts them: pytfm_emu_ldmatrix_counts). The
+ *    conversion's stores are 16 (TF32) or 8 (BF16) bytes a thread over 512 or 256 contiguous
+ *    bytes a warp (a permutation of them), so they take the minimum of 4 or 2 wavefronts; the
+ *    transposing TF32 one reads 4 words down a column (32 lanes along a row: 1 wavefront each)
+ *    and stores 16 bytes into 32 rows of one chunk, again 4 wavefronts by the swizzle.
  *  - 16-byte cp.async where the operand's base is 16-byte aligned and its row length a
  *    multiple of 4, 4-byte ones otherwise (a view offset by a float); past the edges the
  *    copies read nothing and zero-fill, so ragged m, n and k need no test in the inner loop,
@@ -44,21 +66,35 @@ enum {
     TWM = 64, TWN = 32,             // a warp's tile of C
     MI = TWM / 16, NI = TWN / 8,    // its fragments
     TTHREADS = 256,
-    KLD = TBK + 4,  // row stride of a tile whose rows are k long
-    XLD = TBM + 8,  // row stride of a tile whose rows run along m or n
-    TILE = TBM * KLD > TBK * XLD ? TBM * KLD : TBK * XLD, // floats per buffer per operand
+    STAGES = 4,          // FP32 staging buffers per operand (cp.async ring)
+    STAGE = TBM * TBK,   // floats per staging buffer
     TGROUP = 8,
 };
-static_assert(TBM == TBN, "one XLD for both operands");
-constexpr size_t TC_SHARED = 2 * 2 * TILE * sizeof(float); // A and B, two buffers each
+static_assert(TBM == TBN, "one tile shape for both operands");
 
 enum Prec { TF32, BF16 };
 
+/* 32-bit words per rounded tile, and the dynamic shared memory of a block: A's and B's
+ * staging rings, then their two rounded tiles each */
+template <Prec P> struct Sizes {
+    static constexpr int WORDS = P == TF32 ? TBM * TBK : TBM * TBK / 2;
+    static constexpr size_t SHARED = (2 * STAGES * STAGE + 2 * 2 * WORDS) * sizeof(float);
+};
+static_assert(Sizes<TF32>::SHARED <= 163 * 1024, "within sm_80's opt-in shared memory");
+
+/* The physical 16-byte chunk of logical chunk c in row r of a tile whose rows are `chunks`
+ * chunks long: the 8 consecutive rows of one ldmatrix matrix land in 8 distinct 16-byte bank
+ * groups (of the 8 in 128 bytes). Rows of 8+ chunks: c ^ r % 8; of 4 (64 bytes: two rows per
+ * 128): c ^ r / 2 % 4; of 2 (32 bytes): c ^ r / 4 % 2. */
+template <int CHUNKS> static __device__ __forceinline__ int swz(int r, int c) {
+    return CHUNKS >= 8 ? c ^ (r & 7) : c ^ (r / (8 / CHUNKS) & (CHUNKS - 1));
+}
+
 /* One operand's slices: the global matrix g [rows, cols] (row stride ld) whose tile at
- * (row0, col0) goes into a shared tile [R][L] of row stride LS. KROWS: the tile's rows are
+ * (row0, col0) goes into a staging buffer [R][L], L floats a row. KROWS: the tile's rows are
  * its m or n (R = 128, L = 16 along k), else its k (R = 16, L = 128). */
 template <bool KROWS> struct TileLoad {
-    static constexpr int R = KROWS ? TBM : TBK, L = KROWS ? TBK : TBM, LS = KROWS ? KLD : XLD;
+    static constexpr int R = KROWS ? TBM : TBK, L = KROWS ? TBK : TBM;
     static constexpr int CHUNKS = R * L / 4 / TTHREADS;
     static_assert(R * L / 4 % TTHREADS == 0, "whole chunks per thread");
     const float *g;
@@ -72,7 +108,7 @@ template <bool KROWS> struct TileLoad {
             const int64_t gr = row0 + row, gc = col0 + col;
             const int64_t over = cols - gc; // may be <= 0 past the edge
             const int64_t left = gr >= rows || over <= 0 ? 0 : over < 4 ? over : 4;
-            float *d = S + row * LS + col;
+            float *d = S + row * L + col;
             const float *src = left ? g + gr * ld + gc : g;
             if (vec) {
                 pytfm__cp_async16(d, src, 4 * (int)left);
@@ -85,9 +121,120 @@ template <bool KROWS> struct TileLoad {
     }
 };
 
-/* element (i, p) of op(A)'s tile, (p, j) of op(B)'s: the shared tiles as TileLoad lays them */
-template <bool KROWS> static __device__ __forceinline__ float at(const float *S, int x, int p) {
-    return KROWS ? S[x * KLD + p] : S[p * XLD + x];
+static __device__ __forceinline__ float word_float(uint32_t w) {
+    float f;
+    memcpy(&f, &w, 4);
+    return f;
+}
+
+static __device__ __forceinline__ void store2(uint32_t *p, uint32_t lo, uint32_t hi) {
+#ifdef PYTFM_EMULATE
+    p[0] = lo;
+    p[1] = hi;
+#else
+    *reinterpret_cast<uint2 *>(p) = make_uint2(lo, hi);
+#endif
+}
+
+/* One staging buffer (as TileLoad laid it) rounded into a tile the fragments load from, the
+ * layouts of the file's comment; each thread 8 of the 2048 elements. */
+template <Prec P, bool KROWS>
+static __device__ __forceinline__ void round_slice(uint32_t *F, const float *S) {
+    UNROLL
+    for (int r = 0; r < STAGE / 4 / TTHREADS; r++) {
+        const int e = threadIdx.x + r * TTHREADS; // a chunk of 4 floats
+        if (P == TF32 && !KROWS) { // transpose: column x, k = p0..p0+3 -> row x of F
+            const int x = e % TBM, p0 = e / TBM * 4;
+            const float4 v = make_float4(S[p0 * TBM + x], S[(p0 + 1) * TBM + x],
+                                         S[(p0 + 2) * TBM + x], S[(p0 + 3) * TBM + x]);
+            pytfm__store4((float *)F + x * TBK + swz<4>(x, p0 / 4) * 4,
+                          make_float4(word_float(pytfm__tf32(v.x)), word_float(pytfm__tf32(v.y)),
+                                      word_float(pytfm__tf32(v.z)), word_float(pytfm__tf32(v.w))));
+        } else if (P == TF32) { // row e / 4, k chunk e % 4
+            const int row = e / 4, c = e % 4;
+            const float4 v = pytfm__load4(S + 4 * e);
+            pytfm__store4((float *)F + row * TBK + swz<4>(row, c) * 4,
+                          make_float4(word_float(pytfm__tf32(v.x)), word_float(pytfm__tf32(v.y)),
+                                      word_float(pytfm__tf32(v.z)), word_float(pytfm__tf32(v.w))));
+        } else { // BF16 in the staging layout: 4 halves at (row, col) of [R][L]
+            constexpr int L = KROWS ? TBK : TBM;
+            const int row = e / (L / 4), col = e % (L / 4) * 4;
+            const float4 v = pytfm__load4(S + 4 * e);
+            const int half = row * L + swz<L / 8>(row, col / 8) * 8 + col % 8;
+            store2(F + half / 2, pytfm__bf16x2(v.x, v.y), pytfm__bf16x2(v.z, v.w));
+        }
+    }
+}
+
+/* The fragments of A at rows wr + 16i and of B at columns wc + 8j, k from kk (TF32: 8 of them,
+ * BF16: 16), by ldmatrix from the rounded tiles; lane l gives row l % 8 of matrix l / 8. */
+template <Prec P, bool AK>
+static __device__ __forceinline__ void load_a(uint32_t fa[MI][4], const uint32_t *F, int wr,
+                                              int kk, int lane) {
+    const int q = lane / 8, i8 = lane % 8;
+    UNROLL
+    for (int i = 0; i < MI; i++) {
+        const int r0 = wr + 16 * i;
+        const void *row;
+        if (P == TF32) { // matrices (r0, kk), (r0 + 8, kk), (r0, kk + 4), (r0 + 8, kk + 4)
+            const int r = r0 + i8 + 8 * (q % 2);
+            row = F + r * TBK + swz<4>(r, kk / 4 + q / 2) * 4;
+        } else if (AK) { // halves: (r0, 0), (r0 + 8, 0), (r0, 8), (r0 + 8, 8)
+            const int r = r0 + i8 + 8 * (q % 2);
+            row = (const uint16_t *)F + r * TBK + swz<2>(r, q / 2) * 8;
+        } else { // [k][m], transposed on the way: k rows 0..7 or 8..15, m chunk r0 / 8 (+1)
+            const int p = i8 + 8 * (q / 2);
+            row = (const uint16_t *)F + p * TBM + swz<16>(p, r0 / 8 + q % 2) * 8;
+        }
+        pytfm__ldmatrix<4, P == BF16 && !AK>(fa[i], row);
+    }
+}
+
+template <Prec P, bool BK>
+static __device__ __forceinline__ void load_b(uint32_t fb[NI][2], const uint32_t *F, int wc,
+                                              int kk, int lane) {
+    const int q = lane / 8, i8 = lane % 8;
+    UNROLL
+    for (int j = 0; j < NI; j += 2) { // fragments j and j + 1: b0, b1 of each
+        const int c0 = wc + 8 * j;
+        const void *row;
+        if (P == TF32) { // (c0, kk), (c0, kk + 4), (c0 + 8, kk), (c0 + 8, kk + 4)
+            const int r = c0 + i8 + 8 * (q / 2);
+            row = F + r * TBK + swz<4>(r, kk / 4 + q % 2) * 4;
+        } else if (BK) {
+            const int r = c0 + i8 + 8 * (q / 2);
+            row = (const uint16_t *)F + r * TBK + swz<2>(r, q % 2) * 8;
+        } else { // [k][n]: k rows 0..7, 8..15 at n chunk c0 / 8, then the same at c0 / 8 + 1
+            const int p = i8 + 8 * (q % 2);
+            row = (const uint16_t *)F + p * TBN + swz<16>(p, c0 / 8 + q / 2) * 8;
+        }
+        uint32_t r4[4];
+        pytfm__ldmatrix<4, P == BF16 && !BK>(r4, row);
+        fb[j][0] = r4[0];
+        fb[j][1] = r4[1];
+        fb[j + 1][0] = r4[2];
+        fb[j + 1][1] = r4[3];
+    }
+}
+
+/* the products of one rounded slice into acc (the warp's fragments at wr, wc) */
+template <Prec P, bool AK, bool BK>
+static __device__ __forceinline__ void slice_products(float acc[MI][NI][4], const uint32_t *Fa,
+                                                      const uint32_t *Fb, int wr, int wc,
+                                                      int lane) {
+    UNROLL
+    for (int kk = 0; kk < TBK; kk += P == TF32 ? 8 : 16) {
+        uint32_t fa[MI][4], fb[NI][2];
+        load_a<P, AK>(fa, Fa, wr, kk, lane);
+        load_b<P, BK>(fb, Fb, wc, kk, lane);
+        UNROLL
+        for (int i = 0; i < MI; i++)
+            UNROLL
+            for (int j = 0; j < NI; j++) {
+                if (P == TF32) pytfm__mma_tf32(acc[i][j], fa[i], fb[j]);
+                else pytfm__mma_bf16(acc[i][j], fa[i], fb[j]);
+            }
+    }
 }
 
 template <int BM, int BN>
@@ -100,68 +247,19 @@ static __device__ __forceinline__ void tc_tile_origin(int64_t t, int64_t tiles_m
     *bn = t % span / rows * BN;
 }
 
-/* the products of one slice in shared memory into acc (the warp's fragments at wr, wc) */
-template <Prec P, bool AK, bool BK>
-static __device__ __forceinline__ void slice_products(float acc[MI][NI][4], const float *As,
-                                                      const float *Bs, int wr, int wc, int g,
-                                                      int t) {
-    if (P == TF32) {
-        UNROLL
-        for (int kk = 0; kk < TBK; kk += 8) {
-            uint32_t fa[MI][4], fb[NI][2];
-            UNROLL
-            for (int i = 0; i < MI; i++) {
-                const int r = wr + 16 * i + g;
-                fa[i][0] = pytfm__tf32(at<AK>(As, r, kk + t));
-                fa[i][1] = pytfm__tf32(at<AK>(As, r + 8, kk + t));
-                fa[i][2] = pytfm__tf32(at<AK>(As, r, kk + t + 4));
-                fa[i][3] = pytfm__tf32(at<AK>(As, r + 8, kk + t + 4));
-            }
-            UNROLL
-            for (int j = 0; j < NI; j++) {
-                const int cidx = wc + 8 * j + g;
-                fb[j][0] = pytfm__tf32(at<BK>(Bs, cidx, kk + t));
-                fb[j][1] = pytfm__tf32(at<BK>(Bs, cidx, kk + t + 4));
-            }
-            UNROLL
-            for (int i = 0; i < MI; i++)
-                UNROLL
-                for (int j = 0; j < NI; j++) pytfm__mma_tf32(acc[i][j], fa[i], fb[j]);
-        }
-    } else {
-        uint32_t fa[MI][4], fb[NI][2];
-        UNROLL
-        for (int i = 0; i < MI; i++) {
-            const int r = wr + 16 * i + g;
-            fa[i][0] = pytfm__bf16x2(at<AK>(As, r, 2 * t), at<AK>(As, r, 2 * t + 1));
-            fa[i][1] = pytfm__bf16x2(at<AK>(As, r + 8, 2 * t), at<AK>(As, r + 8, 2 * t + 1));
-            fa[i][2] = pytfm__bf16x2(at<AK>(As, r, 2 * t + 8), at<AK>(As, r, 2 * t + 9));
-            fa[i][3] = pytfm__bf16x2(at<AK>(As, r + 8, 2 * t + 8), at<AK>(As, r + 8, 2 * t + 9));
-        }
-        UNROLL
-        for (int j = 0; j < NI; j++) {
-            const int cidx = wc + 8 * j + g;
-            fb[j][0] = pytfm__bf16x2(at<BK>(Bs, cidx, 2 * t), at<BK>(Bs, cidx, 2 * t + 1));
-            fb[j][1] = pytfm__bf16x2(at<BK>(Bs, cidx, 2 * t + 8), at<BK>(Bs, cidx, 2 * t + 9));
-        }
-        UNROLL
-        for (int i = 0; i < MI; i++)
-            UNROLL
-            for (int j = 0; j < NI; j++) pytfm__mma_bf16(acc[i][j], fa[i], fb[j]);
-    }
-}
-
 /* C = β·C + op(A)·op(B) in precision P, a 128 × 128 tile per block. vec: bit 0 A, bit 1 B
  * take 16-byte copies. */
 template <Prec P, bool TA, bool TB>
-static __global__ void __launch_bounds__(TTHREADS)
+static __global__ void __launch_bounds__(TTHREADS, 2)
 sgemm_tc_kernel(float *__restrict__ c, const float *__restrict__ a,
                 const float *__restrict__ b, int64_t m, int64_t n, int64_t k, float beta,
                 int vec) {
     constexpr bool AK = !TA, BK = TB; // whether each operand's tile rows are k long
+    constexpr int FW = Sizes<P>::WORDS;
     PYTFM_DYNAMIC_SHARED(float, smem);
-    float *const As = smem, *const Bs = smem + 2 * TILE; // [2][TILE] each
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    float *const As = smem, *const Bs = smem + STAGES * STAGE; // [STAGES][STAGE] each
+    uint32_t *const Fa = (uint32_t *)(smem + 2 * STAGES * STAGE), *const Fb = Fa + 2 * FW;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int wr = warp / (TBN / TWN) * TWM, wc = warp % (TBN / TWN) * TWN;
     int64_t bm, bn;
     tc_tile_origin<TBM, TBN>(blockIdx.x, (m + TBM - 1) / TBM, (n + TBN - 1) / TBN, &bm, &bn);
@@ -176,31 +274,42 @@ sgemm_tc_kernel(float *__restrict__ c, const float *__restrict__ a,
             for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
 
     const int64_t slices = (k + TBK - 1) / TBK;
-    if (slices > 0) { // slice 0 into buffer 0
-        if (TA) la.issue(As, 0, bm);
-        else la.issue(As, bm, 0);
-        if (TB) lb.issue(Bs, bn, 0);
-        else lb.issue(Bs, 0, bn);
-        pytfm__cp_async_commit();
-        pytfm__cp_async_wait<0>();
-        __syncthreads();
-    }
-    for (int64_t s = 0; s < slices; s++) {
-        const int cur = (int)(s & 1);
-        if (s + 1 < slices) { // the next slice on its way into the other buffer
-            const int64_t p1 = (s + 1) * TBK;
-            float *An = As + (cur ^ 1) * TILE, *Bn = Bs + (cur ^ 1) * TILE;
-            if (TA) la.issue(An, p1, bm);
-            else la.issue(An, bm, p1);
-            if (TB) lb.issue(Bn, bn, p1);
-            else lb.issue(Bn, p1, bn);
-            pytfm__cp_async_commit();
+    // slice s goes to staging buffer s % STAGES as cp.async group s (one group per slice,
+    // empty ones past the last, so that group and slice numbers agree)
+    auto issue = [&](int64_t s) {
+        if (s < slices) {
+            const int64_t p0 = s * TBK;
+            float *An = As + s % STAGES * STAGE, *Bn = Bs + s % STAGES * STAGE;
+            if (TA) la.issue(An, p0, bm);
+            else la.issue(An, bm, p0);
+            if (TB) lb.issue(Bn, bn, p0);
+            else lb.issue(Bn, p0, bn);
         }
-        slice_products<P, AK, BK>(acc, As + cur * TILE, Bs + cur * TILE, wr, wc, g, t);
-        pytfm__cp_async_wait<0>();
-        __syncthreads(); // the next slice is in for everyone, and buffer cur free again
+        pytfm__cp_async_commit();
+    };
+    auto round_tile = [&](int64_t s) { // staging buffer of slice s -> rounded tile s % 2
+        round_slice<P, AK>(Fa + s % 2 * FW, As + s % STAGES * STAGE);
+        round_slice<P, BK>(Fb + s % 2 * FW, Bs + s % STAGES * STAGE);
+    };
+    if (slices > 0) {
+        for (int s = 0; s < STAGES; s++) issue(s);
+        pytfm__cp_async_wait<STAGES - 1>(); // slice 0 (this thread's copies of it)
+        __syncthreads();                    // ... and everyone's
+        round_tile(0);
+    }
+    // Iteration s: slice s + 1 in (the wait, then the barrier: everyone's copies of it), its
+    // rounding into tile (s + 1) % 2, whose last reader was slice s − 1's products, before
+    // this barrier; slice s + STAGES into the staging buffer of slice s, rounded before this
+    // barrier; slice s's products from tile s % 2, rounded before it. One barrier a slice.
+    for (int64_t s = 0; s < slices; s++) {
+        pytfm__cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (s + 1 < slices) round_tile(s + 1);
+        issue(s + STAGES);
+        slice_products<P, AK, BK>(acc, Fa + s % 2 * FW, Fb + s % 2 * FW, wr, wc, lane);
     }
 
+    const int g = lane / 4, t = lane % 4;
     UNROLL
     for (int i = 0; i < MI; i++)
         UNROLL
@@ -222,7 +331,6 @@ template <Prec P>
 pytfm_status launch_tc(const char *func, float *c, const float *a, const float *b, int64_t m,
                        int64_t n, int64_t k, bool trans_a, bool trans_b, float beta,
                        void *stream) {
-    static_assert(TC_SHARED <= 48 * 1024, "no opt-in needed");
     const int vec = (tc_aligned16(a) && (trans_a ? m : k) % 4 == 0) |
                     (tc_aligned16(b) && (trans_b ? k : n) % 4 == 0) << 1;
     const int64_t tiles = ((m + TBM - 1) / TBM) * ((n + TBN - 1) / TBN);
@@ -233,8 +341,9 @@ pytfm_status launch_tc(const char *func, float *c, const float *a, const float *
                                             : sgemm_tc_kernel<P, true, false>
                                   : trans_b ? sgemm_tc_kernel<P, false, true>
                                             : sgemm_tc_kernel<P, false, false>;
-    return pytfm__launch(func, kernel, dim3((unsigned)tiles), dim3(TTHREADS), TC_SHARED, stream,
-                         c, a, b, m, n, k, beta, vec);
+    PYTFM_TRY(pytfm__allow_shared(func, kernel, Sizes<P>::SHARED));
+    return pytfm__launch(func, kernel, dim3((unsigned)tiles), dim3(TTHREADS), Sizes<P>::SHARED,
+                         stream, c, a, b, m, n, k, beta, vec);
 }
 
 } // namespace

@@ -175,6 +175,77 @@ def test_an_mma_without_every_lane_fails_the_launch_naming_the_thread(emu):
         mma(emu, z, z[:, :8], z[:, :8], 1, missing=31)
 
 
+# ---- ldmatrix ---------------------------------------------------------------------------------
+
+LDMATRIX = [(num, trans) for num in (1, 2, 4) for trans in (0, 1)]
+
+
+def ldmatrix(emu, tile, rows, num, trans, missing=-1):
+    """lane i's registers (4 per lane, 0 past num) from emu_ldmatrix: tile [128, 8] of 16-bit
+    values in shared memory, lane i giving row rows[i]"""
+    out = np.zeros((32, 4), np.int32)
+    emu.call("emu_ldmatrix", out, np.ascontiguousarray(tile, np.int32).reshape(-1),
+             np.ascontiguousarray(rows, np.int32), num, trans, missing, stream=False)
+    return out.view(np.uint32)
+
+
+def ldmatrix_counts(emu):
+    out = emu.ffi.new("int64_t[3]")
+    emu.lib.pytfm_emu_ldmatrix_counts(out)
+    return tuple(out)
+
+
+def ldmatrix_want(tile, rows, num, trans):
+    """The PTX ISA's figure for ldmatrix, written out apart from the emulator's ldmatrix_slot:
+    lane i holds, of matrix q (the rows lanes 8q..8q+7 address), elements (i / 4, 2(i % 4))
+    (lower half) and (i / 4, 2(i % 4) + 1); with .trans (2(i % 4), i / 4) and (2(i % 4) + 1,
+    i / 4)."""
+    want = np.zeros((32, 4), np.uint32)
+    for q in range(num):
+        mat = tile[rows[8 * q:8 * q + 8]]  # [8 rows, 8 elements]
+        for i in range(32):
+            g, t = i // 4, i % 4
+            lo, hi = (mat[2 * t, g], mat[2 * t + 1, g]) if trans else (mat[g, 2 * t],
+                                                                        mat[g, 2 * t + 1])
+            want[i, q] = int(lo) | int(hi) << 16
+    return want
+
+
+@pytest.mark.parametrize("num,trans", LDMATRIX,
+                         ids=[f"x{n}{'.trans' if t else ''}" for n, t in LDMATRIX])
+def test_ldmatrix_hands_each_lane_the_ptx_layout(emu, num, trans):
+    """Every 16-bit element distinct, rows in a scattered order (a row address per lane, not a
+    base and a stride): each register must hold the two elements the PTX ISA puts there; the
+    lanes past 8·num give a misaligned address, which must not be read."""
+    rng = np.random.default_rng(num * 2 + trans)
+    tile = rng.permutation(65536)[:128 * 8].reshape(128, 8)
+    rows = rng.permutation(128)[:32]
+    np.testing.assert_array_equal(ldmatrix(emu, tile, rows, num, trans),
+                                  ldmatrix_want(tile, rows, num, trans))
+
+
+def test_ldmatrix_counts_bank_conflicts(emu):
+    """8 rows of one matrix in 8 distinct 16-byte bank groups: one wavefront; all 8 at a
+    128-byte stride (one bank group): 8; two rows the same address: a broadcast, no more; a 32-byte stride: 2."""
+    tile = np.arange(128 * 8).reshape(128, 8)
+    for rows, waves in ((np.arange(32), 4), (np.arange(32) * 8 % 128, 4 * 8),
+                        (np.arange(32) // 2 * 2, 4), (np.arange(32) * 2 % 128, 4 * 2)):
+        before = ldmatrix_counts(emu)
+        ldmatrix(emu, tile, rows, 4, 0)
+        after = ldmatrix_counts(emu)
+        assert tuple(a - b for a, b in zip(after, before)) == (1, 4, waves), rows
+
+
+def test_an_ldmatrix_without_every_lane_or_with_a_bad_address_fails_the_launch(emu):
+    tile = np.zeros((128, 8))
+    with pytest.raises(EmuError, match=r"thread \(3,0,0\) exited while thread \(\d+,0,0\) waits "
+                                       r"for it at ldmatrix.sync.aligned.m8n8.x4.trans"):
+        ldmatrix(emu, tile, np.arange(32), 4, 1, missing=3)
+    with pytest.raises(EmuError, match=r"gives ldmatrix.sync.aligned.m8n8.x2.shared.b16 the row "
+                                       r"address .* not 16 bytes of shared memory"):
+        ldmatrix(emu, tile, np.r_[np.arange(15), 1 << 20, np.arange(16)], 2, 0)  # far off
+
+
 # ---- the eager cp.async mode ------------------------------------------------------------------
 
 
