@@ -67,20 +67,23 @@ enum {
     MI = TWM / 16, NI = TWN / 8,    // its fragments
     TTHREADS = 256,
     STAGES = 4,          // FP32 staging buffers per operand (cp.async ring)
-    STAGE = TBM * TBK,   // floats per staging buffer
+    XLD = TBM + 8,       // row stride of a TF32 staging buffer whose rows run along m or n
     TGROUP = 8,
 };
 static_assert(TBM == TBN, "one tile shape for both operands");
 
 enum Prec { TF32, BF16 };
 
-/* 32-bit words per rounded tile, and the dynamic shared memory of a block: A's and B's
- * staging rings, then their two rounded tiles each */
+/* Floats per staging buffer, 32-bit words per rounded tile (BF16 only: TF32 reads its staging
+ * buffers), and the dynamic
+ * shared memory of a block: A's and B's staging rings, then their two rounded tiles each
+ * (TF32 68 KiB, BF16 80 KiB: two blocks an SM on sm_90's 227 KiB and sm_80's 163) */
 template <Prec P> struct Sizes {
-    static constexpr int WORDS = P == TF32 ? TBM * TBK : TBM * TBK / 2;
+    static constexpr int STAGE = P == TF32 ? TBK * XLD : TBM * TBK; // floats a staging buffer
+    static constexpr int WORDS = P == TF32 ? 0 : TBM * TBK / 2;
     static constexpr size_t SHARED = (2 * STAGES * STAGE + 2 * 2 * WORDS) * sizeof(float);
 };
-static_assert(Sizes<TF32>::SHARED <= 163 * 1024, "within sm_80's opt-in shared memory");
+static_assert(Sizes<BF16>::SHARED <= 163 * 1024 / 2, "two blocks an SM even on sm_80");
 
 /* The physical 16-byte chunk of logical chunk c in row r of a tile whose rows are `chunks`
  * chunks long: the 8 consecutive rows of one ldmatrix matrix land in 8 distinct 16-byte bank
@@ -90,32 +93,85 @@ template <int CHUNKS> static __device__ __forceinline__ int swz(int r, int c) {
     return CHUNKS >= 8 ? c ^ (r & 7) : c ^ (r / (8 / CHUNKS) & (CHUNKS - 1));
 }
 
-/* One operand's slices: the global matrix g [rows, cols] (row stride ld) whose tile at
- * (row0, col0) goes into a staging buffer [R][L], L floats a row. KROWS: the tile's rows are
- * its m or n (R = 128, L = 16 along k), else its k (R = 16, L = 128). */
-template <bool KROWS> struct TileLoad {
+/* The float offset of (row, col) in a TF32 staging buffer, which the fragments read directly:
+ * rows k long ([128][16]) by swz<4>, for ldmatrix; rows along m or n ([16][128]), which
+ * ldmatrix cannot transpose (its elements are 16-bit), read by 32-bit loads of (k = t,
+ * x = g) (g = lane / 4, t = lane % 4): padded to XLD = 136 ≡ 8 banks a row, bank 8t + g, 32
+ * distinct. Padding rather than an XOR here: the address is then a per-thread base plus a
+ * constant per fragment (the loads take immediate offsets), where an XOR of t into the column
+ * would cost address arithmetic per load. */
+template <bool KROWS> static __device__ __forceinline__ int tf32_at(int row, int col) {
+    return KROWS ? row * TBK + swz<4>(row, col / 4) * 4 + col % 4 : row * XLD + col;
+}
+
+/* One operand's slices: the global matrix g [rows, cols] (row stride ld) whose tiles at
+ * (row0, col0) + slice·16 along k go into staging buffers [R][L], L floats a row. KROWS: the
+ * tile's rows are its m or n (R = 128, L = 16 along k), else its k (R = 16, L = 128). What
+ * does not move with k is worked out once (each chunk's source at slice 0, and how much of it
+ * the edge across k leaves), so a slice costs a chunk a multiply-add and its copy where no
+ * edge is near, and a compare or two more where one is. */
+template <bool KROWS, bool SWZ> struct TileLoad {
     static constexpr int R = KROWS ? TBM : TBK, L = KROWS ? TBK : TBM;
     static constexpr int CHUNKS = R * L / 4 / TTHREADS;
     static_assert(R * L / 4 % TTHREADS == 0, "whole chunks per thread");
     const float *g;
-    int64_t ld, rows, cols;
+    const float *src[CHUNKS]; // chunk r's first float at slice 0
+    int kpos[CHUNKS];         // its k at slice 0
+    int across[CHUNKS];       // KROWS: 1 if its row is inside, else 0; else: floats inside, 0..4
+    int64_t kext, step;       // the operand's k; floats from one slice to the next
     bool vec;
+    bool inside; // vec, and every chunk of this thread inside across k: only k's edge is left
 
-    __device__ __forceinline__ void issue(float *S, int64_t row0, int64_t col0) const {
+    __device__ __forceinline__ TileLoad(const float *g_, int64_t ld, int64_t rows, int64_t cols,
+                                        int64_t row0, int64_t col0, bool vec_)
+        : g(g_), kext(KROWS ? cols : rows), step(KROWS ? (int64_t)TBK : TBK * ld), vec(vec_) {
         UNROLL
         for (int r = 0; r < CHUNKS; r++) {
             const int e = threadIdx.x + r * TTHREADS, row = e / (L / 4), col = e % (L / 4) * 4;
             const int64_t gr = row0 + row, gc = col0 + col;
-            const int64_t over = cols - gc; // may be <= 0 past the edge
-            const int64_t left = gr >= rows || over <= 0 ? 0 : over < 4 ? over : 4;
-            float *d = S + row * L + col;
-            const float *src = left ? g + gr * ld + gc : g;
+            if (KROWS) {
+                across[r] = gr < rows;
+                kpos[r] = col;
+            } else {
+                const int64_t over = cols - gc;
+                across[r] = over <= 0 ? 0 : over < 4 ? (int)over : 4;
+                kpos[r] = row;
+            }
+            src[r] = across[r] ? g + gr * ld + gc : g;
+        }
+        inside = vec;
+        UNROLL
+        for (int r = 0; r < CHUNKS; r++) inside = inside && across[r] == (KROWS ? 1 : 4);
+    }
+
+    /* where chunk e (4 floats) of a slice goes: in order, or (SWZ: TF32) by tf32_at */
+    static __device__ __forceinline__ int slot(int e) {
+        return SWZ ? tf32_at<KROWS>(e / (L / 4), e % (L / 4) * 4) : 4 * e;
+    }
+
+    /* slice s into the staging buffer S: past the edges the copies read nothing, zero-fill */
+    __device__ __forceinline__ void issue(float *S, int64_t s) const {
+        if (inside && kext - s * TBK >= TBK) { // no edge: what nearly every slice takes
+            UNROLL
+            for (int r = 0; r < CHUNKS; r++)
+                pytfm__cp_async16(S + slot(threadIdx.x + r * TTHREADS), src[r] + s * step, 16);
+            return;
+        }
+        UNROLL
+        for (int r = 0; r < CHUNKS; r++) {
+            const int e = threadIdx.x + r * TTHREADS;
+            const int64_t kp = s * TBK + kpos[r];
+            int left;
+            if (KROWS) left = !across[r] || kp >= kext ? 0 : kext - kp < 4 ? (int)(kext - kp) : 4;
+            else left = kp < kext ? across[r] : 0;
+            float *d = S + slot(e);
+            const float *p = left ? src[r] + s * step : g;
             if (vec) {
-                pytfm__cp_async16(d, src, 4 * (int)left);
+                pytfm__cp_async16(d, p, 4 * left);
             } else {
                 UNROLL
                 for (int q = 0; q < 4; q++)
-                    pytfm__cp_async4(d + q, q < left ? src + q : g, q < left ? 4 : 0);
+                    pytfm__cp_async4(d + q, q < left ? p + q : g, q < left ? 4 : 0);
             }
         }
     }
@@ -136,34 +192,23 @@ static __device__ __forceinline__ void store2(uint32_t *p, uint32_t lo, uint32_t
 #endif
 }
 
-/* One staging buffer (as TileLoad laid it) rounded into a tile the fragments load from, the
- * layouts of the file's comment; each thread 8 of the 2048 elements. */
-template <Prec P, bool KROWS>
+/* One BF16 staging buffer (as TileLoad laid it) rounded into the tile the fragments load
+ * from (the layouts of the file's comment); each thread 8 of the 2048 elements. */
+template <bool KROWS>
 static __device__ __forceinline__ void round_slice(uint32_t *F, const float *S) {
+    constexpr int L = KROWS ? TBK : TBM;
     UNROLL
-    for (int r = 0; r < STAGE / 4 / TTHREADS; r++) {
-        const int e = threadIdx.x + r * TTHREADS; // a chunk of 4 floats
-        if (P == TF32 && !KROWS) { // transpose: column x, k = p0..p0+3 -> row x of F
-            const int x = e % TBM, p0 = e / TBM * 4;
-            const float4 v = make_float4(S[p0 * TBM + x], S[(p0 + 1) * TBM + x],
-                                         S[(p0 + 2) * TBM + x], S[(p0 + 3) * TBM + x]);
-            pytfm__store4((float *)F + x * TBK + swz<4>(x, p0 / 4) * 4,
-                          make_float4(word_float(pytfm__tf32(v.x)), word_float(pytfm__tf32(v.y)),
-                                      word_float(pytfm__tf32(v.z)), word_float(pytfm__tf32(v.w))));
-        } else if (P == TF32) { // row e / 4, k chunk e % 4
-            const int row = e / 4, c = e % 4;
-            const float4 v = pytfm__load4(S + 4 * e);
-            pytfm__store4((float *)F + row * TBK + swz<4>(row, c) * 4,
-                          make_float4(word_float(pytfm__tf32(v.x)), word_float(pytfm__tf32(v.y)),
-                                      word_float(pytfm__tf32(v.z)), word_float(pytfm__tf32(v.w))));
-        } else { // BF16 in the staging layout: 4 halves at (row, col) of [R][L]
-            constexpr int L = KROWS ? TBK : TBM;
-            const int row = e / (L / 4), col = e % (L / 4) * 4;
-            const float4 v = pytfm__load4(S + 4 * e);
-            const int half = row * L + swz<L / 8>(row, col / 8) * 8 + col % 8;
-            store2(F + half / 2, pytfm__bf16x2(v.x, v.y), pytfm__bf16x2(v.z, v.w));
-        }
+    for (int r = 0; r < TBM * TBK / 4 / TTHREADS; r++) {
+        const int e = threadIdx.x + r * TTHREADS; // a chunk of 4 floats at (row, col) of [R][L]
+        const int row = e / (L / 4), col = e % (L / 4) * 4;
+        const float4 v = pytfm__load4(S + 4 * e);
+        const int half = row * L + swz<L / 8>(row, col / 8) * 8 + col % 8;
+        store2(F + half / 2, pytfm__bf16x2(v.x, v.y), pytfm__bf16x2(v.z, v.w));
     }
+}
+
+static __device__ __forceinline__ uint32_t tf32_of(uint32_t bits) {
+    return pytfm__tf32(word_float(bits));
 }
 
 /* The fragments of A at rows wr + 16i and of B at columns wc + 8j, k from kk (TF32: 8 of them,
@@ -171,14 +216,22 @@ static __device__ __forceinline__ void round_slice(uint32_t *F, const float *S) 
 template <Prec P, bool AK>
 static __device__ __forceinline__ void load_a(uint32_t fa[MI][4], const uint32_t *F, int wr,
                                               int kk, int lane) {
-    const int q = lane / 8, i8 = lane % 8;
+    const int q = lane / 8, i8 = lane % 8, g = lane / 4, t = lane % 4;
     UNROLL
     for (int i = 0; i < MI; i++) {
         const int r0 = wr + 16 * i;
         const void *row;
+        if (P == TF32 && !AK) { // [k][m]: 32-bit loads, (g, t) (g + 8, t) (g, t + 4) (g + 8, t + 4)
+            const float *S = (const float *)F;
+            fa[i][0] = pytfm__tf32(S[tf32_at<false>(kk + t, r0 + g)]);
+            fa[i][1] = pytfm__tf32(S[tf32_at<false>(kk + t, r0 + g + 8)]);
+            fa[i][2] = pytfm__tf32(S[tf32_at<false>(kk + t + 4, r0 + g)]);
+            fa[i][3] = pytfm__tf32(S[tf32_at<false>(kk + t + 4, r0 + g + 8)]);
+            continue;
+        }
         if (P == TF32) { // matrices (r0, kk), (r0 + 8, kk), (r0, kk + 4), (r0 + 8, kk + 4)
             const int r = r0 + i8 + 8 * (q % 2);
-            row = F + r * TBK + swz<4>(r, kk / 4 + q / 2) * 4;
+            row = (const float *)F + r * TBK + swz<4>(r, kk / 4 + q / 2) * 4;
         } else if (AK) { // halves: (r0, 0), (r0 + 8, 0), (r0, 8), (r0 + 8, 8)
             const int r = r0 + i8 + 8 * (q % 2);
             row = (const uint16_t *)F + r * TBK + swz<2>(r, q / 2) * 8;
@@ -187,53 +240,65 @@ static __device__ __forceinline__ void load_a(uint32_t fa[MI][4], const uint32_t
             row = (const uint16_t *)F + p * TBM + swz<16>(p, r0 / 8 + q % 2) * 8;
         }
         pytfm__ldmatrix<4, P == BF16 && !AK>(fa[i], row);
+        if (P == TF32)
+            UNROLL
+            for (int w = 0; w < 4; w++) fa[i][w] = tf32_of(fa[i][w]);
     }
 }
 
 template <Prec P, bool BK>
-static __device__ __forceinline__ void load_b(uint32_t fb[NI][2], const uint32_t *F, int wc,
+static __device__ __forceinline__ void load_b(uint32_t fb[2][2], const uint32_t *F, int c0,
                                               int kk, int lane) {
-    const int q = lane / 8, i8 = lane % 8;
-    UNROLL
-    for (int j = 0; j < NI; j += 2) { // fragments j and j + 1: b0, b1 of each
-        const int c0 = wc + 8 * j;
-        const void *row;
-        if (P == TF32) { // (c0, kk), (c0, kk + 4), (c0 + 8, kk), (c0 + 8, kk + 4)
-            const int r = c0 + i8 + 8 * (q / 2);
-            row = F + r * TBK + swz<4>(r, kk / 4 + q % 2) * 4;
-        } else if (BK) {
-            const int r = c0 + i8 + 8 * (q / 2);
-            row = (const uint16_t *)F + r * TBK + swz<2>(r, q % 2) * 8;
-        } else { // [k][n]: k rows 0..7, 8..15 at n chunk c0 / 8, then the same at c0 / 8 + 1
-            const int p = i8 + 8 * (q % 2);
-            row = (const uint16_t *)F + p * TBN + swz<16>(p, c0 / 8 + q / 2) * 8;
+    const int q = lane / 8, i8 = lane % 8, g = lane / 4, t = lane % 4;
+    if (P == TF32 && !BK) { // [k][n]: 32-bit loads, (t, g) (t + 4, g)
+        const float *S = (const float *)F;
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            fb[h][0] = pytfm__tf32(S[tf32_at<false>(kk + t, c0 + 8 * h + g)]);
+            fb[h][1] = pytfm__tf32(S[tf32_at<false>(kk + t + 4, c0 + 8 * h + g)]);
         }
-        uint32_t r4[4];
-        pytfm__ldmatrix<4, P == BF16 && !BK>(r4, row);
-        fb[j][0] = r4[0];
-        fb[j][1] = r4[1];
-        fb[j + 1][0] = r4[2];
-        fb[j + 1][1] = r4[3];
+        return;
     }
+    const void *row;
+    if (P == TF32) { // (c0, kk), (c0, kk + 4), (c0 + 8, kk), (c0 + 8, kk + 4)
+        const int r = c0 + i8 + 8 * (q / 2);
+        row = (const float *)F + r * TBK + swz<4>(r, kk / 4 + q % 2) * 4;
+    } else if (BK) {
+        const int r = c0 + i8 + 8 * (q / 2);
+        row = (const uint16_t *)F + r * TBK + swz<2>(r, q % 2) * 8;
+    } else { // [k][n]: k rows 0..7, 8..15 at n chunk c0 / 8, then the same at c0 / 8 + 1
+        const int p = i8 + 8 * (q % 2);
+        row = (const uint16_t *)F + p * TBN + swz<16>(p, c0 / 8 + q / 2) * 8;
+    }
+    uint32_t r4[4];
+    pytfm__ldmatrix<4, P == BF16 && !BK>(r4, row);
+    UNROLL
+    for (int w = 0; w < 4; w++) fb[w / 2][w % 2] = P == TF32 ? tf32_of(r4[w]) : r4[w];
 }
 
-/* the products of one rounded slice into acc (the warp's fragments at wr, wc) */
+/* the products of one slice into acc (the warp's fragments at wr, wc): from its rounded tiles
+ * (BF16) or its staging buffers (TF32); B two fragments at a time, which keeps 4 of its
+ * registers live instead of 8 */
 template <Prec P, bool AK, bool BK>
 static __device__ __forceinline__ void slice_products(float acc[MI][NI][4], const uint32_t *Fa,
                                                       const uint32_t *Fb, int wr, int wc,
                                                       int lane) {
     UNROLL
     for (int kk = 0; kk < TBK; kk += P == TF32 ? 8 : 16) {
-        uint32_t fa[MI][4], fb[NI][2];
+        uint32_t fa[MI][4];
         load_a<P, AK>(fa, Fa, wr, kk, lane);
-        load_b<P, BK>(fb, Fb, wc, kk, lane);
         UNROLL
-        for (int i = 0; i < MI; i++)
+        for (int j = 0; j < NI; j += 2) {
+            uint32_t fb[2][2];
+            load_b<P, BK>(fb, Fb, wc + 8 * j, kk, lane);
             UNROLL
-            for (int j = 0; j < NI; j++) {
-                if (P == TF32) pytfm__mma_tf32(acc[i][j], fa[i], fb[j]);
-                else pytfm__mma_bf16(acc[i][j], fa[i], fb[j]);
-            }
+            for (int i = 0; i < MI; i++)
+                UNROLL
+                for (int h = 0; h < 2; h++) {
+                    if (P == TF32) pytfm__mma_tf32(acc[i][j + h], fa[i], fb[h]);
+                    else pytfm__mma_bf16(acc[i][j + h], fa[i], fb[h]);
+                }
+        }
     }
 }
 
@@ -255,7 +320,7 @@ sgemm_tc_kernel(float *__restrict__ c, const float *__restrict__ a,
                 const float *__restrict__ b, int64_t m, int64_t n, int64_t k, float beta,
                 int vec) {
     constexpr bool AK = !TA, BK = TB; // whether each operand's tile rows are k long
-    constexpr int FW = Sizes<P>::WORDS;
+    constexpr int FW = Sizes<P>::WORDS, STAGE = Sizes<P>::STAGE;
     PYTFM_DYNAMIC_SHARED(float, smem);
     float *const As = smem, *const Bs = smem + STAGES * STAGE; // [STAGES][STAGE] each
     uint32_t *const Fa = (uint32_t *)(smem + 2 * STAGES * STAGE), *const Fb = Fa + 2 * FW;
@@ -263,8 +328,11 @@ sgemm_tc_kernel(float *__restrict__ c, const float *__restrict__ a,
     const int wr = warp / (TBN / TWN) * TWM, wc = warp % (TBN / TWN) * TWN;
     int64_t bm, bn;
     tc_tile_origin<TBM, TBN>(blockIdx.x, (m + TBM - 1) / TBM, (n + TBN - 1) / TBN, &bm, &bn);
-    const TileLoad<AK> la{a, TA ? m : k, TA ? k : m, TA ? m : k, (vec & 1) != 0};
-    const TileLoad<BK> lb{b, TB ? k : n, TB ? n : k, TB ? k : n, (vec & 2) != 0};
+    // A's tile at (bm, slice) or, transposed, (slice, bm); B's at (slice, bn) or (bn, slice)
+    const TileLoad<AK, P == TF32> la(a, TA ? m : k, TA ? k : m, TA ? m : k, TA ? 0 : bm, TA ? bm : 0,
+                          (vec & 1) != 0);
+    const TileLoad<BK, P == TF32> lb(b, TB ? k : n, TB ? n : k, TB ? k : n, TB ? bn : 0, TB ? 0 : bn,
+                          (vec & 2) != 0);
     float acc[MI][NI][4];
     UNROLL
     for (int i = 0; i < MI; i++)
@@ -278,35 +346,45 @@ sgemm_tc_kernel(float *__restrict__ c, const float *__restrict__ a,
     // empty ones past the last, so that group and slice numbers agree)
     auto issue = [&](int64_t s) {
         if (s < slices) {
-            const int64_t p0 = s * TBK;
-            float *An = As + s % STAGES * STAGE, *Bn = Bs + s % STAGES * STAGE;
-            if (TA) la.issue(An, p0, bm);
-            else la.issue(An, bm, p0);
-            if (TB) lb.issue(Bn, bn, p0);
-            else lb.issue(Bn, p0, bn);
+            la.issue(As + s % STAGES * STAGE, s);
+            lb.issue(Bs + s % STAGES * STAGE, s);
         }
         pytfm__cp_async_commit();
     };
-    auto round_tile = [&](int64_t s) { // staging buffer of slice s -> rounded tile s % 2
-        round_slice<P, AK>(Fa + s % 2 * FW, As + s % STAGES * STAGE);
-        round_slice<P, BK>(Fb + s % 2 * FW, Bs + s % STAGES * STAGE);
-    };
-    if (slices > 0) {
+    if (P == TF32) {
+        for (int s = 0; s < STAGES - 1; s++) issue(s);
+        // Iteration s: slice s in (the wait, then the barrier: everyone's copies of it); slice
+        // s + STAGES − 1 into the staging buffer of slice s − 1, whose products every thread
+        // finished before this barrier; slice s's products from its staging buffer. One
+        // barrier a slice; STAGES − 1 slices in flight behind the one being multiplied.
+        for (int64_t s = 0; s < slices; s++) {
+            pytfm__cp_async_wait<STAGES - 2>();
+            __syncthreads();
+            issue(s + STAGES - 1);
+            slice_products<P, AK, BK>(acc, (const uint32_t *)(As + s % STAGES * STAGE),
+                                      (const uint32_t *)(Bs + s % STAGES * STAGE), wr, wc, lane);
+        }
+    } else if (slices > 0) {
+        auto round_tile = [&](int64_t s) { // staging buffer of slice s -> rounded tile s % 2
+            round_slice<AK>(Fa + s % 2 * FW, As + s % STAGES * STAGE);
+            round_slice<BK>(Fb + s % 2 * FW, Bs + s % STAGES * STAGE);
+        };
         for (int s = 0; s < STAGES; s++) issue(s);
         pytfm__cp_async_wait<STAGES - 1>(); // slice 0 (this thread's copies of it)
         __syncthreads();                    // ... and everyone's
         round_tile(0);
-    }
-    // Iteration s: slice s + 1 in (the wait, then the barrier: everyone's copies of it), its
-    // rounding into tile (s + 1) % 2, whose last reader was slice s − 1's products, before
-    // this barrier; slice s + STAGES into the staging buffer of slice s, rounded before this
-    // barrier; slice s's products from tile s % 2, rounded before it. One barrier a slice.
-    for (int64_t s = 0; s < slices; s++) {
-        pytfm__cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        if (s + 1 < slices) round_tile(s + 1);
-        issue(s + STAGES);
-        slice_products<P, AK, BK>(acc, Fa + s % 2 * FW, Fb + s % 2 * FW, wr, wc, lane);
+        // Iteration s: slice s + 1 in (the wait, then the barrier: everyone's copies of it),
+        // its rounding into tile (s + 1) % 2, whose last reader was slice s − 1's products,
+        // before this barrier; slice s + STAGES into the staging buffer of slice s, rounded
+        // before this barrier; slice s's products from tile s % 2, rounded before it. One
+        // barrier a slice.
+        for (int64_t s = 0; s < slices; s++) {
+            pytfm__cp_async_wait<STAGES - 2>();
+            __syncthreads();
+            if (s + 1 < slices) round_tile(s + 1);
+            issue(s + STAGES);
+            slice_products<P, AK, BK>(acc, Fa + s % 2 * FW, Fb + s % 2 * FW, wr, wc, lane);
+        }
     }
 
     const int g = lane / 4, t = lane % 4;
