@@ -87,10 +87,11 @@ MUTATIONS = {
     # swapped), the eager cp.async mode landing copies at the wait after all; its ldmatrix:
     # .trans's or the plain form's halves swapped, its bank-conflict count blind. The
     # tensor-core SGEMM: its ldmatrix rows for A in the wrong matrix order, no barrier in a
-    # slice, TF32 truncated instead of rounded, a tile's row edge off by one; a swizzle on the
-    # write only (TF32, BF16) or on the read only (TF32, BF16 .trans), a staging buffer or a
-    # rounded tile off by one slice, the cp.async wait missing or one group too lax, .trans
-    # missing (A) or where it is not wanted (B)
+    # slice (each precision's loop), TF32 truncated instead of rounded, a tile's row edge or k
+    # edge off by one, the edge-free copy path taken one chunk past k; a swizzle on the write
+    # only (TF32, BF16) or on the read only (TF32, BF16 .trans), a staging buffer or a rounded
+    # tile off by one slice, the cp.async wait missing (each loop) or one group too lax,
+    # .trans missing (A) or where it is not wanted (B)
     "cuda_mma_tf32_layout_a_swapped": ("cuda/emu/emu.cpp", "return {row % 8 * 4 + col % 4, row / 8 + 2 * (col / 4), 0};",
                                        "return {row % 8 * 4 + col % 4, 2 * (row / 8) + col / 4, 0};", TC),
     "cuda_mma_bf16_halves_swapped": ("cuda/emu/emu.cpp", "return {col * 4 + row % 8 / 2, row / 8, row % 2};",
@@ -102,29 +103,37 @@ MUTATIONS = {
     "cuda_ldmatrix_halves_swapped": ("cuda/emu/emu.cpp", "return {row * 4 + col / 2, 0, col % 2};",
                                      "return {row * 4 + col / 2, 0, 1 - col % 2};", TC),
     "cuda_ldmatrix_blind_to_conflicts": ("cuda/emu/emu.cpp", "if (distinct > worst) worst = distinct;", "", TC),
-    "cuda_sgemm_tc_fragment_gather": ("cuda/sgemm_tc.cu", "const int r = r0 + i8 + 8 * (q % 2);\n            row = F + r * TBK + swz<4>(r, kk / 4 + q / 2) * 4;",
-                                      "const int r = r0 + i8 + 8 * (q / 2);\n            row = F + r * TBK + swz<4>(r, kk / 4 + q % 2) * 4;", TC),
-    "cuda_sgemm_tc_no_barrier_in_a_slice": ("cuda/sgemm_tc.cu", "        pytfm__cp_async_wait<STAGES - 2>();\n        __syncthreads();",
-                                            "        pytfm__cp_async_wait<STAGES - 2>();", TC),
+    "cuda_sgemm_tc_fragment_gather": ("cuda/sgemm_tc.cu", "const int r = r0 + i8 + 8 * (q % 2);\n            row = (const float *)F + r * TBK + swz<4>(r, kk / 4 + q / 2) * 4;",
+                                      "const int r = r0 + i8 + 8 * (q / 2);\n            row = (const float *)F + r * TBK + swz<4>(r, kk / 4 + q % 2) * 4;", TC),
+    "cuda_sgemm_tc_tf32_no_barrier_in_a_slice": ("cuda/sgemm_tc.cu", "            __syncthreads();\n            issue(s + STAGES - 1);",
+                                                 "            issue(s + STAGES - 1);", TC),
+    "cuda_sgemm_tc_bf16_no_barrier_in_a_slice": ("cuda/sgemm_tc.cu", "            __syncthreads();\n            if (s + 1 < slices) round_tile(s + 1);",
+                                                 "            if (s + 1 < slices) round_tile(s + 1);", TC),
     "cuda_sgemm_tc_truncates_tf32": ("cuda/mma.cuh", "    return pytfm_emu::cvt_rna_tf32(x);",
                                      "    uint32_t u;\n    memcpy(&u, &x, 4);\n    return u;", TC),
-    "cuda_sgemm_tc_row_edge_off_by_one": ("cuda/sgemm_tc.cu", "const int64_t left = gr >= rows ||",
-                                          "const int64_t left = gr > rows ||", TC),
-    "cuda_sgemm_tc_tf32_swizzle_write_only": ("cuda/sgemm_tc.cu", "pytfm__store4((float *)F + row * TBK + swz<4>(row, c) * 4,",
-                                              "pytfm__store4((float *)F + row * TBK + c * 4,", TC),
+    "cuda_sgemm_tc_row_edge_off_by_one": ("cuda/sgemm_tc.cu", "across[r] = gr < rows;", "across[r] = gr <= rows;", TC),
+    "cuda_sgemm_tc_k_edge_off_by_one": ("cuda/sgemm_tc.cu", "else left = kp < kext ? across[r] : 0;",
+                                        "else left = kp <= kext ? across[r] : 0;", TC),
+    "cuda_sgemm_tc_fast_path_past_k": ("cuda/sgemm_tc.cu", "if (inside && kext - s * TBK >= TBK)",
+                                       "if (inside && kext - s * TBK >= TBK - 4)", TC),
+    "cuda_sgemm_tc_tf32_swizzle_write_only": ("cuda/sgemm_tc.cu", "return KROWS ? row * TBK + swz<4>(row, col / 4) * 4 + col % 4 : row * XLD + col;",
+                                              "return KROWS ? row * TBK + col : row * XLD + col;", TC),
     "cuda_sgemm_tc_bf16_swizzle_write_only": ("cuda/sgemm_tc.cu", "const int half = row * L + swz<L / 8>(row, col / 8) * 8 + col % 8;",
                                               "const int half = row * L + col;", TC),
-    "cuda_sgemm_tc_tf32_swizzle_read_only": ("cuda/sgemm_tc.cu", "row = F + r * TBK + swz<4>(r, kk / 4 + q % 2) * 4;",
-                                             "row = F + r * TBK + (kk / 4 + q % 2) * 4;", TC),
+    "cuda_sgemm_tc_tf32_swizzle_read_only": ("cuda/sgemm_tc.cu", "row = (const float *)F + r * TBK + swz<4>(r, kk / 4 + q % 2) * 4;",
+                                             "row = (const float *)F + r * TBK + (kk / 4 + q % 2) * 4;", TC),
     "cuda_sgemm_tc_bf16_swizzle_read_only": ("cuda/sgemm_tc.cu", "row = (const uint16_t *)F + p * TBM + swz<16>(p, r0 / 8 + q % 2) * 8;",
                                              "row = (const uint16_t *)F + p * TBM + (r0 / 8 + q % 2) * 8;", TC),
-    "cuda_sgemm_tc_stage_off_by_one": ("cuda/sgemm_tc.cu", "float *An = As + s % STAGES * STAGE,",
-                                       "float *An = As + (s + 1) % STAGES * STAGE,", TC),
+    "cuda_sgemm_tc_stage_off_by_one": ("cuda/sgemm_tc.cu", "la.issue(As + s % STAGES * STAGE, s);",
+                                       "la.issue(As + (s + 1) % STAGES * STAGE, s);", TC),
     "cuda_sgemm_tc_rounded_tile_off_by_one": ("cuda/sgemm_tc.cu", "slice_products<P, AK, BK>(acc, Fa + s % 2 * FW,",
                                               "slice_products<P, AK, BK>(acc, Fa + (s + 1) % 2 * FW,", TC),
-    "cuda_sgemm_tc_no_cp_async_wait": ("cuda/sgemm_tc.cu", "        pytfm__cp_async_wait<STAGES - 2>();\n", "", TC),
-    "cuda_sgemm_tc_cp_async_wait_one_late": ("cuda/sgemm_tc.cu", "        pytfm__cp_async_wait<STAGES - 2>();\n",
-                                             "        pytfm__cp_async_wait<STAGES - 1>();\n", TC),
+    "cuda_sgemm_tc_tf32_no_cp_async_wait": ("cuda/sgemm_tc.cu", "            pytfm__cp_async_wait<STAGES - 2>();\n            __syncthreads();\n            issue(s + STAGES - 1);",
+                                            "            __syncthreads();\n            issue(s + STAGES - 1);", TC),
+    "cuda_sgemm_tc_bf16_no_cp_async_wait": ("cuda/sgemm_tc.cu", "            pytfm__cp_async_wait<STAGES - 2>();\n            __syncthreads();\n            if (s + 1",
+                                            "            __syncthreads();\n            if (s + 1", TC),
+    "cuda_sgemm_tc_cp_async_wait_one_late": ("cuda/sgemm_tc.cu", "            pytfm__cp_async_wait<STAGES - 2>();\n            __syncthreads();\n            issue(s + STAGES - 1);",
+                                             "            pytfm__cp_async_wait<STAGES - 1>();\n            __syncthreads();\n            issue(s + STAGES - 1);", TC),
     "cuda_sgemm_tc_a_without_trans": ("cuda/sgemm_tc.cu", "pytfm__ldmatrix<4, P == BF16 && !AK>(fa[i], row);",
                                       "pytfm__ldmatrix<4, false>(fa[i], row);", TC),
     "cuda_sgemm_tc_b_trans_always": ("cuda/sgemm_tc.cu", "pytfm__ldmatrix<4, P == BF16 && !BK>(r4, row);",
