@@ -5,49 +5,54 @@
  *
  *   c [m, n]; a [m, k] ([k, m] with trans_a); b [k, n] ([n, k] with trans_b), FP32 in memory
  *
- * Each input is rounded once, as it goes from its FP32 staging tile into the tile the
- * fragments are loaded from: TF32 by cvt.rna.tf32.f32 (to nearest, ties away: pytfm__tf32),
- * BF16 by cvt.rn.bf16x2.f32 (to nearest even: pytfm_round_bf16's rounding, but subnormals kept
- * where the CPU flushes them); the products are exact in FP32 and summed in FP32 by the mma
+ * Each input is rounded as the products read it: TF32 by cvt.rna.tf32.f32 (to nearest, ties
+ * away: pytfm__tf32) as it becomes a fragment register, BF16 by cvt.rn.bf16x2.f32 (to nearest
+ * even: pytfm_round_bf16's rounding, but subnormals kept where the CPU flushes them) once per
+ * block, into a BF16 tile; the products are exact in FP32 and summed in FP32 by the mma
  * instructions (cuda/mma.cuh), so C = Σ_p r(op(A)[i, p])·r(op(B)[p, j]) in FP32 with a
  * γ_k-type bound (the tests: tests/cuda/test_cuda_tensor_core.py). β = 0 does not read C.
  *
- * The bf16 precision keeps FP32 in memory (pytfm/nn.py: master weights, activations and
- * gradients are float32 arrays; the product rounds its inputs), so the global reads are FP32;
- * what BF16 saves is inside the block: the rounded tiles are BF16 (half the shared bytes, half
- * the ldmatrix traffic of TF32's), each element is converted once per block instead of once
- * per warp that reads it, and one m16n8k16 does the work of two m16n8k8.
+ * The bf16 precision keeps FP32 in memory (pytfm/nn.py: weights, activations and gradients
+ * are float32 arrays, the product rounds its inputs), so the global reads are FP32 in both
+ * precisions; what BF16 saves is inside the block: its fragments load from BF16 tiles (half
+ * the ldmatrix bytes of FP32 ones, each element converted once per block instead of once per
+ * warp that reads it) and one m16n8k16 does the work of two m16n8k8. Reading BF16 from global
+ * memory would need the operands stored BF16 (a change of what the model keeps) or a
+ * conversion pass over them first: docs/performance.md weighs both.
  *
- *  - A block of 256 threads (8 warps, 2 × 4) owns a 128 × 128 tile of C; a warp 64 × 32 of
- *    it: 4 × 4 fragments of m16n8, 64 FP32 accumulators per thread. One block per tile, all
+ *  - A block of 128 threads (4 warps, 2 × 2) owns a 128 × 128 tile of C; a warp 64 × 64 of
+ *    it: 4 × 8 fragments of m16n8, 128 FP32 accumulators per thread. One block per tile, all
  *    in gridDim.x, GROUP tile rows at a time down their columns (as sgemm.cu: L2 reuse).
- *    Why these sizes on an H200 (132 SMs, 227 KiB of shared memory and 64 K registers per SM):
- *    128 × 128 reads 2·128·16·4 bytes per 2·128·128·16 flops (32 flops a byte, 64 for BF16's
- *    ...per BF16 byte of shared tile) with 64 accumulators, which leaves registers for two
- *    blocks per SM (≤ 128 a thread: the ptxas report, cuda_build.log); at 4096² that is 1024
- *    tiles, 3.9 waves of 264 resident blocks. 256 × 128 would halve the waves' tail but need
- *    128 accumulators a thread: one block per SM, no other block to hide its barrier behind.
- *  - k goes in slices of 16 through a ring of STAGES = 4 FP32 staging buffers per operand,
- *    filled by cp.async (STAGES slices in flight: about 3 slices of ~0.5 µs of L2 latency
- *    covered), each slice converted into one of two rounded tiles (TF32 or BF16) one slice
- *    ahead of the products, so one barrier per slice orders everything (see the loop).
- *  - The staging tiles lie as the operands lie in memory (no padding: a warp's 16-byte copies
- *    and reads of them cover 512 contiguous bytes, conflict free). The rounded tiles:
- *      TF32, both operands: [128][16] words, k contiguous (a transposed operand is transposed
- *        by the conversion), read by ldmatrix (no .trans: a row of 4 words is a row of 8
- *        halves, and lane i receives word (i / 4, i % 4): TF32's fragment order);
- *      BF16, rows k long (A, or Bᵀ with trans_b): [128][16] halves, by ldmatrix;
- *      BF16, rows along m or n (Aᵀ with trans_a, B): [16][128] halves, by ldmatrix.trans.
- *    Each is XOR-swizzled by 16-byte chunks (swz below) so that the 8 rows of one ldmatrix
- *    matrix, which share a logical chunk, fall in 8 distinct 16-byte bank groups: one
- *    wavefront per matrix (the emulator counts them: pytfm_emu_ldmatrix_counts). The
- *    conversion's stores are 16 (TF32) or 8 (BF16) bytes a thread over 512 or 256 contiguous
- *    bytes a warp (a permutation of them), so they take the minimum of 4 or 2 wavefronts; the
- *    transposing TF32 one reads 4 words down a column (32 lanes along a row: 1 wavefront each)
- *    and stores 16 bytes into 32 rows of one chunk, again 4 wavefronts by the swizzle.
+ *    Why these sizes on an H200 (132 SMs, 227 KiB of shared memory and 64 K registers an SM):
+ *    the shared-memory bytes the fragments cost per product fall with the warp's tile (64 × 64
+ *    loads 64 + 64 rows per 64·64 products, 64 × 32 loads 64 + 32 per half as many), and
+ *    shared-memory bandwidth is what bounds these kernels (docs/performance.md); 128 × 128
+ *    per block keeps two blocks an SM (255 registers × 128 threads each, the ptxas report in
+ *    cuda_build.log; 68 or 80 KiB of shared memory each), one to compute while the other
+ *    waits at its barrier; at 4096² that is 1024 tiles, 3.9 waves of 264.
+ *  - k goes in slices of 16 through a ring of STAGES = 4 staging buffers per operand filled by
+ *    cp.async (3 slices in flight behind the one being used); one barrier per slice orders
+ *    everything (see the loops). BF16 rounds each slice into one of two BF16 tiles one slice
+ *    ahead of its products; TF32 multiplies from the staging buffers themselves (a rounding
+ *    pass would cost two more shared-memory passes over FP32 to save a cvt a register).
+ *  - The layouts (16-byte cp.async chunks, so a swizzle by chunks is free to the copies):
+ *      TF32, rows k long (A, or Bᵀ with trans_b): [128][16] floats, XOR-swizzled (swz), read
+ *        by ldmatrix (no .trans: a row of 4 words is a row of 8 halves, and lane i receives
+ *        word (i / 4, i % 4): TF32's fragment order);
+ *      TF32, rows along m or n (Aᵀ with trans_a, B): [16][128 + 8] floats, read by 32-bit
+ *        loads (ldmatrix cannot transpose 32-bit elements), conflict-free by the padding
+ *        (tf32_at says why padding there);
+ *      BF16: staging buffers as the operand lies, unpadded (a warp's copies, and the rounding
+ *        pass's 16-byte reads, cover 512 contiguous bytes: conflict-free), rounded into
+ *        [128][16] halves (rows k long, read by ldmatrix) or [16][128] halves (rows along m
+ *        or n, read by ldmatrix.trans), both XOR-swizzled; the rounding pass's 8-byte stores
+ *        cover 256 contiguous bytes a warp (a permutation of them): 2 wavefronts, the least.
+ *    The swizzle (swz) puts the 8 rows of one ldmatrix matrix, which share a logical chunk,
+ *    in 8 distinct 16-byte bank groups: one wavefront per matrix, which the emulator counts
+ *    (pytfm_emu_ldmatrix_counts; tests/cuda/test_cuda_tensor_core.py).
  *  - 16-byte cp.async where the operand's base is 16-byte aligned and its row length a
  *    multiple of 4, 4-byte ones otherwise (a view offset by a float); past the edges the
- *    copies read nothing and zero-fill, so ragged m, n and k need no test in the inner loop,
+ *    copies read nothing and zero-fill, so ragged m, n and k need no test in the products,
  *    and the stores are masked.
  * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
@@ -63,9 +68,9 @@ namespace {
 
 enum {
     TBM = 128, TBN = 128, TBK = 16, // the block's tile of C, the k slice
-    TWM = 64, TWN = 32,             // a warp's tile of C
+    TWM = 64, TWN = 64,             // a warp's tile of C
     MI = TWM / 16, NI = TWN / 8,    // its fragments
-    TTHREADS = 256,
+    TTHREADS = 128,
     STAGES = 4,          // FP32 staging buffers per operand (cp.async ring)
     XLD = TBM + 8,       // row stride of a TF32 staging buffer whose rows run along m or n
     TGROUP = 8,

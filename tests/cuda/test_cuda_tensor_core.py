@@ -381,7 +381,7 @@ def test_both_orders_both_cp_async_modes_and_offset_views_give_the_same_bits(
 def test_the_fragment_loads_are_bank_conflict_free(emu, trans_a, trans_b, precision):
     """Every ldmatrix of the kernel, on every layout its tiles take (the swizzles of
     sgemm_tc.cu), costs one shared-memory wavefront per matrix; and the kernel loads by
-    ldmatrix what it says: per block and slice of 16, 8 warps × (4 for A + 2 for B) x4 loads
+    ldmatrix what it says: per block and slice of 16, 4 warps × (4 for A + 4 for B) x4 loads
     per k step (one BF16 step, two TF32 ones), but for a TF32 operand whose rows run along m or
     n (A with trans_a, B without trans_b), which 32-bit loads read (ldmatrix cannot transpose
     32-bit elements; their banks are argued in sgemm_tc.cu's tf32_at)."""
@@ -392,10 +392,10 @@ def test_the_fragment_loads_are_bank_conflict_free(emu, trans_a, trans_b, precis
     sgemm_ex(emu, Aligned(), None, a, b, m, n, k, trans_a, trans_b, 0.0, precision)
     calls, matrices, waves = (x - y for x, y in zip(ldmatrix_counts(emu), before))
     if precision == TF32:
-        per_step, steps = 4 * (not trans_a) + 2 * bool(trans_b), 2
+        per_step, steps = 4 * (not trans_a) + 4 * bool(trans_b), 2
     else:
-        per_step, steps = 6, 1
-    assert calls == 8 * per_step * steps * (k // 16)
+        per_step, steps = 8, 1
+    assert calls == 4 * per_step * steps * (k // 16)
     assert matrices == 4 * calls
     assert waves == matrices, f"{waves - matrices} extra wavefronts: bank conflicts"
 
