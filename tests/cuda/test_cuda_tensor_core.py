@@ -226,7 +226,8 @@ def test_ldmatrix_hands_each_lane_the_ptx_layout(emu, num, trans):
 
 def test_ldmatrix_counts_bank_conflicts(emu):
     """8 rows of one matrix in 8 distinct 16-byte bank groups: one wavefront; all 8 at a
-    128-byte stride (one bank group): 8; two rows the same address: a broadcast, no more; a 32-byte stride: 2."""
+    128-byte stride (one bank group): 8; two rows the same address: a broadcast, no more; a
+    32-byte stride: 2."""
     tile = np.arange(128 * 8).reshape(128, 8)
     for rows, waves in ((np.arange(32), 4), (np.arange(32) * 8 % 128, 4 * 8),
                         (np.arange(32) // 2 * 2, 4), (np.arange(32) * 2 % 128, 4 * 2)):
