@@ -52,6 +52,13 @@
  * exact in float32 and the k of one instruction are added in order, from C, each sum rounded
  * to float32 (fmaf): the hardware's order inside one instruction is unspecified, so the tests'
  * bounds allow any order of those k additions.
+ * ldmatrix.sync.aligned.m8n8.x1/x2/x4(.trans).shared.b16 (pytfm_emu::ldmatrix) is one too:
+ * lane i gives the address of row i % 8 of matrix i / 8 (16 bytes of shared memory, 16-byte
+ * aligned, else the launch fails naming the lane), and each lane receives its two 16-bit
+ * elements of each matrix by the PTX ISA's figure (ldmatrix_slot below). Its shared-memory
+ * wavefronts are counted per matrix (pytfm_emu_ldmatrix_counts in emu.cpp): one when the 8 rows
+ * fall in 8 distinct 16-byte bank groups, n when n distinct words share a bank, so a test can
+ * hold a kernel's fragment loads to conflict-free.
  *
  * It provides what the kernels of cuda/ use (threadIdx, blockIdx, blockDim, gridDim, static
  * and dynamic __shared__ memory (PYTFM_DYNAMIC_SHARED, sized by PYTFM_LAUNCH's shared_bytes),
@@ -161,7 +168,7 @@ namespace pytfm_emu {
 
 enum WarpOp {
     SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, MMA_TF32_M16N8K8, MMA_BF16_M16N8K16,
-    /* ldmatrix.sync.aligned.m8n8.x1/x2/x4.shared.b16, then the same .trans (LDMATRIX + 3) */
+    /* ldmatrix.sync.aligned.m8n8.x1/x2/x4.shared.b16, then the same with .trans */
     LDMATRIX_X1, LDMATRIX_X2, LDMATRIX_X4, LDMATRIX_X1_TRANS, LDMATRIX_X2_TRANS,
     LDMATRIX_X4_TRANS
 };
