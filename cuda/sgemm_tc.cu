@@ -71,7 +71,7 @@ enum {
     TWM = 64, TWN = 64,             // a warp's tile of C
     MI = TWM / 16, NI = TWN / 8,    // its fragments
     TTHREADS = 128,
-    STAGES = 4,          // FP32 staging buffers per operand (cp.async ring)
+    STAGES = 4,          // staging buffers per operand (a cp.async ring)
     XLD = TBM + 8,       // row stride of a TF32 staging buffer whose rows run along m or n
     TGROUP = 8,
 };
@@ -80,9 +80,9 @@ static_assert(TBM == TBN, "one tile shape for both operands");
 enum Prec { TF32, BF16 };
 
 /* Floats per staging buffer, 32-bit words per rounded tile (BF16 only: TF32 reads its staging
- * buffers), and the dynamic
- * shared memory of a block: A's and B's staging rings, then their two rounded tiles each
- * (TF32 68 KiB, BF16 80 KiB: two blocks an SM on sm_90's 227 KiB and sm_80's 163) */
+ * buffers), and the dynamic shared memory of a block: A's and B's staging rings, then their
+ * two rounded tiles each (TF32 68 KiB, BF16 80 KiB: two blocks an SM on sm_90's 227 KiB and
+ * on sm_80's 163) */
 template <Prec P> struct Sizes {
     static constexpr int STAGE = P == TF32 ? TBK * XLD : TBM * TBK; // floats a staging buffer
     static constexpr int WORDS = P == TF32 ? 0 : TBM * TBK / 2;
