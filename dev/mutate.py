@@ -111,7 +111,8 @@ MUTATIONS = {
                                                  "            if (s + 1 < slices) round_tile(s + 1);", TC),
     "cuda_sgemm_tc_truncates_tf32": ("cuda/mma.cuh", "    return pytfm_emu::cvt_rna_tf32(x);",
                                      "    uint32_t u;\n    memcpy(&u, &x, 4);\n    return u;", TC),
-    "cuda_sgemm_tc_row_edge_off_by_one": ("cuda/sgemm_tc.cu", "across[r] = gr < rows;", "across[r] = gr <= rows;", TC),
+    # (a row read past the edge lands in C's masked rows: the off-by-one that shows drops one)
+    "cuda_sgemm_tc_row_edge_off_by_one": ("cuda/sgemm_tc.cu", "across[r] = gr < rows;", "across[r] = gr + 1 < rows;", TC),
     "cuda_sgemm_tc_k_edge_off_by_one": ("cuda/sgemm_tc.cu", "else left = kp < kext ? across[r] : 0;",
                                         "else left = kp <= kext ? across[r] : 0;", TC),
     "cuda_sgemm_tc_fast_path_past_k": ("cuda/sgemm_tc.cu", "if (inside && kext - s * TBK >= TBK)",

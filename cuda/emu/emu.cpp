@@ -72,7 +72,9 @@ struct Launch {
 };
 
 static thread_local Launch *active;
-static int reverse_order; // run the fibers of a block last to first (pytfm_emu_set_order)
+// the order the fibers of a block run in (pytfm_emu_set_order): 0 first to last, 1 last to
+// first, 2 warp by warp, each warp to its next barrier (run_ahead)
+static int reverse_order;
 // cp.async lands at its issue (1) or at the wait (0); -1: not yet read from the environment
 static int cp_async_eager = -1;
 static thread_local cudaError_t last_error = cudaSuccess;
@@ -499,6 +501,38 @@ static bool resolve(Launch &l) {
     return false;
 }
 
+/* Order 2: each warp in turn runs alone, its warp operations completed as soon as its own
+ * lanes reach them, until it waits at a barrier or exits; then the next warp. Between two
+ * barriers one warp so runs all the way ahead of the others, which the sweeps of orders 0 and
+ * 1 never let happen (they advance every warp by one warp operation a round): a read of a
+ * buffer that another warp has yet to fill, or a refill of one it has yet to read, with no
+ * barrier between, shows. false on an error (recorded). */
+static bool run_ahead(Launch &l) {
+    const size_t n = l.fibers.size();
+    for (size_t warp = 0; warp * 32 < n; warp++) {
+        const size_t end = n < warp * 32 + 32 ? n : warp * 32 + 32;
+        for (;;) {
+            bool ran = false;
+            for (size_t i = warp * 32; i < end; i++) {
+                Fiber &f = l.fibers[i];
+                if (f.state != RUNNABLE) continue;
+                l.current = &f;
+                swapcontext(&l.scheduler, &f.ctx);
+                ran = true;
+            }
+            if (!ran || !l.error.empty()) break;
+            size_t i = warp * 32;
+            while (i < end && l.fibers[i].state != AT_WARP) i++;
+            if (i == end) break; // at a barrier or gone: the next warp
+            const int r = complete_warp_op(l, warp, i);
+            if (r < 0) return false;
+            if (r == 0) break; // lanes elsewhere: resolve() says why
+        }
+        if (!l.error.empty()) return false;
+    }
+    return true;
+}
+
 static void run_block(Launch &l, char *stacks, size_t stack_size) {
     const size_t n = l.fibers.size();
     for (size_t i = 0; i < n; i++) {
@@ -518,7 +552,8 @@ static void run_block(Launch &l, char *stacks, size_t stack_size) {
     memset(__start_pytfm_emu_shared, 0xff, __stop_pytfm_emu_shared - __start_pytfm_emu_shared);
     size_t exited = 0;
     while (exited < n) {
-        for (size_t k = 0; k < n; k++) {
+        if (reverse_order == 2 && !run_ahead(l)) return;
+        for (size_t k = 0; k < n && reverse_order != 2; k++) {
             Fiber &f = l.fibers[reverse_order ? n - 1 - k : k];
             if (f.state != RUNNABLE) continue;
             l.current = &f;
@@ -612,8 +647,11 @@ static void run_launch(dim3 grid, dim3 block, size_t shmem, const std::function<
 } // namespace pytfm_emu
 
 /* The order in which the fibers of a block run between barriers: 0 first to last, 1 last to
- * first. Code that reads shared memory another thread writes, without a barrier between, reads
- * stale data in one of the two orders; the tests run each kernel in both. */
+ * first, 2 warp by warp, each to its next barrier before the next starts (run_ahead). Code
+ * that reads shared memory another thread writes, without a barrier between, reads stale data
+ * in one of the first two orders; code that relies on warps keeping pace with each other (no
+ * barrier between a warp's use of a buffer and another's refill of it) fails in the third.
+ * The tests run each kernel in the first two, the tensor-core ones in all three. */
 extern "C" __attribute__((visibility("default"))) void pytfm_emu_set_order(int reverse) {
     pytfm_emu::reverse_order = reverse;
 }

@@ -324,9 +324,10 @@ def sgemm_ex(emu, g, c0, a, b, m, n, k, trans_a, trans_b, beta, precision, ga=No
 
 
 # every tile path: one full tile (k one slice of 16, and four), ragged m, n and k (k 1, 9, 17,
-# 24: not multiples of 8 or 16, one slice and more), more than one tile each way, k = 0
+# 24, 29: not multiples of 8 or 16, one slice and more, a last slice a chunk short of full and
+# one nearly empty), more than one tile each way, k = 0
 SIZES = [(128, 128, 16), (128, 128, 64), (7, 9, 1), (129, 130, 17), (33, 257, 24), (257, 20, 9),
-         (5, 6, 0)]
+         (65, 70, 29), (5, 6, 0)]
 TRANS = [(0, 0), (0, 1), (1, 0), (1, 1)]
 PRECISIONS = [(TF32, "tf32"), (BF16, "bf16")]
 
@@ -399,6 +400,32 @@ def test_the_fragment_loads_are_bank_conflict_free(emu, trans_a, trans_b, precis
     assert calls == 4 * per_step * steps * (k // 16)
     assert matrices == 4 * calls
     assert waves == matrices, f"{waves - matrices} extra wavefronts: bank conflicts"
+
+
+@pytest.mark.parametrize("precision", [p for p, _ in PRECISIONS], ids=[n for _, n in PRECISIONS])
+@pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (1, 1)])
+@pytest.mark.parametrize("mode", ["wait", "eager"])
+def test_a_warp_running_ahead_changes_nothing(emu, mode, trans_a, trans_b, precision):
+    """The emulator's third order (pytfm_emu_set_order(2)): each warp runs alone to its next
+    barrier, so one warp is a whole stretch between barriers ahead of the others, which the
+    two sweeps never let happen (they keep warps at one warp operation of each other: mma and
+    ldmatrix are warp operations). A buffer refilled, or read, without a barrier against the
+    other warps' use of it shows here; the kernel's bits must not move."""
+    m, n, k = 132, 136, 52  # two tiles each way, four slices: every staging buffer refilled
+    rng = np.random.default_rng(17 + precision)
+    a, b = operands(rng, m, n, k, trans_a, trans_b)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    g = Aligned()
+    base = sgemm_ex(emu, g, c0, a, b, m, n, k, trans_a, trans_b, 1.5, precision)
+    emu.lib.pytfm_emu_set_cp_async(mode == "eager")
+    emu.lib.pytfm_emu_set_order(2)
+    try:
+        got = sgemm_ex(emu, g, c0, a, b, m, n, k, trans_a, trans_b, 1.5, precision)
+    finally:
+        emu.lib.pytfm_emu_set_order(0)
+        emu.lib.pytfm_emu_set_cp_async(0)
+    np.testing.assert_array_equal(bits(got), bits(base))
+    g.check()
 
 
 def test_tf32_rounds_to_nearest_ties_away_before_the_product(emu):
