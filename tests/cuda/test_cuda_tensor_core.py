@@ -324,10 +324,10 @@ def sgemm_ex(emu, g, c0, a, b, m, n, k, trans_a, trans_b, beta, precision, ga=No
 
 
 # every tile path: one full tile (k one slice of 16, and four), ragged m, n and k (k 1, 9, 17,
-# 24, 29: not multiples of 8 or 16, one slice and more, a last slice a chunk short of full and
-# one nearly empty), more than one tile each way, k = 0
+# 24, 28: not multiples of 8 or 16, one slice and more, a last slice one 16-byte copy short of
+# full, with 16-byte copies), more than one tile each way, k = 0
 SIZES = [(128, 128, 16), (128, 128, 64), (7, 9, 1), (129, 130, 17), (33, 257, 24), (257, 20, 9),
-         (65, 70, 29), (5, 6, 0)]
+         (65, 72, 28), (5, 6, 0)]
 TRANS = [(0, 0), (0, 1), (1, 0), (1, 1)]
 PRECISIONS = [(TF32, "tf32"), (BF16, "bf16")]
 
