@@ -80,4 +80,62 @@ static __device__ __forceinline__ void pytfm__mma_bf16(float *, const uint32_t *
 
 #endif
 
+/* ---- ldmatrix (the tensor-core SGEMM's shared-memory loads) --------------------------------
+ *   pytfm__ldmatrix<N, T>(r, row)   ldmatrix.sync.aligned.m8n8.xN{.trans if T}.shared.b16:
+ *                                   N (1, 2, 4) 8 × 8 matrices of 16-bit elements; lane i
+ *                                   gives row (16 bytes, 16-byte aligned, shared memory) i % 8
+ *                                   of matrix i / 8 (lanes past 8·N give none) and receives r[q]
+ *                                   of matrix q: elements (i / 4, 2(i % 4)) in the lower half,
+ *                                   (i / 4, 2(i % 4) + 1) in the upper; .trans transposed:
+ *                                   (2(i % 4), i / 4) and (2(i % 4) + 1, i / 4).
+ * A warp collective, as the mma: every lane of the warp calls it with the same N and T. A row
+ * of 4 FP32 values is a row of 8 16-bit halves, so without .trans it also hands lane i the
+ * 32-bit element (i / 4, i % 4) of an 8 × 4 FP32 matrix: TF32's fragment order. */
+#if defined(PYTFM_EMULATE)
+
+template <int N, bool T>
+static __device__ __forceinline__ void pytfm__ldmatrix(uint32_t r[N], const void *row) {
+    static_assert(N == 1 || N == 2 || N == 4, "x1, x2 or x4");
+    pytfm_emu::ldmatrix(r, N, T, row);
+}
+
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+template <int N, bool T>
+static __device__ __forceinline__ void pytfm__ldmatrix(uint32_t r[N], const void *row) {
+    static_assert(N == 1 || N == 2 || N == 4, "x1, x2 or x4");
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    if (N == 1 && !T)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
+                     : "=r"(r[0]) : "r"(a));
+    if (N == 1 && T)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
+                     : "=r"(r[0]) : "r"(a));
+    if (N == 2 && !T)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(r[0]), "=r"(r[N > 1 ? 1 : 0]) : "r"(a));
+    if (N == 2 && T)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(r[0]), "=r"(r[N > 1 ? 1 : 0]) : "r"(a));
+    if (N == 4 && !T)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[N > 1 ? 1 : 0]), "=r"(r[N > 2 ? 2 : 0]),
+                       "=r"(r[N > 2 ? 3 : 0])
+                     : "r"(a));
+    if (N == 4 && T)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[N > 1 ? 1 : 0]), "=r"(r[N > 2 ? 2 : 0]),
+                       "=r"(r[N > 2 ? 3 : 0])
+                     : "r"(a));
+}
+
+#else /* nvcc's host pass, or a GPU without it: never launched */
+
+template <int N, bool T>
+static __device__ __forceinline__ void pytfm__ldmatrix(uint32_t r[N], const void *) {
+    for (int q = 0; q < N; q++) r[q] = 0;
+}
+
+#endif
+
 #endif /* PYTFM_MMA_CUH */

@@ -41,6 +41,8 @@ pytfm_status emu_mma(float *d, const float *a, const float *b, const float *c, i
                      int missing);
 pytfm_status emu_round_tc(int *tf32, int *bf16, const float *x, int n);
 pytfm_status emu_cp_async_war(float *out, const float *in, int with_barrier);
+pytfm_status emu_ldmatrix(int *out, const int *in, const int *rows, int num, int trans,
+                          int missing);
 """
 
 # the emulator's counters and graphs (cuda/emu/emu.cpp), in both libraries
@@ -53,6 +55,7 @@ int pytfm_emu_graph_launch(int64_t graph, int64_t begin, int64_t end);
 const char *pytfm_emu_error(void);
 void pytfm_emu_graph_free(int64_t graph);
 void pytfm_emu_set_cp_async(int eager);
+void pytfm_emu_ldmatrix_counts(int64_t *out);
 """
 # the order of pytfm_emu_counters (emu.h)
 COUNTERS = ("malloc", "free", "malloc_async", "free_async", "memcpy", "sync", "launches",

@@ -27,7 +27,16 @@ enum State { RUNNABLE, AT_SYNCTHREADS, AT_WARP, EXITED };
 static const char *const op_names[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
                                        "__shfl_xor_sync",
                                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
-                                       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"};
+                                       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+                                       "ldmatrix.sync.aligned.m8n8.x1.shared.b16",
+                                       "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
+                                       "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                                       "ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16",
+                                       "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
+                                       "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"};
+
+static bool is_ldmatrix(WarpOp op) { return op >= LDMATRIX_X1 && op <= LDMATRIX_X4_TRANS; }
+static int ldmatrix_num(WarpOp op) { return 1 << ((op - LDMATRIX_X1) % 3); }
 
 /* a queued cp.async: group -1 until the thread's next commit */
 struct AsyncCopy {
@@ -47,6 +56,7 @@ struct Fiber {
     int arg, width;
     uint32_t fa[4], fb[2]; // an mma's A and B fragments (registers as the lane holds them)
     float fc[4], fd[4];    // its C fragment, and D handed back
+    uint32_t lm[4];        // an ldmatrix's registers handed back
     std::vector<AsyncCopy> copies; // issued, not yet performed (cp_async)
     long groups;                   // groups committed so far
 };
@@ -62,11 +72,19 @@ struct Launch {
 };
 
 static thread_local Launch *active;
-static int reverse_order; // run the fibers of a block last to first (pytfm_emu_set_order)
+// the order the fibers of a block run in (pytfm_emu_set_order): 0 first to last, 1 last to
+// first, 2 warp by warp, each warp to its next barrier (run_ahead)
+static int reverse_order;
 // cp.async lands at its issue (1) or at the wait (0); -1: not yet read from the environment
 static int cp_async_eager = -1;
 static thread_local cudaError_t last_error = cudaSuccess;
 static thread_local std::string last_message;
+
+/* ldmatrix's shared memory traffic (pytfm_emu_ldmatrix_counts): instructions (per warp),
+ * matrices, and wavefronts: each matrix's 8 rows of 16 bytes are one 128-byte wavefront when
+ * they fall in 32 distinct banks; a bank that n distinct 4-byte words of them share costs n. */
+static std::mutex ldmatrix_lock;
+static int64_t ldmatrix_counts[3];
 
 /* per kernel (its address), the dynamic shared memory limit raised by cudaFuncSetAttribute */
 static std::mutex limits_lock;
@@ -251,6 +269,79 @@ void mma(WarpOp op, float d[4], const uint32_t a[4], const uint32_t b[2], const 
     memcpy(d, f->fd, sizeof f->fd);
 }
 
+MmaSlot ldmatrix_slot(bool trans, int row, int col) {
+    if (trans) return {col * 4 + row / 2, 0, row % 2};
+    return {row * 4 + col / 2, 0, col % 2};
+}
+
+void ldmatrix(uint32_t *r, int num, bool trans, const void *row) {
+    const WarpOp op = (WarpOp)(LDMATRIX_X1 + (num == 4 ? 2 : num - 1) + (trans ? 3 : 0));
+    if (!active || !active->current) return fail_launch("%s outside a kernel", op_names[op]);
+    if (num != 1 && num != 2 && num != 4) return fail_launch("ldmatrix of %d matrices", num);
+    Fiber *f = active->current;
+    f->op = op;
+    f->mask = 0xffffffffu; // .aligned: the whole warp
+    f->value = (uint64_t)(uintptr_t)row;
+    f->arg = 0;
+    f->width = 32;
+    yield(AT_WARP);
+    memcpy(r, f->lm, sizeof(uint32_t) * (size_t)num);
+}
+
+/* The wavefronts of one matrix's 8 row addresses (see ldmatrix_counts) */
+static int64_t ldmatrix_wavefronts(const Fiber *rows) {
+    int64_t worst = 1;
+    for (int bank = 0; bank < 32; bank++) {
+        uintptr_t words[32];
+        int distinct = 0;
+        for (int i = 0; i < 8; i++)
+            for (int w = 0; w < 4; w++) {
+                const uintptr_t word = (uintptr_t)rows[i].value / 4 + (uintptr_t)w;
+                if ((int)(word % 32) != bank) continue;
+                bool seen = false;
+                for (int j = 0; j < distinct; j++) seen |= words[j] == word;
+                if (!seen) words[distinct++] = word;
+            }
+        if (distinct > worst) worst = distinct;
+    }
+    return worst;
+}
+
+/* Complete an ldmatrix over the 32 lanes of a warp (all of them there): false (recorded) on
+ * an address that is not 16 aligned bytes of shared memory */
+static bool complete_ldmatrix(Launch &l, Fiber *lanes, WarpOp op) {
+    const int num = ldmatrix_num(op);
+    const bool trans = op >= LDMATRIX_X1_TRANS;
+    for (int i = 0; i < 8 * num; i++) {
+        const void *p = (const void *)(uintptr_t)lanes[i].value;
+        if ((uintptr_t)p % 16 || !in_shared(l, p, 16)) {
+            fail(l, "thread %s gives %s the row address %p, which is not 16 bytes of shared "
+                    "memory on a 16-byte boundary",
+                 thread_name(lanes[i]).c_str(), op_names[op], p);
+            return false;
+        }
+    }
+    int64_t waves = 0;
+    for (int q = 0; q < num; q++) {
+        waves += ldmatrix_wavefronts(lanes + 8 * q);
+        for (int row = 0; row < 8; row++) {
+            uint16_t e[8];
+            memcpy(e, (const void *)(uintptr_t)lanes[8 * q + row].value, sizeof e);
+            for (int col = 0; col < 8; col++) {
+                const MmaSlot s = ldmatrix_slot(trans, row, col);
+                uint32_t &reg = lanes[s.lane].lm[q];
+                reg = (reg & (s.half ? 0x0000ffffu : 0xffff0000u)) |
+                      (uint32_t)e[col] << (16 * s.half);
+            }
+        }
+    }
+    std::lock_guard<std::mutex> lock(ldmatrix_lock);
+    ldmatrix_counts[0]++;
+    ldmatrix_counts[1] += num;
+    ldmatrix_counts[2] += waves;
+    return true;
+}
+
 /* An operand element as the tensor core reads it: a TF32 register's top 19 bits (the low 13
  * ignored), or one 16-bit half of a BF16 pair */
 static float mma_operand(WarpOp op, uint32_t reg, int half) {
@@ -296,8 +387,7 @@ static int source_lane(const Fiber &f, int lane) {
     case SHFL_UP: return lane - f.arg >= base ? lane - f.arg : lane;
     case SHFL_DOWN: return lane + f.arg < base + w ? lane + f.arg : lane;
     case SHFL_XOR: return (lane ^ f.arg) < base + w ? lane ^ f.arg : lane;
-    case MMA_TF32_M16N8K8:
-    case MMA_BF16_M16N8K16: break; // no shuffle: complete_warp_op computes the product
+    default: break; // no shuffle: complete_warp_op computes the product or the load
     }
     return lane; // not reached: every WarpOp is a shuffle named above
 }
@@ -344,6 +434,11 @@ static int complete_warp_op(Launch &l, size_t warp, size_t first) {
     }
     if (a.op == MMA_TF32_M16N8K8 || a.op == MMA_BF16_M16N8K16) {
         complete_mma(&l.fibers[warp * 32], a.op);
+        for (int lane = 0; lane < 32; lane++) l.fibers[warp * 32 + lane].state = RUNNABLE;
+        return 1;
+    }
+    if (is_ldmatrix(a.op)) {
+        if (!complete_ldmatrix(l, &l.fibers[warp * 32], a.op)) return -1;
         for (int lane = 0; lane < 32; lane++) l.fibers[warp * 32 + lane].state = RUNNABLE;
         return 1;
     }
@@ -406,6 +501,38 @@ static bool resolve(Launch &l) {
     return false;
 }
 
+/* Order 2: each warp in turn runs alone, its warp operations completed as soon as its own
+ * lanes reach them, until it waits at a barrier or exits; then the next warp. Between two
+ * barriers one warp so runs all the way ahead of the others, which the sweeps of orders 0 and
+ * 1 never let happen (they advance every warp by one warp operation a round): a read of a
+ * buffer that another warp has yet to fill, or a refill of one it has yet to read, with no
+ * barrier between, shows. false on an error (recorded). */
+static bool run_ahead(Launch &l) {
+    const size_t n = l.fibers.size();
+    for (size_t warp = 0; warp * 32 < n; warp++) {
+        const size_t end = n < warp * 32 + 32 ? n : warp * 32 + 32;
+        for (;;) {
+            bool ran = false;
+            for (size_t i = warp * 32; i < end; i++) {
+                Fiber &f = l.fibers[i];
+                if (f.state != RUNNABLE) continue;
+                l.current = &f;
+                swapcontext(&l.scheduler, &f.ctx);
+                ran = true;
+            }
+            if (!ran || !l.error.empty()) break;
+            size_t i = warp * 32;
+            while (i < end && l.fibers[i].state != AT_WARP) i++;
+            if (i == end) break; // at a barrier or gone: the next warp
+            const int r = complete_warp_op(l, warp, i);
+            if (r < 0) return false;
+            if (r == 0) break; // lanes elsewhere: resolve() says why
+        }
+        if (!l.error.empty()) return false;
+    }
+    return true;
+}
+
 static void run_block(Launch &l, char *stacks, size_t stack_size) {
     const size_t n = l.fibers.size();
     for (size_t i = 0; i < n; i++) {
@@ -425,7 +552,8 @@ static void run_block(Launch &l, char *stacks, size_t stack_size) {
     memset(__start_pytfm_emu_shared, 0xff, __stop_pytfm_emu_shared - __start_pytfm_emu_shared);
     size_t exited = 0;
     while (exited < n) {
-        for (size_t k = 0; k < n; k++) {
+        if (reverse_order == 2 && !run_ahead(l)) return;
+        for (size_t k = 0; k < n && reverse_order != 2; k++) {
             Fiber &f = l.fibers[reverse_order ? n - 1 - k : k];
             if (f.state != RUNNABLE) continue;
             l.current = &f;
@@ -519,8 +647,11 @@ static void run_launch(dim3 grid, dim3 block, size_t shmem, const std::function<
 } // namespace pytfm_emu
 
 /* The order in which the fibers of a block run between barriers: 0 first to last, 1 last to
- * first. Code that reads shared memory another thread writes, without a barrier between, reads
- * stale data in one of the two orders; the tests run each kernel in both. */
+ * first, 2 warp by warp, each to its next barrier before the next starts (run_ahead). Code
+ * that reads shared memory another thread writes, without a barrier between, reads stale data
+ * in one of the first two orders; code that relies on warps keeping pace with each other (no
+ * barrier between a warp's use of a buffer and another's refill of it) fails in the third.
+ * The tests run each kernel in the first two, the tensor-core ones in all three. */
 extern "C" __attribute__((visibility("default"))) void pytfm_emu_set_order(int reverse) {
     pytfm_emu::reverse_order = reverse;
 }
@@ -635,6 +766,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 EMU_EXPORT void pytfm_emu_counters(int64_t *out) {
     std::lock_guard<std::mutex> lock(pytfm_emu::counters_lock);
     for (int i = 0; i < PYTFM_EMU_COUNTERS; i++) out[i] = pytfm_emu::counters[i];
+}
+
+/* out[3]: ldmatrix's instructions (one per warp), matrices and shared memory wavefronts since
+ * the library was loaded (a bank-conflict-free load takes one wavefront per matrix) */
+EMU_EXPORT void pytfm_emu_ldmatrix_counts(int64_t *out) {
+    std::lock_guard<std::mutex> lock(pytfm_emu::ldmatrix_lock);
+    for (int i = 0; i < 3; i++) out[i] = pytfm_emu::ldmatrix_counts[i];
 }
 
 /* Start recording launches instead of running them: 0, or -1 when a capture is open. */

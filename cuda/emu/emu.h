@@ -52,6 +52,13 @@
  * exact in float32 and the k of one instruction are added in order, from C, each sum rounded
  * to float32 (fmaf): the hardware's order inside one instruction is unspecified, so the tests'
  * bounds allow any order of those k additions.
+ * ldmatrix.sync.aligned.m8n8.x1/x2/x4(.trans).shared.b16 (pytfm_emu::ldmatrix) is one too:
+ * lane i gives the address of row i % 8 of matrix i / 8 (16 bytes of shared memory, 16-byte
+ * aligned, else the launch fails naming the lane), and each lane receives its two 16-bit
+ * elements of each matrix by the PTX ISA's figure (ldmatrix_slot below). Its shared-memory
+ * wavefronts are counted per matrix (pytfm_emu_ldmatrix_counts in emu.cpp): one when the 8 rows
+ * fall in 8 distinct 16-byte bank groups, n when n distinct words share a bank, so a test can
+ * hold a kernel's fragment loads to conflict-free.
  *
  * It provides what the kernels of cuda/ use (threadIdx, blockIdx, blockDim, gridDim, static
  * and dynamic __shared__ memory (PYTFM_DYNAMIC_SHARED, sized by PYTFM_LAUNCH's shared_bytes),
@@ -159,7 +166,12 @@ inline float4 make_float4(float x, float y, float z, float w) { return float4{x,
 
 namespace pytfm_emu {
 
-enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, MMA_TF32_M16N8K8, MMA_BF16_M16N8K16 };
+enum WarpOp {
+    SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, MMA_TF32_M16N8K8, MMA_BF16_M16N8K16,
+    /* ldmatrix.sync.aligned.m8n8.x1/x2/x4.shared.b16, then the same with .trans */
+    LDMATRIX_X1, LDMATRIX_X2, LDMATRIX_X4, LDMATRIX_X1_TRANS, LDMATRIX_X2_TRANS,
+    LDMATRIX_X4_TRANS
+};
 
 /* Where element (row, col) of an mma operand lives: lane and register (index into the lane's
  * fragment array). op MMA_TF32_M16N8K8 or MMA_BF16_M16N8K16; which 'a' (16 × K, row-major),
@@ -197,6 +209,17 @@ void cp_async_commit();
 void cp_async_wait(int pending);
 /* d[4] = a·b + c for the calling lane's fragments (d may be c): op as MmaSlot's */
 void mma(WarpOp op, float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+
+/* ldmatrix.sync.aligned.m8n8.x<num>{.trans}.shared.b16 r, [row]: num (1, 2 or 4) 8 × 8
+ * matrices of 16-bit elements, lane i giving the address of row i % 8 of matrix i / 8 (16
+ * contiguous bytes, 16-byte aligned, in shared memory; the lanes past 8·num give none), each
+ * lane receiving r[q] of matrix q as ldmatrix_slot states. */
+void ldmatrix(uint32_t *r, int num, bool trans, const void *row);
+/* Where element (row, col) of an ldmatrix matrix (row: the 16-byte row a lane addressed, col:
+ * its 16-bit element) lands, as the PTX ISA's figure for ldmatrix: lane row·4 + col / 2, half
+ * col % 2 (0: the lower 16 bits); with .trans the matrix is transposed on the way, so element
+ * (row, col) lands where (col, row) would: lane col·4 + row / 2, half row % 2. */
+MmaSlot ldmatrix_slot(bool trans, int row, int col);
 
 /* cvt.rna.tf32.f32: x rounded to TF32 (10 stored mantissa bits), to nearest, ties away from
  * zero, returned as float32 bits with the low 13 bits zero; NaN stays a NaN, a value that

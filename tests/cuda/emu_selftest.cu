@@ -8,7 +8,8 @@
  * cudaMallocAsync scratch, cp.async (performed only by the wait that covers its group), a
  * launch that a graph capture records (emu_scale), the two mma instructions against a plain
  * product (emu_mma) and the roundings that feed them (emu_round_tc), a write after read that
- * only the eager cp.async mode shows (emu_cp_async_war).
+ * only the eager cp.async mode shows (emu_cp_async_war), ldmatrix in each variant against
+ * the PTX ISA's layout (emu_ldmatrix).
  * Built only into the emulator's test library, never into libpytfm.
  */
 #include "mma.cuh" /* includes pytfm_cuda.cuh */
@@ -261,4 +262,41 @@ static __global__ void cp_async_war_kernel(float *out, const float *in, int with
 EXPORT pytfm_status emu_cp_async_war(float *out, const float *in, int with_barrier) {
     return PYTFM_LAUNCH(cp_async_war_kernel, dim3(1), dim3(64), 0, nullptr, out, in,
                         with_barrier);
+}
+
+/* ldmatrix (pytfm__ldmatrix of cuda/mma.cuh): one warp copies in[128 × 8] 16-bit elements
+ * into shared memory (128 rows of 16 bytes), then lane i gives the address of row rows[i]
+ * (lanes past 8·num give a misaligned one, which the instruction must not read) to one
+ * ldmatrix x<num> (.trans if trans); out[i·4 + q] = lane i's register q (0 past num); missing:
+ * a lane (0..31) that returns before the ldmatrix, or -1. */
+template <int N, bool T> static __device__ void ldmatrix_into(uint32_t *out, const void *row) {
+    uint32_t r[N];
+    pytfm__ldmatrix<N, T>(r, row);
+    for (int q = 0; q < 4; q++) out[q] = q < N ? r[q] : 0u;
+}
+
+static __global__ void ldmatrix_kernel(int *out, const int *in, const int *rows, int num,
+                                       int trans, int missing) {
+    __shared__ uint16_t tile[128 * 8];
+    const int lane = threadIdx.x;
+    for (int i = lane; i < 128 * 8; i += 32) tile[i] = (uint16_t)in[i];
+    __syncthreads();
+    if (lane == missing) return;
+    const void *row = lane < 8 * num ? (const void *)(tile + 8 * rows[lane])
+                                     : (const void *)((const char *)tile + 2);
+    uint32_t *o = (uint32_t *)out + 4 * lane;
+    switch (num * 2 + trans) {
+    case 2: ldmatrix_into<1, false>(o, row); break;
+    case 3: ldmatrix_into<1, true>(o, row); break;
+    case 4: ldmatrix_into<2, false>(o, row); break;
+    case 5: ldmatrix_into<2, true>(o, row); break;
+    case 8: ldmatrix_into<4, false>(o, row); break;
+    default: ldmatrix_into<4, true>(o, row); break;
+    }
+}
+
+EXPORT pytfm_status emu_ldmatrix(int *out, const int *in, const int *rows, int num, int trans,
+                                 int missing) {
+    return PYTFM_LAUNCH(ldmatrix_kernel, dim3(1), dim3(32), 0, nullptr, out, in, rows, num,
+                        trans, missing);
 }

@@ -175,6 +175,78 @@ def test_an_mma_without_every_lane_fails_the_launch_naming_the_thread(emu):
         mma(emu, z, z[:, :8], z[:, :8], 1, missing=31)
 
 
+# ---- ldmatrix ---------------------------------------------------------------------------------
+
+LDMATRIX = [(num, trans) for num in (1, 2, 4) for trans in (0, 1)]
+
+
+def ldmatrix(emu, tile, rows, num, trans, missing=-1):
+    """lane i's registers (4 per lane, 0 past num) from emu_ldmatrix: tile [128, 8] of 16-bit
+    values in shared memory, lane i giving row rows[i]"""
+    out = np.zeros((32, 4), np.int32)
+    emu.call("emu_ldmatrix", out, np.ascontiguousarray(tile, np.int32).reshape(-1),
+             np.ascontiguousarray(rows, np.int32), num, trans, missing, stream=False)
+    return out.view(np.uint32)
+
+
+def ldmatrix_counts(emu):
+    out = emu.ffi.new("int64_t[3]")
+    emu.lib.pytfm_emu_ldmatrix_counts(out)
+    return tuple(out)
+
+
+def ldmatrix_want(tile, rows, num, trans):
+    """The PTX ISA's figure for ldmatrix, written out apart from the emulator's ldmatrix_slot:
+    lane i holds, of matrix q (the rows lanes 8q..8q+7 address), elements (i / 4, 2(i % 4))
+    (lower half) and (i / 4, 2(i % 4) + 1); with .trans (2(i % 4), i / 4) and (2(i % 4) + 1,
+    i / 4)."""
+    want = np.zeros((32, 4), np.uint32)
+    for q in range(num):
+        mat = tile[rows[8 * q:8 * q + 8]]  # [8 rows, 8 elements]
+        for i in range(32):
+            g, t = i // 4, i % 4
+            lo, hi = (mat[2 * t, g], mat[2 * t + 1, g]) if trans else (mat[g, 2 * t],
+                                                                        mat[g, 2 * t + 1])
+            want[i, q] = int(lo) | int(hi) << 16
+    return want
+
+
+@pytest.mark.parametrize("num,trans", LDMATRIX,
+                         ids=[f"x{n}{'.trans' if t else ''}" for n, t in LDMATRIX])
+def test_ldmatrix_hands_each_lane_the_ptx_layout(emu, num, trans):
+    """Every 16-bit element distinct, rows in a scattered order (a row address per lane, not a
+    base and a stride): each register must hold the two elements the PTX ISA puts there; the
+    lanes past 8·num give a misaligned address, which must not be read."""
+    rng = np.random.default_rng(num * 2 + trans)
+    tile = rng.permutation(65536)[:128 * 8].reshape(128, 8)
+    rows = rng.permutation(128)[:32]
+    np.testing.assert_array_equal(ldmatrix(emu, tile, rows, num, trans),
+                                  ldmatrix_want(tile, rows, num, trans))
+
+
+def test_ldmatrix_counts_bank_conflicts(emu):
+    """8 rows of one matrix in 8 distinct 16-byte bank groups: one wavefront; all 8 at a
+    128-byte stride (one bank group): 8; two rows the same address: a broadcast, no more; a
+    32-byte stride: 2."""
+    tile = np.arange(128 * 8).reshape(128, 8)
+    for rows, waves in ((np.arange(32), 4), (np.arange(32) * 8 % 128, 4 * 8),
+                        (np.arange(32) // 2 * 2, 4), (np.arange(32) * 2 % 128, 4 * 2)):
+        before = ldmatrix_counts(emu)
+        ldmatrix(emu, tile, rows, 4, 0)
+        after = ldmatrix_counts(emu)
+        assert tuple(a - b for a, b in zip(after, before)) == (1, 4, waves), rows
+
+
+def test_an_ldmatrix_without_every_lane_or_with_a_bad_address_fails_the_launch(emu):
+    tile = np.zeros((128, 8))
+    with pytest.raises(EmuError, match=r"thread \(3,0,0\) exited while thread \(\d+,0,0\) waits "
+                                       r"for it at ldmatrix.sync.aligned.m8n8.x4.trans"):
+        ldmatrix(emu, tile, np.arange(32), 4, 1, missing=3)
+    with pytest.raises(EmuError, match=r"gives ldmatrix.sync.aligned.m8n8.x2.shared.b16 the row "
+                                       r"address .* not 16 bytes of shared memory"):
+        ldmatrix(emu, tile, np.r_[np.arange(15), 1 << 20, np.arange(16)], 2, 0)  # far off
+
+
 # ---- the eager cp.async mode ------------------------------------------------------------------
 
 
@@ -252,9 +324,10 @@ def sgemm_ex(emu, g, c0, a, b, m, n, k, trans_a, trans_b, beta, precision, ga=No
 
 
 # every tile path: one full tile (k one slice of 16, and four), ragged m, n and k (k 1, 9, 17,
-# 24: not multiples of 8 or 16, one slice and more), more than one tile each way, k = 0
+# 24, 28: not multiples of 8 or 16, one slice and more, a last slice one 16-byte copy short of
+# full, with 16-byte copies), more than one tile each way, k = 0
 SIZES = [(128, 128, 16), (128, 128, 64), (7, 9, 1), (129, 130, 17), (33, 257, 24), (257, 20, 9),
-         (5, 6, 0)]
+         (65, 72, 28), (5, 6, 0)]
 TRANS = [(0, 0), (0, 1), (1, 0), (1, 1)]
 PRECISIONS = [(TF32, "tf32"), (BF16, "bf16")]
 
@@ -303,6 +376,56 @@ def test_both_orders_both_cp_async_modes_and_offset_views_give_the_same_bits(
         g.check()
     finally:
         emu.lib.pytfm_emu_set_cp_async(0)
+
+
+@pytest.mark.parametrize("precision", [p for p, _ in PRECISIONS], ids=[n for _, n in PRECISIONS])
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_the_fragment_loads_are_bank_conflict_free(emu, trans_a, trans_b, precision):
+    """Every ldmatrix of the kernel, on every layout its tiles take (the swizzles of
+    sgemm_tc.cu), costs one shared-memory wavefront per matrix; and the kernel loads by
+    ldmatrix what it says: per block and slice of 16, 4 warps × (4 for A + 4 for B) x4 loads
+    per k step (one BF16 step, two TF32 ones), but for a TF32 operand whose rows run along m or
+    n (A with trans_a, B without trans_b), which 32-bit loads read (ldmatrix cannot transpose
+    32-bit elements; their banks are argued in sgemm_tc.cu's tf32_at)."""
+    m, n, k = 128, 128, 48
+    rng = np.random.default_rng(3)
+    a, b = operands(rng, m, n, k, trans_a, trans_b)
+    before = ldmatrix_counts(emu)
+    sgemm_ex(emu, Aligned(), None, a, b, m, n, k, trans_a, trans_b, 0.0, precision)
+    calls, matrices, waves = (x - y for x, y in zip(ldmatrix_counts(emu), before))
+    if precision == TF32:
+        per_step, steps = 4 * (not trans_a) + 4 * bool(trans_b), 2
+    else:
+        per_step, steps = 8, 1
+    assert calls == 4 * per_step * steps * (k // 16)
+    assert matrices == 4 * calls
+    assert waves == matrices, f"{waves - matrices} extra wavefronts: bank conflicts"
+
+
+@pytest.mark.parametrize("precision", [p for p, _ in PRECISIONS], ids=[n for _, n in PRECISIONS])
+@pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (1, 1)])
+@pytest.mark.parametrize("mode", ["wait", "eager"])
+def test_a_warp_running_ahead_changes_nothing(emu, mode, trans_a, trans_b, precision):
+    """The emulator's third order (pytfm_emu_set_order(2)): each warp runs alone to its next
+    barrier, so one warp is a whole stretch between barriers ahead of the others, which the
+    two sweeps never let happen (they keep warps at one warp operation of each other: mma and
+    ldmatrix are warp operations). A buffer refilled, or read, without a barrier against the
+    other warps' use of it shows here; the kernel's bits must not move."""
+    m, n, k = 132, 136, 52  # two tiles each way, four slices: every staging buffer refilled
+    rng = np.random.default_rng(17 + precision)
+    a, b = operands(rng, m, n, k, trans_a, trans_b)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    g = Aligned()
+    base = sgemm_ex(emu, g, c0, a, b, m, n, k, trans_a, trans_b, 1.5, precision)
+    emu.lib.pytfm_emu_set_cp_async(mode == "eager")
+    emu.lib.pytfm_emu_set_order(2)
+    try:
+        got = sgemm_ex(emu, g, c0, a, b, m, n, k, trans_a, trans_b, 1.5, precision)
+    finally:
+        emu.lib.pytfm_emu_set_order(0)
+        emu.lib.pytfm_emu_set_cp_async(0)
+    np.testing.assert_array_equal(bits(got), bits(base))
+    g.check()
 
 
 def test_tf32_rounds_to_nearest_ties_away_before_the_product(emu):
