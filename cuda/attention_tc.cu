@@ -250,7 +250,7 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(tc_forwar
         __syncthreads(); // every warp is done with the last tile's K and V
         tc_load<TC_KEYS, D>(Ks, a.k + base + j0 * HD, HD, nk, vk);
         tc_load<TC_KEYS, D>(Vs, a.v + base + j0 * HD, HD, nk, vv);
-        __syncthreads();
+        __syncthreads(); // the K and V tiles are whole
         float s[TC_FRAGS][4];
         tc_scores<P, D>(s, Qs + 16 * warp * LD, Ks, g, t);
         // keys past the tile's end, or past a row's position, do not count
@@ -413,7 +413,7 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(tc_backward_ar
         __syncthreads(); // every warp is done with the last key tile
         tc_load<TC_KEYS, D>(Ks, a.k + base + j0 * HD, HD, nk, vk);
         tc_load<TC_KEYS, D>(Vs, a.v + base + j0 * HD, HD, nk, vv);
-        __syncthreads();
+        __syncthreads(); // the key tile is whole
         float s[TC_FRAGS][4], ds[TC_FRAGS][4];
         tc_scores<P, D>(s, Qs + 16 * warp * LD, Ks, g, t);
         tc_scores<P, D>(ds, dYs + 16 * warp * LD, Vs, g, t); // dP
@@ -436,6 +436,14 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(tc_backward_ar
 
 /* the head dims the tensor-core kernels take (others run attention.cu's FP32 kernels) */
 bool tc_head_dim(int64_t D) { return D == 16 || D == 32 || D == 64 || D == 128; }
+
+pytfm_status tc_check_head_dim(const char *func, int64_t D) {
+    PYTFM_CHECK(D <= PYTFM_CUDA_ATTENTION_MAX_D,
+                "%s: D must be <= %d (PYTFM_CUDA_ATTENTION_MAX_D, the largest head dim the GPU "
+                "kernels take), got %lld",
+                func, PYTFM_CUDA_ATTENTION_MAX_D, (long long)D);
+    return PYTFM_STATUS_OK;
+}
 
 pytfm_status tc_check_grid(const char *func, int64_t BH, int64_t T) {
     PYTFM_CHECK(BH <= 2147483647, "%s: B·H must be <= 2147483647 (blocks in gridDim.x), got %lld",
@@ -506,6 +514,7 @@ extern "C" pytfm_status pytfm_attention_forward_ex_cuda(float *o, float *lse, co
                                                         int32_t precision, void *stream) {
     PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, D, scale));
     PYTFM_TRY(pytfm__check_precision_cuda(__func__, precision));
+    PYTFM_TRY(tc_check_head_dim(__func__, D));
     if (precision == PYTFM_PRECISION_FP32 || !tc_head_dim(D))
         return pytfm_attention_forward_cuda(o, lse, q, k, v, B, T, H, D, scale, causal, stream);
     if (B * T * H == 0) return PYTFM_STATUS_OK;
@@ -525,6 +534,7 @@ extern "C" pytfm_status pytfm_attention_backward_ex_cuda(float *dq, float *dk, f
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
                                               D, scale));
     PYTFM_TRY(pytfm__check_precision_cuda(__func__, precision));
+    PYTFM_TRY(tc_check_head_dim(__func__, D));
     if (precision == PYTFM_PRECISION_FP32 || !tc_head_dim(D))
         return pytfm_attention_backward_cuda(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale,
                                              causal, stream);

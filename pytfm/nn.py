@@ -439,13 +439,13 @@ class GPT:
     checkpoint holds float32 parameters and no precision): "fp32", or "bf16", where each product
     (forward x·Wᵀ, backward dy·W and dyᵀ·x) multiplies BF16-rounded inputs and sums in float32,
     as torch.autocast("cpu", torch.bfloat16) does; parameters, gradients, optimizer state,
-    LayerNorm, softmax and the loss stay float32. "bf16" runs on the CPU
-    (pytfm.bf16_path() says how) and on the GPU (the tensor cores), "tf32" (TF32-rounded
-    inputs, float32 sums) on the GPU only: on "cuda" each linear layer's products run on
-    pytfm_linear_*_ex_cuda and the attention's (Q·Kᵀ, P·V and their backward; the softmax in
-    float32) on pytfm_attention_*_ex_cuda, the rest as in "fp32"; on the CPU attention stays
-    float32, and so does the KV-cached decode everywhere (bound by memory bandwidth). model.precision says which; set_precision
-    changes it."""
+    LayerNorm, softmax and the loss stay float32. "bf16" runs on the CPU (pytfm.bf16_path()
+    says how) and on the GPU (the tensor cores), "tf32" (TF32-rounded inputs, float32 sums) on
+    the GPU only: on "cuda" each linear layer's products run on pytfm_linear_*_ex_cuda and the
+    attention's (Q·Kᵀ, P·V and their backward; the softmax in float32) on
+    pytfm_attention_*_ex_cuda, the rest as in "fp32". On the CPU attention stays float32, and
+    so does the KV-cached decode on either device (it is bound by memory bandwidth).
+    model.precision says which; set_precision changes it."""
 
     def __init__(self, cfg, device="cpu", precision="fp32"):
         if not isinstance(cfg, GPTConfig):
