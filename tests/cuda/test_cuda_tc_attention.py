@@ -300,3 +300,52 @@ def test_pytfm_ops_reaches_the_ex_twins_on_cupy_arrays_only(emu, cp):
         with pytest.raises(ValueError, match="on NumPy arrays use 'fp32'"):
             ops.attention_backward(dy, q, k, v, q, np.zeros((1, 2, 20), np.float32),
                                    precision=precision)
+
+
+def load_train_tiny():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "train_tiny", os.path.join(os.path.dirname(CUDA), "examples", "train_tiny.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TRAIN_STEPS = 6
+
+
+def train_losses(tt, tmp_path, precision):
+    """train_tiny at a small config whose heads (d 32 / 2 heads = 16) take the tensor-core
+    attention, on the emulated GPU -> the loss of every step"""
+    import csv
+
+    out = tmp_path / precision
+    text = tmp_path / "corpus.txt"
+    if not text.exists():
+        text.write_bytes(b"def f(x):\n    return x + 1\n" * 40)
+    assert tt.main(["--out", str(out), "--text", str(text), "--d-model", "32", "--n-layer", "1",
+                    "--n-head", "2", "--context", "16", "--batch", "2", "--steps",
+                    str(TRAIN_STEPS), "--eval-every", str(TRAIN_STEPS), "--log-every", "1",
+                    "--sample-tokens", "0", "--device", "cuda", "--precision", precision]) == 0
+    with open(out / "loss.csv") as f:
+        return [float(r[1]) for r in list(csv.reader(f))[1:]]
+
+
+def test_train_tiny_in_each_precision_stays_near_fp32(cp, tmp_path, capsys):
+    """train_tiny on the emulated GPU, its attention on the tensor cores in tf32 and bf16: each
+    step's loss within 16u·loss of fp32's (u the format's unit roundoff) plus the log's 5
+    decimals. The bound is tests/cuda/test_cuda_model.py's for the linear layers alone (8u:
+    two rounded inputs of each product, four times over for the steps' drift) doubled, for
+    attention's two products whose inputs are rounded too (q and k; P and v). The step count
+    is small (each emulated step takes seconds); dev/train_precisions.py runs 200 steps
+    (docs/performance.md has its table)."""
+    tt = load_train_tiny()
+    fp32 = train_losses(tt, tmp_path, "fp32")
+    for precision in ("tf32", "bf16"):
+        got = train_losses(tt, tmp_path, precision)
+        u = UNIT[TF32 if precision == "tf32" else BF16]
+        assert len(got) == len(fp32) == TRAIN_STEPS
+        for step, (g, c) in enumerate(zip(got, fp32, strict=True), 1):
+            assert abs(g - c) <= 16 * u * c + 2e-5, (precision, step, g, c)
+    capsys.readouterr()
