@@ -22,6 +22,9 @@ this order:
               the names of the kernels it launched), at B=4, H=8, D=64, causal, T = 1024,
               4096, 16384; the memory each takes beyond its inputs, and the largest difference
               of the outputs
+  tensor-core attention  pytfm_attention_forward_ex + backward_ex in TF32 and in BF16
+              (cuda/attention_tc.cu) at B=4, H=8, D=64, causal, T = 1024 .. 8192, forward and
+              backward, against torch's float32 SDPA (TF32) and its flash SDPA in bfloat16
   products    the linear layer's three products, x·Wᵀ, dy·W and dyᵀ·x, through pytfm_sgemm_cuda
               at n = 1024 and 4096 against cupy.matmul in FP32 (transposed views: no copies);
               linear_forward, linear_gelu_forward and linear_backward at a GPT-2 MLP's size
@@ -45,6 +48,7 @@ without CuPy or torch (tests/cuda/test_gpu_check.py tests them).
 """
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -65,6 +69,7 @@ CEILING_N = 8192
 ATTENTION_SHAPE = (4, 8, 64)  # B, H, D
 ATTENTION_T = (1024, 4096, 16384)
 ATTENTION_TARGET_T = 4096
+ATTENTION_TC_T = (1024, 2048, 4096, 8192)  # the tensor-core attention's T, B, H, D as above
 PRODUCT_N = (1024, 4096)
 LINEAR_SHAPE = (8192, 768, 3072)  # a GPT-2 small MLP layer: rows = B·T = 8192, in, out
 GPT2_SHAPE = dict(vocab=50257, d_model=768, n_layer=12, n_head=12, max_seq=1024)
@@ -74,6 +79,10 @@ GPT2_BATCH = 8
 # (what the row is held to, ratio): the ratio this row must reach on an H200 against its baseline
 ATTENTION_FWD_TARGET = ("attention fwd", 1.0)  # x torch's float32 SDPA at T = 4096
 ATTENTION_FWDBWD_TARGET = ("attention fwd+bwd", 0.8)
+# forward+backward on the tensor cores, at every T: x torch's float32 SDPA (TF32), x torch's
+# flash SDPA in bf16 (BF16)
+ATTENTION_TC_TARGETS = {"tf32": ("attention TF32 fwd+bwd", 1.0),
+                        "bf16": ("attention BF16 fwd+bwd", 0.5)}
 TRAIN_TINY_TARGET = ("GPU step", 5.0)  # x the 2-core CPU step
 PRODUCT_TARGETS = {4096: ("SGEMM", 0.8), 1024: ("SGEMM", 0.6)}  # x cuBLAS FP32
 # x cuBLAS in the same precision, at n = 4096 (none at 1024: a figure, no target)
@@ -632,6 +641,55 @@ def run_gpu(args, table):
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()
 
+    # -- attention on the tensor cores against torch -------------------------------------------
+    def tc_attention():
+        import torch
+        import torch.nn.functional as F
+
+        try:  # torch's flash kernel by name, where this torch can ask for it
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            flash = lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION])  # noqa: E731
+        except ImportError:
+            flash = contextlib.nullcontext
+        B, H, D = ATTENTION_SHAPE
+        table.line("   pytfm's q, k, v, dy float32 in memory, rounded in registers; torch's "
+                   "bf16 tensors (flash), float32 tensors (its default backend)")
+
+        def at(T):
+            q, k, v, dy = (randn(B, T, H, D) for _ in range(4))
+            tq, tk, tv, tdy = (torch.from_dlpack(a).permute(0, 2, 1, 3).contiguous()
+                               for a in (q, k, v, dy))
+            cp.cuda.Device().synchronize()
+            flops = 3.5 * attention_flops(B, H, T, D)
+            for precision, dtype, peer, ctx in (("tf32", torch.float32, "SDPA fp32",
+                                                 contextlib.nullcontext),
+                                                ("bf16", torch.bfloat16, "SDPA flash bf16",
+                                                 flash)):
+                def fwd_bwd(precision=precision):
+                    o, lse = ops.attention_forward(q, k, v, causal=True, precision=precision)
+                    return ops.attention_backward(dy, q, k, v, o, lse, causal=True,
+                                                  precision=precision)
+
+                t = timed(fwd_bwd)
+                xq, xk, xv = (x.detach().to(dtype).requires_grad_() for x in (tq, tk, tv))
+                xdy = tdy.to(dtype)
+
+                def torch_fwd_bwd(xq=xq, xk=xk, xv=xv, xdy=xdy, ctx=ctx):
+                    with ctx():
+                        out = F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)
+                        return torch.autograd.grad(out, (xq, xk, xv), xdy)
+
+                t_torch = torch_timed(torch, torch_fwd_bwd)
+                table.row(f"attention {precision} fwd+bwd T={T}", t, flops / t / 1e12, "TFLOP/s",
+                          peer, flops / t_torch / 1e12, ATTENTION_TC_TARGETS[precision],
+                          f"B={B} H={H} D={D} causal")
+
+        for T in ATTENTION_TC_T:
+            at(T)
+            torch.cuda.empty_cache()
+            cp.get_default_memory_pool().free_all_blocks()
+
     # -- the products -----------------------------------------------------------------------------
     def products():
         sgemm = lib.pytfm_sgemm_cuda
@@ -807,6 +865,8 @@ def run_gpu(args, table):
                       ("attention vs torch SDPA (fp32, bf16)", attention),
                       ("products vs cuBLAS (FP32, TF32 off)", products),
                       ("tensor-core products vs cuBLAS (TF32, BF16)", tensor_core_products),
+                      ("tensor-core attention vs torch SDPA (TF32: fp32, BF16: flash)",
+                       tc_attention),
                       ("linear layer, GPT-2 MLP size", linear_layer),
                       (f"{bw} softmax, layernorm", rows_kernels),
                       (f"{bw} gelu, sum_squares, adamw", elementwise),

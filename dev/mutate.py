@@ -298,6 +298,30 @@ MUTATIONS = {
                                         ["tests/cuda/test_cuda_attention.py"]),
     "cuda_attn_no_shared_optin": ("cuda/pytfm_cuda.cuh", "    if (bytes <= 48 * 1024) return PYTFM_STATUS_OK;\n",
                                   "    return PYTFM_STATUS_OK;\n", ["tests/cuda/test_cuda_attention.py"]),
+    # attention on the tensor cores (cuda/attention_tc.cu), by tests/cuda/test_cuda_tc_attention.py:
+    # P re-packed from the accumulator layout into the A layout the plain way (TF32: columns 2t,
+    # 2t + 1 where the mma reads t, t + 4; BF16: the two key fragments' halves crossed), the
+    # online softmax without the accumulator's rescale, the causal diagonal tile taken as whole,
+    # the dK/dV walk starting a tile past the diagonal, a K/V tile read before every warp stored
+    # its part, V fed to the mma without its rounding (the hardware truncates; BF16: the halves
+    # cut, not rounded). Not here: the barrier before the next tile's load (a warp storing the
+    # next tile while another still reads the last). The emulator cannot show that race: its
+    # warps advance in lockstep from one warp collective (each mma) to the next, so no warp is
+    # ever a tile ahead; compute-sanitizer's racecheck (scripts/gpu_check.sh) sees it on a GPU
+    "cuda_tc_attn_tf32_p_repack": ("cuda/attention_tc.cu", "{pytfm__tf32(s[j][0]), pytfm__tf32(s[j][2]),\n                                   pytfm__tf32(s[j][1]), pytfm__tf32(s[j][3])}",
+                                   "{pytfm__tf32(s[j][0]), pytfm__tf32(s[j][1]),\n                                   pytfm__tf32(s[j][2]), pytfm__tf32(s[j][3])}", ["tests/cuda/test_cuda_tc_attention.py"]),
+    "cuda_tc_attn_bf16_p_repack": ("cuda/attention_tc.cu", "pytfm__bf16x2(s[2 * c][2], s[2 * c][3]),\n                                   pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),",
+                                   "pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),\n                                   pytfm__bf16x2(s[2 * c][2], s[2 * c][3]),", ["tests/cuda/test_cuda_tc_attention.py"]),
+    "cuda_tc_attn_no_rescale": ("cuda/attention_tc.cu", "            acc[n][0] *= alpha[0];\n            acc[n][1] *= alpha[0];\n            acc[n][2] *= alpha[1];\n            acc[n][3] *= alpha[1];\n",
+                                "", ["tests/cuda/test_cuda_tc_attention.py"]),
+    "cuda_tc_attn_causal_tile_off_by_one": ("cuda/attention_tc.cu", "(a.causal && j0 + TC_KEYS - 1 > i0)", "(a.causal && j0 > i0)", ["tests/cuda/test_cuda_tc_attention.py"]),
+    "cuda_tc_attn_dkdv_skips_diagonal": ("cuda/attention_tc.cu", "for (int64_t i0 = a.causal ? j0 : 0; i0 < T; i0 += TC_KEYS) {",
+                                         "for (int64_t i0 = a.causal ? j0 + TC_KEYS : 0; i0 < T; i0 += TC_KEYS) {", ["tests/cuda/test_cuda_tc_attention.py"]),
+    "cuda_tc_attn_no_barrier_after_load": ("cuda/attention_tc.cu", "        __syncthreads(); // the K and V tiles are whole\n", "", ["tests/cuda/test_cuda_tc_attention.py"]),
+    "cuda_tc_attn_tf32_v_truncated": ("cuda/attention_tc.cu", "const uint32_t b[2] = {pytfm__tf32(x0[8 * n + g]), pytfm__tf32(x1[8 * n + g])};",
+                                      "uint32_t b[2];\n                memcpy(&b[0], &x0[8 * n + g], 4);\n                memcpy(&b[1], &x1[8 * n + g], 4);", ["tests/cuda/test_cuda_tc_attention.py"]),
+    "cuda_tc_attn_bf16_v_truncated": ("cuda/attention_tc.cu", "const uint32_t b[2] = {pytfm__bf16x2(x[0], x[LD]),\n                                       pytfm__bf16x2(x[8 * LD], x[9 * LD])};",
+                                      "const float f[4] = {x[0], x[LD], x[8 * LD], x[9 * LD]};\n                uint32_t w[4];\n                memcpy(w, f, sizeof w);\n                const uint32_t b[2] = {(w[0] >> 16) | (w[1] & 0xffff0000u), (w[2] >> 16) | (w[3] & 0xffff0000u)};", ["tests/cuda/test_cuda_tc_attention.py"]),
     # the fast CUDA SGEMM (cuda/sgemm.cu), run by tests/cuda/test_cuda_sgemm.py on the
     # emulator: a slice read before its cp.async wait, the next slice written into the buffer
     # others still read, edges (the k-slice past k loaded; C's row m stored), float4s on an

@@ -324,6 +324,12 @@ class CausalSelfAttention:
         self.saved = None
         # while GPT.attention_probs runs: {thread id: a list that gets (q, k, lse)}, else None
         self.probe = None
+        # of the attention's products, set by the model; on the GPU only: the C attention
+        # kernels are FP32, so a model on the CPU attends in FP32 in every precision
+        self.precision = "fp32"
+
+    def _precision(self, q):
+        return "fp32" if isinstance(q, np.ndarray) else self.precision
 
     def forward(self, x, pos, save=True, cache=None):  # (B, T, C), int64 (T,) -> (B, T, C)
         """With a KV cache, x holds the new tokens only (at positions pos): they attend to
@@ -337,7 +343,8 @@ class CausalSelfAttention:
         if cache is not None:
             o = cache.attend(q, k, v)
         else:
-            o, lse = ops.attention_forward(q, k, v, causal=True)  # (B, T, H, hd), (B, H, T)
+            o, lse = ops.attention_forward(q, k, v, causal=True,  # (B, T, H, hd), (B, H, T)
+                                           precision=self._precision(q))
             if save:
                 self.saved = (q, k, v, o, lse, pos)
             probe = self.probe
@@ -348,7 +355,8 @@ class CausalSelfAttention:
     def backward(self, dy):  # (B, T, C) -> (B, T, C)
         q, k, v, o, lse, pos = self.saved
         do = self.c_proj.backward(dy).reshape(o.shape)  # (B, T, H, hd)
-        dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True)
+        dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True,
+                                            precision=self._precision(q))
         dqkv = ops.qkv_split_backward(dq, dk, dv, pos if self.rope else None)  # (B, T, 3, H, hd)
         return self.c_attn.backward(dqkv.reshape(dy.shape[:2] + (-1,)))
 
@@ -431,11 +439,13 @@ class GPT:
     checkpoint holds float32 parameters and no precision): "fp32", or "bf16", where each product
     (forward x·Wᵀ, backward dy·W and dyᵀ·x) multiplies BF16-rounded inputs and sums in float32,
     as torch.autocast("cpu", torch.bfloat16) does; parameters, gradients, optimizer state,
-    LayerNorm, attention, softmax and the loss stay float32. "bf16" runs on the CPU
-    (pytfm.bf16_path() says how) and on the GPU (the tensor cores), "tf32" (TF32-rounded
-    inputs, float32 sums) on the GPU only: on "cuda" each linear layer's products run on
-    pytfm_linear_*_ex_cuda, the rest as in "fp32". model.precision says which; set_precision
-    changes it."""
+    LayerNorm, softmax and the loss stay float32. "bf16" runs on the CPU (pytfm.bf16_path()
+    says how) and on the GPU (the tensor cores), "tf32" (TF32-rounded inputs, float32 sums) on
+    the GPU only: on "cuda" each linear layer's products run on pytfm_linear_*_ex_cuda and the
+    attention's (Q·Kᵀ, P·V and their backward; the softmax in float32) on
+    pytfm_attention_*_ex_cuda, the rest as in "fp32". On the CPU attention stays float32, and
+    so does the KV-cached decode on either device (it is bound by memory bandwidth).
+    model.precision says which; set_precision changes it."""
 
     def __init__(self, cfg, device="cpu", precision="fp32"):
         if not isinstance(cfg, GPTConfig):
@@ -468,7 +478,7 @@ class GPT:
         if precision != self.precision:
             self._claim("set_precision")  # a forward in flight elsewhere would mix precisions
         for layer in self._layers():
-            if isinstance(layer, Linear):
+            if isinstance(layer, (Linear, CausalSelfAttention)):
                 layer.precision = precision
         self.precision = precision
         return self

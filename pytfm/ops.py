@@ -402,32 +402,47 @@ def sum_squares(x):
 # ---- attention ------------------------------------------------------------------------------
 
 
-def attention_forward(q, k, v, causal=True, scale=None):
+def _attention_gpu_only(a, precision):
+    """The C attention kernels are FP32 only: "tf32" and "bf16" are the GPU's tensor cores"""
+    if precision != "fp32" and not a.gpu:
+        raise ValueError(f"precision {precision!r} of attention runs on CuPy arrays only (the "
+                         "GPU's tensor cores); on NumPy arrays use 'fp32'")
+
+
+def attention_forward(q, k, v, causal=True, scale=None, precision="fp32"):
     """Multi-head scaled dot-product attention, flash-style (no [T, T] matrix is stored).
 
     q, k, v [B, T, H, D] -> (o [B, T, H, D], lse [B, H, T]); scale defaults to 1/sqrt(D).
+    precision: "fp32", or on CuPy arrays "tf32" or "bf16" (Q·Kᵀ and P·V on the tensor cores,
+    their inputs rounded to the format, the softmax and every sum in float32: see
+    pytfm_attention_forward_ex_cuda; head dims other than 16, 32, 64, 128 stay FP32).
     """
-    a = _Args("pytfm_attention_forward", locals())
+    kernel, extra = _precise("pytfm_attention_forward", precision)
+    a = _Args(kernel, locals())
+    _attention_gpu_only(a, precision)
     q, k, v = a.heads("q", "k", "v")
     B, T, H, D = q.shape
     scale = a.float("scale", default=1.0 / math.sqrt(D))
     causal = a.bool("causal")
     o, lse = a.empty_like(q), a.empty((B, H, T))
-    a.call(o, lse, q, k, v, B, T, H, D, scale, causal)
+    a.call(o, lse, q, k, v, B, T, H, D, scale, causal, *extra)
     return o, lse
 
 
-def attention_backward(dy, q, k, v, o, lse, causal=True, scale=None):
+def attention_backward(dy, q, k, v, o, lse, causal=True, scale=None, precision="fp32"):
     """dy [B, T, H, D], the gradient of o -> (dq, dk, dv), each [B, T, H, D]; o and lse from
-    attention_forward."""
-    a = _Args("pytfm_attention_backward", locals())
+    attention_forward (in the same precision: see attention_forward and
+    pytfm_attention_backward_ex_cuda)."""
+    kernel, extra = _precise("pytfm_attention_backward", precision)
+    a = _Args(kernel, locals())
+    _attention_gpu_only(a, precision)
     q, k, v, dy, o = a.heads("q", "k", "v", "dy", "o")
     B, T, H, D = q.shape
     lse = a.array("lse", shape=(B, H, T), because="(B, H, T) of q")
     scale = a.float("scale", default=1.0 / math.sqrt(D))
     causal = a.bool("causal")
     dq, dk, dv = a.empty_like(q), a.empty_like(q), a.empty_like(q)
-    a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale, causal)
+    a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale, causal, *extra)
     return dq, dk, dv
 
 

@@ -1890,10 +1890,14 @@ NON_OPS = {
     # the workspaces and AdamW's scalars in device memory: what a step with no allocation in
     # it, replayed as a CUDA graph, needs (tests/cuda/test_cuda_workspace.py); the kernel that
     # reads the scalars from memory gives pytfm_adamw_step_cuda's bits there
+    # ... and attention on the tensor cores, twins of no C kernel (the CPU's attention is FP32
+    # only): tests/cuda/test_cuda_tc_attention.py holds them to the reference on rounded inputs,
+    # their FP32 fallbacks to pytfm_attention_*_cuda's bits, and pytfm.ops' path to them
     "pytfm_cuda.h": ("pytfm_cuda_device_count", "pytfm_cuda_stream_synchronize",
                      "pytfm_cuda_workspace_set", "pytfm_cuda_workspace_clear",
                      "pytfm_cuda_workspace_get", "pytfm_cuda_adamw_scalars",
-                     "pytfm_adamw_step_scalars_cuda"),
+                     "pytfm_adamw_step_scalars_cuda",
+                     "pytfm_attention_forward_ex_cuda", "pytfm_attention_backward_ex_cuda"),
 }
 
 

@@ -271,6 +271,34 @@ PYTFM_API pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const f
                                                    int64_t D, int64_t Tmax, int64_t start,
                                                    float scale, void *stream);
 
+/* ---- attention on the tensor cores (cuda/attention_tc.cu) ---------------------------------
+ * As pytfm_attention_forward_cuda and pytfm_attention_backward_cuda, plus the precision.
+ * PYTFM_PRECISION_FP32: those functions, their bits. PYTFM_PRECISION_TF32 and _BF16 at head
+ * dims D of 16, 32, 64 or 128: Q·Kᵀ and P·V (backward: Kᵀ·Q, V·dYᵀ, Pᵀ·dY, dSᵀ·Q, dS·K) on the
+ * tensor cores (mma.sync m16n8k8 TF32, m16n8k16 BF16; sm_80 and newer), each input of a
+ * product rounded in registers to the precision (TF32: to nearest, ties away from zero; BF16:
+ * to nearest even, float32 subnormals kept) as it is read, q, k, v, dy staying float32 and
+ * unchanged; each product exact in float32, every sum, the softmax (its max, exponentials and
+ * row sums, from the unrounded P), lse and the backward's row sums delta = Σ_d r(dy)·o in
+ * float32; the same bits on every run (no atomics). Any other D runs the FP32 kernels in every
+ * precision. Scratch: the backward's delta, B·H·T floats of stream scratch. The decode
+ * (pytfm_attention_decode_cuda) has no precision: it is bound by the cache's bandwidth and
+ * stays float32 (attention_tc.cu says why). */
+PYTFM_API pytfm_status pytfm_attention_forward_ex_cuda(float *o, float *lse, const float *q,
+                                                       const float *k, const float *v,
+                                                       int64_t B, int64_t T, int64_t H,
+                                                       int64_t D, float scale, int32_t causal,
+                                                       int32_t precision, void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_backward_ex_cuda(float *dq, float *dk, float *dv,
+                                                        const float *dy, const float *q,
+                                                        const float *k, const float *v,
+                                                        const float *o, const float *lse,
+                                                        int64_t B, int64_t T, int64_t H,
+                                                        int64_t D, float scale, int32_t causal,
+                                                        int32_t precision, void *stream);
+/* ---- end of attention on the tensor cores ---- */
+
 /* PYTFM_CDEF_END */
 
 #ifdef __cplusplus

@@ -591,3 +591,12 @@ def test_bench_host_only_counts_a_steps_host_work_without_a_gpu():
     assert set(rows) == {"loop", "TrainStep replay"}, r.stdout
     assert int(rows["loop"][2]) > 0 and int(rows["loop"][3]) == 2 * int(rows["loop"][0])
     assert rows["TrainStep replay"][2:4] == ("0", "0")  # no array made, nothing looked up
+
+
+def test_bench_tensor_core_attention_rows(cuda_ops):
+    """the issue's shape (B=4, H=8, D=64, causal, T = 1024 .. 8192) and targets: TF32 against
+    torch's float32 SDPA, BF16 against its flash SDPA in bf16"""
+    assert cuda_ops.ATTENTION_SHAPE == (4, 8, 64)
+    assert cuda_ops.ATTENTION_TC_T == (1024, 2048, 4096, 8192)
+    assert cuda_ops.ATTENTION_TC_TARGETS == {"tf32": ("attention TF32 fwd+bwd", 1.0),
+                                             "bf16": ("attention BF16 fwd+bwd", 0.5)}
