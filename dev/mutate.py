@@ -304,10 +304,12 @@ MUTATIONS = {
     # online softmax without the accumulator's rescale, the causal diagonal tile taken as whole,
     # the dK/dV walk starting a tile past the diagonal, a K/V tile read before every warp stored
     # its part, V fed to the mma without its rounding (the hardware truncates; BF16: the halves
-    # cut, not rounded). Not here: the barrier before the next tile's load (a warp storing the
-    # next tile while another still reads the last). The emulator cannot show that race: its
-    # warps advance in lockstep from one warp collective (each mma) to the next, so no warp is
-    # ever a tile ahead; compute-sanitizer's racecheck (scripts/gpu_check.sh) sees it on a GPU
+    # cut, not rounded), and each barrier before a tile is stored over (forward K/V, the
+    # dK/dV pass's query tile, dQ's key tile: caught in the emulator's order 2, where a warp
+    # runs a whole tile ahead of the others)
+    "cuda_tc_attn_no_barrier_before_kv_store": ("cuda/attention_tc.cu", "        __syncthreads(); // every warp is done with the last tile's K and V\n", "", ["tests/cuda/test_cuda_tc_attention.py"]),
+    "cuda_tc_attn_no_barrier_before_query_store": ("cuda/attention_tc.cu", "        __syncthreads(); // every warp is done with the last query tile\n", "", ["tests/cuda/test_cuda_tc_attention.py"]),
+    "cuda_tc_attn_no_barrier_before_key_store": ("cuda/attention_tc.cu", "        __syncthreads(); // every warp is done with the last key tile\n", "", ["tests/cuda/test_cuda_tc_attention.py"]),
     "cuda_tc_attn_tf32_p_repack": ("cuda/attention_tc.cu", "{pytfm__tf32(s[j][0]), pytfm__tf32(s[j][2]),\n                                   pytfm__tf32(s[j][1]), pytfm__tf32(s[j][3])}",
                                    "{pytfm__tf32(s[j][0]), pytfm__tf32(s[j][1]),\n                                   pytfm__tf32(s[j][2]), pytfm__tf32(s[j][3])}", ["tests/cuda/test_cuda_tc_attention.py"]),
     "cuda_tc_attn_bf16_p_repack": ("cuda/attention_tc.cu", "pytfm__bf16x2(s[2 * c][2], s[2 * c][3]),\n                                   pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),",
