@@ -665,7 +665,8 @@ def run(world, argv, interrupt_at):
         if args.precision == "bf16" and args.device == "cpu":
             print(f"precision bf16, the BF16 products' path: {pytfm.bf16_path()}")
         elif args.precision != "fp32":
-            print(f"precision {args.precision}: the linear layers on the tensor cores")
+            print(f"precision {args.precision}: the linear layers on the tensor cores, and "
+                  "attention where its head dim is 16, 32, 64 or 128")
 
     stop = []  # Ctrl-C: finish the step, then save
     previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
