@@ -84,8 +84,14 @@ static pytfm_status forward(const char *func, float *y, float *h, const float *x
                             const uint16_t *w16, const float *b, int64_t rows, int64_t in,
                             int64_t out, int precision) {
     const pytfm__fast_kernels *k = pytfm__fast();
-    if (rows == 1 && k && precision == PYTFM_PRECISION_BF16) {
-        one_row_bf16(k, h, x, w, w16, b, in, out);
+    // BF16 on a few rows without AVX512-BF16: each row by the fallback row kernel, which is
+    // the FP32 one-row product on the rounded copies, so that a few rows stay the FP32 few-row
+    // product's bits on them, as one row is (AVX512-BF16 takes the packed product instead)
+    const int bf16_rows = rows == 1 || (rows >= 2 && rows <= FEW_ROWS &&
+                                        pytfm_get_bf16_isa() != PYTFM_ISA_AVX512_BF16);
+    if (k && precision == PYTFM_PRECISION_BF16 && bf16_rows) {
+        for (int64_t r = 0; r < rows; r++)
+            one_row_bf16(k, h + r * out, x + r * in, w, w16, b, in, out);
     } else if (k && precision == PYTFM_PRECISION_FP32 && rows >= 1 && rows <= FEW_ROWS &&
                (rows > 1 || out * in > STREAM_FLOATS)) {
         few_rows(k, h, x, w, b, rows, in, out);
