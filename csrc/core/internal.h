@@ -121,6 +121,12 @@ pytfm_status pytfm__check_indices(const char *func, const char *name, const int6
  * a valid pointer. */
 void *pytfm__scratch(const char *func, int64_t count, size_t size);
 
+/* bytes for a model's weights (free() releases them), or NULL: aligned to 2 MiB and in huge
+ * pages where the system grants them, when that large (weights.c: a decoded token streams
+ * every weight, and small pages halve the rate of that stream); else as pytfm__scratch. Sets
+ * no error: the caller names what it allocates. */
+void *pytfm__weights_alloc(size_t bytes);
+
 /* the thread count when none is set: OpenMP's, but no more than the cores other processes
  * leave free (free_cores.c), so that a busy neighbour does not slow the kernels down */
 int pytfm__default_threads(void);
