@@ -40,7 +40,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # bench/'s modules, and this checkout's pytfm
 from common import ROOT, cpu_name, worker_env  # noqa: E402
 
 PROMPT, TOKENS, BANDWIDTH_MIB = 16, 128, 500
@@ -121,7 +121,8 @@ def llama_worker(path, threads, reps, prompt, count):
     import numpy as np
     from llama_cpp import Llama
 
-    llm = Llama(model_path=path, n_ctx=prompt + count + 8, n_batch=prompt, n_threads=threads,
+    n_ctx = prompt + count + 8  # n_batch = n_ctx: Llama.scores keeps n_batch rows of logits
+    llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
                 n_threads_batch=threads, verbose=False)
     ids = lcg_tokens(llm.n_vocab(), prompt)
     seconds = []
@@ -217,7 +218,7 @@ def main():
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker)
-    from c_generate import build_driver
+    from bench.c_generate import build_driver
 
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="pytfm-gpt2-decode-") as tmp:
