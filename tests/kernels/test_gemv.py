@@ -2,17 +2,18 @@
 prompt of a few rows (2 to 7) reads W once for all of them, and each of its rows is the bits
 the one-row product gives that row alone; a one-row product of a W too large for the caches
 (above linear.c's STREAM_FLOATS, 2^18 floats) streams W a row at a time, with the bits of the
-four-row kernel that smaller matrices take. Both against the plain kernel too (tolerances from
-the rounding: ops_registry's linear_one_row_tol), ragged row counts and output blocks at every
-offset of the parallel split (64 outputs a task), and through the model: a GPT's forward of 2
-to 7 tokens is, bit for bit, what decoding them one at a time gives."""
+four-row kernel that smaller matrices take (FP32 and BF16). Both against the plain kernel too
+(tolerances from the rounding: ops_registry's linear_one_row_tol), ragged row counts and
+output blocks at every offset of the parallel split (64 outputs a task), and through the
+model: a GPT's forward of 2 to 7 tokens is, bit for bit, what decoding them one at a time
+gives."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_close, bits, has_isa, max_isa, seeds
+from helpers import BF16_PATHS, assert_close, bf16_path, bits, has_isa, max_isa, seeds
 from ops_registry import linear_make, linear_one_row_tol
 from pytfm import ops
 from pytfm.nn import GPT, GPTConfig
@@ -65,6 +66,21 @@ def test_a_streamed_row_is_the_four_row_kernels_bits(isa, inn, out):
         plain = ops.linear_forward(x, w, b)
     tol = linear_one_row_tol(dict(x=x, w=w), None, None)[0]
     assert_close("linear streamed row", y, plain, atol=tol.atol, rtol=tol.rtol)
+
+
+@pytest.mark.parametrize("path", BF16_PATHS)
+@pytest.mark.parametrize("inn,out", [(257, 1021), (768, 400)])
+def test_a_streamed_bf16_row_is_the_four_row_kernels_bits(path, inn, out):
+    """The BF16 one-row product of a W above STREAM_FLOATS (AVX512-BF16: a row at a time)
+    against 64-row slices of it (four rows at a time): the same bits, on every BF16 path."""
+    a = linear_make(8, 1, inn, out, True)
+    x, w, b = a["x"][0], a["w"], a["b"]
+    with bf16_path(path):
+        y = ops.linear_forward(x, w, b, precision="bf16")
+        sliced = np.concatenate([ops.linear_forward(x, w[o:o + 64], b[o:o + 64],
+                                                    precision="bf16")
+                                 for o in range(0, out, 64)], axis=1)
+    np.testing.assert_array_equal(bits(y), bits(sliced))
 
 
 @pytest.mark.parametrize("isa", FAST_ISAS)
