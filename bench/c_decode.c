@@ -13,14 +13,19 @@
  *       Each rep resets the session, feeds a prompt of PROMPT tokens in one call, then decodes
  *       TOKENS tokens greedily (each the argmax of the logits before it, fed alone). Prints one
  *       line per rep: "prompt_ns decode_ns", the decode's the sum over its TOKENS feeds.
- *   c_decode --bandwidth MIB THREADS REPS
+ *   c_decode --bandwidth MIB THREADS REPS [small|huge]
  *       The STREAM-like read: a buffer of MIB MiB of floats, written once, then summed REPS
  *       times by THREADS threads (contiguous shares, one per thread). Prints one line per rep:
  *       "bytes ns". A decoded token reads every weight once, so bytes / ns is the rate that
- *       bounds decoding.
+ *       bounds decoding. huge (the default) asks Linux for transparent huge pages for the
+ *       buffer, as pytfm does for a model's weights (csrc/core/weights.c); small leaves it in
+ *       the default pages.
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#define _DEFAULT_SOURCE /* clock_gettime, madvise */
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -78,12 +83,17 @@ static void *sum_share(void *arg) {
     return NULL;
 }
 
-static int bandwidth(int64_t mib, int threads, int reps) {
-    enum { MAX_THREADS = 64 };
+static int bandwidth(int64_t mib, int threads, int reps, int huge) {
+    enum { MAX_THREADS = 64, HUGE_PAGE = 2 << 20 };
     if (mib < 1 || threads < 1 || threads > MAX_THREADS || reps < 1) return 2;
     const int64_t count = mib * (1 << 20) / (int64_t)sizeof(float);
-    float *buf = malloc((size_t)count * sizeof *buf);
+    float *buf = aligned_alloc(HUGE_PAGE, (size_t)mib << 20); // a whole number of 2 MiB
     if (!buf) return 1;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (huge) (void)madvise(buf, (size_t)mib << 20, MADV_HUGEPAGE); // before the first touch
+#else
+    (void)huge;
+#endif
     for (int64_t i = 0; i < count; i++) buf[i] = (float)(i & 1023); // every page touched
     share shares[MAX_THREADS];
     const int64_t per = (count / threads + 15) / 16 * 16; // 64-byte multiples
@@ -212,7 +222,11 @@ static int positions(int argc, char **argv) {
 int main(int argc, char **argv) {
     int rc;
     if (argc > 1 && strcmp(argv[1], "--bandwidth") == 0)
-        rc = argc == 5 ? bandwidth(atoll(argv[2]), atoi(argv[3]), atoi(argv[4])) : 2;
+        rc = argc == 5 || (argc == 6 && (strcmp(argv[5], "small") == 0 ||
+                                         strcmp(argv[5], "huge") == 0))
+                 ? bandwidth(atoll(argv[2]), atoi(argv[3]), atoi(argv[4]),
+                             argc == 5 || strcmp(argv[5], "huge") == 0)
+                 : 2;
     else if (argc > 1 && strcmp(argv[1], "--generate") == 0)
         rc = generate(argc, argv);
     else
@@ -221,6 +235,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: c_decode CHECKPOINT REPS THREADS [fp32|bf16 [TOKENS]]\n"
                         "       c_decode --generate CHECKPOINT REPS THREADS fp32|bf16 PROMPT "
                         "TOKENS\n"
-                        "       c_decode --bandwidth MIB THREADS REPS\n");
+                        "       c_decode --bandwidth MIB THREADS REPS [small|huge]\n");
     return rc;
 }

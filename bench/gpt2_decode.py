@@ -18,9 +18,10 @@ steps (the prompt's time apart):
                    absent, with the reason, when llama_cpp cannot be imported or converted
   transformers     GPT2LMHeadModel, torch eager, FP32, use_cache, no_grad
   limit fp32/bf16  the read bandwidth (c_decode --bandwidth: a STREAM-like sum of 500 MiB of
-                   floats at that thread count) over the bytes a token must read: every weight
-                   matrix once (the LM head included), in the precision's width, and the
-                   float32 vectors (biases, LayerNorms) beside them
+                   floats at that thread count, in transparent huge pages as pytfm's weights;
+                   the same in 4 KiB pages is printed beside it) over the bytes a token must
+                   read: every weight matrix once (the LM head included), in the precision's
+                   width, and the float32 vectors (biases, LayerNorms) beside them
 Every case runs in a process of its own at the given thread count, the cases alternate over
 rounds (the order reversed every other round), each process times REPS decodes and reports
 their median, and the figure is the median over rounds. The header names the CPU and the load
@@ -46,6 +47,7 @@ from common import ROOT, cpu_name, worker_env  # noqa: E402
 PROMPT, TOKENS, BANDWIDTH_MIB = 16, 128, 500
 PYTFM = [("pytfm fp32", "fp32"), ("pytfm bf16", "bf16")]
 LLAMA = [("llama.cpp f32", "f32"), ("llama.cpp f16", "f16")]
+BW, BW_SMALL = "bandwidth GB/s", "(in 4 KiB pages) GB/s"  # the limit is the first's
 
 
 def lcg_tokens(vocab, count):
@@ -178,7 +180,8 @@ def measure(case, threads, args, exe):
     kind, what = case[0], case[1]
     n = args.tokens
     if kind == "bandwidth":
-        out = run([exe, "--bandwidth", str(BANDWIDTH_MIB), str(threads), str(args.reps)], threads)
+        out = run([exe, "--bandwidth", str(BANDWIDTH_MIB), str(threads), str(args.reps), what],
+                  threads)
         return statistics.median(int(b) / int(ns) for b, ns in map(str.split, out.splitlines()))
     if kind == "pytfm":
         out = run([exe, "--generate", what, str(args.reps), str(threads), case[2],
@@ -228,13 +231,13 @@ def main():
         with open(os.path.join(folder, "config.json")) as f:
             cfg = json.load(f)
         exe = build_driver(tmp)
-        cases = [("bandwidth", None)] + [("pytfm", pytfm_model_path(folder, tmp), p)
-                                         for _, p in PYTFM]
+        cases = [("bandwidth", "huge"), ("bandwidth", "small")] + [
+            ("pytfm", pytfm_model_path(folder, tmp), p) for _, p in PYTFM]
         ggufs = gguf_paths(folder, tmp, args.llama_src)
         if isinstance(ggufs, dict):
             cases += [("llama", ggufs[k]) for _, k in LLAMA]
         cases.append(("torch", folder))
-        names = ["bandwidth GB/s"] + [n for n, _ in PYTFM] + (
+        names = [BW, BW_SMALL] + [n for n, _ in PYTFM] + (
             [n for n, _ in LLAMA] if isinstance(ggufs, dict) else []) + ["transformers"]
         got = {(n, t): [] for n in names for t in args.threads}
         load.append(os.getloadavg()[0])
@@ -261,12 +264,12 @@ def main():
         print(f"{name:<22s}" + "".join(f"{med[(name, t)]:13.1f}" for t in args.threads))
     for prec in ("fp32", "bf16"):
         print(f"{'limit ' + prec:<22s}" + "".join(
-            f"{med[('bandwidth GB/s', t)] * 1e9 / limit[prec]:13.1f}" for t in args.threads))
+            f"{med[(BW, t)] * 1e9 / limit[prec]:13.1f}" for t in args.threads))
     print(f"(limit = bandwidth / bytes a token reads: {limit['fp32'] / 1e6:.0f} MB fp32, "
           f"{limit['bf16'] / 1e6:.0f} MB bf16)\n")
     rows = []
     for t in args.threads:
-        bw = med[("bandwidth GB/s", t)] * 1e9
+        bw = med[(BW, t)] * 1e9
         if isinstance(ggufs, dict):
             rows.append(ratio_row(f"{t} thr: pytfm fp32 / llama.cpp f32",
                                   med[("pytfm fp32", t)], med[("llama.cpp f32", t)], 1.0))
