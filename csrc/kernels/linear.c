@@ -19,11 +19,12 @@
  * contiguous rows (fast_impl.h gemv), blocks of GEMV_BLOCK outputs to threads. A W larger
  * than STREAM_FLOATS is not in the caches: it is read from memory, and gemv_rows reads it as
  * one sequential stream (a row at a time), which is what the hardware prefetcher keeps up
- * with. A few rows (a short prompt, up to FEW_ROWS) take gemv_rows too: W read once for all of
- * them, where the packed product would pack it for few rows; each of their rows is the bits
- * the one-row product gives it (the same sums in the same order), so that a prompt fed at
- * once gets a token's bits in the linear layers. The decode figures are in
- * docs/performance.md.
+ * with. A few rows (a short prompt: up to FEW_ROWS_CACHED, or FEW_ROWS for a W that streams)
+ * take gemv_rows too: W read once for all of them, where the packed product would pack it for
+ * few rows; each of their rows is the bits the one-row product gives it (the same sums in the
+ * same order), so that a prompt fed at once gets a token's bits in the linear layers. A W in
+ * the caches is no stream to share: from 5 rows on there the micro-kernel is faster. The
+ * figures are in docs/performance.md.
  */
 #include <string.h>
 
@@ -33,8 +34,15 @@
 enum {
     GEMV_BLOCK = 64,        /* outputs per parallel task of a one-row or few-row product */
     FEW_ROWS = 7,           /* the most rows gemv_rows takes instead of the packed product */
+    FEW_ROWS_CACHED = 4,    /* ... when W is at most STREAM_FLOATS */
     STREAM_FLOATS = 1 << 18 /* a W above this many floats (1 MiB: a core's L2) streams */
 };
+
+/* whether the FP32 product of rows rows and a W [out, in] takes few_rows (the fast ISAs) */
+static int few_rows_take(int64_t rows, int64_t in, int64_t out) {
+    const int streams = out * in > STREAM_FLOATS;
+    return rows == 1 ? streams : rows >= 2 && rows <= (streams ? FEW_ROWS : FEW_ROWS_CACHED);
+}
 
 /* y = x·Wᵀ + b for rows <= FEW_ROWS by the fast table's gemv_rows, output blocks to threads
  * where there is work to share */
@@ -87,13 +95,12 @@ static pytfm_status forward(const char *func, float *y, float *h, const float *x
     // BF16 on a few rows without AVX512-BF16: each row by the fallback row kernel, which is
     // the FP32 one-row product on the rounded copies, so that a few rows stay the FP32 few-row
     // product's bits on them, as one row is (AVX512-BF16 takes the packed product instead)
-    const int bf16_rows = rows == 1 || (rows >= 2 && rows <= FEW_ROWS &&
+    const int bf16_rows = rows == 1 || (few_rows_take(rows, in, out) &&
                                         pytfm_get_bf16_isa() != PYTFM_ISA_AVX512_BF16);
     if (k && precision == PYTFM_PRECISION_BF16 && bf16_rows) {
         for (int64_t r = 0; r < rows; r++)
             one_row_bf16(k, h + r * out, x + r * in, w, w16, b, in, out);
-    } else if (k && precision == PYTFM_PRECISION_FP32 && rows >= 1 && rows <= FEW_ROWS &&
-               (rows > 1 || out * in > STREAM_FLOATS)) {
+    } else if (k && precision == PYTFM_PRECISION_FP32 && few_rows_take(rows, in, out)) {
         few_rows(k, h, x, w, b, rows, in, out);
     } else if (rows == 1 && k && out * in <= 4 * PYTFM_TASK_ELEMS) { // no parallel region
         k->gemv(h, x, w, in, b, in, out);

@@ -1,12 +1,12 @@
 """The linear layer's row products (csrc/kernels/linear.c, fast_impl.h gemv and gemv_rows): a
-prompt of a few rows (2 to 7) reads W once for all of them, and each of its rows is the bits
-the one-row product gives that row alone; a one-row product of a W too large for the caches
-(above linear.c's STREAM_FLOATS, 2^18 floats) streams W a row at a time, with the bits of the
-four-row kernel that smaller matrices take (FP32 and BF16). Both against the plain kernel too
-(tolerances from the rounding: ops_registry's linear_one_row_tol), ragged row counts and
-output blocks at every offset of the parallel split (64 outputs a task), and through the
-model: a GPT's forward of 2 to 7 tokens is, bit for bit, what decoding them one at a time
-gives."""
+prompt of a few rows (2 to 4, or up to 7 of a W that streams) reads W once for all of them,
+and each of its rows is the bits the one-row product gives that row alone; a one-row product
+of a W too large for the caches (above linear.c's STREAM_FLOATS, 2^18 floats) streams W a row
+at a time, with the bits of the four-row kernel that smaller matrices take (FP32 and BF16).
+Both against the plain kernel too (tolerances from the rounding: ops_registry's
+linear_one_row_tol), ragged row counts and output blocks at every offset of the parallel split
+(64 outputs a task), and through the model: a GPT's forward of 2 to 7 tokens is, bit for bit,
+what decoding them one at a time gives."""
 
 import numpy as np
 import pytest
@@ -29,10 +29,18 @@ def one_row_each(x, w, b):
     return np.stack([ops.linear_forward(x[r:r + 1], w, b)[0] for r in range(x.shape[0])])
 
 
+# (rows, in, out): 2 to 4 rows of any W; 5 to 7 rows only of a W that streams (above
+# STREAM_FLOATS: a W in the caches takes the packed product from 5 rows on)
+few = st.one_of(st.tuples(st.integers(2, 4), ins, outs),
+                st.tuples(st.integers(5, 7), st.sampled_from([257, 768]),
+                          st.sampled_from([1021, 1088])))
+
+
 @pytest.mark.parametrize("isa", FAST_ISAS)
-@given(rows=st.integers(2, 7), inn=ins, out=outs, bias=st.booleans(), seed=seeds)
+@given(shape=few, bias=st.booleans(), seed=seeds)
 @settings(max_examples=40)
-def test_a_few_rows_are_the_one_row_products_bit_for_bit(isa, rows, inn, out, bias, seed):
+def test_a_few_rows_are_the_one_row_products_bit_for_bit(isa, shape, bias, seed):
+    rows, inn, out = shape
     a = linear_make(seed, rows, inn, out, bias)
     x, w, b = a["x"][0], a["w"], a["b"]
     with max_isa(isa):
@@ -89,10 +97,14 @@ def test_a_streamed_bf16_row_is_the_four_row_kernels_bits(path, inn, out):
 def test_a_short_prompts_forward_is_decoding_it_token_by_token(isa, pos, T):
     """Every linear layer of the forward takes T rows (gemv_rows: each row a one-row product's
     bits), attention of T < 8 queries goes row by row as decoding does, and the row ops are
-    per row: the logits of the whole prompt are the decoded ones, bit for bit."""
-    model = GPT(GPTConfig(vocab=50, d_model=64, n_layer=2, n_head=4, max_seq=16, pos=pos,
-                          seed=T))
-    tokens = np.random.default_rng(T).integers(0, 50, (1, T))
+    per row: the logits of the whole prompt are the decoded ones, bit for bit. From 5 tokens
+    on, only matrices that stream take gemv_rows: d 576 and vocab 512 put every one (the
+    smallest, 576 x 576, and the LM head, 512 x 576) above STREAM_FLOATS."""
+    vocab, d = (50, 64) if T <= 4 else (512, 576)
+    assert T <= 4 or min(d * d, vocab * d) > STREAM_FLOATS
+    model = GPT(GPTConfig(vocab=vocab, d_model=d, n_layer=2 if T <= 4 else 1, n_head=4,
+                          max_seq=16, pos=pos, seed=T))
+    tokens = np.random.default_rng(T).integers(0, vocab, (1, T))
     with max_isa(isa):
         full = model.forward(tokens, save=False)[0][0]
         caches = model.new_caches(1)
