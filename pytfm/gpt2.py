@@ -12,24 +12,27 @@ GELU's tanh form (transformers' gelu_new), the LM head tied to the embedding; th
 the names GPT2LMHeadModel's state dict uses. Its Conv1D layers store their weights [in, out],
 pytfm's Linear [out, in]: load transposes them, save transposes them back.
 
-config.json, read strictly (the C library's JSON check first): vocab_size, n_positions,
-n_embd, n_layer and n_head must be there (positive ints; n_ctx, if there, equal to
-n_positions). A field that would change the maths must have GPT-2's value, else the folder is
-refused naming it: activation_function gelu_new (or gelu_pytorch_tanh, the same function),
-n_inner null or 4·n_embd, layer_norm_epsilon 1e-5, scale_attn_weights true,
-scale_attn_by_inverse_layer_idx false, add_cross_attention false, pruned_heads empty,
-model_type gpt2; tie_word_embeddings true, or false with an lm_head.weight stored. The fields
-in IGNORED (dropout, initialisation, the heads of other tasks, generation defaults, labels,
-token ids, bookkeeping) and any whose name starts with "_" are ignored: none changes the
-forward pass. Any other field is refused: pytfm cannot know what it does.
+The folder is read by the C library's GPT-2 reader (pytfm_gpt2_* in pytfm_model.h, the same
+reader the C model API opens folders with, where its rules are written down); this module maps
+what it returns to NumPy. In short: config.json is read strictly (the C library's JSON check
+first): vocab_size, n_positions, n_embd, n_layer and n_head must be there (positive ints;
+n_ctx, if there, equal to n_positions). A field that would change the maths must have GPT-2's
+value, else the folder is refused naming it: activation_function gelu_new (or
+gelu_pytorch_tanh, the same function), n_inner null or 4·n_embd, layer_norm_epsilon 1e-5,
+scale_attn_weights true, scale_attn_by_inverse_layer_idx false, add_cross_attention false,
+pruned_heads empty, model_type gpt2; tie_word_embeddings true, or false with an lm_head.weight
+stored. The fields in IGNORED (dropout, initialisation, the heads of other tasks, generation
+defaults, labels, token ids, bookkeeping; the C reader's list) and any whose name starts with
+"_" are ignored: none changes the forward pass. Any other field is refused: pytfm cannot know
+what it does.
 
-model.safetensors, through the C reader (its header checked before any data is read): the
-tensors named as GPT2LMHeadModel names them (transformer.h.0.attn.c_attn.weight, ...) or as
-GPT2Model does (h.0.attn.c_attn.weight, ...), one layout per folder; each float32, of the shape
-the config implies; nothing missing. By rule: the buffers h.N.attn.bias (the causal mask
-[1, 1, n_positions, n_positions]) and h.N.attn.masked_bias (a scalar) may be there and are not
-read (transformers rebuilds them too); a tied model's lm_head.weight may be there and must then
-equal the embedding, bit for bit; any other tensor is refused. F16 and BF16 files are refused
+model.safetensors (or the shards the index lists), each header checked before any data is
+read: the tensors named as GPT2LMHeadModel names them (transformer.h.0.attn.c_attn.weight,
+...) or as GPT2Model does (h.0.attn.c_attn.weight, ...), one layout per folder; each float32,
+of the shape the config implies; nothing missing. By rule: the buffers h.N.attn.bias (the
+causal mask [1, 1, n_positions, n_positions]) and h.N.attn.masked_bias (a scalar) may be there
+and are not read (transformers rebuilds them too); a tied model's lm_head.weight may be there
+and must then equal the embedding; any other tensor is refused. F16 and BF16 files are refused
 by the reader (it takes F32 and I64 tensors). All of that is checked before the model is
 allocated, and the memory the model takes (its parameters and their gradients) is compared with
 what the machine has: a folder claiming a million layers fails at once, naming the file.
@@ -44,7 +47,8 @@ import os
 
 import numpy as np
 
-from .checkpoint import CheckpointError, SafetensorsFile, json_error, save_file
+from ._core import ffi, lib
+from .checkpoint import CheckpointError, save_file
 from .device import available_memory  # memory_plan's default; tests patch it here
 from .nn import GPT, GPTConfig
 from .tokenizer import Tokenizer
@@ -52,106 +56,60 @@ from .tokenizer import Tokenizer
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-MAX_CONFIG = 1 << 24  # bytes of a config.json or an index, at most
 
-# config.json fields that do not change the forward pass: ignored
-IGNORED = frozenset({
-    "attn_pdrop", "embd_pdrop", "resid_pdrop", "summary_first_dropout",  # dropout
-    "initializer_range",
-    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-    "summary_hidden_size",  # GPT2DoubleHeadsModel's head
-    "use_cache", "task_specific_params", "max_length", "min_length", "do_sample",
-    "early_stopping", "num_beams", "num_beam_groups", "temperature", "top_k", "top_p",
-    "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
-    "diversity_penalty", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-    "suppress_tokens", "begin_suppress_tokens",  # generation defaults
-    "architectures", "finetuning_task", "id2label", "label2id", "num_labels", "problem_type",
-    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
-    "tokenizer_class", "prefix",
-    "transformers_version", "torch_dtype", "dtype", "output_attentions", "output_hidden_states",
-    "return_dict", "torchscript", "use_bfloat16", "chunk_size_feed_forward", "is_decoder",
-    "is_encoder_decoder", "tie_encoder_decoder", "cross_attention_hidden_size",
-    "reorder_and_upcast_attn",  # the order of float32 operations within attention
-})
-_SIZES = {"vocab_size": "vocab", "n_positions": "max_seq", "n_embd": "d_model",
-          "n_layer": "n_layer", "n_head": "n_head"}
-_GELU = ("gelu_new", "gelu_pytorch_tanh")
+
+def _ignored():
+    names, i = [], 0
+    while (name := lib.pytfm_gpt2_ignored_field(i)) != ffi.NULL:
+        names.append(ffi.string(name).decode("ascii"))
+        i += 1
+    return frozenset(names)
+
+
+# config.json fields that do not change the forward pass: ignored (pytfm_gpt2_ignored_field)
+IGNORED = _ignored()
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def _read_json(path, what):
-    """A JSON file of at most MAX_CONFIG bytes, checked strictly (pytfm_json_check) ->
-    its value."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        # read(n) allocates n bytes first: the file's size (+1 to see it grow), within the limit
-        raw = f.read(min(size, MAX_CONFIG) + 1) if size <= MAX_CONFIG else b""
-    if size > MAX_CONFIG or len(raw) > MAX_CONFIG:
-        raise CheckpointError(f"{path}: {what} of more than {MAX_CONFIG:,} bytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: not UTF-8 (byte {e.start}: {e.reason})") from None
-    why = json_error(text)
-    if why is not None:
-        raise CheckpointError(f"{path}: {why}")
-    return json.loads(text)
+def _check(status):
+    """Raise for a failed call of the C reader: CheckpointError with its message (which names
+    the file), OSError where a system call failed (the reader leaves its errno, else 0),
+    MemoryError."""
+    if status == lib.PYTFM_STATUS_OK:
+        return
+    error_number = ffi.errno  # the call's own: read before any other C call
+    message = ffi.string(lib.pytfm_last_error()).decode("utf-8", "replace")
+    if status == lib.PYTFM_STATUS_OUT_OF_MEMORY:
+        raise MemoryError(message)
+    if error_number:
+        raise OSError(error_number, message)
+    raise CheckpointError(message)
+
+
+def _gpt_config(c):
+    """A pytfm_model_config the reader filled -> GPTConfig (pos="learned", seed 0)."""
+    return GPTConfig(vocab=c.vocab, d_model=c.d_model, n_layer=c.n_layer, n_head=c.n_head,
+                     max_seq=c.max_seq, pos="learned", tie_embeddings=bool(c.tie_embeddings))
 
 
 def read_config(folder):
-    """The GPTConfig (pos="learned", seed 0) of the folder's config.json, checked as the
-    module says."""
-    path = os.path.join(folder, CONFIG)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path}: missing (a GPT-2 folder holds config.json)")
-    c = _read_json(path, "a config")
-    if not isinstance(c, dict):
-        raise CheckpointError(f"{path}: a JSON {type(c).__name__}, not an object")
-    return config_from_dict(c, path)
+    """The GPTConfig (pos="learned", seed 0) of the folder's config.json, checked by the C
+    reader (pytfm_gpt2_read_config) as the module says."""
+    c = ffi.new("pytfm_model_config *")
+    _check(lib.pytfm_gpt2_read_config(c, os.fsencode(folder)))
+    return _gpt_config(c)
 
 
 def config_from_dict(c, path=CONFIG):
-    """GPT2Config's dict (config.json's object) -> GPTConfig, or CheckpointError naming path."""
-    def bad(what):
-        raise CheckpointError(f"{path}: {what}")
-
-    sizes = {}
-    for key, field in _SIZES.items():
-        if key not in c:
-            bad(f"has no {key}")
-        v = c[key]
-        if type(v) is not int or not 1 <= v < 2**63:
-            bad(f"{key} must be a positive int, got {v!r}")
-        sizes[field] = v
-    if "n_ctx" in c and c["n_ctx"] != c["n_positions"]:
-        bad(f"n_ctx ({c['n_ctx']!r}) and n_positions ({c['n_positions']}) disagree")
-    maths = {  # field: (the value that GPT-2 has (a default when absent), what is allowed)
-        "activation_function": ("gelu_new", lambda v: v in _GELU),
-        "n_inner": (None, lambda v: v is None or (type(v) is int and v == 4 * c["n_embd"])),
-        "layer_norm_epsilon": (1e-5, lambda v: type(v) in (int, float) and v == 1e-5),
-        "scale_attn_weights": (True, lambda v: v is True),
-        "scale_attn_by_inverse_layer_idx": (False, lambda v: v is False),
-        "add_cross_attention": (False, lambda v: v is False),
-        "pruned_heads": ({}, lambda v: v == {} or v is None),
-        "model_type": ("gpt2", lambda v: v == "gpt2"),
-        "tie_word_embeddings": (True, lambda v: type(v) is bool),
-    }
-    for key, (default, ok) in maths.items():
-        if key in c and not ok(c[key]):
-            bad(f"{key} is {c[key]!r}: pytfm runs GPT-2's {default!r} only"
-                + (" (or false, with lm_head.weight stored)" if key == "tie_word_embeddings"
-                   else ""))
-    unknown = sorted(k for k in c if k not in IGNORED and k not in maths and k not in _SIZES
-                     and k != "n_ctx" and not k.startswith("_"))
-    if unknown:
-        bad(f"unknown field {unknown[0]!r}: pytfm cannot tell whether it changes the model "
-            f"(it ignores only the fields pytfm.gpt2.IGNORED lists)")
+    """GPT2Config's dict (config.json's object) -> GPTConfig, or CheckpointError naming path
+    (the C reader's rules, on json.dumps(c))."""
     try:
-        return GPTConfig(**sizes, pos="learned", tie_embeddings=c.get("tie_word_embeddings", True))
+        raw = json.dumps(c, allow_nan=False).encode("utf-8", "surrogatepass")
     except (TypeError, ValueError) as e:
-        bad(str(e))
+        raise CheckpointError(f"{path}: not a JSON value ({e})") from None
+    out = ffi.new("pytfm_model_config *")
+    _check(lib.pytfm_gpt2_config_parse(out, raw, len(raw), os.fsencode(path)))
+    return _gpt_config(out)
 
 
 def hf_config(cfg, eot=None):
@@ -180,8 +138,7 @@ def hf_config(cfg, eot=None):
 
 def _hf_shapes(cfg):
     """(pytfm name, shape as stored, whether stored transposed) of each parameter, in
-    GPT2LMHeadModel's names, lazily (a config of a million layers costs nothing until a name
-    is missing)."""
+    GPT2LMHeadModel's names, lazily: what save writes (reading is the C reader's)."""
     from .nn import param_shapes
 
     for name, shape in param_shapes(cfg):
@@ -189,129 +146,43 @@ def _hf_shapes(cfg):
         yield name, tuple(reversed(shape)) if conv else shape, conv
 
 
-def _weight_files(folder):
-    """[(path of a safetensors file, the tensor names the index puts in it, or None)]."""
-    single, index = os.path.join(folder, WEIGHTS), os.path.join(folder, INDEX)
-    if os.path.isfile(single):
-        return [(single, None)]
-    if not os.path.isfile(index):
-        found = [n for n in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
-                 if os.path.exists(os.path.join(folder, n))]
-        hint = f" (it has {found[0]}: pytfm reads safetensors only)" if found else ""
-        raise CheckpointError(f"{single}: missing, and no {INDEX} either{hint}")
-    doc = _read_json(index, "an index")
-    wmap = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
-        raise CheckpointError(f"{index}: needs a weight_map {{tensor name: file name}}")
-    files = {}
-    for name, file in wmap.items():
-        if file != os.path.basename(file) or file in ("", ".", "..") or \
-                not file.endswith(".safetensors"):
-            raise CheckpointError(f"{index}: {name} is in {file!r}, not a .safetensors file "
-                                  "of the folder")
-        files.setdefault(file, set()).add(name)
-    return [(os.path.join(folder, f), names) for f, names in sorted(files.items())]
+class _Folder:
+    """A GPT-2 folder open in the C reader (pytfm_gpt2_open: every rule checked, headers
+    only): .cfg its GPTConfig; read() -> {pytfm name: array} of every parameter (the Conv1D
+    weights transposed, a stored tied head checked against the embedding). A context
+    manager."""
 
+    def __init__(self, folder):
+        handle = ffi.new("pytfm_gpt2 **")
+        _check(lib.pytfm_gpt2_open(handle, os.fsencode(folder)))
+        self._g = handle[0]
+        c = ffi.new("pytfm_model_config *")
+        _check(lib.pytfm_gpt2_get_config(self._g, c))
+        self.cfg, self.n_params = _gpt_config(c), c.n_params
 
-class _Weights:
-    """The folder's safetensors files, open and checked against cfg (the module's rules):
-    .where {pytfm name: (file, stored name)}, .lm_head (file, name) of a tied model's stored
-    head or None."""
+    def read(self):
+        from .nn import param_shapes
 
-    def __init__(self, folder, cfg):
-        self.files, self.cfg = [], cfg
-        try:
-            self._open(folder)
-            self._check()
-        except BaseException:
-            self.close()
-            raise
-
-    def _open(self, folder):
-        self.entries = {}  # stored name -> (file, dtype, shape)
-        for path, names in _weight_files(folder):
-            f = SafetensorsFile(path)
-            self.files.append(f)
-            for name, (dtype, shape) in f.tensors.items():
-                if name in self.entries:
-                    raise CheckpointError(f"{path}: tensor {name} is also in "
-                                          f"{self.entries[name][0].path}")
-                if names is not None and name not in names:
-                    raise CheckpointError(f"{path}: holds {name}, which {INDEX} does not put "
-                                          "there")
-                self.entries[name] = (f, dtype, shape)
-            if names is not None and not names <= set(f.tensors):
-                missing = sorted(names - set(f.tensors))[0]
-                raise CheckpointError(f"{path}: {INDEX} puts {missing} there, but it is not")
-        self.source = self.files[0].path if len(self.files) == 1 else os.path.join(folder, INDEX)
-
-    def _fail(self, what):
-        raise CheckpointError(f"{self.source}: {what}")
-
-    def _check(self):
-        cfg, entries = self.cfg, self.entries
-        prefix = "transformer." if any(n.startswith("transformer.") for n in entries) else ""
-        self.where, used = {}, set()
-        for name, shape, conv in _hf_shapes(cfg):
-            if name == "lm_head.weight":
-                stored = name
-            else:
-                stored = prefix + name[len("transformer."):]
-            if stored not in entries:
-                self._fail(f"tensor {stored} is missing: config.json's "
-                           f"{dict(n_layer=cfg.n_layer, n_embd=cfg.d_model)} needs float32"
-                           f"{list(shape)}")
-            self._expect(stored, shape)
-            self.where[name] = (entries[stored][0], stored, conv)
-            used.add(stored)
-        P, self.lm_head = cfg.max_seq, None
-        for stored in entries:
-            if stored in used:
-                continue
-            rest = stored[len(prefix):] if stored.startswith(prefix) else None
-            layer = rest.split(".")[1] if rest and rest.startswith("h.") else None
-            if rest is not None and layer is not None and layer.isdigit() and \
-                    int(layer) < cfg.n_layer and rest == f"h.{int(layer)}.attn.bias":
-                self._expect(stored, (1, 1, P, P))
-            elif rest is not None and layer is not None and layer.isdigit() and \
-                    int(layer) < cfg.n_layer and rest == f"h.{int(layer)}.attn.masked_bias":
-                self._expect(stored, ())
-            elif stored == "lm_head.weight" and cfg.tie_embeddings:
-                self._expect(stored, (cfg.vocab, cfg.d_model))
-                self.lm_head = (entries[stored][0], stored)
-            else:
-                self._fail(f"unexpected tensor {stored} (for a {cfg.n_layer}-layer GPT-2, "
-                           f"names {prefix or 'without a prefix, '}h.N..., "
-                           f"{'lm_head.weight' if not cfg.tie_embeddings else 'tied'})")
-
-    def _expect(self, stored, shape):
-        _, dtype, got = self.entries[stored]
-        if dtype != np.float32 or got != tuple(shape):
-            self._fail(f"{stored} is {dtype}{list(got)}, config.json needs float32{list(shape)}")
-
-    def read_into(self, model):
-        """Copy every parameter into model (transposing the Conv1D weights), then check a
-        tied model's stored head against its embedding."""
-        for name, (f, stored, conv) in self.where.items():
-            a = f.read(stored)
-            model.params[name] = a.T if conv else a
-        if self.lm_head is not None:
-            f, stored = self.lm_head
-            head = f.read(stored)
-            wte = np.asarray(_host(model.params["transformer.wte.weight"]))
-            if not np.array_equal(head, wte):
-                raise CheckpointError(f"{f.path}: lm_head.weight differs from the embedding, but "
-                                      "config.json ties them (tie_word_embeddings)")
+        flat = np.empty(self.n_params, np.float32)
+        _check(lib.pytfm_gpt2_read(self._g, ffi.from_buffer("float[]", flat, True),
+                                   self.n_params))
+        arrays, at = {}, 0
+        for name, shape in param_shapes(self.cfg):
+            n = math.prod(shape)
+            arrays[name] = flat[at:at + n].reshape(shape)
+            at += n
+        return arrays
 
     def close(self):
-        for f in self.files:
-            f.close()
+        if self._g is not None:
+            lib.pytfm_gpt2_close(self._g)
+            self._g = None
 
+    def __enter__(self):
+        return self
 
-def _host(a):
-    from . import device as devices
-
-    return devices.to_host(a)
+    def __exit__(self, *exc):
+        self.close()
 
 
 # ---- memory ------------------------------------------------------------------------------------
@@ -363,17 +234,10 @@ def load(folder, device="cpu"):
     from . import device as devices
 
     devices.array_module(device)
-    if not os.path.isdir(folder):
-        raise CheckpointError(f"{folder}: not a folder (a GPT-2 folder holds {CONFIG} and "
-                              f"{WEIGHTS})")
-    cfg = read_config(folder)
-    weights = _Weights(folder, cfg)
-    try:
-        check_memory(memory_plan(cfg, optimizer=False), f"the GPT-2 in {folder}")
-        model = GPT(cfg, device)
-        weights.read_into(model)
-    finally:
-        weights.close()
+    with _Folder(folder) as f:
+        check_memory(memory_plan(f.cfg, optimizer=False), f"the GPT-2 in {folder}")
+        model = GPT(f.cfg, device)
+        model.params.copy_from(f.read())
     return model
 
 

@@ -1,7 +1,7 @@
 /*
- * pytfm_model.h — a GPT in C: the checkpoint reader (safetensors files, pytfm checkpoints), a
- * model read from a checkpoint, its forward pass, decoding sessions with a KV cache, and
- * sampling.
+ * pytfm_model.h — a GPT in C: the checkpoint reader (safetensors files, pytfm checkpoints,
+ * Hugging Face GPT-2 folders), a model read from a checkpoint or a folder, its forward pass,
+ * decoding sessions with a KV cache, and sampling.
  *
  * Everything between this header's PYTFM_CDEF markers is read verbatim by the cffi builder
  * (pytfm/_build_ffi.py), so it must stay plain declarations: no macros but PYTFM_API.
@@ -141,7 +141,7 @@ PYTFM_API pytfm_status pytfm_safetensors_metadata_get(const pytfm_safetensors *s
  * the JSON texts of its metadata to this; pytfm.checkpoint.save holds extra to it. */
 PYTFM_API pytfm_status pytfm_json_check(const char *text, int64_t size);
 
-/* ---- Model: a GPT from a pytfm checkpoint, in C ----------------------------------------- */
+/* ---- Model: a GPT from a pytfm checkpoint or a GPT-2 folder, in C ----------------------- */
 
 typedef struct pytfm_model pytfm_model;
 typedef struct pytfm_session pytfm_session;
@@ -204,9 +204,75 @@ typedef struct pytfm_checkpoint_info {
 PYTFM_API pytfm_status pytfm_checkpoint_check(const pytfm_safetensors *st,
                                               pytfm_checkpoint_info *info);
 
-/* Open the checkpoint at path and read its parameters into memory (the file is closed when
- * this returns): pytfm_safetensors_open, pytfm_checkpoint_check, then the parameters read into
- * one allocation (AdamW's moments, when there, are left unread); on PYTFM_DEVICE_CUDA also
+/* ---- Hugging Face GPT-2 folders: the other layer on the reader --------------------------- */
+/*
+ * A folder as transformers' save_pretrained writes a GPT2LMHeadModel or GPT2Model (safetensors
+ * weights): config.json, and model.safetensors or model.safetensors.index.json with the shards
+ * its weight_map names. The rules (pytfm.gpt2 maps this reader and documents them for Python):
+ *   config.json: at most 16 MiB of strict JSON (pytfm_json_check), an object. vocab_size,
+ *     n_positions, n_embd, n_layer, n_head must be there, ints in [1, 2^63); n_ctx, if there,
+ *     equal to n_positions. The fields that change the maths must have GPT-2's value:
+ *     activation_function "gelu_new" (or "gelu_pytorch_tanh", the same function), n_inner null
+ *     or 4·n_embd, layer_norm_epsilon 1e-5, scale_attn_weights true,
+ *     scale_attn_by_inverse_layer_idx false, add_cross_attention false, pruned_heads {} or
+ *     null, model_type "gpt2", tie_word_embeddings a bool (false: lm_head.weight stored). The
+ *     fields pytfm_gpt2_ignored_field lists and any whose name starts with "_" are ignored
+ *     (none changes the forward pass); any other field is refused. n_embd must be a multiple
+ *     of n_head.
+ *   weights: the index's weight_map maps names to file names of the folder (no "/", ending in
+ *     .safetensors); each file holds exactly the tensors the index puts there, a tensor in one
+ *     file only. Every parameter is stored under GPT2LMHeadModel's names
+ *     (transformer.h.0.attn.c_attn.weight, ...) or GPT2Model's (h.0.attn.c_attn.weight, ...;
+ *     "transformer." on any name makes the folder the first), float32 of the shape the config
+ *     implies, the four Conv1D weights of each block [in, out]. By rule h.N.attn.bias
+ *     (float32 [1, 1, n_positions, n_positions]), h.N.attn.masked_bias (float32 []) and, in a
+ *     tied model, lm_head.weight ([vocab, n_embd], equal to the embedding: checked by
+ *     pytfm_gpt2_read) may be there and are not parameters; any other tensor is refused.
+ * Everything but the tied head's values is checked by pytfm_gpt2_open from the headers alone,
+ * before anything proportional to the parameters is allocated. Messages: "<file>: <what>",
+ * naming config.json, the index, a shard, or (for the tensors' rules) the one weights file or
+ * the index, and the field or the tensor. Failures as the safetensors reader's (errno set only
+ * where a system call failed). */
+
+typedef struct pytfm_gpt2 pytfm_gpt2;
+
+/* The name of ignored config.json field index (0, 1, ...), or NULL past the last. */
+PYTFM_API const char *pytfm_gpt2_ignored_field(int64_t index);
+
+/* Check text[0..size) as a config.json (the rules above) and fill *config: vocab, d_model,
+ * n_layer, n_head, max_seq from it, pos PYTFM_POS_LEARNED, tie_embeddings; n_params and step 0.
+ * source names the text in messages (NULL: nothing). */
+PYTFM_API pytfm_status pytfm_gpt2_config_parse(pytfm_model_config *config, const char *text,
+                                               int64_t size, const char *source);
+
+/* The same on folder/config.json (the folder must be one; a config.json that is missing or not
+ * a regular file is "missing"). */
+PYTFM_API pytfm_status pytfm_gpt2_read_config(pytfm_model_config *config, const char *folder);
+
+/* Open the GPT-2 folder at folder: its config and every weight file checked (the rules above);
+ * the files stay open until pytfm_gpt2_close. On failure *gpt2 is NULL. */
+PYTFM_API pytfm_status pytfm_gpt2_open(pytfm_gpt2 **gpt2, const char *folder);
+
+/* Free gpt2 (NULL: nothing to do), closing its files. */
+PYTFM_API pytfm_status pytfm_gpt2_close(pytfm_gpt2 *gpt2);
+
+/* Fill *config with the folder's shape; n_params the floats of the parameters. */
+PYTFM_API pytfm_status pytfm_gpt2_get_config(const pytfm_gpt2 *gpt2, pytfm_model_config *config);
+
+/* Copy the parameters into params [count], count = n_params, in the order of
+ * pytfm.nn.param_shapes (the layout pytfm_model_open's checkpoints have), host byte order,
+ * each Conv1D weight transposed to [out, in]; then a stored tied lm_head.weight is compared
+ * with the embedding (an error naming its file when they differ, as NumPy's array_equal
+ * compares). With pread: a file that has shrunk since the open is an error naming the tensor.
+ * Scratch: 128·n_embd floats (a band of 32 rows of a Conv1D weight). params written
+ * (partly, on failure). Any number of threads may read one handle at once. */
+PYTFM_API pytfm_status pytfm_gpt2_read(const pytfm_gpt2 *gpt2, float *params, int64_t count);
+
+/* Open the model at path and read its parameters into memory (its files are closed when this
+ * returns). A folder is a Hugging Face GPT-2 folder (pytfm_gpt2_open, then pytfm_gpt2_read
+ * into one allocation: a model with learned positions); anything else a pytfm checkpoint:
+ * pytfm_safetensors_open, pytfm_checkpoint_check, then the parameters read into
+ * one allocation (AdamW's moments, when there, are left unread). On PYTFM_DEVICE_CUDA also
  * copied to the GPU, in one device allocation. A file either layer refuses is
  * PYTFM_STATUS_INVALID_ARGUMENT with its message ("<path>: ..."); PYTFM_STATUS_NOT_SUPPORTED
  * for PYTFM_DEVICE_CUDA where no GPU can be used (saying why) and for an unknown device;

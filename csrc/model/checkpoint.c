@@ -374,7 +374,7 @@ pytfm_status pytfm_checkpoint_check(const pytfm_safetensors *st, pytfm_checkpoin
 /* ---- reading the parameters --------------------------------------------------------------- */
 
 /* the data is little-endian: a big-endian host swaps each float's bytes */
-static void to_host_order(float *p, int64_t count) {
+void pytfm__to_host_order(float *p, int64_t count) {
     const uint16_t one = 1;
     unsigned char first;
     memcpy(&first, &one, 1);
@@ -398,7 +398,7 @@ static pytfm_status read_params(const pytfm_safetensors *st, const pytfm_model_c
         PYTFM_TRY(pytfm_safetensors_read(st, e - st->entries, params + at, bytes));
         at += bytes / (int64_t)sizeof(float);
     }
-    to_host_order(params, cfg->n_params);
+    pytfm__to_host_order(params, cfg->n_params);
     return PYTFM_STATUS_OK;
 }
 

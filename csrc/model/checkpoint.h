@@ -39,4 +39,8 @@ typedef struct pytfm__weights {
  * source. */
 pytfm_status pytfm__checkpoint_weights(const pytfm_safetensors *st, pytfm__weights *w);
 
+/* p[0..count) read from a file (little-endian) in host byte order: a big-endian host swaps
+ * each float's bytes. */
+void pytfm__to_host_order(float *p, int64_t count);
+
 #endif /* PYTFM_CHECKPOINT_H */

@@ -27,12 +27,16 @@
  * (scratch, freed on every path); a session owns its caches. A model opened on
  * PYTFM_DEVICE_CUDA hands its forwards and sessions to model_cuda.c (the hooks marked "GPU").
  */
+#define _POSIX_C_SOURCE 200809L /* stat */
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "acts.h"
 #include "checkpoint.h"
+#include "gpt2.h"
 #include "core/checks.h"
 #include "model_cuda.h"
 
@@ -140,14 +144,11 @@ static pytfm_status check_device(const char *func, int32_t device) {
                        func, (int)device);
 }
 
-/* The model in the checkpoint open as st (closed here, whatever happens), on device. */
-static pytfm_status open_from(pytfm_model **model, pytfm_safetensors *st, int32_t device,
-                              const char *func) {
-    pytfm__weights w;
-    const pytfm_status status = pytfm__checkpoint_weights(st, &w);
-    pytfm_safetensors_close(st);
+/* The model on the weights a reader returned with status (taken over), on device. */
+static pytfm_status open_on(pytfm_model **model, pytfm__weights *w, pytfm_status status,
+                            int32_t device, const char *func) {
     PYTFM_TRY(status);
-    PYTFM_TRY(build(model, &w, func));
+    PYTFM_TRY(build(model, w, func));
     if (device != PYTFM_DEVICE_CUDA) return PYTFM_STATUS_OK;
     pytfm_model *m = *model; // GPU: the parameters and the table copied to the device
     const pytfm_status up = pytfm__cuda_model_open(&m->cuda, &m->config, m->params, m->pe, func);
@@ -158,11 +159,26 @@ static pytfm_status open_from(pytfm_model **model, pytfm_safetensors *st, int32_
     return up;
 }
 
+/* The model in the checkpoint open as st (closed here, whatever happens), on device. */
+static pytfm_status open_from(pytfm_model **model, pytfm_safetensors *st, int32_t device,
+                              const char *func) {
+    pytfm__weights w;
+    const pytfm_status status = pytfm__checkpoint_weights(st, &w);
+    pytfm_safetensors_close(st);
+    return open_on(model, &w, status, device, func);
+}
+
 pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t device) {
     PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
     *model = NULL;
     PYTFM_CHECK(path != NULL, "%s: path must not be NULL", __func__);
     PYTFM_TRY(check_device(__func__, device));
+    struct stat s;
+    if (stat(path, &s) == 0 && S_ISDIR(s.st_mode)) { // a Hugging Face GPT-2 folder
+        pytfm__weights w;
+        const pytfm_status status = pytfm__gpt2_weights(path, &w);
+        return open_on(model, &w, status, device, __func__);
+    }
     pytfm_safetensors *st;
     PYTFM_TRY(pytfm_safetensors_open(&st, path));
     return open_from(model, st, device, __func__);

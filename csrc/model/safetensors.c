@@ -59,6 +59,14 @@ static pytfm_status vfail(const char *source, pytfm_status status, const char *f
     return pytfm__fail(status, "%s%s: %s", cut, source, message);
 }
 
+pytfm_status pytfm__fail_at(const char *source, pytfm_status status, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    const pytfm_status result = vfail(source, status, fmt, args);
+    va_end(args);
+    return result;
+}
+
 pytfm_status pytfm__st_fail(const pytfm_safetensors *st, pytfm_status status, const char *fmt,
                             ...) {
     va_list args;
@@ -628,15 +636,21 @@ pytfm_status pytfm_safetensors_read(const pytfm_safetensors *st, int64_t index, 
     PYTFM_CHECK(size == nbytes, "%s: size must be the tensor's %lld bytes, got %lld", __func__,
                 (long long)nbytes, (long long)size);
     PYTFM_CHECK(out != NULL || size == 0, "%s: out must not be NULL", __func__);
+    return pytfm__st_read_part(st, e, 0, out, size);
+}
+
+pytfm_status pytfm__st_read_part(const pytfm_safetensors *st, const pytfm__st_entry *e,
+                                 int64_t offset, void *out, int64_t size) {
+    errno = 0;
     if (!size) return PYTFM_STATUS_OK;
     if (st->fd < 0) {
-        memcpy(out, st->bytes + st->data_start + e->begin, (size_t)size);
+        memcpy(out, st->bytes + st->data_start + e->begin + offset, (size_t)size);
         return PYTFM_STATUS_OK;
     }
     int io = 0;
     size_t got = 0;
     pytfm_status status =
-        read_at(st, &io, st->fd, out, (size_t)size, st->data_start + e->begin, &got);
+        read_at(st, &io, st->fd, out, (size_t)size, st->data_start + e->begin + offset, &got);
     if (status == PYTFM_STATUS_OK && got < (size_t)size) {
         char name[SHOW];
         status = BAD(st, "the file ended inside tensor %s (it shrank while it was being read)",

@@ -63,8 +63,21 @@ pytfm_status pytfm__st_fail(const pytfm_safetensors *st, pytfm_status status, co
 #endif
     ;
 
+/* The same, naming source (NULL: nothing), for the layers that read several files. */
+pytfm_status pytfm__fail_at(const char *source, pytfm_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
 /* The entry named name[0..len), or NULL. */
 const pytfm__st_entry *pytfm__st_find(const pytfm_safetensors *st, const char *name, size_t len);
+
+/* Bytes [offset, offset + size) of entry e's data into out (0 <= offset, offset + size <= its
+ * bytes: the caller's promise), as pytfm_safetensors_read reads a whole tensor: pread, a file
+ * that has shrunk an error naming the tensor, errno as that function leaves it. */
+pytfm_status pytfm__st_read_part(const pytfm_safetensors *st, const pytfm__st_entry *e,
+                                 int64_t offset, void *out, int64_t size);
 
 /* The member of __metadata__ whose key is the NUL-terminated key, or NULL. */
 const pytfm__st_meta *pytfm__st_meta_get(const pytfm_safetensors *st, const char *key);

@@ -643,12 +643,14 @@ def test_a_header_of_many_members_is_refused_fast(tmp_path, kind):
 
 
 def test_what_cannot_be_opened_is_an_error_naming_the_path(tmp_path):
-    """C: the path and why; Python: os.open's OSError for what cannot be opened at all, a
+    """C: the path and why (a folder is opened as a GPT-2 folder, so it is its config.json
+    that is missing); Python: os.open's OSError for what cannot be opened at all, a
     CheckpointError for what is not a file."""
     missing, folder = str(tmp_path / "missing"), str(tmp_path)
-    for path, why in [(missing, "cannot open: No such file"), (folder, "not a regular file")]:
+    for path, why in [(missing, ": cannot open: No such file"),
+                      (folder, "/config.json: missing (a GPT-2 folder holds config.json)")]:
         status, message, _ = c_open(path)
-        assert status == INVALID and message.startswith(f"{path}: {why}"), message
+        assert status == INVALID and message.startswith(f"{path}{why}"), message
     with pytest.raises(FileNotFoundError) as e:
         checkpoint.load(missing)
     assert e.value.errno == errno.ENOENT and e.value.filename == missing

@@ -292,10 +292,12 @@ def edited(tmp_path, path, config=None, tensors=None, drop=()):
 W = "transformer.h.0.attn.c_attn.weight"
 
 
-@pytest.mark.parametrize("change, message", [
+# (the edit of the folder, what the refusal says): through gpt2.load here, through the C
+# model API's pytfm_model_open in tests/c_api/test_c_gpt2.py (the one reader, the same words)
+HOSTILE = [
     (dict(config='{"n_embd": 24,'), r"config.json: not valid JSON"),
     (dict(config='{"n_embd": 24, "n_embd": 24}'), r"config.json: .*duplicate"),
-    (dict(config="[1, 2]"), r"config.json: a JSON list, not an object"),
+    (dict(config="[1, 2]"), r"config.json: a JSON array, not an object"),
     (dict(config={"n_embd": None}), r"config.json: has no n_embd"),
     (dict(config={"n_layer": 2.0}), r"n_layer must be a positive int, got 2.0"),
     (dict(config={"n_head": 0}), r"n_head must be a positive int, got 0"),
@@ -329,7 +331,10 @@ W = "transformer.h.0.attn.c_attn.weight"
      r"transformer.h.0.attn.bias is float32\[1, 1, 4, 4\], config.json needs "
      r"float32\[1, 1, 40, 40\]"),
     (dict(tensors={"h.0.ln_1.weight": np.zeros(24, np.float32)}), r"unexpected tensor h.0.ln_1"),
-])
+]
+
+
+@pytest.mark.parametrize("change, message", HOSTILE)
 def test_hostile_folders_are_refused_naming_the_file_before_anything_is_allocated(
         tmp_path, change, message):
     path, _ = folder_of(tmp_path)

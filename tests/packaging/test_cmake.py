@@ -182,6 +182,35 @@ def test_the_cmake_built_generator_continues_text_as_python_does(cmake_install, 
     assert b"tokens/s" in r.stderr
 
 
+def test_the_cmake_built_generator_continues_a_gpt2_folder_as_transformers_does(cmake_install,
+                                                                              tmp_path):
+    """The same binary on a Hugging Face GPT-2 folder (a random GPT-2 made with transformers,
+    GPT-2's vocabulary beside it): greedy, its text is transformers' greedy continuation
+    (tests/c_api/test_generate_gpt2.py checks the pkg-config build at length)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "model"))
+    from gpt2_oracle import greedy, random_gpt2, transformers, vocab_files
+
+    from pytfm.tokenizer import bytes_to_unicode
+
+    vocab, merges = vocab_files()
+    folder = tmp_path / "gpt2"
+    hf = random_gpt2(3, scale=3.0, vocab_size=50257, n_positions=32, n_embd=16, n_layer=1,
+                     n_head=2)
+    hf.save_pretrained(str(folder))
+    shutil.copyfile(vocab, folder / "vocab.json")
+    shutil.copyfile(merges, folder / "merges.txt")
+    tok = transformers().GPT2TokenizerFast.from_pretrained(str(folder))
+    ids = tok("Hello")["input_ids"]
+    want = greedy(hf, [ids], 20)[0].tolist()
+    back = {c: b for b, c in bytes_to_unicode().items()}
+    text = bytes(back[c] for c in "".join(tok.convert_ids_to_tokens(want)))
+    exe = cmake_install.build / "examples" / "generate"
+    r = subprocess.run([str(exe), str(folder), "--prompt", "Hello", "--tokens", "20",
+                        "--temperature", "0"], env=cmake_install.env, capture_output=True)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    assert r.stdout == text + b"\n"
+
+
 def test_find_package_version_rule(cmake_install):
     """0.x: the same minor version (semantic versioning lets 0.x break at a minor step); from
     1.0 on, the same major version, each no newer than what is installed."""

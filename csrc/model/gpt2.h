@@ -1,0 +1,17 @@
+/*
+ * gpt2.h — what the model gets from the GPT-2 folder reader (internal, not exported):
+ * csrc/model/gpt2.c checks a Hugging Face GPT-2 folder (pytfm_gpt2_open) and reads its
+ * parameters in checkpoint.h's order; csrc/model/model.c builds the model on them.
+ */
+#ifndef PYTFM_GPT2_H
+#define PYTFM_GPT2_H
+
+#include "checkpoint.h"
+
+/* pytfm_gpt2_open on folder, then its parameters read into a new 64-byte aligned allocation
+ * (free with free()), in checkpoint.h's order, the Conv1D weights transposed to [out, in]; the
+ * folder's files are closed when this returns. On failure w->params is NULL, and a status and
+ * pytfm_last_error() say why, naming the file. */
+pytfm_status pytfm__gpt2_weights(const char *folder, pytfm__weights *w);
+
+#endif /* PYTFM_GPT2_H */
