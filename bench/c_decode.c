@@ -9,8 +9,9 @@
  *       logits, as a generator needs them), with the model in PRECISION (fp32, the default, or
  *       bf16: pytfm_model_set_precision). Prints one line per position t: "t median_ns min_ns"
  *       over the reps.
- *   c_decode --generate CHECKPOINT REPS THREADS PRECISION PROMPT TOKENS
- *       Each rep resets the session, feeds a prompt of PROMPT tokens in one call, then decodes
+ *   c_decode --generate MODEL REPS THREADS PRECISION PROMPT TOKENS
+ *       MODEL: whatever pytfm_model_open opens (a pytfm checkpoint, a GPT-2 folder). Each rep
+ *       resets the session, feeds a prompt of PROMPT tokens in one call, then decodes
  *       TOKENS tokens greedily (each the argmax of the logits before it, fed alone). Prints one
  *       line per rep: "prompt_ns decode_ns", the decode's the sum over its TOKENS feeds.
  *   c_decode --bandwidth MIB THREADS REPS [small|huge]
@@ -233,7 +234,7 @@ int main(int argc, char **argv) {
         rc = positions(argc, argv);
     if (rc == 2)
         fprintf(stderr, "usage: c_decode CHECKPOINT REPS THREADS [fp32|bf16 [TOKENS]]\n"
-                        "       c_decode --generate CHECKPOINT REPS THREADS fp32|bf16 PROMPT "
+                        "       c_decode --generate MODEL REPS THREADS fp32|bf16 PROMPT "
                         "TOKENS\n"
                         "       c_decode --bandwidth MIB THREADS REPS [small|huge]\n");
     return rc;
