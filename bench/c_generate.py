@@ -118,7 +118,8 @@ def build_driver(folder):
                            capture_output=True, text=True, env=worker_env(1)).stdout.split()
     exe = os.path.join(folder, "c_decode")
     subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
-                    os.path.join(ROOT, "bench", "c_decode.c"), *flags, "-o", exe], check=True)
+                    os.path.join(ROOT, "bench", "c_decode.c"), *flags, "-pthread", "-o", exe],
+                   check=True)
     return exe
 
 

@@ -321,12 +321,19 @@ LINEAR_FORWARD = Op(
         tol=lambda a, want: [Tol(linear_bound(a))],
         outputs=("y",), emu=LINEAR_EMU,
         threads=(dict(rows=300, inn=257, out=130, seed=3),
-                 dict(rows=1, inn=257, out=600, bias=False, seed=3))),  # one row: gemv
+                 dict(rows=1, inn=257, out=600, bias=False, seed=3),  # one row: gemv
+                 dict(rows=1, inn=300, out=1000, bias=False, seed=3),  # streamed: gemv_rows
+                 dict(rows=5, inn=257, out=600, seed=3))),  # a few rows: gemv_rows
     fast=(Fast("one_row",  # the matrix-vector product (fast_impl.h gemv) vs the plain sgemm loop
                drawn(inn=fast_cols, out=st.sampled_from([1, 3, 4, 5, 63, 64, 65, 130]),
                      bias=st.booleans()),
                lambda seed, inn, out, bias: linear_make(seed, 1, inn, out, bias),
-               lambda a: [ops.linear_forward(a["x"], a["w"], a["b"])], linear_one_row_tol),),
+               lambda a: [ops.linear_forward(a["x"], a["w"], a["b"])], linear_one_row_tol),
+          Fast("few_rows",  # 2 to 7 rows (fast_impl.h gemv_rows) vs the plain sgemm loop
+               drawn(rows=st.integers(2, 7), inn=fast_cols,
+                     out=st.sampled_from([1, 3, 4, 5, 63, 64, 65, 130]), bias=st.booleans()),
+               lambda seed, rows, inn, out, bias: linear_make(seed, rows, inn, out, bias),
+               lambda a: [ops.linear_forward(a["x"], a["w"], a["b"])], linear_one_row_tol)),
     bad=(
         Bad(lambda: ops.linear_forward(z(2, 3, dtype=np.float64), w43), TypeError,
             r"x must have dtype float32, got float64"),

@@ -121,6 +121,12 @@ pytfm_status pytfm__check_indices(const char *func, const char *name, const int6
  * a valid pointer. */
 void *pytfm__scratch(const char *func, int64_t count, size_t size);
 
+/* bytes for a model's weights (free() releases them), or NULL: aligned to 2 MiB and in huge
+ * pages where the system grants them, when that large (weights.c: a decoded token streams
+ * every weight, and small pages halve the rate of that stream); else as pytfm__scratch. Sets
+ * no error: the caller names what it allocates. */
+void *pytfm__weights_alloc(size_t bytes);
+
 /* the thread count when none is set: OpenMP's, but no more than the cores other processes
  * leave free (free_cores.c), so that a busy neighbour does not slow the kernels down */
 int pytfm__default_threads(void);
@@ -289,9 +295,10 @@ pytfm_status pytfm__linear_forward_bf16(const char *func, float *y, const float 
 /* y[o] = Σ_i bf16(x[i])·bf16(w[o·ldw + i]) (+ b[o]) for o < out, on AVX512-BF16: the BF16
  * linear layer on one row (sgemm_bf16.c). w16, when not NULL, holds the same weights already
  * rounded (the top halves, row stride ldw) and is read instead of w: the same bits, half the
- * bytes (the C model's decoding). */
+ * bytes (the C model's decoding). stream: W's rows one at a time, one sequential read of a W
+ * that comes from memory (else four at a time, for a W in the caches); the same bits. */
 void pytfm__gemv_bf16(float *y, const float *x, const float *w, const uint16_t *w16,
-                      int64_t ldw, const float *b, int64_t in, int64_t out);
+                      int64_t ldw, const float *b, int64_t in, int64_t out, int stream);
 
 /* An mr×nr register micro-kernel of sgemm.c, also used by attention.c:
  *   C[0..rows)[0..cols) (row stride ldc) = bt·C + Σ_{p<kc} A(p, r)·B(p, j)

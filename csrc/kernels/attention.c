@@ -21,7 +21,10 @@
  *
  * Decoding: n_new queries at positions [start, start + n_new) attend to the keys
  * [0, start + n_new) of a cache [B, Tmax, H, D]; the same forward code runs with a query
- * offset and the cache's stride, so a new token costs O((start + n_new)·D).
+ * offset and the cache's stride, so a new token costs O((start + n_new)·D). Fewer than
+ * FAST_MIN_ROWS queries (a token, a short prompt's forward or feed) go one row at a time on the
+ * vectorised row kernels (decode_rows), whether decoding or not: a prompt's forward is then
+ * the bits of decoding it token by token.
  *
  * The plain version (first below) takes one query row and one key at a time. Its extra memory
  * is on the stack, whatever T is: BK scores and the running m and l of BQ query rows (forward),
@@ -156,6 +159,22 @@ static void decode_head_rows(const problem *p, const pytfm__fast_kernels *fk, in
         for (int64_t d = 0; d < D; d++) orow[d] *= inv;
         lse[r] = m + logf(l);
     }
+}
+
+/* A token or a few (queries of them per head, below FAST_MIN_ROWS) row by row, heads to
+ * threads when there is work to share (the product is at most the cache's elements): the
+ * decoding of attention_decode, and attention_forward's of a prompt that short, so that a
+ * prompt's forward is the bits of decoding it a token at a time. */
+static pytfm_status decode_rows(const problem *p, const pytfm__fast_kernels *fk,
+                                int64_t queries) {
+    const int64_t BH = p->B * p->H, work = BH * p->Tk * p->D;
+    if (BH == 1 || work <= PYTFM_TASK_ELEMS / queries) { // no parallel region
+        for (int64_t bh = 0; bh < BH; bh++) decode_head_rows(p, fk, bh / p->H, bh % p->H);
+        return PYTFM_STATUS_OK;
+    }
+    PYTFM_PARALLEL_FOR
+    for (int64_t bh = 0; bh < BH; bh++) decode_head_rows(p, fk, bh / p->H, bh % p->H);
+    return PYTFM_STATUS_OK;
 }
 
 /* ---- the fast version: tiles through the sgemm micro-kernels ------------------------------ */
@@ -395,6 +414,7 @@ pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const
     const problem p = {o, lse, q, k, v, B, T, T, T, H, D, 0, scale, causal != 0};
     fast_path f;
     if (fast_path_for(&f, T)) return forward_fast(__func__, &p, &f);
+    if (f.fk) return decode_rows(&p, f.fk, T);
     forward_all(&p);
     return PYTFM_STATUS_OK;
 }
@@ -481,18 +501,7 @@ pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const 
                        D, start, scale, 1};
     fast_path f;
     if (fast_path_for(&f, n_new)) return forward_fast(__func__, &p, &f);
-    // a token or a few: row by row, heads to threads when there is work to share (the
-    // product is at most the cache's elements)
-    const int64_t work = B * H * (start + n_new) * D;
-    if (f.fk && (B * H == 1 || work <= PYTFM_TASK_ELEMS / n_new)) { // no parallel region
-        for (int64_t bh = 0; bh < B * H; bh++) decode_head_rows(&p, f.fk, bh / H, bh % H);
-        return PYTFM_STATUS_OK;
-    }
-    if (f.fk) {
-        PYTFM_PARALLEL_FOR
-        for (int64_t bh = 0; bh < B * H; bh++) decode_head_rows(&p, f.fk, bh / H, bh % H);
-        return PYTFM_STATUS_OK;
-    }
+    if (f.fk) return decode_rows(&p, f.fk, n_new);
     forward_all(&p);
     return PYTFM_STATUS_OK;
 }

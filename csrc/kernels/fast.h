@@ -55,6 +55,13 @@ typedef struct pytfm__fast_kernels {
      * query's scores against a tile of keys (ldw = H·D) */
     void (*gemv)(float *y, const float *x, const float *w, int64_t ldw, const float *b,
                  int64_t in, int64_t out);
+    /* rows [0, R) of y (row stride ldy) = x (row stride ldx)·Wᵀ (+ b[o]) for o < out, W's
+     * rows (stride ldw) taken one at a time, each read once for all R rows: a matrix too large
+     * for the caches streams from memory in one sequential pass (the one-row product of such
+     * a matrix, and the few-row products of a short prompt). Row r of y is the bits gemv gives
+     * x's row r alone (the same sums in the same order). */
+    void (*gemv_rows)(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t R,
+                      const float *w, int64_t ldw, const float *b, int64_t in, int64_t out);
     /* gemv in BF16: x and w rounded to BF16 as read (w16, when not NULL, the BF16 copy of w,
      * read instead: the same values), the products summed in float as gemv sums */
     void (*gemv_bf16)(float *y, const float *x, const float *w, const uint16_t *w16,

@@ -326,6 +326,71 @@ static void gemv(float *y, const float *x, const float *w, int64_t ldw, const fl
     }
 }
 
+/* Four rows of x against one row of w, each sum as gemv's: the x rows are loaded where gemv
+ * loads four rows of w, and the same tree sums the lanes side by side. */
+static void dots4_(float d[4], const float *const xs[4], const float *w, int64_t in) {
+    const float *x0 = xs[0], *x1 = xs[1], *x2 = xs[2], *x3 = xs[3];
+    float s0[LANES] = {0}, s1[LANES] = {0}, s2[LANES] = {0}, s3[LANES] = {0};
+    float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+    int64_t j = 0;
+    for (; j + LANES <= in; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            const float wj = w[j + l];
+            s0[l] = PYTFM_FMA(x0[j + l], wj, s0[l]);
+            s1[l] = PYTFM_FMA(x1[j + l], wj, s1[l]);
+            s2[l] = PYTFM_FMA(x2[j + l], wj, s2[l]);
+            s3[l] = PYTFM_FMA(x3[j + l], wj, s3[l]);
+        }
+    for (; j < in; j++) {
+        t0 = PYTFM_FMA(x0[j], w[j], t0);
+        t1 = PYTFM_FMA(x1[j], w[j], t1);
+        t2 = PYTFM_FMA(x2[j], w[j], t2);
+        t3 = PYTFM_FMA(x3[j], w[j], t3);
+    }
+    float u[4][8], v[4][4];
+    for (int l = 0; l < 8; l++) {
+        u[0][l] = s0[l] + s0[l + 8], u[1][l] = s1[l] + s1[l + 8];
+        u[2][l] = s2[l] + s2[l + 8], u[3][l] = s3[l] + s3[l + 8];
+    }
+    for (int r = 0; r < 4; r++)
+        for (int l = 0; l < 4; l++) v[r][l] = u[r][l] + u[r][l + 4];
+    const float t[4] = {t0, t1, t2, t3};
+    for (int r = 0; r < 4; r++) d[r] = ((v[r][0] + v[r][2]) + (v[r][1] + v[r][3])) + t[r];
+}
+
+/* One row of w streamed per output, no prefetch: a single sequential read is what the
+ * hardware prefetcher follows best, where gemv's four rows at once are four streams (the
+ * figures are in docs/performance.md). One x row: a single chain of fused multiply-adds,
+ * which keeps up with memory. More: four x rows at a time share each vector of w, the last
+ * group padded with copies of the last row (four chains cost what one does, and a copy's sum
+ * is the row's own, written once). */
+static void gemv_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t R,
+                      const float *w, int64_t ldw, const float *b, int64_t in, int64_t out) {
+    for (int64_t o = 0; o < out; o++) {
+        const float *wo = w + o * ldw;
+        if (R == 1) {
+            float s[LANES] = {0}, t = 0.0f;
+            int64_t j = 0;
+            for (; j + LANES <= in; j += LANES) {
+                // not unrolled: then GCC keeps s in vectors (unrolled, its sixteen lanes become
+                // scalar chains, at a sixteenth of the rate)
+                PYTFM_PRAGMA(GCC unroll 1)
+                for (int l = 0; l < LANES; l++) s[l] = PYTFM_FMA(x[j + l], wo[j + l], s[l]);
+            }
+            for (; j < in; j++) t = PYTFM_FMA(x[j], wo[j], t);
+            y[o] = b ? gemv_sum(s, t) + b[o] : gemv_sum(s, t);
+            continue;
+        }
+        for (int64_t r = 0; r < R; r += 4) {
+            const float *xs[4];
+            for (int i = 0; i < 4; i++) xs[i] = x + PYTFM_MIN(r + i, R - 1) * ldx;
+            float d[4];
+            dots4_(d, xs, wo, in);
+            for (int i = 0; i < 4 && r + i < R; i++) y[(r + i) * ldy + o] = b ? d[i] + b[o] : d[i];
+        }
+    }
+}
+
 /* w[i] as the BF16 one-row product multiplies it: rounded to BF16, or, from the BF16 copy w16
  * (the top halves of the rounded weights), widened: the same value */
 static inline float bf16_weight_(const float *w, const uint16_t *w16, int64_t i) {
@@ -380,5 +445,5 @@ static void attn_pv_row(float *o, const float *p, const float *v, int64_t ldv, i
 const pytfm__fast_kernels PYTFM_FAST_TABLE = {
     softmax_forward, softmax_backward, layernorm_forward, layernorm_backward, gelu_forward,
     gelu_backward, logsumexp, scaled_exp, adamw, attn_softmax_row, attn_p_row, attn_ds_row,
-    attn_pv_row, gemv, gemv_bf16,
+    attn_pv_row, gemv, gemv_rows, gemv_bf16,
 };

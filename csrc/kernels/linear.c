@@ -16,24 +16,58 @@
  * One row (a token decoded through a KV cache) is a matrix-vector product: packing W for the
  * micro-kernel would copy every weight to use it once, and the micro-kernel would compute MR
  * rows for one. The fast kernels (isa above PLAIN) take it as out dot products along W's
- * contiguous rows (fast_impl.h gemv), blocks of GEMV_BLOCK outputs to threads (the decode
- * figures are in docs/performance.md).
+ * contiguous rows (fast_impl.h gemv), blocks of GEMV_BLOCK outputs to threads. A W larger
+ * than STREAM_FLOATS is not in the caches: it is read from memory, and gemv_rows reads it as
+ * one sequential stream (a row at a time), which is what the hardware prefetcher keeps up
+ * with. A few rows (a short prompt: up to FEW_ROWS_CACHED, or FEW_ROWS for a W that streams)
+ * take gemv_rows too: W read once for all of them, where the packed product would pack it for
+ * few rows; each of their rows is the bits the one-row product gives it (the same sums in the
+ * same order), so that a prompt fed at once gets a token's bits in the linear layers. A W in
+ * the caches is no stream to share: from 5 rows on there the micro-kernel is faster. The
+ * figures are in docs/performance.md.
  */
 #include <string.h>
 
 #include "core/checks.h"
 #include "fast.h"
 
-enum { GEMV_BLOCK = 64 }; /* outputs per parallel task of a one-row product */
+enum {
+    GEMV_BLOCK = 64,        /* outputs per parallel task of a one-row or few-row product */
+    FEW_ROWS = 7,           /* the most rows gemv_rows takes instead of the packed product */
+    FEW_ROWS_CACHED = 4,    /* ... when W is at most STREAM_FLOATS */
+    STREAM_FLOATS = 1 << 18 /* a W above this many floats (1 MiB: a core's L2) streams */
+};
+
+/* whether the FP32 product of rows rows and a W [out, in] takes few_rows (the fast ISAs) */
+static int few_rows_take(int64_t rows, int64_t in, int64_t out) {
+    const int streams = out * in > STREAM_FLOATS;
+    return rows == 1 ? streams : rows >= 2 && rows <= (streams ? FEW_ROWS : FEW_ROWS_CACHED);
+}
+
+/* y = x·Wᵀ + b for rows <= FEW_ROWS by the fast table's gemv_rows, output blocks to threads
+ * where there is work to share */
+static void few_rows(const pytfm__fast_kernels *k, float *h, const float *x, const float *w,
+                     const float *b, int64_t rows, int64_t in, int64_t out) {
+    if (rows * out * in <= 4 * PYTFM_TASK_ELEMS) { // no parallel region (internal.h)
+        k->gemv_rows(h, out, x, in, rows, w, in, b, in, out);
+        return;
+    }
+    PYTFM_PARALLEL_FOR
+    for (int64_t o = 0; o < out; o += GEMV_BLOCK)
+        k->gemv_rows(h + o, out, x, in, rows, w + o * in, in, b ? b + o : NULL, in,
+                     PYTFM_MIN(GEMV_BLOCK, out - o));
+}
 
 /* The one-row product y = x·Wᵀ + b in BF16 (w16: W's BF16 copy, or NULL): the AVX512-BF16
- * kernel, else the fast table's, as forward() splits the FP32 one among threads */
+ * kernel (a W above STREAM_FLOATS a row at a time), else the fast table's, as forward()
+ * splits the FP32 one among threads */
 static void one_row_bf16(const pytfm__fast_kernels *k, float *h, const float *x, const float *w,
                          const uint16_t *w16, const float *b, int64_t in, int64_t out) {
     const int dp = pytfm_get_bf16_isa() == PYTFM_ISA_AVX512_BF16;
+    const int stream = out * in > STREAM_FLOATS;
     if (out * in <= 4 * PYTFM_TASK_ELEMS) { // no parallel region (internal.h)
         if (dp)
-            pytfm__gemv_bf16(h, x, w, w16, in, b, in, out);
+            pytfm__gemv_bf16(h, x, w, w16, in, b, in, out, stream);
         else
             k->gemv_bf16(h, x, w, w16, in, b, in, out);
         return;
@@ -43,7 +77,7 @@ static void one_row_bf16(const pytfm__fast_kernels *k, float *h, const float *x,
         const int64_t n = PYTFM_MIN(GEMV_BLOCK, out - o);
         const uint16_t *w16o = w16 ? w16 + o * in : NULL;
         if (dp)
-            pytfm__gemv_bf16(h + o, x, w + o * in, w16o, in, b ? b + o : NULL, in, n);
+            pytfm__gemv_bf16(h + o, x, w + o * in, w16o, in, b ? b + o : NULL, in, n, stream);
         else
             k->gemv_bf16(h + o, x, w + o * in, w16o, in, b ? b + o : NULL, in, n);
     }
@@ -52,14 +86,22 @@ static void one_row_bf16(const pytfm__fast_kernels *k, float *h, const float *x,
 /* h = x·Wᵀ + b, and y = gelu(h) when y is not NULL: both forwards, in either precision (w16:
  * W's BF16 copy for the one-row BF16 product, or NULL). The bias and the GELU are the
  * product's epilogue (sgemm.c applies it to each block of h while the block is in L2); the
- * plain ISA, which has no row kernel for GELU to lend the epilogue, and the one-row product
- * take the GELU as pytfm_gelu_forward's own pass, whose bits the epilogue's equal. */
+ * plain ISA, which has no row kernel for GELU to lend the epilogue, and the one-row and few-row
+ * products take the GELU as pytfm_gelu_forward's own pass, whose bits the epilogue's equal. */
 static pytfm_status forward(const char *func, float *y, float *h, const float *x, const float *w,
                             const uint16_t *w16, const float *b, int64_t rows, int64_t in,
                             int64_t out, int precision) {
     const pytfm__fast_kernels *k = pytfm__fast();
-    if (rows == 1 && k && precision == PYTFM_PRECISION_BF16) {
-        one_row_bf16(k, h, x, w, w16, b, in, out);
+    // BF16 on a few rows without AVX512-BF16: each row by the fallback row kernel, which is
+    // the FP32 one-row product on the rounded copies, so that a few rows stay the FP32 few-row
+    // product's bits on them, as one row is (AVX512-BF16 takes the packed product instead)
+    const int bf16_rows = rows == 1 || (few_rows_take(rows, in, out) &&
+                                        pytfm_get_bf16_isa() != PYTFM_ISA_AVX512_BF16);
+    if (k && precision == PYTFM_PRECISION_BF16 && bf16_rows) {
+        for (int64_t r = 0; r < rows; r++)
+            one_row_bf16(k, h + r * out, x + r * in, w, w16, b, in, out);
+    } else if (k && precision == PYTFM_PRECISION_FP32 && few_rows_take(rows, in, out)) {
+        few_rows(k, h, x, w, b, rows, in, out);
     } else if (rows == 1 && k && out * in <= 4 * PYTFM_TASK_ELEMS) { // no parallel region
         k->gemv(h, x, w, in, b, in, out);
     } else if (rows == 1 && k) {

@@ -409,9 +409,8 @@ pytfm_status pytfm__checkpoint_weights(const pytfm_safetensors *st, pytfm__weigh
     PYTFM_TRY(pytfm_checkpoint_check(st, &info));
     /* n_params floats lie in the file's data: the product fits */
     const int64_t bytes = info.config.n_params * (int64_t)sizeof(float);
-    float *params = (uint64_t)bytes <= SIZE_MAX - ALIGN
-                        ? aligned_alloc(ALIGN, ((size_t)bytes + ALIGN - 1) / ALIGN * ALIGN)
-                        : NULL;
+    float *params = (uint64_t)bytes <= SIZE_MAX - ALIGN ? pytfm__weights_alloc((size_t)bytes)
+                                                         : NULL;
     if (!params)
         return pytfm__st_fail(st, PYTFM_STATUS_OUT_OF_MEMORY,
                               "cannot allocate %lld bytes of parameters", (long long)bytes);

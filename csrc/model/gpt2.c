@@ -945,8 +945,12 @@ pytfm_status pytfm__gpt2_weights(const char *folder, pytfm__weights *w) {
     pytfm_gpt2 *g;
     PYTFM_TRY(pytfm_gpt2_open(&g, folder));
     const int64_t count = g->config.n_params;
-    float *params = pytfm__scratch("pytfm_model_open", count, sizeof(float));
-    pytfm_status status = params ? pytfm_gpt2_read(g, params, count) : PYTFM_STATUS_OUT_OF_MEMORY;
+    // in huge pages where granted (core/weights.c); count floats lie in the file: no overflow
+    float *params = pytfm__weights_alloc((size_t)count * sizeof(float));
+    pytfm_status status = params ? pytfm_gpt2_read(g, params, count)
+                                 : pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                                               "pytfm_model_open: cannot allocate %lld floats of "
+                                               "parameters", (long long)count);
     if (status == PYTFM_STATUS_OK) {
         w->config = g->config;
         w->params = params;

@@ -249,8 +249,11 @@ pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision) {
     }
     // 12·C² weights a layer and the LM head's V·C: within the parameters the reader checked
     const int64_t count = L * 12 * C * C + model->V * C;
-    uint16_t *w16 = pytfm__scratch(__func__, count, sizeof(uint16_t));
-    if (!w16) return PYTFM_STATUS_OUT_OF_MEMORY;
+    uint16_t *w16 = pytfm__weights_alloc((size_t)count * sizeof(uint16_t));
+    if (!w16)
+        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                           "%s: cannot allocate %lld bytes of BF16 weights", __func__,
+                           (long long)count * 2);
     uint16_t *p = w16;
     for (int64_t i = 0; i < L; i++) {
         layer *l = &model->layers[i];

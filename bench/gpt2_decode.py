@@ -1,0 +1,287 @@
+"""Decoding GPT-2 124M token by token: pytfm's C model against llama.cpp and transformers, and
+against the memory-bandwidth limit, in one run (the decode table of issue "GPT-2 in pytfm,
+part 2").
+
+    python bench/gpt2_decode.py                       # 1 and 2 threads, 5 rounds
+    python bench/gpt2_decode.py --threads 1 --rounds 3 --tokens 64
+
+The model: a random GPT-2 of 124M's shape (vocab 50257, 12 layers, d 768, 12 heads, context
+1024; transformers' own initialisation, saved as a Hugging Face folder, bench/gpt2.py's
+make_folder). Each case decodes a prompt of PROMPT (16) tokens fed at once, then TOKENS tokens
+greedily, one at a time through its KV cache, and the figure is TOKENS over the time of those
+steps (the prompt's time apart):
+  pytfm fp32/bf16  the C model API on the folder (bench/c_decode.c --generate; bf16 is
+                   pytfm_model_set_precision(PYTFM_PRECISION_BF16)), no Python in the loop
+  llama.cpp f32/f16  llama-cpp-python's Llama.eval on GGUFs converted from the same folder by
+                   llama.cpp's convert_hf_to_gguf.py (--llama-src: a llama.cpp tree holding it
+                   and gguf-py; llama-cpp-python's sdist carries one under vendor/llama.cpp);
+                   absent, with the reason, when llama_cpp cannot be imported or converted
+  transformers     GPT2LMHeadModel, torch eager, FP32, use_cache, no_grad
+  limit fp32/bf16  the read bandwidth (c_decode --bandwidth: a STREAM-like sum of 500 MiB of
+                   floats at that thread count, in transparent huge pages as pytfm's weights;
+                   the same in 4 KiB pages is printed beside it) over the bytes a token must
+                   read: every weight matrix once (the LM head included), in the precision's
+                   width, and the float32 vectors (biases, LayerNorms) beside them
+Every case runs in a process of its own at the given thread count, the cases alternate over
+rounds (the order reversed every other round), each process times REPS decodes and reports
+their median, and the figure is the median over rounds. The header names the CPU and the load
+average before and after: other work on the machine skews every figure. Targets (ok / MISS):
+pytfm fp32 >= 1.0x llama.cpp f32 and >= 0.8x the fp32 limit, pytfm bf16 >= 1.0x llama.cpp f16.
+Needs torch, transformers (pip install ".[gpt2-test]"), GPT-2's vocabulary for the conversion
+(scripts/fetch_gpt2_vocab.sh), and, for its rows, llama-cpp-python and gguf.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # bench/'s modules, and this checkout's pytfm
+from common import ROOT, cpu_name, worker_env  # noqa: E402
+
+PROMPT, TOKENS, BANDWIDTH_MIB = 16, 128, 500
+PYTFM = [("pytfm fp32", "fp32"), ("pytfm bf16", "bf16")]
+LLAMA = [("llama.cpp f32", "f32"), ("llama.cpp f16", "f16")]
+BW, BW_SMALL = "bandwidth GB/s", "(in 4 KiB pages) GB/s"  # the limit is the first's
+
+
+def lcg_tokens(vocab, count):
+    """c_decode.c's prompt ids (its LCG), so every library is fed the same prompt."""
+    x, out = 12345, []
+    for _ in range(count):
+        x = (x * 6364136223846793005 + 1442695040888963407) % 2**64
+        out.append((x >> 33) % vocab)
+    return out
+
+
+# ---- the model in each library's format ------------------------------------------------------
+
+
+def pytfm_model_path(folder, tmp):
+    """The path pytfm's C model opens for the GPT-2 in folder: the folder itself
+    (pytfm_model_open reads config.json and model.safetensors). A pytfm checkpoint of the same
+    weights (pytfm.gpt2.load, then pytfm.checkpoint.save into tmp) decodes at the same speed:
+    the same floats, in the same allocation."""
+    del tmp
+    return folder
+
+
+def gguf_paths(folder, tmp, llama_src):
+    """{"f32": path, "f16": path} of GGUFs converted from folder by llama.cpp's
+    convert_hf_to_gguf.py, or a string saying why there are none."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as e:
+        return f"llama_cpp is not importable ({e}): pip install llama-cpp-python"
+    script = os.path.join(llama_src or "", "convert_hf_to_gguf.py")
+    if not llama_src or not os.path.isfile(script):
+        return ("no convert_hf_to_gguf.py: pass --llama-src, a llama.cpp tree (llama-cpp-"
+                "python's sdist has one in vendor/llama.cpp)")
+    vocab = gpt2_bench().vocab_folder(tmp)
+    if vocab is None:
+        return "no GPT-2 vocabulary to convert with: bash scripts/fetch_gpt2_vocab.sh"
+    # the converter reads n_ctx, which transformers no longer writes, and the tokenizer files
+    src = os.path.join(tmp, "gguf-src")
+    os.makedirs(src, exist_ok=True)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    config.setdefault("n_ctx", config["n_positions"])
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump(config, f)
+    os.symlink(os.path.join(folder, "model.safetensors"), os.path.join(src, "model.safetensors"))
+    for name in ("vocab.json", "merges.txt"):
+        os.symlink(os.path.join(vocab, name), os.path.join(src, name))
+    env = dict(os.environ, PYTHONPATH=os.path.join(llama_src, "gguf-py"))
+    paths = {}
+    for kind in ("f32", "f16"):
+        paths[kind] = os.path.join(tmp, f"gpt2-124m-{kind}.gguf")
+        r = subprocess.run([sys.executable, script, src, "--outtype", kind, "--outfile",
+                            paths[kind]], capture_output=True, text=True, env=env)
+        if r.returncode:
+            return f"convert_hf_to_gguf.py --outtype {kind} failed: {r.stderr[-500:]}"
+    return paths
+
+
+def gpt2_bench():
+    import gpt2
+
+    return gpt2
+
+
+# ---- the workers: one case, in a process of its own -------------------------------------------
+
+
+def llama_worker(path, threads, reps, prompt, count):
+    """[decode seconds] of reps greedy decodes by llama-cpp-python."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    n_ctx = prompt + count + 8  # n_batch = n_ctx: Llama.scores keeps n_batch rows of logits
+    llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    ids = lcg_tokens(llm.n_vocab(), prompt)
+    seconds = []
+    for _ in range(reps):
+        llm.reset()
+        llm.eval(ids)
+        t0 = time.perf_counter()
+        for _ in range(count):
+            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def torch_worker(folder, threads, reps, prompt, count):
+    """[decode seconds] of reps greedy decodes by transformers with its KV cache."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    torch.set_num_threads(threads)
+    model = GPT2LMHeadModel.from_pretrained(folder).eval()
+    ids = torch.tensor([lcg_tokens(model.config.vocab_size, prompt)])
+    seconds = []
+    with torch.no_grad():
+        for _ in range(reps):
+            out = model(ids, use_cache=True)
+            t0 = time.perf_counter()
+            for _ in range(count):
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                out = model(nxt, past_key_values=out.past_key_values, use_cache=True)
+            seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def worker(argv):
+    kind, path, threads, reps, prompt, count = argv
+    f = llama_worker if kind == "llama" else torch_worker
+    print(json.dumps(f(path, int(threads), int(reps), int(prompt), int(count))))
+
+
+# ---- the driver ------------------------------------------------------------------------------
+
+
+def run(cmd, threads):
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                       env=worker_env(threads, OPENBLAS_NUM_THREADS=1, HF_HUB_OFFLINE=1))
+    if r.returncode:
+        sys.exit(f"bench/gpt2_decode.py: {' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
+def measure(case, threads, args, exe):
+    """One process of case at threads: tokens/s (decode cases) or GB/s (the bandwidth)."""
+    kind, what = case[0], case[1]
+    n = args.tokens
+    if kind == "bandwidth":
+        out = run([exe, "--bandwidth", str(BANDWIDTH_MIB), str(threads), str(args.reps), what],
+                  threads)
+        return statistics.median(int(b) / int(ns) for b, ns in map(str.split, out.splitlines()))
+    if kind == "pytfm":
+        out = run([exe, "--generate", what, str(args.reps), str(threads), case[2],
+                   str(args.prompt), str(n)], threads)
+        seconds = [int(line.split()[1]) / 1e9 for line in out.splitlines()]
+    else:
+        out = run([sys.executable, os.path.abspath(__file__), "--worker", kind, what,
+                   str(threads), str(args.reps), str(args.prompt), str(n)], threads)
+        seconds = json.loads(out.strip().splitlines()[-1])
+    return n / statistics.median(seconds)
+
+
+def bytes_per_token(cfg, width):
+    """Every weight matrix (the layers' four, the LM head) in `width` bytes, the rest float32:
+    what one token reads (the position table: one row)."""
+    C, L, V = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
+    matrices = L * 12 * C * C + V * C
+    vectors = L * (4 * C + 3 * C + C + 4 * C + C) + 2 * C + C  # biases, LayerNorms, wpe row
+    return width * matrices + 4 * vectors
+
+
+def ratio_row(name, num, den, target):
+    r = num / den
+    return f"{name:<40s} {r:6.2f}x  " + ("ok" if r >= target else f"MISS (target {target})")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3, help="decodes per process")
+    ap.add_argument("--prompt", type=int, default=PROMPT)
+    ap.add_argument("--tokens", type=int, default=TOKENS)
+    ap.add_argument("--llama-src", default=os.environ.get("PYTFM_LLAMA_SRC"),
+                    help="a llama.cpp tree with convert_hf_to_gguf.py and gguf-py")
+    ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker)
+    from bench.c_generate import build_driver
+
+    load = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory(prefix="pytfm-gpt2-decode-") as tmp:
+        folder = os.path.join(tmp, "gpt2-124m")
+        run([sys.executable, os.path.join(HERE, "gpt2.py"), "--worker", "folder", "torch", "1",
+             folder], 1)
+        with open(os.path.join(folder, "config.json")) as f:
+            cfg = json.load(f)
+        exe = build_driver(tmp)
+        cases = [("bandwidth", "huge"), ("bandwidth", "small")] + [
+            ("pytfm", pytfm_model_path(folder, tmp), p) for _, p in PYTFM]
+        ggufs = gguf_paths(folder, tmp, args.llama_src)
+        if isinstance(ggufs, dict):
+            cases += [("llama", ggufs[k]) for _, k in LLAMA]
+        cases.append(("torch", folder))
+        names = [BW, BW_SMALL] + [n for n, _ in PYTFM] + (
+            [n for n, _ in LLAMA] if isinstance(ggufs, dict) else []) + ["transformers"]
+        got = {(n, t): [] for n in names for t in args.threads}
+        load.append(os.getloadavg()[0])
+        for r in range(args.rounds):
+            for threads in args.threads:
+                order = list(zip(names, cases))
+                for name, case in (order if r % 2 == 0 else order[::-1]):
+                    got[(name, threads)].append(measure(case, threads, args, exe))
+        load.append(os.getloadavg()[0])
+    med = {k: statistics.median(v) for k, v in got.items()}
+    print(f"GPT-2 124M shape, random weights (vocab {cfg['vocab_size']}, {cfg['n_layer']} "
+          f"layers, d {cfg['n_embd']}, {cfg['n_head']} heads, context {cfg['n_positions']}): "
+          f"a {args.prompt}-token prompt, then {args.tokens} tokens decoded greedily")
+    print(f"{cpu_name()}, {os.cpu_count()} CPUs; load average {load[0]:.2f} at the start, "
+          f"{load[1]:.2f} before timing, {load[2]:.2f} after")
+    print(f"command: python bench/gpt2_decode.py --threads {' '.join(map(str, args.threads))} "
+          f"--rounds {args.rounds} --reps {args.reps} --prompt {args.prompt} --tokens "
+          f"{args.tokens}; medians over rounds of each process's median\n")
+    if not isinstance(ggufs, dict):
+        print(f"llama.cpp: absent: {ggufs}\n")
+    limit = {"fp32": bytes_per_token(cfg, 4), "bf16": bytes_per_token(cfg, 2)}
+    print(f"{'tokens/s':<22s}" + "".join(f"{t:>3d} thread(s)" for t in args.threads))
+    for name in names:
+        print(f"{name:<22s}" + "".join(f"{med[(name, t)]:13.1f}" for t in args.threads))
+    for prec in ("fp32", "bf16"):
+        print(f"{'limit ' + prec:<22s}" + "".join(
+            f"{med[(BW, t)] * 1e9 / limit[prec]:13.1f}" for t in args.threads))
+    print(f"(limit = bandwidth / bytes a token reads: {limit['fp32'] / 1e6:.0f} MB fp32, "
+          f"{limit['bf16'] / 1e6:.0f} MB bf16)\n")
+    rows = []
+    for t in args.threads:
+        bw = med[(BW, t)] * 1e9
+        if isinstance(ggufs, dict):
+            rows.append(ratio_row(f"{t} thr: pytfm fp32 / llama.cpp f32",
+                                  med[("pytfm fp32", t)], med[("llama.cpp f32", t)], 1.0))
+            rows.append(ratio_row(f"{t} thr: pytfm bf16 / llama.cpp f16",
+                                  med[("pytfm bf16", t)], med[("llama.cpp f16", t)], 1.0))
+        rows.append(ratio_row(f"{t} thr: pytfm fp32 / fp32 limit",
+                              med[("pytfm fp32", t)], bw / limit["fp32"], 0.8))
+        rows.append(ratio_row(f"{t} thr: pytfm bf16 / bf16 limit",
+                              med[("pytfm bf16", t)], bw / limit["bf16"], 0.8))
+        rows.append(ratio_row(f"{t} thr: pytfm fp32 / transformers",
+                              med[("pytfm fp32", t)], med[("transformers", t)], 1.0))
+    print("\n".join(rows))
+    print(json.dumps({f"{n} {t}": v for (n, t), v in med.items()}))
+
+
+if __name__ == "__main__":
+    main()
