@@ -47,12 +47,6 @@
  */
 #include "pytfm_cuda.cuh"
 
-#ifdef __CUDACC__
-#define UNROLL _Pragma("unroll")
-#else
-#define UNROLL
-#endif
-
 enum {
     BK = 64,                  // keys per tile (and query rows per backward tile)
     TX = 8,                   // lanes that share a score row
@@ -108,19 +102,19 @@ static __device__ void load_rows(float *dst, const float *src, int64_t stride, i
 template <int RM, int TY, int LD>
 static __device__ __forceinline__ void scores(float (&s)[RM][8], const float *A, const float *Bm,
                                               int D4, int tx, int ty) {
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < RM; i++)
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < 8; j++) s[i][j] = 0.0f;
     for (int d = 0; d < D4; d += 4) {
         float4 a[RM], b[8];
-        UNROLL
+        PYTFM_UNROLL
         for (int i = 0; i < RM; i++) a[i] = pytfm__load4(A + (ty + TY * i) * LD + d);
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < 8; j++) b[j] = pytfm__load4(Bm + (tx + 8 * j) * LD + d);
-        UNROLL
+        PYTFM_UNROLL
         for (int i = 0; i < RM; i++)
-            UNROLL
+            PYTFM_UNROLL
             for (int j = 0; j < 8; j++) {
                 float t = fmaf(a[i].x, b[j].x, s[i][j]);
                 t = fmaf(a[i].y, b[j].y, t);
@@ -139,16 +133,16 @@ static __device__ __forceinline__ void accumulate(float (&acc)[RM][DP / 8], cons
     constexpr int LD = DP + 4;
     for (int c = 0; c < n4; c += 4) {
         float4 p[RM];
-        UNROLL
+        PYTFM_UNROLL
         for (int i = 0; i < RM; i++) p[i] = pytfm__load4(P + (ty + TY * i) * LDP + c);
-        UNROLL
+        PYTFM_UNROLL
         for (int jj = 0; jj < DP / 32; jj++) {
             const int d = tx * 4 + 32 * jj;
             if (d >= D) continue;
             const float4 v0 = pytfm__load4(V + c * LD + d), v1 = pytfm__load4(V + (c + 1) * LD + d),
                          v2 = pytfm__load4(V + (c + 2) * LD + d),
                          v3 = pytfm__load4(V + (c + 3) * LD + d);
-            UNROLL
+            PYTFM_UNROLL
             for (int i = 0; i < RM; i++) {
                 float *o = acc[i] + 4 * jj;
                 o[0] = fmaf(p[i].w, v3.x, fmaf(p[i].z, v2.x, fmaf(p[i].y, v1.x, fmaf(p[i].x, v0.x, o[0]))));
@@ -164,7 +158,7 @@ static __device__ __forceinline__ void accumulate(float (&acc)[RM][DP / 8], cons
 template <int DP>
 static __device__ __forceinline__ void store_row(float *dst, const float *acc, float mul, int D,
                                                  bool vec, int tx) {
-    UNROLL
+    PYTFM_UNROLL
     for (int jj = 0; jj < DP / 32; jj++) {
         const int d = tx * 4 + 32 * jj;
         if (d >= D) continue;
@@ -230,7 +224,7 @@ static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kerne
     load_rows<BQ, DP, FWD_THREADS>(Qs, a.q + ((b * a.Tq + i0) * H + h) * D, HD, nq, D,
                                    vec && pytfm__aligned4(a.q), a.scale2);
     float m[RM], l[RM], acc[RM][DP / 8] = {};
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < RM; i++) m[i] = -INFINITY, l[i] = 0.0f;
     for (int64_t j0 = j_begin; j0 < j_end; j0 += BK) {
         const int nk = (int)PYTFM_MIN((int64_t)BK, j_end - j0);
@@ -242,11 +236,11 @@ static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kerne
         scores<RM, TY, LD>(s, Qs, Ks, D4, tx, ty);
         // keys past the tile's end, or past a row's position, do not count
         const bool edge = nk < BK || (a.causal && j0 + BK - 1 > a.start + i0);
-        UNROLL
+        PYTFM_UNROLL
         for (int i = 0; i < RM; i++) {
             const int64_t pos = a.start + i0 + ty + TY * i;
             float mx = m[i];
-            UNROLL
+            PYTFM_UNROLL
             for (int j = 0; j < 8; j++) {
                 const int c = tx + 8 * j;
                 if (edge && (c >= nk || (a.causal && j0 + c > pos))) s[i][j] = -INFINITY;
@@ -256,16 +250,16 @@ static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kerne
             const float base = mx == -INFINITY ? 0.0f : mx; // no key yet: every p is 0
             const float alpha = exp2f(m[i] - base);         // 0 on a row's first keys
             float sum = 0.0f;
-            UNROLL
+            PYTFM_UNROLL
             for (int j = 0; j < 8; j++) {
                 s[i][j] = exp2f(s[i][j] - base);
                 sum += s[i][j];
             }
             l[i] = l[i] * alpha + row_sum(sum);
             m[i] = mx;
-            UNROLL
+            PYTFM_UNROLL
             for (int d = 0; d < DP / 8; d++) acc[i][d] *= alpha;
-            UNROLL
+            PYTFM_UNROLL
             for (int j = 0; j < 8; j++) Ps[(ty + TY * i) * LDP + tx + 8 * j] = s[i][j];
         }
         __syncthreads(); // P is whole
@@ -274,7 +268,7 @@ static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kerne
     float *o = a.o + blockIdx.z * a.o_split + ((b * a.Tq + i0) * H + h) * D;
     float *lse = a.lse + blockIdx.z * a.lse_split + (b * H + h) * a.Tq + i0;
     const bool vo = vec && pytfm__aligned4(a.o);
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < RM; i++) {
         const int r = ty + TY * i;
         if (r >= nq) continue;
@@ -370,10 +364,10 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(back
         float p[RM][8], ds[RM][8];
         scores<RM, TY, LD>(p, Ks, Qs, D4, tx, ty);  // Sᵀ: keys × queries
         scores<RM, TY, LD>(ds, Vs, dYs, D4, tx, ty); // dPᵀ
-        UNROLL
+        PYTFM_UNROLL
         for (int i = 0; i < RM; i++) {
             const int64_t key = j0 + ty + TY * i;
-            UNROLL
+            PYTFM_UNROLL
             for (int j = 0; j < 8; j++) {
                 const int r = tx + 8 * j;
                 const bool seen = r < nq && (!a.causal || key <= i0 + r);
@@ -385,15 +379,15 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(back
         __syncthreads(); // Pᵀ is whole
         accumulate<RM, TY, DP>(dv, Ps, dYs, (nq + 3) & ~3, D, tx, ty); // dV += Pᵀ·dY
         __syncthreads(); // every thread is done with Pᵀ
-        UNROLL
+        PYTFM_UNROLL
         for (int i = 0; i < RM; i++)
-            UNROLL
+            PYTFM_UNROLL
             for (int j = 0; j < 8; j++) Ps[(ty + TY * i) * LDP + tx + 8 * j] = ds[i][j];
         __syncthreads(); // dSᵀ is whole
         accumulate<RM, TY, DP>(dk, Ps, Qs, (nq + 3) & ~3, D, tx, ty); // dK += dSᵀ·Q
     }
     const bool vdk = vec && pytfm__aligned4(a.dk), vdv = vec && pytfm__aligned4(a.dv);
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < RM; i++) {
         const int c = ty + TY * i;
         if (c >= nk) continue;
@@ -426,7 +420,7 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backwa
     load_rows<BK, DP, BWD_THREADS>(dYs, a.dy + base + i0 * HD, HD, nq, D,
                                    vec && pytfm__aligned4(a.dy), 1.0f);
     float lse2[RM], dlt[RM], dq[RM][DP / 8] = {};
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < RM; i++) {
         const int r = ty + TY * i;
         lse2[i] = r < nq ? a.lse[(b * H + h) * T + i0 + r] * LOG2E : 0.0f;
@@ -442,10 +436,10 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backwa
         float s[RM][8], dp[RM][8];
         scores<RM, TY, LD>(s, Qs, Ks, D4, tx, ty);
         scores<RM, TY, LD>(dp, dYs, Vs, D4, tx, ty);
-        UNROLL
+        PYTFM_UNROLL
         for (int i = 0; i < RM; i++) {
             const int r = ty + TY * i;
-            UNROLL
+            PYTFM_UNROLL
             for (int j = 0; j < 8; j++) {
                 const int c = tx + 8 * j;
                 const bool seen = c < nk && r < nq && (!a.causal || j0 + c <= i0 + r);
@@ -457,7 +451,7 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backwa
         accumulate<RM, TY, DP>(dq, dSs, Ks, (nk + 3) & ~3, D, tx, ty);
     }
     const bool vdq = vec && pytfm__aligned4(a.dq);
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < RM; i++) {
         const int r = ty + TY * i;
         if (r < nq) store_row<DP>(a.dq + base + (i0 + r) * HD, dq[i], a.scale, D, vdq, tx);

@@ -56,12 +56,6 @@
 
 #include <string.h>
 
-#ifdef __CUDACC__
-#define UNROLL _Pragma("unroll")
-#else
-#define UNROLL
-#endif
-
 namespace {
 
 enum {
@@ -109,16 +103,16 @@ template <Prec P, int D>
 static __device__ __forceinline__ void tc_scores(float (&s)[TC_FRAGS][4], const float *A,
                                                  const float *Bm, int g, int t) {
     constexpr int LD = D + 4;
-    UNROLL
+    PYTFM_UNROLL
     for (int j = 0; j < TC_FRAGS; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     if (P == TF32) {
-        UNROLL
+        PYTFM_UNROLL
         for (int kk = 0; kk < D; kk += 8) {
             const uint32_t a[4] = {pytfm__tf32(A[g * LD + kk + t]),
                                    pytfm__tf32(A[(g + 8) * LD + kk + t]),
                                    pytfm__tf32(A[g * LD + kk + t + 4]),
                                    pytfm__tf32(A[(g + 8) * LD + kk + t + 4])};
-            UNROLL
+            PYTFM_UNROLL
             for (int j = 0; j < TC_FRAGS; j++) {
                 const float *row = Bm + (8 * j + g) * LD + kk;
                 const uint32_t b[2] = {pytfm__tf32(row[t]), pytfm__tf32(row[t + 4])};
@@ -126,14 +120,14 @@ static __device__ __forceinline__ void tc_scores(float (&s)[TC_FRAGS][4], const 
             }
         }
     } else {
-        UNROLL
+        PYTFM_UNROLL
         for (int kk = 0; kk < D; kk += 16) {
             const float *r0 = A + g * LD + kk, *r1 = A + (g + 8) * LD + kk;
             const uint32_t a[4] = {pytfm__bf16x2(r0[2 * t], r0[2 * t + 1]),
                                    pytfm__bf16x2(r1[2 * t], r1[2 * t + 1]),
                                    pytfm__bf16x2(r0[2 * t + 8], r0[2 * t + 9]),
                                    pytfm__bf16x2(r1[2 * t + 8], r1[2 * t + 9])};
-            UNROLL
+            PYTFM_UNROLL
             for (int j = 0; j < TC_FRAGS; j++) {
                 const float *row = Bm + (8 * j + g) * LD + kk;
                 const uint32_t b[2] = {pytfm__bf16x2(row[2 * t], row[2 * t + 1]),
@@ -154,27 +148,27 @@ static __device__ __forceinline__ void tc_accumulate(float (&acc)[D / 8][4],
                                                      const float *X, int g, int t) {
     constexpr int LD = D + 4;
     if (P == TF32) {
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++) {
             // k = t is column 2t, k = t + 4 column 2t + 1
             const uint32_t a[4] = {pytfm__tf32(s[j][0]), pytfm__tf32(s[j][2]),
                                    pytfm__tf32(s[j][1]), pytfm__tf32(s[j][3])};
             const float *x0 = X + (8 * j + 2 * t) * LD, *x1 = x0 + LD;
-            UNROLL
+            PYTFM_UNROLL
             for (int n = 0; n < D / 8; n++) {
                 const uint32_t b[2] = {pytfm__tf32(x0[8 * n + g]), pytfm__tf32(x1[8 * n + g])};
                 pytfm__mma_tf32(acc[n], a, b);
             }
         }
     } else {
-        UNROLL
+        PYTFM_UNROLL
         for (int c = 0; c < TC_FRAGS / 2; c++) {
             const uint32_t a[4] = {pytfm__bf16x2(s[2 * c][0], s[2 * c][1]),
                                    pytfm__bf16x2(s[2 * c][2], s[2 * c][3]),
                                    pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),
                                    pytfm__bf16x2(s[2 * c + 1][2], s[2 * c + 1][3])};
             const float *x0 = X + (16 * c + 2 * t) * LD;
-            UNROLL
+            PYTFM_UNROLL
             for (int n = 0; n < D / 8; n++) {
                 const float *x = x0 + 8 * n + g;
                 const uint32_t b[2] = {pytfm__bf16x2(x[0], x[LD]),
@@ -202,12 +196,12 @@ template <int D>
 static __device__ __forceinline__ void tc_store(float *out, const float (&acc)[D / 8][4],
                                                 const float mul[2], int64_t row0, int64_t rows,
                                                 int64_t HD, int t) {
-    UNROLL
+    PYTFM_UNROLL
     for (int half = 0; half < 2; half++) {
         const int64_t r = row0 + 8 * half;
         if (r >= rows) continue;
         float *o = out + r * HD + 2 * t;
-        UNROLL
+        PYTFM_UNROLL
         for (int n = 0; n < D / 8; n++) {
             o[8 * n] = acc[n][2 * half] * mul[half];
             o[8 * n + 1] = acc[n][2 * half + 1] * mul[half];
@@ -256,9 +250,9 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(tc_forwar
         // keys past the tile's end, or past a row's position, do not count
         const bool edge = nk < TC_KEYS || (a.causal && j0 + TC_KEYS - 1 > i0);
         float mx[2] = {m[0], m[1]};
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
-            UNROLL
+            PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int c = 8 * j + 2 * t + (e & 1);
                 float x = s[j][e] * a.scale2;
@@ -268,7 +262,7 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(tc_forwar
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }
         float sum[2] = {0.0f, 0.0f}, alpha[2];
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < 2; r++) {
             mx[r] = tc_quad_max(mx[r]);
             const float at = mx[r] == -INFINITY ? 0.0f : mx[r]; // no key yet: every p is 0
@@ -276,16 +270,16 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(tc_forwar
             m[r] = mx[r];
             mx[r] = at;
         }
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
-            UNROLL
+            PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
                 s[j][e] = exp2f(s[j][e] - mx[e >> 1]);
                 sum[e >> 1] += s[j][e];
             }
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + tc_quad_sum(sum[r]);
-        UNROLL
+        PYTFM_UNROLL
         for (int n = 0; n < D / 8; n++) {
             acc[n][0] *= alpha[0];
             acc[n][1] *= alpha[0];
@@ -298,7 +292,7 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(tc_forwar
     tc_store<D>(a.o + base, acc, inv, row0, T, HD, t);
     if (t == 0) {
         float *lse = a.lse + (b * H + h) * T;
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < 2; r++)
             if (row0 + 8 * r < T)
                 lse[row0 + 8 * r] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * TC_LN2 : -INFINITY;
@@ -366,9 +360,9 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_dkdv_kernel(tc_backward_
         float p[TC_FRAGS][4], ds[TC_FRAGS][4];
         tc_scores<P, D>(p, Ks + 16 * warp * LD, Qs, g, t);  // Sᵀ: keys × queries
         tc_scores<P, D>(ds, Vs + 16 * warp * LD, dYs, g, t); // dPᵀ
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
-            UNROLL
+            PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int c = 8 * j + 2 * t + (e & 1);
                 const bool seen = c < nq && (!a.causal || key0 + 8 * (e >> 1) <= i0 + c);
@@ -401,7 +395,7 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(tc_backward_ar
     tc_load<TC_ROWS, D>(dYs, a.dy + base + i0 * HD, HD, nq, pytfm__aligned4(a.dy));
     const int64_t row0 = i0 + 16 * warp + g;
     float lse2[2], dlt[2], dq[D / 8][4] = {};
-    UNROLL
+    PYTFM_UNROLL
     for (int r = 0; r < 2; r++) {
         const int64_t row = row0 + 8 * r;
         lse2[r] = row < T ? a.lse[(b * H + h) * T + row] * TC_LOG2E : 0.0f;
@@ -417,9 +411,9 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(tc_backward_ar
         float s[TC_FRAGS][4], ds[TC_FRAGS][4];
         tc_scores<P, D>(s, Qs + 16 * warp * LD, Ks, g, t);
         tc_scores<P, D>(ds, dYs + 16 * warp * LD, Vs, g, t); // dP
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
-            UNROLL
+            PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int c = 8 * j + 2 * t + (e & 1), r = e >> 1;
                 const bool seen = c < nk && (!a.causal || j0 + c <= row0 + 8 * r);

@@ -92,12 +92,6 @@ sgemm_plain_kernel(float *c, const float *a, const float *b, int64_t m, int64_t 
 
 /* ---- the fast kernel ------------------------------------------------------------------ */
 
-#ifdef __CUDACC__
-#define UNROLL _Pragma("unroll")
-#else
-#define UNROLL
-#endif
-
 #ifdef PYTFM_EMULATE
 // a one-SM "GPU", so that the tests' small products take the big tiles too
 enum { SGEMM_SMS = 1 };
@@ -136,7 +130,7 @@ template <int X, int NT> struct AsyncLoader {
     int cols[N];         // how many of its 4 floats lie inside the operand
 
     __device__ __forceinline__ void start(const float *g, int64_t extent, int64_t x0) {
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < N; r++) {
             const int e = threadIdx.x + r * NT, p = e / C, x = e % C * 4;
             const int64_t left = extent - x0 - x;
@@ -149,7 +143,7 @@ template <int X, int NT> struct AsyncLoader {
      * to the next one, FK rows (stride floats) down */
     __device__ __forceinline__ void issue(float *S, const float *g, int64_t k, int64_t p0,
                                           int64_t stride, bool vec) {
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < N; r++) {
             const int e = threadIdx.x + r * NT, p = e / C, x = e % C * 4;
             float *d = S + p * (X + PAD) + x;
@@ -158,7 +152,7 @@ template <int X, int NT> struct AsyncLoader {
                 const int bytes = in ? 4 * cols[r] : 0;
                 pytfm__cp_async16(d, bytes ? src[r] : g, bytes);
             } else {
-                UNROLL
+                PYTFM_UNROLL
                 for (int q = 0; q < 4; q++) {
                     const bool ok = in && q < cols[r];
                     pytfm__cp_async4(d + q, ok ? src[r] + q : g, ok ? 4 : 0);
@@ -183,7 +177,7 @@ template <int X, int NT> struct Staged {
 
     __device__ __forceinline__ void start(const float *g, int64_t extent, int64_t k,
                                           int64_t x0) {
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < N; r++) {
             const int e = threadIdx.x + r * NT, x = e / C, p = e % C * 4;
             src[r] = g + (x0 + x) * k + p;
@@ -193,7 +187,7 @@ template <int X, int NT> struct Staged {
 
     /* the slice at p0 into registers, then on to the next one, FK floats along */
     __device__ __forceinline__ void load(int64_t k, int64_t p0, bool vec) {
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < N; r++) {
             const int e = threadIdx.x + r * NT, p = e % C * 4;
             const int64_t gp = p0 + p;
@@ -215,7 +209,7 @@ template <int X, int NT> struct Staged {
     }
 
     __device__ __forceinline__ void store(float *S) const {
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < N; r++) {
             const int e = threadIdx.x + r * NT, x = e / C, p = e % C * 4;
             S[(p + 0) * (X + PAD) + x] = v[r].x;
@@ -263,9 +257,9 @@ sgemm_fast_kernel(float *__restrict__ c, const float *__restrict__ a,
     Staged<BM, NT> sa;
     Staged<BN, NT> sb;
     float acc[TM][TN];
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < TM; i++)
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
 
     if (TA) la.start(a, m, bm);
@@ -294,22 +288,22 @@ sgemm_fast_kernel(float *__restrict__ c, const float *__restrict__ a,
             else sb.load(k, p1, vb);
             pytfm__cp_async_commit();
         }
-        UNROLL
+        PYTFM_UNROLL
         for (int p = 0; p < FK; p++) { // TM·TN FMAs per TM/4 + TN/4 float4 shared loads
             float ra[TM], rb[TN];
-            UNROLL
+            PYTFM_UNROLL
             for (int g = 0; g < TM / 4; g++) {
                 const float4 v = pytfm__load4(Ac + p * LDA + r0 + 16 * g);
                 ra[4 * g] = v.x, ra[4 * g + 1] = v.y, ra[4 * g + 2] = v.z, ra[4 * g + 3] = v.w;
             }
-            UNROLL
+            PYTFM_UNROLL
             for (int g = 0; g < TN / 4; g++) {
                 const float4 v = pytfm__load4(Bc + p * LDB + c0 + 32 * g);
                 rb[4 * g] = v.x, rb[4 * g + 1] = v.y, rb[4 * g + 2] = v.z, rb[4 * g + 3] = v.w;
             }
-            UNROLL
+            PYTFM_UNROLL
             for (int i = 0; i < TM; i++)
-                UNROLL
+                PYTFM_UNROLL
                 for (int j = 0; j < TN; j++) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
         }
         if (next) {
@@ -322,12 +316,12 @@ sgemm_fast_kernel(float *__restrict__ c, const float *__restrict__ a,
 
     float *const corner = c + (bm + r0) * n + bn + c0; // this thread's first output
     const int64_t rows_in = m - bm - r0, cols_in = n - bn - c0; // may be <= 0
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < TM; i++) {
         const int di = 16 * (i / 4) + i % 4;
         if (di >= rows_in) continue;
         float *crow = corner + di * n;
-        UNROLL
+        PYTFM_UNROLL
         for (int g = 0; g < TN / 4; g++) {
             const int dj = 32 * g;
             const float *v = &acc[i][4 * g];
@@ -342,7 +336,7 @@ sgemm_fast_kernel(float *__restrict__ c, const float *__restrict__ a,
                 }
                 pytfm__store4(crow + dj, o);
             } else {
-                UNROLL
+                PYTFM_UNROLL
                 for (int q = 0; q < 4; q++)
                     if (dj + q < cols_in)
                         crow[dj + q] = beta == 0.0f ? v[q] : beta * crow[dj + q] + v[q];

@@ -58,12 +58,6 @@
  */
 #include "mma.cuh"
 
-#ifdef __CUDACC__
-#define UNROLL _Pragma("unroll")
-#else
-#define UNROLL
-#endif
-
 namespace {
 
 enum {
@@ -130,7 +124,7 @@ template <bool KROWS, bool SWZ> struct TileLoad {
     __device__ __forceinline__ TileLoad(const float *g_, int64_t ld, int64_t rows, int64_t cols,
                                         int64_t row0, int64_t col0, bool vec_)
         : g(g_), kext(KROWS ? cols : rows), step(KROWS ? (int64_t)TBK : TBK * ld), vec(vec_) {
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < CHUNKS; r++) {
             const int e = threadIdx.x + r * TTHREADS, row = e / (L / 4), col = e % (L / 4) * 4;
             const int64_t gr = row0 + row, gc = col0 + col;
@@ -145,7 +139,7 @@ template <bool KROWS, bool SWZ> struct TileLoad {
             src[r] = across[r] ? g + gr * ld + gc : g;
         }
         inside = vec;
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < CHUNKS; r++) inside = inside && across[r] == (KROWS ? 1 : 4);
     }
 
@@ -157,12 +151,12 @@ template <bool KROWS, bool SWZ> struct TileLoad {
     /* slice s into the staging buffer S: past the edges the copies read nothing, zero-fill */
     __device__ __forceinline__ void issue(float *S, int64_t s) const {
         if (inside && kext - s * TBK >= TBK) { // no edge: what nearly every slice takes
-            UNROLL
+            PYTFM_UNROLL
             for (int r = 0; r < CHUNKS; r++)
                 pytfm__cp_async16(S + slot(threadIdx.x + r * TTHREADS), src[r] + s * step, 16);
             return;
         }
-        UNROLL
+        PYTFM_UNROLL
         for (int r = 0; r < CHUNKS; r++) {
             const int e = threadIdx.x + r * TTHREADS;
             const int64_t kp = s * TBK + kpos[r];
@@ -174,7 +168,7 @@ template <bool KROWS, bool SWZ> struct TileLoad {
             if (vec) {
                 pytfm__cp_async16(d, p, 4 * left);
             } else {
-                UNROLL
+                PYTFM_UNROLL
                 for (int q = 0; q < 4; q++)
                     pytfm__cp_async4(d + q, q < left ? p + q : g, q < left ? 4 : 0);
             }
@@ -202,7 +196,7 @@ static __device__ __forceinline__ void store2(uint32_t *p, uint32_t lo, uint32_t
 template <bool KROWS>
 static __device__ __forceinline__ void round_slice(uint32_t *F, const float *S) {
     constexpr int L = KROWS ? TBK : TBM;
-    UNROLL
+    PYTFM_UNROLL
     for (int r = 0; r < TBM * TBK / 4 / TTHREADS; r++) {
         const int e = threadIdx.x + r * TTHREADS; // a chunk of 4 floats at (row, col) of [R][L]
         const int row = e / (L / 4), col = e % (L / 4) * 4;
@@ -222,7 +216,7 @@ template <Prec P, bool AK>
 static __device__ __forceinline__ void load_a(uint32_t fa[MI][4], const uint32_t *F, int wr,
                                               int kk, int lane) {
     const int q = lane / 8, i8 = lane % 8, g = lane / 4, t = lane % 4;
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < MI; i++) {
         const int r0 = wr + 16 * i;
         const void *row;
@@ -246,7 +240,7 @@ static __device__ __forceinline__ void load_a(uint32_t fa[MI][4], const uint32_t
         }
         pytfm__ldmatrix<4, P == BF16 && !AK>(fa[i], row);
         if (P == TF32)
-            UNROLL
+            PYTFM_UNROLL
             for (int w = 0; w < 4; w++) fa[i][w] = tf32_of(fa[i][w]);
     }
 }
@@ -257,7 +251,7 @@ static __device__ __forceinline__ void load_b(uint32_t fb[2][2], const uint32_t 
     const int q = lane / 8, i8 = lane % 8, g = lane / 4, t = lane % 4;
     if (P == TF32 && !BK) { // [k][n]: 32-bit loads, (t, g) (t + 4, g)
         const float *S = (const float *)F;
-        UNROLL
+        PYTFM_UNROLL
         for (int h = 0; h < 2; h++) {
             fb[h][0] = pytfm__tf32(S[tf32_at<false>(kk + t, c0 + 8 * h + g)]);
             fb[h][1] = pytfm__tf32(S[tf32_at<false>(kk + t + 4, c0 + 8 * h + g)]);
@@ -277,7 +271,7 @@ static __device__ __forceinline__ void load_b(uint32_t fb[2][2], const uint32_t 
     }
     uint32_t r4[4];
     pytfm__ldmatrix<4, P == BF16 && !BK>(r4, row);
-    UNROLL
+    PYTFM_UNROLL
     for (int w = 0; w < 4; w++) fb[w / 2][w % 2] = P == TF32 ? tf32_of(r4[w]) : r4[w];
 }
 
@@ -288,17 +282,17 @@ template <Prec P, bool AK, bool BK>
 static __device__ __forceinline__ void slice_products(float acc[MI][NI][4], const uint32_t *Fa,
                                                       const uint32_t *Fb, int wr, int wc,
                                                       int lane) {
-    UNROLL
+    PYTFM_UNROLL
     for (int kk = 0; kk < TBK; kk += P == TF32 ? 8 : 16) {
         uint32_t fa[MI][4];
         load_a<P, AK>(fa, Fa, wr, kk, lane);
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < NI; j += 2) {
             uint32_t fb[2][2];
             load_b<P, BK>(fb, Fb, wc + 8 * j, kk, lane);
-            UNROLL
+            PYTFM_UNROLL
             for (int i = 0; i < MI; i++)
-                UNROLL
+                PYTFM_UNROLL
                 for (int h = 0; h < 2; h++) {
                     if (P == TF32) pytfm__mma_tf32(acc[i][j + h], fa[i], fb[h]);
                     else pytfm__mma_bf16(acc[i][j + h], fa[i], fb[h]);
@@ -339,11 +333,11 @@ sgemm_tc_kernel(float *__restrict__ c, const float *__restrict__ a,
     const TileLoad<BK, P == TF32> lb(b, TB ? k : n, TB ? n : k, TB ? k : n, TB ? bn : 0, TB ? 0 : bn,
                           (vec & 2) != 0);
     float acc[MI][NI][4];
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < MI; i++)
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < NI; j++)
-            UNROLL
+            PYTFM_UNROLL
             for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
 
     const int64_t slices = (k + TBK - 1) / TBK;
@@ -393,11 +387,11 @@ sgemm_tc_kernel(float *__restrict__ c, const float *__restrict__ a,
     }
 
     const int g = lane / 4, t = lane % 4;
-    UNROLL
+    PYTFM_UNROLL
     for (int i = 0; i < MI; i++)
-        UNROLL
+        PYTFM_UNROLL
         for (int j = 0; j < NI; j++)
-            UNROLL
+            PYTFM_UNROLL
             for (int q = 0; q < 4; q++) {
                 const int64_t row = bm + wr + 16 * i + g + 8 * (q / 2);
                 const int64_t col = bn + wc + 8 * j + 2 * t + q % 2;
