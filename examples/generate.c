@@ -20,7 +20,8 @@
  * so a seed gives the same text on every machine, but not the text sample.py gives for it
  * (NumPy's generator differs); --temperature 0 (greedy) gives exactly sample.py's, in either
  * --precision (fp32, or bf16: products of BF16-rounded inputs, the weights read from a BF16
- * copy; pytfm_model_set_precision), and on a GPT-2 folder transformers' greedy continuation.
+ * copy; pytfm_model_set_precision), and on a GPT-2 folder transformers' greedy continuation,
+ * which is a folder's default (sample.py's too), as it is transformers'.
  * --temperature takes what Python's float() takes, as sample.py does (underscores between
  * digits, Unicode digits and spaces, "inf" and "nan"; no hexadecimal), and refuses what
  * sample.py refuses. A bad flag, checkpoint or folder (one without a tokenizer, a prompt longer
@@ -66,7 +67,8 @@ static void help(void) {
            "  --prompt TEXT      text to continue, at least one byte (default \"def \")\n"
            "  --tokens N         tokens to generate, >= 0 (cut to what the model's context "
            "leaves; default 100)\n"
-           "  --temperature T    finite, >= 0; 0: greedy (default 0.8)\n"
+           "  --temperature T    finite, >= 0; 0: greedy (default 0.8; 0 on a GPT-2 folder,\n"
+           "                     as transformers' generate has it)\n"
            "  --top-k K          sample among the K likeliest; 0: all (default 40)\n"
            "  --seed S           0 .. %u (default 0)\n"
            "  --threads N        threads of the kernels; 0: the library's default (default 0)\n"
@@ -283,7 +285,8 @@ typedef struct options {
 
 /* argv into *o; 0, or the exit status of a bad command line (-1: --help was printed) */
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){NULL, "def ", 100, 40, 0, 0, 0.8, PYTFM_PRECISION_FP32};
+    // temperature -1: not given; the model decides (default_temperature)
+    *o = (options){NULL, "def ", 100, 40, 0, 0, -1.0, PYTFM_PRECISION_FP32};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
@@ -393,6 +396,14 @@ static pytfm_tokenizer *load_tokenizer(const char *path) {
         return NULL;
     }
     return tok;
+}
+
+/* --temperature when none is given: 0.8 for a checkpoint (sample.py's default); greedy for a
+ * GPT-2 folder, as transformers' generate() decodes when the model's generation config does
+ * not ask for sampling (GPT-2's does not) */
+static double default_temperature(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0.0 : 0.8;
 }
 
 /* the model at path: a checkpoint file, or a GPT-2 folder (config.json, its weights and its
@@ -588,6 +599,7 @@ int main(int argc, char **argv) {
     pytfm_tokenizer *tok = NULL;
     pytfm_model *model = load(o.checkpoint, &tok);
     if (!model) return 2;
+    if (o.temperature < 0) o.temperature = default_temperature(o.checkpoint);
     stream text = {NULL, 0, 0};
     int64_t *prompt = NULL, n_prompt = 0;
     if (pytfm_model_set_precision(model, o.precision) != PYTFM_STATUS_OK) {

@@ -1,7 +1,7 @@
 """Sample text from a checkpoint written by train_tiny.py, or from a GPT-2 folder.
 
     python examples/sample.py out/model.safetensors --prompt "def " --tokens 100
-    python examples/sample.py gpt2 --prompt "Hello, my name is" --temperature 0   # a folder
+    python examples/sample.py gpt2 --prompt "Hello, my name is"   # a folder: greedy
     python examples/sample.py out/model.safetensors --precision bf16
 
 The prompt is taken as the bytes the shell passed: one token per byte for a byte-level model;
@@ -33,7 +33,9 @@ def parser():
                    help="text to continue, at least one byte (default: %(default)r)")
     p.add_argument("--tokens", type=int, default=100,
                    help="tokens to generate, >= 0 (cut to what the model's context leaves)")
-    p.add_argument("--temperature", type=float, default=0.8, help="finite, >= 0; 0: greedy")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="finite, >= 0; 0: greedy (default 0.8; 0 on a GPT-2 folder, as "
+                   "transformers' generate has it)")
     p.add_argument("--top-k", type=int, default=40, help="sample among the k likeliest; 0: all")
     p.add_argument("--seed", type=int, default=0, help=f"0 .. {SEED_MAX}")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
@@ -94,6 +96,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.tokens < 0:
         p.error(f"--tokens must be >= 0, got {args.tokens}")
+    if args.temperature is None:  # greedy on a GPT-2 folder, as transformers' generate()
+        args.temperature = 0.0 if os.path.isdir(args.checkpoint) else 0.8
     if not 0 <= args.temperature < math.inf:
         p.error(f"--temperature must be finite and >= 0 (0: greedy), got {args.temperature}")
     if args.top_k < 0:

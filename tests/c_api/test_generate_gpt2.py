@@ -90,6 +90,18 @@ def test_greedy_text_is_transformers_greedy_continuation(generate_exe, folder, p
     assert err.count("tokens/s") == 2
 
 
+def test_a_folder_is_greedy_by_default_as_transformers_is(generate_exe, folder):
+    """No --temperature on a GPT-2 folder: transformers' generate() decodes greedily unless the
+    generation config asks for sampling, and so does generate.c, as README's command runs it."""
+    path, model, tok = folder
+    prompt, n = "Hello", 20
+    ids = tok(prompt)["input_ids"]
+    want = greedy(model, [ids], n)[0].tolist()
+    r = run(generate_exe, path, "--prompt", prompt, "--tokens", n)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == prompt.encode() + token_bytes(tok, want[len(ids):]) + b"\n"
+
+
 def test_a_character_split_over_tokens_is_streamed_whole(generate_exe, folder):
     """Tokens that end inside a UTF-8 character: the text is still each token's bytes in
     order (the stream holds a partial character back until the next token completes it)."""

@@ -202,12 +202,15 @@ def gpt2_folder(tmp_path):
     return path, hf, tok, str(tmp_path / "story.txt")
 
 
-def test_sample_py_continues_a_prompt_from_a_folder_as_transformers_does(gpt2_folder, tmp_path):
+@pytest.mark.parametrize("flags", [["--temperature", "0"], []], ids=["greedy", "default"])
+def test_sample_py_continues_a_prompt_from_a_folder_as_transformers_does(gpt2_folder, tmp_path,
+                                                                         flags):
+    """--temperature 0, and no --temperature at all: on a folder the default is greedy, as
+    transformers' generate() decodes unless the generation config asks for sampling."""
     path, hf, tok, _ = gpt2_folder
     prompt = "Hello, my name is"
     theirs = greedy(hf, [tok.encode(prompt)], 40)[0]
-    r, _ = run("sample.py", path, "--prompt", prompt, "--tokens", "40", "--temperature", "0",
-               cwd=tmp_path)
+    r, _ = run("sample.py", path, "--prompt", prompt, "--tokens", "40", *flags, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout == tok.decode(theirs) + "\n"
 
