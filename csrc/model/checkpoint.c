@@ -203,15 +203,17 @@ typedef struct expected {
     int valid; /* the shape's sizes fit in int64 (else no stored tensor can have them) */
 } expected;
 
+const char *const pytfm__layer_parts[PYTFM__LAYER_PARTS] = {
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+const int pytfm__layer_rows[PYTFM__LAYER_PARTS] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1};
+const int pytfm__layer_cols[PYTFM__LAYER_PARTS] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0};
+
 /* the parameter at w, or 0 past the last */
 static int expected_at(const pytfm_model_config *cfg, walk w, expected *x) {
-    static const char *const parts[12] = {
-        "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
-        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
-        "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
-    /* each part's shape in units of C: [rows·C] or [rows·C, cols·C] (a Linear's [out, in]) */
-    static const int rows[12] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1};
-    static const int cols[12] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0};
+    const char *const *parts = pytfm__layer_parts;
+    const int *rows = pytfm__layer_rows, *cols = pytfm__layer_cols;
     const int64_t C = cfg->d_model;
     x->valid = 1;
     x->shape[1] = C;
@@ -244,7 +246,7 @@ static int expected_at(const pytfm_model_config *cfg, walk w, expected *x) {
 static walk next_slot(const pytfm_model_config *cfg, walk w) {
     if (w.layer < 0 && w.slot == 0 && cfg->pos == PYTFM_POS_LEARNED) return (walk){-1, 1};
     if (w.layer < 0) return (walk){0, 0};
-    if (w.layer < cfg->n_layer && w.slot == 11) return (walk){w.layer + 1, 0};
+    if (w.layer < cfg->n_layer && w.slot == PYTFM__LAYER_PARTS - 1) return (walk){w.layer + 1, 0};
     return (walk){w.layer, w.slot + 1};
 }
 

@@ -29,6 +29,14 @@
 
 #include "pytfm.h"
 
+/* A layer's parameters, in the order above: each name after "transformer.h.i.", and its shape
+ * in units of C, [rows·C] (cols 0) or [rows·C, cols·C] (a Linear's [out, in]). The pytfm
+ * checkpoint's reader and the GPT-2 folder's (csrc/model/gpt2.c: Conv1D stores the weights
+ * transposed, [cols·C, rows·C]) both walk this table. */
+enum { PYTFM__LAYER_PARTS = 12 };
+extern const char *const pytfm__layer_parts[PYTFM__LAYER_PARTS];
+extern const int pytfm__layer_rows[PYTFM__LAYER_PARTS], pytfm__layer_cols[PYTFM__LAYER_PARTS];
+
 typedef struct pytfm__weights {
     pytfm_model_config config; /* every field filled, n_params and step included */
     float *params;             /* config.n_params floats, 64-byte aligned; free with free() */

@@ -610,13 +610,6 @@ typedef struct walk {
 } walk;
 
 static int want_at(const pytfm_gpt2 *g, walk w, want *x) {
-    static const char *const parts[12] = {
-        "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
-        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
-        "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
-    /* stored shapes in units of C: [f0·C] or [f0·C, f1·C] (Conv1D's [in, out]) */
-    static const int f0[12] = {1, 1, 1, 3, 1, 1, 1, 1, 1, 4, 4, 1};
-    static const int f1[12] = {0, 0, 3, 0, 1, 0, 0, 0, 4, 0, 1, 0};
     const pytfm_model_config *c = &g->config;
     const char *prefix = g->prefixed ? "transformer." : "";
     const int64_t C = c->d_model;
@@ -630,9 +623,11 @@ static int want_at(const pytfm_gpt2 *g, walk w, want *x) {
     }
     if (w.layer < c->n_layer) {
         snprintf(x->name, sizeof x->name, "%sh.%lld.%s", prefix, (long long)w.layer,
-                 parts[w.slot]);
-        x->ndim = f1[w.slot] ? 2 : 1;
-        x->factor[0] = f0[w.slot], x->factor[1] = f1[w.slot] ? f1[w.slot] : 1;
+                 pytfm__layer_parts[w.slot]);
+        // checkpoint.h's table, a weight stored as Conv1D's [in, out]: [cols·C, rows·C]
+        const int rows = pytfm__layer_rows[w.slot], cols = pytfm__layer_cols[w.slot];
+        x->ndim = cols ? 2 : 1;
+        x->factor[0] = cols ? cols : rows, x->factor[1] = cols ? rows : 1;
         x->conv = x->ndim == 2;
         return 1;
     }
@@ -652,7 +647,7 @@ static int want_at(const pytfm_gpt2 *g, walk w, want *x) {
 static walk next_slot(walk w, int64_t n_layer) {
     if (w.layer < 0 && w.slot == 0) return (walk){-1, 1};
     if (w.layer < 0) return (walk){0, 0};
-    if (w.layer < n_layer && w.slot == 11) return (walk){w.layer + 1, 0};
+    if (w.layer < n_layer && w.slot == PYTFM__LAYER_PARTS - 1) return (walk){w.layer + 1, 0};
     return (walk){w.layer, w.slot + 1};
 }
 
