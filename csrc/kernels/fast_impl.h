@@ -277,6 +277,22 @@ static inline float gemv_sum(const float s[LANES], float tail) {
  * keeps them on the stack. Each row gets the bits it gets alone (the loop after). The next
  * four rows are prefetched meanwhile: w is usually read from L3 (a model's weights pass L2);
  * four rows ahead is what bench/c_generate.py chose (docs/performance.md). */
+/* d[r] = the lanes of sr summed by pytfm__lanes_sum's tree, plus tr, for four rows side by side
+ * so that the tree vectorises across them (one row at a time, it is a chain of scalar shuffles
+ * and adds) */
+static inline void sums4_(float d[4], const float *s0, const float *s1, const float *s2,
+                          const float *s3, float t0, float t1, float t2, float t3) {
+    float u[4][8], v[4][4];
+    for (int l = 0; l < 8; l++) {
+        u[0][l] = s0[l] + s0[l + 8], u[1][l] = s1[l] + s1[l + 8];
+        u[2][l] = s2[l] + s2[l + 8], u[3][l] = s3[l] + s3[l + 8];
+    }
+    for (int r = 0; r < 4; r++)
+        for (int l = 0; l < 4; l++) v[r][l] = u[r][l] + u[r][l + 4];
+    const float t[4] = {t0, t1, t2, t3};
+    for (int r = 0; r < 4; r++) d[r] = ((v[r][0] + v[r][2]) + (v[r][1] + v[r][3])) + t[r];
+}
+
 static void gemv(float *y, const float *x, const float *w, int64_t ldw, const float *b,
                  int64_t in, int64_t out) {
     int64_t o = 0;
@@ -302,17 +318,8 @@ static void gemv(float *y, const float *x, const float *w, int64_t ldw, const fl
             t2 = PYTFM_FMA(x[j], w2[j], t2);
             t3 = PYTFM_FMA(x[j], w3[j], t3);
         }
-        // pytfm__lanes_sum's tree for the four rows side by side, so that it vectorises across
-        // them (one row at a time, it is a chain of scalar shuffles and adds)
-        float u[4][8], v[4][4], d[4];
-        for (int l = 0; l < 8; l++) {
-            u[0][l] = s0[l] + s0[l + 8], u[1][l] = s1[l] + s1[l + 8];
-            u[2][l] = s2[l] + s2[l + 8], u[3][l] = s3[l] + s3[l + 8];
-        }
-        for (int r = 0; r < 4; r++)
-            for (int l = 0; l < 4; l++) v[r][l] = u[r][l] + u[r][l + 4];
-        const float t[4] = {t0, t1, t2, t3};
-        for (int r = 0; r < 4; r++) d[r] = ((v[r][0] + v[r][2]) + (v[r][1] + v[r][3])) + t[r];
+        float d[4];
+        sums4_(d, s0, s1, s2, s3, t0, t1, t2, t3);
         for (int r = 0; r < 4; r++) y[o + r] = b ? d[r] + b[o + r] : d[r];
     }
     for (; o < out; o++) {
@@ -347,15 +354,7 @@ static void dots4_(float d[4], const float *const xs[4], const float *w, int64_t
         t2 = PYTFM_FMA(x2[j], w[j], t2);
         t3 = PYTFM_FMA(x3[j], w[j], t3);
     }
-    float u[4][8], v[4][4];
-    for (int l = 0; l < 8; l++) {
-        u[0][l] = s0[l] + s0[l + 8], u[1][l] = s1[l] + s1[l + 8];
-        u[2][l] = s2[l] + s2[l + 8], u[3][l] = s3[l] + s3[l + 8];
-    }
-    for (int r = 0; r < 4; r++)
-        for (int l = 0; l < 4; l++) v[r][l] = u[r][l] + u[r][l + 4];
-    const float t[4] = {t0, t1, t2, t3};
-    for (int r = 0; r < 4; r++) d[r] = ((v[r][0] + v[r][2]) + (v[r][1] + v[r][3])) + t[r];
+    sums4_(d, s0, s1, s2, s3, t0, t1, t2, t3);
 }
 
 /* One row of w streamed per output, no prefetch: a single sequential read is what the
