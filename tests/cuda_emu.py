@@ -56,6 +56,8 @@ const char *pytfm_emu_error(void);
 void pytfm_emu_graph_free(int64_t graph);
 void pytfm_emu_set_cp_async(int eager);
 void pytfm_emu_ldmatrix_counts(int64_t *out);
+void pytfm_emu_set_switch(int ucontext);
+int pytfm_emu_switch_kind(void);
 """
 # the order of pytfm_emu_counters (emu.h)
 COUNTERS = ("malloc", "free", "malloc_async", "free_async", "memcpy", "sync", "launches",
@@ -78,9 +80,28 @@ def compilers():
     return cc, cxx
 
 
-def _flags(root):
+def _has_fma():
+    """Whether this CPU has the FMA instructions (x86-64 Linux's /proc/cpuinfo says; elsewhere
+    no: fmaf stays libm's call)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "fma" in line.split(":", 1)[1].split()
+                       for line in f)
+    except OSError:
+        return False
+
+
+def _flags(root, kernels=False):
+    """The compiler flags; kernels: those of cuda/*.cu and the emulator, which run the
+    emulated GPU and so most of the time of the tests that use it: -O2, and -mfma where the
+    CPU has it, so that the kernels' fmaf (CUDA's FFMA) is one instruction instead of a call.
+    Neither changes a result: -ffp-contract=off keeps every a·b + c two roundings (g++ would
+    contract them into FMAs under -mfma otherwise, even in ISO C++), and fmaf is rounded once
+    either way."""
     includes = [f"-I{root}/csrc/include", f"-I{root}/csrc", f"-I{os.path.join(root, 'cuda')}"]
-    return ["-O1", "-g", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+    opt = ["-O2", "-ffp-contract=off", *(["-mfma"] if _has_fma() else [])] if kernels \
+        else ["-O1"]
+    return [*opt, "-g", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
             "-DPYTFM_BUILDING", *includes]
 
 
@@ -93,7 +114,8 @@ def _cuda_objects(out_dir, root):
     for src in [*sources, os.path.join(cuda, "emu", "emu.cpp")]:
         obj = os.path.join(out_dir, os.path.basename(src) + ".o")
         if not os.path.exists(obj):
-            run([cxx, "-std=c++17", *_flags(root), "-x", "c++", "-c", src, "-o", obj])
+            run([cxx, "-std=c++17", *_flags(root, kernels=True), "-x", "c++", "-c", src, "-o",
+                 obj])
         objects.append(obj)
     return objects
 

@@ -1,7 +1,8 @@
 /*
  * emu.cpp — the scheduler behind emu.h: blocks one after another, the threads of a block as
- * cooperative fibers (ucontext), barriers and shuffles resolved when every thread they wait
- * for has arrived, and a launch error instead of a hang when that can never happen.
+ * cooperative fibers (a stack each, switched by switch_to below), barriers and shuffles
+ * resolved when every thread they wait for has arrived, and a launch error instead of a hang
+ * when that can never happen.
  */
 #include "emu.h"
 
@@ -9,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <map>
 #include <mutex>
@@ -21,6 +24,123 @@ extern "C" char __start_pytfm_emu_shared[], __stop_pytfm_emu_shared[];
 static __attribute__((section("pytfm_emu_shared"), used)) char pytfm_emu_shared_anchor[16];
 
 namespace pytfm_emu {
+
+/* ---- the fibers' context switch ----------------------------------------------------------
+ * A fiber runs until it yields to the scheduler; the scheduler resumes one fiber at a time.
+ * On x86-64 the switch is pytfm_emu_switch: it pushes the registers the SysV ABI makes a
+ * callee preserve (rbx, rbp, r12-r15) and the SSE and x87 control words on the running stack,
+ * stores the stack pointer, loads the other one and pops the same. glibc's swapcontext does
+ * that too but also saves and restores the signal mask with a system call at every switch,
+ * which nothing here needs (no fiber changes the mask) and which, at 64 switches a warp
+ * collective (each lane to the scheduler and back), would dominate an emulated tensor-core
+ * kernel's time. Elsewhere, or where the process runs with a shadow stack (CET: a bare stack
+ * swap would return where the shadow stack does not expect), ucontext. */
+#if defined(__x86_64__) && defined(__linux__)
+#define PYTFM_EMU_STACK_SWITCH 1
+extern "C" void pytfm_emu_switch(void **save_sp, void *load_sp);
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".type pytfm_emu_switch, @function\n"
+        "pytfm_emu_switch:\n"
+        "  pushq %rbp\n"
+        "  pushq %rbx\n"
+        "  pushq %r12\n"
+        "  pushq %r13\n"
+        "  pushq %r14\n"
+        "  pushq %r15\n"
+        "  subq $8, %rsp\n"
+        "  stmxcsr (%rsp)\n"
+        "  fnstcw 4(%rsp)\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  ldmxcsr (%rsp)\n"
+        "  fldcw 4(%rsp)\n"
+        "  addq $8, %rsp\n"
+        "  popq %r15\n"
+        "  popq %r14\n"
+        "  popq %r13\n"
+        "  popq %r12\n"
+        "  popq %rbx\n"
+        "  popq %rbp\n"
+        "  ret\n"
+        ".size pytfm_emu_switch, .-pytfm_emu_switch\n");
+
+/* whether this process runs with a user shadow stack (Linux's ARCH_SHSTK_STATUS, 0x5005; a
+ * kernel without it answers EINVAL: none) */
+static bool shadow_stack_on() {
+    unsigned long features = 0;
+    return syscall(SYS_arch_prctl, 0x5005, &features) == 0 && (features & 1);
+}
+#else
+#define PYTFM_EMU_STACK_SWITCH 0
+#endif
+
+struct Context {
+    void *sp;       // the saved stack pointer (the stack switch)
+    ucontext_t *uc; // the saved context (ucontext; held apart: a ucontext_t is near 1 KiB,
+                    // which would spread the fibers a warp operation reads over many lines)
+};
+
+// the switch asked for (pytfm_emu_set_switch): 0 the stack switch where there is one, 1
+// ucontext; -1: not yet read from the environment (PYTFM_EMU_SWITCH=ucontext)
+static int switch_request = -1;
+// the switch of the launch running now, fixed when it starts (launches run one at a time)
+static bool stack_switch_now;
+
+/* the switch the next launch uses: true for the stack switch */
+static bool choose_switch() {
+    if (switch_request < 0) {
+        const char *mode = getenv("PYTFM_EMU_SWITCH");
+        switch_request = mode && !strcmp(mode, "ucontext");
+    }
+#if PYTFM_EMU_STACK_SWITCH
+    static const bool shadow_stack = shadow_stack_on();
+    return switch_request == 0 && !shadow_stack;
+#else
+    return false;
+#endif
+}
+
+/* leave `from` (saving where it stands) and resume `to` */
+static inline void switch_to(Context &from, Context &to) {
+#if PYTFM_EMU_STACK_SWITCH
+    if (stack_switch_now) {
+        pytfm_emu_switch(&from.sp, to.sp);
+        return;
+    }
+#endif
+    swapcontext(from.uc, to.uc);
+}
+
+/* make c start entry() on the stack [stack, stack + size) when first switched to; entry
+ * must never return (it switches away for good at its end) */
+static void start_context(Context &c, char *stack, size_t size, void (*entry)()) {
+#if PYTFM_EMU_STACK_SWITCH
+    if (stack_switch_now) {
+        // what pytfm_emu_switch pops, from the low address: the control words (the running
+        // thread's), r15, r14, r13, r12, rbx, rbp, then the address it returns to (entry), and
+        // a zero where entry's caller would have left its return address: so entry starts with
+        // the stack pointer 8 past a 16-byte boundary, as after a call
+        uint64_t *top = (uint64_t *)(((uintptr_t)(stack + size)) & ~(uintptr_t)15);
+        uint64_t *sp = top - 9;
+        uint32_t mxcsr;
+        uint16_t fpucw;
+        __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+        __asm__ volatile("fnstcw %0" : "=m"(fpucw));
+        sp[0] = (uint64_t)mxcsr | (uint64_t)fpucw << 32;
+        for (int i = 1; i <= 6; i++) sp[i] = 0;
+        sp[7] = (uint64_t)(uintptr_t)entry;
+        sp[8] = 0;
+        c.sp = sp;
+        return;
+    }
+#endif
+    getcontext(c.uc);
+    c.uc->uc_stack.ss_sp = stack;
+    c.uc->uc_stack.ss_size = size;
+    c.uc->uc_link = nullptr;
+    makecontext(c.uc, entry, 0);
+}
 
 enum State { RUNNABLE, AT_SYNCTHREADS, AT_WARP, EXITED };
 
@@ -47,7 +167,7 @@ struct AsyncCopy {
 };
 
 struct Fiber {
-    ucontext_t ctx;
+    Context ctx;
     State state;
     dim3 tid;
     WarpOp op;
@@ -66,7 +186,8 @@ struct Launch {
     const std::function<void()> *body;
     std::vector<Fiber> fibers;
     std::vector<unsigned char> shmem;
-    ucontext_t scheduler;
+    Context scheduler;
+    std::vector<ucontext_t> ucontexts; // the fibers' and the scheduler's, under ucontext
     Fiber *current;
     std::string error; // the first failure; the launch stops there
 };
@@ -229,7 +350,7 @@ void cp_async_wait(int pending) {
 static void yield(State state) {
     Fiber *f = active->current;
     f->state = state;
-    swapcontext(&f->ctx, &active->scheduler);
+    switch_to(f->ctx, active->scheduler);
 }
 
 void syncthreads() { yield(AT_SYNCTHREADS); }
@@ -288,22 +409,20 @@ void ldmatrix(uint32_t *r, int num, bool trans, const void *row) {
     memcpy(r, f->lm, sizeof(uint32_t) * (size_t)num);
 }
 
-/* The wavefronts of one matrix's 8 row addresses (see ldmatrix_counts) */
+/* The wavefronts of one matrix's 8 row addresses (see ldmatrix_counts): the most distinct
+ * 32-bit words that fall in one bank. Rows are 16-byte aligned, so two rows are the same
+ * words or share none: the distinct rows' 4 words each are the distinct words. */
 static int64_t ldmatrix_wavefronts(const Fiber *rows) {
-    int64_t worst = 1;
-    for (int bank = 0; bank < 32; bank++) {
-        uintptr_t words[32];
-        int distinct = 0;
-        for (int i = 0; i < 8; i++)
-            for (int w = 0; w < 4; w++) {
-                const uintptr_t word = (uintptr_t)rows[i].value / 4 + (uintptr_t)w;
-                if ((int)(word % 32) != bank) continue;
-                bool seen = false;
-                for (int j = 0; j < distinct; j++) seen |= words[j] == word;
-                if (!seen) words[distinct++] = word;
-            }
-        if (distinct > worst) worst = distinct;
+    int per_bank[32] = {0};
+    for (int i = 0; i < 8; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen |= rows[j].value == rows[i].value;
+        if (seen) continue;
+        for (int w = 0; w < 4; w++) per_bank[((uintptr_t)rows[i].value / 4 + (uintptr_t)w) % 32]++;
     }
+    int64_t worst = 1;
+    for (int bank = 0; bank < 32; bank++)
+        if (per_bank[bank] > worst) worst = per_bank[bank];
     return worst;
 }
 
@@ -351,32 +470,68 @@ static float mma_operand(WarpOp op, uint32_t reg, int half) {
     return v;
 }
 
-/* D = A·B + C over the 32 lanes of a warp (all of them there), fragments per mma_layout */
+/* mma_layout for every element of one instruction's fragments, tabulated once per op: the
+ * layout stays mma_layout's (the self-test checks it against the PTX ISA), the products look
+ * it up */
+struct MmaTable {
+    MmaSlot a[16][16], b[16][8], c[16][8];
+};
+
+static MmaTable mma_table(WarpOp op) {
+    MmaTable t;
+    const int K = op == MMA_TF32_M16N8K8 ? 8 : 16;
+    for (int r = 0; r < 16; r++)
+        for (int p = 0; p < K; p++) t.a[r][p] = mma_layout(op, 'a', r, p);
+    for (int p = 0; p < K; p++)
+        for (int j = 0; j < 8; j++) t.b[p][j] = mma_layout(op, 'b', p, j);
+    for (int r = 0; r < 16; r++)
+        for (int j = 0; j < 8; j++) t.c[r][j] = mma_layout(op, 'c', r, j);
+    return t;
+}
+
+/* D = A·B + C over the 32 lanes of a warp (all of them there), fragments per mma_layout;
+ * each D element C + Σ_p A[r][p]·B[p][j], p in order, each step one fmaf (rounded once). The
+ * 128 elements are independent chains, stepped together (p outermost) so that the compiler
+ * may run them as vectors, many at once (tests/cuda_emu.py builds with -mfma where the CPU
+ * has FMA) */
 static void complete_mma(Fiber *lanes, WarpOp op) {
+    static const MmaTable tables[2] = {mma_table(MMA_TF32_M16N8K8),
+                                       mma_table(MMA_BF16_M16N8K16)};
+    const MmaTable &t = tables[op == MMA_BF16_M16N8K16];
     const int K = op == MMA_TF32_M16N8K8 ? 8 : 16;
     float A[16][16], B[16][8];
     for (int r = 0; r < 16; r++)
         for (int p = 0; p < K; p++) {
-            const MmaSlot s = mma_layout(op, 'a', r, p);
+            const MmaSlot s = t.a[r][p];
             A[r][p] = mma_operand(op, lanes[s.lane].fa[s.reg], s.half);
         }
     for (int p = 0; p < K; p++)
         for (int j = 0; j < 8; j++) {
-            const MmaSlot s = mma_layout(op, 'b', p, j);
+            const MmaSlot s = t.b[p][j];
             B[p][j] = mma_operand(op, lanes[s.lane].fb[s.reg], s.half);
         }
+    float acc[16][8];
     for (int r = 0; r < 16; r++)
         for (int j = 0; j < 8; j++) {
-            const MmaSlot s = mma_layout(op, 'c', r, j);
-            float acc = lanes[s.lane].fc[s.reg];
-            for (int p = 0; p < K; p++) acc = fmaf(A[r][p], B[p][j], acc);
-            lanes[s.lane].fd[s.reg] = acc;
+            const MmaSlot s = t.c[r][j];
+            acc[r][j] = lanes[s.lane].fc[s.reg];
+        }
+    for (int p = 0; p < K; p++)
+        for (int r = 0; r < 16; r++)
+            for (int j = 0; j < 8; j++) acc[r][j] = fmaf(A[r][p], B[p][j], acc[r][j]);
+    for (int r = 0; r < 16; r++)
+        for (int j = 0; j < 8; j++) {
+            const MmaSlot s = t.c[r][j];
+            lanes[s.lane].fd[s.reg] = acc[r][j];
         }
 }
 
+/* a fiber's life: the kernel's body, then back to the scheduler for good */
 static void fiber_main() {
     (*active->body)();
-    active->current->state = EXITED; // uc_link returns to the scheduler
+    Fiber *f = active->current;
+    f->state = EXITED;
+    switch_to(f->ctx, active->scheduler);
 }
 
 /* The lane a shuffle reads, as the CUDA programming guide defines it for each variant. */
@@ -517,7 +672,7 @@ static bool run_ahead(Launch &l) {
                 Fiber &f = l.fibers[i];
                 if (f.state != RUNNABLE) continue;
                 l.current = &f;
-                swapcontext(&l.scheduler, &f.ctx);
+                switch_to(l.scheduler, f.ctx);
                 ran = true;
             }
             if (!ran || !l.error.empty()) break;
@@ -542,11 +697,7 @@ static void run_block(Launch &l, char *stacks, size_t stack_size) {
         f.state = RUNNABLE;
         f.copies.clear(); // a copy never waited for is dropped with its block
         f.groups = 0;
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = stacks + i * stack_size;
-        f.ctx.uc_stack.ss_size = stack_size;
-        f.ctx.uc_link = &l.scheduler;
-        makecontext(&f.ctx, fiber_main, 0);
+        start_context(f.ctx, stacks + i * stack_size, stack_size, fiber_main);
     }
     memset(l.shmem.data(), 0xff, l.shmem.size());
     memset(__start_pytfm_emu_shared, 0xff, __stop_pytfm_emu_shared - __start_pytfm_emu_shared);
@@ -557,7 +708,7 @@ static void run_block(Launch &l, char *stacks, size_t stack_size) {
             Fiber &f = l.fibers[reverse_order ? n - 1 - k : k];
             if (f.state != RUNNABLE) continue;
             l.current = &f;
-            swapcontext(&l.scheduler, &f.ctx);
+            switch_to(l.scheduler, f.ctx);
         }
         exited = 0;
         for (const Fiber &f : l.fibers) exited += f.state == EXITED;
@@ -622,11 +773,17 @@ static void run_launch(dim3 grid, dim3 block, size_t shmem, const std::function<
     }
     static std::mutex one_at_a_time; // the __shared__ section is one for the process
     std::lock_guard<std::mutex> lock(one_at_a_time);
+    stack_switch_now = choose_switch();
     Launch l;
     l.grid = grid;
     l.block = block;
     l.body = &body;
     l.fibers.resize(threads);
+    if (!stack_switch_now) {
+        l.ucontexts.resize(threads + 1);
+        for (size_t i = 0; i < threads; i++) l.fibers[i].ctx.uc = &l.ucontexts[i];
+        l.scheduler.uc = &l.ucontexts[threads];
+    }
     l.shmem.resize(shmem ? shmem : 1);
     l.current = nullptr;
     active = &l;
@@ -660,6 +817,19 @@ extern "C" __attribute__((visibility("default"))) void pytfm_emu_set_order(int r
  * PYTFM_EMU_CP_ASYNC=eager was in the environment at the first copy). */
 extern "C" __attribute__((visibility("default"))) void pytfm_emu_set_cp_async(int eager) {
     pytfm_emu::cp_async_eager = eager != 0;
+}
+
+/* The fibers' context switch from the next launch on: 1 glibc's ucontext, 0 the stack switch
+ * (emu.cpp), where the platform has one (x86-64 Linux without a shadow stack; else ucontext
+ * in any case). The default is 0, unless PYTFM_EMU_SWITCH=ucontext was in the environment at
+ * the first launch. Both run the fibers in the same order: every result is the same. */
+extern "C" __attribute__((visibility("default"))) void pytfm_emu_set_switch(int ucontext) {
+    pytfm_emu::switch_request = ucontext != 0;
+}
+
+/* The switch the next launch uses: 1 ucontext, 0 the stack switch. */
+extern "C" __attribute__((visibility("default"))) int pytfm_emu_switch_kind(void) {
+    return pytfm_emu::choose_switch() ? 0 : 1;
 }
 
 cudaError_t cudaGetLastError(void) {

@@ -3,7 +3,7 @@
  *
  * The .cu sources in cuda/ compile unchanged with a host C++17 compiler when this header stands in
  * for cuda_runtime.h (cuda/pytfm_cuda.cuh chooses). A launch runs its blocks one after another
- * on the calling OS thread; within a block every CUDA thread is a cooperative fiber (ucontext),
+ * on the calling OS thread; within a block every CUDA thread is a cooperative fiber (emu.cpp),
  * and a fiber runs until it reaches __syncthreads(), a shuffle or its end. So:
  *   - __syncthreads() releases the block when every thread of it waits there;
  *   - a shuffle (__shfl_sync, __shfl_up_sync, __shfl_down_sync, __shfl_xor_sync) completes

@@ -88,6 +88,74 @@ def test_emulator_reports_lanes_at_different_shuffles(emu):
         emu.call("emu_mixed_shuffle", np.zeros(32, np.int32), stream=False)
 
 
+def switch_results(emu):
+    """Shuffles, barriers, cp.async, ldmatrix and mma.sync in one go: the TF32 and BF16
+    tensor-core products (pytfm_precision 2 and 1) of one ragged size in all four transposes,
+    the FP32 SGEMM, and emu_shuffles."""
+    rng = np.random.default_rng(11)
+    g = Aligned()
+    got = []
+    for precision in (2, 1):
+        for trans_a, trans_b in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+            a = f32(rng, (28, 65) if trans_a else (65, 28))
+            b = f32(rng, (72, 28) if trans_b else (28, 72))
+            c = g.empty((65, 72))
+            emu.call("pytfm_sgemm_ex_cuda", c, g(a), g(b), 65, 72, 28, trans_a, trans_b, 0.0,
+                     precision)
+            got.append(bits(np.array(c)))
+    out = np.zeros((4, 64), np.int32)
+    emu.call("emu_shuffles", out, 64, 5, 3, 6, 16, stream=False)
+    got.append(out)
+    return got
+
+
+def test_both_context_switches_give_the_same_bits(emu):
+    """The fibers' two context switches (emu.cpp's stack switch, glibc's ucontext) run the
+    same schedule, so every kernel gives the same bits under either."""
+    default = emu.lib.pytfm_emu_switch_kind()
+    try:
+        emu.lib.pytfm_emu_set_switch(1)
+        assert emu.lib.pytfm_emu_switch_kind() == 1
+        slow = switch_results(emu)
+        emu.lib.pytfm_emu_set_switch(0)
+        fast = switch_results(emu)
+    finally:
+        emu.lib.pytfm_emu_set_switch(default)
+    for s, f in zip(slow, fast, strict=True):
+        np.testing.assert_array_equal(s, f)
+
+
+def test_the_switch_comes_from_the_environment(emu):
+    """PYTFM_EMU_SWITCH=ucontext selects ucontext for a run (a fresh process loading the same
+    library); without it the fresh process takes what this one takes when nothing asks for
+    ucontext (the stack switch on x86-64 Linux without a shadow stack, else ucontext)."""
+    import glob
+    import platform
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lib = glob.glob(os.path.join(emu.dir, "libpytfm_emu*.so"))[0]
+    code = f"import cuda_emu; print(cuda_emu.Emu({lib!r}).lib.pytfm_emu_switch_kind())"
+    default = emu.lib.pytfm_emu_switch_kind()
+    try:  # what this process takes when nothing asks for ucontext: the fresh one must agree
+        emu.lib.pytfm_emu_set_switch(0)
+        unasked = emu.lib.pytfm_emu_switch_kind()
+    finally:
+        emu.lib.pytfm_emu_set_switch(default)
+    kinds = {}
+    for mode in ("ucontext", "default"):
+        env = {**os.environ, "PYTHONPATH": tests, "PYTFM_EMU_SWITCH": mode}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           cwd=tests, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        kinds[mode] = int(r.stdout.strip())
+    assert kinds["ucontext"] == 1
+    assert kinds["default"] == unasked
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        assert kinds["default"] == 1  # no stack switch written for this platform
+
+
 def test_emulator_block_sum_dynamic_shared_memory_and_launch_checks(emu):
     x = np.arange(3 * 96, dtype=np.float32).reshape(3, 96)
     for shared_bytes in (128, 48 * 1024):  # the scratch, or all a launch may ask for
