@@ -138,4 +138,30 @@ static __device__ __forceinline__ void pytfm__ldmatrix(uint32_t r[N], const void
 
 #endif
 
+/* ---- the shared-memory layout the ldmatrix loads read ----------------------------------------
+ *   pytfm__swz<CHUNKS>(r, c)    the physical 16-byte chunk of logical chunk c in row r of a
+ *                               tile whose rows are CHUNKS chunks long, so that the 8
+ *                               consecutive rows of one ldmatrix matrix, which share a logical
+ *                               chunk, land in 8 distinct 16-byte bank groups of the 8 in 128
+ *                               bytes (one wavefront a matrix). Rows of 8+ chunks: c ^ r % 8;
+ *                               of 4 (two rows per 128 bytes): c ^ r / 2 % 4; of 2 (32 bytes):
+ *                               c ^ r / 4 % 2.
+ *   pytfm__store2(p, lo, hi)    p[0] = lo, p[1] = hi as one 8-byte shared store (p 8-byte
+ *                               aligned): a warp's 32 such stores of 256 contiguous bytes, in
+ *                               any order, take the least wavefronts (2) */
+template <int CHUNKS> static __device__ __forceinline__ int pytfm__swz(int r, int c) {
+    // (c & ~7) | (c ^ r) & 7 is c ^ (r & 7), written so that c's high bits (a constant in the
+    // unrolled loops) stay an immediate offset: fewer addresses to keep in registers
+    return CHUNKS >= 8 ? (c & ~7) | ((c ^ r) & 7) : c ^ (r / (8 / CHUNKS) & (CHUNKS - 1));
+}
+
+static __device__ __forceinline__ void pytfm__store2(uint32_t *p, uint32_t lo, uint32_t hi) {
+#ifdef PYTFM_EMULATE
+    p[0] = lo;
+    p[1] = hi;
+#else
+    *reinterpret_cast<uint2 *>(p) = make_uint2(lo, hi);
+#endif
+}
+
 #endif /* PYTFM_MMA_CUH */

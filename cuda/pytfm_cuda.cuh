@@ -541,4 +541,12 @@ pytfm_status pytfm__sgemm_ex_cuda(const char *func, float *c, const float *a, co
                                   int64_t m, int64_t n, int64_t k, int32_t trans_a,
                                   int32_t trans_b, float beta, int32_t precision, void *stream);
 
+/* delta[b, h, t] = Σ_d r(dy[b, t, h, d]) · o[b, t, h, d] for rows = B·T·H rows of D (dy, o
+ * [B, T, H, D], delta [B, H, T], written) on the stream, r the rounding precision's tensor-core
+ * products give their inputs (none for FP32): the first pass of attention's backward, of
+ * cuda/attention.cu's and cuda/attention_tc.cu's, defined in cuda/attention.cu */
+pytfm_status pytfm__attention_delta_cuda(const char *func, float *delta, const float *dy,
+                                         const float *o, int64_t rows, int64_t T, int64_t H,
+                                         int64_t D, int32_t precision, void *stream);
+
 #endif /* PYTFM_CUDA_CUH */

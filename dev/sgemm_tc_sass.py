@@ -15,7 +15,8 @@ import re
 import sys
 from collections import Counter
 
-KEYS = ["HMMA", "LDSM", "LDS", "STS", "LDGSTS", "F2FP", "FSETP", "BAR", "DEPBAR", "LDGDEPBAR"]
+KEYS = ["HMMA", "LDSM", "LDS", "STS", "LDGSTS", "LDG", "F2FP", "FSETP", "BAR", "DEPBAR",
+        "LDGDEPBAR"]
 BRANCH = re.compile(r"BRA\s+(?:\w+,\s+)?0x([0-9a-f]+)")
 
 
@@ -80,14 +81,17 @@ def main(path):
     text = open(path).read()
     for f in re.split(r"\n\s*Function : ", text)[1:]:
         name = f.split("\n", 1)[0]
+        m = re.search(r"PrecE(\d)E([ft])Lb(\d)ELb(\d)", name)
+        if not m:  # the conversion pass (to_bf16_kernel): no main loop
+            continue
         ins = [(int(a, 16), b.strip())
                for a, b in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", f)]
         run = walk(ins)
         ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for x in run)
-        m = re.search(r"PrecE(\d)ELb(\d)ELb(\d)", name)
-        prec = "TF32" if m.group(1) == "0" else "BF16"
+        prec = ("TF32" if m.group(1) == "0" else "BF16") + (" (BF16 operands, slices of 32)"
+                                                              if m.group(2) == "t" else "")
         counts = {k: ops[k] for k in KEYS if ops[k]}
-        print(f"{prec} trans_a={m.group(2)} trans_b={m.group(3)}: {len(run)} a slice, {counts}, "
+        print(f"{prec} trans_a={m.group(3)} trans_b={m.group(4)}: {len(run)} a slice, {counts}, "
               f"other {len(run) - sum(counts.values())}")
 
 

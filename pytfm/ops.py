@@ -8,9 +8,9 @@ in pytfm.h: rows and cols, count (a flat array's elements), vocab, B, T, H, D, n
 Backends: NumPy arrays run the C kernels; CuPy arrays run their CUDA twins (pytfm_*_cuda) on
 CuPy's current stream and return CuPy arrays (cupy is imported only when one arrives). All the
 arrays of one call must be of one kind and, for CuPy, on the current device. Every op with array
-arguments has a CUDA twin, but for round_bf16 (NumPy arrays only); the linear layer's
-precision="tf32" runs on CuPy arrays only (the GPU's tensor cores). A library without a twin
-(an older build) takes NumPy arrays only.
+arguments has a CUDA twin, but for round_bf16 (NumPy arrays only); gemm_bf16 (BF16 operands)
+and the linear layer's precision="tf32" run on CuPy arrays only (the GPU's tensor cores). A
+library without a twin (an older build) takes NumPy arrays only.
 Results are of one kind on both backends: arrays of the inputs' kind, a reduction (the loss of
 cross_entropy_forward, sum_squares) a 0-d array, so that nothing is read back from a device
 unless the caller asks (float(loss)).
@@ -29,11 +29,15 @@ True or False only (a bool or numpy.bool_), not None or 0.
 
 import math
 
+import numpy as _np
+
 from . import _core
 from ._arrays import F64 as _F64
 from ._arrays import I64 as _I64
 from ._arrays import Args as _Args
 from ._arrays import check_index_arrays  # noqa: F401 - public: pytfm.ops.check_index_arrays
+
+_U16 = _np.dtype(_np.uint16)  # BF16 bits (gemm_bf16)
 
 # ---- linear ---------------------------------------------------------------------------------
 
@@ -111,6 +115,35 @@ def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None, precision="fp3
     dx = a.empty_like(x)
     a.call(dx, dw, db, dy, x, w, rows, inn, out, *extra)
     return dx, dw, db
+
+
+def gemm_bf16(a, b, *, trans_a=False, trans_b=False, c=None, beta=0.0):
+    """C = beta·C + op(a)·op(b) on BF16 operands, on the GPU's tensor cores
+    (pytfm_gemm_bf16_cuda, the like of cuBLAS's BF16 GEMM): a [m, k] ([k, m] with trans_a) and
+    b [k, n] ([n, k] with trans_b) are CuPy uint16 arrays of BF16 bits (the upper halves of
+    float32 values already rounded to BF16), the products exact and summed in float32.
+    -> c [m, n] float32: a fresh one (beta must then be 0), or the caller's, accumulated into.
+    CuPy arrays only: the CPU has no BF16 operands (round_bf16 keeps float32)."""
+    args = _Args("pytfm_gemm_bf16", locals())
+    if not args.gpu:
+        raise TypeError("gemm_bf16 runs on CuPy arrays only (the GPU's tensor cores); on NumPy "
+                        "arrays round float32 operands with round_bf16 and multiply those")
+    ta, tb = args.bool("trans_a"), args.bool("trans_b")
+    a = args.array("a", dtype=_U16, ndim=2)
+    b = args.array("b", dtype=_U16, ndim=2)
+    m, k = a.shape[::-1] if ta else a.shape
+    kb, n = b.shape[::-1] if tb else b.shape
+    if kb != k:
+        raise ValueError(f"b must have k = {k} {'columns' if tb else 'rows'} (op(a) is "
+                         f"[{m}, {k}], trans_b={tb}), got b.shape {b.shape}")
+    beta = args.float("beta")
+    if c is None and beta != 0.0:
+        raise ValueError(f"beta must be 0 without c (a fresh c holds nothing), got {beta}")
+    c = args.empty((m, n)) if c is None else args.array(
+        "c", ndim=2, shape=(m, n), because="(m, n) of op(a)·op(b)", writable=True)
+    ptr = [_core.ffi.cast("uint16_t *", x.data.ptr) for x in (a, b)]
+    args.call(c, *ptr, m, n, k, int(ta), int(tb), beta)
+    return c
 
 
 def round_bf16(x):

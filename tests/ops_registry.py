@@ -1900,11 +1900,15 @@ NON_OPS = {
     # ... and attention on the tensor cores, twins of no C kernel (the CPU's attention is FP32
     # only): tests/cuda/test_cuda_tc_attention.py holds them to the reference on rounded inputs,
     # their FP32 fallbacks to pytfm_attention_*_cuda's bits, and pytfm.ops' path to them
+    # ... and the product of BF16 operands (raw bits), the twin of no C kernel (the CPU has no
+    # BF16 operands): tests/cuda/test_cuda_bf16_gemm.py holds it to the reference and to
+    # pytfm_sgemm_ex_cuda's BF16 bits
     "pytfm_cuda.h": ("pytfm_cuda_device_count", "pytfm_cuda_stream_synchronize",
                      "pytfm_cuda_workspace_set", "pytfm_cuda_workspace_clear",
                      "pytfm_cuda_workspace_get", "pytfm_cuda_adamw_scalars",
                      "pytfm_adamw_step_scalars_cuda",
-                     "pytfm_attention_forward_ex_cuda", "pytfm_attention_backward_ex_cuda"),
+                     "pytfm_attention_forward_ex_cuda", "pytfm_attention_backward_ex_cuda",
+                     "pytfm_gemm_bf16_cuda"),
 }
 
 

@@ -93,20 +93,37 @@ PYTFM_API pytfm_status pytfm_linear_forward_cuda(float *y, const float *x, const
  * (mma.sync m16n8k8 TF32, m16n8k16 BF16; sm_80 and newer), C = β·C + Σ_p r(op(A)[i, p])·
  * r(op(B)[p, j]) with r the rounding of the precision (TF32: to nearest, ties away from zero,
  * cvt.rna; BF16: pytfm_round_bf16's, to nearest even, but float32 subnormals kept, not
- * flushed) applied in registers as the inputs are read (A and B stay float32 and unchanged),
- * each product exact in float32 and the sums float32 (in the order of the mma instructions:
- * not pytfm_sgemm_ex's bits). 128×128 tiles
- * per block, double-buffered cp.async tiles, any m, n, k >= 0, every transpose, any float
- * alignment; no scratch. */
+ * flushed) applied as the inputs are read (A and B stay float32 and unchanged), each product
+ * exact in float32 and the sums float32 (in the order of the mma instructions: not
+ * pytfm_sgemm_ex's bits). 128×128 tiles per block, cp.async tiles, any m, n, k >= 0, every
+ * transpose, any float alignment. Scratch: none, but for the larger BF16 products, which round
+ * A and B into BF16 copies in stream scratch first (2·(m·k + k·n) bytes, each row padded to a
+ * multiple of 8 elements) and multiply those as pytfm_gemm_bf16_cuda does: the same bits as
+ * rounding in the block, whichever is taken (cuda/sgemm_tc.cu says where it pays). */
 PYTFM_API pytfm_status pytfm_sgemm_ex_cuda(float *c, const float *a, const float *b, int64_t m,
                                            int64_t n, int64_t k, int32_t trans_a,
                                            int32_t trans_b, float beta, int32_t precision,
                                            void *stream);
 
+/* C [m, n] = β·C + op(A)·op(B) on BF16 operands, the like of cuBLAS's BF16 GEMM with FP32 C
+ * and FP32 sums (cuda/sgemm_tc.cu, the tensor cores, sm_80 and newer): a [m, k] ([k, m] with
+ * trans_a) and b [k, n] ([n, k] with trans_b) hold BF16 values as their raw bits (the upper
+ * half of a float32's; a NaN stays a NaN), C is float32, accumulated into (β = 0: C is only
+ * written, never read). C = β·C + Σ_p A[i, p]·B[p, j], each product exact in float32 and summed
+ * in float32 in the order of the mma instructions: for BF16 values the bits of
+ * pytfm_sgemm_ex_cuda at PYTFM_PRECISION_BF16 on their float32 widening. Any m, n, k >= 0,
+ * every transpose; 16-byte cp.async where a base is 16-byte aligned and its rows a multiple of
+ * 8 elements, 4-byte ones where both are even, 2-byte loads otherwise (a view offset by one
+ * element); no scratch. C must not overlap a or b. */
+PYTFM_API pytfm_status pytfm_gemm_bf16_cuda(float *c, const uint16_t *a, const uint16_t *b,
+                                            int64_t m, int64_t n, int64_t k, int32_t trans_a,
+                                            int32_t trans_b, float beta, void *stream);
+
 /* As pytfm_linear_forward_ex, pytfm_linear_gelu_forward_ex and pytfm_linear_backward_ex, on
  * the GPU: PYTFM_PRECISION_FP32 gives the bits of the twins without _ex; TF32 and BF16 run
  * each product (x·Wᵀ; dy·W and dyᵀ·x) as pytfm_sgemm_ex_cuda does, the bias, the GELU and
- * db (the column sums of dy, unrounded) as the twins without _ex. Scratch: theirs. */
+ * db (the column sums of dy, unrounded) as the twins without _ex. Scratch: theirs, and that
+ * of their BF16 products (pytfm_sgemm_ex_cuda's). */
 PYTFM_API pytfm_status pytfm_linear_forward_ex_cuda(float *y, const float *x, const float *w,
                                                     const float *b, int64_t rows, int64_t in,
                                                     int64_t out, int32_t precision,

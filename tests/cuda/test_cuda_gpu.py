@@ -324,6 +324,43 @@ def test_tensor_core_sgemm_against_the_rounded_reference(precision, m, n, k, tra
     same(f"sgemm_ex.{precision}.{m}x{n}x{k}", c, want, tol, 0)
 
 
+@pytest.mark.parametrize("m,n,k,trans_a,trans_b,offset",
+                         [(4096, 4096, 4096, 0, 1, 0), (4096, 4096, 4096, 1, 0, 0),
+                          (129, 131, 77, 1, 1, 0), (300, 70, 33, 0, 0, 1),
+                          (65, 64, 40, 0, 1, 2), (1, 300, 17, 0, 1, 0)])
+def test_gemm_bf16_is_the_bf16_product_of_its_widened_operands(m, n, k, trans_a, trans_b,
+                                                               offset):
+    """pytfm_gemm_bf16_cuda (ops.gemm_bf16) on BF16 bits gives the bits of pytfm_sgemm_ex_cuda
+    at BF16 on their float32 widening, as its header says, at 4096³ (the BF16-operand kernel on
+    both sides) and at small or offset sizes (the in-block route, views 2 or 4 bytes off a
+    16-byte boundary: the 2- and 4-byte copies); and lands within the rounded reference's
+    bound."""
+    from pytfm import ops
+    from pytfm._core import check, ffi, lib
+
+    a, b, _, _ = sgemm_case(m, n, k, trans_a, trans_b, seed=m + n + k)
+    wide = [tensor_core_rounded(x, 1).astype(cp.float32) for x in (a, b)]
+    bits16 = []
+    for x in wide:
+        flat = cp.zeros(x.size + offset, cp.uint16)
+        flat[offset:] = (x.view(cp.uint32) >> 16).astype(cp.uint16).reshape(-1)
+        bits16.append(flat[offset:].reshape(x.shape))
+    c = ops.gemm_bf16(*bits16, trans_a=bool(trans_a), trans_b=bool(trans_b))
+    want = cp.full((m, n), cp.nan, cp.float32)
+    stream = ffi.cast("void *", cp.cuda.get_current_stream().ptr)
+    check(lib.pytfm_sgemm_ex_cuda(ffi.cast("float *", want.data.ptr),
+                                  ffi.cast("float *", wide[0].data.ptr),
+                                  ffi.cast("float *", wide[1].data.ptr), m, n, k, trans_a,
+                                  trans_b, 0.0, 1, stream))
+    assert bits_equal(c, want)
+    opa = wide[0].T if trans_a else wide[0]
+    opb = wide[1].T if trans_b else wide[1]
+    ref = cp.matmul(opa.astype(cp.float64), opb.astype(cp.float64))
+    tol = 1.01 * (k + 2) * 2 * 2.0**-24 * cp.matmul(abs(opa.astype(cp.float64)),
+                                                     abs(opb.astype(cp.float64)))
+    same(f"gemm_bf16.{m}x{n}x{k}", c, ref, tol, 0)
+
+
 @pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
 def test_sgemm_on_views_offset_by_one_float(trans_a, trans_b):
     """x[1:] of a larger array is contiguous but 4 bytes past a 16-byte boundary: the loaders
