@@ -45,7 +45,9 @@
  *
  * Its expected speed on an H200 (an estimate, with its method): docs/performance.md.
  */
-#include "pytfm_cuda.cuh"
+#include "mma.cuh"
+
+#include <string.h>
 
 enum {
     BK = 64,                  // keys per tile (and query rows per backward tile)
@@ -303,17 +305,43 @@ static __global__ void attention_merge_kernel(float *o, float *lse, const float 
 
 // ---- backward ------------------------------------------------------------------------------
 
-/* delta[b, h, t] = Σ_d dy[b, t, h, d] · o[b, t, h, d]: a warp per row (b, t, h) */
+/* x as precision PREC rounds a tensor-core fragment's input: FP32 not at all, TF32 by
+ * cvt.rna.tf32.f32, BF16 by cvt.rn.bf16x2.f32 (cuda/mma.cuh) */
+template <int32_t PREC> static __device__ __forceinline__ float delta_round(float x) {
+    if (PREC == PYTFM_PRECISION_FP32) return x;
+    uint32_t u = PREC == PYTFM_PRECISION_TF32 ? pytfm__tf32(x) : pytfm__bf16x2(x, 0.0f) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* delta[b, h, t] = Σ_d r(dy[b, t, h, d]) · o[b, t, h, d], r delta_round: a warp per row
+ * (b, t, h) */
+template <int32_t PREC>
 static __global__ void attention_delta_kernel(float *delta, const float *dy, const float *o,
                                               int64_t rows, int64_t T, int64_t H, int D) {
     const pytfm__row_team<true> team;
     for (int64_t r = team.first; r < rows; r += team.step) {
         float s = 0.0f;
-        for (int d = (int)team.rank; d < D; d += PYTFM_WARP) s += dy[r * D + d] * o[r * D + d];
+        for (int d = (int)team.rank; d < D; d += PYTFM_WARP)
+            s += delta_round<PREC>(dy[r * D + d]) * o[r * D + d];
         s = pytfm__warp_sum(s);
         const int64_t h = r % H, t = r / H % T, b = r / (H * T);
         if (team.rank == 0) delta[(b * H + h) * T + t] = s;
     }
+}
+
+pytfm_status pytfm__attention_delta_cuda(const char *func, float *delta, const float *dy,
+                                         const float *o, int64_t rows, int64_t T, int64_t H,
+                                         int64_t D, int32_t precision, void *stream) {
+    void (*kernel)(float *, const float *, const float *, int64_t, int64_t, int64_t, int) =
+        precision == PYTFM_PRECISION_TF32   ? attention_delta_kernel<PYTFM_PRECISION_TF32>
+        : precision == PYTFM_PRECISION_BF16 ? attention_delta_kernel<PYTFM_PRECISION_BF16>
+                                            : attention_delta_kernel<PYTFM_PRECISION_FP32>;
+    return pytfm__launch(func, kernel,
+                         dim3(pytfm__blocks(rows, PYTFM_ROW_THREADS / PYTFM_WARP,
+                                            PYTFM_MAX_BLOCKS)),
+                         dim3(PYTFM_ROW_THREADS), 0, stream, delta, dy, o, rows, T, H, (int)D);
 }
 
 struct backward_args {
@@ -565,11 +593,8 @@ extern "C" pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, floa
     float *delta = nullptr;
     PYTFM_TRY(pytfm__stream_scratch(__func__, &delta, B * H * T, stream));
     const int64_t rows = B * T * H;
-    pytfm_status st = pytfm__launch(__func__, attention_delta_kernel,
-                                    dim3(pytfm__blocks(rows, PYTFM_ROW_THREADS / PYTFM_WARP,
-                                                       PYTFM_MAX_BLOCKS)),
-                                    dim3(PYTFM_ROW_THREADS), 0, stream, delta, dy, o, rows, T, H,
-                                    (int)D);
+    pytfm_status st = pytfm__attention_delta_cuda(__func__, delta, dy, o, rows, T, H, D,
+                                                  PYTFM_PRECISION_FP32, stream);
     if (st == PYTFM_STATUS_OK) {
         const backward_args a = {dq, dk, dv, dy, q, k, v, lse, delta, T, H, (int)D, scale,
                                  scale * LOG2E, causal != 0};

@@ -8,7 +8,7 @@
  *   S = scale · q kᵀ,  P = softmax(S) (causal: keys s <= t),  O = P v,  lse = log Σ_s e^S
  *
  * FlashAttention-2's structure: a block of 4 warps per (batch·head, tile of 64 queries), a
- * warp per 16 query rows; K and V tiles of 64 keys go through shared memory (FP32, as they lie);
+ * warp per 16 query rows; K and V tiles of 64 keys go through shared memory (the tiles below);
  * S = Q·Kᵀ is 8 m16n8 fragments per warp (mma.sync m16n8k8 TF32 or m16n8k16 BF16), scaled by
  * scale·log2 e in FP32 after the product (scores in base 2, exp2f), the online softmax in FP32
  * on the fragments (a row's max and sum over the 4 lanes that hold it):
@@ -30,7 +30,8 @@
  * Backward (dy the gradient of O), P recomputed from q, k and lse, no atomics (the same bits on
  * every run):
  *   delta_t = Σ_d r(dy_td)·O_td       (first, into scratch [B, H, T] on the stream; r the
- *                                     precision's rounding, so that delta = Σ_s P_ts dP_ts)
+ *                                     precision's rounding, so that delta = Σ_s P_ts dP_ts;
+ *                                     attention.cu's delta pass, pytfm__attention_delta_cuda)
  *   dP_ts = dy_t · v_s,  dS_ts = P_ts (dP_ts − delta_t)
  *   dV_s = Σ_t P_ts dy_t,  dK_s = scale · Σ_t dS_ts q_t,  dQ_t = scale · Σ_s dS_ts k_s
  * dK and dV: a block per (batch·head, tile of 64 keys), a warp per 16 keys, walking the query
@@ -39,11 +40,41 @@
  * tile walking the key tiles, S and dP again, dQ += dS·K. Nothing goes through shared memory
  * but the four input tiles.
  *
- * Shared tiles are [64][D + 4] floats: the fragment reads (row g, column t) and the permuted
- * V reads (rows 2t, 2t + 1, column g) fall in 32 distinct banks (BF16's pairs: 2-way). Loads are
- * float4 where the array is 16-byte aligned (D is a multiple of 16, so every row then is),
- * scalar otherwise; rows past T are zero. Memory: shared tiles and the backward's delta; nothing
- * depends on T.
+ * Shared tiles (Tile): every operand, the block's fixed one (forward: Q; dK/dV: K, V; dQ: Q,
+ * dY) once and each streamed tile (K, V; Q, dY) once, as the fragments read it:
+ *  - BF16: [64][D] halves, rounded by cvt.rn.bf16x2.f32 as they are stored (the Rounding
+ *    paragraph's r(x), whether applied as a value is stored or as it is read: the fragments
+ *    and the bound are the same; each element converted once a block, not once a warp that
+ *    reads it, and half the bytes),
+ *    XOR-swizzled by 16-byte chunks (pytfm__swz, cuda/mma.cuh) so that the 8 rows of an ldmatrix matrix fall in 8
+ *    distinct bank groups: one wavefront a matrix, which the emulator counts
+ *    (tests/cuda/test_cuda_tc_attention.py). Fragments by ldmatrix.x4: rows k long (A, and the
+ *    B of Q·Kᵀ-shaped scores, whose rows are D long) as they lie; the B of P·V-shaped products,
+ *    which runs across the stored rows, with .trans.
+ *  - TF32: [64][D + 4] floats, FP32 as they lie, read by 32-bit loads (ldmatrix cannot
+ *    transpose 32-bit elements, which P·V needs): the fragment reads (row g, column t) and the
+ *    permuted V reads (rows 2t, 2t + 1, column g) fall in 32 distinct banks.
+ * Global loads are float4 where the array is 16-byte aligned (D is a multiple of 16, so every
+ * row then is), scalar otherwise; rows past T are zero and never read.
+ * Double buffering (Tile::PREFETCH): the next streamed tile's global loads are issued before
+ * this tile's products into registers (TileRegs, D floats a thread for two tiles), converted
+ * and stored into the other buffer after them; one barrier a tile orders it all (the loops
+ * say how). Register staging rather than cp.async: cp.async cannot convert, so with FP32 in
+ * global memory and BF16 in shared it would need an FP32 staging tile (twice the BF16 tile's
+ * bytes, written by the copies and read back by a conversion pass: about 5× the shared-memory
+ * wavefronts of storing the converted registers, 80 against 16 per warp and product tile, on
+ * kernels bound by shared memory), and 64 KB more shared memory a block; its advantage, no
+ * registers held, matters only where the registers run out, and there neither way fits:
+ * where the accumulators leave no room for the staged tile (the forward and dQ passes at
+ * D = 128, dK/dV's, with twice the accumulators, past D = 32 in BF16 and 16 in TF32), a pass
+ * keeps one buffer and loads the next tile after its products (a barrier before the store),
+ * and the SM's other block hides the loads. The forward keeps Q's fragments in registers
+ * across the key tiles at D <= 64 (no A reads from shared memory); the dQ and dK/dV passes,
+ * two score products a tile, read theirs a k step at a time (holding both would spill).
+ * Registers and occupancy (the ptxas report in pytfm/lib/cuda_build.log): 184-255 registers
+ * at D = 64, no spills on sm_80 and sm_90: two blocks (8 warps) an SM; shared memory at D = 64
+ * BF16 40 / 32.5 / 48 KiB (forward / dK/dV / dQ), TF32 85 / 68.5 / 102 KiB (two blocks on
+ * sm_90's 227 KiB; on sm_80's 163 one forward or dQ block). Nothing depends on T.
  *
  * Decode (pytfm_attention_decode_cuda) stays on attention.cu's FP32 kernel in every precision:
  * one or a few query rows read each cached key and value once for 4 FLOPs per 8 bytes (0.5
@@ -64,96 +95,178 @@ enum {
     TC_THREADS = 128, // 4 warps, 16 rows each
     TC_FRAGS = TC_KEYS / 8,
 };
+static_assert(TC_ROWS == TC_KEYS, "one tile shape for the fixed and the streamed operands");
 
 constexpr float TC_LOG2E = 1.4426950408889634f, TC_LN2 = 0.6931471805599453f;
 
 enum Prec { TF32, BF16 };
 
-static __device__ __forceinline__ float tc_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
+/* The shape of one shared tile of 64 rows of D: TF32 [64][D + 4] floats (FP32 as the rows lie,
+ * padded: the 32-bit fragment reads of the opening comment fall in 32 distinct banks); BF16
+ * [64][D] halves, rounded once as stored, XOR-swizzled by pytfm__swz for ldmatrix. WORDS: its
+ * 32-bit words (a multiple of 4: every tile starts 16-byte aligned). KS: the mma k steps over
+ * D (m16n8k8: D / 8; m16n8k16: D / 16). PREFETCH: whether the next tile's global loads are
+ * issued before this tile's products (register-staged double buffering, D floats a thread for
+ * two tiles); at D = 128 that would be 128 registers more than the accumulators leave, so the
+ * loads go after the products there (the other blocks of the SM hide them). */
+template <Prec P, int D> struct Tile {
+    static constexpr int LD = D + 4;
+    static constexpr int WORDS = P == TF32 ? TC_KEYS * LD : TC_KEYS * D / 2;
+    static constexpr int KS = P == TF32 ? D / 8 : D / 16;
+    static constexpr bool PREFETCH = D <= 64;
+    // the dK/dV pass: its dK and dV accumulators (D floats a thread) and two score blocks (64)
+    // leave no room for two staged tiles (D floats more) past D = 32
+    static constexpr bool PREFETCH_DKDV = P == BF16 ? D <= 32 : D <= 16;
+    static_assert(WORDS % 4 == 0, "16-byte aligned tiles");
+};
+
+/* the address of logical chunk c (halves 8c .. 8c + 7) of row r of a BF16 tile */
+template <int D>
+static __device__ __forceinline__ const uint16_t *tc_chunk(const uint32_t *tile, int r, int c) {
+    return (const uint16_t *)tile + r * D + pytfm__swz<D / 8>(r, c) * 8;
 }
 
-/* x rounded as precision P rounds a fragment's input (an FP32 value) */
-template <Prec P> static __device__ __forceinline__ float tc_round(float x) {
-    return P == TF32 ? tc_bits(pytfm__tf32(x)) : tc_bits(pytfm__bf16x2(x, 0.0f) << 16);
-}
+/* One tile's rows [0, 64) in registers on their way to shared memory: row r is src + r·stride
+ * (r < n), zero past n; each thread D / 8 chunks of 4 floats (chunk e = threadIdx.x + 128i:
+ * row e / (D / 4), column e % (D / 4) · 4, so a warp covers 2-8 whole rows). load reads global
+ * memory (vec: src 16-byte aligned, and then every row is: D % 16 == 0; else scalar loads);
+ * store writes the tile: TF32 as FP32, BF16 rounded by cvt.rn.bf16x2.f32 (the rounding the
+ * fragments of an FP32 tile would get) into its swizzled chunk, 8 bytes a thread: a warp's
+ * stores cover 256 contiguous bytes, a permutation of them (2 wavefronts, the least). */
+template <Prec P, int D> struct TileRegs {
+    static constexpr int N = TC_KEYS * D / 4 / TC_THREADS;
+    float4 x[N];
 
-/* Rows [0, ROWS) of a tile into dst [ROWS][D + 4]: row r is src + r·stride (r < n), zero past
- * n. vec: src 16-byte aligned (then every row is: D % 16 == 0). */
-template <int ROWS, int D>
-static __device__ void tc_load(float *dst, const float *src, int64_t stride, int n, bool vec) {
-    constexpr int C = D / 4;
-    for (int e = threadIdx.x; e < ROWS * C; e += TC_THREADS) {
-        const int r = e / C, d = e % C * 4;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < n) {
-            const float *p = src + r * stride + d;
-            if (vec) x = pytfm__load4(p);
-            else x = make_float4(p[0], p[1], p[2], p[3]);
+    /* chunk i of this thread from global memory */
+    static __device__ __forceinline__ float4 fetch(int i, const float *src, int64_t stride,
+                                                   int n, bool vec) {
+        const int e = threadIdx.x + i * TC_THREADS, r = e / (D / 4), d = e % (D / 4) * 4;
+        if (r >= n) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float *p = src + r * stride + d;
+        return vec ? pytfm__load4(p) : make_float4(p[0], p[1], p[2], p[3]);
+    }
+
+    /* chunk i of this thread into the tile */
+    static __device__ __forceinline__ void put(uint32_t *tile, int i, float4 v) {
+        const int e = threadIdx.x + i * TC_THREADS, r = e / (D / 4), d = e % (D / 4) * 4;
+        if (P == TF32) {
+            pytfm__store4((float *)tile + r * Tile<P, D>::LD + d, v);
+        } else {
+            const int half = r * D + pytfm__swz<D / 8>(r, d / 8) * 8 + d % 8;
+            pytfm__store2(tile + half / 2, pytfm__bf16x2(v.x, v.y), pytfm__bf16x2(v.z, v.w));
         }
-        pytfm__store4(dst + r * (D + 4) + d, x);
+    }
+
+    __device__ __forceinline__ void load(const float *src, int64_t stride, int n, bool vec) {
+        PYTFM_UNROLL
+        for (int i = 0; i < N; i++) x[i] = fetch(i, src, stride, n, vec);
+    }
+
+    __device__ __forceinline__ void store(uint32_t *tile) const {
+        PYTFM_UNROLL
+        for (int i = 0; i < N; i++) put(tile, i, x[i]);
+    }
+};
+
+/* a whole tile straight into shared memory, 4 chunks at a time (not the whole tile in
+ * registers, which the unrolled loop would let the compiler batch) */
+template <Prec P, int D>
+static __device__ __forceinline__ void tc_load(uint32_t *tile, const float *src, int64_t stride,
+                                               int n, bool vec) {
+    PYTFM_UNROLL4
+    for (int i = 0; i < TileRegs<P, D>::N; i++)
+        TileRegs<P, D>::put(tile, i, TileRegs<P, D>::fetch(i, src, stride, n, vec));
+}
+
+/* The A fragment of rows r0 .. r0 + 15 of a tile at k step ks: TF32 by 32-bit reads (rounded
+ * by cvt.rna.tf32.f32), BF16 by ldmatrix.x4 (matrices (r0, 2ks), (r0 + 8, 2ks), (r0, 2ks + 1),
+ * (r0 + 8, 2ks + 1) in chunks: the a layout's registers in order). */
+template <Prec P, int D>
+static __device__ __forceinline__ void tc_frag_a(uint32_t (&a)[4], const uint32_t *tile, int r0,
+                                                 int ks, int lane) {
+    const int g = lane / 4, t = lane % 4, q = lane / 8, i8 = lane % 8;
+    if (P == TF32) {
+        constexpr int LD = Tile<P, D>::LD;
+        const float *A = (const float *)tile + r0 * LD + 8 * ks;
+        a[0] = pytfm__tf32(A[g * LD + t]);
+        a[1] = pytfm__tf32(A[(g + 8) * LD + t]);
+        a[2] = pytfm__tf32(A[g * LD + t + 4]);
+        a[3] = pytfm__tf32(A[(g + 8) * LD + t + 4]);
+    } else {
+        pytfm__ldmatrix<4, false>(a, tc_chunk<D>(tile, r0 + i8 + 8 * (q % 2), 2 * ks + q / 2));
     }
 }
 
-/* s[j] = A·Bᵀ for the warp's 16 rows of A (row stride D + 4) and rows 8j .. 8j + 7 of Bm
- * (j < TC_FRAGS): the m16n8 fragments of a 16 × 64 block of scores, summed over d < D */
+/* every k step's A fragments of rows r0 .. r0 + 15 (to hold them across the tiles) */
 template <Prec P, int D>
-static __device__ __forceinline__ void tc_scores(float (&s)[TC_FRAGS][4], const float *A,
-                                                 const float *Bm, int g, int t) {
-    constexpr int LD = D + 4;
+static __device__ __forceinline__ void tc_rows(uint32_t (&a)[Tile<P, D>::KS][4],
+                                               const uint32_t *tile, int r0, int lane) {
+    PYTFM_UNROLL
+    for (int ks = 0; ks < Tile<P, D>::KS; ks++) tc_frag_a<P, D>(a[ks], tile, r0, ks, lane);
+}
+
+/* s[j] = A·Bᵀ for the warp's 16 rows r0 .. r0 + 15 of the tile At and rows 8j .. 8j + 7 of the
+ * tile Bm (j < TC_FRAGS): the m16n8 fragments of a 16 × 64 block of scores, summed over d < D.
+ * HELD: A's fragments are a (from tc_rows), else read from At a k step at a time. BF16's B
+ * fragments by ldmatrix.x4, two key fragments a load (matrices: keys 16p .. 16p + 7 at chunks
+ * 2ks, 2ks + 1, then keys 16p + 8 .. 16p + 15). */
+template <Prec P, int D, bool HELD>
+static __device__ __forceinline__ void tc_scores(float (&s)[TC_FRAGS][4],
+                                                 const uint32_t (&a)[Tile<P, D>::KS][4],
+                                                 const uint32_t *At, int r0, const uint32_t *Bm,
+                                                 int lane) {
+    const int g = lane / 4, t = lane % 4, q = lane / 8, i8 = lane % 8;
     PYTFM_UNROLL
     for (int j = 0; j < TC_FRAGS; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    if (P == TF32) {
-        PYTFM_UNROLL
-        for (int kk = 0; kk < D; kk += 8) {
-            const uint32_t a[4] = {pytfm__tf32(A[g * LD + kk + t]),
-                                   pytfm__tf32(A[(g + 8) * LD + kk + t]),
-                                   pytfm__tf32(A[g * LD + kk + t + 4]),
-                                   pytfm__tf32(A[(g + 8) * LD + kk + t + 4])};
+    PYTFM_UNROLL
+    for (int ks = 0; ks < Tile<P, D>::KS; ks++) {
+        uint32_t ak[4];
+        if (HELD) {
             PYTFM_UNROLL
-            for (int j = 0; j < TC_FRAGS; j++) {
-                const float *row = Bm + (8 * j + g) * LD + kk;
-                const uint32_t b[2] = {pytfm__tf32(row[t]), pytfm__tf32(row[t + 4])};
-                pytfm__mma_tf32(s[j], a, b);
-            }
+            for (int w = 0; w < 4; w++) ak[w] = a[ks][w];
+        } else {
+            tc_frag_a<P, D>(ak, At, r0, ks, lane);
         }
-    } else {
-        PYTFM_UNROLL
-        for (int kk = 0; kk < D; kk += 16) {
-            const float *r0 = A + g * LD + kk, *r1 = A + (g + 8) * LD + kk;
-            const uint32_t a[4] = {pytfm__bf16x2(r0[2 * t], r0[2 * t + 1]),
-                                   pytfm__bf16x2(r1[2 * t], r1[2 * t + 1]),
-                                   pytfm__bf16x2(r0[2 * t + 8], r0[2 * t + 9]),
-                                   pytfm__bf16x2(r1[2 * t + 8], r1[2 * t + 9])};
+        if (P == TF32) {
             PYTFM_UNROLL
             for (int j = 0; j < TC_FRAGS; j++) {
-                const float *row = Bm + (8 * j + g) * LD + kk;
-                const uint32_t b[2] = {pytfm__bf16x2(row[2 * t], row[2 * t + 1]),
-                                       pytfm__bf16x2(row[2 * t + 8], row[2 * t + 9])};
-                pytfm__mma_bf16(s[j], a, b);
+                const float *row = (const float *)Bm + (8 * j + g) * Tile<P, D>::LD + 8 * ks;
+                const uint32_t b[2] = {pytfm__tf32(row[t]), pytfm__tf32(row[t + 4])};
+                pytfm__mma_tf32(s[j], ak, b);
+            }
+        } else {
+            PYTFM_UNROLL
+            for (int p = 0; p < TC_FRAGS / 2; p++) {
+                uint32_t r4[4];
+                pytfm__ldmatrix<4, false>(r4, tc_chunk<D>(Bm, 16 * p + i8 + 8 * (q / 2),
+                                                           2 * ks + q % 2));
+                const uint32_t b0[2] = {r4[0], r4[1]}, b1[2] = {r4[2], r4[3]};
+                pytfm__mma_bf16(s[2 * p], ak, b0);
+                pytfm__mma_bf16(s[2 * p + 1], ak, b1);
             }
         }
     }
 }
 
 /* acc[n] += R·X: R the 16 × 64 block held as s's fragments (columns 8j + 2t, 8j + 2t + 1 of
- * rows g and g + 8), X [64][D + 4] in shared memory, acc the m16n8 fragments of the 16 × D
- * result (columns 8n .. 8n + 7). R goes from the accumulator layout into the A layout in
- * registers (see the opening comment for the order of k). */
+ * rows g and g + 8), X a tile of 64 rows, acc the m16n8 fragments of the 16 × D result
+ * (columns 8n .. 8n + 7). R goes from the accumulator layout into the A layout in registers
+ * (see the opening comment for the order of k). BF16's B fragments run across X's rows: by
+ * ldmatrix.x4.trans, two column fragments a load (matrices: rows 16c .. 16c + 7 and
+ * 16c + 8 .. 16c + 15 at chunk 2p, then at chunk 2p + 1). */
 template <Prec P, int D>
 static __device__ __forceinline__ void tc_accumulate(float (&acc)[D / 8][4],
                                                      const float (&s)[TC_FRAGS][4],
-                                                     const float *X, int g, int t) {
-    constexpr int LD = D + 4;
+                                                     const uint32_t *X, int lane) {
+    const int g = lane / 4, t = lane % 4, q = lane / 8, i8 = lane % 8;
     if (P == TF32) {
+        constexpr int LD = Tile<P, D>::LD;
         PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++) {
             // k = t is column 2t, k = t + 4 column 2t + 1
             const uint32_t a[4] = {pytfm__tf32(s[j][0]), pytfm__tf32(s[j][2]),
                                    pytfm__tf32(s[j][1]), pytfm__tf32(s[j][3])};
-            const float *x0 = X + (8 * j + 2 * t) * LD, *x1 = x0 + LD;
+            const float *x0 = (const float *)X + (8 * j + 2 * t) * LD, *x1 = x0 + LD;
             PYTFM_UNROLL
             for (int n = 0; n < D / 8; n++) {
                 const uint32_t b[2] = {pytfm__tf32(x0[8 * n + g]), pytfm__tf32(x1[8 * n + g])};
@@ -167,13 +280,15 @@ static __device__ __forceinline__ void tc_accumulate(float (&acc)[D / 8][4],
                                    pytfm__bf16x2(s[2 * c][2], s[2 * c][3]),
                                    pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),
                                    pytfm__bf16x2(s[2 * c + 1][2], s[2 * c + 1][3])};
-            const float *x0 = X + (16 * c + 2 * t) * LD;
             PYTFM_UNROLL
-            for (int n = 0; n < D / 8; n++) {
-                const float *x = x0 + 8 * n + g;
-                const uint32_t b[2] = {pytfm__bf16x2(x[0], x[LD]),
-                                       pytfm__bf16x2(x[8 * LD], x[9 * LD])};
-                pytfm__mma_bf16(acc[n], a, b);
+            for (int p = 0; p < D / 16; p++) {
+                uint32_t r4[4];
+                pytfm__ldmatrix<4, true>(r4, tc_chunk<D>(X, 16 * c + i8 + 8 * (q % 2),
+                                                          2 * p + q / 2));
+                const uint32_t b0[2] = {r4[0], r4[1]};
+                pytfm__mma_bf16(acc[2 * p], a, b0);
+                const uint32_t b1[2] = {r4[2], r4[3]};
+                pytfm__mma_bf16(acc[2 * p + 1], a, b1);
             }
         }
     }
@@ -209,6 +324,13 @@ static __device__ __forceinline__ void tc_store(float *out, const float (&acc)[D
     }
 }
 
+/* The streamed tiles' buffers: two (double buffering) where the next tile is prefetched, one
+ * otherwise; and the buffer the tile after buffer b's goes to */
+template <bool PF> struct Buffers {
+    static constexpr int N = PF ? 2 : 1;
+    static __device__ __forceinline__ int next(int b) { return PF ? b ^ 1 : 0; }
+};
+
 // ---- forward -------------------------------------------------------------------------------
 
 struct tc_forward_args {
@@ -219,15 +341,19 @@ struct tc_forward_args {
     int causal;
 };
 
-template <int D> constexpr size_t tc_forward_shared() {
-    return sizeof(float) * (size_t)(TC_ROWS + 2 * TC_KEYS) * (D + 4);
+/* Q, then K's and V's buffers */
+template <Prec P, int D> constexpr size_t tc_forward_shared() {
+    return sizeof(uint32_t) * (size_t)(1 + 2 * Buffers<Tile<P, D>::PREFETCH>::N) *
+           Tile<P, D>::WORDS;
 }
 
 template <Prec P, int D>
-static __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(tc_forward_args a) {
-    constexpr int LD = D + 4;
+static __global__ void __launch_bounds__(TC_THREADS, 1) tc_forward_kernel(tc_forward_args a) {
+    using TL = Tile<P, D>;
+    constexpr bool PF = TL::PREFETCH;
+    constexpr int W = TL::WORDS;
     PYTFM_DYNAMIC_SHARED(float4, smem);
-    float *Qs = (float *)smem, *Ks = Qs + TC_ROWS * LD, *Vs = Ks + TC_KEYS * LD;
+    uint32_t *Qs = (uint32_t *)smem, *Ks = Qs + W, *Vs = Ks + Buffers<PF>::N * W;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
     // the last query tiles see the most keys when causal: they go first (no long tail)
@@ -236,17 +362,27 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(tc_forwar
     const int64_t base = (b * T * H + h) * D; // (b, 0, h, 0)
     const int64_t j_end = a.causal ? i0 + nq : T;
     const bool vk = pytfm__aligned4(a.k), vv = pytfm__aligned4(a.v);
-    tc_load<TC_ROWS, D>(Qs, a.q + base + i0 * HD, HD, nq, pytfm__aligned4(a.q));
+    const float *k = a.k + base, *v = a.v + base;
+    tc_load<P, D>(Qs, a.q + base + i0 * HD, HD, nq, pytfm__aligned4(a.q));
+    tc_load<P, D>(Ks, k, HD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end), vk);
+    tc_load<P, D>(Vs, v, HD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end), vv);
+    TileRegs<P, D> kx, vx; // PF: the next K and V tiles on their way in
+    __syncthreads(); // Q and the first K and V tiles are whole
+    uint32_t qa[TL::KS][4]; // Q's fragments: across the key tiles where registers allow (PF)
+    if (PF) tc_rows<P, D>(qa, Qs, 16 * warp, lane);
     const int64_t row0 = i0 + 16 * warp + g; // this thread's rows: row0 and row0 + 8
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[D / 8][4] = {};
-    for (int64_t j0 = 0; j0 < j_end; j0 += TC_KEYS) {
+    int buf = 0;
+    for (int64_t j0 = 0; j0 < j_end; j0 += TC_KEYS, buf = Buffers<PF>::next(buf)) {
         const int nk = (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - j0);
-        __syncthreads(); // every warp is done with the last tile's K and V
-        tc_load<TC_KEYS, D>(Ks, a.k + base + j0 * HD, HD, nk, vk);
-        tc_load<TC_KEYS, D>(Vs, a.v + base + j0 * HD, HD, nk, vv);
-        __syncthreads(); // the K and V tiles are whole
+        const int64_t jn = j0 + TC_KEYS; // the next tile: nn keys, none if nn <= 0
+        const int nn = (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - jn);
+        if (PF && nn > 0) { // its global loads in flight under this tile's products
+            kx.load(k + jn * HD, HD, nn, vk);
+            vx.load(v + jn * HD, HD, nn, vv);
+        }
         float s[TC_FRAGS][4];
-        tc_scores<P, D>(s, Qs + 16 * warp * LD, Ks, g, t);
+        tc_scores<P, D, PF>(s, qa, Qs, 16 * warp, Ks + buf * W, lane);
         // keys past the tile's end, or past a row's position, do not count
         const bool edge = nk < TC_KEYS || (a.causal && j0 + TC_KEYS - 1 > i0);
         float mx[2] = {m[0], m[1]};
@@ -286,7 +422,18 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(tc_forwar
             acc[n][2] *= alpha[1];
             acc[n][3] *= alpha[1];
         }
-        tc_accumulate<P, D>(acc, s, Vs, g, t);
+        tc_accumulate<P, D>(acc, s, Vs + buf * W, lane);
+        if (nn > 0 && PF) {
+            kx.store(Ks + Buffers<PF>::next(buf) * W);
+            vx.store(Vs + Buffers<PF>::next(buf) * W);
+        } else if (nn > 0) {
+            __syncthreads(); // one buffer: every warp is done with this tile's K and V
+            tc_load<P, D>(Ks, k + jn * HD, HD, nn, vk);
+            tc_load<P, D>(Vs, v + jn * HD, HD, nn, vv);
+        }
+        // the next K and V tiles are whole, and every warp is done with these (PF: the tile
+        // after next is stored over them)
+        __syncthreads();
     }
     const float inv[2] = {l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f};
     tc_store<D>(a.o + base, acc, inv, row0, T, HD, t);
@@ -301,76 +448,112 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(tc_forwar
 
 // ---- backward ------------------------------------------------------------------------------
 
-/* delta[b, h, t] = Σ_d r(dy[b, t, h, d]) · o[b, t, h, d]: a warp per row (b, t, h) */
-template <Prec P>
-static __global__ void tc_delta_kernel(float *delta, const float *dy, const float *o,
-                                       int64_t rows, int64_t T, int64_t H, int D) {
-    const pytfm__row_team<true> team;
-    for (int64_t r = team.first; r < rows; r += team.step) {
-        float s = 0.0f;
-        for (int d = (int)team.rank; d < D; d += PYTFM_WARP)
-            s += tc_round<P>(dy[r * D + d]) * o[r * D + d];
-        s = pytfm__warp_sum(s);
-        const int64_t h = r % H, t = r / H % T, b = r / (H * T);
-        if (team.rank == 0) delta[(b * H + h) * T + t] = s;
-    }
-}
-
 struct tc_backward_args {
     float *dq, *dk, *dv;
-    const float *dy, *q, *k, *v, *lse, *delta; // delta [B, H, T] from tc_delta_kernel
+    const float *dy, *q, *k, *v, *lse, *delta; // delta [B, H, T]: pytfm__attention_delta_cuda
     int64_t T, H;
     float scale, scale2; // scale, and scale · log2 e
     int causal;
 };
 
-template <int D> constexpr size_t tc_backward_shared() {
-    return sizeof(float) * ((size_t)4 * TC_ROWS * (D + 4) + 2 * TC_KEYS);
+/* dK/dV: K and V, then Q's and dY's buffers, then the query tiles' lse · log2 e and delta
+ * (64 floats each a buffer); dQ: Q and dY, then K's and V's buffers */
+template <Prec P, int D> constexpr size_t tc_dkdv_shared() {
+    constexpr int NB = Buffers<Tile<P, D>::PREFETCH_DKDV>::N;
+    return sizeof(uint32_t) * ((size_t)(2 + 2 * NB) * Tile<P, D>::WORDS + 2 * NB * TC_KEYS);
+}
+template <Prec P, int D> constexpr size_t tc_dq_shared() {
+    return sizeof(uint32_t) * (size_t)(2 + 2 * Buffers<Tile<P, D>::PREFETCH>::N) *
+           Tile<P, D>::WORDS;
 }
 
 /* dK and dV of a tile of 64 keys (a warp's 16 rows), walking the query tiles (columns):
  * Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ, then dV += Pᵀ·dY and dK += dSᵀ·Q from the registers. */
 template <Prec P, int D>
-static __global__ void __launch_bounds__(TC_THREADS) tc_dkdv_kernel(tc_backward_args a) {
-    constexpr int LD = D + 4;
+static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backward_args a) {
+    using TL = Tile<P, D>;
+    constexpr bool PF = Tile<P, D>::PREFETCH_DKDV;
+    constexpr int W = TL::WORDS, NB = Buffers<PF>::N;
     PYTFM_DYNAMIC_SHARED(float4, smem);
-    float *Ks = (float *)smem, *Vs = Ks + TC_ROWS * LD, *Qs = Vs + TC_ROWS * LD;
-    float *dYs = Qs + TC_KEYS * LD, *lse2 = dYs + TC_KEYS * LD, *dlt = lse2 + TC_KEYS;
+    uint32_t *Ks = (uint32_t *)smem, *Vs = Ks + W, *Qs = Vs + W, *dYs = Qs + NB * W;
+    float *lse2 = (float *)(dYs + NB * W), *dlt = lse2 + NB * TC_KEYS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
     const int64_t j0 = (int64_t)blockIdx.y * TC_ROWS, base = (b * T * H + h) * D;
     const int nk = (int)PYTFM_MIN((int64_t)TC_ROWS, T - j0);
     const bool vq = pytfm__aligned4(a.q), vdy = pytfm__aligned4(a.dy);
-    tc_load<TC_ROWS, D>(Ks, a.k + base + j0 * HD, HD, nk, pytfm__aligned4(a.k));
-    tc_load<TC_ROWS, D>(Vs, a.v + base + j0 * HD, HD, nk, pytfm__aligned4(a.v));
-    const float *lse = a.lse + (b * H + h) * T, *delta = a.delta + (b * H + h) * T;
+    tc_load<P, D>(Ks, a.k + base + j0 * HD, HD, nk, pytfm__aligned4(a.k));
+    tc_load<P, D>(Vs, a.v + base + j0 * HD, HD, nk, pytfm__aligned4(a.v));
+    const int64_t bhT = (b * H + h) * T; // lse's and delta's rows: a.lse + bhT, a.delta + bhT
+    // the next query tile on its way in: Q, dY, and (threads < 64) one row's lse and delta
+    TileRegs<P, D> qx, yx;
+    float lz = 0.0f, dz = 0.0f;
+    auto load = [&](int64_t i) {
+        const int n = (int)PYTFM_MIN((int64_t)TC_KEYS, T - i);
+        qx.load(a.q + base + i * HD, HD, n, vq);
+        yx.load(a.dy + base + i * HD, HD, n, vdy);
+        const int r = threadIdx.x;
+        if (r < TC_KEYS) {
+            lz = r < n ? a.lse[bhT + i + r] * TC_LOG2E : 0.0f;
+            dz = r < n ? a.delta[bhT + i + r] : 0.0f;
+        }
+    };
+    auto store = [&](int to) {
+        qx.store(Qs + to * W);
+        yx.store(dYs + to * W);
+        if (threadIdx.x < TC_KEYS) {
+            lse2[to * TC_KEYS + threadIdx.x] = lz;
+            dlt[to * TC_KEYS + threadIdx.x] = dz;
+        }
+    };
+    auto fill = [&](int64_t i) { // query tile i straight into buffer 0
+        const int n = (int)PYTFM_MIN((int64_t)TC_KEYS, T - i), r = threadIdx.x;
+        tc_load<P, D>(Qs, a.q + base + i * HD, HD, n, vq);
+        tc_load<P, D>(dYs, a.dy + base + i * HD, HD, n, vdy);
+        if (r < TC_KEYS) {
+            lse2[r] = r < n ? a.lse[bhT + i + r] * TC_LOG2E : 0.0f;
+            dlt[r] = r < n ? a.delta[bhT + i + r] : 0.0f;
+        }
+    };
+    // causal: the query rows before j0 see none of these keys (64 rows per tile both ways)
+    const int64_t i_first = a.causal ? j0 : 0;
+    fill(i_first);
+    __syncthreads(); // K, V and the first query tile are whole
     const int64_t key0 = j0 + 16 * warp + g; // this thread's keys: key0 and key0 + 8
     float dk[D / 8][4] = {}, dv[D / 8][4] = {};
-    // causal: the query rows before j0 see none of these keys (64 rows per tile both ways)
-    for (int64_t i0 = a.causal ? j0 : 0; i0 < T; i0 += TC_KEYS) {
+    int buf = 0;
+    // int: T < 2^31 (tc_check_grid), and 64-bit indices would cost registers here
+    for (int i0 = (int)i_first; i0 < T; i0 += TC_KEYS, buf = Buffers<PF>::next(buf)) {
         const int nq = (int)PYTFM_MIN((int64_t)TC_KEYS, T - i0);
-        __syncthreads(); // every warp is done with the last query tile
-        tc_load<TC_KEYS, D>(Qs, a.q + base + i0 * HD, HD, nq, vq);
-        tc_load<TC_KEYS, D>(dYs, a.dy + base + i0 * HD, HD, nq, vdy);
-        for (int r = threadIdx.x; r < TC_KEYS; r += TC_THREADS) {
-            lse2[r] = r < nq ? lse[i0 + r] * TC_LOG2E : 0.0f;
-            dlt[r] = r < nq ? delta[i0 + r] : 0.0f;
-        }
-        __syncthreads();
+        const int in = i0 + TC_KEYS; // the next query tile
+        if (PF && in < T) load(in);
+        const uint32_t *Q = Qs + buf * W, *dY = dYs + buf * W;
+        const float *l2 = lse2 + buf * TC_KEYS, *dl = dlt + buf * TC_KEYS;
+        const int lag = (int)(key0 - i0); // causal: key0 + 8r is seen by columns c >= lag + 8r
         float p[TC_FRAGS][4], ds[TC_FRAGS][4];
-        tc_scores<P, D>(p, Ks + 16 * warp * LD, Qs, g, t);  // Sᵀ: keys × queries
-        tc_scores<P, D>(ds, Vs + 16 * warp * LD, dYs, g, t); // dPᵀ
+        uint32_t none[TL::KS][4]; // K's and V's fragments are read a k step at a time: no room
+        tc_scores<P, D, false>(p, none, Ks, 16 * warp, Q, lane);   // Sᵀ: keys × queries
+        tc_scores<P, D, false>(ds, none, Vs, 16 * warp, dY, lane); // dPᵀ
         PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
             PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int c = 8 * j + 2 * t + (e & 1);
-                const bool seen = c < nq && (!a.causal || key0 + 8 * (e >> 1) <= i0 + c);
-                p[j][e] = seen ? exp2f(p[j][e] * a.scale2 - lse2[c]) : 0.0f;
-                ds[j][e] = p[j][e] * (ds[j][e] - dlt[c]);
+                const bool seen = c < nq && (!a.causal || lag + 8 * (e >> 1) <= c);
+                p[j][e] = seen ? exp2f(p[j][e] * a.scale2 - l2[c]) : 0.0f;
+                ds[j][e] = p[j][e] * (ds[j][e] - dl[c]);
             }
-        tc_accumulate<P, D>(dv, p, dYs, g, t); // dV += Pᵀ·dY
-        tc_accumulate<P, D>(dk, ds, Qs, g, t); // dK += dSᵀ·Q
+        tc_accumulate<P, D>(dv, p, dY, lane); // dV += Pᵀ·dY
+        tc_accumulate<P, D>(dk, ds, Q, lane); // dK += dSᵀ·Q
+        if (in < T && PF) {
+            store(Buffers<PF>::next(buf));
+        } else if (in < T) {
+            __syncthreads(); // one buffer: every warp is done with this query tile
+            fill(in);
+        }
+        // the next query tile is whole, and every warp is done with this one (PF: the tile
+        // after next is stored over it)
+        __syncthreads();
     }
     const float scale[2] = {a.scale, a.scale}, one[2] = {1.0f, 1.0f};
     tc_store<D>(a.dk + base, dk, scale, key0, T, HD, t);
@@ -380,19 +563,27 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_dkdv_kernel(tc_backward_
 /* dQ of a tile of 64 queries (a warp's 16 rows), walking the key tiles up to the diagonal when
  * causal: S = Q·Kᵀ, dP = dY·Vᵀ, dS in registers, dQ += dS·K. */
 template <Prec P, int D>
-static __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(tc_backward_args a) {
-    constexpr int LD = D + 4;
+static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dq_kernel(tc_backward_args a) {
+    using TL = Tile<P, D>;
+    constexpr bool PF = TL::PREFETCH;
+    constexpr int W = TL::WORDS, NB = Buffers<PF>::N;
     PYTFM_DYNAMIC_SHARED(float4, smem);
-    float *Qs = (float *)smem, *dYs = Qs + TC_ROWS * LD, *Ks = dYs + TC_ROWS * LD;
-    float *Vs = Ks + TC_KEYS * LD;
+    uint32_t *Qs = (uint32_t *)smem, *dYs = Qs + W, *Ks = dYs + W, *Vs = Ks + NB * W;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
     // the last query tiles walk the most keys when causal: they go first
     const int64_t i0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, base = (b * T * H + h) * D;
     const int nq = (int)PYTFM_MIN((int64_t)TC_ROWS, T - i0);
     const bool vk = pytfm__aligned4(a.k), vv = pytfm__aligned4(a.v);
-    tc_load<TC_ROWS, D>(Qs, a.q + base + i0 * HD, HD, nq, pytfm__aligned4(a.q));
-    tc_load<TC_ROWS, D>(dYs, a.dy + base + i0 * HD, HD, nq, pytfm__aligned4(a.dy));
+    const float *k = a.k + base, *v = a.v + base;
+    tc_load<P, D>(Qs, a.q + base + i0 * HD, HD, nq, pytfm__aligned4(a.q));
+    tc_load<P, D>(dYs, a.dy + base + i0 * HD, HD, nq, pytfm__aligned4(a.dy));
+    const int64_t j_end = a.causal ? i0 + nq : T;
+    tc_load<P, D>(Ks, k, HD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end), vk);
+    tc_load<P, D>(Vs, v, HD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end), vv);
+    TileRegs<P, D> kx, vx; // PF: the next K and V tiles on their way in
+    __syncthreads(); // Q, dY and the first K and V tiles are whole
+    uint32_t none[TL::KS][4]; // Q's and dY's fragments are read a k step at a time: no room
     const int64_t row0 = i0 + 16 * warp + g;
     float lse2[2], dlt[2], dq[D / 8][4] = {};
     PYTFM_UNROLL
@@ -401,16 +592,19 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(tc_backward_ar
         lse2[r] = row < T ? a.lse[(b * H + h) * T + row] * TC_LOG2E : 0.0f;
         dlt[r] = row < T ? a.delta[(b * H + h) * T + row] : 0.0f;
     }
-    const int64_t j_end = a.causal ? i0 + nq : T;
-    for (int64_t j0 = 0; j0 < j_end; j0 += TC_KEYS) {
+    int buf = 0;
+    for (int64_t j0 = 0; j0 < j_end; j0 += TC_KEYS, buf = Buffers<PF>::next(buf)) {
         const int nk = (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - j0);
-        __syncthreads(); // every warp is done with the last key tile
-        tc_load<TC_KEYS, D>(Ks, a.k + base + j0 * HD, HD, nk, vk);
-        tc_load<TC_KEYS, D>(Vs, a.v + base + j0 * HD, HD, nk, vv);
-        __syncthreads(); // the key tile is whole
+        const int64_t jn = j0 + TC_KEYS; // the next tile: nn keys, none if nn <= 0
+        const int nn = (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - jn);
+        if (PF && nn > 0) {
+            kx.load(k + jn * HD, HD, nn, vk);
+            vx.load(v + jn * HD, HD, nn, vv);
+        }
+        const uint32_t *K = Ks + buf * W, *V = Vs + buf * W;
         float s[TC_FRAGS][4], ds[TC_FRAGS][4];
-        tc_scores<P, D>(s, Qs + 16 * warp * LD, Ks, g, t);
-        tc_scores<P, D>(ds, dYs + 16 * warp * LD, Vs, g, t); // dP
+        tc_scores<P, D, false>(s, none, Qs, 16 * warp, K, lane);
+        tc_scores<P, D, false>(ds, none, dYs, 16 * warp, V, lane); // dP
         PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
             PYTFM_UNROLL
@@ -420,7 +614,18 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(tc_backward_ar
                 const float pv = seen ? exp2f(s[j][e] * a.scale2 - lse2[r]) : 0.0f;
                 ds[j][e] = pv * (ds[j][e] - dlt[r]);
             }
-        tc_accumulate<P, D>(dq, ds, Ks, g, t);
+        tc_accumulate<P, D>(dq, ds, K, lane);
+        if (nn > 0 && PF) {
+            kx.store(Ks + Buffers<PF>::next(buf) * W);
+            vx.store(Vs + Buffers<PF>::next(buf) * W);
+        } else if (nn > 0) {
+            __syncthreads(); // one buffer: every warp is done with this key tile
+            tc_load<P, D>(Ks, k + jn * HD, HD, nn, vk);
+            tc_load<P, D>(Vs, v + jn * HD, HD, nn, vv);
+        }
+        // the next key tile is whole, and every warp is done with this one (PF: the tile
+        // after next is stored over it)
+        __syncthreads();
     }
     const float scale[2] = {a.scale, a.scale};
     tc_store<D>(a.dq + base, dq, scale, row0, T, HD, t);
@@ -451,7 +656,7 @@ pytfm_status tc_check_grid(const char *func, int64_t BH, int64_t T) {
 template <Prec P, int D>
 pytfm_status tc_forward_launch(const char *func, const tc_forward_args &a, int64_t BH,
                                void *stream) {
-    constexpr size_t bytes = tc_forward_shared<D>();
+    constexpr size_t bytes = tc_forward_shared<P, D>();
     static_assert(D % 16 == 0 && bytes <= 163 * 1024, "within sm_80's shared memory");
     PYTFM_TRY(pytfm__allow_shared(func, tc_forward_kernel<P, D>, bytes));
     const dim3 grid((unsigned)BH, (unsigned)((a.T + TC_ROWS - 1) / TC_ROWS));
@@ -472,25 +677,24 @@ pytfm_status tc_forward_any(const char *func, const tc_forward_args &a, int64_t 
 template <Prec P, int D>
 pytfm_status tc_backward_launch(const char *func, const tc_backward_args &a, int64_t BH,
                                 void *stream) {
-    constexpr size_t bytes = tc_backward_shared<D>();
-    static_assert(D % 16 == 0 && bytes <= 163 * 1024, "within sm_80's shared memory");
+    constexpr size_t bytes = tc_dkdv_shared<P, D>(), bytes_dq = tc_dq_shared<P, D>();
+    static_assert(D % 16 == 0 && bytes <= 163 * 1024 && bytes_dq <= 163 * 1024,
+                  "within sm_80's shared memory");
     const dim3 grid((unsigned)BH, (unsigned)((a.T + TC_ROWS - 1) / TC_ROWS));
     PYTFM_TRY(pytfm__allow_shared(func, tc_dkdv_kernel<P, D>, bytes));
     PYTFM_TRY(pytfm__launch(func, tc_dkdv_kernel<P, D>, grid, dim3(TC_THREADS), bytes, stream,
                             a));
-    PYTFM_TRY(pytfm__allow_shared(func, tc_dq_kernel<P, D>, bytes));
-    return pytfm__launch(func, tc_dq_kernel<P, D>, grid, dim3(TC_THREADS), bytes, stream, a);
+    PYTFM_TRY(pytfm__allow_shared(func, tc_dq_kernel<P, D>, bytes_dq));
+    return pytfm__launch(func, tc_dq_kernel<P, D>, grid, dim3(TC_THREADS), bytes_dq, stream,
+                         a);
 }
 
 template <Prec P>
 pytfm_status tc_backward_any(const char *func, float *delta, const tc_backward_args &a,
                              const float *o, int64_t B, int64_t D, void *stream) {
-    const int64_t rows = B * a.T * a.H;
-    PYTFM_TRY(pytfm__launch(func, tc_delta_kernel<P>,
-                            dim3(pytfm__blocks(rows, PYTFM_ROW_THREADS / PYTFM_WARP,
-                                               PYTFM_MAX_BLOCKS)),
-                            dim3(PYTFM_ROW_THREADS), 0, stream, delta, a.dy, o, rows, a.T, a.H,
-                            (int)D));
+    PYTFM_TRY(pytfm__attention_delta_cuda(func, delta, a.dy, o, B * a.T * a.H, a.T, a.H, D,
+                                          P == TF32 ? PYTFM_PRECISION_TF32 : PYTFM_PRECISION_BF16,
+                                          stream));
     switch (D) {
     case 16: return tc_backward_launch<P, 16>(func, a, B * a.H, stream);
     case 32: return tc_backward_launch<P, 32>(func, a, B * a.H, stream);

@@ -42,7 +42,10 @@ Shapes are small (the emulator runs every lane on the CPU) but take every path: 
 T past one and two tiles of 64, several tiles (the online rescale), causal and not, each head
 dim of the kernels (16, 32, 64, 128), batches and heads, both thread orders; the bits of two
 runs, of an offset view (the scalar loads) and of the FP32 fallbacks (precision fp32, and a
-head dim the kernels do not take).
+head dim the kernels do not take); the emulator's third order, where a warp runs a tile ahead
+(each pass's double buffer and single buffer); a ragged last tile of one row, whose prefetch
+must read nothing past T; and the BF16 tiles' fragment loads, each an ldmatrix without a bank
+conflict.
 """
 
 import math
@@ -176,10 +179,10 @@ CASES = [(1, 1, 1, 16, True), (1, 1, 2, 32, False), (1, 65, 2, 16, True), (2, 33
          (1, 129, 1, 16, False)]
 
 
-@pytest.mark.parametrize("precision", [TF32, BF16], ids=NAMES.get)
-@pytest.mark.parametrize("B,T,H,D,causal", CASES)
-def test_forward_and_backward_within_the_bound(emu, order, precision, B, T, H, D, causal):
-    q, k, v, dy = inputs(T * 1000 + D + H, B, T, H, D)
+def assert_within_the_bound(emu, seed, B, T, H, D, causal, precision):
+    """Forward and backward of random inputs against the float64 reference on rounded inputs,
+    every element within its derived bound, no guard margin touched."""
+    q, k, v, dy = inputs(seed, B, T, H, D)
     scale = 1.0 / math.sqrt(D)
     g = Aligned()
     o, lse = forward(emu, g, q, k, v, causal, scale, precision)
@@ -188,13 +191,18 @@ def test_forward_and_backward_within_the_bound(emu, order, precision, B, T, H, D
     assert_close(f"{name}.o", o, o_want, atol=o_tol, rtol=0.0)
     assert_close(f"{name}.lse", lse, lse_want, atol=lse_tol, rtol=0.0)
     # the backward from the reference's o and lse, so that its bound is its own
-    o32, lse32 = np.ascontiguousarray(o_want, np.float32), np.ascontiguousarray(lse_want,
-                                                                                np.float32)
+    o32, lse32 = (np.ascontiguousarray(x, np.float32) for x in (o_want, lse_want))
     got = backward(emu, g, dy, q, k, v, o32, lse32, causal, scale, precision)
     want, tols = backward_want(dy, q, k, v, o32, lse32, causal, scale, precision)
     for what, x, w, t in zip(("dq", "dk", "dv"), got, want, tols, strict=True):
         assert_close(f"{name}.{what}", x, w, atol=t, rtol=0.0)
     g.check()
+
+
+@pytest.mark.parametrize("precision", [TF32, BF16], ids=NAMES.get)
+@pytest.mark.parametrize("B,T,H,D,causal", CASES)
+def test_forward_and_backward_within_the_bound(emu, order, precision, B, T, H, D, causal):
+    assert_within_the_bound(emu, T * 1000 + D + H, B, T, H, D, causal, precision)
 
 
 @pytest.mark.parametrize("precision", [TF32, BF16], ids=NAMES.get)
@@ -352,12 +360,18 @@ def test_train_tiny_in_each_precision_stays_near_fp32(cp, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("precision", [TF32, BF16], ids=NAMES.get)
-def test_a_warp_running_ahead_changes_nothing(emu, precision):
+@pytest.mark.parametrize("D", [16, 64, 128])
+def test_a_warp_running_ahead_changes_nothing(emu, precision, D):
     """The emulator's third order (pytfm_emu_set_order(2)) runs each warp alone to its next
     barrier, so a warp can be a whole tile ahead of the others, which the two sweeps never
-    allow (mma is a warp operation: they keep warps within one of each other). A K/V, query or
-    key tile stored over while another warp still reads it shows here as other bits."""
-    B, T, H, D, causal = 1, 200, 1, 32, True  # four tiles of keys and of queries
+    allow (mma and ldmatrix are warp operations: they keep warps within one of each other). A
+    K/V, query or key tile stored over while another warp still reads it, or read before every
+    warp stored its part, shows here as other bits. The head dims take each kernel's both ways
+    (cuda/attention_tc.cu's Tile): D = 16 every pass double-buffered with the next tile
+    prefetched (a buffer reused every other tile), D = 64 the forward and dQ passes so and the
+    dK/dV pass with one buffer, D = 128 every pass with one buffer (a barrier before each
+    store)."""
+    B, T, H, causal = 1, 200, 1, True  # four tiles of keys and of queries
     q, k, v, dy = inputs(23, B, T, H, D)
     runs = []
     for order in (0, 2):
@@ -371,3 +385,71 @@ def test_a_warp_running_ahead_changes_nothing(emu, precision):
             emu.lib.pytfm_emu_set_order(0)
         runs.append([bits(x).tolist() for x in (o, lse, *grads)])
     assert runs[1] == runs[0]
+
+
+@pytest.mark.parametrize("precision", [TF32, BF16], ids=NAMES.get)
+@pytest.mark.parametrize("D", [32, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_ragged_last_tile_reads_nothing_past_T(emu, precision, D, causal):
+    """T = 129: the last tile of keys (forward, dQ) and of queries (dK/dV) holds one row, loaded
+    by the prefetch of the tile before it (D = 32: the forward and dQ passes prefetch; BF16's
+    dK/dV pass too) or after it (D = 128). H = 1, so row T would be the first floats past
+    the arrays, inside their guard margins (41 floats, tests/cuda_emu.py), whose markers are
+    NaN: a load of a row past T would turn into NaN through the zero weight it gets (0·NaN), and
+    the results must stay within the bound."""
+    assert_within_the_bound(emu, 129 + D, 1, 129, 1, D, causal, precision)
+
+
+def ldmatrix_counts(emu):
+    out = emu.ffi.new("int64_t[3]")
+    emu.lib.pytfm_emu_ldmatrix_counts(out)
+    return tuple(out)
+
+
+def ldmatrix_want(D, T, causal):
+    """(forward, backward) ldmatrix.x4 loads of the BF16 kernels at B = H = 1, as
+    cuda/attention_tc.cu's loops issue them, per warp (4 a block) and tile: Q·Kᵀ-shaped scores
+    D / 16 k steps × (4 B loads, two key fragments each, + 1 A load where A is not held), a
+    P·V-shaped product 4 × D / 16 (.trans: two column fragments each); Q's fragments held
+    (forward, D <= 64: D / 16 loads once a block)."""
+    ks, tiles = D // 16, (T + TILE - 1) // TILE
+    held = D <= 64
+    fwd = dkdv = dq = 0
+    for blk in range(tiles):
+        # forward and dQ: query tile blk walks key tiles 0..blk (causal) or all
+        walk = blk + 1 if causal else tiles
+        fwd += 4 * ((ks if held else 0) + walk * (ks * (4 + (not held)) + 4 * ks))
+        dq += 4 * walk * (2 * ks * 5 + 4 * ks)
+        # dK/dV: key tile blk walks query tiles blk.. (causal) or all
+        walk = tiles - blk if causal else tiles
+        dkdv += 4 * walk * (2 * ks * 5 + 2 * 4 * ks)
+    return fwd, dkdv + dq
+
+
+@pytest.mark.parametrize("D", [16, 64, 128])
+def test_bf16_fragment_loads_are_ldmatrix_without_bank_conflicts(emu, D):
+    """BF16 tiles are XOR-swizzled (pytfm__swz of cuda/mma.cuh) so that the 8 rows of each
+    ldmatrix matrix fall in 8 distinct 16-byte bank groups: one shared-memory wavefront per
+    matrix, as the emulator counts them (pytfm_emu_ldmatrix_counts); and every fragment is
+    loaded by ldmatrix.x4 as the kernels' loops say (ldmatrix_want). TF32's FP32 tiles are
+    read by 32-bit loads (ldmatrix cannot transpose 32-bit elements, and the padded rows keep
+    those reads in 32 distinct banks): no ldmatrix at all."""
+    B, T, H, causal = 1, 150, 1, True  # three tiles, the last ragged
+    q, k, v, dy = inputs(7 + D, B, T, H, D)
+    g = Aligned()
+    for precision in (BF16, TF32):
+        before = ldmatrix_counts(emu)
+        o, lse = forward(emu, g, q, k, v, causal, 0.3, precision)
+        mid = ldmatrix_counts(emu)
+        backward(emu, g, dy, q, k, v, o, lse, causal, 0.3, precision)
+        after = ldmatrix_counts(emu)
+        fwd = [x - y for x, y in zip(mid, before)]
+        bwd = [x - y for x, y in zip(after, mid)]
+        if precision == TF32:
+            assert fwd == bwd == [0, 0, 0]
+            continue
+        want = ldmatrix_want(D, T, causal)
+        for (calls, matrices, waves), n in zip((fwd, bwd), want, strict=True):
+            assert calls == n
+            assert matrices == 4 * calls
+            assert waves == matrices, f"{waves - matrices} extra wavefronts: bank conflicts"
