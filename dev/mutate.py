@@ -28,11 +28,15 @@ OPS = ["tests/kernels/test_ops.py", "tests/kernels/test_properties.py", "tests/k
 # attention against the reference: tests/kernels/test_ops.py (the registry's check) and
 # test_attention.py (its own sizes, properties)
 ATT = ["tests/kernels/test_ops.py", "tests/kernels/test_attention.py", "tests/kernels/test_fast.py"]
+# the tensor-core attention on the emulator
+TC_ATT = ["tests/cuda/test_cuda_tc_attention.py"]
 FAST = ["tests/kernels/test_fast.py"]
 EMU = ["tests/cuda/test_cuda_emu.py"]  # the CUDA kernels, run on the CPU by cuda/emu
 SGEMM = ["tests/cuda/test_cuda_sgemm.py"]  # the GPU SGEMM, fast and plain (the oracle), on cuda/emu
 # the emulator's mma and eager cp.async, the tensor-core SGEMM and the linear _ex twins on it
 TC = ["tests/cuda/test_cuda_tensor_core.py"]
+# the product on BF16 operands in memory and the bf16 route through it (cuda/sgemm_tc.cu)
+TC16 = ["tests/cuda/test_cuda_bf16_gemm.py"]
 # the row and column kernels (rows in registers, the plain ones past 4096 columns, the two-stage
 # column sums), by their own tests and the general ones
 ROWS = ["tests/cuda/test_cuda_rows.py", "tests/cuda/test_cuda_emu.py"]
@@ -102,9 +106,10 @@ MUTATIONS = {
                                            "if (trans) return {col * 4 + row / 2, 0, 1 - row % 2};", TC),
     "cuda_ldmatrix_halves_swapped": ("cuda/emu/emu.cpp", "return {row * 4 + col / 2, 0, col % 2};",
                                      "return {row * 4 + col / 2, 0, 1 - col % 2};", TC),
-    "cuda_ldmatrix_blind_to_conflicts": ("cuda/emu/emu.cpp", "if (distinct > worst) worst = distinct;", "", TC),
-    "cuda_sgemm_tc_fragment_gather": ("cuda/sgemm_tc.cu", "const int r = r0 + i8 + 8 * (q % 2);\n            row = (const float *)F + r * TBK + swz<4>(r, kk / 4 + q / 2) * 4;",
-                                      "const int r = r0 + i8 + 8 * (q / 2);\n            row = (const float *)F + r * TBK + swz<4>(r, kk / 4 + q % 2) * 4;", TC),
+    "cuda_ldmatrix_blind_to_conflicts": ("cuda/emu/emu.cpp", "if (per_bank[bank] > worst) worst = per_bank[bank];",
+                                         "if (per_bank[bank] > worst) worst = 1;", TC),
+    "cuda_sgemm_tc_fragment_gather": ("cuda/sgemm_tc.cu", "const int r = r0 + i8 + 8 * (q % 2);\n            row = (const float *)F + r * TBK + pytfm__swz<4>(r, kk / 4 + q / 2) * 4;",
+                                      "const int r = r0 + i8 + 8 * (q / 2);\n            row = (const float *)F + r * TBK + pytfm__swz<4>(r, kk / 4 + q % 2) * 4;", TC),
     "cuda_sgemm_tc_tf32_no_barrier_in_a_slice": ("cuda/sgemm_tc.cu", "            __syncthreads();\n            issue(s + STAGES - 1);",
                                                  "            issue(s + STAGES - 1);", TC),
     "cuda_sgemm_tc_bf16_no_barrier_in_a_slice": ("cuda/sgemm_tc.cu", "            __syncthreads();\n            if (s + 1 < slices) round_tile(s + 1);",
@@ -113,17 +118,17 @@ MUTATIONS = {
                                      "    uint32_t u;\n    memcpy(&u, &x, 4);\n    return u;", TC),
     # (a row read past the edge lands in C's masked rows: the off-by-one that shows drops one)
     "cuda_sgemm_tc_row_edge_off_by_one": ("cuda/sgemm_tc.cu", "across[r] = gr < rows;", "across[r] = gr + 1 < rows;", TC),
-    "cuda_sgemm_tc_k_edge_off_by_one": ("cuda/sgemm_tc.cu", "else left = kp < kext ? across[r] : 0;",
-                                        "else left = kp <= kext ? across[r] : 0;", TC),
-    "cuda_sgemm_tc_fast_path_past_k": ("cuda/sgemm_tc.cu", "if (inside && kext - s * TBK >= TBK)",
-                                       "if (inside && kext - s * TBK >= TBK - 4)", TC),
-    "cuda_sgemm_tc_tf32_swizzle_write_only": ("cuda/sgemm_tc.cu", "return KROWS ? row * TBK + swz<4>(row, col / 4) * 4 + col % 4 : row * XLD + col;",
+    "cuda_sgemm_tc_k_edge_off_by_one": ("cuda/sgemm_tc.cu", "return kp < kext ? across[r] : 0;",
+                                        "return kp <= kext ? across[r] : 0;", TC),
+    "cuda_sgemm_tc_fast_path_past_k": ("cuda/sgemm_tc.cu", "return kext - s * KD >= KD; }",
+                                       "return kext - s * KD >= KD - 4; }", TC),
+    "cuda_sgemm_tc_tf32_swizzle_write_only": ("cuda/sgemm_tc.cu", "return KROWS ? row * TBK + pytfm__swz<4>(row, col / 4) * 4 + col % 4 : row * XLD + col;",
                                               "return KROWS ? row * TBK + col : row * XLD + col;", TC),
-    "cuda_sgemm_tc_bf16_swizzle_write_only": ("cuda/sgemm_tc.cu", "const int half = row * L + swz<L / 8>(row, col / 8) * 8 + col % 8;",
+    "cuda_sgemm_tc_bf16_swizzle_write_only": ("cuda/sgemm_tc.cu", "const int half = row * L + pytfm__swz<L / 8>(row, col / 8) * 8 + col % 8;",
                                               "const int half = row * L + col;", TC),
-    "cuda_sgemm_tc_tf32_swizzle_read_only": ("cuda/sgemm_tc.cu", "row = (const float *)F + r * TBK + swz<4>(r, kk / 4 + q % 2) * 4;",
+    "cuda_sgemm_tc_tf32_swizzle_read_only": ("cuda/sgemm_tc.cu", "row = (const float *)F + r * TBK + pytfm__swz<4>(r, kk / 4 + q % 2) * 4;",
                                              "row = (const float *)F + r * TBK + (kk / 4 + q % 2) * 4;", TC),
-    "cuda_sgemm_tc_bf16_swizzle_read_only": ("cuda/sgemm_tc.cu", "row = (const uint16_t *)F + p * TBM + swz<16>(p, r0 / 8 + q % 2) * 8;",
+    "cuda_sgemm_tc_bf16_swizzle_read_only": ("cuda/sgemm_tc.cu", "row = (const uint16_t *)F + p * TBM + pytfm__swz<16>(p, r0 / 8 + q % 2) * 8;",
                                              "row = (const uint16_t *)F + p * TBM + (r0 / 8 + q % 2) * 8;", TC),
     "cuda_sgemm_tc_stage_off_by_one": ("cuda/sgemm_tc.cu", "la.issue(As + s % STAGES * STAGE, s);",
                                        "la.issue(As + (s + 1) % STAGES * STAGE, s);", TC),
@@ -139,6 +144,23 @@ MUTATIONS = {
                                       "pytfm__ldmatrix<4, false>(fa[i], row);", TC),
     "cuda_sgemm_tc_b_trans_always": ("cuda/sgemm_tc.cu", "pytfm__ldmatrix<4, P == BF16 && !BK>(r4, row);",
                                      "pytfm__ldmatrix<4, P == BF16>(r4, row);", TC),
+    # BF16 operands in memory: the copies' swizzle not the fragment loads', a chunk's k within
+    # its row dropped, a transposed operand's second k step reading the first's rows, the
+    # conversion flushing subnormals (the CPU's BF16, not cvt.rn's), 16-byte copies where rows
+    # are not a multiple of 8 elements, the 2-byte loads dropping an edge's last element
+    "cuda_gemm_bf16_copy_swizzle_write_only": ("cuda/sgemm_tc.cu", "return row * L + pytfm__swz<L / 8>(row, e % (L / 8)) * 8;",
+                                               "return row * L + e % (L / 8) * 8;", TC16),
+    "cuda_gemm_bf16_chunk_offset": ("cuda/sgemm_tc.cu", "row = e / (L / W), col = e % (L / W) * W;",
+                                    "row = e / (L / W), col = e % (L / W) * (W / 2);", TC16),
+    "cuda_gemm_bf16_trans_a_k_step": ("cuda/sgemm_tc.cu", "const int p = kk + i8 + 8 * (q / 2);",
+                                      "const int p = i8 + 8 * (q / 2);", TC16),
+    "cuda_gemm_bf16_conversion_flushes": ("cuda/sgemm_tc.cu", "w[q] = pytfm__bf16x2(x[2 * q], x[2 * q + 1]);",
+                                          "w[q] = pytfm__bf16x2(fabsf(x[2 * q]) < 1.17549435e-38f ? 0.0f : x[2 * q],\n"
+                                          "                             fabsf(x[2 * q + 1]) < 1.17549435e-38f ? 0.0f : x[2 * q + 1]);", TC16),
+    "cuda_gemm_bf16_wide_copies_on_odd_rows": ("cuda/sgemm_tc.cu", "return tc_aligned(p, 16) && ld % 8 == 0  ? COPY16",
+                                               "return tc_aligned(p, 16) ? COPY16", TC16),
+    "cuda_gemm_bf16_narrow_edge_short": ("cuda/sgemm_tc.cu", "d[q] = q < left ? p[q] : (uint16_t)0;",
+                                         "d[q] = q + 1 < left ? p[q] : (uint16_t)0;", TC16),
     "cuda_block_sum_no_barrier": ("cuda/pytfm_cuda.cuh", "    if (lane == 0) scratch[warp] = v;\n    __syncthreads();\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;",
                                   "    if (lane == 0) scratch[warp] = v;\n    v = lane < blockDim.x / PYTFM_WARP ? scratch[lane] : (T)0;", EMU),
     "cuda_softmax_row_off_by_one": ("cuda/softmax.cu", "for (int64_t j = team.rank; j < cols; j += team.size) yr[j] = expf(",
@@ -302,28 +324,44 @@ MUTATIONS = {
     # P re-packed from the accumulator layout into the A layout the plain way (TF32: columns 2t,
     # 2t + 1 where the mma reads t, t + 4; BF16: the two key fragments' halves crossed), the
     # online softmax without the accumulator's rescale, the causal diagonal tile taken as whole,
-    # the dK/dV walk starting a tile past the diagonal, a K/V tile read before every warp stored
-    # its part, V fed to the mma without its rounding (the hardware truncates; BF16: the halves
-    # cut, not rounded), and each barrier before a tile is stored over (forward K/V, the
-    # dK/dV pass's query tile, dQ's key tile: caught in the emulator's order 2, where a warp
-    # runs a whole tile ahead of the others)
-    "cuda_tc_attn_no_barrier_before_kv_store": ("cuda/attention_tc.cu", "        __syncthreads(); // every warp is done with the last tile's K and V\n", "", ["tests/cuda/test_cuda_tc_attention.py"]),
-    "cuda_tc_attn_no_barrier_before_query_store": ("cuda/attention_tc.cu", "        __syncthreads(); // every warp is done with the last query tile\n", "", ["tests/cuda/test_cuda_tc_attention.py"]),
-    "cuda_tc_attn_no_barrier_before_key_store": ("cuda/attention_tc.cu", "        __syncthreads(); // every warp is done with the last key tile\n", "", ["tests/cuda/test_cuda_tc_attention.py"]),
+    # the dK/dV walk starting a tile past the diagonal, the first tiles read before every warp
+    # stored its part, V fed to the mma without its rounding (TF32: the hardware truncates) and
+    # the BF16 tiles truncated, not rounded, as they are stored; each single-buffer pass's
+    # barrier before a tile is stored over (forward K/V, the dK/dV pass's query tile, dQ's key
+    # tile: D = 128) and each double-buffered pass's one barrier a tile (D <= 64), caught in the
+    # emulator's order 2, where a warp runs a whole tile ahead of the others; the prefetched
+    # tile stored into the buffer being read; the swizzle left out of the BF16 tiles' stores
+    # only or of their ldmatrix reads only; ldmatrix without .trans for the P·V-shaped B
+    # fragments; a ragged tile's loads reading the row past T
+    "cuda_tc_attn_no_barrier_before_kv_store": ("cuda/attention_tc.cu", "            __syncthreads(); // one buffer: every warp is done with this tile's K and V\n", "", TC_ATT),
+    "cuda_tc_attn_no_barrier_before_query_store": ("cuda/attention_tc.cu", "            __syncthreads(); // one buffer: every warp is done with this query tile\n", "", TC_ATT),
+    "cuda_tc_attn_no_barrier_before_key_store": ("cuda/attention_tc.cu", "            __syncthreads(); // one buffer: every warp is done with this key tile\n", "", TC_ATT),
     "cuda_tc_attn_tf32_p_repack": ("cuda/attention_tc.cu", "{pytfm__tf32(s[j][0]), pytfm__tf32(s[j][2]),\n                                   pytfm__tf32(s[j][1]), pytfm__tf32(s[j][3])}",
-                                   "{pytfm__tf32(s[j][0]), pytfm__tf32(s[j][1]),\n                                   pytfm__tf32(s[j][2]), pytfm__tf32(s[j][3])}", ["tests/cuda/test_cuda_tc_attention.py"]),
+                                   "{pytfm__tf32(s[j][0]), pytfm__tf32(s[j][1]),\n                                   pytfm__tf32(s[j][2]), pytfm__tf32(s[j][3])}", TC_ATT),
     "cuda_tc_attn_bf16_p_repack": ("cuda/attention_tc.cu", "pytfm__bf16x2(s[2 * c][2], s[2 * c][3]),\n                                   pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),",
-                                   "pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),\n                                   pytfm__bf16x2(s[2 * c][2], s[2 * c][3]),", ["tests/cuda/test_cuda_tc_attention.py"]),
+                                   "pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),\n                                   pytfm__bf16x2(s[2 * c][2], s[2 * c][3]),", TC_ATT),
     "cuda_tc_attn_no_rescale": ("cuda/attention_tc.cu", "            acc[n][0] *= alpha[0];\n            acc[n][1] *= alpha[0];\n            acc[n][2] *= alpha[1];\n            acc[n][3] *= alpha[1];\n",
-                                "", ["tests/cuda/test_cuda_tc_attention.py"]),
-    "cuda_tc_attn_causal_tile_off_by_one": ("cuda/attention_tc.cu", "(a.causal && j0 + TC_KEYS - 1 > i0)", "(a.causal && j0 > i0)", ["tests/cuda/test_cuda_tc_attention.py"]),
-    "cuda_tc_attn_dkdv_skips_diagonal": ("cuda/attention_tc.cu", "for (int64_t i0 = a.causal ? j0 : 0; i0 < T; i0 += TC_KEYS) {",
-                                         "for (int64_t i0 = a.causal ? j0 + TC_KEYS : 0; i0 < T; i0 += TC_KEYS) {", ["tests/cuda/test_cuda_tc_attention.py"]),
-    "cuda_tc_attn_no_barrier_after_load": ("cuda/attention_tc.cu", "        __syncthreads(); // the K and V tiles are whole\n", "", ["tests/cuda/test_cuda_tc_attention.py"]),
+                                "", TC_ATT),
+    "cuda_tc_attn_causal_tile_off_by_one": ("cuda/attention_tc.cu", "(a.causal && j0 + TC_KEYS - 1 > i0)", "(a.causal && j0 > i0)", TC_ATT),
+    "cuda_tc_attn_dkdv_skips_diagonal": ("cuda/attention_tc.cu", "const int64_t i_first = a.causal ? j0 : 0;",
+                                         "const int64_t i_first = a.causal ? j0 + TC_KEYS : 0;", TC_ATT),
+    "cuda_tc_attn_no_barrier_after_load": ("cuda/attention_tc.cu", "    __syncthreads(); // Q and the first K and V tiles are whole\n", "", TC_ATT),
     "cuda_tc_attn_tf32_v_truncated": ("cuda/attention_tc.cu", "const uint32_t b[2] = {pytfm__tf32(x0[8 * n + g]), pytfm__tf32(x1[8 * n + g])};",
-                                      "uint32_t b[2];\n                memcpy(&b[0], &x0[8 * n + g], 4);\n                memcpy(&b[1], &x1[8 * n + g], 4);", ["tests/cuda/test_cuda_tc_attention.py"]),
-    "cuda_tc_attn_bf16_v_truncated": ("cuda/attention_tc.cu", "const uint32_t b[2] = {pytfm__bf16x2(x[0], x[LD]),\n                                       pytfm__bf16x2(x[8 * LD], x[9 * LD])};",
-                                      "const float f[4] = {x[0], x[LD], x[8 * LD], x[9 * LD]};\n                uint32_t w[4];\n                memcpy(w, f, sizeof w);\n                const uint32_t b[2] = {(w[0] >> 16) | (w[1] & 0xffff0000u), (w[2] >> 16) | (w[3] & 0xffff0000u)};", ["tests/cuda/test_cuda_tc_attention.py"]),
+                                      "uint32_t b[2];\n                memcpy(&b[0], &x0[8 * n + g], 4);\n                memcpy(&b[1], &x1[8 * n + g], 4);", TC_ATT),
+    "cuda_tc_attn_bf16_tile_truncated": ("cuda/attention_tc.cu", "pytfm__store2(tile + half / 2, pytfm__bf16x2(v.x, v.y), pytfm__bf16x2(v.z, v.w));",
+                                         "uint32_t w[4];\n            memcpy(w, &v, sizeof w);\n            pytfm__store2(tile + half / 2, (w[0] >> 16) | (w[1] & 0xffff0000u), (w[2] >> 16) | (w[3] & 0xffff0000u));", TC_ATT),
+    "cuda_tc_attn_no_barrier_fwd_buffer_swap": ("cuda/attention_tc.cu", "        // after next is stored over them)\n        __syncthreads();\n", "        // after next is stored over them)\n", TC_ATT),
+    "cuda_tc_attn_no_barrier_dkdv_buffer_swap": ("cuda/attention_tc.cu", "        // the next query tile is whole, and every warp is done with this one (PF: the tile\n        // after next is stored over it)\n        __syncthreads();\n", "", TC_ATT),
+    "cuda_tc_attn_no_barrier_dq_buffer_swap": ("cuda/attention_tc.cu", "        // the next key tile is whole, and every warp is done with this one (PF: the tile\n        // after next is stored over it)\n        __syncthreads();\n", "", TC_ATT),
+    "cuda_tc_attn_prefetch_into_read_buffer": ("cuda/attention_tc.cu", "            kx.store(Ks + Buffers<PF>::next(buf) * W);\n            vx.store(Vs + Buffers<PF>::next(buf) * W);\n        } else if (nn > 0) {\n            __syncthreads(); // one buffer: every warp is done with this tile's K and V",
+                                               "            kx.store(Ks + buf * W);\n            vx.store(Vs + buf * W);\n        } else if (nn > 0) {\n            __syncthreads(); // one buffer: every warp is done with this tile's K and V", TC_ATT),
+    "cuda_tc_attn_swizzle_on_store_only": ("cuda/attention_tc.cu", "const int half = r * D + pytfm__swz<D / 8>(r, d / 8) * 8 + d % 8;", "const int half = r * D + d / 8 * 8 + d % 8;", TC_ATT),
+    "cuda_tc_attn_swizzle_on_read_only": ("cuda/attention_tc.cu", "return (const uint16_t *)tile + r * D + pytfm__swz<D / 8>(r, c) * 8;", "return (const uint16_t *)tile + r * D + c * 8;", TC_ATT),
+    "cuda_tc_attn_v_without_trans": ("cuda/attention_tc.cu", "pytfm__ldmatrix<4, true>(r4, tc_chunk<D>(X,", "pytfm__ldmatrix<4, false>(r4, tc_chunk<D>(X,", TC_ATT),
+    # the delta pass both backward passes share (cuda/attention.cu), its dy not rounded to the
+    # tensor-core precision: delta then is not Σ_s P_ts dP_ts of the rounded products
+    "cuda_tc_attn_delta_unrounded": ("cuda/attention.cu", "    if (PREC == PYTFM_PRECISION_FP32) return x;\n", "    return x;\n", TC_ATT),
+    "cuda_tc_attn_ragged_reads_past_T": ("cuda/attention_tc.cu", "if (r >= n) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);", "if (r > n) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);", TC_ATT),
     # the fast CUDA SGEMM (cuda/sgemm.cu), run by tests/cuda/test_cuda_sgemm.py on the
     # emulator: a slice read before its cp.async wait, the next slice written into the buffer
     # others still read, edges (the k-slice past k loaded; C's row m stored), float4s on an
