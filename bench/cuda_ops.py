@@ -32,6 +32,10 @@ this order:
               (cuda/sgemm_tc.cu, FP32 in memory, rounded in registers) at n = 1024 and 4096
               against cuBLAS in the same mode (torch.matmul: FP32 tensors with allow_tf32,
               bfloat16 tensors), the largest difference from cuBLAS FP32
+  BF16 operands  pytfm_gemm_bf16_cuda (BF16 in memory, cp.async'd as it lies) and
+              pytfm_sgemm_ex_cuda in BF16 on the same values as FP32 (converted first where
+              that pays) on the three products at 4096³ and at the linear layer's shape below,
+              against torch.matmul on the bfloat16 tensors (cuBLAS BF16)
   bandwidth   every memory-bound kernel, forward and backward, with every input at least 4x
               the L2 (read from the device), against a device-to-device copy of the same
               number of bytes (the fewest a kernel must move: each input read once, each
@@ -74,6 +78,8 @@ PRODUCT_N = (1024, 4096)
 LINEAR_SHAPE = (8192, 768, 3072)  # a GPT-2 small MLP layer: rows = B·T = 8192, in, out
 GPT2_SHAPE = dict(vocab=50257, d_model=768, n_layer=12, n_head=12, max_seq=1024)
 GPT2_BATCH = 8
+# the GPT-2-shaped step's target in bf16, in tokens/s: (target, the rate a ratio of 1 means)
+GPT2_STEP_TARGETS = {"bf16": (("GPT-2 step BF16 >= 150k tok/s", 1.0), 150e3)}
 
 # ---- targets ------------------------------------------------------------------------------------
 # (what the row is held to, ratio): the ratio this row must reach on an H200 against its baseline
@@ -118,6 +124,25 @@ def product_cases(n):
     return [("x.W^T (forward)", n, n, n, 0, 1, ("x", "w")),
             ("dy.W (dx)", n, n, n, 0, 0, ("dy", "w")),
             ("dy^T.x (dW)", n, n, n, 1, 0, ("dy", "x"))]
+
+
+def bf16_operand_cases():
+    """The BF16-operand rows: the three products at 4096³, then the linear layer's at
+    LINEAR_SHAPE (x·Wᵀ [rows, in]·[out, in]ᵀ; dy·W; dyᵀ·x) -> [(label, m, n, k, trans_a,
+    trans_b, operands)], operands as product_cases names them, with their shapes by name in
+    bf16_operand_shapes."""
+    rows, inn, out = LINEAR_SHAPE
+    size = f"{rows}x{inn}->{out}"
+    return [(f"{label} n=4096", m, n, k, ta, tb, names)
+            for label, m, n, k, ta, tb, names in product_cases(4096)] + [
+        (f"x.W^T (forward) {size}", rows, out, inn, 0, 1, ("x", "w")),
+        (f"dy.W (dx) {size}", rows, inn, out, 0, 0, ("dy", "w")),
+        (f"dy^T.x (dW) {size}", out, inn, rows, 1, 0, ("dy", "x"))]
+
+
+def bf16_operand_shapes(m, n, k, trans_a, trans_b):
+    """(A's shape, B's shape) of a product as pytfm_gemm_bf16_cuda takes it"""
+    return (k, m) if trans_a else (m, k), (n, k) if trans_b else (k, n)
 
 
 def tensor_core_target(precision, n):
@@ -442,11 +467,13 @@ def run_gpu(args, table):
         a = tiny.parse_args([])  # its defaults, no checks, no files touched
         corpus = data.stdlib_corpus().astype(np.int64)
 
-        def run(cfg, batch, device, way, warm, seconds, max_steps):
+        def run(cfg, batch, device, way, warm, seconds, max_steps, precision="fp32"):
             """tokens/s, seconds a step and the last loss of `way` ("loop": as train_tiny
-            steps; "TrainStep": pytfm.nn.TrainStep, graph and all) on device."""
+            steps; "TrainStep": pytfm.nn.TrainStep, graph and all) on device, the linear
+            layers' products (and attention) in precision."""
             batches = data.Batches(corpus, cfg.max_seq, batch, seed=0)
-            model = GPT(cfg, device=device) if device != "cpu" else GPT(cfg)
+            model = GPT(cfg, device=device, precision=precision) if device != "cpu" \
+                else GPT(cfg)
             opt = AdamW(model.params, model.grads, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
             to = cp.asarray if device == "cuda" else (lambda t: t)
             train = TrainStep(model, opt, max_norm=1.0) if way == "TrainStep" else None
@@ -497,14 +524,21 @@ def run_gpu(args, table):
             table.row(f"train_tiny step, GPU, {way}", per, rate, "tok/s", vs, cpu_rate,
                       TRAIN_TINY_TARGET, note)
         big = GPTConfig(**GPT2_SHAPE, pos="rope", seed=0)
-        loop_rate = None
-        for way in ("loop", "TrainStep"):
-            rate, per, note = run(big, GPT2_BATCH, "cuda", way, 2 if way == "loop" else 3,
-                                  8.0, 10)
-            table.row(f"GPT-2-124M-shaped step (B={GPT2_BATCH} T=1024), {way}", per, rate,
-                      "tok/s", "the loop" if loop_rate else "", loop_rate, None, note)
-            loop_rate = loop_rate or rate
-            cp.get_default_memory_pool().free_all_blocks()
+        for precision in ("fp32", "bf16"):
+            loop_rate = None
+            for way in ("loop", "TrainStep"):
+                rate, per, note = run(big, GPT2_BATCH, "cuda", way, 2 if way == "loop" else 3,
+                                      8.0, 10, precision)
+                name = f"GPT-2-124M-shaped step (B={GPT2_BATCH} T=1024), {precision}, {way}"
+                if precision in GPT2_STEP_TARGETS:  # an absolute rate: the ratio to it
+                    table.row(name, per, rate, "tok/s", "target rate",
+                              GPT2_STEP_TARGETS[precision][1], GPT2_STEP_TARGETS[precision][0],
+                              note)
+                else:
+                    table.row(name, per, rate, "tok/s", "the loop" if loop_rate else "",
+                              loop_rate, None, note)
+                loop_rate = loop_rate or rate
+                cp.get_default_memory_pool().free_all_blocks()
 
     # -- attention against torch ------------------------------------------------------------------
     def torch_timed(torch, fn, runs=5):
@@ -766,6 +800,49 @@ def run_gpu(args, table):
         finally:
             torch.backends.cuda.matmul.allow_tf32 = saved
 
+    def bf16_operands():
+        import torch
+
+        from pytfm._arrays import pointer as ptr
+
+        def check(status):
+            if status:
+                raise RuntimeError(ffi.string(lib.pytfm_last_error()).decode())
+
+        for label, m, n, k, ta, tb, _ in bf16_operand_cases():
+            sa, sb = bf16_operand_shapes(m, n, k, ta, tb)
+            ta_t = torch.randn(*sa, device="cuda").to(torch.bfloat16)
+            tb_t = torch.randn(*sb, device="cuda").to(torch.bfloat16)
+            # the same BF16 values as raw bits (CuPy views of torch's memory) and widened
+            a16, b16 = (cp.from_dlpack(t.view(torch.int16)).view(cp.uint16) for t in (ta_t, tb_t))
+            a32, b32 = (cp.from_dlpack(t.float()) for t in (ta_t, tb_t))
+            c = cp.empty((m, n), cp.float32)
+            flops = 2.0 * m * n * k
+            pa, pb = (ffi.cast("uint16_t *", t.data.ptr) for t in (a16, b16))
+
+            def mine(c=c, pa=pa, pb=pb, m=m, n=n, k=k, ta=ta, tb=tb):
+                check(lib.pytfm_gemm_bf16_cuda(ptr(c), pa, pb, m, n, k, ta, tb, 0.0,
+                                               stream_ptr()))
+
+            def fp32_operands(c=c, a32=a32, b32=b32, m=m, n=n, k=k, ta=ta, tb=tb):
+                check(lib.pytfm_sgemm_ex_cuda(ptr(c), ptr(a32), ptr(b32), m, n, k, ta, tb, 0.0,
+                                              dict(TENSOR_CORE_PRECISIONS)["bf16"],
+                                              stream_ptr()))
+
+            x, y = (ta_t.T if ta else ta_t), (tb_t.T if tb else tb_t)
+            t_blas = torch_timed(torch, lambda x=x, y=y: torch.matmul(x, y))
+            target = TENSOR_CORE_TARGETS[("bf16", 4096)] if "n=4096" in label else None
+            for name, fn in (("gemm_bf16", mine), ("sgemm_ex bf16 (FP32 operands)",
+                                                    fp32_operands)):
+                fn()
+                exact = cp.matmul(a32.T if ta else a32, b32.T if tb else b32)
+                err = float(cp.abs(c - exact).max() / cp.abs(exact).max())
+                t = timed(fn)
+                table.row(f"{name} {label}", t, flops / t / 1e12, "TFLOP/s", "cuBLAS bf16",
+                          flops / t_blas / 1e12, target, f"max err/max vs FP32 {err:.1e}")
+            del ta_t, tb_t, a16, b16, a32, b32, c
+            cp.get_default_memory_pool().free_all_blocks()
+
     def linear_layer():
         ROWS, IN, OUT = LINEAR_SHAPE
         x, w, b, dy = randn(ROWS, IN), randn(OUT, IN), randn(OUT), randn(ROWS, OUT)
@@ -865,6 +942,8 @@ def run_gpu(args, table):
                       ("attention vs torch SDPA (fp32, bf16)", attention),
                       ("products vs cuBLAS (FP32, TF32 off)", products),
                       ("tensor-core products vs cuBLAS (TF32, BF16)", tensor_core_products),
+                      ("BF16 operands vs cuBLAS BF16 (gemm_bf16; sgemm_ex bf16 on FP32)",
+                       bf16_operands),
                       ("tensor-core attention vs torch SDPA (TF32: fp32, BF16: flash)",
                        tc_attention),
                       ("linear layer, GPT-2 MLP size", linear_layer),
