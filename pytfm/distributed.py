@@ -68,6 +68,9 @@ import numpy as np
 
 from ._core import set_num_threads
 
+# seconds between a fatal message and MPI_Abort (abort): time for the launcher to forward it
+ABORT_GRACE = 0.5
+
 INSTALL = 'pip install "pytfm[mpi]"  (mpi4py and the mpich wheels from PyPI)'
 TIMEOUT_VAR = "PYTFM_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0  # seconds: far beyond a step, a save or an evaluation of train_tiny's
@@ -182,6 +185,10 @@ class World:
               flush=True)
         if self.comm is None:
             raise SystemExit(status)
+        # The line is in the pipe to the launcher, not yet on its output: MPI_Abort has the
+        # launcher kill every rank, and mpiexec may stop reading this rank's pipe before it has
+        # forwarded the line (seen on a loaded 2-core machine). A short grace lets it arrive.
+        time.sleep(ABORT_GRACE)
         self.comm.Abort(status)
 
     def _excepthook(self, kind, value, tb):
