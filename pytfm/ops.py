@@ -38,6 +38,9 @@ from ._arrays import Args as _Args
 from ._arrays import check_index_arrays  # noqa: F401 - public: pytfm.ops.check_index_arrays
 
 _U16 = _np.dtype(_np.uint16)  # BF16 bits (gemm_bf16)
+# the model's constants, as pytfm_model.h defines them: the defaults of eps and base below
+LAYERNORM_EPS = _core.lib.PYTFM_LAYERNORM_EPS
+ROPE_BASE = _core.lib.PYTFM_ROPE_BASE
 
 # ---- linear ---------------------------------------------------------------------------------
 
@@ -189,7 +192,7 @@ def _layernorm_dims(a):
     return x, w, x.size // cols, cols
 
 
-def layernorm_forward(x, w, b, eps=1e-5):
+def layernorm_forward(x, w, b, eps=LAYERNORM_EPS):
     """x [..., cols], w [cols], b [cols] -> (y [..., cols], mean [...], rstd [...])"""
     a = _Args("pytfm_layernorm_forward", locals())
     x, w, rows, cols = _layernorm_dims(a)
@@ -242,12 +245,12 @@ def _rope(a, name):
     return y
 
 
-def rope_forward(x, pos, base=10000.0):
+def rope_forward(x, pos, base=ROPE_BASE):
     """Rotary embedding, rotate-half pairing.  x [B, T, H, D], pos int64 [T] or [B, T] -> y"""
     return _rope(_Args("pytfm_rope_forward", locals()), "x")
 
 
-def rope_backward(dy, pos, base=10000.0):
+def rope_backward(dy, pos, base=ROPE_BASE):
     """The inverse rotation.  dy [B, T, H, D], pos int64 [T] or [B, T] -> dx [B, T, H, D]"""
     return _rope(_Args("pytfm_rope_backward", locals()), "dy")
 
@@ -255,7 +258,7 @@ def rope_backward(dy, pos, base=10000.0):
 # ---- the fused QKV projection's split -------------------------------------------------------
 
 
-def qkv_split_forward(qkv, pos=None, base=10000.0):
+def qkv_split_forward(qkv, pos=None, base=ROPE_BASE):
     """q, k, v out of a fused QKV projection, q and k rotated by RoPE at pos (not rotated when
     pos is None).  qkv [B, T, 3, H, D], pos int64 [T] or [B, T] or None -> q, k, v [B, T, H, D]
     each; the same bits as slicing qkv and calling rope_forward on q and k."""
@@ -271,7 +274,7 @@ def qkv_split_forward(qkv, pos=None, base=10000.0):
     return q, k, v
 
 
-def qkv_split_backward(dq, dk, dv, pos=None, base=10000.0):
+def qkv_split_backward(dq, dk, dv, pos=None, base=ROPE_BASE):
     """The gradient of qkv_split_forward, in the fused layout: dq, dk rotated back (when pos is
     given) and dv.  dq, dk, dv [B, T, H, D], pos as the forward -> dqkv [B, T, 3, H, D]"""
     a = _Args("pytfm_qkv_split_backward", locals())

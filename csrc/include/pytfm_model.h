@@ -11,6 +11,13 @@
 
 #include "pytfm_core.h"
 
+/* The model's constants (pytfm.nn's model's too: pytfm.ops takes them as its defaults, from
+ * here): LayerNorm's eps, and RoPE's base (pair i of a head of D dims turns by
+ * t·base^(−2i/D) at position t). Python reads each as a float, pytfm._pytfm_cffi.lib.<name>
+ * (the cffi builder declares every floating-point PYTFM_ macro of the public headers). */
+#define PYTFM_LAYERNORM_EPS 1e-5
+#define PYTFM_ROPE_BASE 10000.0
+
 #ifdef __cplusplus
 extern "C" {
 #endif

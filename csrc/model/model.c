@@ -1,6 +1,6 @@
 /*
  * model.c — pytfm.nn.GPT in C: a model read from a checkpoint, its forward pass, and KV-cache
- * sessions that decode one sequence token by token.
+ * sessions that decode one sequence token by token, on the CPU or on the GPU.
  *
  *   x = wte[tokens] (+ pe[positions]: sinusoidal, or learned wpe)       [N, C], N = B·T
  *   per block:  a = ln_1(x);  q, k, v = split(a·W_attnᵀ + b)            [B, T, H, D] each
@@ -15,7 +15,12 @@
  * and instruction-set cap. A session runs the same ops on the new tokens only, at positions
  * [length, length + n), through attention_cache_append and attention_decode, as GPT.decode.
  *
- * In PYTFM_PRECISION_BF16 (pytfm_model_set_precision) every product is the one
+ * The ops run through the table of the model's device (model_device.h): the CPU's below, the
+ * public kernels on host memory; on PYTFM_DEVICE_CUDA the GPU's (model_cuda.c), their CUDA
+ * twins on device memory, the parameters copied there once, at open, the tokens copied in and
+ * the logits back on each call (each forward on a stream of its own, a session on its own).
+ *
+ * In PYTFM_PRECISION_BF16 (pytfm_model_set_precision, the CPU only) every product is the one
  * pytfm_linear_forward_ex computes in BF16, which pytfm.nn calls for a model of that precision,
  * so the logits are again Python's bits; the one-row products of decoding read a BF16 copy of
  * each weight matrix (made once, by set_precision) instead of the float32 weights: the same
@@ -24,8 +29,7 @@
  * The model is read-only once opened (the parameters, per-layer pointers into them, the
  * position table, the precision and the BF16 copies): any number of threads may share it,
  * as long as none changes its precision meanwhile. Each call allocates its own activations
- * (scratch, freed on every path); a session owns its caches. A model opened on
- * PYTFM_DEVICE_CUDA hands its forwards and sessions to model_cuda.c (the hooks marked "GPU").
+ * (scratch, freed on every path); a session owns its caches.
  */
 #define _POSIX_C_SOURCE 200809L /* stat */
 
@@ -34,23 +38,151 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "acts.h"
 #include "checkpoint.h"
 #include "gpt2.h"
 #include "core/checks.h"
-#include "model_cuda.h"
+#include "model_device.h"
 
-#define LN_EPS 1e-5f      /* pytfm.ops.layernorm_forward's default */
-#define ROPE_BASE 10000.0 /* pytfm.ops.rope_forward's default */
+/* ---- the CPU as a device: the public kernels, host memory --------------------------------- */
 
-/* one block's parameters: pointers into the model's one allocation */
+static pytfm_status cpu_alloc(const char *func, void **p, int64_t bytes) {
+    *p = pytfm__scratch(func, bytes, 1);
+    return *p ? PYTFM_STATUS_OK : PYTFM_STATUS_OUT_OF_MEMORY;
+}
+
+static pytfm_status cpu_scratch(const char *func, void **p, int64_t bytes, void *stream) {
+    (void)stream;
+    return cpu_alloc(func, p, bytes);
+}
+
+static pytfm_status cpu_scratch_free(const char *func, void *p, pytfm_status st, void *stream) {
+    (void)func, (void)stream;
+    free(p);
+    return st;
+}
+
+static pytfm_status cpu_copy(const char *func, void *dst, const void *src, int64_t bytes,
+                             void *stream) {
+    (void)func, (void)stream;
+    memcpy(dst, src, (size_t)bytes);
+    return PYTFM_STATUS_OK;
+}
+
+static pytfm_status cpu_stream_open(const char *func, void **stream) {
+    (void)func;
+    *stream = NULL;
+    return PYTFM_STATUS_OK;
+}
+
+static pytfm_status cpu_stream_done(const char *func, void *stream) { /* close, sync */
+    (void)func, (void)stream;
+    return PYTFM_STATUS_OK;
+}
+
+static pytfm_status cpu_layernorm(float *y, float *mean, float *rstd, const float *x,
+                                  const float *w, const float *b, int64_t rows, int64_t cols,
+                                  float eps, void *stream) {
+    (void)stream;
+    return pytfm_layernorm_forward(y, mean, rstd, x, w, b, rows, cols, eps);
+}
+
+/* as pytfm.nn.Linear.forward in the model's precision (w16 there exactly in BF16) */
+static pytfm_status cpu_linear(float *y, const float *x, const float *w, const uint16_t *w16,
+                               const float *b, int64_t rows, int64_t in, int64_t out,
+                               void *stream) {
+    (void)stream;
+    if (!w16) return pytfm_linear_forward(y, x, w, b, rows, in, out);
+    return pytfm__linear_forward_bf16("pytfm_linear_forward_ex", y, x, w, w16, b, rows, in, out);
+}
+
+static pytfm_status cpu_qkv_split(float *q, float *k, float *v, const float *qkv,
+                                  const int64_t *pos, int64_t B, int64_t T, int64_t H, int64_t D,
+                                  int64_t pos_stride, double base, int32_t rope, void *stream) {
+    (void)stream;
+    return pytfm_qkv_split_forward(q, k, v, qkv, pos, B, T, H, D, pos_stride, base, rope);
+}
+
+static pytfm_status cpu_attention(float *o, float *lse, const float *q, const float *k,
+                                  const float *v, int64_t B, int64_t T, int64_t H, int64_t D,
+                                  float scale, int32_t causal, void *stream) {
+    (void)stream;
+    return pytfm_attention_forward(o, lse, q, k, v, B, T, H, D, scale, causal);
+}
+
+static pytfm_status cpu_cache_append(float *k_cache, float *v_cache, const float *k,
+                                     const float *v, int64_t B, int64_t n_new, int64_t H,
+                                     int64_t D, int64_t Tmax, int64_t start, void *stream) {
+    (void)stream;
+    return pytfm_attention_cache_append(k_cache, v_cache, k, v, B, n_new, H, D, Tmax, start);
+}
+
+static pytfm_status cpu_decode(float *o, float *lse, const float *q, const float *k_cache,
+                               const float *v_cache, int64_t B, int64_t n_new, int64_t H,
+                               int64_t D, int64_t Tmax, int64_t start, float scale,
+                               void *stream) {
+    (void)stream;
+    return pytfm_attention_decode(o, lse, q, k_cache, v_cache, B, n_new, H, D, Tmax, start,
+                                  scale);
+}
+
+static pytfm_status cpu_gelu(float *y, const float *x, int64_t count, void *stream) {
+    (void)stream;
+    return pytfm_gelu_forward(y, x, count);
+}
+
+static pytfm_status cpu_embedding(float *y, const int64_t *ids, const float *table,
+                                  int64_t rows, int64_t vocab, int64_t dim, void *stream) {
+    (void)stream;
+    return pytfm_embedding_forward(y, ids, table, rows, vocab, dim);
+}
+
+static pytfm_status cpu_add_rows(const char *func, float *x, const float *y, int64_t rows,
+                                 int64_t cols, int64_t period, int64_t offset, void *stream) {
+    (void)func, (void)stream;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *add = y + (offset + r % period) * cols;
+        for (int64_t j = 0; j < cols; j++) x[r * cols + j] += add[j];
+    }
+    return PYTFM_STATUS_OK;
+}
+
+static const pytfm__model_device cpu = {
+    .host = 1,
+    .alloc = cpu_alloc,
+    .release = free,
+    .scratch = cpu_scratch,
+    .scratch_free = cpu_scratch_free,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .stream_open = cpu_stream_open,
+    .stream_close = cpu_stream_done,
+    .sync = cpu_stream_done,
+    .layernorm = cpu_layernorm,
+    .linear = cpu_linear,
+    .qkv_split = cpu_qkv_split,
+    .attention = cpu_attention,
+    .cache_append = cpu_cache_append,
+    .decode = cpu_decode,
+    .gelu = cpu_gelu,
+    .embedding = cpu_embedding,
+    .add_rows = cpu_add_rows,
+};
+
+/* ---- the model ------------------------------------------------------------------------------ */
+
+/* one block's parameters: pointers into the model's one allocation, on its device */
 typedef struct layer {
-    const float *ln_1_w, *ln_1_b;
-    const float *attn_w, *attn_b;   /* c_attn [3C, C], [3C] */
-    const float *aproj_w, *aproj_b; /* attn.c_proj [C, C], [C] */
-    const float *ln_2_w, *ln_2_b;
-    const float *fc_w, *fc_b;       /* mlp.c_fc [4C, C], [4C] */
-    const float *mproj_w, *mproj_b; /* mlp.c_proj [C, 4C], [C] */
+    union {
+        const float *part[PYTFM__LAYER_PARTS]; /* in the order of checkpoint.h's table */
+        struct {
+            const float *ln_1_w, *ln_1_b;
+            const float *attn_w, *attn_b;   /* c_attn [3C, C], [3C] */
+            const float *aproj_w, *aproj_b; /* attn.c_proj [C, C], [C] */
+            const float *ln_2_w, *ln_2_b;
+            const float *fc_w, *fc_b;       /* mlp.c_fc [4C, C], [4C] */
+            const float *mproj_w, *mproj_b; /* mlp.c_proj [C, 4C], [C] */
+        };
+    };
     /* the BF16 copies of the four weight matrices (PYTFM_PRECISION_BF16), else NULL */
     const uint16_t *attn_w16, *aproj_w16, *fc_w16, *mproj_w16;
 } layer;
@@ -59,16 +191,39 @@ struct pytfm_model {
     pytfm_model_config config;
     int64_t C, H, D, V;
     float scale;  /* attention's: 1/sqrt(D) in double, then float, as pytfm.ops passes it */
-    float *params; /* owned: the reader's allocation, in checkpoint.h's order */
+    int32_t device;                 /* a pytfm_device */
+    const pytfm__model_device *dev; /* its ops and memory */
+    float *params;  /* owned: the reader's allocation, in checkpoint.h's order (host), or NULL */
+    float *pe;      /* owned: [max_seq, C] the sinusoidal positions (host), or NULL */
+    float *on_device; /* owned: the parameters, then pe, copied to a GPU (dev->alloc), or NULL */
+    /* where the forward reads them: into params and pe, or into on_device */
     const float *wte, *ln_f_w, *ln_f_b, *lm_head;
-    layer *layers; /* [n_layer] */
-    float *pe;        /* [max_seq, C] sinusoidal positions (owned), or NULL */
-    const float *wpe; /* [max_seq, C] learned positions (in params), or NULL */
+    const float *positions; /* [max_seq, C] added to the embeddings: pe or wpe, or NULL */
+    layer *layers;          /* [n_layer] */
     int32_t precision;          /* a pytfm_precision of the products */
     uint16_t *w16;              /* owned: every BF16 copy in one allocation (BF16), or NULL */
     const uint16_t *lm_head16;  /* the LM head's BF16 copy (BF16), or NULL */
-    pytfm__cuda_model *cuda;    /* GPU: the copy on the device (PYTFM_DEVICE_CUDA), or NULL */
 };
+
+/* The parameters' pointers, walking checkpoint.h's order from p, its first float, and pe, the
+ * sinusoidal table (or NULL), both on the model's device; -> the floats walked. */
+static int64_t walk(pytfm_model *m, const float *p, const float *pe) {
+    const pytfm_model_config *c = &m->config;
+    const int64_t C = m->C;
+    const float *start = p;
+    m->wte = p, p += m->V * C;
+    m->positions = pe;
+    if (c->pos == PYTFM_POS_LEARNED) m->positions = p, p += c->max_seq * C;
+    for (int64_t i = 0; i < c->n_layer; i++)
+        for (int j = 0; j < PYTFM__LAYER_PARTS; j++) {
+            const int cols = pytfm__layer_cols[j];
+            m->layers[i].part[j] = p, p += pytfm__layer_rows[j] * C * (cols ? cols * C : 1);
+        }
+    m->ln_f_w = p, p += C, m->ln_f_b = p, p += C;
+    m->lm_head = c->tie_embeddings ? m->wte : p;
+    if (!c->tie_embeddings) p += m->V * C;
+    return p - start;
+}
 
 /* pytfm.nn.sinusoidal_positions(max_seq, C), by the same function (pytfm_sinusoidal_positions,
  * positions.c). The reader has checked its size (a table at most max(n_params, 2^24) floats:
@@ -87,7 +242,7 @@ static pytfm_status sinusoidal_table(float **pe, const char *func, int64_t max_s
     return PYTFM_STATUS_OK;
 }
 
-/* The model on the checked weights w (taken over: freed here on failure). */
+/* The model on the checked weights w (taken over: freed here on failure), in host memory. */
 static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *func) {
     const pytfm_model_config *c = &w->config;
     pytfm_model *m = calloc(1, sizeof *m);
@@ -100,45 +255,58 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
     m->config = *c;
     m->C = c->d_model, m->H = c->n_head, m->D = c->d_model / c->n_head, m->V = c->vocab;
     m->scale = (float)(1.0 / sqrt((double)m->D));
+    m->device = PYTFM_DEVICE_CPU, m->dev = &cpu;
     m->params = w->params;
     m->layers = layers;
-    const int64_t C = m->C;
-    const float *p = w->params; // walked in checkpoint.h's order
-    m->wte = p, p += m->V * C;
-    if (c->pos == PYTFM_POS_LEARNED) m->wpe = p, p += c->max_seq * C;
-    for (int64_t i = 0; i < c->n_layer; i++) {
-        layer *l = &layers[i];
-        l->ln_1_w = p, p += C, l->ln_1_b = p, p += C;
-        l->attn_w = p, p += 3 * C * C, l->attn_b = p, p += 3 * C;
-        l->aproj_w = p, p += C * C, l->aproj_b = p, p += C;
-        l->ln_2_w = p, p += C, l->ln_2_b = p, p += C;
-        l->fc_w = p, p += 4 * C * C, l->fc_b = p, p += 4 * C;
-        l->mproj_w = p, p += 4 * C * C, l->mproj_b = p, p += C;
-    }
-    m->ln_f_w = p, p += C, m->ln_f_b = p, p += C;
-    m->lm_head = c->tie_embeddings ? m->wte : p;
-    if (!c->tie_embeddings) p += m->V * C;
-    if (p - w->params != c->n_params) { // the reader's promise, checked once
+    pytfm_status st = PYTFM_STATUS_OK;
+    if (c->pos == PYTFM_POS_SINUSOIDAL) st = sinusoidal_table(&m->pe, func, c->max_seq, m->C);
+    const int64_t walked = walk(m, m->params, m->pe);
+    if (st == PYTFM_STATUS_OK && walked != c->n_params) // the reader's promise, checked once
+        st = pytfm__fail(PYTFM_STATUS_INTERNAL,
+                         "%s: the checkpoint reader returned %lld floats of parameters where "
+                         "the config implies %lld",
+                         func, (long long)c->n_params, (long long)walked);
+    if (st != PYTFM_STATUS_OK) {
         pytfm_model_close(m);
-        return pytfm__fail(PYTFM_STATUS_INTERNAL,
-                           "%s: the checkpoint reader returned %lld floats of parameters where "
-                           "the config implies %lld",
-                           func, (long long)c->n_params, (long long)(p - w->params));
-    }
-    if (c->pos == PYTFM_POS_SINUSOIDAL) {
-        const pytfm_status st = sinusoidal_table(&m->pe, func, c->max_seq, C);
-        if (st != PYTFM_STATUS_OK) {
-            pytfm_model_close(m);
-            return st;
-        }
+        return st;
     }
     *model = m;
     return PYTFM_STATUS_OK;
 }
 
-static pytfm_status check_device(const char *func, int32_t device) {
-    if (device == PYTFM_DEVICE_CPU) return PYTFM_STATUS_OK;
-    if (device == PYTFM_DEVICE_CUDA) return pytfm__cuda_model_check(func); // GPU
+/* The host model m onto the device dev: its parameters and sinusoidal table copied there, in
+ * one allocation, and walked anew; the host copies freed. */
+static pytfm_status to_device(pytfm_model *m, int32_t device, const pytfm__model_device *dev,
+                              const char *func) {
+    const int64_t n = m->config.n_params, n_pe = m->pe ? m->config.max_seq * m->C : 0;
+    float *p = NULL;
+    void *stream = NULL;
+    pytfm_status st = dev->alloc(func, (void **)&p, (n + n_pe) * (int64_t)sizeof(float));
+    if (st == PYTFM_STATUS_OK) st = dev->stream_open(func, &stream);
+    if (st == PYTFM_STATUS_OK)
+        st = dev->to_device(func, p, m->params, n * (int64_t)sizeof(float), stream);
+    if (st == PYTFM_STATUS_OK && m->pe)
+        st = dev->to_device(func, p + n, m->pe, n_pe * (int64_t)sizeof(float), stream);
+    const pytfm_status closed = dev->stream_close(func, stream);
+    if (st == PYTFM_STATUS_OK) st = closed;
+    if (st != PYTFM_STATUS_OK) {
+        dev->release(p);
+        return st;
+    }
+    walk(m, p, m->pe ? p + n : NULL);
+    free(m->params), free(m->pe);
+    m->params = m->pe = NULL;
+    m->on_device = p, m->device = device, m->dev = dev;
+    return PYTFM_STATUS_OK;
+}
+
+/* The device's table, or a status saying why a model cannot be opened there. */
+static pytfm_status device_of(const pytfm__model_device **dev, int32_t device, const char *func) {
+    if (device == PYTFM_DEVICE_CPU) {
+        *dev = &cpu;
+        return PYTFM_STATUS_OK;
+    }
+    if (device == PYTFM_DEVICE_CUDA) return pytfm__cuda_model_device(dev, func);
     return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
                        "%s: device must be PYTFM_DEVICE_CPU (0) or PYTFM_DEVICE_CUDA (1), got %d",
                        func, (int)device);
@@ -146,42 +314,42 @@ static pytfm_status check_device(const char *func, int32_t device) {
 
 /* The model on the weights a reader returned with status (taken over), on device. */
 static pytfm_status open_on(pytfm_model **model, pytfm__weights *w, pytfm_status status,
-                            int32_t device, const char *func) {
+                            int32_t device, const pytfm__model_device *dev, const char *func) {
     PYTFM_TRY(status);
     PYTFM_TRY(build(model, w, func));
-    if (device != PYTFM_DEVICE_CUDA) return PYTFM_STATUS_OK;
-    pytfm_model *m = *model; // GPU: the parameters and the table copied to the device
-    const pytfm_status up = pytfm__cuda_model_open(&m->cuda, &m->config, m->params, m->pe, func);
-    if (up != PYTFM_STATUS_OK) {
-        pytfm_model_close(m);
+    if (dev == &cpu) return PYTFM_STATUS_OK;
+    const pytfm_status st = to_device(*model, device, dev, func);
+    if (st != PYTFM_STATUS_OK) {
+        pytfm_model_close(*model);
         *model = NULL;
     }
-    return up;
+    return st;
 }
 
 /* The model in the checkpoint open as st (closed here, whatever happens), on device. */
 static pytfm_status open_from(pytfm_model **model, pytfm_safetensors *st, int32_t device,
-                              const char *func) {
+                              const pytfm__model_device *dev, const char *func) {
     pytfm__weights w;
     const pytfm_status status = pytfm__checkpoint_weights(st, &w);
     pytfm_safetensors_close(st);
-    return open_on(model, &w, status, device, func);
+    return open_on(model, &w, status, device, dev, func);
 }
 
 pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t device) {
     PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
     *model = NULL;
     PYTFM_CHECK(path != NULL, "%s: path must not be NULL", __func__);
-    PYTFM_TRY(check_device(__func__, device));
+    const pytfm__model_device *dev;
+    PYTFM_TRY(device_of(&dev, device, __func__));
     struct stat s;
     if (stat(path, &s) == 0 && S_ISDIR(s.st_mode)) { // a Hugging Face GPT-2 folder
         pytfm__weights w;
         const pytfm_status status = pytfm__gpt2_weights(path, &w);
-        return open_on(model, &w, status, device, __func__);
+        return open_on(model, &w, status, device, dev, __func__);
     }
     pytfm_safetensors *st;
     PYTFM_TRY(pytfm_safetensors_open(&st, path));
-    return open_from(model, st, device, __func__);
+    return open_from(model, st, device, dev, __func__);
 }
 
 pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data, size_t size,
@@ -190,15 +358,16 @@ pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data, size
     *model = NULL;
     PYTFM_CHECK(data != NULL || size == 0, "%s: data must not be NULL", __func__);
     PYTFM_CHECK(size <= (size_t)INT64_MAX, "%s: size must be below 2**63, got %zu", __func__, size);
-    PYTFM_TRY(check_device(__func__, device));
+    const pytfm__model_device *dev;
+    PYTFM_TRY(device_of(&dev, device, __func__));
     pytfm_safetensors *st;
     PYTFM_TRY(pytfm_safetensors_open_memory(&st, data, (int64_t)size, "<memory>"));
-    return open_from(model, st, device, __func__);
+    return open_from(model, st, device, dev, __func__);
 }
 
 pytfm_status pytfm_model_close(pytfm_model *model) {
     if (!model) return PYTFM_STATUS_OK;
-    pytfm__cuda_model_close(model->cuda); // GPU
+    if (model->on_device) model->dev->release(model->on_device);
     free(model->w16);
     free(model->pe);
     free(model->layers);
@@ -232,7 +401,7 @@ pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision) {
     PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
     PYTFM_TRY(pytfm__check_precision(__func__, precision));
     if (precision == model->precision) return PYTFM_STATUS_OK;
-    if (model->cuda) // GPU: the CUDA twins compute in float32 only
+    if (model->device != PYTFM_DEVICE_CPU) // the CUDA twins compute in float32 only
         return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
                            "%s: a model on PYTFM_DEVICE_CUDA computes in PYTFM_PRECISION_FP32 only",
                            __func__);
@@ -275,106 +444,159 @@ pytfm_status pytfm_model_get_precision(const pytfm_model *model, int32_t *precis
     return PYTFM_STATUS_OK;
 }
 
-/* y = x·Wᵀ + b over rows, as pytfm.nn.Linear.forward in the model's precision: the public
- * kernel (FP32), or its BF16 form with the BF16 copy w16 for the one-row products */
-static pytfm_status linear(const pytfm_model *m, float *y, const float *x, const float *w,
-                           const uint16_t *w16, const float *b, int64_t rows, int64_t in,
-                           int64_t out) {
-    if (m->precision == PYTFM_PRECISION_FP32)
-        return pytfm_linear_forward(y, x, w, b, rows, in, out);
-    return pytfm__linear_forward_bf16("pytfm_linear_forward_ex", y, x, w, w16, b, rows, in, out);
-}
-
 /* ---- the forward pass, shared by pytfm_model_forward and pytfm_session_feed ----------------- */
 
-/* The activations of one call (acts.h): host memory, no copy of the tokens. */
-typedef pytfm__acts acts;
+/*
+ * The activations of one call, N = B·T tokens at T positions, carved from one scratch buffer
+ * of floats on the model's device:
+ *   pos     [T] int64 positions (2·T floats, at the buffer's aligned start)
+ *   tokens  [N] int64 token ids (2·N floats; only off the host: the device's copy of them)
+ *   x       [N, C] the residual stream
+ *   a       [N, C] a LayerNorm's output, then attention's
+ *   qkv     [N, 3C] c_attn's output; its first N·C floats then hold each c_proj's output
+ *   q, k, v [B, T, H, D] each, adjacent (k = q + N·C)
+ *   h       [N, 4C] c_fc's output, GELU in place
+ *   mean, rstd, lse  [N], [N], [B, H, T]: what the kernels save, unused here
+ *   head    [N, vocab] every row's logits (only where asked), else NULL
+ */
+typedef struct acts {
+    int64_t *pos, *tokens;
+    float *x, *a, *qkv, *q, *k, *v, *h, *mean, *rstd, *lse, *head;
+} acts;
+
+/* The floats of the buffer (tokens, head_vocab: room for the token ids, for every row's logits
+ * of that vocabulary (0: none)) into *floats; 0 when that is more than memory can address. */
+static int acts_floats(int64_t N, int64_t T, int64_t C, int64_t H, int tokens,
+                       int64_t head_vocab, int64_t *floats) {
+    const int64_t per_token = 12 * C + 2 + H + (tokens ? 2 : 0) + head_vocab;
+    return pytfm__mul_within(N, per_token, pytfm__max_elems(sizeof(float)), floats) &&
+           pytfm__add_within(*floats, 2 * T, pytfm__max_elems(sizeof(float)), floats);
+}
+
+/* The arrays in buf, laid out as above (tokens, head as in acts_floats). */
+static acts acts_carve(float *buf, int64_t N, int64_t T, int64_t C, int64_t H, int tokens,
+                       int head) {
+    acts s;
+    float *p = buf;
+    s.pos = (int64_t *)(void *)p, p += 2 * T;
+    s.tokens = tokens ? (int64_t *)(void *)p : NULL, p += tokens ? 2 * N : 0;
+    s.x = p, p += N * C;
+    s.a = p, p += N * C;
+    s.qkv = p, p += N * 3 * C;
+    s.q = p, p += N * C;
+    s.k = p, p += N * C;
+    s.v = p, p += N * C;
+    s.h = p, p += N * 4 * C;
+    s.mean = p, p += N;
+    s.rstd = p, p += N;
+    s.lse = p, p += N * H;
+    s.head = head ? p : NULL;
+    return s;
+}
 
 /* one block, as pytfm.nn.Block.forward; caches: this layer's k and v caches [max_len, C]
  * (a session), or NULL (the whole sequence) */
 static pytfm_status block(const pytfm_model *m, const layer *L, const acts *s, int64_t B,
                           int64_t T, int64_t start, float *k_cache, float *v_cache,
-                          int64_t max_len) {
+                          int64_t max_len, void *stream, const char *func) {
+    const pytfm__model_device *dev = m->dev;
     const int64_t C = m->C, H = m->H, D = m->D, N = B * T;
     // x + attn(ln_1(x))
-    PYTFM_TRY(pytfm_layernorm_forward(s->a, s->mean, s->rstd, s->x, L->ln_1_w, L->ln_1_b, N, C,
-                                      LN_EPS));
-    PYTFM_TRY(linear(m, s->qkv, s->a, L->attn_w, L->attn_w16, L->attn_b, N, C, 3 * C));
+    PYTFM_TRY(dev->layernorm(s->a, s->mean, s->rstd, s->x, L->ln_1_w, L->ln_1_b, N, C,
+                             PYTFM_LAYERNORM_EPS, stream));
+    PYTFM_TRY(dev->linear(s->qkv, s->a, L->attn_w, L->attn_w16, L->attn_b, N, C, 3 * C, stream));
     // qkv (B, T, 3, H, D) -> q, k, v (B, T, H, D), q and k rotated: as pytfm.nn does it
-    PYTFM_TRY(pytfm_qkv_split_forward(s->q, s->k, s->v, s->qkv, s->pos, B, T, H, D, 0,
-                                      ROPE_BASE, m->config.pos == PYTFM_POS_ROPE));
+    PYTFM_TRY(dev->qkv_split(s->q, s->k, s->v, s->qkv, s->pos, B, T, H, D, 0, PYTFM_ROPE_BASE,
+                             m->config.pos == PYTFM_POS_ROPE, stream));
     if (k_cache) { // KVCache.attend: append, then attend to everything cached
-        PYTFM_TRY(pytfm_attention_cache_append(k_cache, v_cache, s->k, s->v, 1, T, H, D,
-                                               max_len, start));
-        PYTFM_TRY(pytfm_attention_decode(s->a, s->lse, s->q, k_cache, v_cache, 1, T, H, D,
-                                         max_len, start, m->scale));
+        PYTFM_TRY(dev->cache_append(k_cache, v_cache, s->k, s->v, 1, T, H, D, max_len, start,
+                                    stream));
+        PYTFM_TRY(dev->decode(s->a, s->lse, s->q, k_cache, v_cache, 1, T, H, D, max_len, start,
+                              m->scale, stream));
     } else {
-        PYTFM_TRY(pytfm_attention_forward(s->a, s->lse, s->q, s->k, s->v, B, T, H, D, m->scale,
-                                          1));
+        PYTFM_TRY(dev->attention(s->a, s->lse, s->q, s->k, s->v, B, T, H, D, m->scale, 1,
+                                 stream));
     }
     float *proj = s->qkv; // [N, C]
-    PYTFM_TRY(linear(m, proj, s->a, L->aproj_w, L->aproj_w16, L->aproj_b, N, C, C));
-    for (int64_t i = 0; i < N * C; i++) s->x[i] += proj[i];
+    PYTFM_TRY(dev->linear(proj, s->a, L->aproj_w, L->aproj_w16, L->aproj_b, N, C, C, stream));
+    PYTFM_TRY(dev->add_rows(func, s->x, proj, N, C, N, 0, stream));
     // x + mlp(ln_2(x))
-    PYTFM_TRY(pytfm_layernorm_forward(s->a, s->mean, s->rstd, s->x, L->ln_2_w, L->ln_2_b, N, C,
-                                      LN_EPS));
-    PYTFM_TRY(linear(m, s->h, s->a, L->fc_w, L->fc_w16, L->fc_b, N, C, 4 * C));
-    PYTFM_TRY(pytfm_gelu_forward(s->h, s->h, N * 4 * C));
-    PYTFM_TRY(linear(m, proj, s->h, L->mproj_w, L->mproj_w16, L->mproj_b, N, 4 * C, C));
-    for (int64_t i = 0; i < N * C; i++) s->x[i] += proj[i];
-    return PYTFM_STATUS_OK;
+    PYTFM_TRY(dev->layernorm(s->a, s->mean, s->rstd, s->x, L->ln_2_w, L->ln_2_b, N, C,
+                             PYTFM_LAYERNORM_EPS, stream));
+    PYTFM_TRY(dev->linear(s->h, s->a, L->fc_w, L->fc_w16, L->fc_b, N, C, 4 * C, stream));
+    PYTFM_TRY(dev->gelu(s->h, s->h, N * 4 * C, stream));
+    PYTFM_TRY(dev->linear(proj, s->h, L->mproj_w, L->mproj_w16, L->mproj_b, N, 4 * C, C,
+                          stream));
+    return dev->add_rows(func, s->x, proj, N, C, N, 0, stream);
 }
 
-/* pytfm.nn.GPT._logits of tokens [B, T] at positions [start, start + T), the arguments
- * checked: into logits [B, T, vocab] (caches NULL), or, for a session (B = 1, caches: its
- * n_layer pairs of [max_len, C] caches), the logits of the last token into logits [vocab]
- * (NULL: none). s holds the scratch. */
-static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *logits,
+/* pytfm.nn.GPT._logits of tokens [B, T] (on the device) at positions [start, start + T), the
+ * positions in s: every row's logits into out [B, T, vocab] (NULL: none). caches: a session's
+ * n_layer pairs of [max_len, C] caches (B = 1), or NULL. */
+static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *out,
                               const int64_t *tokens, int64_t B, int64_t T, int64_t start,
-                              float *caches, int64_t max_len) {
+                              float *caches, int64_t max_len, void *stream, const char *func) {
+    const pytfm__model_device *dev = m->dev;
     const int64_t C = m->C, V = m->V, N = B * T;
-    for (int64_t t = 0; t < T; t++) s->pos[t] = start + t;
-    PYTFM_TRY(pytfm_embedding_forward(s->x, tokens, m->wte, N, V, C));
-    const float *table = m->pe ? m->pe : m->wpe;
-    if (table) // x += table[start : start + T], broadcast over the batch
-        for (int64_t r = 0; r < N; r++) {
-            const float *pe = table + (start + r % T) * C;
-            for (int64_t c = 0; c < C; c++) s->x[r * C + c] += pe[c];
-        }
+    PYTFM_TRY(dev->embedding(s->x, tokens, m->wte, N, V, C, stream));
+    if (m->positions) // x += positions[start : start + T], broadcast over the batch
+        PYTFM_TRY(dev->add_rows(func, s->x, m->positions, N, C, T, start, stream));
     for (int64_t i = 0; i < m->config.n_layer; i++) {
         float *k_cache = caches ? caches + 2 * i * max_len * C : NULL;
         float *v_cache = caches ? k_cache + max_len * C : NULL;
-        PYTFM_TRY(block(m, &m->layers[i], s, B, T, start, k_cache, v_cache, max_len));
+        PYTFM_TRY(block(m, &m->layers[i], s, B, T, start, k_cache, v_cache, max_len, stream,
+                        func));
     }
-    if (!logits) return PYTFM_STATUS_OK;
+    if (!out) return PYTFM_STATUS_OK;
     // the LM head on every row, as Python: one linear over N rows gives each row the bits it
     // gets in GPT.decode, whose product has N rows too
-    PYTFM_TRY(pytfm_layernorm_forward(s->a, s->mean, s->rstd, s->x, m->ln_f_w, m->ln_f_b, N, C,
-                                      LN_EPS));
-    float *out = caches && N > 1 ? s->head : logits;
-    PYTFM_TRY(linear(m, out, s->a, m->lm_head, m->lm_head16, NULL, N, C, V));
-    if (out != logits) memcpy(logits, out + (N - 1) * V, (size_t)V * sizeof(float));
-    return PYTFM_STATUS_OK;
+    PYTFM_TRY(dev->layernorm(s->a, s->mean, s->rstd, s->x, m->ln_f_w, m->ln_f_b, N, C,
+                             PYTFM_LAYERNORM_EPS, stream));
+    return dev->linear(out, s->a, m->lm_head, m->lm_head16, NULL, N, C, V, stream);
 }
 
-/* Allocate the scratch of N = B·T tokens (head: room for every token's logits), run
- * logits_of, free the scratch. */
+/* The logits of tokens [B, T] (host memory, checked) at positions [start, start + T), on
+ * stream: into logits [B, T, vocab] (a forward: caches NULL) or, for a session (B = 1, caches:
+ * its n_layer pairs of [max_len, C] caches), those of the last token into logits [vocab] (NULL:
+ * none), both host memory. The activations allocated and given back; returns once the stream's
+ * work is done. */
 static pytfm_status run(const char *func, const pytfm_model *m, float *logits,
                         const int64_t *tokens, int64_t B, int64_t T, int64_t start,
-                        float *caches, int64_t max_len) {
-    const int64_t N = B * T, C = m->C, H = m->H;
-    const int head = caches && logits && N > 1;
+                        float *caches, int64_t max_len, void *stream) {
+    const pytfm__model_device *dev = m->dev;
+    const int64_t N = B * T, C = m->C, H = m->H, V = m->V;
+    // the LM head writes into logits where it can (host memory, and every row wanted), else
+    // every row into the scratch, from which the wanted ones are copied
+    const int in_place = dev->host && !(caches && N > 1);
+    const int head = logits && !in_place;
     int64_t floats = 0;
-    if (!pytfm__acts_floats(N, T, C, H, 0, head ? m->V : 0, &floats))
+    if (!acts_floats(N, T, C, H, !dev->host, head ? V : 0, &floats))
         return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
                            "%s: %lld tokens need more scratch than memory can address", func,
                            (long long)N);
-    float *buf = pytfm__scratch(func, floats, sizeof(float));
-    if (!buf) return PYTFM_STATUS_OUT_OF_MEMORY;
-    const acts s = pytfm__acts_carve(buf, N, T, C, H, 0, head); // pos at the aligned start
-    const pytfm_status st = logits_of(m, &s, logits, tokens, B, T, start, caches, max_len);
-    free(buf);
-    return st;
+    int64_t *pos = pytfm__scratch(func, T, sizeof *pos);
+    if (!pos) return PYTFM_STATUS_OUT_OF_MEMORY;
+    for (int64_t t = 0; t < T; t++) pos[t] = start + t;
+    float *buf = NULL;
+    pytfm_status st = dev->scratch(func, (void **)&buf, floats * (int64_t)sizeof(float), stream);
+    if (st == PYTFM_STATUS_OK) {
+        const acts s = acts_carve(buf, N, T, C, H, !dev->host, head);
+        st = dev->to_device(func, s.pos, pos, T * (int64_t)sizeof *pos, stream);
+        if (st == PYTFM_STATUS_OK && s.tokens)
+            st = dev->to_device(func, s.tokens, tokens, N * (int64_t)sizeof *tokens, stream);
+        if (st == PYTFM_STATUS_OK)
+            st = logits_of(m, &s, head ? s.head : logits, s.tokens ? s.tokens : tokens, B, T,
+                           start, caches, max_len, stream, func);
+        if (st == PYTFM_STATUS_OK && head) { // every row, or a session's last
+            const int64_t rows = caches ? 1 : N;
+            st = dev->to_host(func, logits, s.head + (N - rows) * V,
+                              rows * V * (int64_t)sizeof(float), stream);
+        }
+        st = dev->scratch_free(func, buf, st, stream);
+    }
+    const pytfm_status done = dev->sync(func, stream); // the logits are the caller's now
+    free(pos);
+    return st != PYTFM_STATUS_OK ? st : done;
 }
 
 pytfm_status pytfm_model_forward(const pytfm_model *model, float *logits,
@@ -394,8 +616,12 @@ pytfm_status pytfm_model_forward(const pytfm_model *model, float *logits,
                          PYTFM_SPAN(tokens, n_tokens, int64_t));
     PYTFM_TRY(pytfm__check_indices(__func__, "tokens", tokens, n_tokens, vocab, 0, 0));
     if (B == 0) return PYTFM_STATUS_OK;
-    if (model->cuda) return pytfm__cuda_model_forward(model->cuda, logits, tokens, B, T, __func__);
-    return run(__func__, model, logits, tokens, B, T, 0, NULL, 0);
+    const pytfm__model_device *dev = model->dev;
+    void *stream = NULL; // one of the call's own: threads may share the model
+    PYTFM_TRY(dev->stream_open(__func__, &stream));
+    const pytfm_status st = run(__func__, model, logits, tokens, B, T, 0, NULL, 0, stream);
+    const pytfm_status closed = dev->stream_close(__func__, stream);
+    return st != PYTFM_STATUS_OK ? st : closed;
 }
 
 /* ---- sessions ------------------------------------------------------------------------------ */
@@ -404,8 +630,9 @@ struct pytfm_session {
     const pytfm_model *model;
     int64_t max_len;
     int64_t length; /* positions [0, length) of the caches hold the tokens fed */
-    float *caches;  /* n_layer × (k, v), each [max_len, C] = [1, max_len, H, D] */
-    pytfm__cuda_session *cuda; /* GPU: the caches on the device instead (caches NULL) */
+    float *caches;  /* on the model's device: n_layer × (k, v), each [max_len, C] =
+                       [1, max_len, H, D] */
+    void *stream;   /* the session's own, on the model's device */
 };
 
 pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *model,
@@ -422,31 +649,29 @@ pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *mode
     int64_t count = 0;
     PYTFM_CHECK_COUNT(__func__, &count, float, n_layer, 2, max_len, C);
     pytfm_session *s = calloc(1, sizeof *s);
-    if (s && model->cuda) { // GPU
-        const pytfm_status st = pytfm__cuda_session_open(&s->cuda, model->cuda, max_len, __func__);
-        if (st != PYTFM_STATUS_OK) {
-            free(s);
-            return st;
-        }
-    }
-    float *caches = s && !s->cuda ? pytfm__scratch(__func__, count, sizeof(float)) : NULL;
-    if (!caches && !(s && s->cuda)) {
-        free(s);
-        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
-                           "%s: cannot allocate KV caches of %lld positions (%lld floats)",
-                           __func__, (long long)max_len, (long long)count);
-    }
+    if (!s) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate a session",
+                               __func__);
     s->model = model;
     s->max_len = max_len;
-    s->caches = caches;
+    const pytfm__model_device *dev = model->dev;
+    pytfm_status st = dev->alloc(__func__, (void **)&s->caches, count * (int64_t)sizeof(float));
+    if (st == PYTFM_STATUS_OUT_OF_MEMORY)
+        st = pytfm__fail(st, "%s: cannot allocate KV caches of %lld positions (%lld floats)",
+                         __func__, (long long)max_len, (long long)count);
+    if (st == PYTFM_STATUS_OK) st = dev->stream_open(__func__, &s->stream);
+    if (st != PYTFM_STATUS_OK) {
+        pytfm_session_close(s);
+        return st;
+    }
     *session = s;
     return PYTFM_STATUS_OK;
 }
 
 pytfm_status pytfm_session_close(pytfm_session *session) {
     if (!session) return PYTFM_STATUS_OK;
-    pytfm__cuda_session_close(session->cuda); // GPU
-    free(session->caches);
+    const pytfm__model_device *dev = session->model->dev;
+    (void)dev->stream_close(__func__, session->stream);
+    dev->release(session->caches);
     free(session);
     return PYTFM_STATUS_OK;
 }
@@ -466,9 +691,8 @@ pytfm_status pytfm_session_feed(pytfm_session *session, float *logits, const int
                          PYTFM_SPAN(logits, logits ? vocab : 0, float),
                          PYTFM_SPAN(tokens, n, int64_t));
     PYTFM_TRY(pytfm__check_indices(__func__, "tokens", tokens, n, vocab, 0, 0));
-    PYTFM_TRY(session->cuda // GPU
-                  ? pytfm__cuda_session_feed(session->cuda, logits, tokens, n, length, __func__)
-                  : run(__func__, m, logits, tokens, 1, n, length, session->caches, max_len));
+    PYTFM_TRY(run(__func__, m, logits, tokens, 1, n, length, session->caches, max_len,
+                  session->stream));
     session->length = length + n;
     return PYTFM_STATUS_OK;
 }
