@@ -279,11 +279,11 @@ PYTFM_API pytfm_status pytfm_gpt2_read(const pytfm_gpt2 *gpt2, float *params, in
  * returns). A folder is a Hugging Face GPT-2 folder (pytfm_gpt2_open, then pytfm_gpt2_read
  * into one allocation: a model with learned positions); anything else a pytfm checkpoint:
  * pytfm_safetensors_open, pytfm_checkpoint_check, then the parameters read into
- * one allocation (AdamW's moments, when there, are left unread). On PYTFM_DEVICE_CUDA also
- * copied to the GPU, in one device allocation. A file either layer refuses is
- * PYTFM_STATUS_INVALID_ARGUMENT with its message ("<path>: ..."); PYTFM_STATUS_NOT_SUPPORTED
- * for PYTFM_DEVICE_CUDA where no GPU can be used (saying why) and for an unknown device;
- * PYTFM_STATUS_OUT_OF_MEMORY. On failure *model is set to NULL.
+ * one allocation (AdamW's moments, when there, are left unread). On PYTFM_DEVICE_CUDA then
+ * copied to the GPU, in one device allocation (the host copy freed). A file either layer
+ * refuses is PYTFM_STATUS_INVALID_ARGUMENT with its message ("<path>: ...");
+ * PYTFM_STATUS_NOT_SUPPORTED for PYTFM_DEVICE_CUDA where no GPU can be used (saying why) and
+ * for an unknown device; PYTFM_STATUS_OUT_OF_MEMORY. On failure *model is set to NULL.
  *   model   receives the handle (pytfm_model_close frees it)
  *   device  a pytfm_device */
 PYTFM_API pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t device);

@@ -233,7 +233,7 @@ static int maths_ok(size_t k, pytfm__json v, int64_t n_embd) {
     }
     case 2: {
         const double d = number_of(v, &ok);
-        return ok && d == 1e-5;
+        return ok && d == PYTFM_LAYERNORM_EPS; // the model's
     }
     case 3: return kind == PYTFM__JSON_BOOL && v.p[0] == 't';
     case 4:

@@ -15,8 +15,8 @@
  * and instruction-set cap. A session runs the same ops on the new tokens only, at positions
  * [length, length + n), through attention_cache_append and attention_decode, as GPT.decode.
  *
- * The ops run through the table of the model's device (model_device.h): the CPU's below, the
- * public kernels on host memory; on PYTFM_DEVICE_CUDA the GPU's (model_cuda.c), their CUDA
+ * The ops run through the table of the model's device (model_device.h): the CPU's (model_cpu.c),
+ * the public kernels on host memory; on PYTFM_DEVICE_CUDA the GPU's (model_cuda.c), their CUDA
  * twins on device memory, the parameters copied there once, at open, the tokens copied in and
  * the logits back on each call (each forward on a stream of its own, a session on its own).
  *
@@ -42,131 +42,6 @@
 #include "gpt2.h"
 #include "core/checks.h"
 #include "model_device.h"
-
-/* ---- the CPU as a device: the public kernels, host memory --------------------------------- */
-
-static pytfm_status cpu_alloc(const char *func, void **p, int64_t bytes) {
-    *p = pytfm__scratch(func, bytes, 1);
-    return *p ? PYTFM_STATUS_OK : PYTFM_STATUS_OUT_OF_MEMORY;
-}
-
-static pytfm_status cpu_scratch(const char *func, void **p, int64_t bytes, void *stream) {
-    (void)stream;
-    return cpu_alloc(func, p, bytes);
-}
-
-static pytfm_status cpu_scratch_free(const char *func, void *p, pytfm_status st, void *stream) {
-    (void)func, (void)stream;
-    free(p);
-    return st;
-}
-
-static pytfm_status cpu_copy(const char *func, void *dst, const void *src, int64_t bytes,
-                             void *stream) {
-    (void)func, (void)stream;
-    memcpy(dst, src, (size_t)bytes);
-    return PYTFM_STATUS_OK;
-}
-
-static pytfm_status cpu_stream_open(const char *func, void **stream) {
-    (void)func;
-    *stream = NULL;
-    return PYTFM_STATUS_OK;
-}
-
-static pytfm_status cpu_stream_done(const char *func, void *stream) { /* close, sync */
-    (void)func, (void)stream;
-    return PYTFM_STATUS_OK;
-}
-
-static pytfm_status cpu_layernorm(float *y, float *mean, float *rstd, const float *x,
-                                  const float *w, const float *b, int64_t rows, int64_t cols,
-                                  float eps, void *stream) {
-    (void)stream;
-    return pytfm_layernorm_forward(y, mean, rstd, x, w, b, rows, cols, eps);
-}
-
-/* as pytfm.nn.Linear.forward in the model's precision (w16 there exactly in BF16) */
-static pytfm_status cpu_linear(float *y, const float *x, const float *w, const uint16_t *w16,
-                               const float *b, int64_t rows, int64_t in, int64_t out,
-                               void *stream) {
-    (void)stream;
-    if (!w16) return pytfm_linear_forward(y, x, w, b, rows, in, out);
-    return pytfm__linear_forward_bf16("pytfm_linear_forward_ex", y, x, w, w16, b, rows, in, out);
-}
-
-static pytfm_status cpu_qkv_split(float *q, float *k, float *v, const float *qkv,
-                                  const int64_t *pos, int64_t B, int64_t T, int64_t H, int64_t D,
-                                  int64_t pos_stride, double base, int32_t rope, void *stream) {
-    (void)stream;
-    return pytfm_qkv_split_forward(q, k, v, qkv, pos, B, T, H, D, pos_stride, base, rope);
-}
-
-static pytfm_status cpu_attention(float *o, float *lse, const float *q, const float *k,
-                                  const float *v, int64_t B, int64_t T, int64_t H, int64_t D,
-                                  float scale, int32_t causal, void *stream) {
-    (void)stream;
-    return pytfm_attention_forward(o, lse, q, k, v, B, T, H, D, scale, causal);
-}
-
-static pytfm_status cpu_cache_append(float *k_cache, float *v_cache, const float *k,
-                                     const float *v, int64_t B, int64_t n_new, int64_t H,
-                                     int64_t D, int64_t Tmax, int64_t start, void *stream) {
-    (void)stream;
-    return pytfm_attention_cache_append(k_cache, v_cache, k, v, B, n_new, H, D, Tmax, start);
-}
-
-static pytfm_status cpu_decode(float *o, float *lse, const float *q, const float *k_cache,
-                               const float *v_cache, int64_t B, int64_t n_new, int64_t H,
-                               int64_t D, int64_t Tmax, int64_t start, float scale,
-                               void *stream) {
-    (void)stream;
-    return pytfm_attention_decode(o, lse, q, k_cache, v_cache, B, n_new, H, D, Tmax, start,
-                                  scale);
-}
-
-static pytfm_status cpu_gelu(float *y, const float *x, int64_t count, void *stream) {
-    (void)stream;
-    return pytfm_gelu_forward(y, x, count);
-}
-
-static pytfm_status cpu_embedding(float *y, const int64_t *ids, const float *table,
-                                  int64_t rows, int64_t vocab, int64_t dim, void *stream) {
-    (void)stream;
-    return pytfm_embedding_forward(y, ids, table, rows, vocab, dim);
-}
-
-static pytfm_status cpu_add_rows(const char *func, float *x, const float *y, int64_t rows,
-                                 int64_t cols, int64_t period, int64_t offset, void *stream) {
-    (void)func, (void)stream;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *add = y + (offset + r % period) * cols;
-        for (int64_t j = 0; j < cols; j++) x[r * cols + j] += add[j];
-    }
-    return PYTFM_STATUS_OK;
-}
-
-static const pytfm__model_device cpu = {
-    .host = 1,
-    .alloc = cpu_alloc,
-    .release = free,
-    .scratch = cpu_scratch,
-    .scratch_free = cpu_scratch_free,
-    .to_device = cpu_copy,
-    .to_host = cpu_copy,
-    .stream_open = cpu_stream_open,
-    .stream_close = cpu_stream_done,
-    .sync = cpu_stream_done,
-    .layernorm = cpu_layernorm,
-    .linear = cpu_linear,
-    .qkv_split = cpu_qkv_split,
-    .attention = cpu_attention,
-    .cache_append = cpu_cache_append,
-    .decode = cpu_decode,
-    .gelu = cpu_gelu,
-    .embedding = cpu_embedding,
-    .add_rows = cpu_add_rows,
-};
 
 /* ---- the model ------------------------------------------------------------------------------ */
 
@@ -255,7 +130,7 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
     m->config = *c;
     m->C = c->d_model, m->H = c->n_head, m->D = c->d_model / c->n_head, m->V = c->vocab;
     m->scale = (float)(1.0 / sqrt((double)m->D));
-    m->device = PYTFM_DEVICE_CPU, m->dev = &cpu;
+    m->device = PYTFM_DEVICE_CPU, m->dev = &pytfm__cpu_model_device;
     m->params = w->params;
     m->layers = layers;
     pytfm_status st = PYTFM_STATUS_OK;
@@ -303,7 +178,7 @@ static pytfm_status to_device(pytfm_model *m, int32_t device, const pytfm__model
 /* The device's table, or a status saying why a model cannot be opened there. */
 static pytfm_status device_of(const pytfm__model_device **dev, int32_t device, const char *func) {
     if (device == PYTFM_DEVICE_CPU) {
-        *dev = &cpu;
+        *dev = &pytfm__cpu_model_device;
         return PYTFM_STATUS_OK;
     }
     if (device == PYTFM_DEVICE_CUDA) return pytfm__cuda_model_device(dev, func);
@@ -317,7 +192,7 @@ static pytfm_status open_on(pytfm_model **model, pytfm__weights *w, pytfm_status
                             int32_t device, const pytfm__model_device *dev, const char *func) {
     PYTFM_TRY(status);
     PYTFM_TRY(build(model, w, func));
-    if (dev == &cpu) return PYTFM_STATUS_OK;
+    if (dev->host) return PYTFM_STATUS_OK; // the reader's memory is the model's
     const pytfm_status st = to_device(*model, device, dev, func);
     if (st != PYTFM_STATUS_OK) {
         pytfm_model_close(*model);

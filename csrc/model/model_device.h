@@ -1,10 +1,10 @@
 /*
  * model_device.h — what model.c needs of the device a model runs on (internal, not exported):
  * a table of the ops of its forward pass and of the memory they run in. model.c runs the one
- * forward pass, and its sessions, through a table; it holds the CPU's (the public kernels of
- * pytfm_kernels.h) and model_cuda.c the GPU's (their CUDA twins of pytfm_cuda.h, on device
- * memory). Every op takes the public kernel's arguments, in its order, then the stream (the CPU
- * has none: NULL); func names the public function the user called.
+ * forward pass, and its sessions, through a table: model_cpu.c holds the CPU's (the public
+ * kernels of pytfm_kernels.h, host memory), model_cuda.c the GPU's (their CUDA twins of
+ * pytfm_cuda.h, device memory). Every op takes the public kernel's arguments, in its order,
+ * then the stream (the CPU has none: NULL); func names the public function the user called.
  */
 #ifndef PYTFM_MODEL_DEVICE_H
 #define PYTFM_MODEL_DEVICE_H
@@ -56,6 +56,9 @@ typedef struct pytfm__model_device {
     pytfm_status (*add_rows)(const char *func, float *x, const float *y, int64_t rows,
                              int64_t cols, int64_t period, int64_t offset, void *stream);
 } pytfm__model_device;
+
+/* The CPU's table (model_cpu.c). */
+extern const pytfm__model_device pytfm__cpu_model_device;
 
 /* The GPU's table into *device when a model can be opened there (a CUDA build and a device);
  * else PYTFM_STATUS_NOT_SUPPORTED, "<func>: device PYTFM_DEVICE_CUDA: <why not>". Defined in

@@ -10,6 +10,7 @@ in C than in Python, the relative error would still have to be within 1e-5 (chec
 that a failure says which it is).
 """
 
+import inspect
 import math
 import os
 import shutil
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 from helpers import ROOT, run_python, subprocess_env
-from pytfm import checkpoint, data
+from pytfm import checkpoint, data, ops
 from pytfm._core import ffi, lib
 from pytfm.generate import generate, sample_next
 from pytfm.nn import GPT, GPTConfig
@@ -142,6 +143,16 @@ def test_forward_logits_are_pythons(tmp_path, pos, tie):
         for B, T in ((2, 1), (3, 7), (2, 16), (2, 24)):  # T = max_seq last
             tokens = rng.integers(0, 40, (B, T))
             assert_same_logits(c.forward(tokens), model.forward(tokens)[0])
+
+
+def test_python_runs_with_the_c_models_constants():
+    """LayerNorm's eps and RoPE's base live in pytfm_model.h; pytfm.ops takes them from there
+    as the defaults pytfm.nn runs with."""
+    assert (lib.PYTFM_LAYERNORM_EPS, lib.PYTFM_ROPE_BASE) == (1e-5, 10000.0)  # GPT-2's, RoPE's
+    assert inspect.signature(ops.layernorm_forward).parameters["eps"].default == \
+        lib.PYTFM_LAYERNORM_EPS
+    for f in (ops.rope_forward, ops.rope_backward, ops.qkv_split_forward, ops.qkv_split_backward):
+        assert inspect.signature(f).parameters["base"].default == lib.PYTFM_ROPE_BASE, f.__name__
 
 
 def test_a_model_opened_from_memory_is_the_files(tmp_path):
