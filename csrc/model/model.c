@@ -66,8 +66,7 @@ struct pytfm_model {
     pytfm_model_config config;
     int64_t C, H, D, V;
     float scale;  /* attention's: 1/sqrt(D) in double, then float, as pytfm.ops passes it */
-    int32_t device;                 /* a pytfm_device */
-    const pytfm__model_device *dev; /* its ops and memory */
+    const pytfm__model_device *dev; /* the ops and memory of its device */
     float *params;  /* owned: the reader's allocation, in checkpoint.h's order (host), or NULL */
     float *pe;      /* owned: [max_seq, C] the sinusoidal positions (host), or NULL */
     float *on_device; /* owned: the parameters, then pe, copied to a GPU (dev->alloc), or NULL */
@@ -130,7 +129,7 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
     m->config = *c;
     m->C = c->d_model, m->H = c->n_head, m->D = c->d_model / c->n_head, m->V = c->vocab;
     m->scale = (float)(1.0 / sqrt((double)m->D));
-    m->device = PYTFM_DEVICE_CPU, m->dev = &pytfm__cpu_model_device;
+    m->dev = &pytfm__cpu_model_device;
     m->params = w->params;
     m->layers = layers;
     pytfm_status st = PYTFM_STATUS_OK;
@@ -151,7 +150,7 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
 
 /* The host model m onto the device dev: its parameters and sinusoidal table copied there, in
  * one allocation, and walked anew; the host copies freed. */
-static pytfm_status to_device(pytfm_model *m, int32_t device, const pytfm__model_device *dev,
+static pytfm_status to_device(pytfm_model *m, const pytfm__model_device *dev,
                               const char *func) {
     const int64_t n = m->config.n_params, n_pe = m->pe ? m->config.max_seq * m->C : 0;
     float *p = NULL;
@@ -171,7 +170,7 @@ static pytfm_status to_device(pytfm_model *m, int32_t device, const pytfm__model
     walk(m, p, m->pe ? p + n : NULL);
     free(m->params), free(m->pe);
     m->params = m->pe = NULL;
-    m->on_device = p, m->device = device, m->dev = dev;
+    m->on_device = p, m->dev = dev;
     return PYTFM_STATUS_OK;
 }
 
@@ -187,13 +186,13 @@ static pytfm_status device_of(const pytfm__model_device **dev, int32_t device, c
                        func, (int)device);
 }
 
-/* The model on the weights a reader returned with status (taken over), on device. */
+/* The model on the weights a reader returned with status (taken over), on the device dev. */
 static pytfm_status open_on(pytfm_model **model, pytfm__weights *w, pytfm_status status,
-                            int32_t device, const pytfm__model_device *dev, const char *func) {
+                            const pytfm__model_device *dev, const char *func) {
     PYTFM_TRY(status);
     PYTFM_TRY(build(model, w, func));
     if (dev->host) return PYTFM_STATUS_OK; // the reader's memory is the model's
-    const pytfm_status st = to_device(*model, device, dev, func);
+    const pytfm_status st = to_device(*model, dev, func);
     if (st != PYTFM_STATUS_OK) {
         pytfm_model_close(*model);
         *model = NULL;
@@ -201,13 +200,13 @@ static pytfm_status open_on(pytfm_model **model, pytfm__weights *w, pytfm_status
     return st;
 }
 
-/* The model in the checkpoint open as st (closed here, whatever happens), on device. */
-static pytfm_status open_from(pytfm_model **model, pytfm_safetensors *st, int32_t device,
+/* The model in the checkpoint open as st (closed here, whatever happens), on the device dev. */
+static pytfm_status open_from(pytfm_model **model, pytfm_safetensors *st,
                               const pytfm__model_device *dev, const char *func) {
     pytfm__weights w;
     const pytfm_status status = pytfm__checkpoint_weights(st, &w);
     pytfm_safetensors_close(st);
-    return open_on(model, &w, status, device, dev, func);
+    return open_on(model, &w, status, dev, func);
 }
 
 pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t device) {
@@ -220,11 +219,11 @@ pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t dev
     if (stat(path, &s) == 0 && S_ISDIR(s.st_mode)) { // a Hugging Face GPT-2 folder
         pytfm__weights w;
         const pytfm_status status = pytfm__gpt2_weights(path, &w);
-        return open_on(model, &w, status, device, dev, __func__);
+        return open_on(model, &w, status, dev, __func__);
     }
     pytfm_safetensors *st;
     PYTFM_TRY(pytfm_safetensors_open(&st, path));
-    return open_from(model, st, device, dev, __func__);
+    return open_from(model, st, dev, __func__);
 }
 
 pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data, size_t size,
@@ -237,7 +236,7 @@ pytfm_status pytfm_model_open_memory(pytfm_model **model, const void *data, size
     PYTFM_TRY(device_of(&dev, device, __func__));
     pytfm_safetensors *st;
     PYTFM_TRY(pytfm_safetensors_open_memory(&st, data, (int64_t)size, "<memory>"));
-    return open_from(model, st, device, dev, __func__);
+    return open_from(model, st, dev, __func__);
 }
 
 pytfm_status pytfm_model_close(pytfm_model *model) {
@@ -276,7 +275,7 @@ pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision) {
     PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
     PYTFM_TRY(pytfm__check_precision(__func__, precision));
     if (precision == model->precision) return PYTFM_STATUS_OK;
-    if (model->device != PYTFM_DEVICE_CPU) // the CUDA twins compute in float32 only
+    if (!model->dev->host) // the GPU: the CUDA twins compute in float32 only
         return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
                            "%s: a model on PYTFM_DEVICE_CUDA computes in PYTFM_PRECISION_FP32 only",
                            __func__);
