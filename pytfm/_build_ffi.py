@@ -1,9 +1,10 @@
 """cffi out-of-line API-mode builder for pytfm._pytfm_cffi.
 
 The cdef is the public headers themselves (the part between each one's PYTFM_CDEF markers, in
-the order pytfm.h includes them), so the binding cannot drift from the C API. The extension
-links against libpytfm.so.<ABI>, which setup.py has CMake build first into pytfm/lib/, and
-finds it at run time through an $ORIGIN rpath.
+the order pytfm.h includes them), and their floating-point constants (read_constants), so the
+binding cannot drift from the C API. The extension links against libpytfm.so.<ABI>, which
+setup.py has CMake build first into pytfm/lib/, and finds it at run time through an $ORIGIN
+rpath.
 """
 
 import os

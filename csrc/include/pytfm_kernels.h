@@ -201,7 +201,8 @@ PYTFM_API pytfm_status pytfm_softmax_backward(float *dx, const float *dy, const 
  *   y    [rows, cols] written
  *   mean [rows]       written, saved for the backward
  *   rstd [rows]       written, saved for the backward
- *   x [rows, cols], w [cols], b [cols]; cols >= 1, eps >= 0 and finite
+ *   x [rows, cols], w [cols], b [cols]; cols >= 1, eps >= 0 and finite (the model's is
+ *   PYTFM_LAYERNORM_EPS, pytfm_model.h)
  */
 PYTFM_API pytfm_status pytfm_layernorm_forward(float *y, float *mean, float *rstd,
                                                const float *x, const float *w, const float *b,
@@ -235,7 +236,7 @@ PYTFM_API pytfm_status pytfm_layernorm_backward(float *dx, float *dw, float *db,
  *   pos positions: pos[b * pos_stride + t] for batch b, time t; pos_stride = T for a [B, T]
  *       array, 0 to share one [T] row across the batch. Any int64 value is allowed (decoding
  *       at offset p passes p, p+1, ...).
- *   base > 0 (10000 is the usual value)
+ *   base > 0 (the model's is PYTFM_ROPE_BASE, pytfm_model.h)
  * Scratch (the fast version, isa above PLAIN): the table of cos θ and sin θ, P · D floats
  * for P distinct position rows (P = T when pos_stride = 0, else B · T).
  */
