@@ -177,6 +177,22 @@ typedef struct pytfm_model_config {
     int64_t step;           /* the training step the checkpoint was saved at */
 } pytfm_model_config;
 
+/* Check a model's shape: the rules pytfm.nn.GPTConfig, the checkpoint reader and the GPT-2
+ * folder reader hold a config to (its one home). vocab, d_model, n_layer, n_head and max_seq
+ * >= 1; pos a pytfm_pos; tie_embeddings 0 or 1; d_model a multiple of n_head; PYTFM_POS_ROPE:
+ * an even head dim (d_model / n_head); PYTFM_POS_SINUSOIDAL: an even d_model. n_params and
+ * step are not looked at. Else PYTFM_STATUS_INVALID_ARGUMENT, the message naming the field as
+ * GPTConfig does ("GPTConfig.n_head must be a positive int (below 2**63), got 0") or the rule
+ * ("d_model (24) must be a multiple of n_head (5)"). */
+PYTFM_API pytfm_status pytfm_model_config_check(const pytfm_model_config *config);
+
+/* Swap the entries at paths a and b (both must exist; folders or files) in one step, as
+ * renameat2(RENAME_EXCHANGE) does: the step by which pytfm saves a folder as a whole
+ * (pytfm._atomic.Folder). Where the system or the file system cannot (not Linux, NFS),
+ * PYTFM_STATUS_NOT_SUPPORTED; any other failure PYTFM_STATUS_INVALID_ARGUMENT; errno is left
+ * at the call's error number (0 on success). */
+PYTFM_API pytfm_status pytfm_rename_exchange(const char *a, const char *b);
+
 /* ---- pytfm checkpoints: layer 2 of the reader -------------------------------------------- */
 
 /* What a pytfm checkpoint holds besides its tensors. */

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from checkpoint_edits import edit_structure, pack, unpack
 from checkpoint_edits import small_model as small
-from pytfm import checkpoint
+from pytfm import _atomic, checkpoint
 from pytfm.checkpoint import CheckpointError
 from pytfm.nn import GPT, GPTConfig, param_shapes
 from pytfm.optim import AdamW
@@ -539,8 +539,8 @@ def temporaries(folder):
 
 HOLD = """
 import sys
-from pytfm import checkpoint
-fd, tmp = checkpoint._create_temporary(sys.argv[1])  # as a running save holds it
+from pytfm import _atomic
+fd, tmp = _atomic._create_temporary(sys.argv[1])  # as a running save holds it
 print(tmp, flush=True)
 sys.stdin.read()
 """
@@ -581,7 +581,7 @@ def test_a_long_name_gets_a_short_temporary(tmp_path):
     model, _ = small()
     checkpoint.save(path, model)
     assert checkpoint.load(path)[0].cfg == model.cfg
-    fd, tmp = checkpoint._create_temporary(path)
+    fd, tmp = _atomic._create_temporary(path)
     os.close(fd)
     assert len(os.fsencode(os.path.basename(tmp))) < 255
     checkpoint.save(path, model)
