@@ -22,6 +22,11 @@ removed. A file system that cannot exchange (NFS, say) gets two renames instead:
 aside to .tmp-<name>.old-<hex>, the new one into place. A save killed between them leaves the
 folder missing and the old one aside, and the next save puts it back before anything else.
 A folder given as a symlink is saved where the link points.
+
+The folder is a new one after the save (a new inode): a process whose working folder it was
+stays in the old, removed one (this process is moved to the new one), and a file created in it
+by someone else while the save runs is lost. Files open elsewhere keep writing into the new
+folder's: a carried-over file is the same file (a hard link), unless it had to be copied.
 """
 
 import contextlib
@@ -160,7 +165,7 @@ class Folder:
 
     def __init__(self, path):
         self.path = os.path.realpath(path)
-        self.parent, self.name = os.path.split(self.path)
+        self.parent = os.path.dirname(self.path)
         self.written = set()
         self._lock = self._tmp = None
 
@@ -239,6 +244,9 @@ class Folder:
             else:
                 check(status, OSError)
         fsync_folder(self.parent)
+        with contextlib.suppress(OSError):
+            if os.path.samestat(os.stat("."), os.stat(self._tmp)):  # we were in the old one
+                os.chdir(self.path)
 
     def _carry_over(self):
         """Every entry of the old folder not written: hard-linked (a folder's tree linked file by

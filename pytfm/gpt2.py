@@ -44,6 +44,7 @@ system; a tokenizer's, a TokenizerError naming its file.
 import json
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -185,10 +186,14 @@ def memory_plan(cfg, batch=None, context=None, optimizer=True):
     input, both LayerNorms' outputs, q, k, v, attention's output, the residual, the MLP's
     pre-activation and its GELU, 4·d_model each), and for the head its LayerNorm's input and
     output and the logits twice (themselves and their gradient), plus the first layer's
-    gradients in flight. "total" sums them."""
+    gradients in flight. "total" sums them. The one estimate of a GPT's memory: train_tiny
+    plans with it too. Costs the same for any number of layers."""
     from .nn import param_shapes
 
-    n = sum(math.prod(s) for _, s in param_shapes(cfg))
+    def count(n_layer):  # parameters of cfg with n_layer layers
+        return sum(math.prod(s) for _, s in param_shapes(replace(cfg, n_layer=n_layer)))
+
+    n = count(1) + (cfg.n_layer - 1) * (count(2) - count(1))  # the layers are alike
     plan = {"params": 4 * n, "grads": 4 * n}
     if optimizer:
         plan["adamw"] = 8 * n

@@ -2,8 +2,8 @@
  * checkpoint.c — layer 2 of the checkpoint reader: a pytfm checkpoint (pytfm.checkpoint.save's
  * layout) on an open safetensors file (safetensors.c), checked in this order:
  *   1. __metadata__: format "pytfm"; config a JSON object with exactly GPTConfig's fields, of
- *      GPTConfig's types, their values by pytfm_model_config_check (config.c); step and optim.t non-negative int64s in
- *      decimal; extra JSON.
+ *      GPTConfig's types, their values by pytfm_model_config_check (config.c); step and
+ *      optim.t non-negative int64s in decimal; extra JSON.
  *   2. the tensors: exactly the float32 parameters param_shapes(cfg) names, with both AdamW
  *      moments of each when optim.t is there; a sinusoidal table no larger than
  *      max(stored parameters, MAX_TABLE). The expected names are generated one at a time and

@@ -448,7 +448,8 @@ static int ends_with(const char *s, size_t n, const char *tail) {
 }
 
 /* the index's weight_map, checked, unescaped into *text: -> *map [*count], in name order */
-static pytfm_status read_index(int dir, const char *index, placed **map, size_t *count, char **text) {
+static pytfm_status read_index(int dir, const char *index, placed **map, size_t *count,
+                               char **text) {
     char *doc;
     size_t size;
     PYTFM_TRY(read_json(dir, index, "an index", &doc, &size));

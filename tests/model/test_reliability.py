@@ -519,7 +519,7 @@ def test_two_processes_saving_one_folder_never_mix_it(tmp_path):
     assert seen <= {0, 1, 2, 3} and version_in(folder) in (0, 1, 2, 3)
 
 
-def test_a_folder_save_keeps_the_modes_and_the_files_it_does_not_write(tmp_path):
+def test_a_folder_save_keeps_the_modes_and_the_files_it_does_not_write(tmp_path, monkeypatch):
     folder = tmp_path / "g2"
     model, tok = versions()(0)
     gpt2.save(model, str(folder), tokenizer=tok)
@@ -543,7 +543,55 @@ def test_a_folder_save_keeps_the_modes_and_the_files_it_does_not_write(tmp_path)
     finally:
         os.umask(old)
     assert mode(tmp_path / "new") == 0o700 and mode(tmp_path / "new" / "merges.txt") == 0o600
+    monkeypatch.chdir(folder)
+    versions()(0)[1].save(".")  # the working folder: this process follows it to the new one
+    assert os.path.samefile(".", folder) and len(gpt2.load_tokenizer(".")) == 257
     assert leftovers(tmp_path) == []
+
+
+def test_rename_exchange_swaps_two_folders_at_once(tmp_path):
+    import errno
+
+    from pytfm._core import ffi, lib
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        (folder / "name").write_text(folder.name)
+    assert lib.pytfm_rename_exchange(bytes(a), bytes(b)) == lib.PYTFM_STATUS_OK
+    assert (a / "name").read_text() == "b" and (b / "name").read_text() == "a"
+    status = lib.pytfm_rename_exchange(bytes(a), bytes(tmp_path / "missing"))
+    assert status == lib.PYTFM_STATUS_INVALID_ARGUMENT and ffi.errno == errno.ENOENT
+    assert "cannot exchange" in ffi.string(lib.pytfm_last_error()).decode()
+
+
+def test_without_rename_exchange_a_folder_is_set_aside_and_put_back_if_killed(tmp_path,
+                                                                            monkeypatch):
+    """Where the file system cannot exchange two folders, the old one is renamed aside and the
+    new one into place; a save killed between the two leaves the old one aside, and the next
+    save puts it back before it carries its files over."""
+    from pytfm import _atomic
+    from pytfm._core import lib
+
+    class NoExchange:
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def pytfm_rename_exchange(self, a, b):
+            return lib.PYTFM_STATUS_NOT_SUPPORTED
+
+    monkeypatch.setattr(_atomic, "lib", NoExchange())
+    folder = tmp_path / "g2"
+    made = [versions()(v) for v in range(2)]
+    gpt2.save(made[0][0], str(folder), tokenizer=made[0][1])
+    (folder / "README.md").write_text("kept")
+    gpt2.save(made[1][0], str(folder), tokenizer=made[1][1])
+    assert version_in(str(folder)) == 1 and (folder / "README.md").read_text() == "kept"
+    os.rename(folder, tmp_path / ".tmp-g2.old-0123456789abcdef")  # killed between the renames
+    gpt2.save(made[0][0], str(folder))  # the model only: the tokenizer is the old folder's
+    assert version_in(str(folder), tokenizer=False) == 0
+    assert len(gpt2.load_tokenizer(str(folder))) == 258
+    assert (folder / "README.md").read_text() == "kept" and leftovers(tmp_path) == []
 
 
 # ---- a text's memory -----------------------------------------------------------------------------
