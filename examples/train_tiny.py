@@ -223,16 +223,12 @@ def gib(*sizes):
 
 
 def memory_needed(args):
-    """A lower estimate of the bytes training takes: parameters with their gradients and AdamW
-    moments, and per token about 20 saved floats per layer and feature plus the logits (for
-    --init-from, the folder's pytfm.gpt2.memory_plan)."""
-    if args.init_from:
-        return gpt2.memory_plan(gpt2.read_config(args.init_from), args.batch,
-                                args.context)["total"]
-    d, layers, vocab = args.d_model, args.n_layer, bpe_size(args) or data.VOCAB
-    params = vocab * d + layers * (12 * d * d + 13 * d) + 2 * d
-    per_token = 20 * d * layers + 3 * vocab
-    return 4 * (4 * params + args.batch * args.context * per_token)
+    """The bytes training takes, pytfm.gpt2.memory_plan's total (of the folder's model for
+    --init-from)."""
+    cfg = gpt2.read_config(args.init_from) if args.init_from else GPTConfig(
+        vocab=bpe_size(args) or data.VOCAB, d_model=args.d_model, n_layer=args.n_layer,
+        n_head=args.n_head, max_seq=args.context, pos=args.pos)
+    return gpt2.memory_plan(cfg, args.batch, args.context)["total"]
 
 
 def bpe_size(args):

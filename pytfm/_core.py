@@ -16,16 +16,25 @@ class PytfmError(RuntimeError):
     """A failure inside libpytfm that is not a bad argument (CUDA error, unsupported op)."""
 
 
-def check(status):
-    """Raise for a failed call: ValueError for bad arguments, MemoryError when a buffer could not
-    be allocated, PytfmError otherwise."""
+def check(status, error=None, prefix=None):
+    """Raise for a failed call, the one map from a pytfm_status to an exception: MemoryError
+    when memory ran out; ValueError for bad arguments (INVALID_ARGUMENT, OUT_OF_RANGE);
+    PytfmError otherwise. prefix (a path, say) goes before pytfm_last_error()'s message.
+
+    error: the exception class of a bad file (CheckpointError, TokenizerError), for the calls
+    that read one. Those leave errno set where a system call failed (else 0): that failure is
+    an OSError with its errno, and any other but running out of memory is error."""
     if status == lib.PYTFM_STATUS_OK:
         return
+    error_number = ffi.errno  # the call's own: read before any other C call
     message = ffi.string(lib.pytfm_last_error()).decode("utf-8", "replace")
-    if status in (lib.PYTFM_STATUS_INVALID_ARGUMENT, lib.PYTFM_STATUS_OUT_OF_RANGE):
-        raise ValueError(message)
+    message = message if prefix is None else f"{prefix}: {message}"
     if status == lib.PYTFM_STATUS_OUT_OF_MEMORY:
         raise MemoryError(message)
+    if error is not None:
+        raise OSError(error_number, message) if error_number else error(message)
+    if status in (lib.PYTFM_STATUS_INVALID_ARGUMENT, lib.PYTFM_STATUS_OUT_OF_RANGE):
+        raise ValueError(message)
     kind = ffi.string(lib.pytfm_status_string(status)).decode()
     raise PytfmError(f"{message} ({kind})")
 

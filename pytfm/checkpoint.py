@@ -28,30 +28,22 @@ CheckpointError. Whatever the bytes, load_file and load raise nothing but Checkp
 (naming the file and the tensor or field), or OSError from the file system (MemoryError when
 memory runs out).
 
-Writing goes to a temporary file next to the checkpoint, .tmp-<name>.<8 hex digits>, which the
-writer holds locked (flock) while it writes, fsyncs and renames it over the checkpoint; then the
-folder is fsynced so the rename itself survives a crash. A save killed midway leaves its
-temporary behind, unlocked (the kernel drops a dead process's locks): the next save of the same
-checkpoint removes each one it can lock, and so never one a running save, in any process, holds.
+Writing is pytfm._atomic.write_file's: a temporary file beside the checkpoint, locked, fsynced and
+renamed over it, so that a reader, or a save killed at any moment, sees the old file or the new
+one; the next save removes what killed ones left.
 """
 
-import contextlib
-import errno
-import fcntl
-import hashlib
 import json
 import operator
 import os
-import re
-import secrets
-import stat
 import struct
 from dataclasses import asdict
 
 import numpy as np
 
+from . import _atomic
 from . import device as devices
-from ._core import ffi, lib
+from ._core import check, ffi, lib
 from .nn import GPT, GPTConfig, param_shapes
 
 _DTYPES = {lib.PYTFM_DTYPE_F32: np.dtype("<f4"), lib.PYTFM_DTYPE_I64: np.dtype("<i8")}
@@ -106,17 +98,7 @@ class SafetensorsFile:
         self._metadata = self._tensors = self._index = None
 
     def _check(self, status):
-        """Raise for a failed call of the reader: CheckpointError naming the file, OSError
-        where a system call failed (the reader leaves its errno, else 0), MemoryError."""
-        if status == lib.PYTFM_STATUS_OK:
-            return
-        error_number = ffi.errno  # the call's own: read before any other C call
-        message = f"{self.path}: " + ffi.string(lib.pytfm_last_error()).decode("utf-8", "replace")
-        if status == lib.PYTFM_STATUS_OUT_OF_MEMORY:
-            raise MemoryError(message)
-        if error_number:
-            raise OSError(error_number, message)
-        raise CheckpointError(message)
+        check(status, CheckpointError, self.path)
 
     @property
     def metadata(self):
@@ -218,15 +200,23 @@ def json_error(text):
 
 
 def save_file(path, tensors, metadata):
-    """Write {name: array} and {str: str} metadata to path atomically: the data goes to a
-    locked temporary file in the same folder, is flushed to disk, then renamed over path. Stale
-    temporaries of earlier, killed saves of path are removed first. A folder that is missing
-    or not writable raises OSError naming path.
+    """Write {name: array} and {str: str} metadata to path atomically (pytfm._atomic.write_file:
+    a reader, or a save killed at any moment, sees the old file or the new one). The new file
+    keeps the permission bits of the file it replaces (a private 0600 checkpoint stays
+    private, a 0444 one read-only); a new path gets 0666 less the umask. A symlink at path is
+    replaced by the new file (its target is left as it was), which takes the target's
+    permission bits. A folder that is missing or not writable raises OSError naming path."""
+    try:
+        _atomic.write_file(path, safetensors_chunks(tensors, metadata))
+    except OSError as e:
+        message = f"cannot save checkpoint {path}: {e.strerror or e}"
+        message += f" ({e.filename})" if e.filename else ""
+        raise (OSError(message) if e.errno is None else OSError(e.errno, message)) from e
 
-    The new file keeps the permission bits of the file it replaces (a private 0600 checkpoint
-    stays private, a 0444 one read-only), set before any data is written; a new path gets
-    0666 less the umask. A symlink at path is replaced by the new file (its target is left as
-    it was), which takes the target's permission bits."""
+
+def safetensors_chunks(tensors, metadata):
+    """The bytes of a safetensors file of {name: array} and {str: str} metadata, as a list of
+    chunks (the header, then each tensor's data)."""
     if not isinstance(metadata, dict) or not all(
             isinstance(k, str) and isinstance(v, str) and _is_text(k) and _is_text(v)
             for k, v in metadata.items()):
@@ -246,105 +236,7 @@ def save_file(path, tensors, metadata):
         offset += len(blob)
     head = json.dumps(header).encode()
     head += b" " * (-len(head) % 8)  # align the data to 8 bytes
-    try:
-        _write(path, struct.pack("<Q", len(head)) + head, blobs)
-    except OSError as e:
-        message = f"cannot save checkpoint {path}: {e.strerror or e}"
-        message += f" ({e.filename})" if e.filename else ""
-        raise (OSError(message) if e.errno is None else OSError(e.errno, message)) from e
-
-
-def _write(path, head, blobs):
-    """Write head and blobs to a new locked temporary next to path, fsync it, rename it over
-    path, fsync the folder; remove the temporary if anything fails."""
-    _remove_stale_temporaries(path)
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode) & 0o777  # a symlink's target's
-    except FileNotFoundError:
-        mode = None  # a new file: the umask's mode, as _create_temporary made it
-    fd, tmp = _create_temporary(path)
-    try:
-        if mode is not None:
-            os.fchmod(fd, mode)  # before the data: a private file's bytes are never readable
-        with os.fdopen(fd, "wb") as f:  # closing it drops the lock, after the rename
-            f.write(head)
-            for blob in blobs:
-                f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-            os.replace(tmp, path)
-        _fsync_folder(os.path.dirname(tmp))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _temporary_prefix(path):
-    """.tmp-<name>. : a temporary's name is this and 8 hex digits. A long name is cut (with a
-    hash of the whole) so that the temporary's name stays under NAME_MAX (255 bytes)."""
-    base = os.path.basename(path)
-    if len(base) > 50:
-        base = base[:40] + "~" + hashlib.sha256(os.fsencode(base)).hexdigest()[:8]
-    return f".tmp-{base}."
-
-
-def _create_temporary(path):
-    """-> (fd, name) of a new, empty, locked temporary file next to path, mode 0666 & ~umask
-    (an ordinary file)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    prefix = _temporary_prefix(path)
-    while True:
-        tmp = os.path.join(folder, prefix + secrets.token_hex(4))
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        except FileExistsError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            # a cleaner may have locked and removed it between the open and the lock
-            ours = os.path.samestat(os.stat(tmp), os.fstat(fd))
-        except FileNotFoundError:
-            ours = False
-        except OSError:
-            ours = True  # no locks on this file system: then no cleaner removes anything either
-        if ours:
-            return fd, tmp
-        os.close(fd)
-
-
-def _remove_stale_temporaries(path):
-    """Remove the temporaries of path that killed saves left: those no running save holds."""
-    folder = os.path.dirname(os.path.abspath(path))
-    prefix = _temporary_prefix(path)
-    for entry in os.listdir(folder):
-        if not (entry.startswith(prefix) and re.fullmatch("[0-9a-f]{8}", entry[len(prefix):])):
-            continue
-        tmp = os.path.join(folder, entry)
-        try:  # O_RDWR: NFS emulates flock with fcntl locks, whose LOCK_EX needs a writable fd
-            fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue  # removed meanwhile, or not ours to touch
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while a save holds it
-            if os.path.samestat(os.stat(tmp), os.fstat(fd)):
-                os.unlink(tmp)
-        except OSError:
-            pass  # held by a running save (or no locks here): leave it
-        finally:
-            os.close(fd)
-
-
-def _fsync_folder(folder):
-    """Make a rename in folder durable (POSIX leaves that to an fsync of the folder)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system without folder fsync
-            raise
-    finally:
-        os.close(fd)
+    return [struct.pack("<Q", len(head)) + head, *blobs]
 
 
 # ---- the pytfm layer ------------------------------------------------------------------------

@@ -44,11 +44,13 @@ system; a tokenizer's, a TokenizerError naming its file.
 import json
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 
-from ._core import ffi, lib
-from .checkpoint import CheckpointError, save_file
+from . import _atomic
+from ._core import check, ffi, lib
+from .checkpoint import CheckpointError, safetensors_chunks
 from .device import available_memory  # memory_plan's default; tests patch it here
 from .nn import GPT, GPTConfig
 from .tokenizer import Tokenizer
@@ -72,18 +74,7 @@ _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c
 
 
 def _check(status):
-    """Raise for a failed call of the C reader: CheckpointError with its message (which names
-    the file), OSError where a system call failed (the reader leaves its errno, else 0),
-    MemoryError."""
-    if status == lib.PYTFM_STATUS_OK:
-        return
-    error_number = ffi.errno  # the call's own: read before any other C call
-    message = ffi.string(lib.pytfm_last_error()).decode("utf-8", "replace")
-    if status == lib.PYTFM_STATUS_OUT_OF_MEMORY:
-        raise MemoryError(message)
-    if error_number:
-        raise OSError(error_number, message)
-    raise CheckpointError(message)
+    check(status, CheckpointError)  # the C reader's messages name the file
 
 
 def _gpt_config(c):
@@ -195,10 +186,14 @@ def memory_plan(cfg, batch=None, context=None, optimizer=True):
     input, both LayerNorms' outputs, q, k, v, attention's output, the residual, the MLP's
     pre-activation and its GELU, 4·d_model each), and for the head its LayerNorm's input and
     output and the logits twice (themselves and their gradient), plus the first layer's
-    gradients in flight. "total" sums them."""
+    gradients in flight. "total" sums them. The one estimate of a GPT's memory: train_tiny
+    plans with it too. Costs the same for any number of layers."""
     from .nn import param_shapes
 
-    n = sum(math.prod(s) for _, s in param_shapes(cfg))
+    def count(n_layer):  # parameters of cfg with n_layer layers
+        return sum(math.prod(s) for _, s in param_shapes(replace(cfg, n_layer=n_layer)))
+
+    n = count(1) + (cfg.n_layer - 1) * (count(2) - count(1))  # the layers are alike
     plan = {"params": 4 * n, "grads": 4 * n}
     if optimizer:
         plan["adamw"] = 8 * n
@@ -250,8 +245,10 @@ def save(model, folder, tokenizer=None):
     """Write model (a GPT with pos="learned") as a Hugging Face GPT-2 folder (made if missing):
     config.json, model.safetensors (GPT2LMHeadModel's names, the Conv1D weights [in, out], no
     lm_head.weight when tied, metadata format "pt"), and, given a tokenizer, vocab.json and
-    merges.txt. transformers.GPT2LMHeadModel.from_pretrained(folder) reads it. Each file is
-    written atomically (the folder as a whole is not)."""
+    merges.txt. transformers.GPT2LMHeadModel.from_pretrained(folder) reads it. The folder is
+    replaced as a whole (pytfm._atomic.Folder; its other files are kept): a reader, and a save
+    killed at any moment, see the old folder or the new one, never new weights beside an old
+    config; two saves at once never mix."""
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a pytfm.nn.GPT, got {type(model).__name__}")
     if tokenizer is not None:
@@ -262,15 +259,14 @@ def save(model, folder, tokenizer=None):
             raise ValueError(f"the tokenizer has {len(tokenizer)} tokens, more than the model's "
                              f"vocabulary of {model.cfg.vocab}")
     config = hf_config(model.cfg, tokenizer.eot if tokenizer is not None else None)
-    os.makedirs(folder, exist_ok=True)
     params = model.params.to("cpu")
     tensors = {}
     for name, _, conv in _hf_shapes(model.cfg):
         a = params[name]
         tensors[name] = np.ascontiguousarray(a.T) if conv else a
-    save_file(os.path.join(folder, WEIGHTS), tensors, {"format": "pt"})
-    from .tokenizer import _write_text
-
-    _write_text(os.path.join(folder, CONFIG), json.dumps(config, indent=2) + "\n")
-    if tokenizer is not None:
-        tokenizer.save(folder)
+    weights = safetensors_chunks(tensors, {"format": "pt"})
+    with _atomic.Folder(folder) as f:
+        f.write(WEIGHTS, weights)
+        f.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())
+        if tokenizer is not None:
+            tokenizer.save(f)

@@ -63,17 +63,17 @@ class GPTConfig:
     def __post_init__(self):
         """Check every field, so that a bad value fails here, naming the field, and not later
         inside a kernel: TypeError for a wrong type (a bool is not an int), ValueError for a
-        wrong value."""
+        wrong value. The values' rules are the C library's pytfm_model_config_check, the one
+        the checkpoint and GPT-2 folder readers hold a file's config to."""
         for name in ("vocab", "d_model", "n_layer", "n_head", "max_seq", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"GPTConfig.{name} must be an int, got {value!r}")
-            if name == "seed":
-                if value < 0:  # what np.random.default_rng accepts
-                    raise ValueError(f"GPTConfig.seed must be a non-negative int, got {value}")
-            elif not 1 <= value < 2**63:  # the kernels take sizes as int64_t
+            if name != "seed" and not -2**63 <= value < 2**63:  # the C config's int64_t
                 raise ValueError(f"GPTConfig.{name} must be a positive int (below 2**63), "
                                  f"got {value}")
+        if self.seed < 0:  # what np.random.default_rng accepts; any size
+            raise ValueError(f"GPTConfig.seed must be a non-negative int, got {self.seed}")
         if not isinstance(self.pos, str):
             raise TypeError(f"GPTConfig.pos must be a str, got {self.pos!r}")
         if self.pos not in POSITIONS:
@@ -81,13 +81,11 @@ class GPTConfig:
         if not isinstance(self.tie_embeddings, bool):
             raise TypeError(
                 f"GPTConfig.tie_embeddings must be a bool, got {self.tie_embeddings!r}")
-        if self.d_model % self.n_head:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be a multiple of n_head ({self.n_head})")
-        if self.pos == "rope" and (self.d_model // self.n_head) % 2:
-            raise ValueError(f"rope needs an even head dim, got {self.d_model // self.n_head}")
-        if self.pos == "sinusoidal" and self.d_model % 2:
-            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        shape = _core.ffi.new("pytfm_model_config *", dict(
+            vocab=self.vocab, d_model=self.d_model, n_layer=self.n_layer, n_head=self.n_head,
+            max_seq=self.max_seq, pos=POSITIONS.index(self.pos),
+            tie_embeddings=self.tie_embeddings))
+        _core.check(_core.lib.pytfm_model_config_check(shape))
 
 
 def param_shapes(cfg):

@@ -368,27 +368,16 @@ class Tokenizer:
 
     def save(self, folder):
         """Write vocab.json and merges.txt into folder (made if missing), GPT-2's format: what
-        from_folder and transformers' GPT2TokenizerFast.from_pretrained read. Each file is
-        written to a temporary beside it and renamed over it."""
-        os.makedirs(folder, exist_ok=True)
+        from_folder and transformers' GPT2TokenizerFast.from_pretrained read. The folder is
+        replaced as a whole (pytfm._atomic.Folder: its other files kept), so a reader sees the
+        old pair or the new one; folder may be an open Folder (gpt2.save's), then written into."""
+        from . import _atomic
+
         vocab = json.dumps(self.vocab, ensure_ascii=False)
         merges = "\n".join([_MERGES_HEADER, *(f"{a} {b}" for a, b in self.merges)]) + "\n"
-        for name, text in (("vocab.json", vocab), ("merges.txt", merges)):
-            _write_text(os.path.join(folder, name), text)
-
-
-def _write_text(path, text):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        with _atomic.writing(folder) as f:
+            f.write("vocab.json", vocab.encode("utf-8"))
+            f.write("merges.txt", merges.encode("utf-8"))
 
 
 # ---- reading and checking the files ----------------------------------------------------------

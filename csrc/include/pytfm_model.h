@@ -184,6 +184,22 @@ typedef struct pytfm_model_config {
     int64_t step;           /* the training step the checkpoint was saved at */
 } pytfm_model_config;
 
+/* Check a model's shape: the rules pytfm.nn.GPTConfig, the checkpoint reader and the GPT-2
+ * folder reader hold a config to (its one home). vocab, d_model, n_layer, n_head and max_seq
+ * >= 1; pos a pytfm_pos; tie_embeddings 0 or 1; d_model a multiple of n_head; PYTFM_POS_ROPE:
+ * an even head dim (d_model / n_head); PYTFM_POS_SINUSOIDAL: an even d_model. n_params and
+ * step are not looked at. Else PYTFM_STATUS_INVALID_ARGUMENT, the message naming the field as
+ * GPTConfig does ("GPTConfig.n_head must be a positive int (below 2**63), got 0") or the rule
+ * ("d_model (24) must be a multiple of n_head (5)"). */
+PYTFM_API pytfm_status pytfm_model_config_check(const pytfm_model_config *config);
+
+/* Swap the entries at paths a and b (both must exist; folders or files) in one step, as
+ * renameat2(RENAME_EXCHANGE) does: the step by which pytfm saves a folder as a whole
+ * (pytfm._atomic.Folder). Where the system or the file system cannot (not Linux, NFS),
+ * PYTFM_STATUS_NOT_SUPPORTED; any other failure PYTFM_STATUS_INVALID_ARGUMENT; errno is left
+ * at the call's error number (0 on success). */
+PYTFM_API pytfm_status pytfm_rename_exchange(const char *a, const char *b);
+
 /* ---- pytfm checkpoints: layer 2 of the reader -------------------------------------------- */
 
 /* What a pytfm checkpoint holds besides its tensors. */
@@ -196,10 +212,9 @@ typedef struct pytfm_checkpoint_info {
 
 /* Check that the open file st is a pytfm checkpoint (layer 2), and fill *info: __metadata__
  * "format" is "pytfm"; "config" is a JSON object (pytfm_json_check) with exactly the fields
- * of pytfm.nn.GPTConfig, each as GPTConfig checks it (vocab, d_model, n_layer, n_head, max_seq
- * ints in [1, 2^63); seed an int >= 0, of any size; pos "rope", "sinusoidal", "none" or
- * "learned"; tie_embeddings a bool; d_model a multiple of n_head; rope: an even head dim;
- * sinusoidal: an even d_model); "step" and "optim.t" (optional) non-negative int64s in ASCII
+ * of pytfm.nn.GPTConfig, each of GPTConfig's type (vocab, d_model, n_layer, n_head, max_seq
+ * ints below 2^63; seed an int >= 0, of any size; pos "rope", "sinusoidal", "none" or
+ * "learned"; tie_embeddings a bool), the values by pytfm_model_config_check; "step" and "optim.t" (optional) non-negative int64s in ASCII
  * decimal, at most 19 digits; "extra" (optional) JSON. The tensors are exactly the parameters
  * the config implies (the order of pytfm.nn.param_shapes, the learned positions' table
  * transformer.wpe.weight [max_seq, d_model] included; a Linear's weight is [out, in]), float32
@@ -224,8 +239,8 @@ PYTFM_API pytfm_status pytfm_checkpoint_check(const pytfm_safetensors *st,
  *     scale_attn_by_inverse_layer_idx false, add_cross_attention false, pruned_heads {} or
  *     null, model_type "gpt2", tie_word_embeddings a bool (false: lm_head.weight stored). The
  *     fields pytfm_gpt2_ignored_field lists and any whose name starts with "_" are ignored
- *     (none changes the forward pass); any other field is refused. n_embd must be a multiple
- *     of n_head.
+ *     (none changes the forward pass); any other field is refused. The shape then passes
+ *     pytfm_model_config_check (n_embd a multiple of n_head).
  *   weights: the index's weight_map maps names to file names of the folder (no "/", ending in
  *     .safetensors); each file holds exactly the tensors the index puts there, a tensor in one
  *     file only. Every parameter is stored under GPT2LMHeadModel's names
@@ -257,7 +272,10 @@ PYTFM_API pytfm_status pytfm_gpt2_config_parse(pytfm_model_config *config, const
 PYTFM_API pytfm_status pytfm_gpt2_read_config(pytfm_model_config *config, const char *folder);
 
 /* Open the GPT-2 folder at folder: its config and every weight file checked (the rules above);
- * the files stay open until pytfm_gpt2_close. On failure *gpt2 is NULL. */
+ * the files stay open until pytfm_gpt2_close. Each is opened relative to the folder, opened
+ * once: a save that replaces the folder as a whole meanwhile (pytfm.gpt2.save) never mixes
+ * its files with the old ones' (a read that failed because the folder was replaced is tried
+ * again). On failure *gpt2 is NULL. */
 PYTFM_API pytfm_status pytfm_gpt2_open(pytfm_gpt2 **gpt2, const char *folder);
 
 /* Free gpt2 (NULL: nothing to do), closing its files. */

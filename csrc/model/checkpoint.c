@@ -1,9 +1,9 @@
 /*
  * checkpoint.c — layer 2 of the checkpoint reader: a pytfm checkpoint (pytfm.checkpoint.save's
  * layout) on an open safetensors file (safetensors.c), checked in this order:
- *   1. __metadata__: format "pytfm"; config a JSON object with exactly GPTConfig's fields, each
- *      checked as GPTConfig.__post_init__ does; step and optim.t non-negative int64s in
- *      decimal; extra JSON.
+ *   1. __metadata__: format "pytfm"; config a JSON object with exactly GPTConfig's fields, of
+ *      GPTConfig's types, their values by pytfm_model_config_check (config.c); step and
+ *      optim.t non-negative int64s in decimal; extra JSON.
  *   2. the tensors: exactly the float32 parameters param_shapes(cfg) names, with both AdamW
  *      moments of each when optim.t is there; a sinusoidal table no larger than
  *      max(stored parameters, MAX_TABLE). The expected names are generated one at a time and
@@ -74,7 +74,7 @@ static const char *const CONFIG_FIELDS[] = {"vocab",   "d_model", "n_layer",    
                                             "max_seq", "pos",     "tie_embeddings", "seed"};
 enum { N_FIELDS = 8, POS = 5, TIE = 6, SEED = 7 };
 
-/* the ints of the config: sizes in [1, 2^63), a seed >= 0 of any size */
+/* the ints of the config: sizes within int64, a seed >= 0 of any size */
 static pytfm_status check_ints(checker *c, const pytfm__json *values, int64_t *ints) {
     char a[SHOW];
     for (size_t k = 0; k < N_FIELDS; k++) {
@@ -94,7 +94,7 @@ static pytfm_status check_ints(checker *c, const pytfm__json *values, int64_t *i
                 snprintf(c->seed_shown, sizeof c->seed_shown, "%lld", (long long)i.value);
             else
                 show(v, c->seed_shown);
-        } else if (!i.fits || i.value < 1) {
+        } else if (!i.fits) { /* the rest is pytfm_model_config_check's */
             return BAD(c->st, "config: GPTConfig.%s must be a positive int (below 2**63), got %s",
                        CONFIG_FIELDS[k], show(v, a));
         }
@@ -103,7 +103,8 @@ static pytfm_status check_ints(checker *c, const pytfm__json *values, int64_t *i
     return PYTFM_STATUS_OK;
 }
 
-/* the config as GPTConfig(**config) checks it (__post_init__) */
+/* the config's JSON types and ranges, then its values by pytfm_model_config_check: as
+ * GPTConfig(**config) checks it */
 static pytfm_status check_config(checker *c, const pytfm__json *values) {
     char a[SHOW];
     int64_t ints[N_FIELDS] = {0};
@@ -132,16 +133,7 @@ static pytfm_status check_config(checker *c, const pytfm__json *values) {
     c->cfg.n_layer = ints[2];
     c->cfg.n_head = ints[3];
     c->cfg.max_seq = ints[4];
-    const int64_t C = c->cfg.d_model, H = c->cfg.n_head;
-    if (C % H)
-        return BAD(c->st, "config: d_model (%lld) must be a multiple of n_head (%lld)",
-                   (long long)C, (long long)H);
-    if (c->cfg.pos == PYTFM_POS_ROPE && (C / H) % 2)
-        return BAD(c->st, "config: rope needs an even head dim, got %lld", (long long)(C / H));
-    if (c->cfg.pos == PYTFM_POS_SINUSOIDAL && C % 2)
-        return BAD(c->st, "config: sinusoidal positions need an even d_model, got %lld",
-                   (long long)C);
-    return PYTFM_STATUS_OK;
+    return pytfm__model_config_check_at(&c->cfg, c->st->source, "config: ");
 }
 
 /* __metadata__'s pytfm fields */

@@ -47,6 +47,11 @@ typedef struct pytfm__weights {
  * source. */
 pytfm_status pytfm__checkpoint_weights(const pytfm_safetensors *st, pytfm__weights *w);
 
+/* pytfm_model_config_check, its message "<source>: <what><the rule>" (source NULL: no
+ * "<source>: "), for the readers that hold a file's config to the rules. */
+pytfm_status pytfm__model_config_check_at(const pytfm_model_config *c, const char *source,
+                                          const char *what);
+
 /* p[0..count) read from a file (little-endian) in host byte order: a big-endian host swaps
  * each float's bytes. */
 void pytfm__to_host_order(float *p, int64_t count);

@@ -104,9 +104,17 @@ static const char *show_name(const char *name, size_t len, char *buf) {
 
 /* ---- reading a small file ------------------------------------------------------------------ */
 
-static int is_regular(const char *path) {
+/* Every file is opened relative to the folder, open as dir (openat), and named by its path
+ * in messages: a folder saved as a whole (pytfm._atomic.Folder swaps a new one in) is read
+ * from one version, never config.json from the old and the weights from the new. */
+static const char *name_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+static int is_regular(int dir, const char *path) {
     struct stat s;
-    return stat(path, &s) == 0 && S_ISREG(s.st_mode);
+    return fstatat(dir, name_of(path), &s, 0) == 0 && S_ISREG(s.st_mode);
 }
 
 /* folder/name (one '/' between them, as os.path.join writes it), malloc'd */
@@ -131,9 +139,10 @@ static pytfm_status io_fail(const char *path, const char *what) {
 }
 
 /* the file at path, at most MAX_JSON bytes, strict JSON: -> *text (malloc'd), *size */
-static pytfm_status read_json(const char *path, const char *what, char **text, size_t *size) {
+static pytfm_status read_json(int dir, const char *path, const char *what, char **text,
+                              size_t *size) {
     *text = NULL;
-    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    const int fd = openat(dir, name_of(path), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) return io_fail(path, "cannot open");
     struct stat s;
     if (fstat(fd, &s) != 0) {
@@ -336,25 +345,24 @@ pytfm_status pytfm_gpt2_config_parse(pytfm_model_config *config, const char *tex
                    "unknown field %s: pytfm cannot tell whether it changes the model (it ignores "
                    "only the fields pytfm.gpt2.IGNORED lists)",
                    py_repr(unknown, b));
-    if (sizes[2] % sizes[4])
-        return BAD(source, "d_model (%lld) must be a multiple of n_head (%lld)",
-                   (long long)sizes[2], (long long)sizes[4]);
     const pytfm__json tie = member(c, "tie_word_embeddings");
-    config->vocab = sizes[0];
-    config->max_seq = sizes[1];
-    config->d_model = sizes[2];
-    config->n_layer = sizes[3];
-    config->n_head = sizes[4];
-    config->pos = PYTFM_POS_LEARNED;
-    config->tie_embeddings = !tie.p || tie.p[0] == 't';
+    const pytfm_model_config parsed = {.vocab = sizes[0],
+                                       .max_seq = sizes[1],
+                                       .d_model = sizes[2],
+                                       .n_layer = sizes[3],
+                                       .n_head = sizes[4],
+                                       .pos = PYTFM_POS_LEARNED,
+                                       .tie_embeddings = !tie.p || tie.p[0] == 't'};
+    PYTFM_TRY(pytfm__model_config_check_at(&parsed, source, ""));
+    *config = parsed;
     return PYTFM_STATUS_OK;
 }
 
 /* folder/config.json, read and parsed; path receives its path (malloc'd) */
-static pytfm_status read_config(const char *folder, pytfm_model_config *config) {
+static pytfm_status read_config(int dir, const char *folder, pytfm_model_config *config) {
     char *path = join(folder, CONFIG);
     if (!path) return NO_MEMORY(folder, "cannot allocate a path");
-    if (!is_regular(path)) {
+    if (!is_regular(dir, path)) {
         const pytfm_status st = BAD(path, "missing (a GPT-2 folder holds %s)", CONFIG);
         free(path);
         errno = 0;
@@ -362,7 +370,7 @@ static pytfm_status read_config(const char *folder, pytfm_model_config *config) 
     }
     char *text;
     size_t size;
-    pytfm_status status = read_json(path, "a config", &text, &size);
+    pytfm_status status = read_json(dir, path, "a config", &text, &size);
     if (status == PYTFM_STATUS_OK) {
         status = pytfm_gpt2_config_parse(config, text, (int64_t)size, path);
         free(text);
@@ -371,9 +379,11 @@ static pytfm_status read_config(const char *folder, pytfm_model_config *config) 
     return status;
 }
 
-static pytfm_status check_folder(const char *folder) {
-    struct stat s;
-    if (stat(folder, &s) != 0 || !S_ISDIR(s.st_mode)) {
+/* folder, opened: -> *dir */
+static pytfm_status open_folder(const char *folder, int *dir) {
+    *dir = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (*dir < 0 && errno != ENOENT && errno != ENOTDIR) return io_fail(folder, "cannot open");
+    if (*dir < 0) {
         errno = 0;
         return BAD(folder, "not a folder (a GPT-2 folder holds %s and %s)", CONFIG, WEIGHTS);
     }
@@ -384,8 +394,13 @@ pytfm_status pytfm_gpt2_read_config(pytfm_model_config *config, const char *fold
     PYTFM_CHECK(config != NULL, "%s: config must not be NULL", __func__);
     PYTFM_CHECK(folder != NULL, "%s: folder must not be NULL", __func__);
     memset(config, 0, sizeof *config);
-    PYTFM_TRY(check_folder(folder));
-    return read_config(folder, config);
+    int dir;
+    PYTFM_TRY(open_folder(folder, &dir));
+    const pytfm_status status = read_config(dir, folder, config);
+    const int e = errno;
+    close(dir);
+    errno = e;
+    return status;
 }
 
 /* ---- 2. the weight files --------------------------------------------------------------------- */
@@ -433,10 +448,11 @@ static int ends_with(const char *s, size_t n, const char *tail) {
 }
 
 /* the index's weight_map, checked, unescaped into *text: -> *map [*count], in name order */
-static pytfm_status read_index(const char *index, placed **map, size_t *count, char **text) {
+static pytfm_status read_index(int dir, const char *index, placed **map, size_t *count,
+                               char **text) {
     char *doc;
     size_t size;
-    PYTFM_TRY(read_json(index, "an index", &doc, &size));
+    PYTFM_TRY(read_json(dir, index, "an index", &doc, &size));
     const pytfm__json root = pytfm__json_root(doc, size);
     pytfm__json wmap = {NULL, 0}, k, v;
     if (pytfm__json_kind_of(root) == PYTFM__JSON_OBJECT) wmap = member(root, "weight_map");
@@ -504,9 +520,10 @@ static const pytfm__st_entry *find(const pytfm_gpt2 *g, const char *name, size_t
 
 /* open file path (taken over) as g's next shard; map (NULL: the one file) says which tensors
  * belong there */
-static pytfm_status open_shard(pytfm_gpt2 *g, char *path, const placed *map, size_t n_map) {
+static pytfm_status open_shard(pytfm_gpt2 *g, int dir, char *path, const placed *map,
+                               size_t n_map) {
     shard *s = &g->files[g->n_files];
-    const pytfm_status opened = pytfm_safetensors_open(&s->st, path);
+    const pytfm_status opened = pytfm__st_openat(&s->st, dir, name_of(path), path);
     if (opened != PYTFM_STATUS_OK) {
         const int e = errno;
         free(path);
@@ -538,27 +555,25 @@ static pytfm_status open_shard(pytfm_gpt2 *g, char *path, const placed *map, siz
     return PYTFM_STATUS_OK;
 }
 
-static pytfm_status open_files(pytfm_gpt2 *g, const char *folder) {
+static pytfm_status open_files(pytfm_gpt2 *g, int dir, const char *folder) {
     char *single = join(folder, WEIGHTS), *index = join(folder, INDEX);
     pytfm_status status = PYTFM_STATUS_OK;
     if (!single || !index) {
         status = NO_MEMORY(folder, "cannot allocate a path");
-    } else if (is_regular(single)) {
+    } else if (is_regular(dir, single)) {
         g->files = calloc(1, sizeof *g->files);
         if (!g->files) status = NO_MEMORY(single, "cannot allocate a file list");
-        else status = open_shard(g, single, NULL, 0), single = NULL;
+        else status = open_shard(g, dir, single, NULL, 0), single = NULL;
         g->source = g->n_files ? g->files[0].path : NULL;
-    } else if (!is_regular(index)) {
+    } else if (!is_regular(dir, index)) {
         static const char *const others[] = {"pytorch_model.bin", "tf_model.h5",
                                              "flax_model.msgpack"};
         char hint[96] = "";
         for (size_t k = 0; k < 3 && !hint[0]; k++) {
-            char *p = join(folder, others[k]);
             struct stat s;
-            if (p && stat(p, &s) == 0)
+            if (fstatat(dir, others[k], &s, 0) == 0)
                 snprintf(hint, sizeof hint, " (it has %s: pytfm reads safetensors only)",
                          others[k]);
-            free(p);
         }
         errno = 0;
         status = BAD(single, "missing, and no %s either%s", INDEX, hint);
@@ -566,7 +581,7 @@ static pytfm_status open_files(pytfm_gpt2 *g, const char *folder) {
         placed *map = NULL;
         size_t n = 0;
         char *text = NULL;
-        status = read_index(index, &map, &n, &text);
+        status = read_index(dir, index, &map, &n, &text);
         placed *files = status == PYTFM_STATUS_OK ? malloc(n * sizeof *files) : NULL;
         if (status == PYTFM_STATUS_OK && !files) status = NO_MEMORY(index, "cannot allocate");
         size_t n_files = 0;
@@ -581,7 +596,7 @@ static pytfm_status open_files(pytfm_gpt2 *g, const char *folder) {
         for (size_t f = 0; status == PYTFM_STATUS_OK && f < n_files; f++) {
             char *path = join(folder, files[f].file);
             if (!path) status = NO_MEMORY(index, "cannot allocate a path");
-            else status = open_shard(g, path, map, n);
+            else status = open_shard(g, dir, path, map, n);
         }
         free(files), free(map), free(text);
         g->source = index, g->own_source = 1, index = NULL;
@@ -811,15 +826,12 @@ static pytfm_status check_tensors(pytfm_gpt2 *g) {
 
 /* ---- the handle ------------------------------------------------------------------------------ */
 
-pytfm_status pytfm_gpt2_open(pytfm_gpt2 **gpt2, const char *folder) {
-    PYTFM_CHECK(gpt2 != NULL, "%s: gpt2 must not be NULL", __func__);
-    *gpt2 = NULL;
-    PYTFM_CHECK(folder != NULL, "%s: folder must not be NULL", __func__);
-    PYTFM_TRY(check_folder(folder));
+/* one try of pytfm_gpt2_open, on the folder open as dir */
+static pytfm_status open_in(pytfm_gpt2 **gpt2, int dir, const char *folder) {
     pytfm_gpt2 *g = calloc(1, sizeof *g);
     if (!g) return NO_MEMORY(folder, "cannot allocate a GPT-2 folder's handle");
-    pytfm_status status = read_config(folder, &g->config);
-    if (status == PYTFM_STATUS_OK) status = open_files(g, folder);
+    pytfm_status status = read_config(dir, folder, &g->config);
+    if (status == PYTFM_STATUS_OK) status = open_files(g, dir, folder);
     if (status == PYTFM_STATUS_OK) status = check_tensors(g);
     if (status != PYTFM_STATUS_OK) {
         const int e = errno; /* a system call's error number survives the close */
@@ -827,9 +839,33 @@ pytfm_status pytfm_gpt2_open(pytfm_gpt2 **gpt2, const char *folder) {
         errno = e;
         return status;
     }
-    errno = 0;
     *gpt2 = g;
     return PYTFM_STATUS_OK;
+}
+
+/* whether folder is no longer the folder open as dir: a save has swapped a new one in */
+static int replaced(int dir, const char *folder) {
+    struct stat a, b;
+    return fstat(dir, &a) == 0 &&
+           (stat(folder, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev);
+}
+
+pytfm_status pytfm_gpt2_open(pytfm_gpt2 **gpt2, const char *folder) {
+    PYTFM_CHECK(gpt2 != NULL, "%s: gpt2 must not be NULL", __func__);
+    *gpt2 = NULL;
+    PYTFM_CHECK(folder != NULL, "%s: folder must not be NULL", __func__);
+    /* the save that swapped a new folder in removes the old one's files: a read that failed
+     * on a folder replaced meanwhile is tried again, on the new one */
+    for (int attempt = 1;; attempt++) {
+        int dir;
+        PYTFM_TRY(open_folder(folder, &dir));
+        const pytfm_status status = open_in(gpt2, dir, folder);
+        const int e = status == PYTFM_STATUS_OK ? 0 : errno;
+        const int again = status != PYTFM_STATUS_OK && attempt < 4 && replaced(dir, folder);
+        close(dir);
+        errno = e;
+        if (!again) return status;
+    }
 }
 
 pytfm_status pytfm_gpt2_close(pytfm_gpt2 *gpt2) {

@@ -539,6 +539,13 @@ pytfm_status pytfm_safetensors_open(pytfm_safetensors **out, const char *path) {
     PYTFM_CHECK(out != NULL, "%s: st must not be NULL", __func__);
     *out = NULL;
     PYTFM_CHECK(path != NULL, "%s: path must not be NULL", __func__);
+    return pytfm__st_openat(out, AT_FDCWD, path, path);
+}
+
+pytfm_status pytfm__st_openat(pytfm_safetensors **out, int dirfd, const char *name,
+                              const char *path) {
+    errno = 0;
+    *out = NULL;
     pytfm_safetensors *st = new_handle(path);
     if (!st) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", __func__);
     int io = 0;
@@ -546,7 +553,7 @@ pytfm_status pytfm_safetensors_open(pytfm_safetensors **out, const char *path) {
     /* O_NONBLOCK: opening a FIFO for reading would otherwise wait, forever, for a writer,
      * before open_file's fstat could refuse it as not a regular file; O_NOCTTY: a terminal
      * named by path must not become the process's controlling terminal */
-    st->fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    st->fd = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (st->fd < 0) {
         status = io_fail(st, &io, "cannot open");
     } else {

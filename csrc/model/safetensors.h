@@ -71,6 +71,12 @@ pytfm_status pytfm__fail_at(const char *source, pytfm_status status, const char 
     ;
 
 /* The entry named name[0..len), or NULL. */
+/* pytfm_safetensors_open on the file name in the folder open as dirfd (AT_FDCWD: the working
+ * folder), so that a reader of several files of one folder reads them all from that folder
+ * even when another takes its place meanwhile; messages name path. */
+pytfm_status pytfm__st_openat(pytfm_safetensors **out, int dirfd, const char *name,
+                              const char *path);
+
 const pytfm__st_entry *pytfm__st_find(const pytfm_safetensors *st, const char *name, size_t len);
 
 /* Bytes [offset, offset + size) of entry e's data into out (0 <= offset, offset + size <= its

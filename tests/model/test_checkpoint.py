@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from checkpoint_edits import edit_structure, pack, unpack
 from checkpoint_edits import small_model as small
-from pytfm import checkpoint
+from pytfm import _atomic, checkpoint
 from pytfm.checkpoint import CheckpointError
 from pytfm.nn import GPT, GPTConfig, param_shapes
 from pytfm.optim import AdamW
@@ -466,6 +466,37 @@ def test_gptconfig_names_the_bad_field(field, value, error, match):
         GPTConfig(**{field: value})
 
 
+@pytest.mark.parametrize("config, message", [
+    (dict(d_model=24, n_head=5), r"d_model \(24\) must be a multiple of n_head \(5\)"),
+    (dict(pos="rope", d_model=6, n_head=2), "rope needs an even head dim, got 3"),
+    (dict(pos="sinusoidal", d_model=33, n_head=1), "sinusoidal positions need an even d_model"),
+    (dict(vocab=-1), r"GPTConfig.vocab must be a positive int \(below 2\*\*63\), got -1"),
+])
+def test_a_configs_rules_are_the_c_librarys_one_check(tmp_path, config, message):
+    """GPTConfig, the checkpoint reader and the C API give one message per broken rule: each
+    calls pytfm_model_config_check."""
+    from pytfm._core import ffi, lib
+
+    with pytest.raises(ValueError, match=f"^{message}"):
+        GPTConfig(**config)
+    path = str(tmp_path / "m.safetensors")
+    model, _ = small()
+    meta = {"format": "pytfm", "config": json.dumps({**asdict(model.cfg), **config}), "step": "0"}
+    checkpoint.save_file(path, {}, meta)
+    with pytest.raises(CheckpointError, match=f"^{re.escape(path)}: config: {message}"):
+        checkpoint.load(path)
+    c = ffi.new("pytfm_model_config *", dict(vocab=8, d_model=8, n_layer=1, n_head=2,
+                                               max_seq=8, pos=2, tie_embeddings=1))
+    for field, value in {"pos": 0, **config}.items():  # pos 0: rope, as GPTConfig's default
+        setattr(c, field, lib.PYTFM_POS_SINUSOIDAL if value == "sinusoidal" else
+                0 if value == "rope" else value)
+    assert lib.pytfm_model_config_check(c) == lib.PYTFM_STATUS_INVALID_ARGUMENT
+    assert re.match(message, ffi.string(lib.pytfm_last_error()).decode())
+    c.pos, c.d_model, c.vocab, c.n_head = 4, 8, 8, 2
+    assert lib.pytfm_model_config_check(c) == lib.PYTFM_STATUS_INVALID_ARGUMENT
+    assert "GPTConfig.pos must be one of" in ffi.string(lib.pytfm_last_error()).decode()
+
+
 @pytest.mark.parametrize("cfg", [dict(), dict(pos="sinusoidal", tie_embeddings=False),
                                  dict(vocab=3, d_model=6, n_head=3, n_layer=1, pos="none")])
 def test_param_shapes_are_the_models_without_building_it(cfg):
@@ -539,8 +570,8 @@ def temporaries(folder):
 
 HOLD = """
 import sys
-from pytfm import checkpoint
-fd, tmp = checkpoint._create_temporary(sys.argv[1])  # as a running save holds it
+from pytfm import _atomic
+fd, tmp = _atomic._create_temporary(sys.argv[1])  # as a running save holds it
 print(tmp, flush=True)
 sys.stdin.read()
 """
@@ -581,7 +612,7 @@ def test_a_long_name_gets_a_short_temporary(tmp_path):
     model, _ = small()
     checkpoint.save(path, model)
     assert checkpoint.load(path)[0].cfg == model.cfg
-    fd, tmp = checkpoint._create_temporary(path)
+    fd, tmp = _atomic._create_temporary(path)
     os.close(fd)
     assert len(os.fsencode(os.path.basename(tmp))) < 255
     checkpoint.save(path, model)

@@ -7,16 +7,18 @@ have a meaningful range; a save keeps the mode of the file it replaces; a text t
 size in memory, not eight times that."""
 
 import os
+import signal
 import stat
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from helpers import ROOT, run_python
-from pytfm import checkpoint, data
+from pytfm import checkpoint, data, gpt2
 from pytfm.generate import generate, sample_next
 from pytfm.kvcache import KVCache
 from pytfm.nn import GPT, GPTConfig
@@ -388,6 +390,208 @@ def test_a_save_over_a_symlink_replaces_the_link_with_a_file_of_the_targets_mode
     dangling.symlink_to(tmp_path / "nowhere")
     checkpoint.save(str(dangling), GPT(CFG), 3)  # a new file: the umask's mode
     assert not dangling.is_symlink() and checkpoint.load(str(dangling))[1] == 3
+
+
+# ---- a folder saved as a whole ------------------------------------------------------------------
+
+# Version v of a GPT-2 folder differs in each of its files: config.json (vocab 300 + v), the
+# weights (every parameter v + 1), vocab.json and merges.txt (a tokenizer of 257 + v tokens).
+VERSIONS = """
+import numpy as np
+from pytfm import gpt2
+from pytfm.nn import GPT, GPTConfig
+from pytfm.tokenizer import train
+
+TEXT = bytes(range(32, 127)) * 4
+
+def version(v):
+    model = GPT(GPTConfig(vocab=300 + v, d_model=8, n_layer=1, n_head=2, max_seq=8,
+                          pos="learned"))
+    model.params.buffer[...] = v + 1
+    return model, train(TEXT, 257 + v)
+"""
+
+
+def versions():
+    scope = {}
+    exec(VERSIONS, scope)
+    return scope["version"]
+
+
+def version_in(folder, tokenizer=True):
+    """The version the folder holds, failing on a mix of two."""
+    from pytfm import gpt2
+
+    model = gpt2.load(folder)  # config.json and the weights, read from one folder
+    v = model.cfg.vocab - 300
+    assert all((a == v + 1).all() for a in model.params.values())
+    if tokenizer:
+        assert len(gpt2.load_tokenizer(folder)) == 257 + v
+    return v
+
+
+def leftovers(parent):
+    return sorted(f for f in os.listdir(parent) if f.startswith(".tmp-"))
+
+
+def python(script, *args):
+    from helpers import python_path
+
+    env = dict(os.environ, PYTHONPATH=python_path(os.path.dirname(os.path.dirname(
+        checkpoint.__file__))))
+    return subprocess.Popen([sys.executable, "-c", script, *args], env=env, cwd="/",
+                            stdout=subprocess.PIPE, text=True)
+
+
+SAVER = VERSIONS + """
+import sys
+folder, first = sys.argv[1], int(sys.argv[2])
+models = [version(first), version(first + 1)]
+for step in range(10**9):
+    gpt2.save(models[step % 2][0], folder, tokenizer=models[step % 2][1])
+    print(step, flush=True)
+"""
+
+
+def test_a_folder_save_killed_at_any_moment_leaves_the_old_folder_or_the_new(tmp_path):
+    folder = str(tmp_path / "g2")
+    model, tok = versions()(0)
+    gpt2.save(model, folder, tokenizer=tok)
+    (tmp_path / "g2" / "README.md").write_text("kept")
+    caught, rng = 0, np.random.default_rng(0)
+    for _ in range(12):
+        saver = python(SAVER, folder, "0")
+        saver.stdout.readline()  # it is saving
+        time.sleep(rng.uniform(0, 0.05))
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+        saver.stdout.close()
+        caught += bool(leftovers(tmp_path))  # killed midway: its temporary folder is there
+        assert version_in(folder) in (0, 1)
+        assert (tmp_path / "g2" / "README.md").read_text() == "kept"
+        if caught >= 3:
+            break
+    assert caught, "no kill landed while a save was midway"
+    gpt2.save(model, folder, tokenizer=tok)  # the next save removes what killed ones left
+    assert leftovers(tmp_path) == [] and version_in(folder) == 0
+    assert sorted(os.listdir(folder)) == ["README.md", "config.json", "merges.txt",
+                                          "model.safetensors", "vocab.json"]
+
+
+def test_two_threads_saving_one_folder_never_mix_it(tmp_path):
+    folder = str(tmp_path / "g2")
+    made = [versions()(v) for v in range(2)]
+    gpt2.save(made[0][0], folder, tokenizer=made[0][1])
+    errors, seen = [], set()
+
+    def save(v):
+        try:
+            for _ in range(8):
+                gpt2.save(made[v][0], folder, tokenizer=made[v][1])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=save, args=(v,)) for v in range(2)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        seen.add(version_in(folder, tokenizer=False))  # a reader meanwhile: never a mix
+    for t in threads:
+        t.join()
+    assert not errors and seen <= {0, 1}
+    assert version_in(folder) in (0, 1) and leftovers(tmp_path) == []
+
+
+def test_two_processes_saving_one_folder_never_mix_it(tmp_path):
+    folder = str(tmp_path / "g2")
+    model, tok = versions()(0)
+    gpt2.save(model, folder, tokenizer=tok)
+    savers = [python(SAVER, folder, str(first)) for first in (0, 2)]
+    try:
+        for saver in savers:
+            saver.stdout.readline()
+        seen = {version_in(folder, tokenizer=False) for _ in range(30)}
+    finally:
+        for saver in savers:
+            saver.send_signal(signal.SIGKILL)
+            saver.wait()
+            saver.stdout.close()
+    assert seen <= {0, 1, 2, 3} and version_in(folder) in (0, 1, 2, 3)
+
+
+def test_a_folder_save_keeps_the_modes_and_the_files_it_does_not_write(tmp_path, monkeypatch):
+    folder = tmp_path / "g2"
+    model, tok = versions()(0)
+    gpt2.save(model, str(folder), tokenizer=tok)
+    (folder / "README.md").write_text("kept")
+    (folder / "extra").mkdir()
+    (folder / "extra" / "notes.txt").write_text("kept too")
+    os.chmod(folder, 0o750)
+    os.chmod(folder / "vocab.json", 0o600)
+    os.chmod(folder / "README.md", 0o640)
+    link = tmp_path / "link"
+    link.symlink_to(folder)
+    model, tok = versions()(1)
+    gpt2.save(model, str(link), tokenizer=tok)  # saved where the link points
+    assert link.is_symlink() and version_in(str(folder)) == 1
+    assert mode(folder) == 0o750 and mode(folder / "vocab.json") == 0o600
+    assert mode(folder / "README.md") == 0o640 and (folder / "README.md").read_text() == "kept"
+    assert (folder / "extra" / "notes.txt").read_text() == "kept too"
+    old = os.umask(0o077)
+    try:
+        tok.save(str(tmp_path / "new"))  # a new folder and files: the umask's modes
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "new") == 0o700 and mode(tmp_path / "new" / "merges.txt") == 0o600
+    monkeypatch.chdir(folder)
+    versions()(0)[1].save(".")  # the working folder: this process follows it to the new one
+    assert os.path.samefile(".", folder) and len(gpt2.load_tokenizer(".")) == 257
+    assert leftovers(tmp_path) == []
+
+
+def test_rename_exchange_swaps_two_folders_at_once(tmp_path):
+    import errno
+
+    from pytfm._core import ffi, lib
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        (folder / "name").write_text(folder.name)
+    assert lib.pytfm_rename_exchange(bytes(a), bytes(b)) == lib.PYTFM_STATUS_OK
+    assert (a / "name").read_text() == "b" and (b / "name").read_text() == "a"
+    status = lib.pytfm_rename_exchange(bytes(a), bytes(tmp_path / "missing"))
+    assert status == lib.PYTFM_STATUS_INVALID_ARGUMENT and ffi.errno == errno.ENOENT
+    assert "cannot exchange" in ffi.string(lib.pytfm_last_error()).decode()
+
+
+def test_without_rename_exchange_a_folder_is_set_aside_and_put_back_if_killed(tmp_path,
+                                                                            monkeypatch):
+    """Where the file system cannot exchange two folders, the old one is renamed aside and the
+    new one into place; a save killed between the two leaves the old one aside, and the next
+    save puts it back before it carries its files over."""
+    from pytfm import _atomic
+    from pytfm._core import lib
+
+    class NoExchange:
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def pytfm_rename_exchange(self, a, b):
+            return lib.PYTFM_STATUS_NOT_SUPPORTED
+
+    monkeypatch.setattr(_atomic, "lib", NoExchange())
+    folder = tmp_path / "g2"
+    made = [versions()(v) for v in range(2)]
+    gpt2.save(made[0][0], str(folder), tokenizer=made[0][1])
+    (folder / "README.md").write_text("kept")
+    gpt2.save(made[1][0], str(folder), tokenizer=made[1][1])
+    assert version_in(str(folder)) == 1 and (folder / "README.md").read_text() == "kept"
+    os.rename(folder, tmp_path / ".tmp-g2.old-0123456789abcdef")  # killed between the renames
+    gpt2.save(made[0][0], str(folder))  # the model only: the tokenizer is the old folder's
+    assert version_in(str(folder), tokenizer=False) == 0
+    assert len(gpt2.load_tokenizer(str(folder))) == 258
+    assert (folder / "README.md").read_text() == "kept" and leftovers(tmp_path) == []
 
 
 # ---- a text's memory -----------------------------------------------------------------------------
