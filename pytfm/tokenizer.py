@@ -38,7 +38,7 @@ ENDOFTEXT = "<|endoftext|>"
 MAX_FILE = lib.PYTFM_TOKENIZER_MAX_FILE  # bytes of a vocab.json, merges.txt or tokenizer.json
 MAX_TOKENS = lib.PYTFM_TOKENIZER_MAX_TOKENS  # tokens of a vocabulary, at most
 _MERGES_HEADER = "#version: 0.2"
-_ONE_PASS = 1 << 24  # bytes of text encoded in one pass; a longer one is counted first
+_ONE_PASS = 1 << 24  # bytes of text encoded (split) in one pass; a longer one is counted first
 
 
 class TokenizerError(ValueError):
@@ -89,13 +89,24 @@ def _as_bytes(text):
 def pretokenize(text):
     """GPT-2's words of text (str or bytes, read as encode reads it), as bytes, which join to
     the text's UTF-8 bytes. <|endoftext|> is text here."""
-    raw = _as_bytes(text)
+    return list(_words(_as_bytes(text)))
+
+
+def _words(raw):
+    """The words of bytes raw, one at a time (pytfm_tokenizer_split)."""
     count = ffi.new("int64_t *")
-    ends = np.empty(max(len(raw), 1), np.int64)
-    check(lib.pytfm_tokenizer_split(raw, len(raw), ffi.from_buffer("int64_t[]", ends), len(ends),
-                                    count))
-    ends = ends[:count[0]].tolist()
-    return [raw[a:b] for a, b in zip([0, *ends], ends)]
+    size = len(raw)
+    if size > _ONE_PASS:  # a long text is counted first, not given 8 bytes of ends per byte
+        check(lib.pytfm_tokenizer_split(raw, len(raw), ffi.NULL, 0, count))
+        size = count[0]
+    ends = np.empty(max(size, 1), np.int64)  # a text never has more words than bytes
+    check(lib.pytfm_tokenizer_split(raw, len(raw), ffi.from_buffer("int64_t[]", ends),
+                                    len(ends), count))
+    ends, start = ends[:count[0]], 0
+    for at in range(0, len(ends), 1 << 16):
+        for end in ends[at:at + (1 << 16)].tolist():
+            yield raw[start:end]
+            start = end
 
 
 def token_ids(ids, vocab_size):
@@ -286,7 +297,7 @@ def train(text, vocab_size, special=True):
     counts = {}
     raw = _as_bytes(text)
     for piece in (raw.split(ENDOFTEXT.encode()) if special else [raw]):
-        for word in pretokenize(piece):
+        for word in _words(piece):
             counts[word] = counts.get(word, 0) + 1
     words = [[byte_id[b] for b in w] for w in counts]
     freqs = list(counts.values())

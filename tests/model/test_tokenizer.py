@@ -158,8 +158,10 @@ def test_random_bytes_and_long_runs_come_back(gpt2_tokenizer):
 def test_a_long_text_is_counted_first_and_gives_the_same_ids(gpt2_tokenizer, monkeypatch):
     text = (PROSE * 20).encode()
     want = gpt2_tokenizer.encode(text)
+    words = pretokenize(text)
     monkeypatch.setattr(tk, "_ONE_PASS", 100)
     assert gpt2_tokenizer.encode(text) == want and gpt2_tokenizer.encode(b"") == []
+    assert pretokenize(text) == words and pretokenize(b"") == []
 
 
 def test_text_that_is_not_unicode_and_ids_outside_the_vocabulary_are_refused(gpt2_tokenizer):
