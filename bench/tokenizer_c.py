@@ -1,16 +1,16 @@
-"""GPT-2's tokenizer in C (pytfm_tokenizer.h) against Hugging Face tokenizers and the Python
-tokenizer (pytfm.tokenizer): encode throughput on one thread.
+"""GPT-2's tokenizer in C (pytfm_tokenizer.h, through pytfm.tokenizer) against Hugging Face
+tokenizers: encode throughput on one thread.
 
     python bench/tokenizer_c.py --rounds 5
 
 Each worker process opens GPT-2's vocabulary ($PYTFM_GPT2_VOCAB, else ~/.cache/pytfm/gpt2-vocab:
 encoder.json + vocab.bpe) and encodes every UTF-8 .py file of the standard library, one file
-at a time (str in, the ids as each gives them: a list, the C one an int32 array; each
-tokenizer's cache starts empty in each process); the figure is the files' UTF-8 bytes over the
-time of the encode calls alone, in MB/s. The three run in processes of their
-own, interleaved over the rounds (TOKENIZERS_PARALLELISM=false, RAYON_NUM_THREADS=1,
-OMP_NUM_THREADS=1); the table gives the medians, the CPU and the load average, and checks that
-the three gave the same ids. Needs tokenizers (pip install ".[gpt2-test]").
+at a time (str in, the ids as each gives them: a list; pytfm-array is pytfm's encode_array,
+an int32 array, no list made; each tokenizer's cache starts empty in each process); the figure
+is the files' UTF-8 bytes over the time of the encode calls alone, in MB/s. Each runs in
+processes of its own, interleaved over the rounds (TOKENIZERS_PARALLELISM=false,
+RAYON_NUM_THREADS=1, OMP_NUM_THREADS=1); the table gives the medians, the CPU and the load
+average, and checks that all gave the same ids. Needs tokenizers (pip install ".[gpt2-test]").
 """
 
 import argparse
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import cpu_name, stdlib_texts, worker_env  # noqa: E402
 
 VOCAB_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "pytfm", "gpt2-vocab")
-LIBS = ("pytfm-c", "tokenizers", "pytfm-python")
+LIBS = ("pytfm-array", "tokenizers", "pytfm")
 
 
 def vocab_paths():
@@ -43,16 +43,11 @@ def vocab_paths():
 
 def worker(lib, vocab, merges):
     texts = stdlib_texts()
-    if lib == "pytfm-c":
-        from pytfm._ctokenizer import CTokenizer
-
-        tok = CTokenizer.from_files(vocab, merges)
-
-        encode = tok.encode  # an int32 array: no list is made
-    elif lib == "pytfm-python":
+    if lib.startswith("pytfm"):
         from pytfm.tokenizer import Tokenizer
 
-        encode = Tokenizer.from_files(vocab, merges).encode
+        tok = Tokenizer.from_files(vocab, merges)
+        encode = tok.encode if lib == "pytfm" else lambda text: tok.encode_array(text, np.int32)
     else:
         from tokenizers import Tokenizer as HF
         from tokenizers import decoders, models, pre_tokenizers

@@ -4,8 +4,8 @@ running Python's unicodedata, as sorted ranges that csrc/model/bpe.c binary sear
     python dev/gen_unicode_tables.py            # rewrite the header
     python dev/gen_unicode_tables.py --check    # exit 1 when the header differs from its output
 
-The classes are those of pytfm/tokenizer.py (the C tokenizer's oracle), so that both split text
-the same way on the same Unicode version:
+The classes, which tests/model/test_tokenizer.py holds to Hugging Face tokenizers' on every
+code point this Unicode assigns:
   L  letters: str.isalpha (the general categories Lu, Ll, Lt, Lm, Lo)
   N  numbers: the general categories Nd, Nl, No
   W  white space: str.isspace less U+001C..U+001F (which Python alone counts): Unicode's

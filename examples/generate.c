@@ -375,26 +375,9 @@ static int is_file(const char *folder, const char *name) {
 /* the tokenizer of the GPT-2 folder at path (vocab.json + merges.txt, else tokenizer.json), or
  * NULL with the problem reported (status 2) */
 static pytfm_tokenizer *load_tokenizer(const char *path) {
-    char a[4096], b[4096];
     pytfm_tokenizer *tok = NULL;
-    pytfm_status st;
-    if (is_file(path, "vocab.json") && is_file(path, "merges.txt")) {
-        snprintf(a, sizeof a, "%s/vocab.json", path);
-        snprintf(b, sizeof b, "%s/merges.txt", path);
-        st = pytfm_tokenizer_open(a, b, &tok);
-    } else if (is_file(path, "tokenizer.json")) {
-        snprintf(a, sizeof a, "%s/tokenizer.json", path);
-        st = pytfm_tokenizer_open_json(a, &tok);
-    } else {
-        fail("checkpoint: the GPT-2 folder %s has no tokenizer (vocab.json and merges.txt, or "
-             "tokenizer.json)",
-             path);
-        return NULL;
-    }
-    if (st != PYTFM_STATUS_OK) {
+    if (pytfm_tokenizer_open_folder(path, &tok) != PYTFM_STATUS_OK)
         fail("checkpoint: %s", pytfm_last_error());
-        return NULL;
-    }
     return tok;
 }
 

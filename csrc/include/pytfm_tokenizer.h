@@ -1,8 +1,9 @@
 /*
- * pytfm_tokenizer.h — GPT-2's byte-level BPE tokenizer in C: open a vocabulary, encode bytes to
- * token ids, decode ids to bytes, the special token <|endoftext|>.
+ * pytfm_tokenizer.h — GPT-2's byte-level BPE tokenizer in C: open a vocabulary (or a model's
+ * folder), encode bytes to token ids, decode ids to bytes, the special token <|endoftext|>.
+ * pytfm.tokenizer.Tokenizer is this tokenizer, from Python.
  *
- * What encode does (token for token what Hugging Face tokenizers and pytfm.tokenizer give):
+ * What encode does (token for token what Hugging Face tokenizers gives for GPT-2):
  * 1. With special set, each <|endoftext|> of the text is that token, and each piece between is
  *    tokenized alone; without it those characters are text like any other.
  * 2. A piece is cut into words by GPT-2's pre-tokenizer pattern
@@ -24,7 +25,11 @@
  * parts are byte tokens or results of earlier merges, every result a token not made before, and
  * every token a byte, a merge's result or <|endoftext|>. A failure is INVALID_ARGUMENT (or
  * OUT_OF_MEMORY) with pytfm_last_error() naming the file and what is wrong; nothing is left
- * allocated and *out is NULL.
+ * allocated and *out is NULL. Messages name tokens as the files write them ('Ġth'), merges by
+ * rank (from 0) and lines of merges.txt as the file's lines, from 1 ("#version" is line 1).
+ * errno after a failed open: a failed system call's error number (open, stat, read: "cannot
+ * open (No such file or directory)" leaves ENOENT), ENOENT for a folder without a tokenizer,
+ * 0 for any other failure (the files' content is at fault).
  *
  * Threads: a tokenizer is read-only once open, except for a cache of words already merged,
  * which one encode at a time uses (another encode running at the same time merges without it),
@@ -72,6 +77,14 @@ PYTFM_API pytfm_status pytfm_tokenizer_open_json(const char *path, pytfm_tokeniz
 PYTFM_API pytfm_status pytfm_tokenizer_open_json_memory(const char *text, int64_t size,
                                                         pytfm_tokenizer **out);
 
+/* Open the tokenizer of a model's folder: vocab.json and merges.txt when both are there (what
+ * transformers' GPT-2 tokenizers write), else tokenizer.json. Without either it is refused:
+ * "the folder F has no tokenizer (vocab.json and merges.txt, or tokenizer.json)", or, with one
+ * of vocab.json and merges.txt alone, "the folder F has vocab.json but no merges.txt (and no
+ * tokenizer.json)" (errno ENOENT). A file that is there but cannot be read is its open's
+ * failure, not a reason to try the other files. */
+PYTFM_API pytfm_status pytfm_tokenizer_open_folder(const char *folder, pytfm_tokenizer **out);
+
 /* Free a tokenizer (NULL is ignored). */
 PYTFM_API void pytfm_tokenizer_close(pytfm_tokenizer *tok);
 
@@ -83,6 +96,11 @@ PYTFM_API int32_t pytfm_tokenizer_eot(const pytfm_tokenizer *tok);
 
 /* The number of merges (their ranks are 0 .. count-1); 0 for NULL. */
 PYTFM_API int64_t pytfm_tokenizer_merge_count(const pytfm_tokenizer *tok);
+
+/* The merges, by rank: pairs[2r] and pairs[2r+1] are the ids of merge r's two parts (it makes
+ * the token of their bytes joined); pairs holds 2n ids, n = pytfm_tokenizer_merge_count(tok). */
+PYTFM_API pytfm_status pytfm_tokenizer_merges(const pytfm_tokenizer *tok, int32_t *pairs,
+                                              int64_t n);
 
 /* The Unicode version of the pre-tokenizer's character classes, e.g. "14.0.0". */
 PYTFM_API const char *pytfm_tokenizer_unicode_version(void);
@@ -111,6 +129,12 @@ PYTFM_API pytfm_status pytfm_tokenizer_decode(const pytfm_tokenizer *tok, const 
  * their number. An id outside the vocabulary is OUT_OF_RANGE. */
 PYTFM_API pytfm_status pytfm_tokenizer_token(const pytfm_tokenizer *tok, int32_t id,
                                              const char **bytes, int64_t *size);
+
+/* GPT-2's pre-tokenizer alone (step 2 above; <|endoftext|> is text here): the words of
+ * text[0..size), each given by the offset of its end, ends[0..*count) in order (the last is
+ * size). The size contract is encode's: a text never has more words than bytes. */
+PYTFM_API pytfm_status pytfm_tokenizer_split(const char *text, int64_t size, int64_t *ends,
+                                             int64_t capacity, int64_t *count);
 
 /* PYTFM_CDEF_END */
 

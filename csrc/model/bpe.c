@@ -1,6 +1,7 @@
 /*
- * bpe.c — GPT-2's byte-level BPE tokenizer (pytfm_tokenizer.h): the files' checks, the
- * pre-tokenizer as a hand-written scanner over UTF-8, merges by rank, a cache of words.
+ * bpe.c — GPT-2's byte-level BPE tokenizer (pytfm_tokenizer.h, and pytfm.tokenizer's engine):
+ * the files' checks and the folder rule, the pre-tokenizer as a hand-written scanner over
+ * UTF-8, merges by rank, a cache of words.
  *
  * A token is held as its bytes (GPT-2's vocabulary names byte b by the printable character
  * bytes_to_unicode gives it; that naming is undone once, at open). Merges are a hash map from
@@ -499,6 +500,42 @@ pytfm_status pytfm_tokenizer_token(const pytfm_tokenizer *tok, int32_t id, const
     return PYTFM_STATUS_OK;
 }
 
+pytfm_status pytfm_tokenizer_merges(const pytfm_tokenizer *tok, int32_t *pairs, int64_t n) {
+    PYTFM_CHECK(tok != NULL, "%s: tok must not be NULL", __func__);
+    PYTFM_CHECK(n == tok->n_merges, "%s: n must be the merge count, %lld, got %lld", __func__,
+                (long long)tok->n_merges, (long long)n);
+    PYTFM_CHECK_PTR(pairs, n);
+    for (uint64_t i = 0; n > 0 && i <= tok->pair_mask; i++) {
+        const uint64_t key = tok->pair_key[i];
+        if (key == 0) continue;
+        const int32_t rank = tok->pair_rank[i];
+        pairs[2 * (int64_t)rank] = (int32_t)((key - 1) >> 32);
+        pairs[2 * (int64_t)rank + 1] = (int32_t)(uint32_t)(key - 1);
+    }
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_tokenizer_split(const char *text, int64_t size, int64_t *ends,
+                                   int64_t capacity, int64_t *count) {
+    PYTFM_CHECK(count != NULL, "%s: count must not be NULL", __func__);
+    PYTFM_CHECK_MIN(size, 0);
+    PYTFM_CHECK_MIN(capacity, 0);
+    PYTFM_CHECK_PTR(text, size);
+    PYTFM_CHECK_PTR(ends, capacity);
+    const unsigned char *start = (const unsigned char *)text, *p = start, *end = p + size;
+    int64_t n = 0;
+    for (; p < end; n++) {
+        p = word_end(p, end);
+        if (n < capacity) ends[n] = p - start;
+    }
+    *count = n;
+    if (n > capacity && (ends != NULL || capacity != 0))
+        return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
+                           "%s: the text has %lld words, capacity is %lld", __func__,
+                           (long long)n, (long long)capacity);
+    return PYTFM_STATUS_OK;
+}
+
 int64_t pytfm_tokenizer_vocab_size(const pytfm_tokenizer *tok) { return tok ? tok->n_tokens : 0; }
 
 int32_t pytfm_tokenizer_eot(const pytfm_tokenizer *tok) { return tok ? tok->eot : -1; }
@@ -531,7 +568,8 @@ void pytfm_tokenizer_close(pytfm_tokenizer *tok) {
 /* What open needs while it checks: the token map (bytes -> id), the merge state. */
 typedef struct builder {
     pytfm_tokenizer *t;
-    const char *source;         /* the file(s), for messages */
+    const char *source;         /* the file(s), for messages on what they say together */
+    const char *merges_name;    /* for messages on its text alone */
     uint32_t name[256];
     int16_t byte_of[324];
     int32_t *map;               /* id + 1 per slot, 0: empty */
@@ -590,16 +628,44 @@ static int32_t map_find(const builder *b, const unsigned char *p, size_t n) {
     }
 }
 
-/* a message's rendering of token bytes: printable ASCII as is, others as \xHH */
-static const char *show(const unsigned char *p, size_t n, char *buf, size_t cap) {
+/* A message's rendering of a token's name u[0..n) (UTF-8, as its file writes it): in single
+ * quotes when quote is set, control characters as \xHH, cut on a character boundary and ended
+ * by "..." past about cap - 8 bytes. cap >= 16. */
+static const char *show_name(const unsigned char *u, size_t n, int quote, char *buf,
+                             size_t cap) {
     size_t k = 0;
-    for (size_t i = 0; i < n && k + 8 < cap; i++) {
-        if (p[i] > 0x20 && p[i] < 0x7F && p[i] != 0x5C) buf[k++] = (char)p[i];
-        else k += (size_t)snprintf(buf + k, cap - k, "\\x%02x", p[i]);
+    if (quote) buf[k++] = '\'';
+    for (size_t i = 0; i < n; i++) {
+        if (k + 8 >= cap) {
+            while (k > 1 && ((unsigned char)buf[k - 1] & 0xC0) == 0x80) k--;
+            if (k > 1 && (unsigned char)buf[k - 1] >= 0xC0) k--; /* a cut character's lead */
+            memcpy(buf + k, "...", 3);
+            k += 3;
+            break;
+        }
+        if (u[i] < 0x20 || u[i] == 0x7F) k += (size_t)snprintf(buf + k, cap - k, "\\x%02x", u[i]);
+        else buf[k++] = (char)u[i];
     }
-    if (k + 8 >= cap) k += (size_t)snprintf(buf + k, cap - k, "...");
+    if (quote) buf[k++] = '\'';
     buf[k] = 0;
     return buf;
+}
+
+/* The name of token bytes p[0..n) (GPT-2's byte alphabet), quoted, for a message. cap <= 96. */
+static const char *show_token(const builder *b, const unsigned char *p, size_t n, char *buf,
+                              size_t cap) {
+    unsigned char u[96];
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 2 <= sizeof u; i++) { /* names are below U+0800 */
+        const uint32_t c = b->name[p[i]];
+        if (c < 0x80) {
+            u[k++] = (unsigned char)c;
+        } else {
+            u[k++] = (unsigned char)(0xC0 | c >> 6);
+            u[k++] = (unsigned char)(0x80 | (c & 0x3F));
+        }
+    }
+    return show_name(u, k, 1, buf, cap);
 }
 
 static uint64_t table_size(int64_t n) {
@@ -612,7 +678,7 @@ static uint64_t table_size(int64_t n) {
 static pytfm_status read_vocab(builder *b, pytfm__json vocab) {
     pytfm_tokenizer *t = b->t;
     if (pytfm__json_kind_of(vocab) != PYTFM__JSON_OBJECT)
-        return BAD(b, "the vocabulary must be a JSON object {token: id}, got a %s",
+        return BAD(b, "the vocabulary must be a JSON object {token: id}, got a JSON %s",
                    pytfm__json_kind_name(pytfm__json_kind_of(vocab)));
     const size_t count = pytfm__json_count(vocab);
     if (count < 256 || count > PYTFM_TOKENIZER_MAX_TOKENS)
@@ -645,9 +711,11 @@ static pytfm_status read_vocab(builder *b, pytfm__json vocab) {
         const pytfm__json_int v = pytfm__json_kind_of(value) == PYTFM__JSON_NUMBER
                                       ? pytfm__json_integer(value)
                                       : (pytfm__json_int){0, 0, 0, 0};
+        int lone = 0;
+        const size_t u = pytfm__json_string_utf8(key, (char *)tmp, &lone);
         if (!v.integer || !v.fits || v.value < 0 || v.value >= n) {
             status = BAD(b, "token %s has id %s: ids are the integers 0 .. %lld",
-                         pytfm__json_show(key, shown, 48), pytfm__json_show(value, shown + 48, 48),
+                         show_name(tmp, u, 1, shown, 48), pytfm__json_show(value, shown + 48, 48),
                          (long long)(n - 1));
             goto done;
         }
@@ -656,15 +724,13 @@ static pytfm_status read_vocab(builder *b, pytfm__json vocab) {
             status = BAD(b, "id %lld is given to two tokens", (long long)id);
             goto done;
         }
-        int lone = 0;
-        const size_t u = pytfm__json_string_utf8(key, (char *)tmp, &lone);
         uint32_t bad = 0;
         const int64_t k = lone ? -1 : unname(b, tmp, u, raw + used, &bad);
         if (lone) bad = 0xD800;
         if (k < 0 || u == 0) {
             status = u == 0 ? BAD(b, "a token is the empty string")
                             : BAD(b, "token %s holds U+%04X, which is not one of the 256 byte "
-                                     "characters", pytfm__json_show(key, shown, 64), bad);
+                                     "characters", show_name(tmp, u, 1, shown, 64), bad);
             goto done;
         }
         at[id] = (int64_t)used;
@@ -684,7 +750,7 @@ static pytfm_status read_vocab(builder *b, pytfm__json vocab) {
             const int32_t e = b->map[s] - 1;
             if ((size_t)(t->tok_off[e + 1] - t->tok_off[e]) == k &&
                 memcmp(t->tok_bytes + t->tok_off[e], p, k) == 0) {
-                status = BAD(b, "token %s appears twice", show(p, k, shown, sizeof shown));
+                status = BAD(b, "token %s appears twice", show_token(b, p, k, shown, sizeof shown));
                 goto done;
             }
         }
@@ -694,8 +760,8 @@ static pytfm_status read_vocab(builder *b, pytfm__json vocab) {
         const unsigned char byte = (unsigned char)c;
         const int32_t id = map_find(b, &byte, 1);
         if (id < 0) {
-            status = BAD(b, "byte token U+%04X (byte 0x%02x) is missing: a byte-level "
-                            "vocabulary has all 256", b->name[c], c);
+            status = BAD(b, "byte token %s (byte 0x%02x) is missing: a byte-level "
+                            "vocabulary has all 256", show_token(b, &byte, 1, shown, 16), c);
             goto done;
         }
         t->byte_id[c] = id;
@@ -742,7 +808,10 @@ static pytfm_status add_merge(builder *b, const unsigned char *a, size_t na,
         b->buf_cap = cap;
     }
     unsigned char *out = b->buf;
-    char shown[2][64];
+    /* the messages name the merge and its tokens as the file writes them: (a c), 'a', 'ac' */
+    char sa[48], sc[48], part[64];
+    show_name(a, na, 0, sa, sizeof sa);
+    show_name(c, nc, 0, sc, sizeof sc);
     int32_t ids[2];
     int64_t lens[2];
     const unsigned char *parts[2] = {a, c};
@@ -751,28 +820,27 @@ static pytfm_status add_merge(builder *b, const unsigned char *a, size_t na,
         uint32_t bad = 0;
         unsigned char *dst = k == 0 ? out : out + lens[0];
         lens[k] = unname(b, parts[k], sizes[k], dst, &bad);
-        if (lens[k] <= 0)
-            return BAD(b, "merge %lld: part %d is not a token of the vocabulary (it holds "
-                          "U+%04X)", (long long)rank, k + 1, bad);
-        ids[k] = map_find(b, dst, (size_t)lens[k]);
+        ids[k] = lens[k] > 0 ? map_find(b, dst, (size_t)lens[k]) : -1;
+        show_name(parts[k], sizes[k], 1, part, sizeof part);
         if (ids[k] < 0)
-            return BAD(b, "merge %lld: %s is not a token of the vocabulary", (long long)rank,
-                       show(dst, (size_t)lens[k], shown[0], sizeof shown[0]));
+            return BAD(b, "merge %lld (%s %s): %s is not a token of the vocabulary",
+                       (long long)rank, sa, sc, part);
         if (!b->made[ids[k]])
-            return BAD(b, "merge %lld: %s is neither a byte nor made by an earlier merge",
-                       (long long)rank, show(dst, (size_t)lens[k], shown[0], sizeof shown[0]));
+            return BAD(b, "merge %lld (%s %s): %s is neither a byte nor made by an earlier "
+                          "merge", (long long)rank, sa, sc, part);
     }
     const size_t total = (size_t)(lens[0] + lens[1]);
     const int32_t made = map_find(b, out, total);
-    if (made < 0)
-        return BAD(b, "merge %lld (%s %s) makes a token that is not in the vocabulary",
-                   (long long)rank, show(out, (size_t)lens[0], shown[0], sizeof shown[0]),
-                   show(out + lens[0], (size_t)lens[1], shown[1], sizeof shown[1]));
-    if (b->made[made])
-        return BAD(b, "merge %lld (%s %s) makes a token that a byte or an earlier merge "
-                      "already made", (long long)rank,
-                   show(out, (size_t)lens[0], shown[0], sizeof shown[0]),
-                   show(out + lens[0], (size_t)lens[1], shown[1], sizeof shown[1]));
+    if (made < 0 || b->made[made]) {
+        unsigned char joined[96];
+        const size_t ka = PYTFM_MIN(na, sizeof joined), kc = PYTFM_MIN(nc, sizeof joined - ka);
+        memcpy(joined, a, ka);
+        memcpy(joined + ka, c, kc);
+        show_name(joined, ka + kc, 1, part, sizeof part);
+        return BAD(b, "merge %lld (%s %s) makes %s, which %s", (long long)rank, sa, sc, part,
+                   made < 0 ? "is not in the vocabulary"
+                            : "a byte or an earlier merge already made");
+    }
     b->made[made] = 1;
     const uint64_t key = pair_key(ids[0], ids[1]);
     uint64_t i = hash_pair(key) & t->pair_mask;
@@ -789,18 +857,20 @@ static pytfm_status finish_checks(builder *b) {
     const pytfm_tokenizer *t = b->t;
     for (int64_t i = 0; i < t->n_tokens; i++) {
         if (b->made[i] || i == t->eot) continue;
-        char shown[96];
+        char shown[64];
         return BAD(b, "token %s (id %lld) is made by no merge",
-                   show(t->tok_bytes + t->tok_off[i],
+                   show_token(b, t->tok_bytes + t->tok_off[i],
                         (size_t)(t->tok_off[i + 1] - t->tok_off[i]), shown, sizeof shown),
                    (long long)i);
     }
     return PYTFM_STATUS_OK;
 }
 
-static pytfm_status new_builder(builder *b, const char *source) {
+/* source: the file(s) or text(s), for messages; merges_name: the merges.txt among them */
+static pytfm_status new_builder(builder *b, const char *merges_name, const char *source) {
     memset(b, 0, sizeof *b);
     b->source = source;
+    b->merges_name = merges_name;
     byte_names(b->name, b->byte_of);
     b->t = calloc(1, sizeof *b->t);
     if (!b->t) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", source);
@@ -844,13 +914,18 @@ static pytfm_status finish_builder(builder *b, pytfm_status status, pytfm_tokeni
 static pytfm_status read_merges_txt(builder *b, const char *text, size_t size) {
     const char *why = "";
     const size_t bad = pytfm__utf8_check(text, size, &why);
-    if (bad < size) return BAD(b, "merges: not UTF-8 (byte %zu: %s)", bad, why);
+    if (bad < size)
+        return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: not UTF-8 (byte %zu: %s)",
+                           b->merges_name, bad, why);
     const char *p = text, *end = text + size;
-    /* the lines: split at '\n'; a "#version" first line and a final empty line dropped */
+    /* the lines: split at '\n'; a "#version" first line and a final empty line dropped.
+     * Messages count the file's lines from 1, the "#version" line included. */
+    int64_t line = 1;
     if (end - p >= 8 && memcmp(p, "#version", 8) == 0) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         p = nl ? nl + 1 : end;
         if (!nl) return start_merges(b, 0);
+        line = 2;
     }
     int64_t lines = 0;
     for (const char *q = p; q < end; lines++) {
@@ -858,17 +933,18 @@ static pytfm_status read_merges_txt(builder *b, const char *text, size_t size) {
         q = nl ? nl + 1 : end;
     }
     PYTFM_TRY(start_merges(b, lines));
-    for (int64_t line = 0; p < end; line++) {
+    for (; p < end; line++) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *stop = nl ? nl : end;
         const char *space = memchr(p, ' ', (size_t)(stop - p));
         if (!space || space == p || space + 1 == stop ||
             memchr(space + 1, ' ', (size_t)(stop - space - 1))) {
             char shown[64];
-            const size_t n = PYTFM_MIN((size_t)(stop - p), (size_t)40);
-            return BAD(b, "merges: line %lld: '%s' is not a merge ('a b': two tokens and one "
-                          "space)", (long long)line + 1,
-                       show((const unsigned char *)p, n, shown, sizeof shown));
+            return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: line %lld: %s is not a merge "
+                               "('a b': two tokens and one space)", b->merges_name,
+                               (long long)line, show_name((const unsigned char *)p,
+                                                          (size_t)(stop - p), 1, shown,
+                                                          sizeof shown));
         }
         PYTFM_TRY(add_merge(b, (const unsigned char *)p, (size_t)(space - p),
                             (const unsigned char *)space + 1, (size_t)(stop - space - 1)));
@@ -879,16 +955,20 @@ static pytfm_status read_merges_txt(builder *b, const char *text, size_t size) {
 
 /* ---- JSON texts ------------------------------------------------------------------------------ */
 
-static pytfm_status check_json(const builder *b, const char *what, const char *text,
+/* The JSON text of the file name: strict UTF-8, valid JSON. */
+static pytfm_status check_json(const builder *b, const char *name, const char *text,
                                size_t size) {
     const char *why = "";
     const size_t bad = pytfm__utf8_check(text, size, &why);
-    if (bad < size) return BAD(b, "%s: not UTF-8 (byte %zu: %s)", what, bad, why);
+    if (bad < size)
+        return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: not UTF-8 (byte %zu: %s)", name,
+                           bad, why);
     pytfm__json_error err;
     const pytfm_status status = pytfm__json_check(text, size, &err);
     if (status == PYTFM_STATUS_OUT_OF_MEMORY) return no_memory(b, "the JSON check");
     if (status != PYTFM_STATUS_OK)
-        return BAD(b, "%s: not valid JSON (%s: byte %zu)", what, err.what, err.offset);
+        return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: not valid JSON (%s: byte %zu)",
+                           name, err.what, err.offset);
     return PYTFM_STATUS_OK;
 }
 
@@ -920,7 +1000,7 @@ static int is_type(pytfm__json obj, const char *type) {
 }
 
 static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t size) {
-    PYTFM_TRY(check_json(b, "tokenizer.json", text, size));
+    PYTFM_TRY(check_json(b, b->source, text, size));
     const pytfm__json doc = pytfm__json_root(text, size);
     pytfm__json model, part, merges, vocab;
     if (pytfm__json_kind_of(doc) != PYTFM__JSON_OBJECT) return BAD(b, "not a JSON object");
@@ -935,9 +1015,9 @@ static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t siz
                     {"ignore_merges", 0, 1}};
     for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++)
         if (!absent_or(model, settings[i].key, settings[i].string_ok, settings[i].false_ok))
-            return BAD(b, "model.%s must be absent, null%s: GPT-2's BPE has none",
-                       settings[i].key, settings[i].string_ok  ? " or \"\""
-                                        : settings[i].false_ok ? " or false" : "");
+            return BAD(b, "model.%s must be absent%s (GPT-2's BPE has none)", settings[i].key,
+                       settings[i].string_ok  ? ", null or \"\""
+                       : settings[i].false_ok ? ", null or false" : " or null");
     if (!absent_or(doc, "normalizer", 0, 0))
         return BAD(b, "normalizer must be null (GPT-2 has none)");
     if (!member(doc, "pre_tokenizer", &part) || !is_type(part, "ByteLevel"))
@@ -1023,22 +1103,27 @@ static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t siz
 
 /* ---- files ----------------------------------------------------------------------------------- */
 
-/* The whole file at path, at most PYTFM_TOKENIZER_MAX_FILE bytes: *text (free it), *size. */
-static pytfm_status read_file(const char *path, char **text, size_t *size) {
+/* The whole file at path, at most PYTFM_TOKENIZER_MAX_FILE bytes: *text (free it), *size.
+ * *err: errno of a system call that failed, else 0. */
+static pytfm_status read_file(const char *path, char **text, size_t *size, int *err) {
     *text = NULL;
     *size = 0;
+    *err = 0;
     /* O_NONBLOCK: a FIFO must not block the open (fstat then refuses it) */
     const int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
+    if (fd < 0) {
+        *err = errno;
         return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: cannot open (%s)", path,
-                           strerror(errno));
+                           strerror(*err));
+    }
     struct stat sb;
     pytfm_status status = PYTFM_STATUS_OK;
     char *buf = NULL;
     size_t got = 0;
     if (fstat(fd, &sb) != 0) {
+        *err = errno;
         status = pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: cannot stat (%s)", path,
-                             strerror(errno));
+                             strerror(*err));
     } else if (!S_ISREG(sb.st_mode)) {
         status = pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: not a regular file", path);
     } else if (sb.st_size > PYTFM_TOKENIZER_MAX_FILE) {
@@ -1057,9 +1142,11 @@ static pytfm_status read_file(const char *path, char **text, size_t *size) {
         while (buf && status == PYTFM_STATUS_OK && got < want) {
             const ssize_t k = read(fd, buf + got, want - got);
             if (k < 0 && errno == EINTR) continue;
-            if (k < 0)
+            if (k < 0) {
+                *err = errno;
                 status = pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: cannot read (%s)",
-                                     path, strerror(errno));
+                                     path, strerror(*err));
+            }
             if (k <= 0) break;
             got += (size_t)k;
         }
@@ -1077,23 +1164,38 @@ static pytfm_status read_file(const char *path, char **text, size_t *size) {
     return status;
 }
 
+/* status, with errno set as the header says: err after a failed system call, else 0 */
+static pytfm_status with_errno(pytfm_status status, int err) {
+    if (status != PYTFM_STATUS_OK) errno = err;
+    return status;
+}
+
 /* ---- opening ------------------------------------------------------------------------------- */
 
 static pytfm_status open_texts(const char *vocab, size_t vocab_size, const char *merges,
-                               size_t merges_size, const char *source, pytfm_tokenizer **out) {
+                               size_t merges_size, const char *vocab_name,
+                               const char *merges_name, pytfm_tokenizer **out) {
+    const size_t n = strlen(vocab_name) + strlen(merges_name) + 8;
+    char *source = malloc(n);
+    if (!source) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", vocab_name);
+    snprintf(source, n, "%s and %s", vocab_name, merges_name);
     builder b;
-    PYTFM_TRY(new_builder(&b, source));
-    pytfm_status status = check_json(&b, "vocab", vocab, vocab_size);
-    if (status == PYTFM_STATUS_OK)
-        status = read_vocab(&b, pytfm__json_root(vocab, vocab_size));
-    if (status == PYTFM_STATUS_OK) status = read_merges_txt(&b, merges, merges_size);
-    return finish_builder(&b, status, out);
+    pytfm_status status = new_builder(&b, merges_name, source);
+    if (status == PYTFM_STATUS_OK) {
+        status = check_json(&b, vocab_name, vocab, vocab_size);
+        if (status == PYTFM_STATUS_OK)
+            status = read_vocab(&b, pytfm__json_root(vocab, vocab_size));
+        if (status == PYTFM_STATUS_OK) status = read_merges_txt(&b, merges, merges_size);
+        status = finish_builder(&b, status, out);
+    }
+    free(source);
+    return status;
 }
 
-static pytfm_status open_json_text(const char *text, size_t size, const char *source,
+static pytfm_status open_json_text(const char *text, size_t size, const char *name,
                                    pytfm_tokenizer **out) {
     builder b;
-    PYTFM_TRY(new_builder(&b, source));
+    PYTFM_TRY(new_builder(&b, NULL, name));
     return finish_builder(&b, read_tokenizer_json(&b, text, size), out);
 }
 
@@ -1110,8 +1212,9 @@ pytfm_status pytfm_tokenizer_open_memory(const char *vocab, int64_t vocab_size,
                 PYTFM_TOKENIZER_MAX_FILE, (long long)merges_size);
     PYTFM_CHECK_PTR(vocab, vocab_size);
     PYTFM_CHECK_PTR(merges, merges_size);
-    return open_texts(vocab ? vocab : "", (size_t)vocab_size, merges ? merges : "",
-                      (size_t)merges_size, "the vocabulary and merges", out);
+    return with_errno(open_texts(vocab ? vocab : "", (size_t)vocab_size, merges ? merges : "",
+                                 (size_t)merges_size, "the vocabulary", "the merges", out),
+                      0);
 }
 
 pytfm_status pytfm_tokenizer_open_json_memory(const char *text, int64_t size,
@@ -1122,7 +1225,7 @@ pytfm_status pytfm_tokenizer_open_json_memory(const char *text, int64_t size,
                 "%s: size must be in [0, %d], got %lld", __func__, PYTFM_TOKENIZER_MAX_FILE,
                 (long long)size);
     PYTFM_CHECK_PTR(text, size);
-    return open_json_text(text ? text : "", (size_t)size, "tokenizer.json", out);
+    return with_errno(open_json_text(text ? text : "", (size_t)size, "tokenizer.json", out), 0);
 }
 
 pytfm_status pytfm_tokenizer_open(const char *vocab_path, const char *merges_path,
@@ -1133,22 +1236,14 @@ pytfm_status pytfm_tokenizer_open(const char *vocab_path, const char *merges_pat
                 "%s: vocab_path and merges_path must not be NULL", __func__);
     char *vocab = NULL, *merges = NULL;
     size_t vocab_size = 0, merges_size = 0;
-    PYTFM_TRY(read_file(vocab_path, &vocab, &vocab_size));
-    pytfm_status status = read_file(merges_path, &merges, &merges_size);
-    if (status == PYTFM_STATUS_OK) {
-        const size_t n = strlen(vocab_path) + strlen(merges_path) + 8;
-        char *source = malloc(n);
-        if (!source) {
-            status = pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", __func__);
-        } else {
-            snprintf(source, n, "%s and %s", vocab_path, merges_path);
-            status = open_texts(vocab, vocab_size, merges, merges_size, source, out);
-            free(source);
-        }
-    }
+    int err = 0;
+    pytfm_status status = read_file(vocab_path, &vocab, &vocab_size, &err);
+    if (status == PYTFM_STATUS_OK) status = read_file(merges_path, &merges, &merges_size, &err);
+    if (status == PYTFM_STATUS_OK)
+        status = open_texts(vocab, vocab_size, merges, merges_size, vocab_path, merges_path, out);
     free(vocab);
     free(merges);
-    return status;
+    return with_errno(status, err);
 }
 
 pytfm_status pytfm_tokenizer_open_json(const char *path, pytfm_tokenizer **out) {
@@ -1157,8 +1252,51 @@ pytfm_status pytfm_tokenizer_open_json(const char *path, pytfm_tokenizer **out) 
     PYTFM_CHECK(path != NULL, "%s: path must not be NULL", __func__);
     char *text = NULL;
     size_t size = 0;
-    PYTFM_TRY(read_file(path, &text, &size));
-    const pytfm_status status = open_json_text(text, size, path, out);
+    int err = 0;
+    pytfm_status status = read_file(path, &text, &size, &err);
+    if (status == PYTFM_STATUS_OK) status = open_json_text(text, size, path, out);
     free(text);
+    return with_errno(status, err);
+}
+
+pytfm_status pytfm_tokenizer_open_folder(const char *folder, pytfm_tokenizer **out) {
+    PYTFM_CHECK(out != NULL, "%s: out must not be NULL", __func__);
+    *out = NULL;
+    PYTFM_CHECK(folder != NULL, "%s: folder must not be NULL", __func__);
+    static const char *const names[3] = {"vocab.json", "merges.txt", "tokenizer.json"};
+    char *paths[3] = {NULL, NULL, NULL};
+    int there[3];
+    pytfm_status status = PYTFM_STATUS_OK;
+    for (int i = 0; i < 3; i++) {
+        const size_t n = strlen(folder) + strlen(names[i]) + 2;
+        paths[i] = malloc(n);
+        if (!paths[i]) {
+            status = pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", folder);
+            break;
+        }
+        snprintf(paths[i], n, "%s/%s", folder, names[i]);
+        struct stat sb;
+        there[i] = stat(paths[i], &sb) == 0;
+    }
+    if (status != PYTFM_STATUS_OK) {
+        /* paths[] freed below */
+    } else if (there[0] && there[1]) {
+        status = pytfm_tokenizer_open(paths[0], paths[1], out);
+    } else if (there[2]) {
+        status = pytfm_tokenizer_open_json(paths[2], out);
+    } else if (there[0] || there[1]) {
+        status = with_errno(pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
+                                        "the folder %s has %s but no %s (and no tokenizer.json)",
+                                        folder, names[there[0] ? 0 : 1], names[there[0] ? 1 : 0]),
+                            ENOENT);
+    } else {
+        status = with_errno(pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "the folder %s has no "
+                                        "tokenizer (vocab.json and merges.txt, or "
+                                        "tokenizer.json)", folder),
+                            ENOENT);
+    }
+    const int err = errno; /* free() may not change it, but keep it plain */
+    for (int i = 0; i < 3; i++) free(paths[i]);
+    errno = err;
     return status;
 }

@@ -126,7 +126,7 @@ def test_bad_prompts_and_folders_are_refused_with_a_message(generate_exe, folder
     bare = tmp_path / "no-tokenizer"
     shutil.copytree(path, bare)
     os.remove(bare / "vocab.json")
-    cases.append(([bare], "has no tokenizer (vocab.json and merges.txt, or tokenizer.json)"))
+    cases.append(([bare], "has merges.txt but no vocab.json (and no tokenizer.json)"))
     broken = tmp_path / "broken-vocab"
     shutil.copytree(path, broken)
     (broken / "vocab.json").write_text("{not json")

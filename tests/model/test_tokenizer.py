@@ -1,10 +1,12 @@
-"""pytfm.tokenizer against Hugging Face tokenizers (GPT2TokenizerFast): the pre-tokenizer's
-classes on every code point, GPT-2's vocabulary on every .py file of the standard library, on
-prose and on drawn Unicode; decode∘encode on any bytes; the files it reads, hostile ones
-refused; a tokenizer trained here read back by transformers. The oracles are optional
-(gpt2_oracle.py: a skip without them, a failure under CI)."""
+"""pytfm.tokenizer (the C library's tokenizer) against Hugging Face tokenizers
+(GPT2TokenizerFast): the pre-tokenizer's classes on every code point, GPT-2's vocabulary on every
+.py file of the standard library, on prose and on drawn Unicode; decode∘encode on any bytes; the
+files it reads, hostile ones refused (tokenizer_cases.py, the table C is held to as well); a
+tokenizer trained here read back by transformers. The oracles are optional (gpt2_oracle.py: a
+skip without them, a failure under CI)."""
 
 import json
+import os
 import re
 import unicodedata
 
@@ -13,6 +15,7 @@ import pytest
 from gpt2_oracle import PROSE, UNICODE, small_files, stdlib_sources, tokenizers, transformers
 from hypothesis import given
 from hypothesis import strategies as st
+from tokenizer_cases import BASE, HOSTILE, TABLE, hostile_folder, tokenizer_json
 
 from pytfm import tokenizer as tk
 from pytfm.tokenizer import ENDOFTEXT, Tokenizer, TokenizerError, bytes_to_unicode, pretokenize
@@ -33,10 +36,13 @@ def hf_words(pre, text):
 
 
 def our_words(text):
+    """pretokenize's words of text (a str, or bytes read with surrogateescape): (start, end)
+    in characters."""
     out, at = [], 0
     for w in pretokenize(text):
-        out.append((at, at + len(w)))
-        at += len(w)
+        n = len(w.decode("utf-8", "surrogateescape"))
+        out.append((at, at + n))
+        at += n
     return out
 
 
@@ -44,8 +50,9 @@ def test_the_character_classes_are_tokenizers_on_every_assigned_code_point():
     """Every code point c (not a surrogate) in two probes, "a" c "!" and "1" c "!": where the
     words' boundaries fall tells whether the pre-tokenizer takes c for a letter, a number,
     whitespace or something else. Equal to tokenizers' on every code point the running
-    Python's Unicode assigns; the ones it leaves unassigned (Cn) are letters or numbers of a
-    later Unicode to tokenizers' regex engine, and "other" here (the module's docstring)."""
+    Python's Unicode assigns (the library's tables are generated from it,
+    dev/gen_unicode_tables.py); the ones it leaves unassigned (Cn) may be letters or numbers
+    of a later Unicode to tokenizers' regex engine, and are "other" here."""
     pre = tokenizers().pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     codes = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and c != ord("'")]
     assigned = [c for c in codes if unicodedata.category(chr(c)) != "Cn"]
@@ -55,19 +62,27 @@ def test_the_character_classes_are_tokenizers_on_every_assigned_code_point():
             assert our_words(text) == hf_words(pre, text), (probe, hex(assigned[start]))
 
 
-def test_words_join_to_the_text_and_long_texts_are_cut_where_nothing_changes(monkeypatch):
-    text = (PROSE * 40).replace("\n\n", "\nx\n")
-    whole = pretokenize(text)
-    assert "".join(whole) == text
-    monkeypatch.setattr(tk, "CHUNK", 97)  # many cuts, each between "X\n" and "Y"
-    cut = list(tk._chunks(text))
-    assert len(cut) > 10 and "".join(cut) == text
-    assert [w for c in cut for w in pretokenize(c)] == whole
-
-
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=60))
 def test_the_words_of_any_text_join_to_it(text):
-    assert "".join(pretokenize(text)) == text
+    assert b"".join(pretokenize(text)) == text.encode()
+
+
+BYTES = st.lists(st.one_of(st.binary(max_size=8), st.sampled_from(
+    [b"\xff", b"\xc3", b"\xc3(", b"\xe2\x82", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80 a",
+     b" \xfe'll", b"\xf0\x9f\x98", " é😀 ".encode(), b"1\xff2", b"\xc0\xaf", b"\xe0\x80\x80",
+     b"\xf8\x88\x80\x80\x80", b"  \xff", b"\n\xa0", b"'\xff", ENDOFTEXT.encode()]),
+    UNICODE.map(str.encode)), max_size=16).map(b"".join)
+
+
+@given(BYTES)
+def test_invalid_utf8_is_split_as_tokenizers_splits_an_other_character(data):
+    """A byte that begins no valid UTF-8 sequence is one "other" character (as Python's
+    surrogateescape reads it): the words are tokenizers' on the text with U+0000 (an "other"
+    character) in its place."""
+    pre = tokenizers().pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    text = data.decode("utf-8", "surrogateescape")
+    stand_in = re.sub("[\udc80-\udcff]", "\x00", text)
+    assert our_words(data) == hf_words(pre, stand_in)
 
 
 # ---- GPT-2's vocabulary, against GPT2TokenizerFast ---------------------------------------------
@@ -96,12 +111,16 @@ def test_every_stdlib_source_is_tokenized_as_gpt2tokenizerfast_does(gpt2_tokeniz
 
 
 def test_prose_is_tokenized_as_gpt2tokenizerfast_does(gpt2_tokenizer, hf_tokenizer):
-    for text in (PROSE, PROSE.upper(), PROSE.replace(" ", "  "), PROSE.replace("\n", "\r\n")):
+    for text in (PROSE, PROSE.upper(), PROSE.replace(" ", "  "), PROSE.replace("\n", "\r\n"),
+                 PROSE * 50):
         assert gpt2_tokenizer.encode(text) == hf_tokenizer(text)
     assert gpt2_tokenizer.encode("Hello world") == [15496, 995]
     assert gpt2_tokenizer.encode(ENDOFTEXT) == [50256] == [gpt2_tokenizer.eot]
     plain = gpt2_tokenizer.encode(ENDOFTEXT, special=False)
     assert 50256 not in plain and gpt2_tokenizer.decode(plain) == ENDOFTEXT
+    assert len(gpt2_tokenizer) == 50257 and len(gpt2_tokenizer.merges) == 50000
+    assert gpt2_tokenizer.token_bytes(15496) == b"Hello"
+    assert gpt2_tokenizer.token_bytes(50256) == ENDOFTEXT.encode()
 
 
 @given(UNICODE)
@@ -115,16 +134,34 @@ def test_drawn_unicode_is_tokenized_as_gpt2tokenizerfast_does(gpt2_tokenizer, hf
     assert gpt2_tokenizer.encode(text.encode("utf-8")) == ids
 
 
-@given(st.lists(st.one_of(st.binary(max_size=6), st.sampled_from(
-    [b"\xff", b"\xc3", b"\xc3(", b"\xe2\x82", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80 a",
-     b" \xfe'll", b"\xf0\x9f\x98", " é😀 ".encode(), b"1\xff2"]), UNICODE.map(str.encode)),
-    max_size=12).map(b"".join))
+@given(BYTES)
 def test_decode_of_encode_is_the_identity_on_any_bytes(gpt2_tokenizer, data):
     """Invalid UTF-8 through the bytes path: each undecodable byte stays itself."""
-    ids = gpt2_tokenizer.encode(data)
-    assert gpt2_tokenizer.decode_bytes(ids) == data
-    assert gpt2_tokenizer.decode(ids) == data.decode("utf-8", "replace")
-    assert all(0 <= i < len(gpt2_tokenizer) for i in ids)
+    for special in (True, False):
+        ids = gpt2_tokenizer.encode(data, special=special)
+        assert gpt2_tokenizer.decode_bytes(ids) == data
+        assert gpt2_tokenizer.decode(ids) == data.decode("utf-8", "replace")
+        assert all(0 <= i < len(gpt2_tokenizer) for i in ids)
+
+
+def test_random_bytes_and_long_runs_come_back(gpt2_tokenizer):
+    rng = np.random.default_rng(7)
+    for size in (1, 2, 3, 17, 1000, 100_000):
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        assert gpt2_tokenizer.decode_bytes(gpt2_tokenizer.encode(data)) == data
+    # long runs: one word of a million letters, spaces, digits or punctuation
+    for run in (b"a", b" ", b"7", b"=", b"\xff", "日".encode(), b"ab"):
+        data = run * (1_000_000 // len(run))
+        assert gpt2_tokenizer.decode_bytes(gpt2_tokenizer.encode_array(data)) == data, run
+
+
+def test_a_long_text_is_counted_first_and_gives_the_same_ids(gpt2_tokenizer, monkeypatch):
+    text = (PROSE * 20).encode()
+    want = gpt2_tokenizer.encode(text)
+    words = pretokenize(text)
+    monkeypatch.setattr(tk, "_ONE_PASS", 100)
+    assert gpt2_tokenizer.encode(text) == want and gpt2_tokenizer.encode(b"") == []
+    assert pretokenize(text) == words and pretokenize(b"") == []
 
 
 def test_text_that_is_not_unicode_and_ids_outside_the_vocabulary_are_refused(gpt2_tokenizer):
@@ -139,6 +176,8 @@ def test_text_that_is_not_unicode_and_ids_outside_the_vocabulary_are_refused(gpt
         gpt2_tokenizer.decode([[1, 2]])
     with pytest.raises(ValueError, match="dtype must be an integer type holding ids up to 50256"):
         gpt2_tokenizer.encode_array("x", dtype=np.uint8)
+    with pytest.raises(ValueError, match="id 50257 is outside the vocabulary"):
+        gpt2_tokenizer.token_bytes(50257)
     assert gpt2_tokenizer.encode_array("Hello world", dtype=np.uint16).tolist() == [15496, 995]
 
 
@@ -152,6 +191,7 @@ def test_vocab_and_merges_and_tokenizer_json_give_the_same_tokenizer(gpt2_tokeni
     tf.GPT2TokenizerFast.from_pretrained(str(gpt2_vocab_folder)).save_pretrained(str(tmp_path))
     from_json = Tokenizer.from_tokenizer_json(str(tmp_path / "tokenizer.json"))
     assert from_json.vocab == gpt2_tokenizer.vocab and from_json.merges == gpt2_tokenizer.merges
+    assert from_json.encode(PROSE) == gpt2_tokenizer.encode(PROSE)
     gpt2_tokenizer.save(str(tmp_path / "again"))
     again = Tokenizer.from_folder(str(tmp_path / "again"))
     assert again.vocab == gpt2_tokenizer.vocab and again.merges == gpt2_tokenizer.merges
@@ -160,80 +200,72 @@ def test_vocab_and_merges_and_tokenizer_json_give_the_same_tokenizer(gpt2_tokeni
 
 def test_a_small_vocabulary_works(tmp_path):
     tok = Tokenizer.from_folder(small_files(tmp_path))
-    assert tok.encode(" the") == [256 + 1, bytes_to_unicode_ids()["e"]]
+    assert tok.encode(" the") == [257, BASE["e"]] and tok.eot == 258
     assert tok.decode(tok.encode(" the<|endoftext|>")) == " the<|endoftext|>"
+    assert tok.merges == [("Ġ", "t"), ("Ġt", "h")] and list(tok.vocab)[256:] == [
+        "Ġt", "Ġth", ENDOFTEXT]
+    bare = Tokenizer({**BASE}, [])
+    assert bare.encode(" the") == [BASE[c] for c in "Ġthe"] and bare.eot is None
+    assert repr(bare) == "Tokenizer(256 tokens, 0 merges)"
 
 
-def bytes_to_unicode_ids():
-    return {c: i for i, c in enumerate(bytes_to_unicode().values())}
+def test_the_folder_rule(tmp_path):
+    """vocab.json + merges.txt when both are there, else tokenizer.json, its merges as "a b" or
+    [a, b] (as transformers reads it)."""
+    folder = tmp_path / "tok"
+    small_files(tmp_path, merges=[("Ġ", "t")])
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+    with pytest.raises(TokenizerError, match=r"merges.txt: token 'Ġth' \(id 257\) is made by"):
+        Tokenizer.from_folder(folder)  # the pair is read, and it is bad
+    os.unlink(folder / "merges.txt")
+    for merges in (["Ġ t", "Ġt h"], [["Ġ", "t"], ["Ġt", "h"]]):
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json(merges=merges)))
+        tok = Tokenizer.from_folder(folder)
+        assert tok.encode(" the") == [257, BASE["e"]] and len(tok) == 259 and tok.eot == 258
+        fast = transformers().PreTrainedTokenizerFast(
+            tokenizer_file=str(folder / "tokenizer.json"))
+        assert fast.encode(" the") == [257, BASE["e"]]
 
 
-TABLE = list(bytes_to_unicode().values())
-BASE = {c: i for i, c in enumerate(TABLE)}
-
-
-@pytest.mark.parametrize("edit, message", [
-    (dict(vocab={**BASE, "Ġt": 256, ENDOFTEXT: 257}),
-     r"merge 1 \(Ġt h\) makes 'Ġth', which is not in the vocabulary"),
-    (dict(merges=[("Ġ", "t"), ("Ġt", "h"), ("Ġ", "t")]), r"merge 2 \(Ġ t\) makes 'Ġt', which a "
-     "byte or an earlier merge already made"),
-    (dict(merges=[("Ġt", "h"), ("Ġ", "t")]), r"merge 0 \(Ġt h\): 'Ġt' is neither a byte nor made"),
-    (dict(merges=[("Ġ", "t"), ("Ġt", "x")]), r"merge 1 \(Ġt x\) makes 'Ġtx', which is not in"),
-    (dict(merges=[("Ġ", "t")]), r"token 'Ġth' is made by no merge"),
-    (dict(merges=[("Ġ", "t"), ("Ġt", "h"), ("Ġt", "hé")]), r"'hé' is not a token"),
-    (dict(vocab={**BASE, "Ġt": 256, "Ġth": 258, ENDOFTEXT: 257, "xyz\u2603": 259}),
-     r"token 'xyz☃' holds '☃', which is not one of the 256 byte characters"),
-    (dict(vocab={**BASE, "Ġt": 256, "Ġth": 256, ENDOFTEXT: 257}), "id 256 is given to two tokens"),
-    (dict(vocab={**BASE, "Ġt": 256, "Ġth": 300, ENDOFTEXT: 257}), "token 'Ġth' has id 300: ids"),
-    (dict(vocab={**BASE, "Ġt": 256, "Ġth": True, ENDOFTEXT: 257}), "token 'Ġth' has id True"),
-    (dict(vocab={c: i for i, c in enumerate(TABLE[1:])}),
-     r"a byte-level vocabulary has 256 to"),
-    (dict(vocab={**{c: i for i, c in enumerate(TABLE[1:])}, "x y": 255, "Ġt": 256, "Ġth": 257,
-                 ENDOFTEXT: 258}), "byte token '!' is missing"),
-    (dict(vocab=[1, 2]), "the vocabulary must be a JSON object"),
-    (dict(vocab_text=b'{"a": 1, "a": 2}'), "duplicate key"),
-    (dict(vocab_text=b'{"\xff": 1}'), "not UTF-8"),
-    (dict(vocab_text=b'{"a": NaN}'), "not valid JSON"),
-    (dict(merges_text=b"#version: 0.2\n\xc3\x28 t\n"), "not UTF-8"),
-    (dict(merges_text=b"#version: 0.2\n\xc4\xa0 t\nabc\n"), r"line 3: 'abc' is not a merge"),
-    (dict(merges_text=b"#version: 0.2\n\xc4\xa0  t\n"), r"line 2: .* is not a merge"),
-])
-def test_hostile_files_are_refused_naming_the_file(tmp_path, edit, message):
-    folder = small_files(tmp_path, **edit)
-    with pytest.raises(TokenizerError, match=message) as e:
+@pytest.mark.parametrize("case", range(len(HOSTILE)))
+def test_hostile_files_are_refused_with_their_message(tmp_path, case):
+    """Each case of tokenizer_cases.HOSTILE: the one message, naming the file (C programs get
+    the same: tests/c_api/test_c_tokenizer.py)."""
+    folder, message = hostile_folder(tmp_path, case)
+    with pytest.raises((TokenizerError, FileNotFoundError)) as e:
         Tokenizer.from_folder(folder)
-    assert folder in str(e.value)
+    text = e.value.strerror if isinstance(e.value, OSError) else str(e.value)
+    assert re.fullmatch(message, text), text
 
 
-def test_oversized_files_are_refused_by_their_size(tmp_path, monkeypatch):
+def test_files_that_are_not_files_or_too_large_are_refused(tmp_path):
     folder = small_files(tmp_path)
-    monkeypatch.setattr(tk, "MAX_FILE", 1000)
-    with pytest.raises(TokenizerError, match=r"vocab.json: \d[\d,]* bytes, more than the 1,000"):
-        Tokenizer.from_folder(folder)
-    with pytest.raises(FileNotFoundError, match="no tokenizer"):
-        Tokenizer.from_folder(str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="nowhere.json: cannot open"):
+        Tokenizer.from_files(str(tmp_path / "nowhere.json"), os.path.join(folder, "merges.txt"))
+    with pytest.raises(TokenizerError, match="not a regular file"):
+        Tokenizer.from_files(str(tmp_path), os.path.join(folder, "merges.txt"))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(TokenizerError, match="fifo: not a regular file"):
+        Tokenizer.from_tokenizer_json(str(fifo))
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(tk.MAX_FILE + 1)
+    with pytest.raises(TokenizerError, match=r"big.json: 268435457 bytes, more than the "
+                       "268435456 a tokenizer file may have"):
+        Tokenizer.from_tokenizer_json(str(big))
+    with pytest.raises(TypeError, match="folder must be a path, got int"):
+        Tokenizer.from_folder(3)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d: d["model"].update(type="WordPiece"), r'model.type must be "BPE"'),
-    (lambda d: d.update(normalizer={"type": "Lowercase"}), "normalizer must be null"),
-    (lambda d: d["pre_tokenizer"].update(add_prefix_space=True), "add_prefix_space false"),
-    (lambda d: d["model"].update(ignore_merges=True), "model.ignore_merges is True"),
-    (lambda d: d["model"].update(dropout=0.1), "model.dropout is 0.1"),
-    (lambda d: d["added_tokens"].append({"content": "<pad>", "id": 259}), "added token"),
-    (lambda d: d["model"]["merges"].append("a b c"), "is not a merge"),
-])
-def test_a_tokenizer_json_that_tokenizes_otherwise_is_refused(tmp_path, edit, message):
-    tf = transformers()
-    folder = small_files(tmp_path)
-    tf.GPT2TokenizerFast.from_pretrained(folder).save_pretrained(str(tmp_path / "hf"))
-    path = tmp_path / "hf" / "tokenizer.json"
-    doc = json.loads(path.read_text())
-    Tokenizer.from_tokenizer_json(str(path))  # as written: fine
-    edit(doc)
-    path.write_text(json.dumps(doc))
-    with pytest.raises(TokenizerError, match=message):
-        Tokenizer.from_tokenizer_json(str(path))
+def test_a_vocabulary_and_merges_given_in_python_are_checked_as_files_are():
+    with pytest.raises(TokenizerError, match=r"the vocabulary and the merges: merge 0 \(Ġt h\): "
+                       "'Ġt' is neither a byte nor made by an earlier merge"):
+        Tokenizer({**BASE, "Ġt": 256, "Ġth": 257}, [("Ġt", "h"), ("Ġ", "t")])
+    with pytest.raises(TokenizerError, match=r"merge 1 is not a pair of tokens: \('a b', 'c'\)"):
+        Tokenizer({**BASE}, [("Ġ", "t"), ("a b", "c")])
+    with pytest.raises(TokenizerError, match="the vocabulary: not valid JSON"):
+        Tokenizer({**BASE, "x": float("nan")}, [])
 
 
 # ---- training ------------------------------------------------------------------------------------
