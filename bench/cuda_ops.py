@@ -10,7 +10,7 @@ this order:
               matrix product at n = 8192 in FP32 (cupy.matmul with TF32 off, and torch),
               TF32 (torch, allow_tf32) and BF16 (torch): what each precision's tensor cores or
               CUDA cores give
-  training    examples/train_tiny.py's default config (its own parser's defaults): the step as
+  training    python -m pytfm train's default config (pytfm.cli.train's defaults): the step as
               train_tiny takes it (the loop: zero_grad, forward, backward, clip, AdamW) and as
               pytfm.nn.TrainStep takes it (no allocation, a CUDA graph), tokens/s, against the
               loop on this machine's CPU with --cpu-threads threads (default 2; 0 skips it);
@@ -53,7 +53,6 @@ without CuPy or torch (tests/cuda/test_gpu_check.py tests them).
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -460,10 +459,8 @@ def run_gpu(args, table):
         from pytfm.nn import GPT, GPTConfig, TrainStep
         from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
 
-        spec = importlib.util.spec_from_file_location(
-            "train_tiny", os.path.join(ROOT, "examples", "train_tiny.py"))
-        tiny = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(tiny)
+        from pytfm.cli import train as tiny
+
         a = tiny.parse_args([])  # its defaults, no checks, no files touched
         corpus = data.stdlib_corpus().astype(np.int64)
 

@@ -7,7 +7,6 @@ build of pytfm is missing; tests/cuda/test_cuda_model.py, test_cuda_step.py and
 test_cuda_c_model.py run the same paths without a GPU, under the emulator.
 """
 
-import importlib.util
 import os
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 from helpers import ROOT, cupy_on_a_gpu, run_train_tiny
 from pytfm import checkpoint, data
+from pytfm.cli import train as cli
 from pytfm.generate import generate
 from pytfm.nn import GPT, GPTConfig, TrainStep
 from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
@@ -22,15 +22,11 @@ from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
 cp = cupy_on_a_gpu()
 EPS32 = float(np.finfo(np.float32).eps)
 
-TRAIN_TINY = os.path.join(ROOT, "examples", "train_tiny.py")
 STEPS = 10
 
 
 def train_tiny_defaults():
-    spec = importlib.util.spec_from_file_location("train_tiny", TRAIN_TINY)
-    tt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tt)
-    return tt.parse_args([])
+    return cli.parse_args([])
 
 
 @pytest.fixture(scope="module")

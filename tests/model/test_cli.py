@@ -19,6 +19,7 @@ import pytest
 
 from helpers import ROOT, subprocess_env
 from pytfm import checkpoint, device
+from pytfm.cli import train as cli
 from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW
 
@@ -298,21 +299,11 @@ def test_every_example_shows_its_defaults_and_takes_no_prefix_of_a_flag(files, s
 def test_train_tiny_help_gives_each_default():
     """--help names the default of every option that has one, and says nothing of the options
     whose default is absence (--text None, --resume False)."""
-    help_text = " ".join(load_train_tiny().parser().format_help().split())
+    help_text = " ".join(cli.parser().format_help().split())
     for words in ("optimizer steps in all (default: 800)", "(default: out)",
                   "features per token (default: 128)", "positions (default: rope)"):
         assert words in help_text, (words, help_text)
     assert "(default: None)" not in help_text and "(default: False)" not in help_text
-
-
-def load_train_tiny():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_tiny",
-                                                  os.path.join(EXAMPLES, "train_tiny.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_train_tiny_replaces_a_trained_model_only_when_forced(files):
@@ -428,10 +419,9 @@ def test_train_tiny_refuses_an_endless_or_too_large_text_in_one_line(files):
 
 
 def test_the_memory_message_tells_the_sizes_apart():
-    tt = load_train_tiny()
-    assert tt.gib(24.3 * 2**30, 23.6 * 2**30) == ["24.3 GiB", "23.6 GiB"]
-    assert tt.gib(2**40, 2**30) == ["1,024 GiB", "1 GiB"]
-    assert tt.gib(int(1.0004 * 2**30), 2**30) == ["1.000 GiB", "1.000 GiB"]  # 3 decimals at most
+    assert cli.gib(24.3 * 2**30, 23.6 * 2**30) == ["24.3 GiB", "23.6 GiB"]
+    assert cli.gib(2**40, 2**30) == ["1,024 GiB", "1 GiB"]
+    assert cli.gib(int(1.0004 * 2**30), 2**30) == ["1.000 GiB", "1.000 GiB"]  # 3 decimals at most
 
 
 def test_train_tiny_stops_at_the_step_whose_gradients_are_not_finite(files):
