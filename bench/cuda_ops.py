@@ -12,7 +12,7 @@ this order:
               CUDA cores give
   training    python -m pytfm train's default config (pytfm.cli.train's defaults): the step as
               train_tiny takes it (the loop: zero_grad, forward, backward, clip, AdamW) and as
-              pytfm.nn.TrainStep takes it (no allocation, a CUDA graph), tokens/s, against the
+              pytfm.train_step.TrainStep takes it (no allocation, a CUDA graph), tokens/s, against the
               loop on this machine's CPU with --cpu-threads threads (default 2; 0 skips it);
               then a GPT-2-124M-shaped step (d=768, 12 layers, 12 heads, vocab 50257, B=8,
               T=1024) both ways
@@ -456,7 +456,8 @@ def run_gpu(args, table):
 
         import pytfm
         from pytfm import data
-        from pytfm.nn import GPT, GPTConfig, TrainStep
+        from pytfm.nn import GPT, GPTConfig
+        from pytfm.train_step import TrainStep
         from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
 
         from pytfm.cli import train as tiny
@@ -466,7 +467,7 @@ def run_gpu(args, table):
 
         def run(cfg, batch, device, way, warm, seconds, max_steps, precision="fp32"):
             """tokens/s, seconds a step and the last loss of `way` ("loop": as train_tiny
-            steps; "TrainStep": pytfm.nn.TrainStep, graph and all) on device, the linear
+            steps; "TrainStep": pytfm.train_step.TrainStep, graph and all) on device, the linear
             layers' products (and attention) in precision."""
             batches = data.Batches(corpus, cfg.max_seq, batch, seed=0)
             model = GPT(cfg, device=device, precision=precision) if device != "cpu" \
@@ -970,7 +971,8 @@ def host_only(steps=20, calls=2000):
     import fake_cupy
     import pytfm
     from pytfm import _arrays, _core, data, ops
-    from pytfm.nn import GPT, GPTConfig, TrainStep
+    from pytfm.nn import GPT, GPTConfig
+        from pytfm.train_step import TrainStep
     from pytfm.optim import AdamW, clip_grad_norm
 
     twins = []

@@ -306,6 +306,39 @@ def test_train_tiny_help_gives_each_default():
     assert "(default: None)" not in help_text and "(default: False)" not in help_text
 
 
+def test_the_example_and_python_m_pytfm_train_are_one_command(files):
+    """examples/train_tiny.py and `python -m pytfm train`, given the same flags: the same
+    losses, bit for bit, the same lines (but for the times), the same refusal, each under its
+    own name."""
+    env = subprocess_env(ROOT)
+    flags = ["--text", "corpus.txt", *MODEL, "--steps", "6", "--eval-every", "3", "--log-every",
+             "2", "--sample-tokens", "8"]
+    commands = {"example": [sys.executable, os.path.join(EXAMPLES, "train_tiny.py")],
+                "library": [sys.executable, "-m", "pytfm", "train"]}
+    runs = {name: subprocess.run([*cmd, *flags, "--out", name], capture_output=True, text=True,
+                                 cwd=files, env=env, timeout=300)
+            for name, cmd in commands.items()}
+    for r in runs.values():
+        assert r.returncode == 0, r.stderr
+
+    def lines(name):  # each line but its speed and times, and the file names (--out differs)
+        out = runs[name].stdout.replace(name + "/", "OUT/")
+        return [line.split("|")[:2] if line.startswith("step") else line
+                for line in out.splitlines()]
+
+    assert lines("example") == lines("library")
+    logs = [[row.split(",")[:4] for row in (files / name / "loss.csv").read_text().splitlines()]
+            for name in commands]
+    assert logs[0] == logs[1] and len(logs[0]) == 7
+    for name, cmd in commands.items():
+        r = subprocess.run([*cmd, *flags, "--out", name], capture_output=True, text=True,
+                           cwd=files, env=env, timeout=120)
+        prog = "train_tiny.py" if name == "example" else "python -m pytfm train"
+        assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
+            f"{prog}: error: --out: {name}/model.safetensors exists: --resume continues its run, "
+            "--force trains anew over it, or give another --out"), r.stderr
+
+
 def test_train_tiny_replaces_a_trained_model_only_when_forced(files):
     """run/ holds a model at step 4: without --resume or --force a run refuses (the TRAIN_CASES
     above) and leaves it; --force trains anew and replaces it."""
@@ -365,8 +398,8 @@ def test_train_tiny_names_what_it_saved_and_the_sample_starts_from_the_text(file
 def test_import_pytfm_gives_every_public_module():
     """In a fresh interpreter: each public module is an attribute of the package after `import
     pytfm` alone, and none of them imports CuPy or mpi4py on the way."""
-    modules = ["checkpoint", "data", "device", "distributed", "generate", "interpret", "kvcache",
-               "nn", "ops", "optim", "reference"]
+    modules = ["checkpoint", "cli", "data", "device", "distributed", "generate", "interpret",
+               "kvcache", "nn", "ops", "optim", "reference", "train_step"]
     code = ("import sys, types, pytfm\n"
             f"for name in {modules!r}:\n"
             "    assert isinstance(getattr(pytfm, name), types.ModuleType), name\n"
