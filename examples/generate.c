@@ -15,7 +15,6 @@
 #define _POSIX_C_SOURCE 200809L /* stat, clock_gettime */
 
 #include <errno.h>
-#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -32,10 +31,8 @@
 #define USAGE                                                                                      \
     "usage: generate CHECKPOINT|FOLDER [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] " \
     "[--seed S] [--threads N] [--precision {fp32,bf16}]\n"
+#define HELP "\nsample.py's flags, in C, plus --threads (0: the library's default): docs/c-api.md"
 
-static const char *help_text = USAGE "\nSample text from a train_tiny.py checkpoint or a GPT-2 "
-    "folder, in C: sample.py's flags (defaults \"def \", 100, 0.8 (0 on a folder: greedy), 40, 0)"
-    "\nand --threads (0: the library's default). docs/c-api.md tells more.\n";
 
 /* the usage and "generate: error: <message>" on stderr; exit status 2, as argparse */
 static int fail(const char *fmt, ...) {
@@ -59,14 +56,14 @@ typedef struct options {
 static int parse(int argc, char **argv, options *o) {
     static const struct { const char *name, *range; long long max; } flags[] = {
         {"--prompt", "", 0}, {"--temperature", "", 0}, {"--precision", "", 0},
-        {"--tokens", "must be >= 0", LLONG_MAX},
-        {"--top-k", "must be >= 0 (0: no top-k cut)", LLONG_MAX},
+        {"--tokens", "must be >= 0", INT64_MAX},
+        {"--top-k", "must be >= 0 (0: no top-k cut)", INT64_MAX},
         {"--seed", "must be an integer in [0, 4294967295]", 4294967295LL}, /* sample.py's */
         {"--threads", "must be an integer in [0, 2147483647] (0: the default)", INT32_MAX}};
     *o = (options){NULL, "def ", -1.0, PYTFM_PRECISION_FP32, 100, 40, 0, 0};
     for (int i = 1; i < argc; i++) {
         char *arg = argv[i], *eq = strchr(arg, '='), *value, *end;
-        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) return printf("%s", help_text), -1;
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) return puts(USAGE HELP), -1;
         if (strncmp(arg, "--", 2) != 0 || !strcmp(arg, "--")) {
             if (o->checkpoint) return fail("unrecognized argument: %s", arg);
             o->checkpoint = arg;
@@ -146,7 +143,7 @@ static pytfm_tokenizer *load_tokenizer(const char *path) {
 /* ---------------------------------------------------------------------------------------- */
 
 /* the model at path: a checkpoint file, or a GPT-2 folder (config.json, its weights and its
- * tokenizer: *tok, else NULL); NULL with the problem reported (status 2) */
+ * tokenizer: *tok, else NULL); NULL with the problem reported (status 2; *tok to close) */
 static pytfm_model *load(const char *path, pytfm_tokenizer **tok) {
     struct stat st;
     pytfm_model *model = NULL;
@@ -157,11 +154,8 @@ static pytfm_model *load(const char *path, pytfm_tokenizer **tok) {
         return fail("checkpoint: %s is a folder%s%s%s", path, hint ? " (did you mean " : "",
                     hint ? path : "", hint ? "/model.safetensors?)" : ""), NULL;
     if (S_ISDIR(st.st_mode) && !(*tok = load_tokenizer(path))) return NULL;
-    if (pytfm_model_open(&model, path, PYTFM_DEVICE_CPU) != PYTFM_STATUS_OK) {
+    if (pytfm_model_open(&model, path, PYTFM_DEVICE_CPU) != PYTFM_STATUS_OK)
         fail("checkpoint: %s", pytfm_last_error());
-        pytfm_tokenizer_close(*tok);
-        return *tok = NULL, NULL;
-    }
     return model;
 }
 
@@ -171,9 +165,9 @@ static double seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Write token id's bytes (the tokenizer's, or the byte id itself) to stdout; flush them when
- * they end a UTF-8 character (*open: the bytes still to come of the last one), so that a
- * reader of the pipe never sees half a character. */
+/* Write token id's bytes (the tokenizer's, or the byte itself) to stdout, flushed where they
+ * end a UTF-8 character (*open: the bytes still to come of the last one): a reader of the pipe
+ * never sees half a character. */
 static pytfm_status put_token(const pytfm_tokenizer *tok, int64_t id, int *open) {
     char byte = (char)id;
     const char *bytes = &byte;

@@ -10,10 +10,11 @@
     python -m pytfm train --tokenizer bpe:4096 # GPT-2's BPE, trained on the text
     python -m pytfm train --init-from gpt2 --text my.txt --lr 3e-4   # fine-tune GPT-2
 
-examples/train_tiny.py is this command with the same flags, its model, optimizer, batches and
-training loop written out to read: both run main() below through session(), which holds
-everything around the loop (the flags and their checks, the text, the tokenizer, resume, MPI,
-the progress lines, validation, checkpoints, Ctrl-C, loss.csv and loss.png).
+examples/train_tiny.py is this command, flag for flag and bit for bit: it makes the calls of
+main() below (the model, the optimizer, the batches, the loop, the sample), written out to read,
+inside the same session(), which holds everything around them (the flags and their checks, the
+text, the tokenizer, resume, MPI, the progress lines, validation, checkpoints, Ctrl-C, loss.csv
+and loss.png).
 
 With no --text it learns from the Python standard library's own source files, which every
 machine has. It prints a progress line every --log-every steps and the validation loss every
