@@ -1,7 +1,7 @@
 /*
  * generate.c — generate text in C through libpytfm's model API: from a checkpoint written by
- * examples/train_tiny.py (its tokens are bytes), or from a Hugging Face GPT-2 folder (config.json,
- * model.safetensors and its tokenizer), with no conversion step.
+ * examples/train_tiny.py (its tokens are bytes), or from a Hugging Face GPT-2 folder
+ * (config.json, model.safetensors and its tokenizer), with no conversion step.
  *
  *   cc -std=c11 -O2 examples/generate.c $(pkg-config --cflags --libs pytfm) -o generate
  *   ./generate out/model.safetensors --prompt "def " --tokens 100
@@ -28,11 +28,10 @@
 
 #define BYTES 256 /* a checkpoint's model: one token per byte */
 
-#define USAGE                                                                                      \
-    "usage: generate CHECKPOINT|FOLDER [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] " \
-    "[--seed S] [--threads N] [--precision {fp32,bf16}]\n"
+#define USAGE                                                                                  \
+    "usage: generate CHECKPOINT|FOLDER [--prompt TEXT] [--tokens N] [--temperature T] "         \
+    "[--top-k K] [--seed S] [--threads N] [--precision {fp32,bf16}]\n"
 #define HELP "\nsample.py's flags, in C, plus --threads (0: the library's default): docs/c-api.md"
-
 
 /* the usage and "generate: error: <message>" on stderr; exit status 2, as argparse */
 static int fail(const char *fmt, ...) {
@@ -217,7 +216,8 @@ static pytfm_status encode(const char *prompt, const pytfm_tokenizer *tok, int64
     int32_t *ids32 = malloc((size_t)len * sizeof *ids32);
     pytfm_status st = ids32 ? PYTFM_STATUS_OK : PYTFM_STATUS_OUT_OF_MEMORY;
     *n = len;
-    if (st == PYTFM_STATUS_OK && tok) st = pytfm_tokenizer_encode(tok, prompt, len, 1, ids32, len, n);
+    if (st == PYTFM_STATUS_OK && tok)
+        st = pytfm_tokenizer_encode(tok, prompt, len, 1, ids32, len, n);
     for (int64_t i = 0; st == PYTFM_STATUS_OK && i < *n; i++)
         ids[i] = tok ? ids32[i] : (unsigned char)prompt[i];
     free(ids32);
