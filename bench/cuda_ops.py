@@ -457,8 +457,8 @@ def run_gpu(args, table):
         import pytfm
         from pytfm import data
         from pytfm.nn import GPT, GPTConfig
-        from pytfm.train_step import TrainStep
         from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
+        from pytfm.train_step import TrainStep
 
         from pytfm.cli import train as tiny
 
@@ -972,8 +972,8 @@ def host_only(steps=20, calls=2000):
     import pytfm
     from pytfm import _arrays, _core, data, ops
     from pytfm.nn import GPT, GPTConfig
-        from pytfm.train_step import TrainStep
     from pytfm.optim import AdamW, clip_grad_norm
+    from pytfm.train_step import TrainStep
 
     twins = []
 
