@@ -10,9 +10,9 @@ this order:
               matrix product at n = 8192 in FP32 (cupy.matmul with TF32 off, and torch),
               TF32 (torch, allow_tf32) and BF16 (torch): what each precision's tensor cores or
               CUDA cores give
-  training    examples/train_tiny.py's default config (its own parser's defaults): the step as
+  training    python -m pytfm train's default config (pytfm.cli.train's defaults): the step as
               train_tiny takes it (the loop: zero_grad, forward, backward, clip, AdamW) and as
-              pytfm.nn.TrainStep takes it (no allocation, a CUDA graph), tokens/s, against the
+              pytfm.train_step.TrainStep takes it (no allocation, a CUDA graph), tokens/s, against the
               loop on this machine's CPU with --cpu-threads threads (default 2; 0 skips it);
               then a GPT-2-124M-shaped step (d=768, 12 layers, 12 heads, vocab 50257, B=8,
               T=1024) both ways
@@ -53,7 +53,6 @@ without CuPy or torch (tests/cuda/test_gpu_check.py tests them).
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -457,19 +456,18 @@ def run_gpu(args, table):
 
         import pytfm
         from pytfm import data
-        from pytfm.nn import GPT, GPTConfig, TrainStep
+        from pytfm.nn import GPT, GPTConfig
         from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
+        from pytfm.train_step import TrainStep
 
-        spec = importlib.util.spec_from_file_location(
-            "train_tiny", os.path.join(ROOT, "examples", "train_tiny.py"))
-        tiny = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(tiny)
+        from pytfm.cli import train as tiny
+
         a = tiny.parse_args([])  # its defaults, no checks, no files touched
         corpus = data.stdlib_corpus().astype(np.int64)
 
         def run(cfg, batch, device, way, warm, seconds, max_steps, precision="fp32"):
             """tokens/s, seconds a step and the last loss of `way` ("loop": as train_tiny
-            steps; "TrainStep": pytfm.nn.TrainStep, graph and all) on device, the linear
+            steps; "TrainStep": pytfm.train_step.TrainStep, graph and all) on device, the linear
             layers' products (and attention) in precision."""
             batches = data.Batches(corpus, cfg.max_seq, batch, seed=0)
             model = GPT(cfg, device=device, precision=precision) if device != "cpu" \
@@ -973,8 +971,9 @@ def host_only(steps=20, calls=2000):
     import fake_cupy
     import pytfm
     from pytfm import _arrays, _core, data, ops
-    from pytfm.nn import GPT, GPTConfig, TrainStep
+    from pytfm.nn import GPT, GPTConfig
     from pytfm.optim import AdamW, clip_grad_norm
+    from pytfm.train_step import TrainStep
 
     twins = []
 

@@ -4,13 +4,12 @@ clipping and steps) and compare losses and speed.
     python bench/train_twin.py                 # train_tiny's default config and steps
     python bench/train_twin.py --steps 50 --threads 2
 
-The model and schedule options are examples/train_tiny.py's own (its add_model_args), with its
-defaults. Each library trains in its own process (no two thread pools in one process), at
+The model and schedule options are `python -m pytfm train`'s own (pytfm.cli.train's
+add_model_args), with its defaults. Each library trains in its own process (no two thread pools in one process), at
 --threads. Needs torch (`pip install torch==2.13.0`); pytfm never does.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -68,18 +67,10 @@ print(json.dumps({"losses": losses, "val": val, "seconds": elapsed,
 """
 
 
-def train_tiny():
-    """examples/train_tiny.py as a module (it imports this checkout's pytfm)."""
-    sys.path.insert(0, ROOT)
-    spec = importlib.util.spec_from_file_location(
-        "train_tiny", os.path.join(ROOT, "examples", "train_tiny.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main():
-    tiny = train_tiny()
+    sys.path.insert(0, ROOT)  # this checkout's pytfm
+    from pytfm.cli import train as tiny
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=tiny.parse_args([]).steps,
                    help="optimizer steps (default: train_tiny's)")

@@ -289,7 +289,7 @@ MUTATIONS = {
                           "static char last_error[512];", ["tests/kernels/test_threads.py"]),
     "ckpt_offsets_may_overlap": ("csrc/model/safetensors.c", "        if (e->begin != at) {\n", "        if (e->begin > at) {\n",
                                  ["tests/model/test_checkpoint.py"]),
-    "tiny_no_write_probe": ("examples/train_tiny.py", "fd, probe = tempfile.mkstemp(prefix=\".write-test-\", dir=out)\n        os.close(fd)\n        os.unlink(probe)",
+    "tiny_no_write_probe": ("pytfm/cli/train.py", "fd, probe = tempfile.mkstemp(prefix=\".write-test-\", dir=out)\n        os.close(fd)\n        os.unlink(probe)",
                             "pass", ["tests/model/test_cli.py"]),
     # the CUDA twins of the QKV split, the linear layer + GELU and the sum of squares
     "cuda_qkv_v_from_k": ("cuda/rope.cu", "const float *v_in = parts.in[2] + in_off;",

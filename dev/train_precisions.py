@@ -6,7 +6,7 @@ lands from fp32's: the table of docs/performance.md ("Precisions on the emulated
 
 No GPU: every op runs the CUDA kernels of cuda/ compiled for the CPU emulator (tests/cuda_emu.py)
 through the stand-in cupy (tests/fake_cupy.py), as tests/cuda/test_cuda_model.py does; each run
-is examples/train_tiny.py --device cuda --precision P with the flags given (its defaults
+is `python -m pytfm train --device cuda --precision P` with the flags given (its defaults
 otherwise), from the same seed and batches. Prints, per precision: the loss at the last step,
 its distance from fp32's, the stated bound (--bound times the format's unit roundoff, relative
 to fp32's loss) and the seconds the run took; exit status 1 when a distance is past its bound.
@@ -14,7 +14,6 @@ to fp32's loss) and the seconds the run took; exit status 1 when a distance is p
 
 import argparse
 import csv
-import importlib.util
 import os
 import sys
 import tempfile
@@ -46,10 +45,8 @@ def main(argv=None):
     emu_dir = args.emu_dir or os.path.join(work, "emu")
     os.makedirs(emu_dir, exist_ok=True)
     emu = cuda_emu.Emu(cuda_emu.build(emu_dir))
-    spec = importlib.util.spec_from_file_location(
-        "train_tiny", os.path.join(ROOT, "examples", "train_tiny.py"))
-    tt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tt)
+    from pytfm.cli import train as tt
+
     rows = []
     for precision in args.precisions.split(","):
         out = os.path.join(work, precision)

@@ -30,10 +30,9 @@ import os
 import sys
 
 import numpy as np
-from sample import load  # the checkpoint, a bad one reported in one line, as sample.py does
-from train_tiny import new_parser  # defaults in --help, no abbreviated flags
 
 from pytfm import data, interpret
+from pytfm.cli import load_model, new_parser
 
 OUT = os.path.join("out", "attention.png")  # where train_tiny.py writes, by default
 
@@ -128,7 +127,7 @@ def main(argv=None):
     check_output(p, "--out", args.out, made=args.out == OUT)
     if args.npy is not None:
         check_output(p, "--npy", args.npy)
-    model = load(p, args.checkpoint)
+    model = load_model(p, args.checkpoint, tokenizer=False)[0]
     cfg = model.cfg
     if cfg.vocab != data.VOCAB:  # the text's bytes are its token ids
         p.error(f"checkpoint: its model has a vocabulary of {cfg.vocab} tokens, not the "

@@ -40,9 +40,9 @@ import sys
 import time
 
 import numpy as np
-from train_tiny import make_out_folder, new_parser  # defaults in --help, no abbreviated flags
 
 from pytfm import interpret
+from pytfm.cli import make_out_folder, new_parser
 from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
 

@@ -17,12 +17,11 @@ import os
 import sys
 
 import numpy as np
-from train_tiny import SEED_MAX, new_parser  # defaults in --help, no abbreviated flags
 
 import pytfm
-from pytfm import checkpoint, data, gpt2
+from pytfm import data
+from pytfm.cli import SEED_MAX, load_model, new_parser
 from pytfm.generate import generate
-from pytfm.tokenizer import Tokenizer, TokenizerError
 
 
 def parser():
@@ -44,53 +43,6 @@ def parser():
     return p
 
 
-def load(p, path):
-    """The model in the checkpoint at path (a file, or a GPT-2 folder), a problem reported in
-    one line (attention_maps.py reads its checkpoint through this too)."""
-    return load_with_tokenizer(p, path, tokenizer=False)[0]
-
-
-def load_with_tokenizer(p, path, tokenizer=True):
-    """The model in the checkpoint at path (a file, or a GPT-2 folder) and, when tokenizer, its
-    tokenizer (None for bytes), a problem reported in one line."""
-    if not os.path.exists(path):
-        p.error(f"checkpoint: there is no file {path}")
-    folder = os.path.isdir(path)
-    if folder and not os.path.isfile(os.path.join(path, gpt2.CONFIG)):
-        inside = os.path.join(path, "model.safetensors")
-        hint = f" (did you mean {inside}?)" if os.path.isfile(inside) else ""
-        p.error(f"checkpoint: {path} is a folder without a {gpt2.CONFIG}{hint}")
-    try:
-        model = gpt2.load(path) if folder else checkpoint.load(path)[0]
-        tok = None
-        if folder and tokenizer:
-            tok = gpt2.load_tokenizer(path)
-        elif tokenizer and model.cfg.vocab != data.VOCAB:
-            tok = beside(p, path, model.cfg.vocab)
-    except (checkpoint.CheckpointError, TokenizerError) as e:  # all a malformed file can raise
-        p.error(f"checkpoint: {e}")
-    except MemoryError as e:
-        p.error(f"checkpoint: {e}")
-    except OSError as e:
-        p.error(f"checkpoint: cannot read {e.filename or path}: {e.strerror or e}")
-    if tok is not None and len(tok) > model.cfg.vocab:
-        p.error(f"checkpoint: its tokenizer has {len(tok)} tokens, more than the model's "
-                f"{model.cfg.vocab}")
-    return model, tok
-
-
-def beside(p, path, vocab):
-    """The tokenizer in the checkpoint's folder (train_tiny.py --tokenizer bpe:N saves it there)
-    of a model whose vocabulary is not the bytes; its absence reported in one line."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not any(os.path.exists(os.path.join(folder, n))
-               for n in ("vocab.json", "merges.txt", "tokenizer.json")):
-        p.error(f"checkpoint: its model has a vocabulary of {vocab} tokens, not the "
-                f"{data.VOCAB} bytes sample.py encodes text into, and {folder} has no tokenizer "
-                "(vocab.json + merges.txt, or tokenizer.json) for them")
-    return Tokenizer.from_folder(folder)
-
-
 def main(argv=None):
     p = parser()
     args = p.parse_args(argv)
@@ -108,7 +60,7 @@ def main(argv=None):
     raw = args.prompt.encode("utf-8", "surrogateescape")
     if not raw:
         p.error("--prompt must not be empty: generation continues at least one byte")
-    model, tok = load_with_tokenizer(p, args.checkpoint)
+    model, tok = load_model(p, args.checkpoint)
     model.set_precision(args.precision)
     if args.precision == "bf16":
         print(f"precision bf16, the BF16 products' path: {pytfm.bf16_path()}", file=sys.stderr)

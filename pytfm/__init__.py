@@ -5,7 +5,8 @@
 
 pytfm.ops holds one function per op direction (stateless); pytfm.KVCache the keys and values
 of a decoding run; pytfm.nn a GPT with hand-written backward passes (on the CPU, or on the GPU
-with CuPy: pytfm.device), trained with pytfm.optim on pytfm.data's batches, saved and loaded by
+with CuPy: pytfm.device; pytfm.train_step its GPU step with nothing allocated), trained with
+pytfm.optim on pytfm.data's batches (the command line: pytfm.cli), saved and loaded by
 pytfm.checkpoint, sampled by pytfm.generate, across processes with pytfm.distributed;
 pytfm.interpret scores attention heads; pytfm.gpt2 reads and writes Hugging Face GPT-2 folders
 and pytfm.tokenizer is GPT-2's byte-level BPE; pytfm.reference is the float64 NumPy oracle.
@@ -35,8 +36,8 @@ from .kvcache import KVCache
 __version__ = version()
 _settings_from_environment()
 
-_ON_FIRST_USE = ("checkpoint", "data", "distributed", "generate", "gpt2", "interpret", "nn",
-                 "optim", "reference", "tokenizer")
+_ON_FIRST_USE = ("checkpoint", "cli", "data", "distributed", "generate", "gpt2", "interpret",
+                 "nn", "optim", "reference", "tokenizer", "train_step")
 
 __all__ = ["KVCache", "PytfmError", "__version__", "bf16_path", "build_info", "device",
            "get_bf16_isa", "get_isa",

@@ -1,4 +1,5 @@
 """python -m pytfm [--cflags] [--libs | --static-libs] [--{include,lib,pkgconfig}-dir]
+   python -m pytfm train [flags]     (train a GPT: python -m pytfm train --help, pytfm.cli.train)
 
 Without flags: print the build information. With flags: print what a C compiler needs to
 build against this installation's libpytfm, e.g.
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INCLUDE_DIR = os.path.join(HERE, "include")
@@ -39,7 +41,12 @@ def _pc_fields():
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m pytfm", description=__doc__.split("\n", 2)[2],
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:
+        from .cli import train
+
+        return train.main(argv[1:], prog="python -m pytfm train")
+    p = argparse.ArgumentParser(prog="python -m pytfm", description=__doc__.split("\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cflags", action="store_true", help="include flags for pytfm.h")
     p.add_argument("--libs", action="store_true", help="link flags for the shared libpytfm")
@@ -72,4 +79,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -141,9 +141,10 @@ def gpt_generate():
 
 
 def gpt_train_step_graph():
-    """pytfm.nn.TrainStep: record, replay from the workspace, capture, replay the graph."""
-    from pytfm.nn import GPT, GPTConfig, TrainStep
+    """pytfm.train_step.TrainStep: record, replay from the workspace, capture, replay the graph."""
+    from pytfm.nn import GPT, GPTConfig
     from pytfm.optim import AdamW
+    from pytfm.train_step import TrainStep
 
     cfg = GPTConfig(d_model=32, n_layer=2, n_head=2, max_seq=17, pos="sinusoidal")
     model = GPT(cfg, device="cuda")

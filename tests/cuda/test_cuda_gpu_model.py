@@ -1,13 +1,12 @@
 """The whole GPT on a real GPU (CuPy arrays, the CUDA kernels) against the CPU model: ten
 training steps of examples/train_tiny.py's default configuration give the CPU run's losses,
 greedy generation its tokens, a checkpoint the same file, and train_tiny --device cuda runs
-end to end; pytfm.nn.TrainStep gives the loop's bits and replays a CUDA graph; the C model on
+end to end; pytfm.train_step.TrainStep gives the loop's bits and replays a CUDA graph; the C model on
 PYTFM_DEVICE_CUDA gives the CPU C model's greedy tokens. Skipped where CuPy, a GPU or a CUDA
 build of pytfm is missing; tests/cuda/test_cuda_model.py, test_cuda_step.py and
 test_cuda_c_model.py run the same paths without a GPU, under the emulator.
 """
 
-import importlib.util
 import os
 
 import numpy as np
@@ -15,22 +14,20 @@ import pytest
 
 from helpers import ROOT, cupy_on_a_gpu, run_train_tiny
 from pytfm import checkpoint, data
+from pytfm.cli import train as cli
 from pytfm.generate import generate
-from pytfm.nn import GPT, GPTConfig, TrainStep
+from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
+from pytfm.train_step import TrainStep
 
 cp = cupy_on_a_gpu()
 EPS32 = float(np.finfo(np.float32).eps)
 
-TRAIN_TINY = os.path.join(ROOT, "examples", "train_tiny.py")
 STEPS = 10
 
 
 def train_tiny_defaults():
-    spec = importlib.util.spec_from_file_location("train_tiny", TRAIN_TINY)
-    tt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tt)
-    return tt.parse_args([])
+    return cli.parse_args([])
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +108,7 @@ def test_train_tiny_device_cuda_trains_saves_and_samples(tmp_path):
 
 
 def test_train_step_gives_the_loops_bits_and_replays_a_graph(runs):
-    """pytfm.nn.TrainStep against the loop above on the GPU: each call the loop's bits (the
+    """pytfm.train_step.TrainStep against the loop above on the GPU: each call the loop's bits (the
     same kernels on the same arrays), the third call captured as a CUDA graph and the later
     ones replaying it, and CuPy's pool no larger after the first call."""
     args = train_tiny_defaults()

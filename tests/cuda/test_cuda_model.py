@@ -21,6 +21,7 @@ import fake_cupy
 import pytfm
 from helpers import ROOT, run_train_tiny
 from pytfm import checkpoint, ops
+from pytfm.cli import train as cli
 from pytfm import device as devices
 from pytfm.generate import generate
 from pytfm.kvcache import KVCache
@@ -357,16 +358,6 @@ def test_inputs_on_the_other_device_are_refused_clearly(cp):
 # ---- train_tiny --device cuda ----------------------------------------------------------------
 
 
-def load_train_tiny():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "train_tiny", os.path.join(ROOT, "examples", "train_tiny.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def tiny_run(tmp_path, name, *more):
     text = tmp_path / "corpus.txt"
     if not text.exists():
@@ -384,10 +375,9 @@ def read_log(path):
 
 
 def test_train_tiny_trains_saves_and_samples_on_the_gpu_path(cp, tmp_path, capsys):
-    tt = load_train_tiny()
-    assert tt.main(tiny_run(tmp_path, "cpu")) == 0
+    assert cli.main(tiny_run(tmp_path, "cpu")) == 0
     cpu_out = capsys.readouterr().out
-    assert tt.main(tiny_run(tmp_path, "gpu", "--device", "cuda")) == 0
+    assert cli.main(tiny_run(tmp_path, "gpu", "--device", "cuda")) == 0
     gpu_out = capsys.readouterr().out
     cpu_log, gpu_log = read_log(tmp_path / "cpu" / "loss.csv"), read_log(tmp_path / "gpu" /
                                                                            "loss.csv")
@@ -403,7 +393,7 @@ def test_train_tiny_trains_saves_and_samples_on_the_gpu_path(cp, tmp_path, capsy
     assert at == 5 and model.device == "cpu"
     assert "sample (temperature 0.8, top-k 40):" in gpu_out
     # stopped after step 3, which prints nothing: its loss is read before the save
-    assert tt.main(tiny_run(tmp_path, "stop", "--device", "cuda"), interrupt_at=3) == 130
+    assert cli.main(tiny_run(tmp_path, "stop", "--device", "cuda"), interrupt_at=3) == 130
     _, at, extra = checkpoint.load(tmp_path / "stop" / "model.safetensors")
     assert at == 3 and [row[1] for row in extra["log"]] == [float(r[1]) for r in gpu_log[:3]]
 
@@ -413,10 +403,9 @@ def test_train_tiny_trains_on_the_tensor_cores(cp, tmp_path, capsys, precision):
     """--device cuda --precision tf32/bf16: the linear layers on the _ex twins; each step's
     loss within the inputs' rounding (two inputs of each product at the format's unit
     roundoff, 2^-11 TF32, 2^-8 BF16, four times over for five steps' drift) of FP32's"""
-    tt = load_train_tiny()
-    assert tt.main(tiny_run(tmp_path, "fp32", "--device", "cuda")) == 0
+    assert cli.main(tiny_run(tmp_path, "fp32", "--device", "cuda")) == 0
     capsys.readouterr()
-    assert tt.main(tiny_run(tmp_path, precision, "--device", "cuda", "--precision",
+    assert cli.main(tiny_run(tmp_path, precision, "--device", "cuda", "--precision",
                             precision)) == 0
     assert "the linear layers on the tensor cores" in capsys.readouterr().out
     u = 2.0**-11 if precision == "tf32" else 2.0**-8
@@ -436,7 +425,6 @@ def test_train_tiny_refuses_tf32_on_the_cpu(tmp_path):
 
 
 def test_train_tiny_stops_on_a_bad_loss_read_late_on_the_gpu(cp, tmp_path, capsys, monkeypatch):
-    tt = load_train_tiny()
 
     class Diverging(GPT):  # the loss of the third step is NaN, on the device
         calls = 0
@@ -449,9 +437,9 @@ def test_train_tiny_stops_on_a_bad_loss_read_late_on_the_gpu(cp, tmp_path, capsy
                     loss = loss * float("nan")
             return logits, loss
 
-    monkeypatch.setattr(tt, "GPT", Diverging)
+    monkeypatch.setattr(cli, "GPT", Diverging)
     args = tiny_run(tmp_path, "nan", "--device", "cuda", "--log-every", "4", "--eval-every", "5")
-    assert tt.main(args) == 1
+    assert cli.main(args) == 1
     captured = capsys.readouterr()
     # read at step 4's progress line, said for step 3, and nothing saved
     assert "step 3: the loss became nan; stopping" in captured.err

@@ -1,4 +1,4 @@
-"""pytfm.nn.TrainStep on the emulator: the training step with no allocation and no host work in
+"""pytfm.train_step.TrainStep on the emulator: the training step with no allocation and no host work in
 it. Its calls give the bits of the loop they replace (zero_grad, forward, backward, the clip,
 AdamW), whether it records, replays its plan eagerly or replays the CUDA graph it captured;
 and after the first call a step allocates nothing, frees nothing, copies nothing back,
@@ -16,8 +16,9 @@ import pytest
 import fake_cupy
 from pytfm import _arrays
 from pytfm import device as devices
-from pytfm.nn import GPT, GPTConfig, TrainStep
+from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW, clip_grad_norm
+from pytfm.train_step import TrainStep
 
 CONFIGS = {
     "rope-tied": GPTConfig(vocab=32, d_model=32, n_layer=2, n_head=2, max_seq=12),

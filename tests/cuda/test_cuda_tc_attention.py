@@ -310,16 +310,6 @@ def test_pytfm_ops_reaches_the_ex_twins_on_cupy_arrays_only(emu, cp):
                                    precision=precision)
 
 
-def load_train_tiny():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "train_tiny", os.path.join(os.path.dirname(CUDA), "examples", "train_tiny.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 TRAIN_STEPS = 6
 
 
@@ -348,7 +338,8 @@ def test_train_tiny_in_each_precision_stays_near_fp32(cp, tmp_path, capsys):
     attention's two products whose inputs are rounded too (q and k; P and v). The step count
     is small (each emulated step takes seconds); dev/train_precisions.py runs 200 steps
     (docs/performance.md has its table)."""
-    tt = load_train_tiny()
+    from pytfm.cli import train as tt
+
     fp32 = train_losses(tt, tmp_path, "fp32")
     for precision in ("tf32", "bf16"):
         got = train_losses(tt, tmp_path, precision)

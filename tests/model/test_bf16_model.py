@@ -8,11 +8,12 @@ import json
 
 import numpy as np
 import pytest
-from test_model import EXAMPLES, batch, corpus, load_train_tiny, needs_checkout, tiny, tiny_args
+from test_model import EXAMPLES, batch, corpus, needs_checkout, tiny, tiny_args
 
 import pytfm
 from helpers import BF16_FALLBACKS, BF16_PATHS, bf16_path
 from pytfm import checkpoint, data, ops
+from pytfm.cli import train as cli
 from pytfm.generate import generate
 from pytfm.nn import GPT, GPTConfig, Linear
 from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
@@ -178,8 +179,7 @@ def test_the_bf16_path_is_named():
 def test_train_tiny_and_sample_take_a_precision(tmp_path, corpus, capsys, monkeypatch):
     """train_tiny.py --precision bf16 trains and samples, naming the BF16 path; its checkpoint
     is an FP32 one, which sample.py reads in either precision"""
-    tt = load_train_tiny()
-    assert tt.main(tiny_args(tmp_path / "run", corpus, "--steps", "8", "--precision",
+    assert cli.main(tiny_args(tmp_path / "run", corpus, "--steps", "8", "--precision",
                              "bf16")) == 0
     out = capsys.readouterr().out
     assert f"precision bf16, the BF16 products' path: {pytfm.bf16_path()}" in out

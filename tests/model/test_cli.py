@@ -19,6 +19,7 @@ import pytest
 
 from helpers import ROOT, subprocess_env
 from pytfm import checkpoint, device
+from pytfm.cli import train as cli
 from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW
 
@@ -298,21 +299,44 @@ def test_every_example_shows_its_defaults_and_takes_no_prefix_of_a_flag(files, s
 def test_train_tiny_help_gives_each_default():
     """--help names the default of every option that has one, and says nothing of the options
     whose default is absence (--text None, --resume False)."""
-    help_text = " ".join(load_train_tiny().parser().format_help().split())
+    help_text = " ".join(cli.parser().format_help().split())
     for words in ("optimizer steps in all (default: 800)", "(default: out)",
                   "features per token (default: 128)", "positions (default: rope)"):
         assert words in help_text, (words, help_text)
     assert "(default: None)" not in help_text and "(default: False)" not in help_text
 
 
-def load_train_tiny():
-    import importlib.util
+def test_the_example_and_python_m_pytfm_train_are_one_command(files):
+    """examples/train_tiny.py and `python -m pytfm train`, given the same flags: the same
+    losses, bit for bit, the same lines (but for the times), the same refusal, each under its
+    own name."""
+    env = subprocess_env(ROOT)
+    flags = ["--text", "corpus.txt", *MODEL, "--steps", "6", "--eval-every", "3", "--log-every",
+             "2", "--sample-tokens", "8"]
+    commands = {"example": [sys.executable, os.path.join(EXAMPLES, "train_tiny.py")],
+                "library": [sys.executable, "-m", "pytfm", "train"]}
+    runs = {name: subprocess.run([*cmd, *flags, "--out", name], capture_output=True, text=True,
+                                 cwd=files, env=env, timeout=300)
+            for name, cmd in commands.items()}
+    for r in runs.values():
+        assert r.returncode == 0, r.stderr
 
-    spec = importlib.util.spec_from_file_location("train_tiny",
-                                                  os.path.join(EXAMPLES, "train_tiny.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    def lines(name):  # each line but its speed and times, and the file names (--out differs)
+        out = runs[name].stdout.replace(name + "/", "OUT/")
+        return [line.split("|")[:2] if line.startswith("step") else line
+                for line in out.splitlines()]
+
+    assert lines("example") == lines("library")
+    logs = [[row.split(",")[:4] for row in (files / name / "loss.csv").read_text().splitlines()]
+            for name in commands]
+    assert logs[0] == logs[1] and len(logs[0]) == 7
+    for name, cmd in commands.items():
+        r = subprocess.run([*cmd, *flags, "--out", name], capture_output=True, text=True,
+                           cwd=files, env=env, timeout=120)
+        prog = "train_tiny.py" if name == "example" else "python -m pytfm train"
+        assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
+            f"{prog}: error: --out: {name}/model.safetensors exists: --resume continues its run, "
+            "--force trains anew over it, or give another --out"), r.stderr
 
 
 def test_train_tiny_replaces_a_trained_model_only_when_forced(files):
@@ -374,8 +398,8 @@ def test_train_tiny_names_what_it_saved_and_the_sample_starts_from_the_text(file
 def test_import_pytfm_gives_every_public_module():
     """In a fresh interpreter: each public module is an attribute of the package after `import
     pytfm` alone, and none of them imports CuPy or mpi4py on the way."""
-    modules = ["checkpoint", "data", "device", "distributed", "generate", "interpret", "kvcache",
-               "nn", "ops", "optim", "reference"]
+    modules = ["checkpoint", "cli", "data", "device", "distributed", "generate", "interpret",
+               "kvcache", "nn", "ops", "optim", "reference", "train_step"]
     code = ("import sys, types, pytfm\n"
             f"for name in {modules!r}:\n"
             "    assert isinstance(getattr(pytfm, name), types.ModuleType), name\n"
@@ -428,10 +452,9 @@ def test_train_tiny_refuses_an_endless_or_too_large_text_in_one_line(files):
 
 
 def test_the_memory_message_tells_the_sizes_apart():
-    tt = load_train_tiny()
-    assert tt.gib(24.3 * 2**30, 23.6 * 2**30) == ["24.3 GiB", "23.6 GiB"]
-    assert tt.gib(2**40, 2**30) == ["1,024 GiB", "1 GiB"]
-    assert tt.gib(int(1.0004 * 2**30), 2**30) == ["1.000 GiB", "1.000 GiB"]  # 3 decimals at most
+    assert cli.gib(24.3 * 2**30, 23.6 * 2**30) == ["24.3 GiB", "23.6 GiB"]
+    assert cli.gib(2**40, 2**30) == ["1,024 GiB", "1 GiB"]
+    assert cli.gib(int(1.0004 * 2**30), 2**30) == ["1.000 GiB", "1.000 GiB"]  # 3 decimals at most
 
 
 def test_train_tiny_stops_at_the_step_whose_gradients_are_not_finite(files):

@@ -2,7 +2,6 @@
 script (its resume and Ctrl-C paths; the checkpoint format itself is
 tests/model/test_checkpoint.py's)."""
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import pytest
 
 from helpers import ROOT
 from pytfm import checkpoint, data
+from pytfm.cli import train as cli
 from pytfm.generate import generate
 from pytfm.nn import GPT, GPTConfig
 from pytfm.optim import AdamW, clip_grad_norm
@@ -267,15 +267,7 @@ def test_greedy_generation_through_the_kv_cache_equals_full_recomputation(pos):
     np.testing.assert_array_equal(a, b)
 
 
-# ---- examples/train_tiny.py -----------------------------------------------------------------
-
-
-def load_train_tiny():
-    path = os.path.join(EXAMPLES, "train_tiny.py")
-    spec = importlib.util.spec_from_file_location("train_tiny", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+# ---- python -m pytfm train (examples/train_tiny.py) -------------------------------------------------------------
 
 
 def tiny_args(out, text, *more):
@@ -298,8 +290,7 @@ def losses(out):
 
 @needs_checkout
 def test_train_tiny_smoke_run_learns(tmp_path, corpus, capsys):
-    tt = load_train_tiny()
-    assert tt.main(tiny_args(tmp_path / "run", corpus, "--steps", "30")) == 0
+    assert cli.main(tiny_args(tmp_path / "run", corpus, "--steps", "30")) == 0
     out = capsys.readouterr().out
     assert "step    30/30" in out and "val" in out and "sample" in out
     curve = losses(tmp_path / "run")
@@ -308,29 +299,27 @@ def test_train_tiny_smoke_run_learns(tmp_path, corpus, capsys):
 
 @needs_checkout
 def test_resumed_run_reproduces_the_uninterrupted_losses_exactly(tmp_path, corpus):
-    tt = load_train_tiny()
-    assert tt.main(tiny_args(tmp_path / "a", corpus, "--steps", "10")) == 0
-    assert tt.main(tiny_args(tmp_path / "b", corpus, "--steps", "10"), interrupt_at=4) == 130
+    assert cli.main(tiny_args(tmp_path / "a", corpus, "--steps", "10")) == 0
+    assert cli.main(tiny_args(tmp_path / "b", corpus, "--steps", "10"), interrupt_at=4) == 130
     assert len(losses(tmp_path / "b")) == 4
-    assert tt.main(tiny_args(tmp_path / "b", corpus, "--steps", "10", "--resume")) == 0
+    assert cli.main(tiny_args(tmp_path / "b", corpus, "--steps", "10", "--resume")) == 0
     assert losses(tmp_path / "b") == losses(tmp_path / "a")
 
 
 @needs_checkout
 def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, corpus, capsys,
                                                                   monkeypatch):
-    tt = load_train_tiny()
-    assert tt.main(tiny_args(tmp_path / "r", corpus, "--steps", "4")) == 0
+    assert cli.main(tiny_args(tmp_path / "r", corpus, "--steps", "4")) == 0
     ckpt = tmp_path / "r" / "model.safetensors"
     good = ckpt.read_bytes()
-    step = tt.AdamW.step
+    step = cli.AdamW.step
 
     def diverging(self, lr=None):  # parameters that blow up (--lr refuses what would do it)
         step(self, lr)
         self.params.buffer *= np.float32(1e30)
 
-    monkeypatch.setattr(tt.AdamW, "step", diverging)
-    status = tt.main(tiny_args(tmp_path / "r", corpus, "--steps", "12", "--resume"))
+    monkeypatch.setattr(cli.AdamW, "step", diverging)
+    status = cli.main(tiny_args(tmp_path / "r", corpus, "--steps", "12", "--resume"))
     assert status == 1
     assert "stopping" in capsys.readouterr().err
     assert ckpt.read_bytes() == good
@@ -355,12 +344,11 @@ def test_ctrl_c_saves_a_resumable_checkpoint(tmp_path, corpus):
 
 @needs_checkout
 def test_cuda_device_fails_clearly_without_a_gpu(tmp_path, corpus, capsys, monkeypatch):
-    tt = load_train_tiny()
     why = "no CUDA GPU was found (no device, or no NVIDIA driver)"
-    monkeypatch.setattr(tt.devices, "cuda_problem", lambda: why)  # as here, on any machine
+    monkeypatch.setattr(cli.devices, "cuda_problem", lambda: why)  # as here, on any machine
     # a usage error, as for any flag (tests/model/test_cli.py)
     with pytest.raises(SystemExit) as raised:
-        tt.main(tiny_args(tmp_path / "g", corpus, "--device", "cuda"))
+        cli.main(tiny_args(tmp_path / "g", corpus, "--device", "cuda"))
     assert raised.value.code == 2
     assert f"--device cuda: {why} (--device cpu trains on the CPU)" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()  # checked before --out is created

@@ -1,7 +1,7 @@
-"""examples/train_tiny.py for tests/model/test_distributed.py, run under mpiexec (or alone), with
+"""python -m pytfm train (examples/train_tiny.py) for tests/model/test_distributed.py, run under mpiexec (or alone), with
 faults to inject, from the environment:
 
-    PYTFM_TEST_INTERRUPT_AT=k     a Ctrl-C after step k (train_tiny.main's interrupt_at)
+    PYTFM_TEST_INTERRUPT_AT=k     a Ctrl-C after step k (pytfm.cli.train.main's interrupt_at)
     PYTFM_TEST_FAULT=raise|kill|exit|stop   at the start of optimizer step
     PYTFM_TEST_FAULT_RANK=r       PYTFM_TEST_FAULT_STEP on rank r: raise RuntimeError, SIGKILL
                                   itself, sys.exit(3), or SIGSTOP itself (after printing
@@ -12,7 +12,6 @@ faults to inject, from the environment:
 
 The other arguments are train_tiny's."""
 
-import importlib.util
 import os
 import signal
 import sys
@@ -75,9 +74,7 @@ if __name__ == "__main__":
     if env("PYTFM_TEST_FAULT"):
         inject(env("PYTFM_TEST_FAULT"), int(env("PYTFM_TEST_FAULT_RANK", "1")),
                int(env("PYTFM_TEST_FAULT_STEP", "3")))
-    spec = importlib.util.spec_from_file_location(
-        "train_tiny", os.path.join(ROOT, "examples", "train_tiny.py"))
-    tt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tt)
+    from pytfm.cli import train as cli
+
     at = env("PYTFM_TEST_INTERRUPT_AT")
-    sys.exit(tt.main(sys.argv[1:], interrupt_at=int(at) if at else None))
+    sys.exit(cli.main(sys.argv[1:], interrupt_at=int(at) if at else None))
