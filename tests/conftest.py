@@ -36,16 +36,27 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture(scope="session")
-def emu(tmp_path_factory):
-    """The CUDA kernels of cuda/ built for the CPU emulator (tests/cuda_emu.py), once a run."""
+def emu_library(tmp_path_factory):
+    """The CUDA kernels of cuda/ built for the CPU emulator (tests/cuda_emu.py), once a run: the
+    library's path, which a subprocess can load too (None without the source checkout)."""
     import cuda_emu
 
     if not os.path.isdir(cuda_emu.CUDA):
-        pytest.skip("needs the source checkout (cuda/)")
+        return None
     cc, cxx = cuda_emu.compilers()
     if not (cc and cxx and (shutil.which(cxx) or os.path.exists(cxx))):
         pytest.fail("a C++ compiler (g++) is needed to run the CUDA kernels under the emulator")
-    return cuda_emu.Emu(cuda_emu.build(str(tmp_path_factory.mktemp("emu"))))
+    return cuda_emu.build(str(tmp_path_factory.mktemp("emu")))
+
+
+@pytest.fixture(scope="session")
+def emu(emu_library):
+    """emu_library loaded (tests/cuda_emu.Emu)."""
+    import cuda_emu
+
+    if emu_library is None:
+        pytest.skip("needs the source checkout (cuda/)")
+    return cuda_emu.Emu(emu_library)
 
 
 @pytest.fixture

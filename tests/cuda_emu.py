@@ -105,31 +105,41 @@ def _flags(root, kernels=False):
             "-DPYTFM_BUILDING", *includes]
 
 
+def _compile(commands):
+    """Run independent compile commands in parallel (helpers.compile_all); raise on a failure."""
+    from helpers import compile_all
+
+    for r in compile_all(commands):
+        if r.returncode:
+            raise RuntimeError(f"{' '.join(r.args)}\n{r.stderr[-4000:]}")
+
+
 def _cuda_objects(out_dir, root):
     """The objects of cuda/*.cu and cuda/emu/emu.cpp in out_dir (compiled there if missing)."""
     _, cxx = compilers()
     cuda = os.path.join(root, "cuda")
     sources = sorted(os.path.join(cuda, f) for f in os.listdir(cuda) if f.endswith(".cu"))
-    objects = []
+    objects, missing = [], []
     for src in [*sources, os.path.join(cuda, "emu", "emu.cpp")]:
         obj = os.path.join(out_dir, os.path.basename(src) + ".o")
         if not os.path.exists(obj):
-            run([cxx, "-std=c++17", *_flags(root, kernels=True), "-x", "c++", "-c", src, "-o",
-                 obj])
+            missing.append([cxx, "-std=c++17", *_flags(root, kernels=True), "-x", "c++", "-c",
+                            src, "-o", obj])
         objects.append(obj)
+    _compile(missing)
     return objects
 
 
 def build(out_dir, root=ROOT):
     """Compile the emulator library into out_dir; return its path (raises on a failure)."""
     cc, cxx = compilers()
-    objects = _cuda_objects(out_dir, root)
     selftest = os.path.join(out_dir, "emu_selftest.cu.o")
-    run([cxx, "-std=c++17", *_flags(root), "-x", "c++", "-c",
-         os.path.join(root, "tests", "cuda", "emu_selftest.cu"), "-o", selftest])
     status = os.path.join(out_dir, "status.o")
-    run([cc, "-std=c11", *_flags(root), "-c", os.path.join(root, "csrc", "core", "status.c"),
-         "-o", status])
+    objects = _cuda_objects(out_dir, root)
+    _compile([[cxx, "-std=c++17", *_flags(root), "-x", "c++", "-c",
+               os.path.join(root, "tests", "cuda", "emu_selftest.cu"), "-o", selftest],
+              [cc, "-std=c11", *_flags(root), "-c",
+               os.path.join(root, "csrc", "core", "status.c"), "-o", status]])
     lib = os.path.join(out_dir, "libpytfm_emu.so")
     run([cxx, "-shared", "-o", lib, *objects, selftest, status, "-lm"])
     return lib
@@ -149,11 +159,13 @@ def build_full(out_dir, root=ROOT):
     (reusing the kernels' objects of build() there); return its path."""
     cc, cxx = compilers()
     objects = _cuda_objects(out_dir, root)
+    commands = []
     for src in full_sources(root):
         obj = os.path.join(out_dir, "full_" + os.path.relpath(src, root).replace(os.sep, "_")
                            + ".o")
-        run([cc, "-std=c11", *_flags(root), "-DPYTFM_CUDA=1", "-c", src, "-o", obj])
+        commands.append([cc, "-std=c11", *_flags(root), "-DPYTFM_CUDA=1", "-c", src, "-o", obj])
         objects.append(obj)
+    _compile(commands)
     lib = os.path.join(out_dir, "libpytfm_emufull.so")
     run([cxx, "-shared", "-o", lib, *objects, "-lm"])
     return lib

@@ -1,13 +1,18 @@
 """Shared test helpers: the one comparison function, hypothesis strategies, array makers,
 finite differences, snippets run in a fresh interpreter."""
 
+import atexit
 import contextlib
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +62,60 @@ def library_sources():
     the tests that build the library themselves (under sanitizers, libFuzzer)."""
     return sorted(os.path.join(d, f) for d, _, files in os.walk(CSRC) for f in files
                   if f.endswith(".c") and f != "model_cuda.c")
+
+
+def compile_all(commands):
+    """Run independent compiler commands, as many at once as there are cores (make -j);
+    -> their CompletedProcesses, in order."""
+    def one(cmd):
+        return subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return list(pool.map(one, commands))
+
+
+_OBJECTS = {}  # key of a build -> its object files
+
+
+def _objects_folder():
+    if "folder" not in _OBJECTS:
+        _OBJECTS["folder"] = tempfile.mkdtemp(prefix="pytfm-objects-")
+        atexit.register(shutil.rmtree, _OBJECTS["folder"], True)
+    return _OBJECTS["folder"]
+
+
+def library_objects(cc, flags):
+    """library_sources() compiled by cc with flags (in parallel): their object files, built
+    once a run for each compiler, set of flags and content of csrc/ (a test that changes a
+    source, or builds with other flags, gets a build of its own). Raises on a compile error."""
+    key = hashlib.sha256(repr((cc, list(flags))).encode())
+    for d, _, files in sorted(os.walk(CSRC)):
+        for f in sorted(files):
+            with open(os.path.join(d, f), "rb") as src:
+                key.update(f"{d}/{f}".encode() + b"\0" + src.read())
+    key = key.hexdigest()[:16]
+    if key not in _OBJECTS:
+        out = os.path.join(_objects_folder(), key)
+        os.makedirs(out)
+        sources = library_sources()
+        objects = [os.path.join(out, os.path.relpath(s, CSRC).replace(os.sep, "_") + ".o")
+                   for s in sources]
+        runs = compile_all([cc, *flags, f"-I{INCLUDE}", f"-I{CSRC}", "-c", s, "-o", o]
+                           for s, o in zip(sources, objects, strict=True))
+        failed = [r for r in runs if r.returncode]
+        if failed:
+            raise RuntimeError(f"{' '.join(failed[0].args)}\n{failed[0].stderr[-4000:]}")
+        _OBJECTS[key] = objects
+    return _OBJECTS[key]
+
+
+def build_with_library(cc, flags, program, exe, program_flags=()):
+    """The C file program compiled with flags and program_flags and linked (with flags) with
+    library_objects(cc, flags) into exe, as `cc flags program <the library's sources> -lm` would
+    build it; -> the CompletedProcess of the compile and link (raises if the library fails)."""
+    return subprocess.run([cc, *flags, *program_flags, f"-I{INCLUDE}", f"-I{CSRC}", program,
+                           *library_objects(cc, flags), "-lm", "-o", exe],
+                          capture_output=True, text=True)
 
 
 def assert_close(name, got, ref, atol=0.0, rtol=1e-5):
@@ -226,7 +285,8 @@ def run_train_tiny(*args, cwd, timeout=300):
 def run_python(code, threads=None, **env):
     """Run the snippet `code` in a fresh interpreter that imports the pytfm under test and sees
     none of this environment (no PYTFM_NUM_THREADS, no hypothesis profile) but its PYTHONPATH,
-    after the pytfm's folder: only `env`, and OMP_NUM_THREADS=`threads` when given. Returns the
+    after the pytfm's folder: only `env`, and PYTFM_NUM_THREADS=`threads` when given (exactly
+    that many threads; OMP_NUM_THREADS would be lowered on a busy machine). Returns the
     CompletedProcess (text output)."""
     import pytfm
 
@@ -234,25 +294,28 @@ def run_python(code, threads=None, **env):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": python_path(root),
            **{k: str(v) for k, v in env.items()}}
     if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
+        env["PYTFM_NUM_THREADS"] = str(threads)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, env=env, cwd="/")
 
 
 _DIGEST = """
-import hashlib as _hashlib, numpy as _np
-print(_hashlib.sha256(b"".join(_np.asarray(a).tobytes() for a in out)).hexdigest())
+import hashlib as _hashlib, numpy as _np, pytfm as _pytfm
+print(_pytfm.get_num_threads(), _hashlib.sha256(b"".join(_np.asarray(a).tobytes() for a in out))
+      .hexdigest())
 """
 
 
 def assert_same_bits_at_any_thread_count(code, threads=(1, 2, 3)):
     """Run `code`, a snippet that leaves its results in a list of arrays `out`, at each thread
-    count (a process each) and assert that `out` holds the same bytes every time."""
+    count (a process each, with exactly that many threads) and assert that `out` holds the same
+    bytes every time."""
     digests = {}
     for t in threads:
         r = run_python(textwrap.dedent(code) + _DIGEST, threads=t)
         assert r.returncode == 0, f"at {t} threads the snippet failed:\n{r.stderr[-3000:]}"
-        digests[t] = r.stdout.strip()
+        ran, digests[t] = r.stdout.split()[-2:]
+        assert int(ran) == t, f"asked for {t} threads, the kernels used {ran}"
     assert len(set(digests.values())) == 1, f"digests per thread count: {digests}"
 
 

@@ -36,8 +36,9 @@ The sanitizer runs every exact call at each r, a, b in {1, 2, 3, 7, 17, 33} (r a
 import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from hypothesis import strategies as st

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from checkpoint_edits import edit_structure, pack, unpack
 from checkpoint_edits import small_model as small
-from helpers import CSRC, TESTS, library_sources, subprocess_env
+from helpers import CSRC, TESTS, build_with_library, subprocess_env
 from pytfm import checkpoint
 from pytfm._core import ffi, lib
 from pytfm.checkpoint import CheckpointError
@@ -173,9 +173,7 @@ def driver(sanitized=True):
     if subprocess.run([cc, *flags, probe, "-o", probe + ".exe"], capture_output=True).returncode:
         return None
     exe = os.path.join(out, "open_checkpoints")
-    build = subprocess.run([cc, *flags, f"-I{CSRC}/include", f"-I{CSRC}",
-                            os.path.join(TESTS, "c_api", "open_checkpoints.c"),
-                            *library_sources(), "-lm", "-o", exe], capture_output=True, text=True)
+    build = build_with_library(cc, flags, os.path.join(TESTS, "c_api", "open_checkpoints.c"), exe)
     assert build.returncode == 0, build.stderr
     return exe
 
@@ -1085,6 +1083,10 @@ def libfuzzer_clang():
     return None, "no clang links -fsanitize=fuzzer (" + ("; ".join(tried) or "none found") + ")"
 
 
+FUZZ_FLAGS = ["-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
+              "-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas"]
+
+
 def build_fuzz_target(tmp_path_factory, name):
     """tests/c_api/fuzz/<name>.c linked with the library's sources under libFuzzer, ASan and
     UBSan: the executable's path; a skip (a failure under CI) without a clang that can."""
@@ -1096,20 +1098,16 @@ def build_fuzz_target(tmp_path_factory, name):
             pytest.fail(message)
         pytest.skip(message)
     exe = str(tmp_path_factory.mktemp("fuzz") / name)
-    build = subprocess.run([cc, "-g", "-O1", "-fsanitize=fuzzer,address,undefined",
-                            "-fno-sanitize-recover=all", "-std=c11", "-Wall", "-Wextra", "-Werror",
-                            "-Wno-unknown-pragmas", f"-I{CSRC}/include", f"-I{CSRC}",
-                            os.path.join(FUZZ, f"{name}.c"), *library_sources(), "-lm",
-                            "-o", exe], capture_output=True, text=True)
+    build = build_with_library(cc, FUZZ_FLAGS, os.path.join(FUZZ, f"{name}.c"), exe)
     assert build.returncode == 0, build.stderr
     return exe
 
 
 def fuzz_for_a_while(exe, tmp_path, dictionary, seeds, env=None, what="libFuzzer"):
-    """A bounded libFuzzer run of exe (PYTFM_FUZZ_SECONDS, default 30) from tests/c_api/fuzz's
+    """A bounded libFuzzer run of exe (PYTFM_FUZZ_SECONDS, default 10) from tests/c_api/fuzz's
     seeds folder with its dictionary, into tmp_path/corpus: asserts no crash, leak, OOM or
     time-out and more than 1000 inputs run; (the inputs it kept, sorted; its stderr)."""
-    seconds = int(os.environ.get("PYTFM_FUZZ_SECONDS", "30"))
+    seconds = int(os.environ.get("PYTFM_FUZZ_SECONDS", "10"))
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     run = subprocess.run([exe, f"-max_total_time={seconds}", "-print_final_stats=1",
@@ -1144,7 +1142,7 @@ def test_fuzz_regressions_pass_the_fuzz_target(fuzzer):
 
 @needs_csrc
 def test_fuzzing_for_a_while_finds_nothing(fuzzer, tmp_path):
-    """A bounded libFuzzer run from the seeds (PYTFM_FUZZ_SECONDS, default 30): no crash, no
+    """A bounded libFuzzer run from the seeds (PYTFM_FUZZ_SECONDS, default 10): no crash, no
     leak, no trap of the target's checks; then every input it kept (those that reached new
     code) read alike through Python and the model API, as it is and wrapped as a header, and
     every kept JSON text the check passes read by json.loads."""

@@ -145,7 +145,7 @@ def test_every_folder_is_read_clean_under_asan_and_ubsan(tmp_path):
 
     from test_c_checkpoint import ASAN_ENV, FLAGS, SANITIZE
 
-    from helpers import CSRC, library_sources
+    from helpers import build_with_library
 
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     probe = tmp_path / "probe.c"
@@ -156,9 +156,8 @@ def test_every_folder_is_read_clean_under_asan_and_ubsan(tmp_path):
             pytest.fail("the C compiler cannot link sanitizer runtimes here")
         pytest.skip("the C compiler cannot link sanitizer runtimes (libasan/libubsan) here")
     exe = str(tmp_path / "open_gpt2")
-    build = subprocess.run([cc, *FLAGS, *SANITIZE, f"-I{CSRC}/include", f"-I{CSRC}",
-                            os.path.join(TESTS, "c_api", "open_gpt2.c"), *library_sources(),
-                            "-lm", "-o", exe], capture_output=True, text=True)
+    build = build_with_library(cc, [*FLAGS, *SANITIZE], os.path.join(TESTS, "c_api", "open_gpt2.c"),
+                               exe)
     assert build.returncode == 0, build.stderr
     path, _ = folder_of(tmp_path)
     tensors, _ = checkpoint.load_file(os.path.join(path, "model.safetensors"))
@@ -198,7 +197,7 @@ def test_every_folder_is_read_clean_under_asan_and_ubsan(tmp_path):
 
 def test_fuzzing_the_config_parser_for_a_while_finds_nothing(tmp_path_factory, tmp_path):
     """tests/c_api/fuzz/fuzz_gpt2_config.c under libFuzzer, ASan and UBSan for a bounded time
-    (PYTFM_FUZZ_SECONDS, default 30), from the published GPT-2 config and the tests' own: no
+    (PYTFM_FUZZ_SECONDS, default 10), from the published GPT-2 config and the tests' own: no
     crash, leak or trap; then every input it kept is refused or taken alike by
     pytfm.gpt2.config_from_dict on json.loads of it (the same parser behind both)."""
     from test_c_checkpoint import build_fuzz_target, fuzz_for_a_while

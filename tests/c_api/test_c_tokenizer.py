@@ -173,7 +173,7 @@ def fuzz_for_a_while(exe, tmp_path, env):
 
 @needs_csrc
 def test_fuzzing_the_tokenizer_for_a_while_finds_nothing(tokenizer_fuzzer, tmp_path):
-    """A bounded libFuzzer run from the seeds (PYTFM_FUZZ_SECONDS, default 30) with the target's
+    """A bounded libFuzzer run from the seeds (PYTFM_FUZZ_SECONDS, default 10) with the target's
     small vocabulary: no crash, no leak, decode∘encode the identity; then every kept input
     opened from Python agrees with the fuzz target (opens or is refused with a message)."""
     kept = fuzz_for_a_while(tokenizer_fuzzer, tmp_path, {"PYTFM_FUZZ_VOCAB": ""})

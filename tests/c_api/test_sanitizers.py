@@ -14,17 +14,11 @@ import subprocess
 import pytest
 
 import ops_registry
-from helpers import ROOT, TESTS, library_sources
+from helpers import ROOT, TESTS, build_with_library
 
 CSRC = os.path.join(ROOT, "csrc")
 FLAGS = ["-std=c11", "-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Werror",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
-
-
-def sanitizer_build(cc, src, exe, extra=()):
-    return subprocess.run([cc, *FLAGS, *extra, f"-I{CSRC}/include", f"-I{CSRC}", src,
-                           *library_sources(), "-lm", "-o",
-                           exe], capture_output=True, text=True)
 
 
 def build_and_run(tmp_path, name, extra=(), headers=None):
@@ -40,8 +34,8 @@ def build_and_run(tmp_path, name, extra=(), headers=None):
     for header, text in (headers or {}).items():
         (tmp_path / header).write_text(text)
     exe = str(tmp_path / name)
-    build = sanitizer_build(cc, os.path.join(TESTS, "c_api", name + ".c"), exe,
-                            [*extra, f"-I{tmp_path}"])
+    build = build_with_library(cc, [*FLAGS, *extra], os.path.join(TESTS, "c_api", name + ".c"),
+                               exe, [f"-I{tmp_path}"])
     assert build.returncode == 0, build.stderr
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",
                UBSAN_OPTIONS="print_stacktrace=1")

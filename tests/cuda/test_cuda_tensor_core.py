@@ -279,14 +279,14 @@ def test_the_wait_mode_cannot_see_that_write_after_read(emu, order):
     np.testing.assert_array_equal(out, want)
 
 
-def test_the_mode_comes_from_the_environment(tmp_path):
+def test_the_mode_comes_from_the_environment(emu_library):
     """PYTFM_EMU_CP_ASYNC=eager selects the eager mode for a run (a fresh process)"""
     import subprocess
     import sys
 
     code = (
         "import numpy as np, cuda_emu\n"
-        f"e = cuda_emu.Emu(cuda_emu.build({str(tmp_path)!r}))\n"
+        f"e = cuda_emu.Emu({emu_library!r})\n"
         "src = np.arange(512, dtype=np.float32) + 1; out = np.zeros(512, np.float32)\n"
         "e.call('emu_cp_async_war', out, src, 0, stream=False)\n"
         "want = np.roll(src.reshape(2, 64, 4), -1, axis=1).reshape(-1)\n"

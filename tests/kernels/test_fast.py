@@ -3,7 +3,8 @@ csrc/kernels/fast_impl.h) and the tiled attention against the plain reference lo
 (PYTFM_ISA_PLAIN), on sizes around their vector and lane widths (16), tiles (64) and task size
 (16384 elements): every Fast case of tests/ops_registry.py. The AVX2 and AVX-512 builds must agree
 bit for bit: they run the same operations in the same order (sums over 16 fixed partial results,
-the same fused multiply-adds). And every op gives the same bits at any thread count."""
+the same fused multiply-adds). And every op, and the model built of them, gives the same bits
+at any thread count."""
 
 import json
 
@@ -59,25 +60,56 @@ import hashlib, json, sys
 sys.path[:0] = [{tests!r}]
 import numpy as np
 import ops_registry
-digests = {{}}
+import pytfm
+from pytfm import ops
+from pytfm.generate import generate
+from pytfm.nn import GPT, GPTConfig
+from pytfm.optim import AdamW, clip_grad_norm
+
+def digest(arrays):
+    return hashlib.sha256(b"".join(np.asarray(a).tobytes() for a in arrays)).hexdigest()
+
+digests = {{"threads": pytfm.get_num_threads()}}
 for op in ops_registry.OPS:
     for i, values in enumerate(op.check.threads if op.check else ()):
         a = op.check.make(**values)
-        out = b"".join(np.asarray(o).tobytes() for o in op.check.run(a) if o is not None)
-        digests[f"{{op.name}}[{{i}}]"] = hashlib.sha256(out).hexdigest()
+        digests[f"{{op.name}}[{{i}}]"] = digest(o for o in op.check.run(a) if o is not None)
+digests["sinusoidal_positions"] = digest([ops.sinusoidal_positions(300, 258)])
+# the model: two training steps (forward, backward, clipping, AdamW), then sampled generation
+# through the KV cache, with every tensor large enough to be split among threads
+for pos in ("rope", "sinusoidal", "learned"):
+    model = GPT(GPTConfig(vocab=257, d_model=96, n_layer=2, n_head=4, max_seq=64, pos=pos,
+                          tie_embeddings=pos == "rope", seed=1))
+    opt = AdamW(model.params, model.grads, lr=1e-2)
+    rng = np.random.default_rng(2)
+    out = []
+    for step in range(2):
+        x, y = rng.integers(0, 257, (2, 4, 64))
+        model.zero_grad()
+        logits, loss = model.forward(x, y)
+        model.backward()
+        out += [logits, loss, clip_grad_norm(model.grads, 1.0)]
+        opt.step()
+    out += [model.params[k] for k in sorted(model.params)]
+    out.append(generate(model, x[:2, :5], 8, temperature=0.8, top_k=20, seed=3))
+    digests[f"model[{{pos}}]"] = digest(out)
 print(json.dumps(digests))
 """
 
 
-def test_every_op_gives_the_same_bits_at_any_thread_count():
+def test_every_op_and_the_model_give_the_same_bits_at_any_thread_count():
     """Each op at its Check's threads sizes, large enough that it splits its work among threads
-    (> 16384 elements), at 1, 2 and 3 threads: the same bytes."""
+    (> 16384 elements), the sinusoidal table, and a model's training steps and generation, at
+    1, 2 and 3 threads (PYTFM_NUM_THREADS: exactly that many, whatever the machine's load): the
+    same bytes. With this, a test that passes at one thread count passes at any: CI runs the
+    suite once."""
     digests = {}
     for threads in (1, 2, 3):
         r = run_python(THREADS.format(tests=TESTS), threads=threads)
         assert r.returncode == 0, f"at {threads} threads:\n{r.stderr[-3000:]}"
         digests[threads] = json.loads(r.stdout)
-    assert len(digests[1]) >= 20, digests[1]
+        assert digests[threads].pop("threads") == threads
+    assert len(digests[1]) >= 24, digests[1]
     for threads in (2, 3):
         differ = [k for k in digests[1] if digests[threads][k] != digests[1][k]]
         assert not differ, f"at {threads} threads, other bits than at 1 from {differ}"

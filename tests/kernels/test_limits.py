@@ -68,17 +68,6 @@ def run_cases(name, emu_path):
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(scope="module")
-def emu_library(tmp_path_factory):
-    """The CUDA kernels built for the CPU emulator, as a path a subprocess can load (None
-    without the source checkout)."""
-    import cuda_emu
-
-    if not os.path.isdir(cuda_emu.CUDA):
-        return None
-    return cuda_emu.build(str(tmp_path_factory.mktemp("emu_limits")))
-
-
 @pytest.mark.parametrize("name", [op.name for op in OPS])
 def test_overflowing_sizes_are_invalid_arguments_and_write_nothing(name, emu_library):
     import pytfm
