@@ -456,11 +456,10 @@ def run_gpu(args, table):
 
         import pytfm
         from pytfm import data
+        from pytfm.cli import train as tiny
         from pytfm.nn import GPT, GPTConfig
         from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
         from pytfm.train_step import TrainStep
-
-        from pytfm.cli import train as tiny
 
         a = tiny.parse_args([])  # its defaults, no checks, no files touched
         corpus = data.stdlib_corpus().astype(np.int64)

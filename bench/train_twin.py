@@ -11,7 +11,6 @@ add_model_args), with its defaults. Each library trains in its own process (no t
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 

@@ -41,6 +41,7 @@ import stat
 
 from ._core import check, lib
 
+
 def _prefix(path):
     """.tmp-<name>. : what the temporaries of path start with. A long name is cut (with a hash
     of the whole) so that every temporary's name stays under NAME_MAX (255 bytes)."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import ops
+from . import _core, ops
 from . import device as devices
 from ._arrays import arange, as_bool, check_index_arrays, is_array, is_cupy
 from ._core import precision_code

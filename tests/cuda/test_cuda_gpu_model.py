@@ -7,12 +7,11 @@ build of pytfm is missing; tests/cuda/test_cuda_model.py, test_cuda_step.py and
 test_cuda_c_model.py run the same paths without a GPU, under the emulator.
 """
 
-import os
 
 import numpy as np
 import pytest
 
-from helpers import ROOT, cupy_on_a_gpu, run_train_tiny
+from helpers import cupy_on_a_gpu, run_train_tiny
 from pytfm import checkpoint, data
 from pytfm.cli import train as cli
 from pytfm.generate import generate

@@ -11,7 +11,6 @@ Sizes are tiny: the emulator runs each CUDA thread as a fiber.
 """
 
 import math
-import os
 import sys
 
 import numpy as np
@@ -19,10 +18,10 @@ import pytest
 
 import fake_cupy
 import pytfm
-from helpers import ROOT, run_train_tiny
+from helpers import run_train_tiny
 from pytfm import checkpoint, ops
-from pytfm.cli import train as cli
 from pytfm import device as devices
+from pytfm.cli import train as cli
 from pytfm.generate import generate
 from pytfm.kvcache import KVCache
 from pytfm.nn import GPT, GPTConfig
