@@ -5,8 +5,8 @@ clipping and steps) and compare losses and speed.
     python bench/train_twin.py --steps 50 --threads 2
 
 The model and schedule options are `python -m pytfm train`'s own (pytfm.cli.train's
-add_model_args), with its defaults. Each library trains in its own process (no two thread pools in one process), at
---threads. Needs torch (`pip install torch==2.13.0`); pytfm never does.
+add_model_args), with its defaults. Each library trains in its own process (no two thread
+pools in one process), at --threads. Needs torch (`pip install torch==2.13.0`); pytfm never does.
 """
 
 import argparse

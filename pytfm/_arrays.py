@@ -9,8 +9,8 @@ pytfm._core.lib = another library, answers every call and every device check (th
 the CUDA functions to the emulator that way: tests/fake_cupy.py). cupy is imported only when a
 CuPy array arrives.
 
-A GPU step (pytfm.train_step.TrainStep) runs its ops inside on_stream(): there Args asks CuPy neither
-for the current device nor for the current stream (it was told both once), and takes its
+A GPU step (pytfm.train_step.TrainStep) runs its ops inside on_stream(): there Args asks CuPy
+neither for the current device nor for the current stream (it was told both once), and takes its
 outputs from a Plan, the arrays the step's first run made, handed out again in the same order:
 a step of fixed shapes then allocates nothing.
 """

@@ -267,7 +267,7 @@ def test_greedy_generation_through_the_kv_cache_equals_full_recomputation(pos):
     np.testing.assert_array_equal(a, b)
 
 
-# ---- python -m pytfm train (examples/train_tiny.py) -------------------------------------------------------------
+# ---- python -m pytfm train (examples/train_tiny.py) ----------------------------------------------
 
 
 def tiny_args(out, text, *more):

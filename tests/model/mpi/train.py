@@ -1,5 +1,5 @@
-"""python -m pytfm train (examples/train_tiny.py) for tests/model/test_distributed.py, run under mpiexec (or alone), with
-faults to inject, from the environment:
+"""python -m pytfm train (examples/train_tiny.py) for tests/model/test_distributed.py, run
+under mpiexec (or alone), with faults to inject, from the environment:
 
     PYTFM_TEST_INTERRUPT_AT=k     a Ctrl-C after step k (pytfm.cli.train.main's interrupt_at)
     PYTFM_TEST_FAULT=raise|kill|exit|stop   at the start of optimizer step
