@@ -111,19 +111,6 @@ static int is_file(const char *folder, const char *name) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* ---- the folder's tokenizer ------------------------------------------------------------- */
-
-/* the tokenizer of the GPT-2 folder at path (vocab.json + merges.txt, else tokenizer.json), or
- * NULL with the problem reported (status 2) */
-static pytfm_tokenizer *load_tokenizer(const char *path) {
-    pytfm_tokenizer *tok = NULL;
-    if (pytfm_tokenizer_open_folder(path, &tok) != PYTFM_STATUS_OK)
-        fail("checkpoint: %s", pytfm_last_error());
-    return tok;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-
 /* the model at path: a checkpoint file, or a GPT-2 folder (config.json, its weights and its
  * tokenizer: *tok, else NULL); NULL with the problem reported (status 2; *tok to close) */
 static pytfm_model *load(const char *path, pytfm_tokenizer **tok) {
@@ -135,7 +122,8 @@ static pytfm_model *load(const char *path, pytfm_tokenizer **tok) {
     if (S_ISDIR(st.st_mode) && !is_file(path, "config.json"))
         return fail("checkpoint: %s is a folder%s%s%s", path, hint ? " (did you mean " : "",
                     hint ? path : "", hint ? "/model.safetensors?)" : ""), NULL;
-    if (S_ISDIR(st.st_mode) && !(*tok = load_tokenizer(path))) return NULL;
+    if (S_ISDIR(st.st_mode) && pytfm_tokenizer_open_folder(path, tok) != PYTFM_STATUS_OK)
+        return fail("checkpoint: %s", pytfm_last_error()), NULL;
     if (pytfm_model_open(&model, path, PYTFM_DEVICE_CPU) != PYTFM_STATUS_OK)
         fail("checkpoint: %s", pytfm_last_error());
     return model;
