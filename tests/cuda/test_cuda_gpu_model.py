@@ -2,8 +2,8 @@
 training steps of examples/train_tiny.py's default configuration give the CPU run's losses,
 greedy generation its tokens, a checkpoint the same file, and train_tiny --device cuda runs
 end to end; pytfm.train_step.TrainStep gives the loop's bits and replays a CUDA graph; the C
-model on PYTFM_DEVICE_CUDA gives the CPU C model's greedy tokens. Skipped where CuPy, a GPU or a CUDA
-build of pytfm is missing; tests/cuda/test_cuda_model.py, test_cuda_step.py and
+model on PYTFM_DEVICE_CUDA gives the CPU C model's greedy tokens. Skipped where CuPy, a GPU or
+a CUDA build of pytfm is missing; tests/cuda/test_cuda_model.py, test_cuda_step.py and
 test_cuda_c_model.py run the same paths without a GPU, under the emulator.
 """
 
