@@ -14,8 +14,8 @@ this order:
               train_tiny takes it (the loop: zero_grad, forward, backward, clip, AdamW) and as
               pytfm.train_step.TrainStep takes it (no allocation, a CUDA graph), tokens/s,
               against the loop on this machine's CPU with --cpu-threads threads (default 2;
-              0 skips it); then a GPT-2-124M-shaped step (d=768, 12 layers, 12 heads, vocab 50257, B=8,
-              T=1024) both ways
+              0 skips it); then a GPT-2-124M-shaped step (d=768, 12 layers, 12 heads,
+              vocab 50257, B=8, T=1024) both ways
   attention   pytfm_attention_forward and forward+backward (float32, CUDA cores) beside
               torch.nn.functional.scaled_dot_product_attention in float32 and in bfloat16, the
               backend torch ran recorded (flash, memory-efficient, cuDNN or math, read from

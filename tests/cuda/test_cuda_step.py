@@ -1,7 +1,7 @@
 """pytfm.train_step.TrainStep on the emulator: the training step with no allocation and no
 host work in it. Its calls give the bits of the loop they replace (zero_grad, forward, backward,
-the clip, AdamW), whether it records, replays its plan eagerly or replays the CUDA graph it captured;
-and after the first call a step allocates nothing, frees nothing, copies nothing back,
+the clip, AdamW), whether it records, replays its plan eagerly or replays the CUDA graph it
+captured; and after the first call a step allocates nothing, frees nothing, copies nothing back,
 synchronises nothing and asks CuPy for neither the device nor the stream, counted at both
 levels: the emulator's CUDA runtime (cudaMalloc*, cudaFree*, cudaMemcpy*, synchronisations)
 and the stand-in CuPy (its arrays made, read back, waited for, looked up). The counts of a
