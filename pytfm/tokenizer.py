@@ -45,18 +45,6 @@ class TokenizerError(ValueError):
     """A vocabulary, merges or tokenizer.json file that is malformed or inconsistent."""
 
 
-def _check(status):
-    """A failed open: MemoryError, OSError where a system call failed (the library leaves its
-    errno), else TokenizerError (the files' content), each with the library's message."""
-    error_number = ffi.errno  # the call's own: read before any other C call
-    try:
-        check(status)
-    except ValueError as e:
-        if error_number:
-            raise OSError(error_number, str(e)) from None
-        raise TokenizerError(str(e)) from None
-
-
 @functools.cache
 def bytes_to_unicode():
     """GPT-2's table: byte b -> the printable character that stands for it in the vocabulary
@@ -148,7 +136,7 @@ class Tokenizer:
 
     def _open(self, opener, *args):
         out = ffi.new("pytfm_tokenizer **")
-        _check(opener(*args, out))
+        check(opener(*args, out), error=TokenizerError)  # errno set: an OSError
         self._tok = ffi.gc(out[0], lib.pytfm_tokenizer_close)
         eot = lib.pytfm_tokenizer_eot(self._tok)
         self.eot = None if eot < 0 else int(eot)

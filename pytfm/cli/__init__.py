@@ -79,9 +79,8 @@ def tokenizer_beside(p, path, vocab):
     """The tokenizer in the checkpoint's folder (`train --tokenizer bpe:N` saves it there) of a
     model whose vocabulary is not the bytes; its absence reported in one line."""
     folder = os.path.dirname(os.path.abspath(path))
-    if not any(os.path.exists(os.path.join(folder, n))
-               for n in ("vocab.json", "merges.txt", "tokenizer.json")):
+    try:  # the folder rule is the library's (pytfm_tokenizer_open_folder)
+        return Tokenizer.from_folder(folder)
+    except FileNotFoundError as e:
         p.error(f"checkpoint: its model has a vocabulary of {vocab} tokens, not the "
-                f"{data.VOCAB} bytes sample.py encodes text into, and {folder} has no tokenizer "
-                "(vocab.json + merges.txt, or tokenizer.json) for them")
-    return Tokenizer.from_folder(folder)
+                f"{data.VOCAB} bytes sample.py encodes text into, and {e.strerror}")
