@@ -32,6 +32,7 @@ pytfm.generate) may run in any thread, each with its own KV caches; during anoth
 optimizer step they see parameters partly updated.
 """
 
+import itertools
 import math
 import threading
 from dataclasses import dataclass
@@ -81,32 +82,29 @@ class GPTConfig:
         if not isinstance(self.tie_embeddings, bool):
             raise TypeError(
                 f"GPTConfig.tie_embeddings must be a bool, got {self.tie_embeddings!r}")
-        shape = _core.ffi.new("pytfm_model_config *", dict(
-            vocab=self.vocab, d_model=self.d_model, n_layer=self.n_layer, n_head=self.n_head,
-            max_seq=self.max_seq, pos=POSITIONS.index(self.pos),
-            tie_embeddings=self.tie_embeddings))
-        _core.check(_core.lib.pytfm_model_config_check(shape))
+        _core.check(_core.lib.pytfm_model_config_check(_c_config(self)))
+
+
+def _c_config(cfg):  # GPTConfig -> its C twin, a new pytfm_model_config *
+    return _core.ffi.new("pytfm_model_config *", dict(
+        vocab=cfg.vocab, d_model=cfg.d_model, n_layer=cfg.n_layer, n_head=cfg.n_head,
+        max_seq=cfg.max_seq, pos=POSITIONS.index(cfg.pos), tie_embeddings=cfg.tie_embeddings))
 
 
 def param_shapes(cfg):
     """(name, shape) of each parameter GPT(cfg) creates, in the same order, computed without
-    allocating anything. A generator: a caller comparing against a file stops at the first
-    mismatch, so a config claiming a million layers costs nothing."""
-    C = cfg.d_model
-    yield "transformer.wte.weight", (cfg.vocab, C)
-    if cfg.pos == "learned":
-        yield "transformer.wpe.weight", (cfg.max_seq, C)
-    for i in range(cfg.n_layer):
-        h = f"transformer.h.{i}"
-        for layer, shape in ((f"{h}.ln_1", (C,)), (f"{h}.attn.c_attn", (3 * C, C)),
-                             (f"{h}.attn.c_proj", (C, C)), (f"{h}.ln_2", (C,)),
-                             (f"{h}.mlp.c_fc", (4 * C, C)), (f"{h}.mlp.c_proj", (C, 4 * C))):
-            yield f"{layer}.weight", shape  # a Linear's weight is [out, in]
-            yield f"{layer}.bias", shape[:1]
-    yield "transformer.ln_f.weight", (C,)
-    yield "transformer.ln_f.bias", (C,)
-    if not cfg.tie_embeddings:
-        yield "lm_head.weight", (cfg.vocab, C)
+    allocating anything: the layout of the C library's pytfm_model_param, its one home, which
+    the checkpoint and folder readers walk too (a Linear's weight is [out, in]). A generator: a
+    caller comparing against a file stops at the first mismatch, so a config claiming a million
+    layers costs nothing."""
+    lib, ffi = _core.lib, _core.ffi
+    config, param = _c_config(cfg), ffi.new("pytfm_param_info *")
+    for layer in itertools.chain((-1,), range(cfg.n_layer + 1)):  # embeddings, blocks, tail
+        for part in itertools.count():
+            if not lib.pytfm_model_param(config, layer, part, param):
+                break
+            yield (ffi.string(param.name).decode(),
+                   tuple(param.factor[d] * param.base[d] for d in range(param.ndim)))
 
 
 ALIGN = 16  # floats: every parameter's view starts on a 64-byte boundary

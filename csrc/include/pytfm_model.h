@@ -193,6 +193,30 @@ typedef struct pytfm_model_config {
  * ("d_model (24) must be a multiple of n_head (5)"). */
 PYTFM_API pytfm_status pytfm_model_config_check(const pytfm_model_config *config);
 
+/* One parameter of a model's layout: see pytfm_model_param. */
+typedef struct pytfm_param_info {
+    char name[64];     /* pytfm's name: "transformer.h.3.attn.c_attn.weight" */
+    int32_t ndim;      /* 1 or 2 */
+    int32_t factor[2]; /* shape[d] = factor[d] · base[d] (the product may pass int64: a config */
+    int64_t base[2];   /*   is checked before its sizes are multiplied out) */
+    int64_t layer;     /* where it is: −1 the embeddings, 0 .. n_layer − 1 a block, n_layer the */
+    int32_t part;      /*   final norm and the untied head; part, its place in that group */
+} pytfm_param_info;
+
+/* The layout of a model's parameters, its one home: the order pytfm checkpoints store them in,
+ * pytfm.nn.param_shapes yields them and the model (CPU and GPU) lays them out in one buffer;
+ * the GPT-2 folder reader maps each to Hugging Face's name. The part-th parameter of group
+ * layer of config (which pytfm_model_config_check accepts): group −1 holds
+ * transformer.wte.weight [vocab, d_model] and, for learned positions, transformer.wpe.weight
+ * [max_seq, d_model]; each block i (0 .. n_layer − 1) transformer.h.i.ln_1.weight, .bias [C],
+ * attn.c_attn.weight [3C, C], .bias [3C], attn.c_proj.weight [C, C], .bias [C], ln_2.weight,
+ * .bias [C], mlp.c_fc.weight [4C, C], .bias [4C], mlp.c_proj.weight [C, 4C], .bias [C] (C =
+ * d_model; a Linear's weight is [out, in]); group n_layer transformer.ln_f.weight, .bias [C]
+ * and, untied, lm_head.weight [vocab, C]. Fills *param and returns 1, or returns 0 where
+ * (layer, part) names no parameter (or an argument is NULL). */
+PYTFM_API int32_t pytfm_model_param(const pytfm_model_config *config, int64_t layer,
+                                    int32_t part, pytfm_param_info *param);
+
 /* Swap the entries at paths a and b (both must exist; folders or files) in one step, as
  * renameat2(RENAME_EXCHANGE) does: the step by which pytfm saves a folder as a whole
  * (pytfm._atomic.Folder). Where the system or the file system cannot (not Linux, NFS),

@@ -24,8 +24,7 @@
 enum {
     SHOW = PYTFM__SHOW,
     MAX_TABLE = 1 << 24,  /* sinusoidal floats allowed beyond the stored parameters */
-    MAX_STEP_DIGITS = 19, /* a step or optim.t: [0-9]{1,19} */
-    MAX_NAME = 96         /* bytes of an expected tensor's name, NUL included */
+    MAX_STEP_DIGITS = 19  /* a step or optim.t: [0-9]{1,19} */
 };
 
 #define BAD(st, ...) pytfm__st_fail(st, PYTFM_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
@@ -180,66 +179,18 @@ static pytfm_status check_metadata(checker *c) {
 
 /* ---- 2. the tensors ----------------------------------------------------------------------- */
 
-/* The parameters of param_shapes(cfg), one at a time: layer −1 is the token embedding (slot
- * 0) and, for learned positions, their table (slot 1); layers 0 .. n_layer − 1 have 12 slots
- * each; layer n_layer, the tail, has the final LayerNorm's two and, untied, the LM head. */
-typedef struct walk {
-    int64_t layer;
-    int slot;
-} walk;
-
+/* A parameter the config implies (pytfm_model_param) and its shape multiplied out */
 typedef struct expected {
-    char name[MAX_NAME];
-    int ndim;
+    pytfm_param_info p;
     int64_t shape[2];
     int valid; /* the shape's sizes fit in int64 (else no stored tensor can have them) */
 } expected;
 
-const char *const pytfm__layer_parts[PYTFM__LAYER_PARTS] = {
-    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
-    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
-    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
-const int pytfm__layer_rows[PYTFM__LAYER_PARTS] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1};
-const int pytfm__layer_cols[PYTFM__LAYER_PARTS] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0};
-
-/* the parameter at w, or 0 past the last */
-static int expected_at(const pytfm_model_config *cfg, walk w, expected *x) {
-    const char *const *parts = pytfm__layer_parts;
-    const int *rows = pytfm__layer_rows, *cols = pytfm__layer_cols;
-    const int64_t C = cfg->d_model;
-    x->valid = 1;
-    x->shape[1] = C;
-    if (w.layer < 0) {
-        snprintf(x->name, sizeof x->name, "transformer.%s.weight", w.slot ? "wpe" : "wte");
-        x->ndim = 2, x->shape[0] = w.slot ? cfg->max_seq : cfg->vocab;
-        return 1;
-    }
-    if (w.layer < cfg->n_layer) {
-        snprintf(x->name, sizeof x->name, "transformer.h.%lld.%s", (long long)w.layer,
-                 parts[w.slot]);
-        x->ndim = cols[w.slot] ? 2 : 1;
-        x->valid = pytfm__mul_within(rows[w.slot], C, INT64_MAX, &x->shape[0]) &&
-                   pytfm__mul_within(cols[w.slot] ? cols[w.slot] : 1, C, INT64_MAX, &x->shape[1]);
-        return 1;
-    }
-    if (w.slot < 2) {
-        snprintf(x->name, sizeof x->name, "transformer.ln_f.%s", w.slot ? "bias" : "weight");
-        x->ndim = 1, x->shape[0] = C;
-        return 1;
-    }
-    if (w.slot == 2 && !cfg->tie_embeddings) {
-        snprintf(x->name, sizeof x->name, "lm_head.weight");
-        x->ndim = 2, x->shape[0] = cfg->vocab;
-        return 1;
-    }
-    return 0;
-}
-
-static walk next_slot(const pytfm_model_config *cfg, walk w) {
-    if (w.layer < 0 && w.slot == 0 && cfg->pos == PYTFM_POS_LEARNED) return (walk){-1, 1};
-    if (w.layer < 0) return (walk){0, 0};
-    if (w.layer < cfg->n_layer && w.slot == PYTFM__LAYER_PARTS - 1) return (walk){w.layer + 1, 0};
-    return (walk){w.layer, w.slot + 1};
+/* the parameter after x's (x->p.layer = −1, x->p.part = −1: the first), or 0 past the last */
+static int next_expected(const pytfm_model_config *cfg, expected *x) {
+    if (!pytfm__param_next(cfg, &x->p)) return 0;
+    x->valid = pytfm__param_shape(&x->p, x->shape);
+    return 1;
 }
 
 /* Python's repr of asdict(cfg) */
@@ -257,7 +208,7 @@ static const char *show_config(const checker *c, char *buf, size_t cap) {
 
 static const char *show_shape(const expected *x, char *buf, size_t cap) {
     if (!x->valid) return snprintf(buf, cap, "[more than int64 holds]"), buf;
-    if (x->ndim == 1)
+    if (x->p.ndim == 1)
         snprintf(buf, cap, "[%lld]", (long long)x->shape[0]);
     else
         snprintf(buf, cap, "[%lld, %lld]", (long long)x->shape[0], (long long)x->shape[1]);
@@ -272,7 +223,7 @@ static pytfm_status check_one(const checker *c, const char *key, const expected 
     if (!e)
         return BAD(c->st, "tensor %s is missing: config %s needs float32%s", key,
                    show_config(c, config, sizeof config), show_shape(x, want, sizeof want));
-    int same = x->valid && e->dtype == PYTFM_DTYPE_F32 && e->ndim == x->ndim;
+    int same = x->valid && e->dtype == PYTFM_DTYPE_F32 && e->ndim == x->p.ndim;
     pytfm__json_iter it = pytfm__json_iter_of(e->shape);
     pytfm__json dim;
     for (int d = 0; same && pytfm__json_next(&it, NULL, &dim); d++)
@@ -288,19 +239,19 @@ static pytfm_status check_one(const checker *c, const char *key, const expected 
 
 /* every expected tensor there; -> the floats of the parameters */
 static pytfm_status check_expected(const checker *c, unsigned char *matched, int64_t *count) {
-    expected x;
+    expected x = {.p = {.layer = -1, .part = -1}};
     *count = 0;
-    for (walk w = {-1, 0}; expected_at(&c->cfg, w, &x); w = next_slot(&c->cfg, w)) {
-        char key[MAX_NAME + 16];
+    while (next_expected(&c->cfg, &x)) {
+        char key[sizeof x.p.name + 16];
         const pytfm__st_entry *e = NULL;
-        PYTFM_TRY(check_one(c, x.name, &x, matched, &e));
+        PYTFM_TRY(check_one(c, x.p.name, &x, matched, &e));
         for (int m = 0; c->with_optimizer && m < 2; m++) {
-            snprintf(key, sizeof key, "optim.%c.%s", m ? 'v' : 'm', x.name);
+            snprintf(key, sizeof key, "optim.%c.%s", m ? 'v' : 'm', x.p.name);
             PYTFM_TRY(check_one(c, key, &x, matched, &e));
         }
         /* its bytes are within the data, so its floats (and their sum) are within int64 */
         int64_t numel = x.shape[0];
-        if (x.ndim == 2) pytfm__mul_within(numel, x.shape[1], INT64_MAX, &numel);
+        pytfm__mul_within(numel, x.shape[1], INT64_MAX, &numel);
         pytfm__add_within(*count, numel, INT64_MAX, count);
     }
     return PYTFM_STATUS_OK;
@@ -384,9 +335,9 @@ void pytfm__to_host_order(float *p, int64_t count) {
 /* the checked parameters of cfg, in param_shapes order, into params */
 static pytfm_status read_params(const pytfm_safetensors *st, const pytfm_model_config *cfg,
                                 float *params) {
-    expected x;
+    pytfm_param_info x = {.layer = -1, .part = -1};
     int64_t at = 0;
-    for (walk w = {-1, 0}; expected_at(cfg, w, &x); w = next_slot(cfg, w)) {
+    while (pytfm__param_next(cfg, &x)) {
         const pytfm__st_entry *e = pytfm__st_find(st, x.name, strlen(x.name));
         const int64_t bytes = e->end - e->begin;
         PYTFM_TRY(pytfm_safetensors_read(st, e - st->entries, params + at, bytes));

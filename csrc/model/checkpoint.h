@@ -3,21 +3,9 @@
  * exported): csrc/model/checkpoint.c checks a pytfm checkpoint (pytfm_checkpoint_check) and
  * reads its parameters; csrc/model/model.c builds the model on them.
  *
- * The parameters come back in one allocation, in the order of pytfm.nn.param_shapes(cfg), each
- * a contiguous float32 array of its shape, one after the other with no gaps (C = d_model,
- * V = vocab; a Linear's weight is [out, in]):
- *
- *   transformer.wte.weight                 [V, C]
- *   transformer.wpe.weight                 [max_seq, C]   only when pos is learned
- *   for each layer i = 0 .. n_layer − 1:
- *     transformer.h.i.ln_1.weight, .bias   [C], [C]
- *     transformer.h.i.attn.c_attn.weight   [3C, C]   then .bias [3C]
- *     transformer.h.i.attn.c_proj.weight   [C, C]    then .bias [C]
- *     transformer.h.i.ln_2.weight, .bias   [C], [C]
- *     transformer.h.i.mlp.c_fc.weight      [4C, C]   then .bias [4C]
- *     transformer.h.i.mlp.c_proj.weight    [C, 4C]   then .bias [C]
- *   transformer.ln_f.weight, .bias         [C], [C]
- *   lm_head.weight                         [V, C]    only when tie_embeddings is 0
+ * The parameters come back in one allocation, in the layout pytfm_model_param states
+ * (pytfm_model.h), each a contiguous float32 array of its shape, one after the other with no
+ * gaps.
  *
  * config.n_params is the number of floats of that array.
  */
@@ -29,13 +17,17 @@
 
 #include "pytfm.h"
 
-/* A layer's parameters, in the order above: each name after "transformer.h.i.", and its shape
- * in units of C, [rows·C] (cols 0) or [rows·C, cols·C] (a Linear's [out, in]). The pytfm
- * checkpoint's reader and the GPT-2 folder's (csrc/model/gpt2.c: Conv1D stores the weights
- * transposed, [cols·C, rows·C]) both walk this table. */
+/* The layout above is pytfm_model_param's (config.c), the one walk of it: every reader and the
+ * model step through it with pytfm__param_next. A block has PYTFM__LAYER_PARTS parameters. */
 enum { PYTFM__LAYER_PARTS = 12 };
-extern const char *const pytfm__layer_parts[PYTFM__LAYER_PARTS];
-extern const int pytfm__layer_rows[PYTFM__LAYER_PARTS], pytfm__layer_cols[PYTFM__LAYER_PARTS];
+
+/* The parameter after *p in the layout of c (start with p->layer = −1, p->part = −1): fills *p
+ * and returns 1, or 0 after the last. */
+int pytfm__param_next(const pytfm_model_config *c, pytfm_param_info *p);
+
+/* p's shape multiplied out into shape[0..2) (shape[1] 1 for a vector): 1, or 0 where a size
+ * passes int64. */
+int pytfm__param_shape(const pytfm_param_info *p, int64_t shape[2]);
 
 typedef struct pytfm__weights {
     pytfm_model_config config; /* every field filled, n_params and step included */

@@ -607,9 +607,10 @@ static pytfm_status open_files(pytfm_gpt2 *g, int dir, const char *folder) {
 
 /* ---- 3. the tensors -------------------------------------------------------------------------- */
 
-/* One expected parameter, in checkpoint.h's order: its name as stored and its stored shape,
- * each size factor·base (base C, V or P: the product may not fit in int64). */
+/* One expected parameter, in the layout's order (pytfm_model_param, walked in p): its name as
+ * stored and its stored shape, each size factor·base (the product may not fit in int64). */
 typedef struct want {
+    pytfm_param_info p;
     char name[MAX_NAME];
     int ndim;
     int64_t base[2];
@@ -617,53 +618,18 @@ typedef struct want {
     int conv; /* a Conv1D weight: stored [in, out], pytfm's [out, in] */
 } want;
 
-/* layer −1: the embeddings (slot 0 wte, 1 wpe); 0 .. n_layer − 1: 12 slots; n_layer: ln_f's
- * two and, untied, lm_head */
-typedef struct walk {
-    int64_t layer;
-    int slot;
-} walk;
-
-static int want_at(const pytfm_gpt2 *g, walk w, want *x) {
-    const pytfm_model_config *c = &g->config;
-    const char *prefix = g->prefixed ? "transformer." : "";
-    const int64_t C = c->d_model;
-    x->conv = 0;
-    x->base[0] = x->base[1] = C;
-    x->factor[0] = x->factor[1] = 1;
-    if (w.layer < 0) {
-        snprintf(x->name, sizeof x->name, "%s%s.weight", prefix, w.slot ? "wpe" : "wte");
-        x->ndim = 2, x->base[0] = w.slot ? c->max_seq : c->vocab;
-        return 1;
-    }
-    if (w.layer < c->n_layer) {
-        snprintf(x->name, sizeof x->name, "%sh.%lld.%s", prefix, (long long)w.layer,
-                 pytfm__layer_parts[w.slot]);
-        // checkpoint.h's table, a weight stored as Conv1D's [in, out]: [cols·C, rows·C]
-        const int rows = pytfm__layer_rows[w.slot], cols = pytfm__layer_cols[w.slot];
-        x->ndim = cols ? 2 : 1;
-        x->factor[0] = cols ? cols : rows, x->factor[1] = cols ? rows : 1;
-        x->conv = x->ndim == 2;
-        return 1;
-    }
-    if (w.slot < 2) {
-        snprintf(x->name, sizeof x->name, "%sln_f.%s", prefix, w.slot ? "bias" : "weight");
-        x->ndim = 1;
-        return 1;
-    }
-    if (w.slot == 2 && !c->tie_embeddings) {
-        snprintf(x->name, sizeof x->name, "lm_head.weight");
-        x->ndim = 2, x->base[0] = c->vocab;
-        return 1;
-    }
-    return 0;
-}
-
-static walk next_slot(walk w, int64_t n_layer) {
-    if (w.layer < 0 && w.slot == 0) return (walk){-1, 1};
-    if (w.layer < 0) return (walk){0, 0};
-    if (w.layer < n_layer && w.slot == PYTFM__LAYER_PARTS - 1) return (walk){w.layer + 1, 0};
-    return (walk){w.layer, w.slot + 1};
+/* the parameter after x's (x->p.layer = −1, x->p.part = −1: the first), or 0 past the last */
+static int next_want(const pytfm_gpt2 *g, want *x) {
+    if (!pytfm__param_next(&g->config, &x->p)) return 0;
+    const pytfm_param_info *p = &x->p;
+    const size_t skip = strlen("transformer.");
+    const int strip = !g->prefixed && !strncmp(p->name, "transformer.", skip);
+    snprintf(x->name, sizeof x->name, "%s", p->name + (strip ? skip : 0));
+    x->ndim = p->ndim;
+    x->conv = p->ndim == 2 && p->layer >= 0 && p->layer < g->config.n_layer; /* a block's */
+    for (int d = 0; d < 2; d++)
+        x->base[d] = p->base[d ^ x->conv], x->factor[d] = p->factor[d ^ x->conv];
+    return 1;
 }
 
 /* factor·base in decimal, exactly (it may pass int64) */
@@ -721,10 +687,10 @@ static pytfm_status expect(const pytfm_gpt2 *g, const pytfm__st_entry *e, size_t
 
 /* every parameter there, of its shape; each marked in used[f][i] */
 static pytfm_status check_expected(pytfm_gpt2 *g, unsigned char **used) {
-    want x;
+    want x = {.p = {.layer = -1, .part = -1}};
     int64_t count = 0;
     const int64_t L = g->config.n_layer;
-    for (walk w = {-1, 0}; want_at(g, w, &x); w = next_slot(w, L)) {
+    while (next_want(g, &x)) {
         size_t f = 0;
         const pytfm__st_entry *e = find(g, x.name, strlen(x.name), &f);
         char need[96];
@@ -938,10 +904,9 @@ pytfm_status pytfm_gpt2_read(const pytfm_gpt2 *gpt2, float *params, int64_t coun
     float *buf = pytfm__scratch(__func__, scratch, sizeof(float));
     if (!buf) return PYTFM_STATUS_OUT_OF_MEMORY;
     pytfm_status status = PYTFM_STATUS_OK;
-    want x;
+    want x = {.p = {.layer = -1, .part = -1}};
     int64_t at = 0;
-    for (walk w = {-1, 0}; status == PYTFM_STATUS_OK && want_at(gpt2, w, &x);
-         w = next_slot(w, gpt2->config.n_layer)) {
+    while (status == PYTFM_STATUS_OK && next_want(gpt2, &x)) {
         size_t f = 0;
         const pytfm__st_entry *e = find(gpt2, x.name, strlen(x.name), &f);
         const int64_t floats = (e->end - e->begin) / (int64_t)sizeof(float);

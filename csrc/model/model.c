@@ -48,7 +48,7 @@
 /* one block's parameters: pointers into the model's one allocation, on its device */
 typedef struct layer {
     union {
-        const float *part[PYTFM__LAYER_PARTS]; /* in the order of checkpoint.h's table */
+        const float *part[PYTFM__LAYER_PARTS]; /* in the layout's order (pytfm_model_param) */
         struct {
             const float *ln_1_w, *ln_1_b;
             const float *attn_w, *attn_b;   /* c_attn [3C, C], [3C] */
@@ -79,23 +79,31 @@ struct pytfm_model {
     const uint16_t *lm_head16;  /* the LM head's BF16 copy (BF16), or NULL */
 };
 
-/* The parameters' pointers, walking checkpoint.h's order from p, its first float, and pe, the
- * sinusoidal table (or NULL), both on the model's device; -> the floats walked. */
+/* The parameters' pointers, walking the layout (pytfm_model_param) from p, its first float, and
+ * pe, the sinusoidal table (or NULL), both on the model's device; -> the floats walked. */
 static int64_t walk(pytfm_model *m, const float *p, const float *pe) {
     const pytfm_model_config *c = &m->config;
-    const int64_t C = m->C;
     const float *start = p;
-    m->wte = p, p += m->V * C;
     m->positions = pe;
-    if (c->pos == PYTFM_POS_LEARNED) m->positions = p, p += c->max_seq * C;
-    for (int64_t i = 0; i < c->n_layer; i++)
-        for (int j = 0; j < PYTFM__LAYER_PARTS; j++) {
-            const int cols = pytfm__layer_cols[j];
-            m->layers[i].part[j] = p, p += pytfm__layer_rows[j] * C * (cols ? cols * C : 1);
-        }
-    m->ln_f_w = p, p += C, m->ln_f_b = p, p += C;
-    m->lm_head = c->tie_embeddings ? m->wte : p;
-    if (!c->tie_embeddings) p += m->V * C;
+    m->lm_head = NULL;
+    int64_t shape[2];
+    for (pytfm_param_info x = {.layer = -1, .part = -1}; pytfm__param_next(c, &x);
+         p += shape[0] * shape[1]) {
+        pytfm__param_shape(&x, shape); /* the checked config's: within int64 */
+        if (x.layer >= 0 && x.layer < c->n_layer)
+            m->layers[x.layer].part[x.part] = p;
+        else if (x.layer < 0 && x.part == 0)
+            m->wte = p;
+        else if (x.layer < 0)
+            m->positions = p; /* learned */
+        else if (x.part == 0)
+            m->ln_f_w = p;
+        else if (x.part == 1)
+            m->ln_f_b = p;
+        else
+            m->lm_head = p; /* untied */
+    }
+    if (c->tie_embeddings) m->lm_head = m->wte;
     return p - start;
 }
 

@@ -506,6 +506,23 @@ def test_param_shapes_are_the_models_without_building_it(cfg):
     assert next(shapes) == ("transformer.wte.weight", (256, 128))
 
 
+def test_the_layout_names_no_parameter_outside_its_groups():
+    """pytfm_model_param, the layout's one home: (layer, part) outside the groups, or a NULL
+    argument, is no parameter; sizes past int64 come back as factors of in-range bases."""
+    from pytfm._core import ffi, lib
+    c = ffi.new("pytfm_model_config *", dict(vocab=5, d_model=2**62, n_layer=2, n_head=1,
+                                             max_seq=3, pos=3, tie_embeddings=1))
+    p = ffi.new("pytfm_param_info *")
+    for layer, part in ((-2, 0), (3, 0), (0, -1), (0, 12), (-1, 2), (2, 2)):
+        assert lib.pytfm_model_param(c, layer, part, p) == 0, (layer, part)
+    assert lib.pytfm_model_param(ffi.NULL, 0, 0, p) == 0
+    assert lib.pytfm_model_param(c, 0, 0, ffi.NULL) == 0
+    assert lib.pytfm_model_param(c, 1, 10, p) == 1  # mlp.c_proj.weight [C, 4C]
+    assert ffi.string(p.name) == b"transformer.h.1.mlp.c_proj.weight"
+    assert [p.factor[d] * p.base[d] for d in range(p.ndim)] == [2**62, 2**64]
+    assert lib.pytfm_model_param(c, -1, 1, p) == 1 and ffi.string(p.name).endswith(b"wpe.weight")
+
+
 # ---- loads are all-or-nothing ---------------------------------------------------------------
 
 
