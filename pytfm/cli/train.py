@@ -67,6 +67,7 @@ import contextlib
 import csv
 import math
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -161,6 +162,15 @@ def flag(name):
     return "--" + name.replace("_", "-")
 
 
+def in_flags(message):
+    """A GPTConfig message with its fields named as this command's flags: "d_model (24) must
+    be a multiple of n_head (5)" is "--d-model (24) must be a multiple of --n-head (5)"."""
+    message = re.sub(r"\b(rope|sinusoidal)\b", r"--pos \1", message.replace("GPTConfig.", ""),
+                     count=1)
+    return re.sub(r"\b(d_model|n_layer|n_head|max_seq)\b",
+                  lambda m: "--context" if m[1] == "max_seq" else flag(m[1]), message)
+
+
 def check_numbers(p, args):
     """Each number flag within its range, the model's shape as pytfm.nn.GPTConfig wants it."""
     for name, low in MINIMUM.items():
@@ -180,19 +190,11 @@ def check_numbers(p, args):
     if args.collective_timeout is not None and not 0 < args.collective_timeout < math.inf:
         p.error(f"--collective-timeout must be finite and > 0 (seconds), got "
                 f"{args.collective_timeout}")
-    if args.d_model % args.n_head:
-        p.error(f"--n-head {args.n_head} must divide --d-model {args.d_model} "
-                "(each head gets d-model / n-head features)")
-    head = args.d_model // args.n_head
-    if args.pos == "rope" and head % 2:
-        p.error(f"--pos rope needs an even head size, got --d-model / --n-head = {head}")
-    if args.pos == "sinusoidal" and args.d_model % 2:
-        p.error(f"--pos sinusoidal needs an even --d-model, got {args.d_model}")
-    try:  # any rule of GPTConfig's that the checks above do not know yet
+    try:  # the model's shape by GPTConfig's rules (the C library's config check), in flags
         GPTConfig(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
                   max_seq=args.context, pos=args.pos, seed=args.seed)
     except ValueError as e:
-        p.error(str(e))
+        p.error(in_flags(str(e)))
     if args.init_from:  # check_tokens plans a fine-tuning run, once it has read the folder
         return
     need, have = memory_needed(args), physical_memory()
