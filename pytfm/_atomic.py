@@ -15,8 +15,8 @@ A folder (Folder): every save of it, in any thread or process, holds <parent>/.<
 (flock), so that two saves never interleave. Under it the save removes what killed saves left
 (.tmp-<name>.dir-*), then builds the new folder as a sibling .tmp-<name>.dir-<16 hex digits>:
 the files written, each with the mode of the file of that name it replaces; every other entry
-of the old folder not removed (Folder.remove) carried over (hard-linked, copied where a link is refused); the folder's
-own mode kept; all of it fsynced. Then one step swaps it with the folder (renameat2's
+of the old folder that was not removed (Folder.remove) carried over (hard-linked, copied where
+a link is refused); the folder's own mode kept; all of it fsynced. Then one step swaps it with the folder (renameat2's
 RENAME_EXCHANGE, pytfm_rename_exchange) and the old one, now under the temporary name, is
 removed. A file system that cannot exchange (NFS, say) gets two renames instead: the old folder
 aside to .tmp-<name>.old-<hex>, the new one into place. A save killed between them leaves the
