@@ -16,9 +16,9 @@ A folder (Folder): every save of it, in any thread or process, holds <parent>/.<
 (.tmp-<name>.dir-*), then builds the new folder as a sibling .tmp-<name>.dir-<16 hex digits>:
 the files written, each with the mode of the file of that name it replaces; every other entry
 of the old folder that was not removed (Folder.remove) carried over (hard-linked, copied where
-a link is refused); the folder's own mode kept; all of it fsynced. Then one step swaps it with the folder (renameat2's
-RENAME_EXCHANGE, pytfm_rename_exchange) and the old one, now under the temporary name, is
-removed. A file system that cannot exchange (NFS, say) gets two renames instead: the old folder
+a link is refused); the folder's own mode kept; all of it fsynced. Then one step swaps it with
+the folder (renameat2's RENAME_EXCHANGE, pytfm_rename_exchange) and the old one, now under the
+temporary name, is removed. A file system that cannot exchange (NFS, say) gets two renames instead: the old folder
 aside to .tmp-<name>.old-<hex>, the new one into place. A save killed between them leaves the
 folder missing and the old one aside, and the next save puts it back before anything else.
 A folder given as a symlink is saved where the link points.
@@ -162,7 +162,8 @@ class Folder:
             f.write("model.safetensors", chunks)
 
     replaces the folder (made if missing) on a clean exit, keeping the entries of the old one
-    that were neither written nor removed (f.remove(name)), and leaves it as it was when the block raises."""
+    that were neither written nor removed (f.remove(name)), and leaves it as it was when the
+    block raises."""
 
     def __init__(self, path):
         self.path = os.path.realpath(path)
@@ -258,8 +259,8 @@ class Folder:
                 os.chdir(self.path)
 
     def _carry_over(self):
-        """Every entry of the old folder not written nor removed: hard-linked (a folder's tree linked file by
-        file), copied where a link is refused; a symlink as a symlink."""
+        """Every entry of the old folder not written nor removed: hard-linked (a folder's tree
+        linked file by file), copied where a link is refused; a symlink as a symlink."""
         for entry in os.scandir(self.path):
             if entry.name in self.written or entry.name in self.removed:
                 continue
