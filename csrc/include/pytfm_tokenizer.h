@@ -54,6 +54,12 @@ enum {
     PYTFM_TOKENIZER_MAX_TOKENS = 16777216  /* tokens of a vocabulary, at most */
 };
 
+/* pytfm_tokenizer_encode's flags */
+enum {
+    PYTFM_TOKENIZER_SPECIAL = 1, /* special added tokens in the text are matched (else text) */
+    PYTFM_TOKENIZER_TEMPLATE = 2 /* the post-processor's template ids around the text */
+};
+
 typedef struct pytfm_tokenizer pytfm_tokenizer;
 
 /* Open GPT-2's vocab.json (encoder.json) and merges.txt (vocab.bpe: an optional "#version"
@@ -113,7 +119,7 @@ PYTFM_API const char *pytfm_tokenizer_unicode_version(void);
  * returns OK; a capacity below the count otherwise is INVALID_ARGUMENT ("needs N ids"), ids
  * holding the first capacity of them. */
 PYTFM_API pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text,
-                                              int64_t size, int32_t special, int32_t *ids,
+                                              int64_t size, int32_t flags, int32_t *ids,
                                               int64_t capacity, int64_t *count);
 
 /* Decode ids[0..n) into the bytes they stand for (<|endoftext|> as its 13 characters): *size,
