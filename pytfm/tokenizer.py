@@ -174,7 +174,7 @@ class Tokenizer:
 
     # -- encoding
 
-    def encode(self, text, special=True, template=True):
+    def encode(self, text, special=True, *, template=True):
         """text (str or bytes) -> its token ids, a list of ints. special: the special added
         tokens in the text (<|endoftext|>, tokenizer.json's added_tokens marked special) are
         those tokens, as transformers' tokenizer has it; False: their characters are text
@@ -184,7 +184,7 @@ class Tokenizer:
         (add_special_tokens); GPT-2 has none, so it changes nothing there."""
         return self._encode(text, special, template).tolist()
 
-    def encode_array(self, text, special=True, template=True, dtype=np.int64):
+    def encode_array(self, text, special=True, *, template=True, dtype=np.int64):
         """encode, as a NumPy array of dtype (an integer type that holds every id)."""
         dtype = np.dtype(dtype)
         if dtype.kind not in "iu" or np.iinfo(dtype).max < len(self) - 1:
