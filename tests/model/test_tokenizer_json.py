@@ -236,7 +236,7 @@ def test_a_mebibyte_in_one_word_gives_tokenizers_ids(gpt2_tokenizer, gpt2_json, 
         assert gpt2_tokenizer.encode(text) == hf.encode(text).ids, name
 
 
-# ---- files that are not files ---------------------------------------------------------------------
+# ---- files that are not files --------------------------------------------------------------
 
 
 def test_a_fifo_for_any_tokenizer_file_is_refused_without_blocking(tmp_path):
