@@ -65,7 +65,10 @@ PYTFM_API int32_t pytfm_abi_version(void);
  * BLAS's thread setting: it changes speed only, the results are the same bits at any count.
  *   0, the default: OpenMP's count (OMP_NUM_THREADS, else the available cores), lowered to the
  *      cores that other processes leave free (on Linux; csrc/core/free_cores.c says how).
- *   n: n threads, never lowered for neighbours (PYTFM_NUM_THREADS sets it from Python).
+ *   n: n threads, never lowered for neighbours.
+ * The environment variable PYTFM_NUM_THREADS sets it (read once, at the first get or set of the
+ * thread count or the ISA cap; a set call wins; a bad value is ignored with a line on stderr:
+ * csrc/core/environment.c).
  * Whatever the source, the kernels use at most 4 threads per core of the process's CPU
  * affinity: a larger value is accepted and clamped. A change from another thread while
  * kernels run is safe and takes effect from the next call. Without OpenMP the setting is
@@ -111,7 +114,9 @@ typedef enum pytfm_isa {
 /* Use no instruction set above isa (PYTFM_ISA_AUTO: no cap). Process-wide, like the thread
  * count; it changes which kernel versions run, and so the last bits of results. A cap of
  * PYTFM_ISA_AVX512 keeps the BF16 products off the AVX512_BF16 instructions (they then run
- * as on a CPU without them: BF16-rounded inputs through the AVX-512 FP32 kernels). */
+ * as on a CPU without them: BF16-rounded inputs through the AVX-512 FP32 kernels). The
+ * environment variable PYTFM_MAX_ISA (auto, plain, portable, avx2, avx512, avx512_bf16) sets
+ * it, read as PYTFM_NUM_THREADS is. */
 PYTFM_API pytfm_status pytfm_set_max_isa(int32_t isa);
 
 /* The pytfm_isa the FP32 kernels use now: the best this CPU has, under the cap, at most
