@@ -1873,8 +1873,8 @@ BY_NAME = {op.name: op for op in OPS}
 NON_OPS = {
     "pytfm_core.h": ("pytfm_status_string", "pytfm_last_error", "pytfm_version",
                      "pytfm_abi_version", "pytfm_set_num_threads", "pytfm_get_num_threads",
-                     "pytfm_set_max_isa", "pytfm_get_isa", "pytfm_get_bf16_isa",
-                     "pytfm_get_build_info"),
+                     "pytfm_set_max_isa", "pytfm_read_environment", "pytfm_get_isa",
+                     "pytfm_get_bf16_isa", "pytfm_get_build_info"),
     "pytfm_model.h": ("pytfm_safetensors_open", "pytfm_safetensors_open_fd",
                       "pytfm_safetensors_open_memory", "pytfm_safetensors_close",
                       "pytfm_safetensors_tensor_count", "pytfm_safetensors_tensor",

@@ -7,13 +7,16 @@
  * pytfm reads them (pytfm/_core.py), surrounding spaces ignored, empty as unset:
  *   PYTFM_NUM_THREADS  an integer in [0, 2^31) (0: the default)
  *   PYTFM_MAX_ISA      auto, plain, portable, avx2, avx512 or avx512_bf16 (pytfm_isa's order)
- * A value that is none of those is ignored, with one line on stderr naming the variable, its
- * value and what it should be: it belongs to no call that could return an error (Python's
- * import raises ValueError for it instead), and libgomp treats a bad OMP_NUM_THREADS alike.
+ * A value that is none of those is ignored. pytfm_read_environment, which reads them at once,
+ * returns that as an error (`import pytfm` calls it first, and raises ValueError); where the
+ * first reading is implicit instead, the problem belongs to no call that could return it, and
+ * one line on stderr names the variable, its value and what it should be, as libgomp does for
+ * a bad OMP_NUM_THREADS.
  */
 #include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +38,23 @@ static const char *value_of(const char *name, char *buf, size_t size) {
     return buf;
 }
 
+/* the first bad variable: its name, value and what it must be (name NULL: none) */
+static struct {
+    const char *name, *wanted;
+    char value[64];
+} bad;
+static atomic_int asked; /* pytfm_read_environment was called: it reports, not stderr */
+static pthread_once_t once = PTHREAD_ONCE_INIT, told = PTHREAD_ONCE_INIT;
+
 static void ignored(const char *name, const char *value, const char *wanted) {
-    fprintf(stderr, "pytfm: %s=%s ignored: it must be %s\n", name, value, wanted);
+    if (bad.name) return;
+    bad.name = name, bad.wanted = wanted;
+    snprintf(bad.value, sizeof bad.value, "%s", value);
+}
+
+static void tell(void) {
+    if (bad.name)
+        fprintf(stderr, "pytfm: %s=%s ignored: it must be %s\n", bad.name, bad.value, bad.wanted);
 }
 
 static void read_environment(void) {
@@ -63,6 +81,14 @@ static void read_environment(void) {
 }
 
 void pytfm__read_environment(void) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, read_environment);
+    if (!atomic_load(&asked)) pthread_once(&told, tell);
+}
+
+pytfm_status pytfm_read_environment(void) {
+    atomic_store(&asked, 1);
+    pthread_once(&once, read_environment);
+    if (!bad.name) return PYTFM_STATUS_OK;
+    return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s='%s': it must be %s",
+                       bad.name, bad.value, bad.wanted);
 }

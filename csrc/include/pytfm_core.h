@@ -67,8 +67,8 @@ PYTFM_API int32_t pytfm_abi_version(void);
  *      cores that other processes leave free (on Linux; csrc/core/free_cores.c says how).
  *   n: n threads, never lowered for neighbours.
  * The environment variable PYTFM_NUM_THREADS sets it (read once, at the first get or set of the
- * thread count or the ISA cap; a set call wins; a bad value is ignored with a line on stderr:
- * csrc/core/environment.c).
+ * thread count or the ISA cap, or at pytfm_read_environment; a set call wins; a bad value is
+ * ignored: csrc/core/environment.c).
  * Whatever the source, the kernels use at most 4 threads per core of the process's CPU
  * affinity: a larger value is accepted and clamped. A change from another thread while
  * kernels run is safe and takes effect from the next call. Without OpenMP the setting is
@@ -118,6 +118,13 @@ typedef enum pytfm_isa {
  * environment variable PYTFM_MAX_ISA (auto, plain, portable, avx2, avx512, avx512_bf16) sets
  * it, read as PYTFM_NUM_THREADS is. */
 PYTFM_API pytfm_status pytfm_set_max_isa(int32_t isa);
+
+/* Read PYTFM_NUM_THREADS and PYTFM_MAX_ISA now (once a process: a later call returns what the
+ * first found): PYTFM_STATUS_OK, or PYTFM_STATUS_INVALID_ARGUMENT naming the first variable
+ * whose value is bad ("PYTFM_NUM_THREADS='many': it must be ..."), which is then ignored. A
+ * program that never calls it gets them read at the first get or set of either setting, and a
+ * bad value told on stderr instead (no call there can return it). `import pytfm` calls it. */
+PYTFM_API pytfm_status pytfm_read_environment(void);
 
 /* The pytfm_isa the FP32 kernels use now: the best this CPU has, under the cap, at most
  * PYTFM_ISA_AVX512 (no FP32 kernel is written for more). */
