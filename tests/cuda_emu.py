@@ -1,7 +1,7 @@
 """Build and load the CUDA kernels of cuda/ compiled for the CPU emulator (cuda/emu).
 
 The same .cu files nvcc compiles for the GPU are compiled here by the host C++ compiler against
-cuda/emu/emu.h into one shared library, libpytfm_emu.so, with csrc/core/status.c (errors) and the
+cuda/emu/emu.h into one shared library, libpytfm_emu.so, with csrc/core (errors, settings) and the
 emulator's self-test kernels (tests/cuda/emu_selftest.cu). It exports the pytfm_*_cuda
 functions of pytfm.h; "device" pointers are host pointers, so NumPy arrays are passed as-is.
 
@@ -130,18 +130,23 @@ def _cuda_objects(out_dir, root):
     return objects
 
 
+CORE = ("status", "environment", "isa", "free_cores")  # csrc/core/<name>.c
+
+
 def build(out_dir, root=ROOT):
     """Compile the emulator library into out_dir; return its path (raises on a failure)."""
     cc, cxx = compilers()
     selftest = os.path.join(out_dir, "emu_selftest.cu.o")
-    status = os.path.join(out_dir, "status.o")
+    # the errors (status.c) and the thread and ISA settings they read (with the environment)
+    core = [os.path.join(out_dir, f"{name}.o") for name in CORE]
     objects = _cuda_objects(out_dir, root)
     _compile([[cxx, "-std=c++17", *_flags(root), "-x", "c++", "-c",
-               os.path.join(root, "tests", "cuda", "emu_selftest.cu"), "-o", selftest],
-              [cc, "-std=c11", *_flags(root), "-c",
-               os.path.join(root, "csrc", "core", "status.c"), "-o", status]])
+               os.path.join(root, "tests", "cuda", "emu_selftest.cu"), "-o", selftest]] +
+             [[cc, "-std=c11", *_flags(root), "-c",
+               os.path.join(root, "csrc", "core", f"{name}.c"), "-o", obj]
+              for name, obj in zip(CORE, core)])
     lib = os.path.join(out_dir, "libpytfm_emu.so")
-    run([cxx, "-shared", "-o", lib, *objects, selftest, status, "-lm"])
+    run([cxx, "-shared", "-o", lib, *objects, selftest, *core, "-lm"])
     return lib
 
 
