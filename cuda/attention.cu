@@ -555,7 +555,8 @@ extern "C" pytfm_status pytfm_attention_forward_cuda(float *o, float *lse, const
                                                      const float *k, const float *v, int64_t B,
                                                      int64_t T, int64_t H, int64_t D,
                                                      float scale, int32_t causal, void *stream) {
-    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, D, scale));
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, H, D, scale,
+                                             causal, 0));
     PYTFM_TRY(check_head_dim(__func__, D));
     if (B * T * H == 0) return PYTFM_STATUS_OK;
     PYTFM_TRY(check_grid(__func__, B * H, T, 4 * (FWD_THREADS / TX), "T"));
@@ -586,7 +587,7 @@ extern "C" pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, floa
                                                       float scale, int32_t causal,
                                                       void *stream) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
-                                              D, scale));
+                                              H, D, scale, causal, 0));
     PYTFM_TRY(check_head_dim(__func__, D));
     if (B * T * H == 0) return PYTFM_STATUS_OK;
     PYTFM_TRY(check_grid(__func__, B * H, T, BK, "T"));
@@ -627,8 +628,8 @@ extern "C" pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const 
                                                     int64_t B, int64_t n_new, int64_t H,
                                                     int64_t D, int64_t Tmax, int64_t start,
                                                     float scale, void *stream) {
-    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, D,
-                                            Tmax, start, scale));
+    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, H,
+                                            D, Tmax, start, scale, 0));
     PYTFM_TRY(check_head_dim(__func__, D));
     if (B * n_new * H == 0) return PYTFM_STATUS_OK;
     const int rm = n_new <= FWD_THREADS / TX ? 1 : 4; // a token or a few: tiles of 16 queries

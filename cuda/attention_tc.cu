@@ -710,7 +710,8 @@ extern "C" pytfm_status pytfm_attention_forward_ex_cuda(float *o, float *lse, co
                                                         int64_t B, int64_t T, int64_t H,
                                                         int64_t D, float scale, int32_t causal,
                                                         int32_t precision, void *stream) {
-    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, D, scale));
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, H, D, scale,
+                                             causal, 0));
     PYTFM_TRY(pytfm__check_precision_cuda(__func__, precision));
     PYTFM_TRY(tc_check_head_dim(__func__, D));
     if (precision == PYTFM_PRECISION_FP32 || !tc_head_dim(D))
@@ -730,7 +731,7 @@ extern "C" pytfm_status pytfm_attention_backward_ex_cuda(float *dq, float *dk, f
                                                          int64_t D, float scale, int32_t causal,
                                                          int32_t precision, void *stream) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
-                                              D, scale));
+                                              H, D, scale, causal, 0));
     PYTFM_TRY(pytfm__check_precision_cuda(__func__, precision));
     PYTFM_TRY(tc_check_head_dim(__func__, D));
     if (precision == PYTFM_PRECISION_FP32 || !tc_head_dim(D))
