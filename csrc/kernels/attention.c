@@ -529,19 +529,35 @@ static pytfm_status backward_fast(const char *func, const grad_problem *p, const
     return PYTFM_STATUS_OK;
 }
 
+/* the forward of p (checked), its scratch's failure named after func */
+static pytfm_status run_forward(const char *func, const problem *p) {
+    if (p->B * p->Tq * p->H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
+    fast_path f;
+    if (fast_path_for(&f, p->Tq)) return forward_fast(func, p, &f);
+    if (f.fk) return decode_rows(p, f.fk, p->Tq);
+    forward_all(p);
+    return PYTFM_STATUS_OK;
+}
+
+/* the backward of p (checked), its scratch's failure named after func */
+static pytfm_status run_backward(const char *func, const grad_problem *p) {
+    if (p->B * p->T * p->H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
+    fast_path f;
+    if (fast_path_for(&f, p->T)) return backward_fast(func, p, &f);
+    PYTFM_PARALLEL_FOR
+    for (int64_t bg = 0; bg < p->B * p->Hkv; bg++)
+        backward_group(p, NULL, NULL, bg / p->Hkv, bg % p->Hkv);
+    return PYTFM_STATUS_OK;
+}
+
 pytfm_status pytfm_attention_gqa_forward(float *o, float *lse, const float *q, const float *k,
                                          const float *v, int64_t B, int64_t T, int64_t H,
                                          int64_t Hkv, int64_t D, float scale, int32_t causal,
                                          int64_t window) {
     PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, Hkv, D, scale,
                                              causal, window));
-    if (B * T * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
     const problem p = {o, lse, q, k, v, B, T, T, T, H, Hkv, D, 0, window, scale, causal != 0};
-    fast_path f;
-    if (fast_path_for(&f, T)) return forward_fast(__func__, &p, &f);
-    if (f.fk) return decode_rows(&p, f.fk, T);
-    forward_all(&p);
-    return PYTFM_STATUS_OK;
+    return run_forward(__func__, &p);
 }
 
 pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const float *k,
@@ -549,7 +565,8 @@ pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const
                                      float scale, int32_t causal) {
     PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, H, D, scale,
                                              causal, 0));
-    return pytfm_attention_gqa_forward(o, lse, q, k, v, B, T, H, H, D, scale, causal, 0);
+    const problem p = {o, lse, q, k, v, B, T, T, T, H, H, D, 0, 0, scale, causal != 0};
+    return run_forward(__func__, &p);
 }
 
 pytfm_status pytfm_attention_gqa_backward(float *dq, float *dk, float *dv, const float *dy,
@@ -559,14 +576,9 @@ pytfm_status pytfm_attention_gqa_backward(float *dq, float *dk, float *dv, const
                                           float scale, int32_t causal, int64_t window) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
                                               Hkv, D, scale, causal, window));
-    if (B * T * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
     const grad_problem p = {dq, dk, dv, dy, q, k, v, o, lse, B, T, H, Hkv, D, window, scale,
                             causal != 0};
-    fast_path f;
-    if (fast_path_for(&f, T)) return backward_fast(__func__, &p, &f);
-    PYTFM_PARALLEL_FOR
-    for (int64_t bg = 0; bg < B * Hkv; bg++) backward_group(&p, NULL, NULL, bg / Hkv, bg % Hkv);
-    return PYTFM_STATUS_OK;
+    return run_backward(__func__, &p);
 }
 
 pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const float *dy,
@@ -575,8 +587,9 @@ pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const flo
                                       int64_t H, int64_t D, float scale, int32_t causal) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
                                               H, D, scale, causal, 0));
-    return pytfm_attention_gqa_backward(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, H, D, scale,
-                                        causal, 0);
+    const grad_problem p = {dq, dk, dv, dy, q, k, v, o, lse, B, T, H, H, D, 0, scale,
+                            causal != 0};
+    return run_backward(__func__, &p);
 }
 
 pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache, const float *k,
@@ -600,14 +613,9 @@ pytfm_status pytfm_attention_gqa_decode(float *o, float *lse, const float *q,
                                         int64_t window) {
     PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H,
                                             Hkv, D, Tmax, start, scale, window));
-    if (B * n_new * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
     const problem p = {o,   lse, q, k_cache, v_cache, B,      n_new, start + n_new, Tmax,
                        H, Hkv, D, start,   window,  scale, 1};
-    fast_path f;
-    if (fast_path_for(&f, n_new)) return forward_fast(__func__, &p, &f);
-    if (f.fk) return decode_rows(&p, f.fk, n_new);
-    forward_all(&p);
-    return PYTFM_STATUS_OK;
+    return run_forward(__func__, &p);
 }
 
 pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const float *k_cache,
@@ -615,6 +623,7 @@ pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const 
                                     int64_t D, int64_t Tmax, int64_t start, float scale) {
     PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, H,
                                             D, Tmax, start, scale, 0));
-    return pytfm_attention_gqa_decode(o, lse, q, k_cache, v_cache, B, n_new, H, H, D, Tmax, start,
-                                      scale, 0);
+    const problem p = {o,   lse, q, k_cache, v_cache, B, n_new, start + n_new, Tmax,
+                       H, H, D, start,   0,       scale, 1};
+    return run_forward(__func__, &p);
 }
