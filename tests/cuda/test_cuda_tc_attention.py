@@ -310,6 +310,31 @@ def test_pytfm_ops_reaches_the_ex_twins_on_cupy_arrays_only(emu, cp):
                                    precision=precision)
 
 
+def test_the_tensor_cores_refuse_grouped_heads_and_windows(emu, cp):
+    """The tensor-core kernels have no grouped-query heads or sliding window: ops refuses
+    "tf32" and "bf16" with either, naming what it got, before any kernel runs; "fp32" serves
+    them (pytfm_attention_gqa_*_cuda, the C kernels' results to float32 rounding)."""
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 20, 4, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 20, 2, 16)).astype(np.float32) for _ in range(2))
+    gq, gk, gv = (cp.asarray(x) for x in (q, k, v))
+    for precision in ("tf32", "bf16"):
+        with pytest.raises(ValueError, match=rf"precision '{precision}' of attention takes "
+                                             r"multi-head attention without a window only .*"
+                                             r"got Hkv = 2, window = 0: .* use 'fp32'"):
+            ops.attention_forward(gq, gk, gv, precision=precision)
+        with pytest.raises(ValueError, match=r"got Hkv = 4, window = 3"):
+            ops.attention_forward(gq, gq, gq, precision=precision, window=3)
+        with pytest.raises(ValueError, match=r"got Hkv = 2, window = 5"):
+            ops.attention_backward(gq, gq, gk, gv, gq, cp.asarray(np.zeros((1, 4, 20),
+                                                                           np.float32)),
+                                   precision=precision, window=5)
+    o, lse = ops.attention_forward(gq, gk, gv, window=7)
+    co, clse = ops.attention_forward(q, k, v, window=7)
+    np.testing.assert_allclose(fake_cupy._asnumpy(o), co, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fake_cupy._asnumpy(lse), clse, rtol=1e-5, atol=1e-5)
+
+
 TRAIN_STEPS = 6
 
 
