@@ -461,7 +461,8 @@ def _kv_heads(a, q, names):
 
 def _attention_kernel(direction, precision, H, Hkv, window):
     """The kernel of an attention call: the multi-head one in any precision (window 0, Hkv = H:
-    the tensor cores' too), else the grouped-query/windowed one (FP32 only) -> (name, extra arguments)"""
+    the tensor cores' too), else the grouped-query/windowed one (FP32 only)
+    -> (name, extra arguments)"""
     if window < 0:
         raise ValueError(f"window must be >= 0 (0: no sliding window), got {window}")
     if Hkv == H and window == 0:

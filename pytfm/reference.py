@@ -230,7 +230,7 @@ def attention_backward(dy, q, k, v, causal=True, scale=None, window=0):  # -> dq
     # dy, q [B, T, H, D], k, v [B, T, Hkv, D]; dk, dv sum over the heads of a group
     dy, q, k, v = _f64(dy, q, k, v)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    B, T, H, D = q.shape
+    B, T, H, _ = q.shape
     Hkv = k.shape[2]
     S = attention_scores(q, k, causal, scale, window)
     P = softmax_forward(S)

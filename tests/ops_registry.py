@@ -1924,8 +1924,8 @@ GQA_CACHE = tuple((B, n, H, Hkv, D, Tmax, start) for B, n, H, D, Tmax, start in 
 
 ATTENTION_GQA_FORWARD = Op(
     "attention_gqa_forward",
-    limits=Limits(("F F F F F {0} {1} {2} {3} {4} 0.5 0 0", "F F F F F {0} {1} {2} {3} {4} 0.5 1 5"),
-                  GQA_HEADS),
+    limits=Limits(("F F F F F {0} {1} {2} {3} {4} 0.5 0 0",
+                   "F F F F F {0} {1} {2} {3} {4} 0.5 1 5"), GQA_HEADS),
     exact=("F:2*r*b*a F:2*b*r F:2*r*b*a F:2*r*a F:2*r*a 2 r b 1 a 0.5 1 3",
            "F:2*r*b*a F:2*b*r F:2*r*b*a F:2*r*b*a F:2*r*b*a 2 r b b a 0.5 0 0"),
     check=Check(GQA_DRAW, attention_make, run=attention_run, want=attention_want,
