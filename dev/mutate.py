@@ -321,6 +321,10 @@ MUTATIONS = {
                                                    "__syncthreads(); // one buffer: every warp is done with this query tile", "", TC_ATT),
     "cuda_tc_attn_no_barrier_before_key_store": ("cuda/attention_tc.cu", "tc_dq_kernel",
                                                  "__syncthreads(); // one buffer: every warp is done with this key tile", "", TC_ATT),
+    # grouped-query heads and the window on the tensor cores: dK/dV of a group's first head only,
+    # a key seen one query row past its window
+    "cuda_tc_attn_dkdv_one_head": ("cuda/attention_tc.cu", "tc_dkdv_kernel", "steps = (int)G * tiles;", "steps = tiles;", TC_ATT),
+    "cuda_tc_attn_window_bound": ("cuda/attention_tc.cu", "tc_dkdv_kernel", "c < first + a.window);", "c <= first + a.window);", TC_ATT),
     "cuda_tc_attn_tf32_p_repack": ("cuda/attention_tc.cu", "tc_accumulate",
                                    "pytfm__tf32(s[j][2]), pytfm__tf32(s[j][1]),", "pytfm__tf32(s[j][1]), pytfm__tf32(s[j][2]),", TC_ATT),
     "cuda_tc_attn_bf16_p_repack": ("cuda/attention_tc.cu", "tc_accumulate",

@@ -460,19 +460,13 @@ def _kv_heads(a, q, names):
 
 
 def _attention_kernel(direction, precision, H, Hkv, window):
-    """The kernel of an attention call: the multi-head one in any precision (window 0, Hkv = H:
-    the tensor cores' too), else the grouped-query/windowed one (FP32 only)
-    -> (name, extra arguments)"""
+    """The kernel of an attention call, in its precision (see _precise): the multi-head one
+    (Hkv = H, no window), else the grouped-query/windowed one -> (name, extra arguments)"""
     if window < 0:
         raise ValueError(f"window must be >= 0 (0: no sliding window), got {window}")
     if Hkv == H and window == 0:
         return _precise(f"pytfm_attention_{direction}", precision)
-    if _core.precision_code(precision) != 0:
-        raise ValueError(
-            f"precision {precision!r} of attention takes multi-head attention without a window "
-            f"only (k's heads Hkv = H = {H}, window = 0); got Hkv = {Hkv}, window = {window}: "
-            "the tensor-core kernels have no grouped-query heads or sliding window, use 'fp32'")
-    return f"pytfm_attention_gqa_{direction}", ()
+    return _precise(f"pytfm_attention_gqa_{direction}", precision)
 
 
 def _window_causal(window, causal):
@@ -488,10 +482,10 @@ def attention_forward(q, k, v, causal=True, scale=None, precision="fp32", window
     query head h reads key/value head h // (H // Hkv) (transformers' repeat_kv; Hkv = 1:
     multi-query). window: 0, or w > 0 with causal: query t sees keys t - w < s <= t
     (transformers' sliding window). D is any head dim >= 1 (CuPy arrays: <= 128). scale
-    defaults to 1/sqrt(D). precision: "fp32", or on CuPy arrays without grouping or window
-    "tf32" or "bf16" (Q·Kᵀ and P·V on the tensor cores, their inputs rounded to the format, the
-    softmax and every sum in float32: see pytfm_attention_forward_ex_cuda; head dims other than
-    16, 32, 64, 128 stay FP32).
+    defaults to 1/sqrt(D). precision: "fp32", or on CuPy arrays "tf32" or "bf16" (Q·Kᵀ and P·V
+    on the tensor cores, their inputs rounded to the format, the softmax and every sum in
+    float32: see pytfm_attention_forward_ex_cuda; head dims other than 16, 32, 64, 128 stay
+    FP32).
     """
     a = _Args("pytfm_attention_forward", locals())
     _attention_gpu_only(a, precision)
@@ -506,7 +500,7 @@ def attention_forward(q, k, v, causal=True, scale=None, precision="fp32", window
     _window_causal(window, causal)
     o, lse = a.empty_like(q), a.empty((B, H, T))
     if kernel.startswith("pytfm_attention_gqa"):
-        a.call(o, lse, q, k, v, B, T, H, Hkv, D, scale, causal, window)
+        a.call(o, lse, q, k, v, B, T, H, Hkv, D, scale, causal, window, *extra)
     else:
         a.call(o, lse, q, k, v, B, T, H, D, scale, causal, *extra)
     return o, lse
@@ -531,7 +525,7 @@ def attention_backward(dy, q, k, v, o, lse, causal=True, scale=None, precision="
     _window_causal(window, causal)
     dq, dk, dv = a.empty_like(q), a.empty_like(k), a.empty_like(k)
     if kernel.startswith("pytfm_attention_gqa"):
-        a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, Hkv, D, scale, causal, window)
+        a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, Hkv, D, scale, causal, window, *extra)
     else:
         a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale, causal, *extra)
     return dq, dk, dv

@@ -2097,6 +2097,7 @@ NON_OPS = {
                      "pytfm_cuda_workspace_get", "pytfm_cuda_adamw_scalars",
                      "pytfm_adamw_step_scalars_cuda",
                      "pytfm_attention_forward_ex_cuda", "pytfm_attention_backward_ex_cuda",
+                     "pytfm_attention_gqa_forward_ex_cuda", "pytfm_attention_gqa_backward_ex_cuda",
                      "pytfm_gemm_bf16_cuda"),
 }
 
