@@ -1,11 +1,14 @@
 /*
  * attention_tc.cu — attention forward and backward on the tensor cores, TF32 or BF16 inputs
- * with FP32 sums: the engine of pytfm_attention_forward_ex_cuda and _backward_ex_cuda at those
- * precisions (PYTFM_PRECISION_FP32, and head dims other than 16, 32, 64 and 128, stay on
- * attention.cu's FP32 kernels). Shapes, scale, causality and lse as attention.cu:
+ * with FP32 sums: the engine of pytfm_attention_gqa_forward_ex_cuda and _backward_ex_cuda (and
+ * of pytfm_attention_forward_ex_cuda and _backward_ex_cuda, the case Hkv = H, window = 0) at
+ * those precisions (PYTFM_PRECISION_FP32, and head dims other than 16, 32, 64 and 128, stay on
+ * attention.cu's FP32 kernels). Shapes, scale, causality, window and lse as attention.cu:
  *
- *   q, k, v, o [B, T, H, D] (row (b, t, h) at ((b·T + t)·H + h)·D), lse [B, H, T]
- *   S = scale · q kᵀ,  P = softmax(S) (causal: keys s <= t),  O = P v,  lse = log Σ_s e^S
+ *   q, o [B, T, H, D] (row (b, t, h) at ((b·T + t)·H + h)·D), k, v [B, T, Hkv, D] (query head
+ *   h reads key/value head h / (H / Hkv)), lse [B, H, T]
+ *   S = scale · q kᵀ,  P = softmax(S) (causal: keys s <= t; a window w: also s > t − w),
+ *   O = P v,  lse = log Σ_s e^S
  *
  * FlashAttention-2's structure: a block of 4 warps per (batch·head, tile of 64 queries), a
  * warp per 16 query rows; K and V tiles of 64 keys go through shared memory (the tiles below);
@@ -34,8 +37,9 @@
  *                                     attention.cu's delta pass, pytfm__attention_delta_cuda)
  *   dP_ts = dy_t · v_s,  dS_ts = P_ts (dP_ts − delta_t)
  *   dV_s = Σ_t P_ts dy_t,  dK_s = scale · Σ_t dS_ts q_t,  dQ_t = scale · Σ_s dS_ts k_s
- * dK and dV: a block per (batch·head, tile of 64 keys), a warp per 16 keys, walking the query
- * tiles (from the diagonal when causal): Sᵀ = K·Qᵀ and dPᵀ = V·dYᵀ as fragments, Pᵀ and dSᵀ
+ * dK and dV: a block per (batch·key/value head, tile of 64 keys), a warp per 16 keys, walking
+ * for each query head of the group the query tiles (from the diagonal when causal, to the last
+ * row whose window holds a key of the tile) as one sequence of steps: Sᵀ = K·Qᵀ and dPᵀ = V·dYᵀ as fragments, Pᵀ and dSᵀ
  * made in place and multiplied by dY and Q as P·V is. dQ: a second kernel, a block per query
  * tile walking the key tiles, S and dP again, dQ += dS·K. Nothing goes through shared memory
  * but the four input tiles.
