@@ -39,8 +39,8 @@
  *   dV_s = Σ_t P_ts dy_t,  dK_s = scale · Σ_t dS_ts q_t,  dQ_t = scale · Σ_s dS_ts k_s
  * dK and dV: a block per (batch·key/value head, tile of 64 keys), a warp per 16 keys, walking
  * for each query head of the group the query tiles (from the diagonal when causal, to the last
- * row whose window holds a key of the tile) as one sequence of steps: Sᵀ = K·Qᵀ and dPᵀ = V·dYᵀ as fragments, Pᵀ and dSᵀ
- * made in place and multiplied by dY and Q as P·V is. dQ: a second kernel, a block per query
+ * row whose window holds a key of the tile) as one sequence of steps: Sᵀ = K·Qᵀ and
+ * dPᵀ = V·dYᵀ as fragments, Pᵀ and dSᵀ made in place and multiplied by dY and Q as P·V is. dQ: a second kernel, a block per query
  * tile walking the key tiles, S and dP again, dQ += dS·K. Nothing goes through shared memory
  * but the four input tiles.
  *
