@@ -406,6 +406,9 @@ MUTATIONS = {
     "cuda_gelu_vector_past_end": ("cuda/gelu.cu", "gelu_forward_kernel",
                                   "count / 4 : 0; // float4s; the rest one by one", "(count + 3) / 4 : 0;", EMU),
     "cuda_gelu_vector_unaligned": ("cuda/gelu.cu", "pytfm_gelu_backward_cuda", "(uintptr_t)dy | (uintptr_t)x)", "(uintptr_t)x)", EMU),
+    "rmsnorm_no_mean": ("csrc/kernels/rmsnorm.c", "pytfm__rmsnorm_forward_row", "sqrt(ss / (double)cols + eps)", "sqrt(ss + eps)", OPS),
+    "rope_freq_backward_same_sign": ("csrc/kernels/rope_half.c", "pytfm_rope_freq_backward", "pos_stride, -1.0f);", "pos_stride, 1.0f);", OPS),
+    "swiglu_backward_no_gate_term": ("csrc/kernels/swiglu.c", "backward_plain", "(1.0f + g[i] * (1.0f - s))", "1.0f", OPS),
 }
 
 

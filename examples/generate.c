@@ -1,16 +1,13 @@
 /*
- * generate.c — generate text in C through libpytfm's model API: from a checkpoint written by
- * examples/train_tiny.py (its tokens are bytes), or from a Hugging Face GPT-2 folder
- * (config.json, model.safetensors and its tokenizer), with no conversion step.
- *
+ * generate.c — text from a model in C, through libpytfm's model API: a checkpoint written by
+ * examples/train_tiny.py (its tokens are bytes) or a Hugging Face GPT-2 folder (config.json,
+ * model.safetensors, its tokenizer), with no conversion step:
  *   cc -std=c11 -O2 examples/generate.c $(pkg-config --cflags --libs pytfm) -o generate
- *   ./generate out/model.safetensors --prompt "def " --tokens 100
  *   ./generate gpt2-folder --prompt "Hello, my name is" --tokens 50
- *
- * The prompt is fed in one call, then each new token is drawn (pytfm_sample), fed back through
- * the KV cache and written as it comes; stdout gets the text, stderr the tokens/s. The flags are
- * sample.py's plus --threads (docs/c-api.md); a bad one stops it with the usage and one line
- * naming it, exit status 2; a failure while generating, or a closed stdout, status 1.
+ * The prompt is fed in one call; each new token is drawn (pytfm_sample) among the tokenizer's
+ * ids (a vocabulary padded past them never gives the others), fed back through the KV cache and
+ * written to stdout as it comes (a write that fails, a closed pipe, stops it: status 1); stderr
+ * gets the tokens/s. Flags: sample.py's and --threads (docs/c-api.md); a bad one: status 2.
  */
 #define _POSIX_C_SOURCE 200809L /* stat, clock_gettime */
 
@@ -25,9 +22,7 @@
 #include <time.h>
 
 #include "pytfm.h"
-
 #define BYTES 256 /* a checkpoint's model: one token per byte */
-
 #define USAGE                                                                                  \
     "usage: generate CHECKPOINT|FOLDER [--prompt TEXT] [--tokens N] [--temperature T] "         \
     "[--top-k K] [--seed S] [--threads N] [--precision {fp32,bf16}]\n"
@@ -39,16 +34,14 @@ static int fail(const char *fmt, ...) {
     va_start(ap, fmt);
     fputs(USAGE "generate: error: ", stderr);
     vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
     va_end(ap);
-    return 2;
+    return fputc('\n', stderr), 2;
 }
 
 typedef struct options {
     const char *checkpoint, *prompt;
     double temperature; /* < 0: not given, the model's kind decides */
-    int32_t precision;  /* a pytfm_precision */
-    long long tokens, top_k, seed, threads;
+    long long tokens, top_k, seed, threads, precision; /* precision: a pytfm_precision */
 } options;
 
 /* argv into *o: 0, or the exit status of a bad command line (-1: --help was printed) */
@@ -59,7 +52,7 @@ static int parse(int argc, char **argv, options *o) {
         {"--top-k", "must be >= 0 (0: no top-k cut)", INT64_MAX},
         {"--seed", "must be an integer in [0, 4294967295]", 4294967295LL}, /* sample.py's */
         {"--threads", "must be an integer in [0, 2147483647] (0: the default)", INT32_MAX}};
-    *o = (options){NULL, "def ", -1.0, PYTFM_PRECISION_FP32, 100, 40, 0, 0};
+    *o = (options){NULL, "def ", -1.0, 100, 40, 0, 0, PYTFM_PRECISION_FP32};
     for (int i = 1; i < argc; i++) {
         char *arg = argv[i], *eq = strchr(arg, '='), *value, *end;
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) return puts(USAGE HELP), -1;
@@ -72,8 +65,7 @@ static int parse(int argc, char **argv, options *o) {
         while (f < 7 && (strlen(flags[f].name) != (size_t)len || strncmp(arg, flags[f].name, len)))
             f++;
         if (f == 7) return fail("unrecognized argument: %.*s", len, arg);
-        const char *name = flags[f].name;
-        if (!eq && i + 1 == argc) return fail("argument %s: expected one argument", name);
+        if (!eq && i + 1 == argc) return fail("argument %s: expected one argument", flags[f].name);
         value = eq ? eq + 1 : argv[++i];
         errno = 0;
         const long long v = strtoll(value, &end, 10); /* a number is the whole word */
@@ -91,9 +83,9 @@ static int parse(int argc, char **argv, options *o) {
                             "'bf16')", value);
             o->precision = strcmp(value, "bf16") ? PYTFM_PRECISION_FP32 : PYTFM_PRECISION_BF16;
         } else if (!integer && f < 5) {
-            return fail("argument %s: invalid int value: '%s'", name, value);
+            return fail("argument %s: invalid int value: '%s'", flags[f].name, value);
         } else if (!integer || v < 0 || v > flags[f].max) {
-            return fail("%s %s, got %s", name, flags[f].range, value);
+            return fail("%s %s, got %s", flags[f].name, flags[f].range, value);
         } else {
             *(f == 3 ? &o->tokens : f == 4 ? &o->top_k : f == 5 ? &o->seed : &o->threads) = v;
         }
@@ -112,11 +104,10 @@ static int is_file(const char *folder, const char *name) {
 }
 
 /* the model at path: a checkpoint file, or a GPT-2 folder (config.json, its weights and its
- * tokenizer: *tok, else NULL); NULL with the problem reported (status 2; *tok to close) */
+ * tokenizer: into *tok, NULL on entry); NULL with the problem reported (status 2; *tok to close) */
 static pytfm_model *load(const char *path, pytfm_tokenizer **tok) {
     struct stat st;
     pytfm_model *model = NULL;
-    *tok = NULL;
     if (stat(path, &st) != 0) return fail("checkpoint: there is no file %s", path), NULL;
     const int hint = is_file(path, "model.safetensors"); /* a folder without config.json */
     if (S_ISDIR(st.st_mode) && !is_file(path, "config.json"))
@@ -131,16 +122,14 @@ static pytfm_model *load(const char *path, pytfm_tokenizer **tok) {
 
 static double seconds(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return clock_gettime(CLOCK_MONOTONIC, &ts), (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Write token id's bytes (the tokenizer's, or the byte itself) to stdout, flushed where they
  * end a UTF-8 character (*open: the bytes still to come of the last one): a reader of the pipe
- * never sees half a character. */
+ * never sees half a character, and a write that fails sets ferror(stdout) at once. */
 static pytfm_status put_token(const pytfm_tokenizer *tok, int64_t id, int *open) {
-    char byte = (char)id;
-    const char *bytes = &byte;
+    const char byte = (char)id, *bytes = &byte;
     int64_t size = 1;
     pytfm_status st = tok ? pytfm_tokenizer_token(tok, (int32_t)id, &bytes, &size)
                           : PYTFM_STATUS_OK;
@@ -148,29 +137,32 @@ static pytfm_status put_token(const pytfm_tokenizer *tok, int64_t id, int *open)
         const unsigned char c = (unsigned char)bytes[i];
         *open = (c & 0xC0) == 0x80 ? *open - 1 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0;
     }
-    if (st == PYTFM_STATUS_OK) fwrite(bytes, 1, (size_t)size, stdout);
-    if (*open <= 0) fflush(stdout);
+    if (st == PYTFM_STATUS_OK && fwrite(bytes, 1, (size_t)size, stdout) && *open <= 0)
+        fflush(stdout);
     return st;
 }
 
-/* The prompt fed at once, then n_new tokens drawn, each fed back and written as it comes:
- * t[0], t[1] the seconds of the model's work on the prompt and on the new tokens. */
-static pytfm_status generate(pytfm_session *session, const int64_t *prompt, int64_t n_prompt,
-                             int64_t n_new, const options *o, int64_t vocab,
+/* The prompt fed at once, then up to n[1] tokens drawn among the first n_tok ids (the model's
+ * vocab, or its tokenizer's fewer), each fed back and written as it comes, until a write fails:
+ * n[1] := the tokens made; t[0], t[1] the seconds of the model's work on the prompt and on them */
+static pytfm_status generate(pytfm_session *session, const int64_t *prompt, int64_t n[2],
+                             const options *o, int64_t vocab, int64_t n_tok,
                              const pytfm_tokenizer *tok, double t[2]) {
     float *logits = malloc((size_t)vocab * sizeof *logits);
     int open = 0;
     pytfm_rng rng;
     pytfm_rng_seed(&rng, (uint64_t)o->seed);
     double t0 = seconds();
-    pytfm_status st = logits ? pytfm_session_feed(session, logits, prompt, n_prompt)
+    pytfm_status st = logits ? pytfm_session_feed(session, logits, prompt, n[0])
                              : PYTFM_STATUS_OUT_OF_MEMORY;
     t[0] = seconds() - t0;
-    for (int64_t i = 0, token; i < n_new && st == PYTFM_STATUS_OK; i++) {
+    const int64_t want = n[1];
+    for (n[1] = 0; n[1] < want && st == PYTFM_STATUS_OK && !ferror(stdout); n[1]++) {
+        int64_t token;
         t0 = seconds();
-        st = pytfm_sample(&token, logits, vocab, o->temperature, o->top_k < vocab ? o->top_k : 0,
+        st = pytfm_sample(&token, logits, n_tok, o->temperature, o->top_k < n_tok ? o->top_k : 0,
                           &rng);
-        if (st == PYTFM_STATUS_OK && i + 1 < n_new)
+        if (st == PYTFM_STATUS_OK && n[1] + 1 < want)
             st = pytfm_session_feed(session, logits, &token, 1);
         t[1] += seconds() - t0;
         if (st == PYTFM_STATUS_OK) st = put_token(tok, token, &open);
@@ -199,45 +191,40 @@ static pytfm_status encode(const char *prompt, const pytfm_tokenizer *tok, int64
 static int run(const options *o, pytfm_model *model, const pytfm_tokenizer *tok, int64_t *prompt) {
     pytfm_model_config cfg;
     pytfm_model_get_config(model, &cfg);
-    int64_t n_prompt = 0, n_tok = tok ? pytfm_tokenizer_vocab_size(tok) : BYTES;
-    if (!tok && cfg.vocab != BYTES)
-        return fail("checkpoint: its model has a vocabulary of %lld tokens, not the %d bytes "
-                    "generate encodes text into", (long long)cfg.vocab, BYTES);
-    if (n_tok > cfg.vocab)
-        return fail("checkpoint: its tokenizer has %lld tokens, more than the model's vocabulary "
-                    "of %lld", (long long)n_tok, (long long)cfg.vocab);
-    pytfm_status st = encode(o->prompt, tok, prompt, &n_prompt);
+    int64_t n[2] = {0, 0}, n_tok = tok ? pytfm_tokenizer_vocab_size(tok) : BYTES; /* n: T0, new */
+    if (tok ? n_tok > cfg.vocab : cfg.vocab != BYTES) /* more ids than the model: nothing */
+        return fail("checkpoint: its model has a vocabulary of %lld tokens, %s %lld %s",
+                    (long long)cfg.vocab, tok ? "fewer than the" : "not the", (long long)n_tok,
+                    tok ? "of its tokenizer" : "bytes generate encodes text into");
+    pytfm_status st = encode(o->prompt, tok, prompt, &n[0]);
     if (st != PYTFM_STATUS_OK)
         return fprintf(stderr, "generate: error: cannot encode the prompt: %s\n",
                        pytfm_last_error()), 1;
-    if (n_prompt > cfg.max_seq)
+    if (n[0] > cfg.max_seq)
         return fail("--prompt is %lld %s, longer than the model's context of %lld",
-                    (long long)n_prompt, tok ? "tokens" : "bytes", (long long)cfg.max_seq);
-    const int64_t n_new = o->tokens < cfg.max_seq - n_prompt ? o->tokens : cfg.max_seq - n_prompt;
-    if (n_new < o->tokens)
+                    (long long)n[0], tok ? "tokens" : "bytes", (long long)cfg.max_seq);
+    n[1] = o->tokens < cfg.max_seq - n[0] ? o->tokens : cfg.max_seq - n[0];
+    if (n[1] < o->tokens)
         fprintf(stderr, "note: --tokens %lld cut to %lld: the model's context is %lld and the "
-                "prompt takes %lld\n", o->tokens, (long long)n_new, (long long)cfg.max_seq,
-                (long long)n_prompt);
-    pytfm_session *session = NULL; /* it checks that n_prompt + n_new positions fit in memory */
+                "prompt takes %lld\n", o->tokens, (long long)n[1], (long long)cfg.max_seq,
+                (long long)n[0]);
+    pytfm_session *session = NULL; /* it checks that n[0] + n[1] positions fit in memory */
     double t[2] = {0.0, 0.0};
-    st = pytfm_model_set_precision(model, o->precision);
-    if (st == PYTFM_STATUS_OK) st = pytfm_session_open(&session, model, n_prompt + n_new);
-    if (st == PYTFM_STATUS_OK) {
-        fputs(o->prompt, stdout);
-        st = generate(session, prompt, n_prompt, n_new, o, cfg.vocab, tok, t);
-    }
+    st = pytfm_model_set_precision(model, (int32_t)o->precision);
+    if (st == PYTFM_STATUS_OK) st = pytfm_session_open(&session, model, n[0] + n[1]);
+    if (st == PYTFM_STATUS_OK && fputs(o->prompt, stdout) >= 0)
+        st = generate(session, prompt, n, o, cfg.vocab, n_tok, tok, t);
     pytfm_session_close(session);
     if (st != PYTFM_STATUS_OK)
         return fprintf(stderr, "generate: error: %s\n", st == PYTFM_STATUS_OUT_OF_MEMORY ?
                        "out of memory" : pytfm_last_error()), 1;
-    putchar('\n');
-    const int failed = fflush(stdout) != 0 || ferror(stdout); /* a full disk, a closed pipe */
+    const int failed = putchar('\n') == EOF || fflush(stdout) || ferror(stdout); /* disk full */
     if (failed) fprintf(stderr, "generate: error: cannot write the text to stdout: %s\n",
                         strerror(errno));
     fprintf(stderr, "generate: prompt of %lld tokens in %.2f ms: %.0f tokens/s; %lld new tokens "
-            "in %.2f ms: %.0f tokens/s, threads: %d, precision: %s\n", (long long)n_prompt,
-            1e3 * t[0], t[0] > 0 ? n_prompt / t[0] : 0.0, (long long)n_new, 1e3 * t[1],
-            t[1] > 0 ? n_new / t[1] : 0.0, (int)pytfm_get_num_threads(),
+            "in %.2f ms: %.0f tokens/s, threads: %d, precision: %s\n", (long long)n[0],
+            1e3 * t[0], t[0] > 0 ? n[0] / t[0] : 0.0, (long long)n[1], 1e3 * t[1],
+            t[1] > 0 ? n[1] / t[1] : 0.0, (int)pytfm_get_num_threads(),
             o->precision == PYTFM_PRECISION_FP32 ? "fp32" : pytfm_get_bf16_isa() ==
             PYTFM_ISA_AVX512_BF16 ? "bf16 (AVX512-BF16: vdpbf16ps)" : "bf16 (rounded inputs)");
     return failed;
@@ -248,7 +235,7 @@ int main(int argc, char **argv) {
     options o;
     const int bad = parse(argc, argv, &o);
     if (bad) return bad < 0 ? 0 : bad;
-    if (pytfm_set_num_threads((int32_t)o.threads) != PYTFM_STATUS_OK)
+    if (o.threads && pytfm_set_num_threads((int32_t)o.threads) != PYTFM_STATUS_OK) /* 0: keep */
         return fail("--threads: %s", pytfm_last_error());
     pytfm_tokenizer *tok = NULL;
     pytfm_model *model = load(o.checkpoint, &tok);

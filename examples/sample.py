@@ -72,8 +72,10 @@ def main(argv=None):
     if n_new < args.tokens:
         print(f"note: --tokens {args.tokens} cut to {n_new}: the model's context is {max_seq} "
               f"and the prompt takes {len(ids)}", file=sys.stderr)
-    top_k = args.top_k if 0 < args.top_k < model.cfg.vocab else None
-    out = generate(model, ids[None, :], n_new, args.temperature, top_k, args.seed)
+    # ids past the tokenizer's (a vocabulary padded to a multiple of 64) are never drawn
+    vocab = model.cfg.vocab if tok is None else len(tok)
+    top_k = args.top_k if 0 < args.top_k < vocab else None
+    out = generate(model, ids[None, :], n_new, args.temperature, top_k, args.seed, vocab)
     print(data.decode(out[0]) if tok is None else tok.decode(out[0]))
     return 0
 

@@ -15,10 +15,10 @@ A folder (Folder): every save of it, in any thread or process, holds <parent>/.<
 (flock), so that two saves never interleave. Under it the save removes what killed saves left
 (.tmp-<name>.dir-*), then builds the new folder as a sibling .tmp-<name>.dir-<16 hex digits>:
 the files written, each with the mode of the file of that name it replaces; every other entry
-of the old folder carried over (hard-linked, copied where a link is refused); the folder's
-own mode kept; all of it fsynced. Then one step swaps it with the folder (renameat2's
-RENAME_EXCHANGE, pytfm_rename_exchange) and the old one, now under the temporary name, is
-removed. A file system that cannot exchange (NFS, say) gets two renames instead: the old folder
+of the old folder that was not removed (Folder.remove) carried over (hard-linked, copied where
+a link is refused); the folder's own mode kept; all of it fsynced. Then one step swaps it with
+the folder (renameat2's RENAME_EXCHANGE, pytfm_rename_exchange) and the old one, now under the
+temporary name, is removed. A file system that cannot exchange (NFS, say) gets two renames instead: the old folder
 aside to .tmp-<name>.old-<hex>, the new one into place. A save killed between them leaves the
 folder missing and the old one aside, and the next save puts it back before anything else.
 A folder given as a symlink is saved where the link points.
@@ -162,26 +162,35 @@ class Folder:
             f.write("model.safetensors", chunks)
 
     replaces the folder (made if missing) on a clean exit, keeping the entries of the old one
-    that were not written, and leaves it as it was when the block raises."""
+    that were neither written nor removed (f.remove(name)), and leaves it as it was when the
+    block raises."""
 
     def __init__(self, path):
         self.path = os.path.realpath(path)
         self.parent = os.path.dirname(self.path)
-        self.written = set()
+        self.written, self.removed = set(), set()
         self._lock = self._tmp = None
+
+    def _name(self, name):
+        if os.path.basename(name) != name or name in ("", ".", ".."):
+            raise ValueError(f"name must be a file name without a folder, got {name!r}")
+        if name in self.written or name in self.removed:
+            raise ValueError(f"{name} is written or removed twice in one save of {self.path}")
 
     def write(self, name, data):
         """Write data (bytes, or an iterable of bytes) as the file name, a plain file name,
         with the mode of the old folder's file of that name (0666 less the umask for a new
         one)."""
-        if os.path.basename(name) != name or name in ("", ".", ".."):
-            raise ValueError(f"name must be a file name without a folder, got {name!r}")
-        if name in self.written:
-            raise ValueError(f"{name} is written twice in one save of {self.path}")
+        self._name(name)
         fd = os.open(os.path.join(self._tmp, name),
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         self.written.add(name)
         _write_chunks(fd, data, _mode_of(os.path.join(self.path, name)))
+
+    def remove(self, name):
+        """Leave the old folder's entry name (if any) out of the new folder."""
+        self._name(name)
+        self.removed.add(name)
 
     def __enter__(self):
         prefix = os.path.join(self.parent, _prefix(self.path))
@@ -250,10 +259,10 @@ class Folder:
                 os.chdir(self.path)
 
     def _carry_over(self):
-        """Every entry of the old folder not written: hard-linked (a folder's tree linked file by
-        file), copied where a link is refused; a symlink as a symlink."""
+        """Every entry of the old folder not written nor removed: hard-linked (a folder's tree
+        linked file by file), copied where a link is refused; a symlink as a symlink."""
         for entry in os.scandir(self.path):
-            if entry.name in self.written:
+            if entry.name in self.written or entry.name in self.removed:
                 continue
             src, dst = entry.path, os.path.join(self._tmp, entry.name)
             if entry.is_dir(follow_symlinks=False):

@@ -142,14 +142,9 @@ def precision_code(precision, name="precision"):
 
 
 def _settings_from_environment():
-    for var, setter, parse in (("PYTFM_NUM_THREADS", set_num_threads, int),
-                               ("PYTFM_MAX_ISA", set_max_isa, str)):
-        value = os.environ.get(var, "").strip()
-        if value:
-            try:
-                setter(parse(value))
-            except ValueError as e:
-                raise ValueError(f"{var}={value!r}: {e}") from None
+    """PYTFM_NUM_THREADS and PYTFM_MAX_ISA, read by the C library (its one reading, which C
+    programs get too); a bad value raises ValueError naming the variable."""
+    check(lib.pytfm_read_environment())
 
 
 def version():

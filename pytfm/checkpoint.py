@@ -34,6 +34,7 @@ one; the next save removes what killed ones left.
 """
 
 import json
+import math
 import operator
 import os
 import struct
@@ -146,7 +147,12 @@ class SafetensorsFile:
         else:
             tensors, indices = self._table()
             index, (dtype, shape) = indices[name], tensors[name]
-        a = np.empty(shape, dtype)
+        try:
+            a = np.empty(shape, dtype)
+        except MemoryError:
+            nbytes = dtype.itemsize * math.prod(shape)
+            raise MemoryError(f"{self.path}: cannot allocate {nbytes:,} bytes for tensor {name} "
+                              f"({dtype.name}{list(shape)})") from None
         buffer = ffi.from_buffer(a, require_writable=True) if a.nbytes else ffi.NULL
         self._check(lib.pytfm_safetensors_read(self._st, index, buffer, a.nbytes))
         return a

@@ -37,10 +37,12 @@ SIGSTOP, a machine that stops answering) is caught by the collective watchdog: e
 of a World must complete within World.timeout seconds (default_timeout(): the environment
 variable PYTFM_COLLECTIVE_TIMEOUT, else 600; train_tiny's --collective-timeout), else each rank
 still waiting prints which rank did not arrive (and the collective and step of its last
-arrival) and ends the job with MPI_Abort, within the timeout and about a second. How it knows:
-entering a collective, each rank sends its peers a 16-byte note (the collective's number and
-World.step) on a communicator of their own, and drains the notes it has received; a watchdog
-thread, idle until a wait passes the timeout, reads them then. The wait includes the other
+arrival) and ends the job with MPI_Abort, within the timeout and about two seconds. How it
+knows: a watchdog thread on each rank sends its peers a heartbeat every tick (timeout / 20,
+between 0.05 and 1 s), and a rank that sends none for a second past the timeout (a stopped
+process; the thread of a waiting one still runs) is the one named; where every rank answers,
+those whose 16-byte note for this collective (its number and World.step, sent to the peers on
+entering it, on a communicator of their own) never came. The wait includes the other
 ranks' work between collectives (rank 0's reading of the text before on_root's broadcast, its
 saving of a checkpoint): the timeout must exceed the longest of those. A checkpoint is only
 written by rank 0, to a temporary file renamed over the old one (pytfm.checkpoint), so a kill
@@ -55,6 +57,7 @@ launcher started is a world of one rank and everything above is a no-op; one tha
 started says what to install.
 """
 
+import atexit
 import contextlib
 import hashlib
 import math
@@ -329,13 +332,20 @@ class _Watchdog:
 
     Entering a collective, this rank sends each peer a note (its count of collectives entered,
     World.step) on a duplicate communicator, and drains the notes received so far (persistent
-    sends and receives, one each per peer); a thread wakes every tick and, once one wait has
-    lasted World.timeout, drains the notes again (MPI's thread level "multiple", mpi4py's
-    default, is what lets it) and aborts the job, naming the ranks whose note for this
-    collective never came. Per collective: one small send and one test per peer, little
-    beside the collective itself."""
+    sends and receives, one each per peer). A thread wakes every tick: it sends each peer a
+    heartbeat and counts theirs, and once one wait has lasted World.timeout it watches the
+    heartbeats for GRACE seconds more, then aborts the job naming the rank that stopped
+    answering: a stopped process, or one whose Python never lets the thread run, sends none,
+    while a rank that waits in a collective (this one or an earlier one, for the stopped rank)
+    still does. Arrival notes alone cannot tell these apart: a rank stopped inside a collective
+    has arrived, and its healthy peers may wait in different collectives. Where every rank
+    answers, the ranks whose note for this collective never came are named (a rank alive but
+    elsewhere). MPI's thread level "multiple", mpi4py's default, lets the thread call MPI;
+    without it the message cannot name a rank. Per collective: one small send and one test per
+    peer; per tick, one 8-byte message to each peer."""
 
-    TAG = 25
+    TAG, BEAT_TAG = 25, 26
+    GRACE = 1.0  # seconds of heartbeats watched after the timeout (at least 4 ticks)
 
     def __init__(self, world):
         from mpi4py import MPI
@@ -348,14 +358,31 @@ class _Watchdog:
         self.inbox = {r: np.zeros(2, np.int64) for r in self.peers}
         self.receives = {r: self.comm.Recv_init(self.inbox[r], source=r, tag=self.TAG)
                          for r in self.peers}
-        for request in self.receives.values():
-            request.Start()
         self.note = np.zeros(2, np.int64)
         self.sends = [self.comm.Send_init(self.note, dest=r, tag=self.TAG) for r in self.peers]
+        self.beats = {r: 0 for r in self.peers}  # heartbeats received from each peer
+        self.beat_in = {r: np.zeros(1, np.int64) for r in self.peers}
+        self.beat_receives = {r: self.comm.Recv_init(self.beat_in[r], source=r,
+                                                     tag=self.BEAT_TAG) for r in self.peers}
+        self.beat_out = np.zeros(1, np.int64)  # never written: every send may share it
+        self.beat_sends = {r: self.comm.Send_init(self.beat_out, dest=r, tag=self.BEAT_TAG)
+                           for r in self.peers}
+        self.beating = set()  # peers with a heartbeat in flight
+        for request in [*self.receives.values(), *self.beat_receives.values()]:
+            request.Start()
         self.current = None  # (count, what, step, monotonic start) while in a collective
         self.lock = threading.Lock()
-        threading.Thread(target=self._watch, name="pytfm collective watchdog",
-                         daemon=True).start()
+        self.closed = False
+        self.tick = max(0.05, min(1.0, world.timeout / 20))
+        self.thread = threading.Thread(target=self._watch, name="pytfm collective watchdog",
+                                       daemon=True)
+        self.thread.start()
+        atexit.register(self.close)  # before mpi4py's MPI_Finalize, which runs after atexit's
+
+    def close(self):
+        """Stop the thread's MPI calls (at exit: none may follow MPI_Finalize)."""
+        with self.lock:
+            self.closed = True
 
     @contextlib.contextmanager
     def waiting(self, what):
@@ -381,32 +408,66 @@ class _Watchdog:
                 self.heard[r] = (int(self.inbox[r][0]), int(self.inbox[r][1]))
                 request.Start()
 
+    def _beat(self):
+        """Send each peer a heartbeat (unless the last one is still in flight: a peer that
+        does not receive) and count the ones received (under self.lock)."""
+        for r in self.peers:
+            if r in self.beating and self.beat_sends[r].Test():
+                self.beating.discard(r)
+            if r not in self.beating:
+                self.beat_sends[r].Start()
+                self.beating.add(r)
+            while self.beat_receives[r].Test():
+                self.beats[r] += 1
+                self.beat_receives[r].Start()
+
     def _watch(self):
         while True:
-            time.sleep(max(0.05, min(1.0, self.world.timeout / 20)))
+            time.sleep(self.tick)
+            with self.lock:
+                if self.closed:
+                    return
+                if self.threaded:
+                    self._beat()
             current = self.current
             if current is None or time.monotonic() - current[3] < self.world.timeout:
                 continue
+            silent = self._silent() if self.threaded else []
             with self.lock:
-                if self.current is not current:
+                if self.current is not current or self.closed:
                     continue  # it completed meanwhile
                 if self.threaded:
                     self._drain()
-                self.world.abort(self._message(*current))
+                self.world.abort(self._message(*current, silent))
 
-    def _message(self, count, what, step, start):
+    def _silent(self):
+        """The peers that send fewer than 2 heartbeats in the next max(GRACE, 4 ticks) seconds
+        (a live one sends one a tick; one may have left just before it stopped)."""
+        before, end = dict(self.beats), time.monotonic() + max(self.GRACE, 4 * self.tick)
+        while time.monotonic() < end:
+            time.sleep(self.tick)
+            with self.lock:
+                if self.closed:
+                    break
+                self._beat()
+        return [r for r in self.peers if self.beats[r] - before[r] < 2]
+
+    def _message(self, count, what, step, start, silent):
         at = f" of step {step}" if step is not None else ""
         waited = f"{what}{at} (collective #{count}) has waited {time.monotonic() - start:.1f} s"
         if not self.threaded:
             return (f"{waited}, more than the timeout of {self.world.timeout:g} s, for a rank "
                     f"that did not arrive; aborting all {self.world.size} ranks")
-        late = [r for r in self.peers if self.heard[r][0] < count]
+        late = silent or [r for r in self.peers if self.heard[r][0] < count]
         if not late:
-            return (f"{waited}: every rank arrived, yet it did not complete (are the ranks in "
-                    f"different collectives?); aborting all {self.world.size} ranks")
+            return (f"{waited}: every rank arrived and answers, yet it did not complete (are the "
+                    f"ranks in different collectives?); aborting all {self.world.size} ranks")
         last = "; ".join(f"rank {r}'s last: collective #{self.heard[r][0]}"
                          + (f", step {self.heard[r][1]}" if self.heard[r][1] >= 0 else "")
                          for r in late)
+        why = (f"{'they do' if len(late) > 1 else 'it does'} not answer: stopped or hung; "
+               if silent else "")
         who = ", ".join(map(str, late))
         return (f"{waited}, more than the timeout of {self.world.timeout:g} s, for rank(s) "
-                f"{who}, which did not arrive ({last}); aborting all {self.world.size} ranks")
+                f"{who}, which did not arrive ({why}{last}); aborting all {self.world.size} "
+                f"ranks")

@@ -71,9 +71,15 @@ def sample_next(logits, rng, temperature=1.0, top_k=None):
     return np.minimum((p.cumsum(axis=-1) < u).sum(axis=-1), z.shape[-1] - 1).astype(np.int64)
 
 
-def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0):
+def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0,
+             sample_vocab=None):
     """Continue prompt (int64 (B, T0), T0 >= 1) by max_new_tokens (>= 0) tokens
     -> (B, T0 + max_new_tokens).
+    sample_vocab (1 <= it <= model.cfg.vocab; None: model.cfg.vocab): new tokens are drawn
+    among ids [0, sample_vocab) only. A model whose vocabulary is padded past its tokenizer's
+    (nanoGPT's 50,304 beside GPT-2's 50,257) passes the tokenizer's size: the padding's ids,
+    which no text decodes to, are never drawn (their logits are left out, as if -inf), so every
+    new token decodes. The C example generate.c does the same (pytfm_sample on the first ids).
     The total length may not exceed model.cfg.max_seq. Same seed (an integer >= 0), same
     tokens; seed None draws fresh randomness. The prompt may be a NumPy or a CuPy array; the
     result is a NumPy array, whatever model.device is. Logits that are not finite (a model
@@ -94,6 +100,10 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0)
     if as_int("max_new_tokens", max_new_tokens) < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     temperature, top_k = _sampling(temperature, top_k)
+    sample_vocab = vocab if sample_vocab is None else as_int("sample_vocab", sample_vocab)
+    if not 1 <= sample_vocab <= vocab:
+        raise ValueError(f"sample_vocab must be in [1, model.cfg.vocab = {vocab}] (None: all), "
+                         f"got {sample_vocab}")
     if isinstance(seed, (bool, np.bool_)):
         raise TypeError("seed must be an integer or None, got bool")
     try:
@@ -112,7 +122,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0)
     out = [prompt]
     for i in range(max_new_tokens):
         try:
-            token = sample_next(devices.to_host(logits), rng, temperature, top_k)[:, None]
+            token = sample_next(devices.to_host(logits)[:, :sample_vocab], rng, temperature,
+                                top_k)[:, None]
         except ValueError as e:  # the logits' values: the rest was checked above
             raise ValueError(f"generate: the model's logits for new token {i} (of "
                              f"{max_new_tokens}): {e}; are its parameters finite?") from None

@@ -41,6 +41,7 @@ Every problem is a CheckpointError (a ValueError) naming the file, or an OSError
 system; a tokenizer's, a TokenizerError naming its file.
 """
 
+import errno
 import json
 import math
 import os
@@ -241,6 +242,51 @@ def load_tokenizer(folder):
     return Tokenizer.from_folder(folder)
 
 
+def load_snapshot(folder, device="cpu", tries=10):
+    """(model, tokenizer) of one version of the folder: load(folder, device) and
+    load_tokenizer(folder) from the same save, where the two calls one after the other may pair
+    the model of one save with the tokenizer of the next.
+
+    The folder is held open (an O_DIRECTORY descriptor) while both are read, and they are read
+    again when it is no longer the folder at that path afterwards. A save replaces the folder
+    by a new one (pytfm._atomic.Folder) and removes the old, which cannot come back while it is
+    held open; so the path still naming the held folder after both reads means both read it.
+    OSError (EAGAIN) when saves replaced it during each of tries reads."""
+    for _ in range(tries):
+        try:
+            held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return load(folder, device), load_tokenizer(folder)  # refused there, in its words
+        try:
+            pair = load(folder, device), load_tokenizer(folder)
+        except (ValueError, OSError):  # CheckpointError and TokenizerError are ValueErrors
+            if _still(folder, held):
+                raise
+            pair = None  # a read of a folder being replaced: read the new one
+        finally:
+            same = _still(folder, held)
+            os.close(held)
+        if pair is not None and same:
+            return pair
+    raise OSError(errno.EAGAIN, f"{folder}: replaced by a save during each of {tries} reads "
+                  f"of its model and tokenizer")
+
+
+def _still(folder, held):
+    """Whether the folder at path folder is the one open as held."""
+    try:
+        return os.path.samestat(os.stat(folder), os.fstat(held))
+    except OSError:
+        return False
+
+
+# Hugging Face's tokenizer files beside vocab.json and merges.txt: transformers'
+# AutoTokenizer reads tokenizer.json before them, and the other three carry ids and special
+# tokens of the tokenizer they were written with
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                      "added_tokens.json")
+
+
 def save(model, folder, tokenizer=None):
     """Write model (a GPT with pos="learned") as a Hugging Face GPT-2 folder (made if missing):
     config.json, model.safetensors (GPT2LMHeadModel's names, the Conv1D weights [in, out], no
@@ -248,7 +294,16 @@ def save(model, folder, tokenizer=None):
     merges.txt. transformers.GPT2LMHeadModel.from_pretrained(folder) reads it. The folder is
     replaced as a whole (pytfm._atomic.Folder; its other files are kept): a reader, and a save
     killed at any moment, see the old folder or the new one, never new weights beside an old
-    config; two saves at once never mix."""
+    config; two saves at once never mix.
+
+    The tokenizer files of the old folder: a save with a tokenizer removes the ones in
+    HF_TOKENIZER_FILES (they describe the old tokenizer, and transformers' AutoTokenizer would
+    read tokenizer.json first), so the folder's one tokenizer is the saved one, for pytfm and
+    transformers alike. A save without one keeps the old tokenizer when it fits the model, and
+    refuses (ValueError naming the file, before anything is written) when a tokenizer pytfm
+    reads there (vocab.json + merges.txt, or tokenizer.json) has more tokens than the model's
+    vocabulary: removing it would lose the user's file, keeping it would pair the model with
+    ids it has no row for. Tokenizer files pytfm cannot read are kept as they are."""
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a pytfm.nn.GPT, got {type(model).__name__}")
     if tokenizer is not None:
@@ -266,7 +321,31 @@ def save(model, folder, tokenizer=None):
         tensors[name] = np.ascontiguousarray(a.T) if conv else a
     weights = safetensors_chunks(tensors, {"format": "pt"})
     with _atomic.Folder(folder) as f:
+        if tokenizer is None:
+            _check_old_tokenizer(f.path, model.cfg.vocab)  # under the lock: no save between
         f.write(WEIGHTS, weights)
         f.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())
         if tokenizer is not None:
             tokenizer.save(f)
+            for name in HF_TOKENIZER_FILES:
+                f.remove(name)
+
+
+def _check_old_tokenizer(folder, vocab):
+    """ValueError when a tokenizer pytfm reads in folder has more tokens than vocab."""
+    from .tokenizer import TokenizerError
+
+    sources = [(("vocab.json", "merges.txt"), Tokenizer.from_files),
+               (("tokenizer.json",), Tokenizer.from_tokenizer_json)]
+    for names, read in sources:
+        paths = [os.path.join(folder, n) for n in names]
+        if not all(os.path.isfile(p) for p in paths):
+            continue
+        try:
+            n = len(read(*paths))
+        except TokenizerError:
+            continue  # not a tokenizer pytfm reads: not pytfm's to judge
+        if n > vocab:
+            raise ValueError(f"{paths[0]}: the folder's tokenizer has {n} tokens, more than the "
+                             f"model's vocabulary of {vocab}: save with tokenizer= (which "
+                             f"replaces it), or into another folder")

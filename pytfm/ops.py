@@ -35,6 +35,7 @@ from . import _core
 from ._arrays import F64 as _F64
 from ._arrays import I64 as _I64
 from ._arrays import Args as _Args
+from ._arrays import as_float as _as_float
 from ._arrays import check_index_arrays  # noqa: F401 - public: pytfm.ops.check_index_arrays
 
 _U16 = _np.dtype(_np.uint16)  # BF16 bits (gemm_bf16)
@@ -433,6 +434,114 @@ def sum_squares(x):
     out = a.empty((), _F64)
     a.call(out, x, x.size)
     return out
+
+
+# ---- the Llama family: RMSNorm, SwiGLU, RoPE from a table of frequencies ----------------------
+
+
+def rmsnorm_forward(x, w, eps):
+    """y = x / sqrt(mean(x²) + eps) · w.  x [..., cols], w [cols], eps (a config's
+    rms_norm_eps) -> (y [..., cols], rstd [...])"""
+    a = _Args("pytfm_rmsnorm_forward", locals())
+    x, w, rows, cols = _layernorm_dims(a)
+    eps = a.float("eps")
+    y, rstd = a.empty_like(x), a.empty(x.shape[:-1])
+    a.call(y, rstd, x, w, rows, cols, eps)
+    return y, rstd
+
+
+def rmsnorm_backward(dy, x, w, rstd, *, dw=None):
+    """dy, x [..., cols], w [cols], rstd [...] -> (dx [..., cols], dw [cols])"""
+    a = _Args("pytfm_rmsnorm_backward", locals())
+    x, w, rows, cols = _layernorm_dims(a)
+    dy = a.array("dy", shape=x.shape, because="x.shape")
+    rstd = a.array("rstd", min_ndim=0, shape=x.shape[:-1], because="x.shape[:-1]")
+    dw = a.grad("dw", (cols,))
+    dx = a.empty_like(x)
+    a.call(dx, dw, dy, x, w, rstd, rows, cols)
+    return dx, dw
+
+
+def swiglu_forward(g, u):
+    """h = silu(g) · u, silu(g) = g·sigmoid(g).  g, u [...] (the gate and up products) -> h"""
+    a = _Args("pytfm_swiglu_forward", locals())
+    g = a.array("g", min_ndim=0)
+    u = a.array("u", min_ndim=0, shape=g.shape, because="g.shape")
+    h = a.empty_like(g)
+    a.call(h, g, u, g.size)
+    return h
+
+
+def swiglu_backward(dh, g, u):
+    """dh, g, u [...] (g, u the forward's inputs) -> (dg, du) [...]"""
+    a = _Args("pytfm_swiglu_backward", locals())
+    g = a.array("g", min_ndim=0)
+    u = a.array("u", min_ndim=0, shape=g.shape, because="g.shape")
+    dh = a.array("dh", min_ndim=0, shape=g.shape, because="g.shape")
+    dg, du = a.empty_like(g), a.empty_like(g)
+    a.call(dg, du, dh, g, u, g.size)
+    return dg, du
+
+
+_ROPE_SCALINGS = {None: 0, "default": 0, "llama3": 1}
+
+
+def rope_inv_freq(D, theta, scaling=None):
+    """The frequencies of rope_freq_forward, once per model: inv_freq[i] = theta^(−2i/D) for
+    i < D/2, then scaled as a config's rope_scaling says: None (or {"rope_type": "default"}) or
+    a dict of rope_type "llama3" (or the older key "type") with factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings (transformers' llama3 rule).
+    -> inv_freq float32 [D/2] (a NumPy array: copy it to the GPU once, with the model)"""
+    a = _Args("pytfm_rope_inv_freq", locals())
+    D, theta = a.int("D"), a.float("theta", kind="float64")
+    if D < 2 or D % 2:
+        raise ValueError(f"D (head dim) must be even and >= 2, got {D}")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise TypeError(f"scaling must be None or a dict (a config's rope_scaling), "
+                        f"got {type(scaling).__name__}")
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if kind not in _ROPE_SCALINGS:
+        raise ValueError(f"scaling's rope_type must be 'default' or 'llama3', got {kind!r}")
+    params = [1.0, 1.0, 2.0, 1.0]
+    if _ROPE_SCALINGS[kind] == 1:
+        keys = ("factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings")
+        missing = [k for k in keys if k not in scaling]
+        if missing:
+            raise ValueError(f"scaling of rope_type 'llama3' needs {', '.join(missing)}")
+        params = [_as_float(f"scaling[{k!r}]", scaling[k], "float64") for k in keys]
+    inv_freq = a.empty((D // 2,))
+    a.call(inv_freq, D, theta, _ROPE_SCALINGS[kind], *params)
+    return inv_freq
+
+
+def _rope_freq(a, name):
+    """Rotate the [B, T, H, D] argument `name` by the angles pos · inv_freq"""
+    x = a.array(name, ndim=4)
+    B, T, H, D = x.shape
+    if D < 2 or D % 2:
+        raise ValueError(f"{name}.shape[3] (head dim D) must be even and >= 2 for RoPE, "
+                         f"got {x.shape}")
+    pos = a.array("pos", dtype=_I64)
+    if pos.shape not in ((T,), (B, T)):
+        raise ValueError(f"pos must have shape (T,) = {(T,)} or (B, T) = {(B, T)} for {name} "
+                         f"of shape {x.shape}, got {pos.shape}")
+    stride = T if pos.ndim == 2 else 0
+    inv_freq = a.array("inv_freq", shape=(D // 2,), because=f"{name}.shape[3] // 2")
+    y = a.empty_like(x)
+    a.call(y, x, pos, inv_freq, B, T, H, D, stride)
+    return y
+
+
+def rope_freq_forward(x, pos, inv_freq):
+    """Rotary embedding, rotate-half pairing (Hugging Face's), angles pos · inv_freq (see
+    rope_inv_freq).  x [B, T, H, D], pos int64 [T] or [B, T], inv_freq [D/2] -> y"""
+    return _rope_freq(_Args("pytfm_rope_freq_forward", locals()), "x")
+
+
+def rope_freq_backward(dy, pos, inv_freq):
+    """The inverse rotation.  dy [B, T, H, D], pos, inv_freq as the forward -> dx"""
+    return _rope_freq(_Args("pytfm_rope_freq_backward", locals()), "dy")
 
 
 # ---- attention ------------------------------------------------------------------------------

@@ -183,6 +183,67 @@ def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
     return param - lr * mhat / (np.sqrt(vhat) + eps), m, v
 
 
+# ---- the Llama family: RMSNorm, SwiGLU, RoPE from a table of frequencies --------------------
+
+
+def rmsnorm_forward(x, w, eps):  # [..., cols], [cols] -> y [..., cols], rstd [...]
+    x, w = _f64(x, w)
+    rstd = 1.0 / np.sqrt((x**2).mean(axis=-1) + eps)
+    return x * rstd[..., None] * w, rstd
+
+
+def rmsnorm_backward(dy, x, w, rstd):  # [..., cols] x2, [cols], [...] -> dx, dw
+    dy, x, w, rstd = _f64(dy, x, w, rstd)
+    xhat = x * rstd[..., None]
+    g = dy * w
+    dx = rstd[..., None] * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).reshape(-1, x.shape[-1]).sum(axis=0)
+
+
+def _sigmoid(g):  # [...] -> [...], without overflow: e^(−|g|) <= 1
+    e = np.exp(-np.abs(g))
+    return np.where(g >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def swiglu_forward(g, u):  # [...], [...] -> h [...]
+    g, u = _f64(g, u)
+    return g * _sigmoid(g) * u
+
+
+def swiglu_backward(dh, g, u):  # [...] x3 -> dg, du
+    dh, g, u = _f64(dh, g, u)
+    s = _sigmoid(g)
+    return dh * u * s * (1.0 + g * (1.0 - s)), dh * g * s
+
+
+def rope_inv_freq(D, theta, scaling=None):  # -> [D/2]
+    """theta^(−2i/D), then transformers' llama3 rule when scaling's rope_type says so."""
+    inv_freq = 1.0 / theta ** (np.arange(0, D, 2, dtype=np.float64) / D)
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if kind != "llama3":
+        return inv_freq
+    factor, lo_f, hi_f = (scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor"))
+    old = scaling["original_max_position_embeddings"]
+    wavelen = 2 * np.pi / inv_freq
+    s = (old / wavelen - lo_f) / (hi_f - lo_f)
+    medium = (1 - s) * inv_freq / factor + s * inv_freq
+    return np.where(wavelen < old / hi_f, inv_freq,
+                    np.where(wavelen > old / lo_f, inv_freq / factor, medium))
+
+
+def rope_freq_forward(x, pos, inv_freq):  # [B, T, H, D], [T] or [B, T], [D/2] -> [B, T, H, D]
+    x, inv_freq = _f64(x, inv_freq)
+    half = x.shape[-1] // 2
+    theta = np.asarray(pos, dtype=np.float64)[..., None, None] * inv_freq  # (B|1, T, 1, D/2)
+    cos, sin = np.cos(theta), np.sin(theta)
+    x0, x1 = x[..., :half], x[..., half:]
+    return np.concatenate([x0 * cos - x1 * sin, x1 * cos + x0 * sin], axis=-1)
+
+
+def rope_freq_backward(dy, pos, inv_freq):  # [B, T, H, D], [T] or [B, T], [D/2] -> [B, T, H, D]
+    return rope_freq_forward(dy, np.negative(pos), inv_freq)
+
+
 def attention_mask(T, causal, window=0, start=0, Tk=None):  # -> bool [T, Tk]: query t sees s
     """Query t (at position start + t) sees key s: every s, or causal s <= start + t, and with
     a sliding window w > 0 also s > start + t − w (transformers' sliding_window_overlay)"""

@@ -61,11 +61,16 @@ def bytes_to_unicode():
 
 
 def _as_bytes(text):
-    """encode's text as UTF-8 bytes; a str must be valid Unicode."""
-    if isinstance(text, (bytes, bytearray, memoryview)):
-        return bytes(text)
+    """encode's text as UTF-8 bytes; a str must be valid Unicode, anything else bytes-like (the
+    buffer protocol: bytes, bytearray, memoryview, array.array, a NumPy array), read as its raw
+    bytes."""
     if not isinstance(text, str):
-        raise TypeError(f"text must be a str or bytes, got {type(text).__name__}")
+        try:
+            view = memoryview(text)
+        except TypeError:
+            raise TypeError(f"text must be a str or bytes-like, got {type(text).__name__}") \
+                from None
+        return view.tobytes()
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -140,6 +145,10 @@ class Tokenizer:
         self._tok = ffi.gc(out[0], lib.pytfm_tokenizer_close)
         eot = lib.pytfm_tokenizer_eot(self._tok)
         self.eot = None if eot < 0 else int(eot)
+        count = ffi.new("int64_t *")
+        check(lib.pytfm_tokenizer_encode(self._tok, ffi.NULL, 0, lib.PYTFM_TOKENIZER_TEMPLATE,
+                                         ffi.NULL, 0, count))
+        self._template_size = int(count[0])
         return self
 
     def __len__(self):
@@ -165,30 +174,37 @@ class Tokenizer:
 
     # -- encoding
 
-    def encode(self, text, special=True):
-        """text (str or bytes) -> its token ids, a list of ints. special: <|endoftext|> in the
-        text is the special token (as transformers' tokenizer has it); False: its characters
-        are tokenized as text."""
-        return self._encode(text, special).tolist()
+    def encode(self, text, special=True, *, template=True):
+        """text (str or bytes) -> its token ids, a list of ints. special: the special added
+        tokens in the text (<|endoftext|>, tokenizer.json's added_tokens marked special) are
+        those tokens, as transformers' tokenizer has it; False: their characters are text
+        (tokenizers' encode_special_tokens). Added tokens not marked special are always
+        matched. template: the ids of tokenizer.json's TemplateProcessing post-processor
+        around the text (a BOS token), as transformers' encode adds them by default
+        (add_special_tokens); GPT-2 has none, so it changes nothing there."""
+        return self._encode(text, special, template).tolist()
 
-    def encode_array(self, text, special=True, dtype=np.int64):
+    def encode_array(self, text, special=True, *, template=True, dtype=np.int64):
         """encode, as a NumPy array of dtype (an integer type that holds every id)."""
         dtype = np.dtype(dtype)
         if dtype.kind not in "iu" or np.iinfo(dtype).max < len(self) - 1:
             raise ValueError(f"dtype must be an integer type holding ids up to "
                              f"{len(self) - 1}, got {dtype}")
-        return self._encode(text, special).astype(dtype)
+        return self._encode(text, special, template).astype(dtype)
 
-    def _encode(self, text, special):
+    def _encode(self, text, special, template):
         raw = _as_bytes(text)
+        flags = (lib.PYTFM_TOKENIZER_SPECIAL if special else 0) | (
+            lib.PYTFM_TOKENIZER_TEMPLATE if template else 0)
         count = ffi.new("int64_t *")
-        size = len(raw)
+        # a text never has more ids than bytes, plus the template's (the empty text's ids)
+        size = len(raw) + (self._template_size if template else 0)
         if size > _ONE_PASS:  # a long text is counted first, not given 4 bytes of ids per byte
-            check(lib.pytfm_tokenizer_encode(self._tok, raw, size, bool(special), ffi.NULL, 0,
+            check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags, ffi.NULL, 0,
                                              count))
             size = count[0]
-        ids = np.empty(max(size, 1), np.int32)  # a text never has more ids than bytes
-        check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), bool(special),
+        ids = np.empty(max(size, 1), np.int32)
+        check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags,
                                          ffi.from_buffer("int32_t[]", ids), len(ids), count))
         return ids[:count[0]]
 

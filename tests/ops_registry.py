@@ -1213,6 +1213,313 @@ GELU_BACKWARD = Op(
 )
 
 
+# ---- the Llama family: RMSNorm, SwiGLU, RoPE from a table of frequencies ----------------------
+
+def rmsnorm_make(seed, rows, cols, scale=1.0, eps=1e-6, accumulate=False):
+    rng = np.random.default_rng(seed)
+    x = f32(rng, (rows, cols), scale)
+    w, dy = f32(rng, (cols,)), f32(rng, (rows, cols))
+    dw0 = f32(rng, (cols,)) if accumulate else None
+    return dict(seed=seed, eps=eps, x=x, w=w, dy=dy, dw0=dw0)
+
+
+def rmsnorm_saved(**drawn_values):
+    a = rmsnorm_make(**drawn_values)
+    a["y"], a["rstd"] = ops.rmsnorm_forward(a["x"], a["w"], a["eps"])
+    return a
+
+
+def rmsnorm_tol(a, want):
+    """The fast kernel's Σ x² in float: sum_roundings(cols) roundings, halved by the square
+    root, plus the few of rstd and y = (x·rstd)·w; the plain one sums in double (fewer)."""
+    k = sum_roundings(a["x"].shape[1]) / 2 + 6
+    return [Tol(2 * k * EPS32 * abs(want[0]), 0.0), Tol(2 * k * EPS32 * want[1], 0.0)]
+
+
+def rmsnorm_backward_tol(a, want):
+    """dx = rstd·(g − x̂·mean(g·x̂)): a few roundings of each term, and the float mean of
+    g·x̂ (sum_roundings(cols) of them); dw a float sum over rows (rows + 1 roundings each)"""
+    x, w, dy, rstd = (t.astype(np.float64) for t in (a["x"], a["w"], a["dy"], a["rstd"]))
+    rows, cols = x.shape
+    rs = rstd[:, None]
+    xhat, g = x * rs, dy * w
+    gxm = abs(g * xhat).mean(axis=1, keepdims=True)
+    tol_dx = rs * EPS32 * (4 * abs(g) + 4 * abs(xhat) * gxm
+                           + (sum_roundings(cols) + 2) * abs(xhat) * gxm)
+    tol_dw = (rows + 2) * EPS32 * abs(dy * xhat).sum(axis=0) + 2 * EPS32 * _abs(a["dw0"])
+    return [Tol(2 * tol_dx, 0.0), Tol(2 * tol_dw, 0.0)]
+
+
+def rmsnorm_backward_want(a):
+    rdx, rdw = ref.rmsnorm_backward(a["dy"], a["x"], a["w"], a["rstd"])
+    return [rdx, _plus(a["dw0"], rdw)]
+
+
+def rmsnorm_chain(a):
+    """The forward, then the backward fed what this kernel version's forward saved."""
+    y, rstd = ops.rmsnorm_forward(a["x"], a["w"], a["eps"])
+    return [y, rstd, *ops.rmsnorm_backward(a["dy"], a["x"], a["w"], rstd)]
+
+
+def rmsnorm_fast_tol(a, got, plain, backward=True):
+    """fast (float sums) vs plain (double sums): each within its bound of the reference, so
+    within the sum of the two bounds of each other"""
+    want = ref.rmsnorm_forward(a["x"], a["w"], a["eps"])
+    tols = [Tol(2 * t.atol) for t in rmsnorm_tol(a, want)]
+    if not backward:
+        return tols
+    b = dict(a, rstd=plain[1])
+    return tols + [Tol(2 * t.atol + 8 * EPS32 * abs(p)) for t, p in
+                   zip(rmsnorm_backward_tol(b, None), plain[2:])]
+
+
+RMSNORM_DRAW = drawn(rows=awkward, cols=awkward, scale=scales,
+                     eps=st.sampled_from([1e-6, 1e-5, 0.0]))
+RMSNORM_EMU = tuple(dict(rows=r, cols=c, scale=2.0, seed=r + c)
+                    for r, c in [(1, 1), (3, 7), (9, 32), (70, 67), (3, 1025), (2, 2048)])
+RMSNORM_FAST_DRAW = drawn(rows=st.sampled_from([1, 2, 3, 7, 17, 40]), cols=fast_cols)
+
+
+def rms(eps):
+    return ops.rmsnorm_forward(x23, z(3), eps)
+
+
+RMSNORM_FORWARD = Op(
+    "rmsnorm_forward",
+    limits=Limits(("F F F F {0} {1} 1e-5",), RC),
+    exact=("F:r*a F:r F:r*a F:a r a 1e-5",),
+    check=Check(
+        RMSNORM_DRAW, rmsnorm_make,
+        run=lambda a: list(ops.rmsnorm_forward(a["x"], a["w"], a["eps"])),
+        want=lambda a: list(ref.rmsnorm_forward(a["x"], a["w"], a["eps"])),
+        tol=rmsnorm_tol, outputs=("y", "rstd"), emu=RMSNORM_EMU,
+        threads=(dict(rows=300, cols=257, seed=3),)),
+    fast=(Fast("rows", RMSNORM_FAST_DRAW, rmsnorm_make,
+               lambda a: list(ops.rmsnorm_forward(a["x"], a["w"], a["eps"])),
+               lambda a, got, plain: rmsnorm_fast_tol(a, got, plain, backward=False)),),
+    bad=(
+        Bad(lambda: ops.rmsnorm_forward(x23, z(4), 1e-6), ValueError,
+            r"w must have shape \(3,\)"),
+        Bad(lambda: rms(-1.0), ValueError, r"eps must be >= 0, got -1"),
+        Bad(lambda: rms(float("nan")), ValueError, r"eps must be finite"),
+        Bad(lambda: rms("small"), TypeError, r"eps must be a real number, got str"),
+        Bad(lambda: rms(1e39), ValueError, r"eps must fit in float32 .*got 1e\+39"),
+        Bad(lambda: ops.rmsnorm_forward(z(2, 0), z(0), 1e-6), ValueError,
+            r"x.shape\[-1\] \(the normalised axis\) must be >= 1"),
+    ),
+    tested_in=("tests/kernels/test_llama_ops.py::test_rmsnorm_matches_transformers",
+               "tests/kernels/test_llama_ops.py::test_rmsnorm_of_huge_and_tiny_rows",
+               "tests/cuda/test_cuda_llama_ops.py::test_rmsnorm_of_huge_rows"),
+)
+
+RMSNORM_BACKWARD = Op(
+    "rmsnorm_backward",
+    limits=Limits(("F F F F F F {0} {1}",), RC),
+    exact=("F:r*a F:a F:r*a F:r*a F:a F:r r a",),
+    check=Check(
+        RMSNORM_DRAW, rmsnorm_saved,
+        run=lambda a: list(ops.rmsnorm_backward(a["dy"], a["x"], a["w"], a["rstd"],
+                                                dw=a["dw0"])),
+        want=rmsnorm_backward_want, tol=rmsnorm_backward_tol, outputs=("dx", "dw"),
+        emu=tuple(dict(d, accumulate=True) for d in RMSNORM_EMU),
+        threads=(dict(rows=300, cols=257, seed=3),)),
+    fast=(Fast("chain", RMSNORM_FAST_DRAW, rmsnorm_make, rmsnorm_chain, rmsnorm_fast_tol),),
+    bad=(Bad(lambda: ops.rmsnorm_backward(x23, x23, z(3), z(3)), ValueError,
+             r"rstd must have shape \(2,\)"),),
+    scratch=Scratch("""
+rows, cols = 16, 65536
+x, dy, w = randn(rows, cols), randn(rows, cols), randn(cols)
+y, rstd = ops.rmsnorm_forward(x, w, 1e-6)
+call = lambda: list(ops.rmsnorm_backward(dy, x, w, rstd))
+out_bytes = 4 * (rows * cols + cols)  # dx, dw
+scratch_bytes = 4 * min(rows, 16) * cols  # backward_fast: dw per chunk of rows
+"""),
+    tested_in=("tests/kernels/test_llama_ops.py::test_rmsnorm_matches_transformers",),
+)
+
+
+def swiglu_make(seed, shape, scale=1.0):
+    rng = np.random.default_rng(seed)
+    g, u, dh = f32(rng, shape, scale), f32(rng, shape), f32(rng, shape)
+    return dict(seed=seed, g=g, u=u, dh=dh)
+
+
+def swiglu_backward_tol(a, want):
+    """|silu'| <= 1.1; 1 − σ(g) is off by an ulp of 1, which g multiplies: |g|·EPS32"""
+    g, du = abs(a["g"].astype(np.float64)), abs((a["dh"] * a["u"]).astype(np.float64))
+    return [Tol(8 * EPS32 * du * (1 + g) + 1e-30, 0.0), Tol(8 * EPS32 * abs(want[1]) + 1e-30, 0.0)]
+
+
+SWIGLU_DRAW = drawn(shape=st.lists(awkward, min_size=1, max_size=3),
+                    scale=st.sampled_from([1e-3, 1.0, 5.0, 40.0]))
+SWIGLU_EMU = tuple(dict(shape=(c,), scale=5.0, seed=c) for c in (1, 257, 1027))
+SWIGLU_FAST_DRAW = drawn(shape=st.tuples(fast_cols), scale=st.sampled_from([0.1, 1.0, 5.0, 50.0]))
+
+SWIGLU_FORWARD = Op(
+    "swiglu_forward",
+    limits=Limits(("F F F {0}",), COUNT),
+    exact=("F:r*a F:r*a F:r*a r*a",),
+    check=Check(
+        SWIGLU_DRAW, swiglu_make,
+        run=lambda a: [ops.swiglu_forward(a["g"], a["u"])],
+        want=lambda a: [ref.swiglu_forward(a["g"], a["u"])],
+        tol=lambda a, want: [Tol(8 * EPS32 * abs(want[0]) + 1e-30, 0.0)],
+        outputs=("h",), emu=SWIGLU_EMU, threads=(dict(shape=(300, 257), seed=3),)),
+    fast=(Fast("count", SWIGLU_FAST_DRAW, swiglu_make,
+               lambda a: [ops.swiglu_forward(a["g"], a["u"])],
+               lambda a, got, plain: [Tol(1e-30, 16 * EPS32)]),),
+    bad=(Bad(lambda: ops.swiglu_forward(z(3), z(4)), ValueError, r"u must have shape \(3,\)"),
+         Bad(lambda: ops.swiglu_forward(z(3, dtype=np.float64), z(3)), TypeError,
+             r"g must have dtype float32")),
+    tested_in=("tests/kernels/test_llama_ops.py::test_swiglu_matches_llama_mlp",
+               "tests/kernels/test_llama_ops.py::test_silu_is_finite_for_large_inputs"),
+)
+
+SWIGLU_BACKWARD = Op(
+    "swiglu_backward",
+    limits=Limits(("F F F F F {0}",), COUNT),
+    exact=("F:r*a F:r*a F:r*a F:r*a F:r*a r*a",),
+    check=Check(
+        SWIGLU_DRAW, swiglu_make,
+        run=lambda a: list(ops.swiglu_backward(a["dh"], a["g"], a["u"])),
+        want=lambda a: list(ref.swiglu_backward(a["dh"], a["g"], a["u"])),
+        tol=swiglu_backward_tol, outputs=("dg", "du"), emu=SWIGLU_EMU,
+        threads=(dict(shape=(300, 257), seed=3),)),
+    fast=(Fast("count", SWIGLU_FAST_DRAW, swiglu_make,
+               lambda a: list(ops.swiglu_backward(a["dh"], a["g"], a["u"])),
+               lambda a, got, plain: [Tol(t.atol + 8 * EPS32 * abs(p)) for t, p in
+                                      zip(swiglu_backward_tol(a, plain), plain)]),),
+    bad=(Bad(lambda: ops.swiglu_backward(z(4), z(3), z(3)), ValueError,
+             r"dh must have shape \(3,\)"),),
+    tested_in=("tests/kernels/test_llama_ops.py::test_swiglu_matches_llama_mlp",),
+)
+
+
+LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+              original_max_position_embeddings=8192)
+
+
+def rope_freq_make(seed, B, T, H, half, start=0, batched=False, theta=10000.0, llama3=False):
+    a = rope_make(seed, B, T, H, half, start, batched)
+    a["inv_freq"] = ops.rope_inv_freq(2 * half, theta, LLAMA3 if llama3 else None)
+    return a
+
+
+def rope_freq_tol(a, x):
+    """cos and sin rounded once each, the angle pos·inv_freq rounded once in float"""
+    theta = float(np.abs(a["pos"]).max() * a["inv_freq"].max()) if a["pos"].size else 0.0
+    return [Tol(EPS32 * amax(x) * (4 + theta))]
+
+
+ROPE_FREQ_DRAW = drawn(B=small, T=awkward, H=small, half=st.sampled_from([1, 2, 3, 8, 32, 64]),
+                       start=st.sampled_from([0, 1, 1000, 123456]), batched=st.booleans(),
+                       theta=st.sampled_from([10000.0, 500000.0, 1e6]), llama3=st.booleans())
+ROPE_FREQ_EMU = tuple(dict(d, llama3=True) for d in ROPE_EMU)
+ROPE_FREQ_SCRATCH = """
+B, T, H, D = 1, 4096, 1, 512
+x, pos, inv_freq = randn(B, T, H, D), np.arange(T), ops.rope_inv_freq(D, 10000.0)
+call = lambda: [ops.{name}(x, pos, inv_freq)]
+out_bytes = 4 * B * T * H * D
+scratch_bytes = 4 * T * D  # rope_tabled: cos and sin, [T, D/2] each (pos shared by the batch)
+"""
+
+
+def rope_freq_fast_make(**drawn_values):
+    a = rope_fast_make(**drawn_values)
+    a["inv_freq"] = ops.rope_inv_freq(a["x"].shape[3], 500000.0, LLAMA3)
+    return a
+
+
+def rf(x=None, pos=None, inv_freq=None):
+    return ops.rope_freq_forward(z(1, 3, 2, 4) if x is None else x,
+                                 i64(0, 1, 2) if pos is None else pos,
+                                 z(2) if inv_freq is None else inv_freq)
+
+
+ROPE_FREQ_FORWARD = Op(
+    "rope_freq_forward",
+    limits=Limits(("F F I F {0} {1} {2} {3} {4}",), ROPE),
+    exact=("F:2*r*b*2*a F:2*r*b*2*a I:2*r:1000 F:a 2 r b 2*a r",
+           "F:2*r*b*2*a F:2*r*b*2*a I:r:1000 F:a 2 r b 2*a 0"),
+    check=Check(
+        ROPE_FREQ_DRAW, rope_freq_make,
+        run=lambda a: [ops.rope_freq_forward(a["x"], a["pos"], a["inv_freq"])],
+        want=lambda a: [ref.rope_freq_forward(a["x"], a["pos"], a["inv_freq"])],
+        tol=lambda a, want: rope_freq_tol(a, a["x"]),
+        outputs=("y",), emu=ROPE_FREQ_EMU, same_bits_as_c=True,
+        threads=(dict(B=2, T=100, H=3, half=8, seed=3),)),
+    fast=(Fast("same_bits", ROPE_FAST_DRAW, rope_freq_fast_make,
+               lambda a: [ops.rope_freq_forward(a["x"], a["pos"], a["inv_freq"])],
+               lambda a, got, plain: [EXACT]),),
+    bad=(
+        Bad(lambda: rf(x=z(2, 3, 4)), ValueError, r"x must have 4 dimensions"),
+        Bad(lambda: rf(x=z(1, 3, 2, 5)), ValueError,
+            r"x.shape\[3\] \(head dim D\) must be even and >= 2"),
+        Bad(lambda: rf(pos=np.arange(3.0)), TypeError, r"pos must have dtype int64, got float64"),
+        Bad(lambda: rf(pos=i64(0, 1)), ValueError,
+            r"pos must have shape \(T,\) = \(3,\) or \(B, T\) = \(1, 3\)"),
+        Bad(lambda: rf(inv_freq=z(4)), ValueError, r"inv_freq must have shape \(2,\)"),
+    ),
+    scratch=Scratch(ROPE_FREQ_SCRATCH.format(name="rope_freq_forward")),
+    tested_in=("tests/kernels/test_llama_ops.py::test_rope_freq_matches_transformers",
+               "tests/kernels/test_llama_ops.py::test_rope_freq_is_rope_with_the_default_table",
+               "tests/cuda/test_cuda_llama_ops.py::test_rope_freq_in_place"),
+)
+
+ROPE_FREQ_BACKWARD = Op(
+    "rope_freq_backward",
+    limits=Limits(("F F I F {0} {1} {2} {3} {4}",), ROPE),
+    exact=ROPE_FREQ_FORWARD.exact,
+    check=Check(
+        ROPE_FREQ_DRAW, rope_freq_make,
+        run=lambda a: [ops.rope_freq_backward(a["dy"], a["pos"], a["inv_freq"])],
+        want=lambda a: [ref.rope_freq_backward(a["dy"], a["pos"], a["inv_freq"])],
+        tol=lambda a, want: rope_freq_tol(a, a["dy"]),
+        outputs=("dx",), emu=ROPE_FREQ_EMU, same_bits_as_c=True,
+        threads=(dict(B=2, T=100, H=3, half=8, seed=3),)),
+    fast=(Fast("same_bits", ROPE_FAST_DRAW, rope_freq_fast_make,
+               lambda a: [ops.rope_freq_backward(a["x"], a["pos"], a["inv_freq"])],
+               lambda a, got, plain: [EXACT]),),
+    bad=(Bad(lambda: ops.rope_freq_backward(z(1, 3, 2, 4), i64(0, 1, 2), z(2, 1)), ValueError,
+             r"inv_freq must have shape \(2,\)"),),
+    scratch=Scratch(ROPE_FREQ_SCRATCH.format(name="rope_freq_backward")),
+    tested_in=("tests/kernels/test_llama_ops.py::test_rope_freq_backward_undoes_the_forward",),
+)
+
+
+def inv_freq_make(seed, D, theta, llama3):
+    return dict(seed=seed, D=D, theta=theta, scaling=LLAMA3 if llama3 else None)
+
+
+ROPE_INV_FREQ = Op(
+    "rope_inv_freq",
+    limits=Limits(("F {0} 10000.0 1 8.0 1.0 4.0 8192.0",), ((P62,), (P62 + 2,), (I64_MAX - 1,))),
+    exact=("F:a 2*a 10000.0 1 8.0 1.0 4.0 8192.0", "F:a 2*a 500000.0 0 0.0 0.0 0.0 0.0"),
+    check=Check(
+        drawn(D=st.sampled_from([2, 4, 6, 64, 128, 256]),
+              theta=st.sampled_from([10000.0, 500000.0, 1e6]), llama3=st.booleans()),
+        inv_freq_make,
+        run=lambda a: [ops.rope_inv_freq(a["D"], a["theta"], a["scaling"])],
+        want=lambda a: [ref.rope_inv_freq(a["D"], a["theta"], a["scaling"])],
+        tol=lambda a, want: [Tol(0.0, EPS32)], outputs=("inv_freq",)),
+    fast="one loop, called once per model",
+    bad=(
+        Bad(lambda: ops.rope_inv_freq(5, 1e4), ValueError, r"D \(head dim\) must be even"),
+        Bad(lambda: ops.rope_inv_freq(4, 0.0), ValueError, r"theta must be finite and > 0"),
+        Bad(lambda: ops.rope_inv_freq(4, 1e4, {"rope_type": "yarn"}), ValueError,
+            r"rope_type must be 'default' or 'llama3', got 'yarn'"),
+        Bad(lambda: ops.rope_inv_freq(4, 1e4, {"rope_type": "llama3", "factor": 8.0}),
+            ValueError, r"needs low_freq_factor, high_freq_factor, original_max_position"),
+        Bad(lambda: ops.rope_inv_freq(4, 1e4, dict(LLAMA3, high_freq_factor=0.5)), ValueError,
+            r"high_freq_factor must be finite and > low_freq_factor = 1, got 0.5"),
+        Bad(lambda: ops.rope_inv_freq(4, 1e4, "llama3"), TypeError,
+            r"scaling must be None or a dict"),
+    ),
+    cuda=False,
+    tested_in=("tests/kernels/test_llama_ops.py::test_inv_freq_matches_transformers_llama3",),
+)
+
+
 # ---- embedding --------------------------------------------------------------------------------
 
 def embedding_make(seed, rows, vocab, dim, batch=1, accumulate=False):
@@ -2046,6 +2353,8 @@ OPS = (LINEAR_FORWARD, LINEAR_GELU_FORWARD, LINEAR_BACKWARD, LINEAR_FORWARD_EX,
        LINEAR_GELU_FORWARD_EX, LINEAR_BACKWARD_EX, SGEMM, SGEMM_PLAIN, SGEMM_EX, ROUND_BF16,
        SOFTMAX_FORWARD, SOFTMAX_BACKWARD, LAYERNORM_FORWARD, LAYERNORM_BACKWARD, ROPE_FORWARD,
        ROPE_BACKWARD,
+       RMSNORM_FORWARD, RMSNORM_BACKWARD, SWIGLU_FORWARD, SWIGLU_BACKWARD,
+       ROPE_FREQ_FORWARD, ROPE_FREQ_BACKWARD, ROPE_INV_FREQ,
        QKV_SPLIT_FORWARD, QKV_SPLIT_BACKWARD, SINUSOIDAL_POSITIONS, GELU_FORWARD, GELU_BACKWARD,
        EMBEDDING_FORWARD, EMBEDDING_BACKWARD, CROSS_ENTROPY_FORWARD, CROSS_ENTROPY_BACKWARD,
        ADAMW_STEP, SUM_SQUARES, ATTENTION_FORWARD, ATTENTION_BACKWARD, ATTENTION_CACHE_APPEND,
@@ -2057,8 +2366,8 @@ BY_NAME = {op.name: op for op in OPS}
 NON_OPS = {
     "pytfm_core.h": ("pytfm_status_string", "pytfm_last_error", "pytfm_version",
                      "pytfm_abi_version", "pytfm_set_num_threads", "pytfm_get_num_threads",
-                     "pytfm_set_max_isa", "pytfm_get_isa", "pytfm_get_bf16_isa",
-                     "pytfm_get_build_info"),
+                     "pytfm_set_max_isa", "pytfm_read_environment", "pytfm_get_isa",
+                     "pytfm_get_bf16_isa", "pytfm_get_build_info"),
     "pytfm_model.h": ("pytfm_safetensors_open", "pytfm_safetensors_open_fd",
                       "pytfm_safetensors_open_memory", "pytfm_safetensors_close",
                       "pytfm_safetensors_tensor_count", "pytfm_safetensors_tensor",

@@ -414,6 +414,125 @@ static inline pytfm_status pytfm__check_gelu_backward(const char *func, const fl
     return PYTFM_STATUS_OK;
 }
 
+/* ---- RMSNorm, SwiGLU, RoPE from a table of frequencies (the Llama family) ----------------- */
+
+static inline pytfm_status pytfm__check_rmsnorm_forward(const char *func, const float *y,
+                                                        const float *rstd, const float *x,
+                                                        const float *w, int64_t rows,
+                                                        int64_t cols, float eps) {
+    int64_t n = 0;
+    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols, &n));
+    PYTFM_CHECK_FINITE_IN(func, eps);
+    PYTFM_CHECK(eps >= 0.0f, "%s: eps must be >= 0, got %g", func, (double)eps);
+    PYTFM_CHECK_PTR_IN(func, y, n);
+    PYTFM_CHECK_PTR_IN(func, rstd, rows);
+    PYTFM_CHECK_PTR_IN(func, x, n);
+    PYTFM_CHECK_PTR_IN(func, w, cols);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n, float),
+                         PYTFM_SPAN(rstd, rows, float), PYTFM_SPAN(x, n, float),
+                         PYTFM_SPAN(w, cols, float));
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_rmsnorm_backward(const char *func, const float *dx,
+                                                         const float *dw, const float *dy,
+                                                         const float *x, const float *w,
+                                                         const float *rstd, int64_t rows,
+                                                         int64_t cols) {
+    int64_t n = 0;
+    PYTFM_TRY(pytfm__check_rows_cols(func, rows, cols, &n));
+    PYTFM_CHECK_PTR_IN(func, dx, n);
+    PYTFM_CHECK_PTR_IN(func, dw, cols);
+    PYTFM_CHECK_PTR_IN(func, dy, n);
+    PYTFM_CHECK_PTR_IN(func, x, n);
+    PYTFM_CHECK_PTR_IN(func, w, cols);
+    PYTFM_CHECK_PTR_IN(func, rstd, rows);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dx, n, float),
+                         PYTFM_SPAN(dw, cols, float), PYTFM_SPAN(dy, n, float),
+                         PYTFM_SPAN(x, n, float), PYTFM_SPAN(w, cols, float),
+                         PYTFM_SPAN(rstd, rows, float));
+    return PYTFM_STATUS_OK;
+}
+
+/* h [count] written; g, u [count]; no in-place form */
+static inline pytfm_status pytfm__check_swiglu_forward(const char *func, const float *h,
+                                                       const float *g, const float *u,
+                                                       int64_t count) {
+    PYTFM_CHECK_MIN_IN(func, count, 0);
+    int64_t n = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, count);
+    PYTFM_CHECK_PTR_IN(func, h, n);
+    PYTFM_CHECK_PTR_IN(func, g, n);
+    PYTFM_CHECK_PTR_IN(func, u, n);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(h, n, float),
+                         PYTFM_SPAN(g, n, float), PYTFM_SPAN(u, n, float));
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_swiglu_backward(const char *func, const float *dg,
+                                                        const float *du, const float *dh,
+                                                        const float *g, const float *u,
+                                                        int64_t count) {
+    PYTFM_CHECK_MIN_IN(func, count, 0);
+    int64_t n = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, count);
+    PYTFM_CHECK_PTR_IN(func, dg, n);
+    PYTFM_CHECK_PTR_IN(func, du, n);
+    PYTFM_CHECK_PTR_IN(func, dh, n);
+    PYTFM_CHECK_PTR_IN(func, g, n);
+    PYTFM_CHECK_PTR_IN(func, u, n);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dg, n, float),
+                         PYTFM_SPAN(du, n, float), PYTFM_SPAN(dh, n, float),
+                         PYTFM_SPAN(g, n, float), PYTFM_SPAN(u, n, float));
+    return PYTFM_STATUS_OK;
+}
+
+/* RoPE from a table: out, in [B, T, H, D] (out may be in itself), pos as RoPE's, inv_freq
+ * [D/2] (its values are not read here: any float is a frequency) */
+static inline pytfm_status pytfm__check_rope_freq(const char *func, const float *out,
+                                                  const float *in, const int64_t *pos,
+                                                  const float *inv_freq, int64_t B, int64_t T,
+                                                  int64_t H, int64_t D, int64_t pos_stride) {
+    PYTFM_TRY(pytfm__check_rope(func, out, in, pos, B, T, H, D, pos_stride, 1.0));
+    PYTFM_CHECK_PTR_IN(func, inv_freq, D / 2);
+    const int64_t n = B * T * H * D; // checked by pytfm__check_rope
+    const pytfm__span output = {"output", out, n * (int64_t)sizeof(float)};
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, output,
+                         PYTFM_SPAN(inv_freq, D / 2, float));
+    return PYTFM_STATUS_OK;
+}
+
+/* pytfm_rope_inv_freq's arguments */
+static inline pytfm_status pytfm__check_rope_inv_freq(const char *func, const float *inv_freq,
+                                                      int64_t D, double theta, int32_t scaling,
+                                                      double factor, double low_freq_factor,
+                                                      double high_freq_factor,
+                                                      double original_max_pos) {
+    PYTFM_CHECK(D >= 2 && D % 2 == 0, "%s: D must be even and >= 2, got %lld", func,
+                (long long)D);
+    PYTFM_CHECK(isfinite(theta) && theta > 0.0, "%s: theta must be finite and > 0, got %g",
+                func, theta);
+    PYTFM_CHECK(scaling == PYTFM_ROPE_SCALING_NONE || scaling == PYTFM_ROPE_SCALING_LLAMA3,
+                "%s: scaling must be a pytfm_rope_scaling (0: none, 1: llama3), got %d", func,
+                (int)scaling);
+    if (scaling == PYTFM_ROPE_SCALING_LLAMA3) {
+        PYTFM_CHECK(isfinite(factor) && factor > 0.0, "%s: factor must be finite and > 0, got %g",
+                    func, factor);
+        PYTFM_CHECK(isfinite(low_freq_factor) && low_freq_factor > 0.0,
+                    "%s: low_freq_factor must be finite and > 0, got %g", func, low_freq_factor);
+        PYTFM_CHECK(isfinite(high_freq_factor) && high_freq_factor > low_freq_factor,
+                    "%s: high_freq_factor must be finite and > low_freq_factor = %g, got %g",
+                    func, low_freq_factor, high_freq_factor);
+        PYTFM_CHECK(isfinite(original_max_pos) && original_max_pos > 0.0,
+                    "%s: original_max_pos must be finite and > 0, got %g", func,
+                    original_max_pos);
+    }
+    int64_t n = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, D / 2);
+    PYTFM_CHECK_PTR_IN(func, inv_freq, n);
+    return PYTFM_STATUS_OK;
+}
+
 /* ---- embedding ---------------------------------------------------------------------------- */
 
 /* y, dy [rows, dim], table [vocab, dim] (element counts), ids [rows] */

@@ -127,6 +127,12 @@ void *pytfm__scratch(const char *func, int64_t count, size_t size);
  * no error: the caller names what it allocates. */
 void *pytfm__weights_alloc(size_t bytes);
 
+/* PYTFM_NUM_THREADS and PYTFM_MAX_ISA applied, once (environment.c): every get and set of the
+ * thread count and the ISA cap calls it first; the two stores below apply a value without it */
+void pytfm__read_environment(void);
+void pytfm__store_num_threads(int32_t threads);
+void pytfm__store_max_isa(int32_t isa);
+
 /* the thread count when none is set: OpenMP's, but no more than the cores other processes
  * leave free (free_cores.c), so that a busy neighbour does not slow the kernels down */
 int pytfm__default_threads(void);

@@ -1,6 +1,7 @@
 /*
  * isa.c — which instruction set the kernels use: the best this CPU has (detected at run time),
- * capped by pytfm_set_max_isa. The cap is process-wide, like the thread count.
+ * capped by pytfm_set_max_isa (or PYTFM_MAX_ISA: environment.c). The cap is process-wide, like
+ * the thread count.
  */
 #include "internal.h"
 
@@ -28,15 +29,19 @@ int pytfm__cpu_has(pytfm_isa isa) {
     }
 }
 
+void pytfm__store_max_isa(int32_t isa) { STORE(max_isa, isa); }
+
 pytfm_status pytfm_set_max_isa(int32_t isa) {
     PYTFM_CHECK(isa >= PYTFM_ISA_AUTO && isa <= PYTFM_ISA_AVX512_BF16,
                 "%s: isa must be a pytfm_isa value (0..5), got %d", __func__, (int)isa);
+    pytfm__read_environment(); /* before the store: the environment is an earlier setting */
     STORE(max_isa, isa);
     return PYTFM_STATUS_OK;
 }
 
 /* the best ISA in [PLAIN, top] this CPU has under the cap */
 static int32_t best_up_to(int32_t top) {
+    pytfm__read_environment();
     const int32_t cap = LOAD(max_isa);
     for (int32_t isa = top; isa > PYTFM_ISA_PLAIN; isa--)
         if ((cap == PYTFM_ISA_AUTO || isa <= cap) && pytfm__cpu_has((pytfm_isa)isa)) return isa;

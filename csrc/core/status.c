@@ -5,9 +5,10 @@
  * The error message lives in thread-local storage: each thread sees its own last failure. The
  * thread count is one of the library's two process-wide settings (it changes speed, not
  * results); the other, the instruction-set cap, lives in isa.c. Whatever sets the thread count
- * (pytfm_set_num_threads, or OMP_NUM_THREADS through OpenMP's default), the kernels use at
- * most PYTFM_THREADS_PER_CORE threads per core: 100000 threads would each get a workspace,
- * and 2^31 − 1 make libgomp end the process when it cannot create them.
+ * (pytfm_set_num_threads, PYTFM_NUM_THREADS: environment.c, or OMP_NUM_THREADS through
+ * OpenMP's default), the kernels use at most PYTFM_THREADS_PER_CORE threads per core: 100000
+ * threads would each get a workspace, and 2^31 − 1 make libgomp end the process when it cannot
+ * create them.
  */
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -82,9 +83,12 @@ const char *pytfm_version(void) { return PYTFM_VERSION; }
 
 int32_t pytfm_abi_version(void) { return PYTFM_ABI_VERSION; }
 
+void pytfm__store_num_threads(int32_t threads) { atomic_store(&num_threads, threads); }
+
 pytfm_status pytfm_set_num_threads(int32_t threads) {
     PYTFM_CHECK(threads >= 0, "%s: threads must be >= 0 (0: the default), got %d", __func__,
                 (int)threads);
+    pytfm__read_environment(); /* before the store: the environment is an earlier setting */
     atomic_store(&num_threads, threads);
     return PYTFM_STATUS_OK;
 }
@@ -123,6 +127,7 @@ static void watch_forks(void) { pthread_atfork(NULL, NULL, in_forked_child); }
 #endif
 
 int32_t pytfm_get_num_threads(void) {
+    pytfm__read_environment();
 #if defined(_OPENMP)
     if (atomic_load_explicit(&forked_child, memory_order_relaxed)) return 1;
     const int set = atomic_load(&num_threads), threads = set > 0 ? set : pytfm__default_threads();

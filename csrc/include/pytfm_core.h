@@ -65,7 +65,10 @@ PYTFM_API int32_t pytfm_abi_version(void);
  * BLAS's thread setting: it changes speed only, the results are the same bits at any count.
  *   0, the default: OpenMP's count (OMP_NUM_THREADS, else the available cores), lowered to the
  *      cores that other processes leave free (on Linux; csrc/core/free_cores.c says how).
- *   n: n threads, never lowered for neighbours (PYTFM_NUM_THREADS sets it from Python).
+ *   n: n threads, never lowered for neighbours.
+ * The environment variable PYTFM_NUM_THREADS sets it (read once, at the first get or set of the
+ * thread count or the ISA cap, or at pytfm_read_environment; a set call wins; a bad value is
+ * ignored: csrc/core/environment.c).
  * Whatever the source, the kernels use at most 4 threads per core of the process's CPU
  * affinity: a larger value is accepted and clamped. A change from another thread while
  * kernels run is safe and takes effect from the next call. Without OpenMP the setting is
@@ -111,8 +114,17 @@ typedef enum pytfm_isa {
 /* Use no instruction set above isa (PYTFM_ISA_AUTO: no cap). Process-wide, like the thread
  * count; it changes which kernel versions run, and so the last bits of results. A cap of
  * PYTFM_ISA_AVX512 keeps the BF16 products off the AVX512_BF16 instructions (they then run
- * as on a CPU without them: BF16-rounded inputs through the AVX-512 FP32 kernels). */
+ * as on a CPU without them: BF16-rounded inputs through the AVX-512 FP32 kernels). The
+ * environment variable PYTFM_MAX_ISA (auto, plain, portable, avx2, avx512, avx512_bf16) sets
+ * it, read as PYTFM_NUM_THREADS is. */
 PYTFM_API pytfm_status pytfm_set_max_isa(int32_t isa);
+
+/* Read PYTFM_NUM_THREADS and PYTFM_MAX_ISA now (once a process: a later call returns what the
+ * first found): PYTFM_STATUS_OK, or PYTFM_STATUS_INVALID_ARGUMENT naming the first variable
+ * whose value is bad ("PYTFM_NUM_THREADS='many': it must be ..."), which is then ignored. A
+ * program that never calls it gets them read at the first get or set of either setting, and a
+ * bad value told on stderr instead (no call there can return it). `import pytfm` calls it. */
+PYTFM_API pytfm_status pytfm_read_environment(void);
 
 /* The pytfm_isa the FP32 kernels use now: the best this CPU has, under the cap, at most
  * PYTFM_ISA_AVX512 (no FP32 kernel is written for more). */

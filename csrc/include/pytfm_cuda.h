@@ -256,6 +256,38 @@ PYTFM_API pytfm_status pytfm_linear_gelu_forward_cuda(float *y, float *h, const 
 PYTFM_API pytfm_status pytfm_sum_squares_cuda(double *out, const float *x, int64_t count,
                                               void *stream);
 
+/* ---- the Llama family's ops (cuda/rmsnorm.cu, swiglu.cu, rope_half.cu) ---------------------
+ * As pytfm_rmsnorm_*, pytfm_swiglu_*, pytfm_rope_freq_*. RMSNorm: a warp per row up to 1024
+ * columns, else a block; Σ x² in float, again in double where it over- or underflows; dw
+ * accumulated by the column reduction of LayerNorm's (partial sums in stream scratch, a fixed
+ * order: the same bits on every run). RoPE: a thread per pair, its angle computed as the C
+ * kernel does (float product, cos and sin in double, rounded): the C kernel's bits. */
+PYTFM_API pytfm_status pytfm_rmsnorm_forward_cuda(float *y, float *rstd, const float *x,
+                                                  const float *w, int64_t rows, int64_t cols,
+                                                  float eps, void *stream);
+
+PYTFM_API pytfm_status pytfm_rmsnorm_backward_cuda(float *dx, float *dw, const float *dy,
+                                                   const float *x, const float *w,
+                                                   const float *rstd, int64_t rows,
+                                                   int64_t cols, void *stream);
+
+PYTFM_API pytfm_status pytfm_swiglu_forward_cuda(float *h, const float *g, const float *u,
+                                                 int64_t count, void *stream);
+
+PYTFM_API pytfm_status pytfm_swiglu_backward_cuda(float *dg, float *du, const float *dh,
+                                                  const float *g, const float *u, int64_t count,
+                                                  void *stream);
+
+PYTFM_API pytfm_status pytfm_rope_freq_forward_cuda(float *y, const float *x, const int64_t *pos,
+                                                    const float *inv_freq, int64_t B, int64_t T,
+                                                    int64_t H, int64_t D, int64_t pos_stride,
+                                                    void *stream);
+
+PYTFM_API pytfm_status pytfm_rope_freq_backward_cuda(float *dx, const float *dy,
+                                                     const int64_t *pos, const float *inv_freq,
+                                                     int64_t B, int64_t T, int64_t H, int64_t D,
+                                                     int64_t pos_stride, void *stream);
+
 /* Attention on the GPU, FlashAttention-2's structure in float32: the same arguments, shapes,
  * rules and results (to float32 rounding) as pytfm_attention_forward/backward/cache_append/
  * decode. Memory linear in T; head dims 1 <= D <= PYTFM_CUDA_ATTENTION_MAX_D (a larger D is

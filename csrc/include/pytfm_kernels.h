@@ -365,6 +365,95 @@ PYTFM_API pytfm_status pytfm_adamw_step(float *param, float *m, float *v, const 
  */
 PYTFM_API pytfm_status pytfm_sum_squares(double *out, const float *x, int64_t count);
 
+/* ---- RMSNorm over the last axis (the Llama family's norm) ---------------------------- */
+/* y = x · rstd · w, rstd = 1/sqrt(mean(x²) + eps), per row (as transformers' LlamaRMSNorm, in
+ * float32: the weight multiplies the normalised row). Rows of any length: the model's hidden
+ * rows, and Qwen 3's per-head q/k norm (rows of head_dim: [B·T·H, D]). Sums in double (plain)
+ * or in float, redone in double where the float sum over- or underflows (fast, CUDA).
+ *   y    [rows, cols] written
+ *   rstd [rows]       written, saved for the backward
+ *   x [rows, cols], w [cols]; cols >= 1, eps >= 0 and finite (a config's rms_norm_eps)
+ */
+PYTFM_API pytfm_status pytfm_rmsnorm_forward(float *y, float *rstd, const float *x,
+                                             const float *w, int64_t rows, int64_t cols,
+                                             float eps);
+
+/* With x̂ = x · rstd and g = dy ∘ w, per row:
+ *   dx [rows, cols] written: rstd · (g − x̂ · mean(g ∘ x̂))
+ *   dw [cols]       accumulated: += sum over rows of dy ∘ x̂
+ *   dy, x [rows, cols]; w [cols]; rstd [rows] from the forward
+ * Scratch (the fast kernels, isa above PLAIN): the partial sums of dw over 16 fixed chunks of
+ * rows, min(rows, 16) · cols floats.
+ */
+PYTFM_API pytfm_status pytfm_rmsnorm_backward(float *dx, float *dw, const float *dy,
+                                              const float *x, const float *w, const float *rstd,
+                                              int64_t rows, int64_t cols);
+
+/* ---- SwiGLU: the gated MLP's activation, h = silu(g) ∘ u ----------------------------- */
+/* g = x·W_gateᵀ and u = x·W_upᵀ come from two linear products (pytfm_linear_forward); this
+ * is the element-wise step between them and the down projection. silu(g) = g · σ(g) =
+ * g / (1 + e^(−g)): every finite g gives a finite result (e^(−g) overflowing to +inf gives
+ * −0), silu(+inf) = +inf, silu(−inf) = NaN (as torch's).
+ *   h [count] written;  g, u [count]
+ */
+PYTFM_API pytfm_status pytfm_swiglu_forward(float *h, const float *g, const float *u,
+                                            int64_t count);
+
+/* dg = dh ∘ u ∘ silu'(g), silu'(g) = σ(g) (1 + g (1 − σ(g)));  du = dh ∘ silu(g)
+ *   dg, du [count] written;  dh, g, u [count] (g, u the forward's inputs)
+ */
+PYTFM_API pytfm_status pytfm_swiglu_backward(float *dg, float *du, const float *dh,
+                                             const float *g, const float *u, int64_t count);
+
+/* ---- RoPE from a table of frequencies, rotate-half pairing (the Llama family) -------- */
+/* pytfm_rope_forward's rotation, the pair (x[i], x[i + D/2]) turned by θ_i, with the angles
+ * taken from a table instead of a base: θ_i = pos[b, t] · inv_freq[i], as transformers'
+ * LlamaRotaryEmbedding computes them: the product of float32 pos and inv_freq[i], rounded to
+ * float32 (so long positions turn as they do there), then cos and sin of that float in double,
+ * rounded to float32. Both RoPEs pair i with i + D/2 (Hugging Face's rotate_half, GPT-NeoX);
+ * neither is the interleaved (2i, 2i + 1) layout of Meta's original Llama code, whose q and k
+ * weights transformers' conversion permutes into this one.
+ * The table comes from pytfm_rope_inv_freq, once per model: a frequency scaling (llama3) is a
+ * different table, not a different kernel.
+ *   y        [B, T, H, D] written (may equal x)
+ *   x        [B, T, H, D]; D even and >= 2
+ *   pos, pos_stride as pytfm_rope_forward
+ *   inv_freq [D/2]
+ */
+PYTFM_API pytfm_status pytfm_rope_freq_forward(float *y, const float *x, const int64_t *pos,
+                                               const float *inv_freq, int64_t B, int64_t T,
+                                               int64_t H, int64_t D, int64_t pos_stride);
+
+/* The rotation by −θ_i: dx [B, T, H, D] written (may equal dy), dy [B, T, H, D]; the rest as
+ * the forward */
+PYTFM_API pytfm_status pytfm_rope_freq_backward(float *dx, const float *dy, const int64_t *pos,
+                                                const float *inv_freq, int64_t B, int64_t T,
+                                                int64_t H, int64_t D, int64_t pos_stride);
+
+/* A config's rope_scaling, as pytfm_rope_inv_freq takes it */
+typedef enum pytfm_rope_scaling {
+    PYTFM_ROPE_SCALING_NONE = 0,   /* inv_freq[i] = theta^(−2i/D) */
+    PYTFM_ROPE_SCALING_LLAMA3 = 1, /* Llama 3.1's: long wavelengths slowed down by factor */
+} pytfm_rope_scaling;
+
+/* The table of pytfm_rope_freq_*: inv_freq[i] = theta^(−2i/D) for i < D/2 (rope_theta: Llama 3
+ * 500000, Qwen 2.5 1000000), then, with PYTFM_ROPE_SCALING_LLAMA3, transformers'
+ * _compute_llama3_parameters: with wavelen = 2π/inv_freq, lo = original_max_pos /
+ * low_freq_factor and hi = original_max_pos / high_freq_factor,
+ *   wavelen < hi:   unchanged;   wavelen > lo:   inv_freq / factor;
+ *   between:        (1 − s) · inv_freq / factor + s · inv_freq,
+ *                   s = (original_max_pos / wavelen − low_freq_factor) /
+ *                       (high_freq_factor − low_freq_factor).
+ * Computed in double, rounded to float32 once (transformers rounds each step to float32: the
+ * two tables agree to about an ulp). The scaling's four numbers are read only with LLAMA3.
+ *   inv_freq [D/2] written; D even and >= 2; theta finite, > 0; factor, low_freq_factor > 0,
+ *   high_freq_factor > low_freq_factor, original_max_pos > 0 (original_max_position_embeddings)
+ */
+PYTFM_API pytfm_status pytfm_rope_inv_freq(float *inv_freq, int64_t D, double theta,
+                                           int32_t scaling, double factor,
+                                           double low_freq_factor, double high_freq_factor,
+                                           double original_max_pos);
+
 /* ---- Attention: multi-head scaled dot-product, flash-style ------------------------- */
 /* O = softmax(scale · q kᵀ [+ causal mask]) v for every batch b and head h, computed tile by
  * tile with an online softmax: the [T, T] score matrix is never stored. With causal != 0,

@@ -3,9 +3,14 @@
  * folder), encode bytes to token ids, decode ids to bytes, the special token <|endoftext|>.
  * pytfm.tokenizer.Tokenizer is this tokenizer, from Python.
  *
- * What encode does (token for token what Hugging Face tokenizers gives for GPT-2):
- * 1. With special set, each <|endoftext|> of the text is that token, and each piece between is
- *    tokenized alone; without it those characters are text like any other.
+ * What encode does (token for token what Hugging Face tokenizers gives; docs/tokenizer.md):
+ * 1. The added tokens (tokenizer.json's added_tokens; GPT-2's vocab.json: <|endoftext|>) are
+ *    found in the text as tokenizers' AddedVocabulary finds them: leftmost-longest, those with
+ *    normalized false first, then the others in the pieces left; lstrip and rstrip take the
+ *    white space beside a match into it, single_word keeps a match only between non-word
+ *    characters. A special token is matched only with PYTFM_TOKENIZER_SPECIAL (without it, a
+ *    match of one is dropped, as tokenizers' encode_special_tokens does). Each piece between
+ *    is tokenized alone.
  * 2. A piece is cut into words by GPT-2's pre-tokenizer pattern
  *      's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *    (hand-coded: the leftmost alternative that matches wins, \s+(?!\S) leaves the last white
@@ -23,7 +28,7 @@
  * PYTFM_TOKENIZER_MAX_FILE bytes, a vocabulary {token: id} of 256 to PYTFM_TOKENIZER_MAX_TOKENS
  * tokens whose ids are 0 .. n-1 each once and that holds the 256 byte tokens; every merge's
  * parts are byte tokens or results of earlier merges, every result a token not made before, and
- * every token a byte, a merge's result or <|endoftext|>. A failure is INVALID_ARGUMENT (or
+ * every token a byte, a merge's result or an added token. A failure is INVALID_ARGUMENT (or
  * OUT_OF_MEMORY) with pytfm_last_error() naming the file and what is wrong; nothing is left
  * allocated and *out is NULL. Messages name tokens as the files write them ('Ġth'), merges by
  * rank (from 0) and lines of merges.txt as the file's lines, from 1 ("#version" is line 1).
@@ -54,6 +59,12 @@ enum {
     PYTFM_TOKENIZER_MAX_TOKENS = 16777216  /* tokens of a vocabulary, at most */
 };
 
+/* pytfm_tokenizer_encode's flags */
+enum {
+    PYTFM_TOKENIZER_SPECIAL = 1, /* special added tokens in the text are matched (else text) */
+    PYTFM_TOKENIZER_TEMPLATE = 2 /* the post-processor's template ids around the text */
+};
+
 typedef struct pytfm_tokenizer pytfm_tokenizer;
 
 /* Open GPT-2's vocab.json (encoder.json) and merges.txt (vocab.bpe: an optional "#version"
@@ -68,9 +79,13 @@ PYTFM_API pytfm_status pytfm_tokenizer_open_memory(const char *vocab, int64_t vo
                                                    pytfm_tokenizer **out);
 
 /* Open Hugging Face's tokenizer.json of a GPT-2-style byte-level BPE: model.type "BPE" (no
- * dropout, unk_token, prefix or suffix, fuse_unk, byte_fallback, ignore_merges), normalizer
- * null, pre_tokenizer ByteLevel (add_prefix_space false, use_regex true), decoder ByteLevel or
- * null, added_tokens only <|endoftext|>; model.merges as "a b" strings or [a, b] pairs. */
+ * dropout, unk_token, prefix or suffix, fuse_unk, byte_fallback, ignore_merges), normalizer,
+ * truncation and padding null, pre_tokenizer ByteLevel (add_prefix_space false, use_regex
+ * true), decoder ByteLevel or null, model.merges as "a b" strings or [a, b] pairs; any number
+ * of added_tokens (each id must be the one tokenizers gives it: the vocabulary's, or the next
+ * after the vocabulary in the file's order), post_processor null, ByteLevel,
+ * TemplateProcessing (its "single" template: special tokens around $A, their ids from the
+ * file; "pair" unused) or a Sequence of those. Anything else is refused, naming the field. */
 PYTFM_API pytfm_status pytfm_tokenizer_open_json(const char *path, pytfm_tokenizer **out);
 
 /* The same from the text[0..size) of a tokenizer.json in memory (not kept). */
@@ -91,7 +106,8 @@ PYTFM_API void pytfm_tokenizer_close(pytfm_tokenizer *tok);
 /* The number of tokens of the vocabulary (ids are 0 .. size-1); 0 for NULL. */
 PYTFM_API int64_t pytfm_tokenizer_vocab_size(const pytfm_tokenizer *tok);
 
-/* The id of <|endoftext|>, or -1 when the vocabulary has none (or tok is NULL). */
+/* The id of the added token <|endoftext|> (GPT-2's vocab.json always has one: the next id when
+ * its vocabulary lacks it, as transformers' GPT2TokenizerFast adds it), or -1 (or tok NULL). */
 PYTFM_API int32_t pytfm_tokenizer_eot(const pytfm_tokenizer *tok);
 
 /* The number of merges (their ranks are 0 .. count-1); 0 for NULL. */
@@ -105,15 +121,18 @@ PYTFM_API pytfm_status pytfm_tokenizer_merges(const pytfm_tokenizer *tok, int32_
 /* The Unicode version of the pre-tokenizer's character classes, e.g. "14.0.0". */
 PYTFM_API const char *pytfm_tokenizer_unicode_version(void);
 
-/* Encode text[0..size) (any bytes; text may be NULL when size is 0). special: nonzero, each
- * <|endoftext|> in the text is that token (when the vocabulary has it); 0, it is text.
- * *count: the number of ids of the text, always set on OK and when the ids do not fit. ids:
- * capacity int32 ids written (ids may be NULL when capacity is 0); a text never has more ids
- * than bytes, so capacity = size always fits. capacity 0 with ids NULL asks the count only and
+/* Encode text[0..size) (any bytes; text may be NULL when size is 0). flags:
+ * PYTFM_TOKENIZER_SPECIAL, the special added tokens in the text are those tokens (else text);
+ * PYTFM_TOKENIZER_TEMPLATE, the post-processor's template ids go around the text (what
+ * transformers' encode adds by default; GPT-2 has none). *count: the number of ids, always set
+ * on OK and when the ids do not fit. ids: capacity int32 ids written (ids may be NULL when
+ * capacity is 0); a text never has more ids than bytes plus the template's (the count of the
+ * empty text), so that capacity always fits. capacity 0 with ids NULL asks the count only and
  * returns OK; a capacity below the count otherwise is INVALID_ARGUMENT ("needs N ids"), ids
- * holding the first capacity of them. */
+ * holding the first capacity of them. A single_word token next to a character whose word
+ * class the library cannot tell (docs/tokenizer.md) is INVALID_ARGUMENT. */
 PYTFM_API pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text,
-                                              int64_t size, int32_t special, int32_t *ids,
+                                              int64_t size, int32_t flags, int32_t *ids,
                                               int64_t capacity, int64_t *count);
 
 /* Decode ids[0..n) into the bytes they stand for (<|endoftext|> as its 13 characters): *size,

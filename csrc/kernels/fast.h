@@ -66,6 +66,16 @@ typedef struct pytfm__fast_kernels {
      * read instead: the same values), the products summed in float as gemv sums */
     void (*gemv_bf16)(float *y, const float *x, const float *w, const uint16_t *w16,
                       int64_t ldw, const float *b, int64_t in, int64_t out);
+    /* RMSNorm, one row (rmsnorm.c): y, rstd written; the backward's dx written, dw
+     * accumulated (a chunk's partial sums) */
+    void (*rmsnorm_forward)(float *y, float *rstd, const float *x, const float *w, int64_t cols,
+                            float eps);
+    void (*rmsnorm_backward)(float *dx, float *dw, const float *dy, const float *x,
+                             const float *w, float rstd, int64_t cols);
+    /* SwiGLU (swiglu.c), a chunk of count elements */
+    void (*swiglu_forward)(float *h, const float *g, const float *u, int64_t count);
+    void (*swiglu_backward)(float *dg, float *du, const float *dh, const float *g,
+                            const float *u, int64_t count);
 } pytfm__fast_kernels;
 
 extern const pytfm__fast_kernels pytfm__fast_portable, pytfm__fast_avx2, pytfm__fast_avx512;
@@ -75,6 +85,11 @@ extern const pytfm__fast_kernels pytfm__fast_portable, pytfm__fast_avx2, pytfm__
  * (PYTFM_LN_FLOAT_SUMS_OK). */
 void pytfm__layernorm_forward_row(float *y, float *mean, float *rstd, const float *x,
                                   const float *w, const float *b, int64_t cols, float eps);
+
+/* One row of RMSNorm's forward, summed in double: the plain kernel's row (rmsnorm.c), and the
+ * fast kernels' fallback for a row whose float sum overflows or underflows. */
+void pytfm__rmsnorm_forward_row(float *y, float *rstd, const float *x, const float *w,
+                                int64_t cols, float eps);
 
 /* the kernels for isa, or NULL for PYTFM_ISA_PLAIN (the plain reference loops) */
 const pytfm__fast_kernels *pytfm__fast_for(int32_t isa);

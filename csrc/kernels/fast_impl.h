@@ -441,8 +441,65 @@ static void attn_pv_row(float *o, const float *p, const float *v, int64_t ldv, i
         for (int64_t d = 0; d < D; d++) o[d] = PYTFM_FMA(p[c], v[c * ldv + d], o[d]);
 }
 
+/* RMSNorm (rmsnorm.c): Σ x² over 16 lanes in float; the plain row in double where that sum
+ * over- or underflows */
+static void rmsnorm_forward(float *restrict y, float *restrict rstd, const float *restrict x,
+                            const float *restrict w, int64_t cols, float eps) {
+    float s[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= cols; j += LANES)
+        for (int l = 0; l < LANES; l++) s[l] += x[j + l] * x[j + l];
+    float tail = 0.0f;
+    for (; j < cols; j++) tail += x[j] * x[j];
+    const float ss = pytfm__lanes_sum(s) + tail;
+    if (!PYTFM_LN_FLOAT_SUMS_OK(ss, cols, eps)) {
+        pytfm__rmsnorm_forward_row(y, rstd, x, w, cols, eps);
+        return;
+    }
+    const float rs = 1.0f / sqrtf(ss / (float)cols + eps);
+    for (j = 0; j < cols; j++) y[j] = (x[j] * rs) * w[j];
+    *rstd = rs;
+}
+
+static void rmsnorm_backward(float *restrict dx, float *restrict dw, const float *restrict dy,
+                             const float *restrict x, const float *restrict w, float rs,
+                             int64_t cols) {
+    float sgx[LANES] = {0}; // Σ g·x̂, g = dy·w
+    int64_t j = 0;
+    for (; j + LANES <= cols; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            const float xhat = x[j + l] * rs;
+            sgx[l] += dy[j + l] * w[j + l] * xhat;
+            dw[j + l] += dy[j + l] * xhat;
+        }
+    float tgx = 0.0f;
+    for (; j < cols; j++) {
+        const float xhat = x[j] * rs;
+        tgx += dy[j] * w[j] * xhat;
+        dw[j] += dy[j] * xhat;
+    }
+    const float gx_mean = (pytfm__lanes_sum(sgx) + tgx) / (float)cols;
+    for (j = 0; j < cols; j++) dx[j] = rs * (dy[j] * w[j] - x[j] * rs * gx_mean);
+}
+
+/* SwiGLU (swiglu.c): silu(g) = g / (1 + e^(−g)) */
+static void swiglu_forward(float *restrict h, const float *restrict g, const float *restrict u,
+                           int64_t count) {
+    for (int64_t i = 0; i < count; i++) h[i] = g[i] / (1.0f + pytfm__expf(-g[i])) * u[i];
+}
+
+static void swiglu_backward(float *restrict dg, float *restrict du, const float *restrict dh,
+                            const float *restrict g, const float *restrict u, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        const float s = 1.0f / (1.0f + pytfm__expf(-g[i]));
+        dg[i] = dh[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
+        du[i] = dh[i] * (g[i] * s);
+    }
+}
+
 const pytfm__fast_kernels PYTFM_FAST_TABLE = {
     softmax_forward, softmax_backward, layernorm_forward, layernorm_backward, gelu_forward,
     gelu_backward, logsumexp, scaled_exp, adamw, attn_softmax_row, attn_p_row, attn_ds_row,
     attn_pv_row, gemv, gemv_rows, gemv_bf16,
+    rmsnorm_forward, rmsnorm_backward, swiglu_forward, swiglu_backward,
 };

@@ -62,9 +62,34 @@ typedef struct word_cache {
     uint32_t n_entries, key_used, ids_used;
 } word_cache;
 
+/* A token of tokenizer.json's added_tokens (GPT-2's vocab.json: <|endoftext|>), matched in
+ * the text before the pre-tokenizer as Hugging Face tokenizers' AddedVocabulary does: its
+ * content is the bytes of its id. pass 0 holds the tokens with normalized false, pass 1 the
+ * others (matched in what pass 0 leaves; with no normalizer the text is the same). */
+typedef struct added_token {
+    int32_t id;
+    unsigned char special, lstrip, rstrip, single_word, pass;
+} added_token;
+
+/* The added tokens' contents as a trie: (node, byte) -> child in a hash map; end[node] is the
+ * added token whose content ends there, or -1. first[p][c]: a token of pass p begins with c. */
+typedef struct added_trie {
+    uint64_t *key; /* (node << 8 | byte) + 1, 0: empty */
+    int32_t *child, *end;
+    uint64_t mask;
+    int32_t n_nodes;
+    unsigned char first[2][256];
+} added_trie;
+
 struct pytfm_tokenizer {
     int64_t n_tokens, n_merges;
     int32_t eot;
+    int32_t n_added;
+    added_token *added;
+    added_trie trie;
+    int32_t *tmpl;                /* the post-processor's ids: n_before before the text, then
+                                   * n_after after it */
+    int64_t n_before, n_after;
     int32_t byte_id[256];
     int64_t *tok_off;         /* token i's bytes: tok_bytes[tok_off[i] .. tok_off[i+1]) */
     unsigned char *tok_bytes;
@@ -410,18 +435,126 @@ static pytfm_status encode_piece(const pytfm_tokenizer *t, const unsigned char *
     return PYTFM_STATUS_OK;
 }
 
-static const unsigned char *find_eot(const unsigned char *p, const unsigned char *end) {
-    while (end - p >= ENDOFTEXT_LEN) {
-        const unsigned char *lt = memchr(p, '<', (size_t)(end - p - ENDOFTEXT_LEN + 1));
-        if (!lt) return NULL;
-        if (memcmp(lt, ENDOFTEXT, ENDOFTEXT_LEN) == 0) return lt;
-        p = lt + 1;
+/* The added token of pass p that is the longest prefix of p[0..end): its index, *len its
+ * bytes; -1 when none is. */
+static int32_t longest_added(const pytfm_tokenizer *t, int pass, const unsigned char *p,
+                             const unsigned char *end, int64_t *len) {
+    const added_trie *tr = &t->trie;
+    int32_t node = 0, best = -1;
+    for (const unsigned char *q = p; q < end; q++) {
+        const uint64_t key = ((uint64_t)node << 8 | *q) + 1;
+        uint64_t i = hash_pair(key) & tr->mask;
+        while (tr->key[i] != 0 && tr->key[i] != key) i = (i + 1) & tr->mask;
+        if (tr->key[i] == 0) break;
+        node = tr->child[i];
+        const int32_t e = tr->end[node];
+        if (e >= 0 && t->added[e].pass == pass) {
+            best = e;
+            *len = q + 1 - p;
+        }
     }
-    return NULL;
+    return best;
+}
+
+/* The class of the character that ends at q (q > start), as char_at reads it; *len its bytes */
+static int char_before(const unsigned char *start, const unsigned char *q, size_t *len) {
+    const unsigned char *c = q - 1;
+    while (c > start && q - c < 4 && (*c & 0xC0) == 0x80) c--;
+    size_t n;
+    const int kind = char_at(c, (size_t)(q - c), &n);
+    if (c + n == q) {
+        *len = n;
+        return kind;
+    }
+    *len = 1; /* q - 1 is a byte of no valid sequence ending at q: one "other" character */
+    return C_OTHER;
+}
+
+/* Whether the character at p (p < end) is a word character as tokenizers' single_word reads
+ * it (Rust's regex \w: Alphabetic, marks, decimal digits, connector punctuation, joiners):
+ * 1 or 0, or -1 where the library's classes cannot tell (a non-ASCII character neither a
+ * letter, which is always \w, nor white space, which never is). */
+static int word_char(int kind, const unsigned char *p) {
+    if (p[0] < 0x80) return (p[0] >= '0' && p[0] <= '9') || p[0] == '_' || kind == C_LETTER;
+    return kind == C_LETTER ? 1 : kind == C_SPACE ? 0 : -1;
+}
+
+typedef struct encoder {
+    const pytfm_tokenizer *t;
+    int special;
+    word_cache *cache;
+    scratch *s;
+    sink *o;
+} encoder;
+
+static pytfm_status single_word_unknown(const encoder *x, int32_t tok, const unsigned char *p,
+                                        size_t n) {
+    uint32_t cp = 0;
+    if (utf8_at(p, n, &cp) == 0) cp = p[0];
+    return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "pytfm_tokenizer_encode: the added token "
+                       "of id %d is single_word, and whether U+%04X next to it is a word "
+                       "character (Rust's \\w) is known to pytfm for ASCII, letters and white "
+                       "space only", (int)x->t->added[tok].id, (unsigned)cp);
+}
+
+/* The text p[0..end) through pass `pass` of the added tokens (tokenizers' find_matches: the
+ * leftmost-longest match, non-overlapping, each match's flags), the pieces between matches on
+ * to the next pass, and after the last pass to the pre-tokenizer and the merges. */
+static pytfm_status encode_pass(const encoder *x, int pass, const unsigned char *s,
+                                const unsigned char *e) {
+    const pytfm_tokenizer *t = x->t;
+    if (pass == 2 || t->n_added == 0) return encode_piece(t, s, e, x->cache, x->s, x->o);
+    const unsigned char *first = t->trie.first[pass], *from = s, *at = s;
+    const unsigned char *ws_from = NULL, *ws_end = NULL; /* the last run of white space seen */
+    while (at < e) {
+        int64_t len = 0;
+        int32_t k = -1;
+        const unsigned char *q = at;
+        for (; q < e; q++)
+            if (first[*q] && (k = longest_added(t, pass, q, e, &len)) >= 0) break;
+        if (k < 0) break;
+        const added_token *a = &t->added[k];
+        const unsigned char *start = q, *stop = q + len;
+        at = stop; /* the next match is searched after this one, kept or not */
+        if (a->special && !x->special) continue;
+        if (a->single_word) {
+            size_t n;
+            int before = 0, after = 0;
+            if (start > s) {
+                const int kind = char_before(s, start, &n);
+                before = word_char(kind, start - n);
+                if (before < 0) return single_word_unknown(x, k, start - n, n);
+            }
+            if (stop < e) {
+                const int kind = char_at(stop, (size_t)(e - stop), &n);
+                after = word_char(kind, stop);
+                if (after < 0) return single_word_unknown(x, k, stop, n);
+            }
+            if (before || after) continue;
+        }
+        if (a->lstrip) { /* the white space before it, not before the last piece's end */
+            size_t n;
+            while (start > from && char_before(from, start, &n) == C_SPACE) start -= n;
+        }
+        if (a->rstrip) { /* the white space after it */
+            if (ws_from && stop >= ws_from && stop <= ws_end) {
+                stop = ws_end;
+            } else {
+                ws_from = stop;
+                size_t n;
+                while (stop < e && char_at(stop, (size_t)(e - stop), &n) == C_SPACE) stop += n;
+                ws_end = stop;
+            }
+        }
+        if (from < start) PYTFM_TRY(encode_pass(x, pass + 1, from, start));
+        emit(x->o, &a->id, 1);
+        from = stop;
+    }
+    return from < e ? encode_pass(x, pass + 1, from, e) : PYTFM_STATUS_OK;
 }
 
 pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text, int64_t size,
-                                    int32_t special, int32_t *ids, int64_t capacity,
+                                    int32_t flags, int32_t *ids, int64_t capacity,
                                     int64_t *count) {
     PYTFM_CHECK(tok != NULL, "%s: tok must not be NULL", __func__);
     PYTFM_CHECK(count != NULL, "%s: count must not be NULL", __func__);
@@ -429,20 +562,20 @@ pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text
     PYTFM_CHECK_MIN(capacity, 0);
     PYTFM_CHECK_PTR(text, size);
     PYTFM_CHECK_PTR(ids, capacity);
+    PYTFM_CHECK((flags & ~(PYTFM_TOKENIZER_SPECIAL | PYTFM_TOKENIZER_TEMPLATE)) == 0,
+                "%s: flags must be PYTFM_TOKENIZER_SPECIAL and/or PYTFM_TOKENIZER_TEMPLATE, "
+                "got %d", __func__, (int)flags);
     word_cache *cache = tok->cache;
     if (cache && atomic_flag_test_and_set_explicit(&cache->busy, memory_order_acquire))
         cache = NULL; /* another thread's encode has it */
     scratch s = {0};
     sink o = {ids, capacity, 0};
-    pytfm_status status = PYTFM_STATUS_OK;
-    const unsigned char *p = (const unsigned char *)text, *end = p + size;
-    while (status == PYTFM_STATUS_OK && p < end) {
-        const unsigned char *eot = special && tok->eot >= 0 ? find_eot(p, end) : NULL;
-        status = encode_piece(tok, p, eot ? eot : end, cache, &s, &o);
-        if (!eot) break;
-        emit(&o, &tok->eot, 1);
-        p = eot + ENDOFTEXT_LEN;
-    }
+    const encoder x = {tok, flags & PYTFM_TOKENIZER_SPECIAL, cache, &s, &o};
+    const int tmpl = (flags & PYTFM_TOKENIZER_TEMPLATE) != 0;
+    const unsigned char *p = (const unsigned char *)text;
+    if (tmpl) emit(&o, tok->tmpl, tok->n_before);
+    pytfm_status status = p ? encode_pass(&x, 0, p, p + size) : PYTFM_STATUS_OK;
+    if (tmpl) emit(&o, tok->tmpl + tok->n_before, tok->n_after);
     if (cache) atomic_flag_clear_explicit(&cache->busy, memory_order_release);
     free(s.id);
     free(s.next);
@@ -560,6 +693,11 @@ void pytfm_tokenizer_close(pytfm_tokenizer *tok) {
     free(tok->pair_key);
     free(tok->pair_rank);
     free(tok->pair_made);
+    free(tok->added);
+    free(tok->trie.key);
+    free(tok->trie.child);
+    free(tok->trie.end);
+    free(tok->tmpl);
     free(tok);
 }
 
@@ -577,6 +715,7 @@ typedef struct builder {
     unsigned char *made;        /* per id: a byte or a merge's result */
     unsigned char *buf;         /* a merge's two parts, as bytes, then the result */
     size_t buf_cap;
+    int64_t n_model;            /* the vocabulary's tokens; added ones follow */
 } builder;
 
 #define BAD(b, ...) bad_(b, __VA_ARGS__)
@@ -767,7 +906,7 @@ static pytfm_status read_vocab(builder *b, pytfm__json vocab) {
         t->byte_id[c] = id;
         b->made[id] = 1;
     }
-    t->eot = map_find(b, (const unsigned char *)ENDOFTEXT, ENDOFTEXT_LEN);
+    b->n_model = n;
 done:
     free(len);
     free(at);
@@ -852,11 +991,12 @@ static pytfm_status add_merge(builder *b, const unsigned char *a, size_t na,
     return PYTFM_STATUS_OK;
 }
 
-/* After the merges: every token a byte, a merge's result or <|endoftext|>. */
+/* After the merges and the added tokens: every token of the vocabulary a byte, a merge's
+ * result or an added token. */
 static pytfm_status finish_checks(builder *b) {
     const pytfm_tokenizer *t = b->t;
-    for (int64_t i = 0; i < t->n_tokens; i++) {
-        if (b->made[i] || i == t->eot) continue;
+    for (int64_t i = 0; i < b->n_model; i++) {
+        if (b->made[i]) continue;
         char shown[64];
         return BAD(b, "token %s (id %lld) is made by no merge",
                    show_token(b, t->tok_bytes + t->tok_off[i],
@@ -864,6 +1004,99 @@ static pytfm_status finish_checks(builder *b) {
                    (long long)i);
     }
     return PYTFM_STATUS_OK;
+}
+
+/* ---- added tokens ---------------------------------------------------------------------- */
+
+/* Room for n added tokens of at most `bytes` bytes of content in all. */
+static pytfm_status start_added(builder *b, int64_t n, size_t bytes) {
+    pytfm_tokenizer *t = b->t;
+    added_trie *tr = &t->trie;
+    const uint64_t size = table_size((int64_t)bytes + 1);
+    t->added = malloc((size_t)(n > 0 ? n : 1) * sizeof *t->added);
+    tr->key = calloc(size, sizeof *tr->key);
+    tr->child = malloc(size * sizeof *tr->child);
+    tr->end = malloc((bytes + 1) * sizeof *tr->end);
+    int64_t *off = realloc(t->tok_off, (size_t)(t->n_tokens + n + 1) * sizeof *off);
+    if (off) t->tok_off = off;
+    unsigned char *tb = realloc(t->tok_bytes, (size_t)t->tok_off[t->n_tokens] + bytes + 1);
+    if (tb) t->tok_bytes = tb;
+    if (!t->added || !tr->key || !tr->child || !tr->end || !off || !tb)
+        return no_memory(b, "the added tokens");
+    tr->mask = size - 1;
+    tr->n_nodes = 1;
+    tr->end[0] = -1;
+    return PYTFM_STATUS_OK;
+}
+
+/* Added token number t->n_added, its content u[0..n) (UTF-8, n >= 1), want: the id its file
+ * gives it (-1: none). Its id is the one tokenizers gives it: the vocabulary's, when the
+ * content is a token's name there (that token's bytes must be the content's: its name is
+ * plain ASCII), else the next id after the vocabulary and the added tokens before it. */
+static pytfm_status add_added(builder *b, const unsigned char *u, size_t n, int64_t want,
+                              added_token a) {
+    pytfm_tokenizer *t = b->t;
+    added_trie *tr = &t->trie;
+    const int64_t k = t->n_added;
+    char shown[64];
+    show_name(u, n, 1, shown, sizeof shown);
+    int32_t node = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t key = ((uint64_t)node << 8 | u[i]) + 1;
+        uint64_t s = hash_pair(key) & tr->mask;
+        while (tr->key[s] != 0 && tr->key[s] != key) s = (s + 1) & tr->mask;
+        if (tr->key[s] == 0) {
+            tr->key[s] = key;
+            tr->child[s] = tr->n_nodes;
+            tr->end[tr->n_nodes] = -1;
+            tr->n_nodes++;
+        }
+        node = tr->child[s];
+    }
+    if (tr->end[node] >= 0)
+        return BAD(b, "added_tokens[%lld]: %s appears twice", (long long)k, shown);
+    unsigned char *raw = b->buf;
+    if (n > b->buf_cap) {
+        raw = realloc(b->buf, 2 * n);
+        if (!raw) return no_memory(b, "an added token");
+        b->buf = raw;
+        b->buf_cap = n;
+    }
+    uint32_t bad = 0;
+    const int64_t len = unname(b, u, n, raw, &bad);
+    int32_t id = len > 0 ? map_find(b, raw, (size_t)len) : -1;
+    if (id >= 0 && id < b->n_model && ((size_t)len != n || memcmp(raw, u, n) != 0))
+        return BAD(b, "added_tokens[%lld]: %s is a token of the vocabulary by its byte-level "
+                      "name, standing for other bytes (pytfm does not implement that)",
+                   (long long)k, shown);
+    if (id < 0 || id >= b->n_model) {
+        id = (int32_t)t->n_tokens;
+        const int64_t off = t->tok_off[t->n_tokens];
+        memcpy(t->tok_bytes + off, u, n);
+        t->tok_off[++t->n_tokens] = off + (int64_t)n;
+    } else {
+        b->made[id] = 1;
+    }
+    if (want >= 0 && want != id)
+        return BAD(b, "added_tokens[%lld]: %s has id %lld, but tokenizers gives it %d (%s)",
+                   (long long)k, shown, (long long)want, (int)id,
+                   id < b->n_model ? "the vocabulary's id"
+                                   : "the ids after the vocabulary's, in the file's order");
+    a.id = id;
+    t->added[k] = a;
+    tr->end[node] = (int32_t)k;
+    tr->first[a.pass][u[0]] = 1;
+    t->n_added++;
+    if (n == ENDOFTEXT_LEN && memcmp(u, ENDOFTEXT, n) == 0) t->eot = id;
+    return PYTFM_STATUS_OK;
+}
+
+/* GPT-2's vocab.json and merges.txt: <|endoftext|>, special, as transformers'
+ * GPT2TokenizerFast adds it (its id the vocabulary's, or the next one when it has none). */
+static pytfm_status add_endoftext(builder *b) {
+    PYTFM_TRY(start_added(b, 1, ENDOFTEXT_LEN));
+    const added_token a = {0, 1, 0, 0, 0, 0};
+    return add_added(b, (const unsigned char *)ENDOFTEXT, ENDOFTEXT_LEN, -1, a);
 }
 
 /* source: the file(s) or text(s), for messages; merges_name: the merges.txt among them */
@@ -999,6 +1232,146 @@ static int is_type(pytfm__json obj, const char *type) {
     return member(obj, "type", &v) && pytfm__json_string_is(v, type);
 }
 
+/* a boolean member: 1 true, 0 false or absent (absent: def), -1 anything else */
+static int flag(pytfm__json obj, const char *key, int def) {
+    pytfm__json v;
+    if (!member(obj, key, &v)) return def;
+    if (pytfm__json_kind_of(v) != PYTFM__JSON_BOOL) return -1;
+    return v.p[0] == 't';
+}
+
+/* added_tokens: [{id, content, single_word, lstrip, rstrip, normalized, special}] */
+static pytfm_status read_added_tokens(builder *b, pytfm__json doc) {
+    pytfm__json list, item, v;
+    if (!member(doc, "added_tokens", &list) || pytfm__json_kind_of(list) == PYTFM__JSON_NULL)
+        return start_added(b, 0, 0);
+    if (pytfm__json_kind_of(list) != PYTFM__JSON_ARRAY)
+        return BAD(b, "added_tokens must be a list");
+    size_t bytes = 0;
+    pytfm__json_iter it = pytfm__json_iter_of(list);
+    while (pytfm__json_next(&it, NULL, &item))
+        if (member(item, "content", &v)) bytes += v.n;
+    PYTFM_TRY(start_added(b, (int64_t)pytfm__json_count(list), bytes));
+    unsigned char *u = malloc(bytes + 1);
+    if (!u) return no_memory(b, "the added tokens");
+    pytfm_status status = PYTFM_STATUS_OK;
+    it = pytfm__json_iter_of(list);
+    for (long long k = 0; status == PYTFM_STATUS_OK && pytfm__json_next(&it, NULL, &item); k++) {
+        static const char *const names[5] = {"special", "lstrip", "rstrip", "single_word",
+                                             "normalized"};
+        int f[5];
+        for (int i = 0; i < 5; i++) f[i] = flag(item, names[i], i == 4);
+        pytfm__json id;
+        const pytfm__json_int want = member(item, "id", &id) &&
+                                             pytfm__json_kind_of(id) == PYTFM__JSON_NUMBER
+                                         ? pytfm__json_integer(id)
+                                         : (pytfm__json_int){0, 0, 0, 0};
+        int lone = 0;
+        size_t n = 0;
+        if (pytfm__json_kind_of(item) != PYTFM__JSON_OBJECT || !member(item, "content", &v) ||
+            pytfm__json_kind_of(v) != PYTFM__JSON_STRING ||
+            (n = pytfm__json_string_utf8(v, (char *)u, &lone)) == 0 || lone) {
+            status = BAD(b, "added_tokens[%lld] must be an object whose content is a non-empty "
+                            "string of Unicode", k);
+        } else if (!want.integer || !want.fits || want.value < 0) {
+            status = BAD(b, "added_tokens[%lld] must have an id, an integer >= 0", k);
+        } else {
+            int i = 0;
+            while (i < 5 && f[i] >= 0) i++;
+            if (i < 5) {
+                status = BAD(b, "added_tokens[%lld].%s must be true or false", k, names[i]);
+            } else {
+                const added_token a = {0, (unsigned char)f[0], (unsigned char)f[1],
+                                       (unsigned char)f[2], (unsigned char)f[3],
+                                       (unsigned char)f[4]};
+                status = add_added(b, u, n, want.value, a);
+            }
+        }
+    }
+    free(u);
+    return status;
+}
+
+/* One TemplateProcessing: its "single" template, special tokens around one $A. */
+static pytfm_status read_template(builder *b, pytfm__json proc) {
+    pytfm_tokenizer *t = b->t;
+    pytfm__json single, specials, item, v, w;
+    if (t->tmpl) return BAD(b, "post_processor: more than one TemplateProcessing");
+    if (!member(proc, "single", &single) || pytfm__json_kind_of(single) != PYTFM__JSON_ARRAY)
+        return BAD(b, "post_processor: TemplateProcessing's single must be a list");
+    if (!member(proc, "special_tokens", &specials) ||
+        pytfm__json_kind_of(specials) != PYTFM__JSON_OBJECT)
+        return BAD(b, "post_processor: TemplateProcessing's special_tokens must be an object");
+    int64_t count = 0, seq = -1, cap = 16;
+    t->tmpl = malloc((size_t)cap * sizeof *t->tmpl);
+    if (!t->tmpl) return no_memory(b, "the post-processor's template");
+    pytfm__json key;
+    pytfm__json_iter it = pytfm__json_iter_of(single);
+    for (long long k = 0; pytfm__json_next(&it, NULL, &item); k++) {
+        pytfm__json body, name;
+        if (member(item, "Sequence", &body)) {
+            if (seq >= 0 || pytfm__json_count(item) != 1 || !member(body, "id", &name) ||
+                !pytfm__json_string_is(name, "A"))
+                return BAD(b, "post_processor: TemplateProcessing's single must hold $A once "
+                              "(item %lld)", k);
+            seq = count;
+            continue;
+        }
+        if (pytfm__json_count(item) != 1 || !member(item, "SpecialToken", &body) ||
+            !member(body, "id", &name) || pytfm__json_kind_of(name) != PYTFM__JSON_STRING)
+            return BAD(b, "post_processor: TemplateProcessing's single[%lld] is neither a "
+                          "Sequence nor a SpecialToken", k);
+        pytfm__json_iter si = pytfm__json_iter_of(specials);
+        int found = 0;
+        while (!found && pytfm__json_next(&si, &key, &v))
+            found = pytfm__json_string_compare(key, name) == 0;
+        if (!found || !member(v, "ids", &w) || pytfm__json_kind_of(w) != PYTFM__JSON_ARRAY)
+            return BAD(b, "post_processor: TemplateProcessing's single[%lld] names a special "
+                          "token that special_tokens has no ids for", k);
+        pytfm__json_iter ii = pytfm__json_iter_of(w);
+        pytfm__json x;
+        while (pytfm__json_next(&ii, NULL, &x)) {
+            const pytfm__json_int id = pytfm__json_kind_of(x) == PYTFM__JSON_NUMBER
+                                           ? pytfm__json_integer(x)
+                                           : (pytfm__json_int){0, 0, 0, 0};
+            if (!id.integer || !id.fits || id.value < 0 || id.value >= t->n_tokens)
+                return BAD(b, "post_processor: TemplateProcessing's special token of "
+                              "single[%lld] has an id outside the vocabulary [0, %lld)", k,
+                           (long long)t->n_tokens);
+            if (count == cap) {
+                int32_t *more = realloc(t->tmpl, (size_t)(cap *= 2) * sizeof *more);
+                if (!more) return no_memory(b, "the post-processor's template");
+                t->tmpl = more;
+            }
+            t->tmpl[count++] = (int32_t)id.value;
+        }
+    }
+    if (seq < 0) return BAD(b, "post_processor: TemplateProcessing's single must hold $A once");
+    t->n_before = seq;
+    t->n_after = count - seq;
+    return PYTFM_STATUS_OK;
+}
+
+/* post_processor: null, ByteLevel (it adds no ids), TemplateProcessing, or a Sequence of them */
+static pytfm_status read_post_processor(builder *b, pytfm__json doc) {
+    pytfm__json proc, list, item;
+    if (absent_or(doc, "post_processor", 0, 0) ||
+        (member(doc, "post_processor", &proc) && is_type(proc, "ByteLevel")))
+        return PYTFM_STATUS_OK;
+    if (is_type(proc, "TemplateProcessing")) return read_template(b, proc);
+    if (is_type(proc, "Sequence") && member(proc, "processors", &list) &&
+        pytfm__json_kind_of(list) == PYTFM__JSON_ARRAY) {
+        pytfm__json_iter it = pytfm__json_iter_of(list);
+        while (pytfm__json_next(&it, NULL, &item)) {
+            if (is_type(item, "TemplateProcessing")) PYTFM_TRY(read_template(b, item));
+            else if (!is_type(item, "ByteLevel")) break;
+        }
+        if (!pytfm__json_next(&it, NULL, &item)) return PYTFM_STATUS_OK;
+    }
+    return BAD(b, "post_processor must be null, ByteLevel, TemplateProcessing or a Sequence "
+                  "of them (pytfm implements no other)");
+}
+
 static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t size) {
     PYTFM_TRY(check_json(b, b->source, text, size));
     const pytfm__json doc = pytfm__json_root(text, size);
@@ -1029,15 +1402,10 @@ static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t siz
     if (member(doc, "decoder", &part) && pytfm__json_kind_of(part) != PYTFM__JSON_NULL &&
         !is_type(part, "ByteLevel"))
         return BAD(b, "decoder must be ByteLevel or null");
-    if (member(doc, "added_tokens", &part) && pytfm__json_kind_of(part) != PYTFM__JSON_NULL) {
-        if (pytfm__json_kind_of(part) != PYTFM__JSON_ARRAY)
-            return BAD(b, "added_tokens must be a list");
-        pytfm__json_iter it = pytfm__json_iter_of(part);
-        pytfm__json item;
-        while (pytfm__json_next(&it, NULL, &item))
-            if (!member(item, "content", &v) || !pytfm__json_string_is(v, ENDOFTEXT))
-                return BAD(b, "added tokens: the only special token known is " ENDOFTEXT);
-    }
+    if (!absent_or(doc, "truncation", 0, 0))
+        return BAD(b, "truncation must be null (pytfm encodes whole texts)");
+    if (!absent_or(doc, "padding", 0, 0))
+        return BAD(b, "padding must be null (pytfm encodes whole texts)");
     if (!member(model, "vocab", &vocab)) return BAD(b, "model.vocab is missing");
     if (!member(model, "merges", &merges) || pytfm__json_kind_of(merges) != PYTFM__JSON_ARRAY)
         return BAD(b, "model.merges must be a list");
@@ -1098,6 +1466,8 @@ static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t siz
         }
     }
     free(u);
+    if (status == PYTFM_STATUS_OK) status = read_added_tokens(b, doc);
+    if (status == PYTFM_STATUS_OK) status = read_post_processor(b, doc);
     return status;
 }
 
@@ -1186,6 +1556,7 @@ static pytfm_status open_texts(const char *vocab, size_t vocab_size, const char 
         if (status == PYTFM_STATUS_OK)
             status = read_vocab(&b, pytfm__json_root(vocab, vocab_size));
         if (status == PYTFM_STATUS_OK) status = read_merges_txt(&b, merges, merges_size);
+        if (status == PYTFM_STATUS_OK) status = add_endoftext(&b);
         status = finish_builder(&b, status, out);
     }
     free(source);

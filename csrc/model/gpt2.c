@@ -936,6 +936,23 @@ pytfm_status pytfm_gpt2_read(const pytfm_gpt2 *gpt2, float *params, int64_t coun
     return PYTFM_STATUS_OK;
 }
 
+/* count parameters could not be allocated: the message names the file of the largest tensor,
+ * and that tensor (the one a hostile config made huge) */
+static pytfm_status no_memory(const pytfm_gpt2 *g, int64_t count) {
+    const pytfm__st_entry *big = NULL;
+    size_t at = 0;
+    for (size_t f = 0; f < g->n_files; f++) {
+        const pytfm__st_entry *e = pytfm__st_largest(g->files[f].st);
+        if (e && (!big || e->end - e->begin > big->end - big->begin)) big = e, at = f;
+    }
+    char buf[SHOW] = "";
+    const char *name = big ? show_name(big->name, big->name_len, buf) : "";
+    return NO_MEMORY(g->n_files ? g->files[at].path : g->source,
+                     "cannot allocate %lld bytes for the model's %lld parameters (tensor %s "
+                     "alone is %lld bytes)", (long long)count * 4, (long long)count, name,
+                     big ? (long long)(big->end - big->begin) : 0LL);
+}
+
 pytfm_status pytfm__gpt2_weights(const char *folder, pytfm__weights *w) {
     memset(w, 0, sizeof *w);
     pytfm_gpt2 *g;
@@ -943,10 +960,7 @@ pytfm_status pytfm__gpt2_weights(const char *folder, pytfm__weights *w) {
     const int64_t count = g->config.n_params;
     // in huge pages where granted (core/weights.c); count floats lie in the file: no overflow
     float *params = pytfm__weights_alloc((size_t)count * sizeof(float));
-    pytfm_status status = params ? pytfm_gpt2_read(g, params, count)
-                                 : pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
-                                               "pytfm_model_open: cannot allocate %lld floats of "
-                                               "parameters", (long long)count);
+    pytfm_status status = params ? pytfm_gpt2_read(g, params, count) : no_memory(g, count);
     if (status == PYTFM_STATUS_OK) {
         w->config = g->config;
         w->params = params;

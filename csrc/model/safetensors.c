@@ -694,3 +694,11 @@ pytfm_status pytfm_safetensors_metadata_get(const pytfm_safetensors *st, const c
     if (length) *length = m ? (int64_t)m->value_len : 0;
     return PYTFM_STATUS_OK;
 }
+
+const pytfm__st_entry *pytfm__st_largest(const pytfm_safetensors *st) {
+    const pytfm__st_entry *big = NULL;
+    for (size_t i = 0; i < st->n_entries; i++)
+        if (!big || st->entries[i].end - st->entries[i].begin > big->end - big->begin)
+            big = &st->entries[i];
+    return big;
+}

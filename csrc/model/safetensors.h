@@ -79,6 +79,10 @@ pytfm_status pytfm__st_openat(pytfm_safetensors **out, int dirfd, const char *na
 
 const pytfm__st_entry *pytfm__st_find(const pytfm_safetensors *st, const char *name, size_t len);
 
+/* st's largest tensor (the first of them), NULL when it has none: what an out-of-memory
+ * message names, the tensor that made the allocation huge */
+const pytfm__st_entry *pytfm__st_largest(const pytfm_safetensors *st);
+
 /* Bytes [offset, offset + size) of entry e's data into out (0 <= offset, offset + size <= its
  * bytes: the caller's promise), as pytfm_safetensors_read reads a whole tensor: pread, a file
  * that has shrunk an error naming the tensor, errno as that function leaves it. */

@@ -13,6 +13,11 @@
  * so that, given the same u, it picks the token Python picks. The top_k-th largest z is found
  * among the logits (z is a non-decreasing function of them, so it is f(the top_k-th largest
  * logit)) by a radix select on their bits: four counting passes, no scratch, no bad cases.
+ *
+ * Only logits[0, vocab) are read: a model whose vocabulary is padded past its tokenizer's
+ * (nanoGPT's 50,304 beside GPT-2's 50,257) samples among the tokenizer's ids with vocab = the
+ * tokenizer's size on its longer row, never drawing an id that has no bytes (generate.c does;
+ * pytfm.generate's sample_vocab is the same cut).
  */
 #include <math.h>
 #include <string.h>

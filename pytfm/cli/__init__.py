@@ -57,11 +57,12 @@ def load_model(p, path, tokenizer=True):
         hint = f" (did you mean {inside}?)" if os.path.isfile(inside) else ""
         p.error(f"checkpoint: {path} is a folder without a {gpt2.CONFIG}{hint}")
     try:
-        model = gpt2.load(path) if folder else checkpoint.load(path)[0]
         tok = None
-        if folder and tokenizer:
-            tok = gpt2.load_tokenizer(path)
-        elif tokenizer and model.cfg.vocab != data.VOCAB:
+        if folder and tokenizer:  # the model and tokenizer of one save
+            model, tok = gpt2.load_snapshot(path)
+        else:
+            model = gpt2.load(path) if folder else checkpoint.load(path)[0]
+        if not folder and tokenizer and model.cfg.vocab != data.VOCAB:
             tok = tokenizer_beside(p, path, model.cfg.vocab)
     except (checkpoint.CheckpointError, TokenizerError) as e:  # all a malformed file can raise
         p.error(f"checkpoint: {e}")

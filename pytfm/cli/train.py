@@ -36,7 +36,8 @@ with that tokenizer; the model's shape is the folder's (--d-model, --n-layer, --
 are not used), --context at most its n_positions, and OUT becomes a folder of the same layout
 (transformers reads it), saved at each evaluation; its memory (parameters, gradients, AdamW's
 moments and a step's activations, pytfm.gpt2.memory_plan) is compared with what the machine
-has before the model is loaded. Such a run continues with --init-from OUT (AdamW's moments
+has before the model is loaded. Such a run continues with --init-from OUT (a new run from
+those weights: steps from 0, so the warm-up, the schedule, the batch order and AdamW's moments
 start again), not --resume.
 
 The text is held as its bytes, one token per byte (its own size in memory), and is opened and

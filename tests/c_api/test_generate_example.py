@@ -146,3 +146,19 @@ def test_a_closed_stdout_is_an_error_with_a_message(generate_exe, model_path):
         os.close(write)
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert b"generate: error: cannot write the text to stdout: Broken pipe" in r.stderr
+
+
+def test_a_closed_stdout_stops_the_generation_at_the_first_failed_write(generate_exe,
+                                                                        model_path):
+    """`generate ... | head -c 10`: once the reader has gone, no further token is made: the
+    first token's write (flushed with it) fails, and the tokens/s line counts that one."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([generate_exe, model_path, "--tokens", "25"], stdout=write,
+                           stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert b"cannot write the text to stdout: Broken pipe" in r.stderr
+    assert b"; 1 new tokens in " in r.stderr, r.stderr

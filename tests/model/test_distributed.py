@@ -21,6 +21,7 @@ caught by the gradient norms, compared with the same RTOL.
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -305,6 +306,47 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout_with_a_whole_checkpoint(
            "arrive" in out and "aborting all 2 ranks" in out, out
     _, step, _ = checkpoint.load(str(out_dir / "model.safetensors"))
     assert step == 4, (step, out)
+
+
+@needs_checkout
+@pytest.mark.parametrize("ranks, victim, delay", [(2, 1, 0.3), (2, 1, 0.8), (2, 0, 0.5),
+                                                  (2, 0, 1.1), (3, 2, 0.4), (3, 1, 0.9)])
+def test_a_rank_stopped_anywhere_is_the_one_rank_named(mpiexec, ranks, victim, delay):
+    """One rank of a job that does nothing but collectives is stopped from outside (SIGSTOP:
+    most likely inside a collective, having arrived): every watchdog message names that rank,
+    and only it, as the one that did not arrive; the job ends with an abort."""
+    path = os.path.dirname(os.path.dirname(os.path.abspath(pytfm.__file__)))
+    env = dict(os.environ, PYTHONPATH=path, PYTFM_COLLECTIVE_TIMEOUT=str(STALL_TIMEOUT),
+               PYTFM_NUM_THREADS="1")
+    proc = subprocess.Popen([mpiexec, "-n", str(ranks), sys.executable, "-u",
+                             os.path.join(MPI_DIR, "stall.py")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd="/",
+                            start_new_session=True)
+    try:
+        pids, lines = {}, []
+        while len(pids) < ranks:
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+            pids.update((int(r), int(p)) for r, p in re.findall(r"rank (\d+) pid (\d+)", line))
+        time.sleep(delay)
+        os.kill(pids[victim], signal.SIGSTOP)
+        out, _ = proc.communicate(timeout=FAULT_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the job ran on {FAULT_SECONDS} s after the stop:\n{proc.communicate()[0]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = "".join(lines) + out
+    assert proc.returncode != 0, out
+    messages = [m for m in out.splitlines() if m.startswith("pytfm.distributed: rank ")]
+    assert messages, out
+    for m in messages:
+        assert f"for rank(s) {victim}, which did not arrive" in m, out
+        assert f"aborting all {ranks} ranks" in m, out
+        assert not m.startswith(f"pytfm.distributed: rank {victim} "), out
 
 
 def test_the_collective_timeout_comes_from_the_environment(monkeypatch):

@@ -167,7 +167,7 @@ def test_a_long_text_is_counted_first_and_gives_the_same_ids(gpt2_tokenizer, mon
 def test_text_that_is_not_unicode_and_ids_outside_the_vocabulary_are_refused(gpt2_tokenizer):
     with pytest.raises(ValueError, match=r"lone surrogate '\\udc80' at index 2.*pass bytes"):
         gpt2_tokenizer.encode("ab\udc80")
-    with pytest.raises(TypeError, match="text must be a str or bytes, got int"):
+    with pytest.raises(TypeError, match="text must be a str or bytes-like, got int"):
         gpt2_tokenizer.encode(3)
     for bad in ([50257], [-1], [0, 2**40]):
         with pytest.raises(ValueError, match=r"ids: token -?\d+ is outside the vocabulary"):
@@ -204,9 +204,11 @@ def test_a_small_vocabulary_works(tmp_path):
     assert tok.decode(tok.encode(" the<|endoftext|>")) == " the<|endoftext|>"
     assert tok.merges == [("Ġ", "t"), ("Ġt", "h")] and list(tok.vocab)[256:] == [
         "Ġt", "Ġth", ENDOFTEXT]
+    # without <|endoftext|> in the vocabulary, it is the next id (GPT2TokenizerFast adds it)
     bare = Tokenizer({**BASE}, [])
-    assert bare.encode(" the") == [BASE[c] for c in "Ġthe"] and bare.eot is None
-    assert repr(bare) == "Tokenizer(256 tokens, 0 merges)"
+    assert bare.encode(" the") == [BASE[c] for c in "Ġthe"] and bare.eot == 256
+    assert bare.encode(f"a{ENDOFTEXT}") == [BASE["a"], 256] and bare.decode([256]) == ENDOFTEXT
+    assert repr(bare) == "Tokenizer(257 tokens, 0 merges)"
 
 
 def test_the_folder_rule(tmp_path):

@@ -38,6 +38,18 @@ def tokenizer_json(vocab=None, merges=("Ġ t", "Ġt h")):
     }
 
 
+def template(before, after, ids=None):
+    """A TemplateProcessing post-processor: single = before (names), $A, after (names; None:
+    no $A), its special tokens' ids from SMALL (or ids, for every name)."""
+    names = [*before, *(after or [])]
+    seq = [] if after is None else [{"Sequence": {"id": "A", "type_id": 0}}]
+    single = [{"SpecialToken": {"id": n, "type_id": 0}} for n in before] + seq + [
+        {"SpecialToken": {"id": n, "type_id": 0}} for n in (after or [])]
+    return {"type": "TemplateProcessing", "single": single, "pair": single,
+            "special_tokens": {n: {"id": n, "ids": ids or [SMALL.get(n, 258)], "tokens": [n]}
+                               for n in names}}
+
+
 def json_edit(edit):
     """A case of tokenizer.json: small_files' tokenizer.json, edited."""
     def write(folder):
@@ -139,8 +151,43 @@ HOSTILE = [
     (json_edit(lambda d: d["model"].update(continuing_subword_prefix="##")), "tokenizer.json",
      r'model.continuing_subword_prefix must be absent, null or "" '
      r"\(GPT-2's BPE has none\)"),
-    (json_edit(lambda d: d["added_tokens"].append({"content": "<pad>", "id": 259})),
-     "tokenizer.json", r"added tokens: the only special token known is <\|endoftext\|>"),
+    (json_edit(lambda d: d["added_tokens"].append({"content": "<pad>", "id": 300})),
+     "tokenizer.json", r"added_tokens\[1\]: '<pad>' has id 300, but tokenizers gives it 259 "
+     r"\(the ids after the vocabulary's, in the file's order\)"),
+    (json_edit(lambda d: d["added_tokens"][0].update(id=5)), "tokenizer.json",
+     r"added_tokens\[0\]: '<\|endoftext\|>' has id 5, but tokenizers gives it 258 "
+     r"\(the vocabulary's id\)"),
+    (json_edit(lambda d: d["added_tokens"].append(dict(d["added_tokens"][0]))), "tokenizer.json",
+     r"added_tokens\[1\]: '<\|endoftext\|>' appears twice"),
+    (json_edit(lambda d: d["added_tokens"].append({"content": "Ġt", "id": 256})),
+     "tokenizer.json", r"added_tokens\[1\]: 'Ġt' is a token of the vocabulary by its "
+     r"byte-level name, standing for other bytes \(pytfm does not implement that\)"),
+    (json_edit(lambda d: d["added_tokens"].append({"content": "", "id": 259})),
+     "tokenizer.json", r"added_tokens\[1\] must be an object whose content is a non-empty "
+     r"string of Unicode"),
+    (json_edit(lambda d: d["added_tokens"][0].update(lstrip=1)), "tokenizer.json",
+     r"added_tokens\[0\].lstrip must be true or false"),
+    (json_edit(lambda d: d["added_tokens"][0].pop("id")), "tokenizer.json",
+     r"added_tokens\[0\] must have an id, an integer >= 0"),
+    (json_edit(lambda d: d.pop("added_tokens")), "tokenizer.json",
+     r"token '<\|endoftext\|>' \(id 258\) is made by no merge"),
+    (json_edit(lambda d: d.update(truncation={"max_length": 512, "strategy": "LongestFirst",
+                                              "stride": 0, "direction": "Right"})),
+     "tokenizer.json", r"truncation must be null \(pytfm encodes whole texts\)"),
+    (json_edit(lambda d: d.update(padding={"strategy": "BatchLongest", "pad_id": 0})),
+     "tokenizer.json", r"padding must be null \(pytfm encodes whole texts\)"),
+    (json_edit(lambda d: d.update(post_processor={"type": "RobertaProcessing"})),
+     "tokenizer.json", r"post_processor must be null, ByteLevel, TemplateProcessing or a "
+     r"Sequence of them \(pytfm implements no other\)"),
+    (json_edit(lambda d: d.update(post_processor=template([ENDOFTEXT], [], [9999]))),
+     "tokenizer.json", r"post_processor: TemplateProcessing's special token of single\[0\] "
+     r"has an id outside the vocabulary \[0, 259\)"),
+    (json_edit(lambda d: d.update(post_processor=template([ENDOFTEXT], None))),
+     "tokenizer.json", r"post_processor: TemplateProcessing's single must hold \$A once"),
+    (json_edit(lambda d: d.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]})),
+     "tokenizer.json", r"pre_tokenizer must be ByteLevel"),
     (json_edit(lambda d: d["model"]["merges"].append("a b c")), "tokenizer.json",
      r"model.merges\[2\]: \"a b c\" is not a merge \('a b' or \[a, b\]\)"),
     (json_edit(lambda d: d["model"]["merges"].append(["a", 3])), "tokenizer.json",
