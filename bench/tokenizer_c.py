@@ -47,7 +47,8 @@ def worker(lib, vocab, merges):
         from pytfm.tokenizer import Tokenizer
 
         tok = Tokenizer.from_files(vocab, merges)
-        encode = tok.encode if lib == "pytfm" else lambda text: tok.encode_array(text, dtype=np.int32)
+        encode = tok.encode if lib == "pytfm" else \
+            lambda text: tok.encode_array(text, dtype=np.int32)
     else:
         from tokenizers import Tokenizer as HF
         from tokenizers import decoders, models, pre_tokenizers

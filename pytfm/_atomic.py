@@ -18,9 +18,10 @@ the files written, each with the mode of the file of that name it replaces; ever
 of the old folder that was not removed (Folder.remove) carried over (hard-linked, copied where
 a link is refused); the folder's own mode kept; all of it fsynced. Then one step swaps it with
 the folder (renameat2's RENAME_EXCHANGE, pytfm_rename_exchange) and the old one, now under the
-temporary name, is removed. A file system that cannot exchange (NFS, say) gets two renames instead: the old folder
-aside to .tmp-<name>.old-<hex>, the new one into place. A save killed between them leaves the
-folder missing and the old one aside, and the next save puts it back before anything else.
+temporary name, is removed. A file system that cannot exchange (NFS, say) gets two renames
+instead: the old folder aside to .tmp-<name>.old-<hex>, the new one into place. A save killed
+between them leaves the folder missing and the old one aside, and the next save puts it back
+before anything else.
 A folder given as a symlink is saved where the link points.
 
 The folder is a new one after the save (a new inode): a process whose working folder it was

@@ -4,7 +4,6 @@ folder) and in Python (SafetensorsFile.read, checkpoint.load). Run in a child wh
 space is limited (RLIMIT_AS), so that the allocation fails on any machine."""
 
 import json
-import os
 import struct
 import subprocess
 import sys
