@@ -1,17 +1,20 @@
 /*
- * bpe.c — GPT-2's byte-level BPE tokenizer (pytfm_tokenizer.h, and pytfm.tokenizer's engine):
+ * bpe.c — the byte-level BPE tokenizer of GPT-2, Llama 3 and Qwen 2 (pytfm_tokenizer.h, and pytfm.tokenizer's engine):
  * the files' checks and the folder rule, the pre-tokenizer as a hand-written scanner over
  * UTF-8, merges by rank, a cache of words.
  *
  * A token is held as its bytes (GPT-2's vocabulary names byte b by the printable character
  * bytes_to_unicode gives it; that naming is undone once, at open). Merges are a hash map from
- * a pair of ids to (rank, the id it makes). A word is merged with a linked list of its symbols
- * and a min-heap of (rank, position) of the adjacent pairs that have a merge: the heap gives
- * the lowest rank first and, among equal ranks (the same pair), the leftmost occurrence first,
- * which is GPT-2's order (every occurrence of the best pair, left to right, then the next best:
- * a merge only makes pairs of higher rank, since a merge's parts come from earlier merges).
- * Stale heap entries are skipped when popped: the pair at their position no longer has their
- * rank (ranks are unique per pair).
+ * a pair of ids to (rank, the id it makes). A word is merged as Hugging Face tokenizers' BPE
+ * merges it: a linked list of its symbols and a min-heap of (rank, position, the id made) of
+ * the adjacent pairs that have a merge, the lowest rank first and, among equal ranks, the
+ * leftmost first. For GPT-2's merges (each part made by an earlier merge, one pair per
+ * token) that is GPT-2's order; Llama 3's merges (a token made by several pairs, parts made by
+ * later merges) need the heap's exact rule: an entry is stale when popped, and skipped, when
+ * the pair at its position now makes another id (a pair making the same id at another rank is
+ * merged at the entry's rank, as tokenizers does). Llama 3's and Qwen 2's pre-tokenizer (a
+ * Split regex) is a second scanner beside GPT-2's; model.ignore_merges takes a word that is a
+ * token whole.
  */
 #if defined(__linux__) || defined(__unix__) || defined(__APPLE__)
 #define _POSIX_C_SOURCE 200809L
@@ -97,6 +100,12 @@ struct pytfm_tokenizer {
     int32_t *pair_rank, *pair_made;
     uint64_t pair_mask;
     word_cache *cache;        /* NULL when it could not be allocated: encode merges without it */
+    int pretok;               /* the pre-tokenizer: a PRE_ value */
+    int ignore_merges;        /* model.ignore_merges: a word that is a token is taken whole */
+    int32_t *map;             /* with ignore_merges: the vocabulary's tokens, bytes -> id + 1 per
+                               * slot (0: empty), open addressing by hash_bytes */
+    uint64_t map_mask;
+    int64_t n_model;          /* the vocabulary's tokens (ids below it); added ones follow */
 };
 
 /* ---- hashing ------------------------------------------------------------------------------- */
@@ -255,10 +264,78 @@ static const unsigned char *word_end(const unsigned char *p, const unsigned char
     return last;
 }
 
+/* The Split regexes pytfm implements, recognised by their text: Llama 3's and Qwen 2's (the
+ * same but for the digits), GPT-4's cl100k pattern less its case-insensitive letter classes. */
+enum { PRE_GPT2 = 0, PRE_LLAMA3 = 1, PRE_QWEN2 = 2 };
+static const char *const split_regex[3] = {
+    NULL,
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+};
+
+static int ascii_lower(unsigned char c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
+/* The end of the word starting at p[0] (p < end) of the Split regexes above, the alternatives
+ * in order as a backtracking engine takes the first that matches; digits: the most digits of
+ * a number word (3: Llama 3's \p{N}{1,3}, 1: Qwen's \p{N}). (?i:'s) matches "'s", "'S" and
+ * "'\u017F" (long s, whose case folding is s), as the Oniguruma engine of tokenizers does. */
+static const unsigned char *split_end(const unsigned char *p, const unsigned char *end,
+                                      int digits) {
+    const size_t left = (size_t)(end - p);
+    if (p[0] == '\'' && left >= 2) { /* (?i:'s|'t|'re|'ve|'m|'ll|'d) */
+        const int c = ascii_lower(p[1]);
+        if (c == 's' || c == 't' || c == 'm' || c == 'd') return p + 2;
+        if (left >= 3 && p[1] == 0xC5 && p[2] == 0xBF) return p + 3;
+        if (left >= 3) {
+            const int c2 = ascii_lower(p[2]);
+            if ((c == 'r' && c2 == 'e') || (c == 'v' && c2 == 'e') || (c == 'l' && c2 == 'l'))
+                return p + 3;
+        }
+    }
+    size_t len, l;
+    const int kind = char_at(p, left, &len);
+    const unsigned char *q = p + len;
+    /* [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if (kind == C_LETTER || (kind != C_NUMBER && p[0] != '\r' && p[0] != '\n' && q < end &&
+                             char_at(q, (size_t)(end - q), &l) == C_LETTER)) {
+        while (q < end && char_at(q, (size_t)(end - q), &l) == C_LETTER) q += l;
+        return q;
+    }
+    if (kind == C_NUMBER) { /* \p{N}{1,digits} */
+        for (int n = 1; n < digits && q < end && char_at(q, (size_t)(end - q), &l) == C_NUMBER;
+             n++)
+            q += l;
+        return q;
+    }
+    /*  ?[^\s\p{L}\p{N}]+[\r\n]* */
+    const unsigned char *r = kind == C_OTHER ? q : NULL;
+    if (p[0] == ' ' && q < end && char_at(q, (size_t)(end - q), &l) == C_OTHER) r = q + l;
+    if (r) {
+        while (r < end && char_at(r, (size_t)(end - r), &l) == C_OTHER) r += l;
+        while (r < end && (*r == '\r' || *r == '\n')) r++;
+        return r;
+    }
+    /* white space: \s*[\r\n]+ ends after the run's last line end; else \s+(?!\S) | \s+ as
+     * GPT-2's pattern (before a non-space the run's last character is left to the next word,
+     * unless it is the run's only one) */
+    const unsigned char *last = p, *line_end = (p[0] == '\r' || p[0] == '\n') ? q : NULL;
+    while (q < end) {
+        if (char_at(q, (size_t)(end - q), &l) != C_SPACE) break;
+        last = q;
+        q += l;
+        if (*last == '\r' || *last == '\n') line_end = q;
+    }
+    if (line_end) return line_end;
+    if (q == end || last == p) return q;
+    return last;
+}
+
 /* ---- merging a word -------------------------------------------------------------------------- */
 
 typedef struct heap_item {
-    int32_t rank;
+    int32_t rank, made; /* the pair's merge when it was pushed: its rank, the id it makes */
     int64_t pos;
 } heap_item;
 
@@ -332,13 +409,16 @@ static int64_t merge_word(const pytfm_tokenizer *t, const unsigned char *w, int6
     int32_t made;
     for (int64_t k = 0; k + 1 < n; k++) {
         const int32_t r = pair_rank(t, id[k], id[k + 1], &made);
-        if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, k});
+        if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, made, k});
     }
     int64_t count = n;
     while (heap_n > 0) {
         const heap_item top = heap_pop(s->heap, &heap_n);
         const int64_t k = top.pos, j = next[k];
-        if (id[k] < 0 || j >= n || pair_rank(t, id[k], id[j], &made) != top.rank) continue;
+        /* stale when the pair there now makes another id (tokenizers' test: a pair of the same
+         * result but another rank is merged at this entry's rank) */
+        if (id[k] < 0 || j >= n || pair_rank(t, id[k], id[j], &made) < 0 || made != top.made)
+            continue;
         id[k] = made;
         id[j] = -1;
         next[k] = next[j];
@@ -346,11 +426,11 @@ static int64_t merge_word(const pytfm_tokenizer *t, const unsigned char *w, int6
         count--;
         if (prev[k] >= 0) {
             const int32_t r = pair_rank(t, id[prev[k]], id[k], &made);
-            if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, prev[k]});
+            if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, made, prev[k]});
         }
         if (next[k] < n) {
             const int32_t r = pair_rank(t, id[k], id[next[k]], &made);
-            if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, k});
+            if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, made, k});
         }
     }
     int64_t out = 0;
@@ -410,10 +490,25 @@ static pytfm_status encode_piece(const pytfm_tokenizer *t, const unsigned char *
                                  const unsigned char *end, word_cache *cache, scratch *s,
                                  sink *o) {
     while (p < end) {
-        const unsigned char *q = word_end(p, end);
+        const unsigned char *q = t->pretok == PRE_GPT2 ? word_end(p, end)
+                                                       : split_end(p, end, t->pretok ==
+                                                                   PRE_LLAMA3 ? 3 : 1);
         const int64_t n = q - p;
+        int32_t whole = -1;
+        if (n > 1 && t->map) /* ignore_merges: a word that is a token of the vocabulary */
+            for (uint64_t i = hash_bytes(p, (size_t)n) & t->map_mask;; i = (i + 1) & t->map_mask) {
+                const int32_t e = t->map[i];
+                if (e == 0) break;
+                const int64_t off = t->tok_off[e - 1];
+                if (t->tok_off[e] - off == n && memcmp(t->tok_bytes + off, p, (size_t)n) == 0) {
+                    whole = e - 1;
+                    break;
+                }
+            }
         if (n == 1) {
             emit(o, &t->byte_id[p[0]], 1);
+        } else if (whole >= 0) {
+            emit(o, &whole, 1);
         } else {
             const uint64_t h = cache && n <= CACHE_WORD ? hash_bytes(p, (size_t)n) : 0;
             int64_t count = 0;
@@ -698,6 +793,7 @@ void pytfm_tokenizer_close(pytfm_tokenizer *tok) {
     free(tok->trie.child);
     free(tok->trie.end);
     free(tok->tmpl);
+    free(tok->map);
     free(tok);
 }
 
@@ -915,12 +1011,11 @@ done:
     return status;
 }
 
-/* Prepare for n merges (at most the tokens less the bytes: each makes a new token). */
+/* Prepare for n merges. Two merges may make the same token (Llama 3's make one token from
+ * several pairs of its parts), as tokenizers allows; no pair may be merged twice. */
 static pytfm_status start_merges(builder *b, int64_t n) {
     pytfm_tokenizer *t = b->t;
-    if (n > t->n_tokens - 256)
-        return BAD(b, "%lld merges for %lld tokens: each merge makes a token, and 256 are "
-                      "bytes", (long long)n, (long long)t->n_tokens);
+    if (n >= INT32_MAX) return BAD(b, "%lld merges: ranks are int32", (long long)n);
     const uint64_t size = table_size(n);
     t->pair_mask = size - 1;
     t->pair_key = calloc(size, sizeof *t->pair_key);
@@ -936,9 +1031,6 @@ static pytfm_status add_merge(builder *b, const unsigned char *a, size_t na,
                               const unsigned char *c, size_t nc) {
     pytfm_tokenizer *t = b->t;
     const int64_t rank = t->n_merges;
-    if (rank >= t->n_tokens - 256)
-        return BAD(b, "more merges than the %lld tokens less the 256 bytes can make",
-                   (long long)t->n_tokens);
     if (na + nc > b->buf_cap) {
         size_t cap = 2 * (na + nc) + 64;
         unsigned char *p = realloc(b->buf, 2 * cap);
@@ -964,21 +1056,21 @@ static pytfm_status add_merge(builder *b, const unsigned char *a, size_t na,
         if (ids[k] < 0)
             return BAD(b, "merge %lld (%s %s): %s is not a token of the vocabulary",
                        (long long)rank, sa, sc, part);
-        if (!b->made[ids[k]])
-            return BAD(b, "merge %lld (%s %s): %s is neither a byte nor made by an earlier "
-                          "merge", (long long)rank, sa, sc, part);
     }
     const size_t total = (size_t)(lens[0] + lens[1]);
     const int32_t made = map_find(b, out, total);
-    if (made < 0 || b->made[made]) {
+    int32_t again = -1;
+    if (made >= 0 && pair_rank(t, ids[0], ids[1], &again) >= 0)
+        return BAD(b, "merge %lld (%s %s) repeats merge %d", (long long)rank, sa, sc,
+                   (int)pair_rank(t, ids[0], ids[1], &again));
+    if (made < 0) {
         unsigned char joined[96];
         const size_t ka = PYTFM_MIN(na, sizeof joined), kc = PYTFM_MIN(nc, sizeof joined - ka);
         memcpy(joined, a, ka);
         memcpy(joined + ka, c, kc);
         show_name(joined, ka + kc, 1, part, sizeof part);
-        return BAD(b, "merge %lld (%s %s) makes %s, which %s", (long long)rank, sa, sc, part,
-                   made < 0 ? "is not in the vocabulary"
-                            : "a byte or an earlier merge already made");
+        return BAD(b, "merge %lld (%s %s) makes %s, which is not in the vocabulary",
+                   (long long)rank, sa, sc, part);
     }
     b->made[made] = 1;
     const uint64_t key = pair_key(ids[0], ids[1]);
@@ -1113,7 +1205,13 @@ static pytfm_status new_builder(builder *b, const char *merges_name, const char 
 
 /* The end of open: the cache (none when it cannot be allocated), *out, the builder freed. */
 static pytfm_status finish_builder(builder *b, pytfm_status status, pytfm_tokenizer **out) {
-    if (status == PYTFM_STATUS_OK) status = finish_checks(b);
+    if (status == PYTFM_STATUS_OK && !b->t->ignore_merges) status = finish_checks(b);
+    b->t->n_model = b->n_model;
+    if (status == PYTFM_STATUS_OK && b->t->ignore_merges) {
+        b->t->map = b->map; /* the tokenizer's now */
+        b->t->map_mask = b->map_mask;
+        b->map = NULL;
+    }
     free(b->map);
     free(b->made);
     free(b->buf);
@@ -1372,6 +1470,51 @@ static pytfm_status read_post_processor(builder *b, pytfm__json doc) {
                   "of them (pytfm implements no other)");
 }
 
+/* pre_tokenizer: GPT-2's ByteLevel (add_prefix_space false, use_regex true), or a Sequence of
+ * a Split of a regex pytfm implements (split_regex: behavior Isolated, invert false) and a
+ * ByteLevel that only maps bytes (add_prefix_space false, use_regex false). */
+static pytfm_status read_pre_tokenizer(builder *b, pytfm__json doc) {
+    pytfm__json part, list, split, level, v;
+    if (!member(doc, "pre_tokenizer", &part))
+        return BAD(b, "pre_tokenizer must be ByteLevel, or a Sequence of Split and ByteLevel");
+    if (is_type(part, "ByteLevel")) {
+        if (flag(part, "add_prefix_space", -1) != 0 || flag(part, "use_regex", 1) != 1)
+            return BAD(b, "pre_tokenizer: GPT-2's has add_prefix_space false and use_regex "
+                          "true");
+        b->t->pretok = PRE_GPT2;
+        return PYTFM_STATUS_OK;
+    }
+    if (!is_type(part, "Sequence"))
+        return BAD(b, "pre_tokenizer must be ByteLevel, or a Sequence of Split and ByteLevel");
+    if (!member(part, "pretokenizers", &list) || pytfm__json_kind_of(list) != PYTFM__JSON_ARRAY ||
+        pytfm__json_count(list) != 2)
+        return BAD(b, "pre_tokenizer: a Sequence must be [Split, ByteLevel] (pytfm implements "
+                      "no other)");
+    pytfm__json_iter it = pytfm__json_iter_of(list);
+    pytfm__json_next(&it, NULL, &split);
+    pytfm__json_next(&it, NULL, &level);
+    if (!is_type(split, "Split") || !is_type(level, "ByteLevel"))
+        return BAD(b, "pre_tokenizer: a Sequence must be [Split, ByteLevel] (pytfm implements "
+                      "no other)");
+    int kind = -1;
+    pytfm__json regex;
+    if (member(split, "pattern", &v) && member(v, "Regex", &regex) &&
+        pytfm__json_kind_of(regex) == PYTFM__JSON_STRING)
+        for (int k = PRE_LLAMA3; k <= PRE_QWEN2; k++)
+            if (pytfm__json_string_is(regex, split_regex[k])) kind = k;
+    if (kind < 0)
+        return BAD(b, "pre_tokenizer: Split.pattern must be the Regex of Llama 3 or Qwen 2 "
+                      "(pytfm implements no other regex)");
+    if (!member(split, "behavior", &v) || !pytfm__json_string_is(v, "Isolated") ||
+        flag(split, "invert", 0) != 0)
+        return BAD(b, "pre_tokenizer: Split must have behavior \"Isolated\" and invert false");
+    if (flag(level, "add_prefix_space", -1) != 0 || flag(level, "use_regex", 1) != 0)
+        return BAD(b, "pre_tokenizer: the ByteLevel after a Split must have add_prefix_space "
+                      "false and use_regex false");
+    b->t->pretok = kind;
+    return PYTFM_STATUS_OK;
+}
+
 static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t size) {
     PYTFM_TRY(check_json(b, b->source, text, size));
     const pytfm__json doc = pytfm__json_root(text, size);
@@ -1384,8 +1527,7 @@ static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t siz
         int string_ok, false_ok;
     } settings[] = {{"dropout", 0, 0},       {"unk_token", 0, 0},
                     {"continuing_subword_prefix", 1, 0}, {"end_of_word_suffix", 1, 0},
-                    {"fuse_unk", 0, 1},      {"byte_fallback", 0, 1},
-                    {"ignore_merges", 0, 1}};
+                    {"fuse_unk", 0, 1},      {"byte_fallback", 0, 1}};
     for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++)
         if (!absent_or(model, settings[i].key, settings[i].string_ok, settings[i].false_ok))
             return BAD(b, "model.%s must be absent%s (GPT-2's BPE has none)", settings[i].key,
@@ -1393,12 +1535,11 @@ static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t siz
                        : settings[i].false_ok ? ", null or false" : " or null");
     if (!absent_or(doc, "normalizer", 0, 0))
         return BAD(b, "normalizer must be null (GPT-2 has none)");
-    if (!member(doc, "pre_tokenizer", &part) || !is_type(part, "ByteLevel"))
-        return BAD(b, "pre_tokenizer must be ByteLevel");
-    pytfm__json v;
-    if (!member(part, "add_prefix_space", &v) || !(v.n == 5 && memcmp(v.p, "false", 5) == 0) ||
-        (member(part, "use_regex", &v) && !(v.n == 4 && memcmp(v.p, "true", 4) == 0)))
-        return BAD(b, "pre_tokenizer: GPT-2's has add_prefix_space false and use_regex true");
+    const int ignore =
+        absent_or(model, "ignore_merges", 0, 1) ? 0 : flag(model, "ignore_merges", 0);
+    if (ignore < 0) return BAD(b, "model.ignore_merges must be true, false or absent");
+    b->t->ignore_merges = ignore;
+    PYTFM_TRY(read_pre_tokenizer(b, doc));
     if (member(doc, "decoder", &part) && pytfm__json_kind_of(part) != PYTFM__JSON_NULL &&
         !is_type(part, "ByteLevel"))
         return BAD(b, "decoder must be ByteLevel or null");

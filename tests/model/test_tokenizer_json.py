@@ -126,11 +126,10 @@ REFUSED = [
         {"type": "Split", "pattern": {"Regex": " ?\\p{L}+"}, "behavior": "Isolated",
          "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-         "use_regex": False}]}), "pre_tokenizer must be ByteLevel"),
+         "use_regex": False}]}), "Split.pattern must be the Regex of Llama 3 or Qwen 2"),
     ("RobertaProcessing", set_("post_processor", {
         "type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0],
         "trim_offsets": True, "add_prefix_space": False}), "post_processor must be"),
-    ("ignore_merges", lambda d: d["model"].update(ignore_merges=True), "model.ignore_merges"),
     ("byte_fallback", lambda d: d["model"].update(byte_fallback=True), "model.byte_fallback"),
     ("a WordPiece decoder", set_("decoder", {"type": "WordPiece", "prefix": "##",
                                             "cleanup": True}), "decoder must be"),
