@@ -197,15 +197,23 @@ class Tokenizer:
         flags = (lib.PYTFM_TOKENIZER_SPECIAL if special else 0) | (
             lib.PYTFM_TOKENIZER_TEMPLATE if template else 0)
         count = ffi.new("int64_t *")
-        # a text never has more ids than bytes, plus the template's (the empty text's ids)
+        # a text has no more ids than bytes (its NFC form's, with an NFC normalizer), plus the
+        # template's (the empty text's ids)
         size = len(raw) + (self._template_size if template else 0)
         if size > _ONE_PASS:  # a long text is counted first, not given 4 bytes of ids per byte
             check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags, ffi.NULL, 0,
                                              count))
             size = count[0]
         ids = np.empty(max(size, 1), np.int32)
-        check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags,
-                                         ffi.from_buffer("int32_t[]", ids), len(ids), count))
+        status = lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags,
+                                            ffi.from_buffer("int32_t[]", ids), len(ids), count)
+        if status != lib.PYTFM_STATUS_OK and count[0] > len(ids):
+            # an NFC normalizer may lengthen the text (up to 3 times): the count is known now
+            ids = np.empty(count[0], np.int32)
+            status = lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags,
+                                                ffi.from_buffer("int32_t[]", ids), len(ids),
+                                                count)
+        check(status)
         return ids[:count[0]]
 
     # -- decoding

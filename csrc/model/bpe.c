@@ -102,6 +102,7 @@ struct pytfm_tokenizer {
     word_cache *cache;        /* NULL when it could not be allocated: encode merges without it */
     int pretok;               /* the pre-tokenizer: a PRE_ value */
     int ignore_merges;        /* model.ignore_merges: a word that is a token is taken whole */
+    int nfc;                  /* the normalizer is NFC (else there is none) */
     int32_t *map;             /* with ignore_merges: the vocabulary's tokens, bytes -> id + 1 per
                                * slot (0: empty), open addressing by hash_bytes */
     uint64_t map_mask;
@@ -330,6 +331,205 @@ static const unsigned char *split_end(const unsigned char *p, const unsigned cha
     if (line_end) return line_end;
     if (q == end || last == p) return q;
     return last;
+}
+
+/* ---- NFC (the normalizer of Qwen's tokenizer.json) ------------------------------------------
+ * Unicode's algorithm over the tables of unicode_tables.h: full canonical decomposition
+ * (Hangul computed), the canonical order (a stable sort of each run of non-zero combining
+ * classes), then canonical composition (a character joins the last starter when nothing
+ * between them blocks it). A byte of no valid UTF-8 sequence (C callers' text; Python's is
+ * valid) is kept as it is, a starter that joins nothing: it is held as NFC_BYTE + the byte. */
+
+enum {
+    NFC_BYTE = 0x110000,
+    HANGUL_S = 0xAC00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11A7,
+    HANGUL_L_COUNT = 19, HANGUL_V_COUNT = 21, HANGUL_T_COUNT = 28,
+    HANGUL_N = HANGUL_V_COUNT * HANGUL_T_COUNT, HANGUL_COUNT = HANGUL_L_COUNT * HANGUL_N
+};
+
+static int ccc_of(uint32_t cp) {
+    if (cp < PYTFM__CCC_MIN) return 0;
+    size_t lo = 0, hi = PYTFM__CCC_RANGES;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (cp < pytfm__ccc_table[mid].first) hi = mid;
+        else if (cp > pytfm__ccc_table[mid].last) lo = mid + 1;
+        else return pytfm__ccc_table[mid].ccc;
+    }
+    return 0;
+}
+
+/* cp's canonical decomposition (one level), or NULL */
+static const uint32_t *decomposition_of(uint32_t cp) {
+    if (cp < PYTFM__DECOMPOSES_MIN) return NULL;
+    size_t lo = 0, hi = PYTFM__DECOMPOSITIONS;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (cp < pytfm__decomposition[mid][0]) hi = mid;
+        else if (cp > pytfm__decomposition[mid][0]) lo = mid + 1;
+        else return pytfm__decomposition[mid] + 1;
+    }
+    return NULL;
+}
+
+/* the primary composite of a then b, or 0 */
+static uint32_t composite_of(uint32_t a, uint32_t b) {
+    if (b < PYTFM__COMPOSE_SECOND_MIN) return 0;
+    if (a - HANGUL_L < HANGUL_L_COUNT && b - HANGUL_V < HANGUL_V_COUNT)
+        return HANGUL_S + ((a - HANGUL_L) * HANGUL_V_COUNT + (b - HANGUL_V)) * HANGUL_T_COUNT;
+    if (a - HANGUL_S < HANGUL_COUNT && (a - HANGUL_S) % HANGUL_T_COUNT == 0 && b > HANGUL_T &&
+        b - HANGUL_T < HANGUL_T_COUNT)
+        return a + (b - HANGUL_T);
+    const uint64_t key = (uint64_t)a << 32 | b;
+    size_t lo = 0, hi = PYTFM__COMPOSITIONS;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        const uint64_t k = (uint64_t)pytfm__composition[mid][0] << 32 | pytfm__composition[mid][1];
+        if (key < k) hi = mid;
+        else if (key > k) lo = mid + 1;
+        else return pytfm__composition[mid][2];
+    }
+    return 0;
+}
+
+typedef struct nfc_buf {
+    uint32_t *cp;
+    unsigned char *ccc;
+    size_t n, cap;
+} nfc_buf;
+
+static int nfc_push(nfc_buf *o, uint32_t cp) {
+    if (o->n == o->cap) {
+        const size_t cap = 2 * o->cap + 64;
+        uint32_t *c = realloc(o->cp, cap * sizeof *c);
+        if (!c) return 0;
+        o->cp = c;
+        unsigned char *k = realloc(o->ccc, cap);
+        if (!k) return 0;
+        o->ccc = k;
+        o->cap = cap;
+    }
+    o->cp[o->n] = cp;
+    o->ccc[o->n++] = (unsigned char)(cp >= NFC_BYTE ? 0 : ccc_of(cp));
+    return 1;
+}
+
+/* cp fully decomposed onto o (decompositions nest at most a few levels) */
+static int nfc_decompose(nfc_buf *o, uint32_t cp) {
+    if (cp - HANGUL_S < HANGUL_COUNT) {
+        const uint32_t s = cp - HANGUL_S, t = s % HANGUL_T_COUNT;
+        if (!nfc_push(o, HANGUL_L + s / HANGUL_N) ||
+            !nfc_push(o, HANGUL_V + (s % HANGUL_N) / HANGUL_T_COUNT))
+            return 0;
+        return t == 0 || nfc_push(o, HANGUL_T + t);
+    }
+    const uint32_t *d = decomposition_of(cp);
+    if (!d) return nfc_push(o, cp);
+    return nfc_decompose(o, d[0]) && (d[1] == 0 || nfc_decompose(o, d[1]));
+}
+
+/* The run o[i..j) of non-zero classes in canonical order: a stable sort by class (insertion
+ * for short runs, counting for long ones, so a long run costs its length). */
+static int nfc_order(nfc_buf *o, size_t i, size_t j) {
+    if (j - i <= 16) {
+        for (size_t a = i + 1; a < j; a++)
+            for (size_t b = a; b > i && o->ccc[b - 1] > o->ccc[b]; b--) {
+                const uint32_t c = o->cp[b];
+                const unsigned char k = o->ccc[b];
+                o->cp[b] = o->cp[b - 1];
+                o->ccc[b] = o->ccc[b - 1];
+                o->cp[b - 1] = c;
+                o->ccc[b - 1] = k;
+            }
+        return 1;
+    }
+    uint32_t *tmp = malloc((j - i) * sizeof *tmp);
+    if (!tmp) return 0;
+    size_t start[257] = {0};
+    for (size_t a = i; a < j; a++) start[o->ccc[a] + 1]++;
+    for (int k = 1; k < 257; k++) start[k] += start[k - 1];
+    for (size_t a = i; a < j; a++) tmp[start[o->ccc[a]]++] = o->cp[a];
+    memcpy(o->cp + i, tmp, (j - i) * sizeof *tmp);
+    free(tmp);
+    for (size_t a = i; a < j; a++) o->ccc[a] = (unsigned char)ccc_of(o->cp[a]);
+    return 1;
+}
+
+/* The NFC form of p[0..n): 1 and *out (malloc'd, *out_n bytes) when it differs from the text
+ * or may, 0 when the text is its own NFC form for sure (every byte below 0xCC: code points
+ * below U+0300, none of which decomposes into, or joins, anything else), -1 out of memory. */
+static int nfc(const unsigned char *p, size_t n, unsigned char **out, size_t *out_n) {
+    size_t i = 0;
+    while (i < n && p[i] < 0xCC) i++;
+    if (i == n) return 0;
+    nfc_buf o = {0};
+    int ok = 1;
+    for (i = 0; ok && i < n;) {
+        uint32_t cp = 0;
+        const int k = utf8_at(p + i, n - i, &cp);
+        ok = k ? nfc_decompose(&o, cp) : nfc_push(&o, NFC_BYTE + p[i]);
+        i += k ? (size_t)k : 1;
+    }
+    for (size_t a = 0; ok && a < o.n;) {
+        if (o.ccc[a] == 0) {
+            a++;
+            continue;
+        }
+        size_t b = a;
+        while (b < o.n && o.ccc[b] != 0) b++;
+        ok = nfc_order(&o, a, b);
+        a = b;
+    }
+    unsigned char *u = ok ? malloc(4 * o.n + 1) : NULL;
+    if (!u) {
+        free(o.cp);
+        free(o.ccc);
+        return -1;
+    }
+    /* composition in place: w is the output's length, starter the last starter's index */
+    size_t w = 0, starter = SIZE_MAX;
+    int last_ccc = 0;
+    for (size_t a = 0; a < o.n; a++) {
+        const uint32_t c = o.cp[a];
+        const int k = o.ccc[a];
+        if (starter != SIZE_MAX && o.cp[starter] < NFC_BYTE && c < NFC_BYTE &&
+            (w == starter + 1 || (last_ccc != 0 && last_ccc < k))) {
+            const uint32_t joined = composite_of(o.cp[starter], c);
+            if (joined) {
+                o.cp[starter] = joined;
+                continue;
+            }
+        }
+        if (k == 0) starter = w;
+        last_ccc = k;
+        o.cp[w++] = c;
+    }
+    size_t m = 0;
+    for (size_t a = 0; a < w; a++) {
+        const uint32_t c = o.cp[a];
+        if (c >= NFC_BYTE) {
+            u[m++] = (unsigned char)(c - NFC_BYTE);
+        } else if (c < 0x80) {
+            u[m++] = (unsigned char)c;
+        } else if (c < 0x800) {
+            u[m++] = (unsigned char)(0xC0 | c >> 6);
+            u[m++] = (unsigned char)(0x80 | (c & 0x3F));
+        } else if (c < 0x10000) {
+            u[m++] = (unsigned char)(0xE0 | c >> 12);
+            u[m++] = (unsigned char)(0x80 | (c >> 6 & 0x3F));
+            u[m++] = (unsigned char)(0x80 | (c & 0x3F));
+        } else {
+            u[m++] = (unsigned char)(0xF0 | c >> 18);
+            u[m++] = (unsigned char)(0x80 | (c >> 12 & 0x3F));
+            u[m++] = (unsigned char)(0x80 | (c >> 6 & 0x3F));
+            u[m++] = (unsigned char)(0x80 | (c & 0x3F));
+        }
+    }
+    free(o.cp);
+    free(o.ccc);
+    *out = u;
+    *out_n = m;
+    return 1;
 }
 
 /* ---- merging a word -------------------------------------------------------------------------- */
@@ -592,12 +792,16 @@ static pytfm_status single_word_unknown(const encoder *x, int32_t tok, const uns
                        "space only", (int)x->t->added[tok].id, (unsigned)cp);
 }
 
+static pytfm_status next_pass(const encoder *x, int pass, const unsigned char *s,
+                              const unsigned char *e);
+
 /* The text p[0..end) through pass `pass` of the added tokens (tokenizers' find_matches: the
  * leftmost-longest match, non-overlapping, each match's flags), the pieces between matches on
  * to the next pass, and after the last pass to the pre-tokenizer and the merges. */
 static pytfm_status encode_pass(const encoder *x, int pass, const unsigned char *s,
                                 const unsigned char *e) {
     const pytfm_tokenizer *t = x->t;
+    if (pass == 0 && t->n_added == 0) return next_pass(x, 0, s, e);
     if (pass == 2 || t->n_added == 0) return encode_piece(t, s, e, x->cache, x->s, x->o);
     const unsigned char *first = t->trie.first[pass], *from = s, *at = s;
     const unsigned char *ws_from = NULL, *ws_end = NULL; /* the last run of white space seen */
@@ -641,11 +845,32 @@ static pytfm_status encode_pass(const encoder *x, int pass, const unsigned char 
                 ws_end = stop;
             }
         }
-        if (from < start) PYTFM_TRY(encode_pass(x, pass + 1, from, start));
+        if (from < start) PYTFM_TRY(next_pass(x, pass, from, start));
         emit(x->o, &a->id, 1);
         from = stop;
     }
-    return from < e ? encode_pass(x, pass + 1, from, e) : PYTFM_STATUS_OK;
+    return from < e ? next_pass(x, pass, from, e) : PYTFM_STATUS_OK;
+}
+
+/* A piece of text pass `pass` leaves, on to the next pass: NFC'd (when the normalizer is NFC)
+ * between pass 0 and pass 1, as tokenizers normalizes what the added tokens of normalized
+ * false leave, each piece by itself. */
+static pytfm_status next_pass(const encoder *x, int pass, const unsigned char *s,
+                              const unsigned char *e) {
+    if (pass == 0 && x->t->nfc) {
+        unsigned char *u = NULL;
+        size_t n = 0;
+        const int changed = nfc(s, (size_t)(e - s), &u, &n);
+        if (changed < 0)
+            return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "pytfm_tokenizer_encode: cannot "
+                               "allocate for NFC of %lld bytes", (long long)(e - s));
+        if (changed) {
+            const pytfm_status status = encode_pass(x, 1, u, u + n);
+            free(u);
+            return status;
+        }
+    }
+    return encode_pass(x, pass + 1, s, e);
 }
 
 pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text, int64_t size,
@@ -1147,6 +1372,17 @@ static pytfm_status add_added(builder *b, const unsigned char *u, size_t n, int6
     }
     if (tr->end[node] >= 0)
         return BAD(b, "added_tokens[%lld]: %s appears twice", (long long)k, shown);
+    if (t->nfc && a.pass == 1) { /* tokenizers matches its NFC form in the NFC'd text */
+        unsigned char *f = NULL;
+        size_t fn = 0;
+        const int changed = nfc(u, n, &f, &fn);
+        const int same = changed == 0 || (changed > 0 && fn == n && memcmp(f, u, n) == 0);
+        free(f);
+        if (changed < 0) return no_memory(b, "an added token");
+        if (!same)
+            return BAD(b, "added_tokens[%lld]: %s is normalized but not in NFC (pytfm does not "
+                          "implement that)", (long long)k, shown);
+    }
     unsigned char *raw = b->buf;
     if (n > b->buf_cap) {
         raw = realloc(b->buf, 2 * n);
@@ -1533,8 +1769,11 @@ static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t siz
             return BAD(b, "model.%s must be absent%s (GPT-2's BPE has none)", settings[i].key,
                        settings[i].string_ok  ? ", null or \"\""
                        : settings[i].false_ok ? ", null or false" : " or null");
-    if (!absent_or(doc, "normalizer", 0, 0))
-        return BAD(b, "normalizer must be null (GPT-2 has none)");
+    if (member(doc, "normalizer", &part) && pytfm__json_kind_of(part) != PYTFM__JSON_NULL) {
+        if (!is_type(part, "NFC"))
+            return BAD(b, "normalizer must be null or NFC (pytfm implements no other)");
+        b->t->nfc = 1;
+    }
     const int ignore =
         absent_or(model, "ignore_merges", 0, 1) ? 0 : flag(model, "ignore_merges", 0);
     if (ignore < 0) return BAD(b, "model.ignore_merges must be true, false or absent");

@@ -119,7 +119,7 @@ REFUSED = [
     ("padding", set_("padding", {"strategy": "BatchLongest", "direction": "Right",
                                  "pad_to_multiple_of": None, "pad_id": 0, "pad_type_id": 0,
                                  "pad_token": ENDOFTEXT}), "padding must be null"),
-    ("a normalizer", set_("normalizer", {"type": "NFC"}), "normalizer must be null"),
+    ("a normalizer", set_("normalizer", {"type": "NFKC"}), "normalizer must be null or NFC"),
     ("eot's id not the vocabulary's", eot_flags(id=5), r"added_tokens\[0\]"),
     ("a new token's id not the next", more(added("<mask>", 60000)), r"added_tokens\[1\]"),
     ("Split pre-tokenizer", set_("pre_tokenizer", {"type": "Sequence", "pretokenizers": [

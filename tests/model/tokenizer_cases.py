@@ -133,7 +133,7 @@ HOSTILE = [
      r'model.type must be "BPE"'),
     (json_edit(lambda d: d.update(model=3)), "tokenizer.json", r'model.type must be "BPE"'),
     (json_edit(lambda d: d.update(normalizer={"type": "Lowercase"})), "tokenizer.json",
-     r"normalizer must be null \(GPT-2 has none\)"),
+     r"normalizer must be null or NFC \(pytfm implements no other\)"),
     (json_edit(lambda d: d["pre_tokenizer"].update(add_prefix_space=True)), "tokenizer.json",
      r"pre_tokenizer: GPT-2's has add_prefix_space false and use_regex true"),
     (json_edit(lambda d: d["pre_tokenizer"].update(type="Whitespace")), "tokenizer.json",
