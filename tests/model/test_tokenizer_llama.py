@@ -92,7 +92,12 @@ NAMES = ["llama3", "qwen3"]
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_real_file_opens_with_tokenizers_vocabulary(name):
-    _, tok, hf = real(name)
+    """The file opens (its Split regex is the one this file's small files copy), with
+    tokenizers' vocabulary and special tokens."""
+    path, tok, hf = real(name)
+    with open(path, encoding="utf-8") as f:
+        regex = json.load(f)["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+    assert regex == (LLAMA3_REGEX if name == "llama3" else QWEN2_REGEX)
     assert len(tok) == hf.get_vocab_size(with_added_tokens=True)
     vocab = hf.get_vocab(with_added_tokens=True)
     for content in ("<|begin_of_text|>", "<|eot_id|>", "<|im_start|>", "<|endoftext|>"):
@@ -304,11 +309,3 @@ def test_a_field_pytfm_does_not_implement_is_refused_by_name(tmp_path, name, edi
     path = write(small_json(**edit), tmp_path)
     with pytest.raises(TokenizerError, match=message):
         Tokenizer.from_tokenizer_json(path)
-
-
-def test_the_split_regexes_are_the_real_files():
-    """The regexes pytfm recognises are the real files' (a check of this file's copies)."""
-    for name, regex in (("llama3", LLAMA3_REGEX), ("qwen3", QWEN2_REGEX)):
-        with open(real_path(name), encoding="utf-8") as f:
-            doc = json.load(f)
-        assert doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] == regex
