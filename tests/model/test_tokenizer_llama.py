@@ -309,3 +309,14 @@ def test_a_field_pytfm_does_not_implement_is_refused_by_name(tmp_path, name, edi
     path = write(small_json(**edit), tmp_path)
     with pytest.raises(TokenizerError, match=message):
         Tokenizer.from_tokenizer_json(path)
+
+
+def test_saving_as_gpt2s_files_is_refused_where_they_would_give_other_ids(tmp_path):
+    """vocab.json and merges.txt hold no pre-tokenizer, normalizer or ignore_merges: a
+    tokenizer that has them is not saved as GPT-2's (its ids would change)."""
+    path = write(small_json(), tmp_path)
+    for tok in (Tokenizer.from_tokenizer_json(path), Tokenizer.from_folder(str(tmp_path))):
+        with pytest.raises(TokenizerError, match=r"tokenizer.json: its pre_tokenizer, "
+                           "normalizer or ignore_merges is not GPT-2's"):
+            tok.save(str(tmp_path / "saved"))
+    assert not (tmp_path / "saved").exists()
