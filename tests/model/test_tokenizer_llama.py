@@ -49,7 +49,8 @@ TEXTS = [
     "\u1e9b\u0323 \u212b \u0041\u030a \uac00\u11a8 \u1100\u1161\u11a8 \u0958",  # NFC's corners
 ]
 MORE_PIECES = ["'S", "'LL", "'ſ", "'Ve", "'rE", "1234567", "\r\n\r\n", " \n ", "?\n", " ?!\n\n",
-               "\t\tx", " (a", "\u0301a", "A\u030a", "\u1100\u1161", "\u212b", "\u0344"]
+               "\t\tx", " (a", "\u0301a", "A\u030a", "\u1100\u1161", "\u212b", "\u0344",
+               "<|begin_of_text|>", "<|eot_id|>", "<|im_start|>", "<think>", "<|endoftext|>"]
 TEXT = st.lists(st.one_of(UNICODE, st.sampled_from(MORE_PIECES)), max_size=6).map("".join)
 
 
