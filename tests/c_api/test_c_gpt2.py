@@ -14,8 +14,8 @@ from test_c_model import OK, CModel, assert_same_logits, last_error
 
 from helpers import TESTS
 from pytfm import checkpoint, gpt2
-from pytfm.checkpoint import CheckpointError
 from pytfm._core import ffi, lib
+from pytfm.checkpoint import CheckpointError
 
 sys.path.insert(0, os.path.join(TESTS, "model"))
 from gpt2_oracle import logits_of, random_gpt2  # noqa: E402  (a skip without transformers)
