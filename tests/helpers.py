@@ -333,3 +333,31 @@ def cupy_on_a_gpu():
     except Exception as e:  # no driver or no device
         pytest.skip(f"no CUDA GPU here ({e})", allow_module_level=True)
     return cp
+
+
+def library_flags():
+    """The compiler flags of the pytfm these tests import: pkg-config on its pytfm.pc (the
+    README's way), else python -m pytfm's (the same flags, where pkg-config is missing)."""
+    import pytfm
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
+
+    def run(*args):
+        return subprocess.run(args, check=True, capture_output=True, text=True, cwd="/",
+                              env=env).stdout
+    if shutil.which("pkg-config"):
+        env["PKG_CONFIG_PATH"] = run(sys.executable, "-m", "pytfm", "--pkgconfig-dir").strip()
+        return run("pkg-config", "--cflags", "--libs", "pytfm").split()
+    return run(sys.executable, "-m", "pytfm", "--cflags", "--libs").split()
+
+
+def build_generate_example(directory):
+    """examples/generate.c built as the README says (pkg-config's flags), warnings as errors,
+    into directory -> the executable's path."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to build pytfm itself"
+    exe = os.path.join(str(directory), "generate")
+    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
+                    os.path.join(ROOT, "examples", "generate.c"), *library_flags(), "-o", exe],
+                   check=True)
+    return exe

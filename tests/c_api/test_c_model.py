@@ -269,23 +269,6 @@ def test_greedy_generation_in_c_is_pythons(trained):
 
 
 @pytest.fixture(scope="module")
-def generate_exe(tmp_path_factory):
-    """examples/generate.c built as the README says, warnings as errors."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    assert cc, "a C compiler is needed to build pytfm itself"
-    # the flags of the pytfm these tests import (installed, or an in-place build on PYTHONPATH)
-    import pytfm
-    env = subprocess_env(os.path.dirname(os.path.dirname(pytfm.__file__)))
-    flags = subprocess.run([sys.executable, "-m", "pytfm", "--cflags", "--libs"], check=True,
-                           capture_output=True, text=True, cwd="/", env=env).stdout.split()
-    exe = tmp_path_factory.mktemp("generate") / "generate"
-    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
-                    os.path.join(ROOT, "examples", "generate.c"), *flags, "-o", str(exe)],
-                   check=True)
-    return str(exe)
-
-
-@pytest.fixture(scope="module")
 def generate_asan_exe(generate_exe, tmp_path_factory):
     """examples/generate.c under AddressSanitizer (the library as built): a write past a buffer
     of its own is a failure, not silent corruption."""

@@ -9,7 +9,6 @@ import io
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -44,22 +43,6 @@ def model_path(tmp_path_factory):
     model.params["transformer.wte.weight"] *= 10
     checkpoint.save(str(path), model)
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def generate_exe(tmp_path_factory):
-    """examples/generate.c built as the README says, warnings as errors."""
-    import pytfm
-
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    assert cc, "a C compiler is needed to build pytfm itself"
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
-    flags = subprocess.run([sys.executable, "-m", "pytfm", "--cflags", "--libs"], check=True,
-                           capture_output=True, text=True, cwd="/", env=env).stdout.split()
-    exe = str(tmp_path_factory.mktemp("generate") / "generate")
-    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
-                    os.path.join(EXAMPLES, "generate.c"), *flags, "-o", exe], check=True)
-    return exe
 
 
 def sample_py(argv):

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from helpers import ROOT, TESTS
+from helpers import library_flags as flags  # noqa: F401  (for the tests that import it here)
 from pytfm.tokenizer import bytes_to_unicode
 
 sys.path.insert(0, os.path.join(TESTS, "model"))
@@ -19,32 +20,6 @@ from gpt2_oracle import greedy, random_gpt2, vocab_files  # noqa: E402
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, "examples")),
                                 reason="needs the checkout")
 CONFIG = dict(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=4)
-
-
-def flags():
-    """The compiler flags of the pytfm these tests import: pkg-config on its pytfm.pc (the
-    README's way), else python -m pytfm's (the same flags, where pkg-config is missing)."""
-    import pytfm
-
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pytfm.__file__)))
-    def run(*args):
-        return subprocess.run(args, check=True, capture_output=True, text=True, cwd="/",
-                              env=env).stdout
-    if shutil.which("pkg-config"):
-        env["PKG_CONFIG_PATH"] = run(sys.executable, "-m", "pytfm", "--pkgconfig-dir").strip()
-        return run("pkg-config", "--cflags", "--libs", "pytfm").split()
-    return run(sys.executable, "-m", "pytfm", "--cflags", "--libs").split()
-
-
-@pytest.fixture(scope="module")
-def generate_exe(tmp_path_factory):
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    assert cc, "a C compiler is needed to build pytfm itself"
-    exe = str(tmp_path_factory.mktemp("generate") / "generate")
-    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
-                    os.path.join(ROOT, "examples", "generate.c"), *flags(), "-o", exe],
-                   check=True)
-    return exe
 
 
 @pytest.fixture(scope="module")

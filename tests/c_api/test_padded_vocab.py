@@ -18,24 +18,12 @@ from helpers import ROOT, TESTS
 sys.path.insert(0, os.path.join(TESTS, "model"))
 sys.path.insert(0, os.path.join(TESTS, "c_api"))
 from gpt2_oracle import random_gpt2, vocab_files  # noqa: E402
-from test_generate_gpt2 import flags, token_bytes  # noqa: E402
+from test_generate_gpt2 import token_bytes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, "examples")),
                                 reason="needs the checkout")
 TOKENS = 50257  # GPT-2's tokenizer
 PAD = 47  # the model's vocabulary: TOKENS + PAD = 50,304, nanoGPT's
-
-
-@pytest.fixture(scope="module")
-def generate_exe(tmp_path_factory):
-    """examples/generate.c built as the README says, warnings as errors."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    assert cc, "a C compiler is needed to build pytfm itself"
-    exe = str(tmp_path_factory.mktemp("generate") / "generate")
-    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
-                    os.path.join(ROOT, "examples", "generate.c"), *flags(), "-o", exe],
-                   check=True)
-    return exe
 
 
 @pytest.fixture(scope="module")
