@@ -498,7 +498,8 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backwa
             PYTFM_UNROLL
             for (int j = 0; j < 8; j++) {
                 const int c = tx + 8 * j;
-                const bool seen = c < nk && r < nq && (!a.causal || j0 + c <= i0 + r) &&
+                // no r < nq test: a row past nq has zero q, dy and delta, so its dS is 0
+                const bool seen = c < nk && (!a.causal || j0 + c <= i0 + r) &&
                                   (a.window == 0 || j0 + c > i0 + r - a.window);
                 const float p = seen ? exp2f(s[i][j] * a.scale2 - lse2[i]) : 0.0f;
                 dSs[r * LDP + c] = p * (dp[i][j] - dlt[i]);

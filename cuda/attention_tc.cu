@@ -351,6 +351,12 @@ static __device__ __forceinline__ int64_t tc_first_key(int64_t window, int64_t t
     return window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
 }
 
+/* a difference of positions clamped to ±TC_FAR: past that, no tile's key is near the row */
+enum { TC_FAR = 1 << 30 };
+static __device__ __forceinline__ int tc_clamp(int64_t x) {
+    return x < -TC_FAR ? -TC_FAR : x > TC_FAR ? TC_FAR : (int)x;
+}
+
 /* Q, then K's and V's buffers */
 template <Prec P, int D> constexpr size_t tc_forward_shared() {
     return sizeof(uint32_t) * (size_t)(1 + 2 * Buffers<Tile<P, D>::PREFETCH>::N) *
@@ -399,17 +405,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_forward_kernel(tc_for
         // keys past the tile's end, past a row's position, or before its window, do not count
         const bool edge = nk < TC_KEYS || (a.causal && j0 + TC_KEYS - 1 > i0) ||
                           (a.window > 0 && j0 < i0 + TC_ROWS - a.window);
+        // key j0 + c is seen by row row0 + d (d = 0, 8) when lo <= d − c < hi: 32-bit bounds
+        // (|d − c| < 64), as 64-bit ones per element would cost registers here
+        const int lo = a.causal ? tc_clamp(j0 - row0) : -TC_FAR;
+        const int hi = a.window > 0 ? tc_clamp(j0 - row0 + a.window) : TC_FAR;
         float mx[2] = {m[0], m[1]};
         PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
             PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
-                const int c = 8 * j + 2 * t + (e & 1);
-                const int64_t row = row0 + 8 * (e >> 1);
+                const int c = 8 * j + 2 * t + (e & 1), dc = 8 * (e >> 1) - c;
                 float x = s[j][e] * a.scale2;
-                if (edge && (c >= nk || (a.causal && j0 + c > row) ||
-                             (a.window > 0 && j0 + c <= row - a.window)))
-                    x = -INFINITY;
+                if (edge && (c >= nk || dc < lo || dc >= hi)) x = -INFINITY;
                 s[j][e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }
@@ -551,7 +558,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backwa
     int buf = 0;
     for (int s = 0; s < steps; s++, buf = Buffers<PF>::next(buf)) {
         const int i0 = row(s);
-        const int nq = (int)PYTFM_MIN((int64_t)TC_KEYS, T - i0);
         const int sn = s + 1; // the next step
         if (PF && sn < steps) load(sn);
         const uint32_t *Q = Qs + buf * W, *dY = dYs + buf * W;
@@ -567,7 +573,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backwa
             for (int e = 0; e < 4; e++) {
                 const int c = 8 * j + 2 * t + (e & 1), first = lag + 8 * (e >> 1);
                 // a window: key0 + 8r is seen by the columns c < first + window too
-                const bool seen = c < nq && (!a.causal || first <= c) &&
+                // no c < nq test: a column past nq has zero q, dy, lse and delta, so p there
+                // multiplies a zero row of dY and its dS (p · (0 − 0)) is 0
+                const bool seen = (!a.causal || first <= c) &&
                                   (a.window == 0 || c < first + a.window);
                 p[j][e] = seen ? exp2f(p[j][e] * a.scale2 - l2[c]) : 0.0f;
                 ds[j][e] = p[j][e] * (ds[j][e] - dl[c]);
