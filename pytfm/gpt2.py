@@ -45,6 +45,7 @@ import errno
 import json
 import math
 import os
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -92,11 +93,29 @@ def read_config(folder):
     return _gpt_config(c)
 
 
+# a JSON string, or one of the bare tokens json.dumps writes for a non-finite float
+_STRING_OR_NONFINITE = re.compile(r'"(?:[^"\\]|\\.)*"|-?Infinity|NaN')
+
+
+def _json_text(c):
+    """json.dumps(c), with an infinite float written 1e999 (-1e999): JSON has no infinity, but
+    json.loads reads a number too large for a double as one, so config.json's text for a dict
+    that came from json.loads. NaN has no such spelling: ValueError."""
+    def token(m):
+        t = m.group(0)
+        if t[0] == '"':
+            return t
+        if t == "NaN":
+            raise ValueError("NaN is not a JSON number")
+        return t.replace("Infinity", "1e999")
+    return _STRING_OR_NONFINITE.sub(token, json.dumps(c))
+
+
 def config_from_dict(c, path=CONFIG):
     """GPT2Config's dict (config.json's object) -> GPTConfig, or CheckpointError naming path
     (the C reader's rules, on json.dumps(c))."""
     try:
-        raw = json.dumps(c, allow_nan=False).encode("utf-8", "surrogatepass")
+        raw = _json_text(c).encode("utf-8", "surrogatepass")
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: not a JSON value ({e})") from None
     out = ffi.new("pytfm_model_config *")

@@ -1,4 +1,5 @@
-"""pytfm.tokenizer — GPT-2's byte-level BPE: encode, decode, load, save, train.
+"""pytfm.tokenizer — byte-level BPE (GPT-2's, Llama 3's, Qwen's): encode, decode, load, save,
+train.
 
     tok = Tokenizer.from_folder("gpt2")            # vocab.json + merges.txt, or tokenizer.json
     ids = tok.encode("Hello world")                # [15496, 995]
@@ -19,11 +20,12 @@ transformers' decode does).
 
 Files (checked strictly before any table is built): GPT-2's vocab.json ({token: id}: the ids
 0 .. n-1 each once) and merges.txt ("#version" line, then one "a b" pair per line), or Hugging
-Face's tokenizer.json of a ByteLevel BPE. A vocabulary and merges that disagree are refused:
-every merge's parts must be byte tokens or results of earlier merges, every result a token of
-the vocabulary, and every token a byte, a merge's result or <|endoftext|>. A bad file is a
-TokenizerError naming it; a file or folder that cannot be read, an OSError (FileNotFoundError
-for a folder without a tokenizer).
+Face's tokenizer.json of a ByteLevel BPE (GPT-2's, or Llama 3's and Qwen's: a Split regex,
+ignore_merges, NFC; docs/tokenizer.md). A vocabulary and merges that disagree are refused:
+every merge's parts must be tokens, every result a token of the vocabulary, no pair merged
+twice, and (without ignore_merges) every token a byte, a merge's result or <|endoftext|>. A
+bad file is a TokenizerError naming it; a file or folder that cannot be read, an OSError
+(FileNotFoundError for a folder without a tokenizer).
 """
 
 import functools
@@ -197,15 +199,23 @@ class Tokenizer:
         flags = (lib.PYTFM_TOKENIZER_SPECIAL if special else 0) | (
             lib.PYTFM_TOKENIZER_TEMPLATE if template else 0)
         count = ffi.new("int64_t *")
-        # a text never has more ids than bytes, plus the template's (the empty text's ids)
+        # a text has no more ids than bytes (its NFC form's, with an NFC normalizer), plus the
+        # template's (the empty text's ids)
         size = len(raw) + (self._template_size if template else 0)
         if size > _ONE_PASS:  # a long text is counted first, not given 4 bytes of ids per byte
             check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags, ffi.NULL, 0,
                                              count))
             size = count[0]
         ids = np.empty(max(size, 1), np.int32)
-        check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags,
-                                         ffi.from_buffer("int32_t[]", ids), len(ids), count))
+        status = lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags,
+                                            ffi.from_buffer("int32_t[]", ids), len(ids), count)
+        if status != lib.PYTFM_STATUS_OK and count[0] > len(ids):
+            # an NFC normalizer may lengthen the text (up to 3 times): the count is known now
+            ids = np.empty(count[0], np.int32)
+            status = lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags,
+                                                ffi.from_buffer("int32_t[]", ids), len(ids),
+                                                count)
+        check(status)
         return ids[:count[0]]
 
     # -- decoding
@@ -241,22 +251,41 @@ class Tokenizer:
 
     @classmethod
     def from_tokenizer_json(cls, path):
-        """Hugging Face's tokenizer.json of a GPT-2-style byte-level BPE."""
-        return cls.__new__(cls)._open(lib.pytfm_tokenizer_open_json, _path(path, "path"))
+        """Hugging Face's tokenizer.json of a byte-level BPE (docs/tokenizer.md)."""
+        tok = cls.__new__(cls)._open(lib.pytfm_tokenizer_open_json, _path(path, "path"))
+        tok._json = os.fsdecode(path)
+        return tok
 
     @classmethod
     def from_folder(cls, folder):
         """The tokenizer in a folder: vocab.json + merges.txt, else tokenizer.json
         (pytfm_tokenizer_open_folder's rule)."""
-        return cls.__new__(cls)._open(lib.pytfm_tokenizer_open_folder, _path(folder, "folder"))
+        tok = cls.__new__(cls)._open(lib.pytfm_tokenizer_open_folder, _path(folder, "folder"))
+        folder = os.fsdecode(folder)
+        if not all(os.path.isfile(os.path.join(folder, n)) for n in ("vocab.json", "merges.txt")):
+            tok._json = os.path.join(folder, "tokenizer.json")
+        return tok
 
     def save(self, folder):
-        """Write vocab.json and merges.txt into folder (made if missing), GPT-2's format: what
+        """Write vocab.json and merges.txt into folder (made if missing), GPT-2's format (a
+        tokenizer opened from a tokenizer.json with another pre-tokenizer, a normalizer or
+        ignore_merges is refused, a TokenizerError: those files would give other ids): what
         from_folder and transformers' GPT2TokenizerFast.from_pretrained read. The folder is
         replaced as a whole (pytfm._atomic.Folder: its other files kept), so a reader sees the
         old pair or the new one; folder may be an open Folder (gpt2.save's), then written into."""
         from . import _atomic
 
+        source = getattr(self, "_json", None)
+        if source is not None:  # GPT-2's files give other ids for what GPT-2 has not
+            with open(source, encoding="utf-8") as f:
+                doc = json.load(f)
+            pre, model = doc.get("pre_tokenizer") or {}, doc.get("model") or {}
+            if pre.get("type") != "ByteLevel" or doc.get("normalizer") or model.get(
+                    "ignore_merges"):
+                raise TokenizerError(
+                    f"{source}: its pre_tokenizer, normalizer or ignore_merges is not GPT-2's, "
+                    f"so vocab.json and merges.txt would give other ids: copy the "
+                    f"tokenizer.json instead")
         vocab = json.dumps(self.vocab, ensure_ascii=False)
         merges = "\n".join([_MERGES_HEADER, *(f"{a} {b}" for a, b in self.merges)]) + "\n"
         with _atomic.writing(folder) as f:

@@ -171,7 +171,19 @@ typedef enum pytfm_pos {
                                  parameter, added to the token embeddings */
 } pytfm_pos;
 
-/* A model's shape, from the checkpoint's __metadata__ (GPTConfig and the training step). */
+/* pytfm.nn.GPTConfig.arch: the family a model's block belongs to */
+typedef enum pytfm_arch {
+    PYTFM_ARCH_GPT = 0,  /* GPT-2's block: LayerNorm with biases, one fused QKV projection,
+                            a GELU MLP of 4·d_model, biases on every Linear */
+    PYTFM_ARCH_LLAMA = 1 /* the Llama family's (Llama, Qwen 2 and 3, Mistral): RMSNorm without
+                            bias, q/k/v projections of n_head and n_kv_head heads of head_dim,
+                            no biases (but qkv_bias), a SwiGLU MLP of d_ff, RoPE rotate-half
+                            with rope_theta (pytfm_rope_freq_forward), the q/k norm of qk_norm */
+} pytfm_arch;
+
+/* A model's shape, from the checkpoint's __metadata__ (GPTConfig and the training step). The
+ * fields from arch on are the Llama family's: all 0 for PYTFM_ARCH_GPT, so that a config
+ * zeroed and filled with GPT's fields is a GPT's. */
 typedef struct pytfm_model_config {
     int64_t vocab;
     int64_t d_model;
@@ -182,15 +194,36 @@ typedef struct pytfm_model_config {
     int32_t tie_embeddings; /* 1: the LM head is the token embedding table */
     int64_t n_params;       /* floats of parameters (a tied table counted once) */
     int64_t step;           /* the training step the checkpoint was saved at */
+    int32_t arch;           /* a pytfm_arch */
+    int32_t qkv_bias;       /* 1: q_proj, k_proj and v_proj have biases (Qwen 2) */
+    int32_t qk_norm;        /* 1: RMSNorm of each head of q and of k, weights [head_dim], before
+                               RoPE (Qwen 3) */
+    int32_t rope_scaling;   /* a pytfm_rope_scaling (pytfm_kernels.h) */
+    int64_t n_kv_head;      /* key/value heads (grouped-query attention); divides n_head */
+    int64_t head_dim;       /* each head's width, even; need not be d_model / n_head */
+    int64_t d_ff;           /* SwiGLU's hidden width (intermediate_size) */
+    int64_t sliding_window; /* 0: none; w: position t attends to keys t − w < s <= t */
+    double norm_eps;        /* RMSNorm's eps (rms_norm_eps) */
+    double rope_theta;      /* RoPE's base */
+    double rope_factor;     /* PYTFM_ROPE_SCALING_LLAMA3's four numbers (pytfm_rope_inv_freq) */
+    double rope_low_freq_factor;
+    double rope_high_freq_factor;
+    double rope_original_max_pos;
 } pytfm_model_config;
 
-/* Check a model's shape: the rules pytfm.nn.GPTConfig, the checkpoint reader and the GPT-2
- * folder reader hold a config to (its one home). vocab, d_model, n_layer, n_head and max_seq
- * >= 1; pos a pytfm_pos; tie_embeddings 0 or 1; d_model a multiple of n_head; PYTFM_POS_ROPE:
- * an even head dim (d_model / n_head); PYTFM_POS_SINUSOIDAL: an even d_model. n_params and
- * step are not looked at. Else PYTFM_STATUS_INVALID_ARGUMENT, the message naming the field as
- * GPTConfig does ("GPTConfig.n_head must be a positive int (below 2**63), got 0") or the rule
- * ("d_model (24) must be a multiple of n_head (5)"). */
+/* Check a model's shape: the rules pytfm.nn.GPTConfig, the checkpoint reader and the folder
+ * readers hold a config to (its one home). vocab, d_model, n_layer, n_head and max_seq >= 1;
+ * pos a pytfm_pos; tie_embeddings 0 or 1; arch a pytfm_arch.
+ * PYTFM_ARCH_GPT: d_model a multiple of n_head; PYTFM_POS_ROPE: an even head dim (d_model /
+ * n_head); PYTFM_POS_SINUSOIDAL: an even d_model; every Llama field 0.
+ * PYTFM_ARCH_LLAMA: pos PYTFM_POS_ROPE; n_kv_head >= 1 dividing n_head; head_dim >= 2 and even;
+ * d_ff >= 1; n_head·head_dim, (n_head + 2·n_kv_head)·head_dim and 2·d_ff below 2^63;
+ * sliding_window >= 0; qkv_bias, qk_norm 0 or 1; norm_eps finite and > 0; rope_theta finite
+ * and > 0; rope_scaling a pytfm_rope_scaling, its four numbers as pytfm_rope_inv_freq takes
+ * them with LLAMA3 and 0 without.
+ * n_params and step are not looked at. Else PYTFM_STATUS_INVALID_ARGUMENT, the message naming
+ * the field as GPTConfig does ("GPTConfig.n_head must be a positive int (below 2**63), got 0")
+ * or the rule ("d_model (24) must be a multiple of n_head (5)"). */
 PYTFM_API pytfm_status pytfm_model_config_check(const pytfm_model_config *config);
 
 /* One parameter of a model's layout: see pytfm_model_param. */
@@ -205,15 +238,27 @@ typedef struct pytfm_param_info {
 
 /* The layout of a model's parameters, its one home: the order pytfm checkpoints store them in,
  * pytfm.nn.param_shapes yields them and the model (CPU and GPU) lays them out in one buffer;
- * the GPT-2 folder reader maps each to Hugging Face's name. The part-th parameter of group
- * layer of config (which pytfm_model_config_check accepts): group −1 holds
+ * the folder readers map each to Hugging Face's name. The part-th parameter of group layer of
+ * config (which pytfm_model_config_check accepts). PYTFM_ARCH_GPT: group −1 holds
  * transformer.wte.weight [vocab, d_model] and, for learned positions, transformer.wpe.weight
  * [max_seq, d_model]; each block i (0 .. n_layer − 1) transformer.h.i.ln_1.weight, .bias [C],
  * attn.c_attn.weight [3C, C], .bias [3C], attn.c_proj.weight [C, C], .bias [C], ln_2.weight,
  * .bias [C], mlp.c_fc.weight [4C, C], .bias [4C], mlp.c_proj.weight [C, 4C], .bias [C] (C =
  * d_model; a Linear's weight is [out, in]); group n_layer transformer.ln_f.weight, .bias [C]
- * and, untied, lm_head.weight [vocab, C]. Fills *param and returns 1, or returns 0 where
- * (layer, part) names no parameter (or an argument is NULL). */
+ * and, untied, lm_head.weight [vocab, C].
+ * PYTFM_ARCH_LLAMA, under transformers' LlamaForCausalLM names (so a folder's names are the
+ * layout's): group −1 model.embed_tokens.weight [vocab, C]; each block i
+ * model.layers.i.input_layernorm.weight [C], self_attn.q_proj.weight [H·hd, C],
+ * k_proj.weight [Hkv·hd, C], v_proj.weight [Hkv·hd, C], with qkv_bias q_proj.bias [H·hd],
+ * k_proj.bias, v_proj.bias [Hkv·hd], then o_proj.weight [C, H·hd], with qk_norm
+ * self_attn.q_norm.weight, k_norm.weight [hd], post_attention_layernorm.weight [C],
+ * mlp.gate_proj.weight [F, C], up_proj.weight [F, C], down_proj.weight [C, F] (hd head_dim,
+ * H n_head, Hkv n_kv_head, F d_ff); group n_layer model.norm.weight [C] and, untied,
+ * lm_head.weight [vocab, C]. q, k and v's weights (and biases) are adjacent, one
+ * [(H + 2·Hkv)·hd, C] matrix; gate's and up's too, one [2F, C]: the model may multiply by each
+ * pair in one product.
+ * Fills *param and returns 1, or returns 0 where (layer, part) names no parameter (or an
+ * argument is NULL). */
 PYTFM_API int32_t pytfm_model_param(const pytfm_model_config *config, int64_t layer,
                                     int32_t part, pytfm_param_info *param);
 

@@ -27,8 +27,8 @@
  * Files are checked before anything is built: strict UTF-8 JSON (pytfm_json_check), at most
  * PYTFM_TOKENIZER_MAX_FILE bytes, a vocabulary {token: id} of 256 to PYTFM_TOKENIZER_MAX_TOKENS
  * tokens whose ids are 0 .. n-1 each once and that holds the 256 byte tokens; every merge's
- * parts are byte tokens or results of earlier merges, every result a token not made before, and
- * every token a byte, a merge's result or an added token. A failure is INVALID_ARGUMENT (or
+ * parts are tokens, every result a token, no pair twice, and (unless the model takes whole
+ * words first, ignore_merges) every token a byte, a merge's result or an added token. A failure is INVALID_ARGUMENT (or
  * OUT_OF_MEMORY) with pytfm_last_error() naming the file and what is wrong; nothing is left
  * allocated and *out is NULL. Messages name tokens as the files write them ('Ġth'), merges by
  * rank (from 0) and lines of merges.txt as the file's lines, from 1 ("#version" is line 1).
@@ -126,8 +126,9 @@ PYTFM_API const char *pytfm_tokenizer_unicode_version(void);
  * PYTFM_TOKENIZER_TEMPLATE, the post-processor's template ids go around the text (what
  * transformers' encode adds by default; GPT-2 has none). *count: the number of ids, always set
  * on OK and when the ids do not fit. ids: capacity int32 ids written (ids may be NULL when
- * capacity is 0); a text never has more ids than bytes plus the template's (the count of the
- * empty text), so that capacity always fits. capacity 0 with ids NULL asks the count only and
+ * capacity is 0); without a normalizer a text never has more ids than bytes plus the
+ * template's (the count of the empty text), so that capacity always fits (NFC may make a text
+ * up to 3 times longer: ask the count first there). capacity 0 with ids NULL asks the count only and
  * returns OK; a capacity below the count otherwise is INVALID_ARGUMENT ("needs N ids"), ids
  * holding the first capacity of them. A single_word token next to a character whose word
  * class the library cannot tell (docs/tokenizer.md) is INVALID_ARGUMENT. */

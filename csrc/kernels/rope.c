@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "core/checks.h"
+#include "rope.h"
 
 /* One operand: row r (r = b·T + t) of H·D floats is read at in + r·in_stride and written at
  * out + r·out_stride, rotated (rotate != 0) or copied. */
@@ -87,9 +88,8 @@ static void angle_table(float *cs, float *sn, const int64_t *pos, int64_t count,
                   sign);
 }
 
-/* one (b, t) row of H·D floats, in -> out, rotated by the angles c, s [half] */
-static void rotate_row(float *out, const float *in, const float *c, const float *s, int64_t H,
-                       int64_t D) {
+void pytfm__rope_rotate_row(float *out, const float *in, const float *c, const float *s,
+                            int64_t H, int64_t D) {
     const int64_t half = D / 2;
     for (int64_t h = 0; h < H; h++) {
         const float *x = in + h * D; // (h, :)
@@ -109,7 +109,7 @@ static void stream_rows(const stream *st, int n, int64_t bt, const float *c, con
         float *out = st[i].out + bt * st[i].out_stride;
         const float *in = st[i].in + bt * st[i].in_stride;
         if (st[i].rotate)
-            rotate_row(out, in, c, s, H, D);
+            pytfm__rope_rotate_row(out, in, c, s, H, D);
         else
             memcpy(out, in, (size_t)(H * D) * sizeof(float));
     }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "core/checks.h"
+#include "rope.h"
 
 /* cos and sin of the angles of position p: [half] each; sign −1 negates sin (backward) */
 static void angles(float *cs, float *sn, int64_t p, const float *inv_freq, int64_t half,
@@ -25,21 +26,6 @@ static void angles(float *cs, float *sn, int64_t p, const float *inv_freq, int64
         const float theta = pf * inv_freq[i];
         cs[i] = (float)cos((double)theta);
         sn[i] = sign * (float)sin((double)theta);
-    }
-}
-
-/* one (b, t) row of H heads of D, in -> out (may be the same), by the angles c, s [half] */
-static void rotate_row(float *out, const float *in, const float *c, const float *s, int64_t H,
-                       int64_t D) {
-    const int64_t half = D / 2;
-    for (int64_t h = 0; h < H; h++) {
-        const float *x = in + h * D; // (h, :)
-        float *y = out + h * D;
-        for (int64_t i = 0; i < half; i++) {
-            const float x0 = x[i], x1 = x[i + half];
-            y[i] = x0 * c[i] - x1 * s[i];
-            y[i + half] = x1 * c[i] + x0 * s[i];
-        }
     }
 }
 
@@ -80,7 +66,8 @@ static pytfm_status rope_tabled(const char *func, float *out, const float *in,
     PYTFM_PARALLEL_FOR_IF(!pytfm__one_task(B * T, H * D))
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t r = pos_stride == 0 ? bt % T : bt;
-        rotate_row(out + bt * H * D, in + bt * H * D, cs + r * half, sn + r * half, H, D);
+        pytfm__rope_rotate_row(out + bt * H * D, in + bt * H * D, cs + r * half, sn + r * half,
+                               H, D);
     }
     free(cs);
     return PYTFM_STATUS_OK;

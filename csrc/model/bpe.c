@@ -1,17 +1,20 @@
 /*
- * bpe.c — GPT-2's byte-level BPE tokenizer (pytfm_tokenizer.h, and pytfm.tokenizer's engine):
+ * bpe.c — the byte-level BPE tokenizer of GPT-2, Llama 3 and Qwen 2 (pytfm_tokenizer.h, and pytfm.tokenizer's engine):
  * the files' checks and the folder rule, the pre-tokenizer as a hand-written scanner over
  * UTF-8, merges by rank, a cache of words.
  *
  * A token is held as its bytes (GPT-2's vocabulary names byte b by the printable character
  * bytes_to_unicode gives it; that naming is undone once, at open). Merges are a hash map from
- * a pair of ids to (rank, the id it makes). A word is merged with a linked list of its symbols
- * and a min-heap of (rank, position) of the adjacent pairs that have a merge: the heap gives
- * the lowest rank first and, among equal ranks (the same pair), the leftmost occurrence first,
- * which is GPT-2's order (every occurrence of the best pair, left to right, then the next best:
- * a merge only makes pairs of higher rank, since a merge's parts come from earlier merges).
- * Stale heap entries are skipped when popped: the pair at their position no longer has their
- * rank (ranks are unique per pair).
+ * a pair of ids to (rank, the id it makes). A word is merged as Hugging Face tokenizers' BPE
+ * merges it: a linked list of its symbols and a min-heap of (rank, position, the id made) of
+ * the adjacent pairs that have a merge, the lowest rank first and, among equal ranks, the
+ * leftmost first. For GPT-2's merges (each part made by an earlier merge, one pair per
+ * token) that is GPT-2's order; Llama 3's merges (a token made by several pairs, parts made by
+ * later merges) need the heap's exact rule: an entry is stale when popped, and skipped, when
+ * the pair at its position now makes another id (a pair making the same id at another rank is
+ * merged at the entry's rank, as tokenizers does). Llama 3's and Qwen 2's pre-tokenizer (a
+ * Split regex) is a second scanner beside GPT-2's; model.ignore_merges takes a word that is a
+ * token whole.
  */
 #if defined(__linux__) || defined(__unix__) || defined(__APPLE__)
 #define _POSIX_C_SOURCE 200809L
@@ -97,6 +100,13 @@ struct pytfm_tokenizer {
     int32_t *pair_rank, *pair_made;
     uint64_t pair_mask;
     word_cache *cache;        /* NULL when it could not be allocated: encode merges without it */
+    int pretok;               /* the pre-tokenizer: a PRE_ value */
+    int ignore_merges;        /* model.ignore_merges: a word that is a token is taken whole */
+    int nfc;                  /* the normalizer is NFC (else there is none) */
+    int32_t *map;             /* with ignore_merges: the vocabulary's tokens, bytes -> id + 1 per
+                               * slot (0: empty), open addressing by hash_bytes */
+    uint64_t map_mask;
+    int64_t n_model;          /* the vocabulary's tokens (ids below it); added ones follow */
 };
 
 /* ---- hashing ------------------------------------------------------------------------------- */
@@ -255,10 +265,277 @@ static const unsigned char *word_end(const unsigned char *p, const unsigned char
     return last;
 }
 
+/* The Split regexes pytfm implements, recognised by their text: Llama 3's and Qwen 2's (the
+ * same but for the digits), GPT-4's cl100k pattern less its case-insensitive letter classes. */
+enum { PRE_GPT2 = 0, PRE_LLAMA3 = 1, PRE_QWEN2 = 2 };
+static const char *const split_regex[3] = {
+    NULL,
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+};
+
+static int ascii_lower(unsigned char c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
+/* The end of the word starting at p[0] (p < end) of the Split regexes above, the alternatives
+ * in order as a backtracking engine takes the first that matches; digits: the most digits of
+ * a number word (3: Llama 3's \p{N}{1,3}, 1: Qwen's \p{N}). (?i:'s) matches "'s", "'S" and
+ * "'\u017F" (long s, whose case folding is s), as the Oniguruma engine of tokenizers does. */
+static const unsigned char *split_end(const unsigned char *p, const unsigned char *end,
+                                      int digits) {
+    const size_t left = (size_t)(end - p);
+    if (p[0] == '\'' && left >= 2) { /* (?i:'s|'t|'re|'ve|'m|'ll|'d) */
+        const int c = ascii_lower(p[1]);
+        if (c == 's' || c == 't' || c == 'm' || c == 'd') return p + 2;
+        if (left >= 3 && p[1] == 0xC5 && p[2] == 0xBF) return p + 3;
+        if (left >= 3) {
+            const int c2 = ascii_lower(p[2]);
+            if ((c == 'r' && c2 == 'e') || (c == 'v' && c2 == 'e') || (c == 'l' && c2 == 'l'))
+                return p + 3;
+        }
+    }
+    size_t len, l;
+    const int kind = char_at(p, left, &len);
+    const unsigned char *q = p + len;
+    /* [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if (kind == C_LETTER || (kind != C_NUMBER && p[0] != '\r' && p[0] != '\n' && q < end &&
+                             char_at(q, (size_t)(end - q), &l) == C_LETTER)) {
+        while (q < end && char_at(q, (size_t)(end - q), &l) == C_LETTER) q += l;
+        return q;
+    }
+    if (kind == C_NUMBER) { /* \p{N}{1,digits} */
+        for (int n = 1; n < digits && q < end && char_at(q, (size_t)(end - q), &l) == C_NUMBER;
+             n++)
+            q += l;
+        return q;
+    }
+    /*  ?[^\s\p{L}\p{N}]+[\r\n]* */
+    const unsigned char *r = kind == C_OTHER ? q : NULL;
+    if (p[0] == ' ' && q < end && char_at(q, (size_t)(end - q), &l) == C_OTHER) r = q + l;
+    if (r) {
+        while (r < end && char_at(r, (size_t)(end - r), &l) == C_OTHER) r += l;
+        while (r < end && (*r == '\r' || *r == '\n')) r++;
+        return r;
+    }
+    /* white space: \s*[\r\n]+ ends after the run's last line end; else \s+(?!\S) | \s+ as
+     * GPT-2's pattern (before a non-space the run's last character is left to the next word,
+     * unless it is the run's only one) */
+    const unsigned char *last = p, *line_end = (p[0] == '\r' || p[0] == '\n') ? q : NULL;
+    while (q < end) {
+        if (char_at(q, (size_t)(end - q), &l) != C_SPACE) break;
+        last = q;
+        q += l;
+        if (*last == '\r' || *last == '\n') line_end = q;
+    }
+    if (line_end) return line_end;
+    if (q == end || last == p) return q;
+    return last;
+}
+
+/* ---- NFC (the normalizer of Qwen's tokenizer.json) ------------------------------------------
+ * Unicode's algorithm over the tables of unicode_tables.h: full canonical decomposition
+ * (Hangul computed), the canonical order (a stable sort of each run of non-zero combining
+ * classes), then canonical composition (a character joins the last starter when nothing
+ * between them blocks it). A byte of no valid UTF-8 sequence (C callers' text; Python's is
+ * valid) is kept as it is, a starter that joins nothing: it is held as NFC_BYTE + the byte. */
+
+enum {
+    NFC_BYTE = 0x110000,
+    HANGUL_S = 0xAC00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11A7,
+    HANGUL_L_COUNT = 19, HANGUL_V_COUNT = 21, HANGUL_T_COUNT = 28,
+    HANGUL_N = HANGUL_V_COUNT * HANGUL_T_COUNT, HANGUL_COUNT = HANGUL_L_COUNT * HANGUL_N
+};
+
+static int ccc_of(uint32_t cp) {
+    if (cp < PYTFM__CCC_MIN) return 0;
+    size_t lo = 0, hi = PYTFM__CCC_RANGES;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (cp < pytfm__ccc_table[mid].first) hi = mid;
+        else if (cp > pytfm__ccc_table[mid].last) lo = mid + 1;
+        else return pytfm__ccc_table[mid].ccc;
+    }
+    return 0;
+}
+
+/* cp's canonical decomposition (one level), or NULL */
+static const uint32_t *decomposition_of(uint32_t cp) {
+    if (cp < PYTFM__DECOMPOSES_MIN) return NULL;
+    size_t lo = 0, hi = PYTFM__DECOMPOSITIONS;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (cp < pytfm__decomposition[mid][0]) hi = mid;
+        else if (cp > pytfm__decomposition[mid][0]) lo = mid + 1;
+        else return pytfm__decomposition[mid] + 1;
+    }
+    return NULL;
+}
+
+/* the primary composite of a then b, or 0 */
+static uint32_t composite_of(uint32_t a, uint32_t b) {
+    if (b < PYTFM__COMPOSE_SECOND_MIN) return 0;
+    if (a - HANGUL_L < HANGUL_L_COUNT && b - HANGUL_V < HANGUL_V_COUNT)
+        return HANGUL_S + ((a - HANGUL_L) * HANGUL_V_COUNT + (b - HANGUL_V)) * HANGUL_T_COUNT;
+    if (a - HANGUL_S < HANGUL_COUNT && (a - HANGUL_S) % HANGUL_T_COUNT == 0 && b > HANGUL_T &&
+        b - HANGUL_T < HANGUL_T_COUNT)
+        return a + (b - HANGUL_T);
+    const uint64_t key = (uint64_t)a << 32 | b;
+    size_t lo = 0, hi = PYTFM__COMPOSITIONS;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        const uint64_t k = (uint64_t)pytfm__composition[mid][0] << 32 | pytfm__composition[mid][1];
+        if (key < k) hi = mid;
+        else if (key > k) lo = mid + 1;
+        else return pytfm__composition[mid][2];
+    }
+    return 0;
+}
+
+typedef struct nfc_buf {
+    uint32_t *cp;
+    unsigned char *ccc;
+    size_t n, cap;
+} nfc_buf;
+
+static int nfc_push(nfc_buf *o, uint32_t cp) {
+    if (o->n == o->cap) {
+        const size_t cap = 2 * o->cap + 64;
+        uint32_t *c = realloc(o->cp, cap * sizeof *c);
+        if (!c) return 0;
+        o->cp = c;
+        unsigned char *k = realloc(o->ccc, cap);
+        if (!k) return 0;
+        o->ccc = k;
+        o->cap = cap;
+    }
+    o->cp[o->n] = cp;
+    o->ccc[o->n++] = (unsigned char)(cp >= NFC_BYTE ? 0 : ccc_of(cp));
+    return 1;
+}
+
+/* cp fully decomposed onto o (decompositions nest at most a few levels) */
+static int nfc_decompose(nfc_buf *o, uint32_t cp) {
+    if (cp - HANGUL_S < HANGUL_COUNT) {
+        const uint32_t s = cp - HANGUL_S, t = s % HANGUL_T_COUNT;
+        if (!nfc_push(o, HANGUL_L + s / HANGUL_N) ||
+            !nfc_push(o, HANGUL_V + (s % HANGUL_N) / HANGUL_T_COUNT))
+            return 0;
+        return t == 0 || nfc_push(o, HANGUL_T + t);
+    }
+    const uint32_t *d = decomposition_of(cp);
+    if (!d) return nfc_push(o, cp);
+    return nfc_decompose(o, d[0]) && (d[1] == 0 || nfc_decompose(o, d[1]));
+}
+
+/* The run o[i..j) of non-zero classes in canonical order: a stable sort by class (insertion
+ * for short runs, counting for long ones, so a long run costs its length). */
+static int nfc_order(nfc_buf *o, size_t i, size_t j) {
+    if (j - i <= 16) {
+        for (size_t a = i + 1; a < j; a++)
+            for (size_t b = a; b > i && o->ccc[b - 1] > o->ccc[b]; b--) {
+                const uint32_t c = o->cp[b];
+                const unsigned char k = o->ccc[b];
+                o->cp[b] = o->cp[b - 1];
+                o->ccc[b] = o->ccc[b - 1];
+                o->cp[b - 1] = c;
+                o->ccc[b - 1] = k;
+            }
+        return 1;
+    }
+    uint32_t *tmp = malloc((j - i) * sizeof *tmp);
+    if (!tmp) return 0;
+    size_t start[257] = {0};
+    for (size_t a = i; a < j; a++) start[o->ccc[a] + 1]++;
+    for (int k = 1; k < 257; k++) start[k] += start[k - 1];
+    for (size_t a = i; a < j; a++) tmp[start[o->ccc[a]]++] = o->cp[a];
+    memcpy(o->cp + i, tmp, (j - i) * sizeof *tmp);
+    free(tmp);
+    for (size_t a = i; a < j; a++) o->ccc[a] = (unsigned char)ccc_of(o->cp[a]);
+    return 1;
+}
+
+/* The NFC form of p[0..n): 1 and *out (malloc'd, *out_n bytes) when it differs from the text
+ * or may, 0 when the text is its own NFC form for sure (every byte below 0xCC: code points
+ * below U+0300, none of which decomposes into, or joins, anything else), -1 out of memory. */
+static int nfc(const unsigned char *p, size_t n, unsigned char **out, size_t *out_n) {
+    size_t i = 0;
+    while (i < n && p[i] < 0xCC) i++;
+    if (i == n) return 0;
+    nfc_buf o = {0};
+    int ok = 1;
+    for (i = 0; ok && i < n;) {
+        uint32_t cp = 0;
+        const int k = utf8_at(p + i, n - i, &cp);
+        ok = k ? nfc_decompose(&o, cp) : nfc_push(&o, NFC_BYTE + p[i]);
+        i += k ? (size_t)k : 1;
+    }
+    for (size_t a = 0; ok && a < o.n;) {
+        if (o.ccc[a] == 0) {
+            a++;
+            continue;
+        }
+        size_t b = a;
+        while (b < o.n && o.ccc[b] != 0) b++;
+        ok = nfc_order(&o, a, b);
+        a = b;
+    }
+    unsigned char *u = ok ? malloc(4 * o.n + 1) : NULL;
+    if (!u) {
+        free(o.cp);
+        free(o.ccc);
+        return -1;
+    }
+    /* composition in place: w is the output's length, starter the last starter's index */
+    size_t w = 0, starter = SIZE_MAX;
+    int last_ccc = 0;
+    for (size_t a = 0; a < o.n; a++) {
+        const uint32_t c = o.cp[a];
+        const int k = o.ccc[a];
+        if (starter != SIZE_MAX && o.cp[starter] < NFC_BYTE && c < NFC_BYTE &&
+            (w == starter + 1 || (last_ccc != 0 && last_ccc < k))) {
+            const uint32_t joined = composite_of(o.cp[starter], c);
+            if (joined) {
+                o.cp[starter] = joined;
+                continue;
+            }
+        }
+        if (k == 0) starter = w;
+        last_ccc = k;
+        o.cp[w++] = c;
+    }
+    size_t m = 0;
+    for (size_t a = 0; a < w; a++) {
+        const uint32_t c = o.cp[a];
+        if (c >= NFC_BYTE) {
+            u[m++] = (unsigned char)(c - NFC_BYTE);
+        } else if (c < 0x80) {
+            u[m++] = (unsigned char)c;
+        } else if (c < 0x800) {
+            u[m++] = (unsigned char)(0xC0 | c >> 6);
+            u[m++] = (unsigned char)(0x80 | (c & 0x3F));
+        } else if (c < 0x10000) {
+            u[m++] = (unsigned char)(0xE0 | c >> 12);
+            u[m++] = (unsigned char)(0x80 | (c >> 6 & 0x3F));
+            u[m++] = (unsigned char)(0x80 | (c & 0x3F));
+        } else {
+            u[m++] = (unsigned char)(0xF0 | c >> 18);
+            u[m++] = (unsigned char)(0x80 | (c >> 12 & 0x3F));
+            u[m++] = (unsigned char)(0x80 | (c >> 6 & 0x3F));
+            u[m++] = (unsigned char)(0x80 | (c & 0x3F));
+        }
+    }
+    free(o.cp);
+    free(o.ccc);
+    *out = u;
+    *out_n = m;
+    return 1;
+}
+
 /* ---- merging a word -------------------------------------------------------------------------- */
 
 typedef struct heap_item {
-    int32_t rank;
+    int32_t rank, made; /* the pair's merge when it was pushed: its rank, the id it makes */
     int64_t pos;
 } heap_item;
 
@@ -332,13 +609,16 @@ static int64_t merge_word(const pytfm_tokenizer *t, const unsigned char *w, int6
     int32_t made;
     for (int64_t k = 0; k + 1 < n; k++) {
         const int32_t r = pair_rank(t, id[k], id[k + 1], &made);
-        if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, k});
+        if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, made, k});
     }
     int64_t count = n;
     while (heap_n > 0) {
         const heap_item top = heap_pop(s->heap, &heap_n);
         const int64_t k = top.pos, j = next[k];
-        if (id[k] < 0 || j >= n || pair_rank(t, id[k], id[j], &made) != top.rank) continue;
+        /* stale when the pair there now makes another id (tokenizers' test: a pair of the same
+         * result but another rank is merged at this entry's rank) */
+        if (id[k] < 0 || j >= n || pair_rank(t, id[k], id[j], &made) < 0 || made != top.made)
+            continue;
         id[k] = made;
         id[j] = -1;
         next[k] = next[j];
@@ -346,11 +626,11 @@ static int64_t merge_word(const pytfm_tokenizer *t, const unsigned char *w, int6
         count--;
         if (prev[k] >= 0) {
             const int32_t r = pair_rank(t, id[prev[k]], id[k], &made);
-            if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, prev[k]});
+            if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, made, prev[k]});
         }
         if (next[k] < n) {
             const int32_t r = pair_rank(t, id[k], id[next[k]], &made);
-            if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, k});
+            if (r >= 0) heap_push(s->heap, &heap_n, (heap_item){r, made, k});
         }
     }
     int64_t out = 0;
@@ -410,10 +690,25 @@ static pytfm_status encode_piece(const pytfm_tokenizer *t, const unsigned char *
                                  const unsigned char *end, word_cache *cache, scratch *s,
                                  sink *o) {
     while (p < end) {
-        const unsigned char *q = word_end(p, end);
+        const unsigned char *q = t->pretok == PRE_GPT2 ? word_end(p, end)
+                                                       : split_end(p, end, t->pretok ==
+                                                                   PRE_LLAMA3 ? 3 : 1);
         const int64_t n = q - p;
+        int32_t whole = -1;
+        if (n > 1 && t->map) /* ignore_merges: a word that is a token of the vocabulary */
+            for (uint64_t i = hash_bytes(p, (size_t)n) & t->map_mask;; i = (i + 1) & t->map_mask) {
+                const int32_t e = t->map[i];
+                if (e == 0) break;
+                const int64_t off = t->tok_off[e - 1];
+                if (t->tok_off[e] - off == n && memcmp(t->tok_bytes + off, p, (size_t)n) == 0) {
+                    whole = e - 1;
+                    break;
+                }
+            }
         if (n == 1) {
             emit(o, &t->byte_id[p[0]], 1);
+        } else if (whole >= 0) {
+            emit(o, &whole, 1);
         } else {
             const uint64_t h = cache && n <= CACHE_WORD ? hash_bytes(p, (size_t)n) : 0;
             int64_t count = 0;
@@ -497,12 +792,16 @@ static pytfm_status single_word_unknown(const encoder *x, int32_t tok, const uns
                        "space only", (int)x->t->added[tok].id, (unsigned)cp);
 }
 
+static pytfm_status next_pass(const encoder *x, int pass, const unsigned char *s,
+                              const unsigned char *e);
+
 /* The text p[0..end) through pass `pass` of the added tokens (tokenizers' find_matches: the
  * leftmost-longest match, non-overlapping, each match's flags), the pieces between matches on
  * to the next pass, and after the last pass to the pre-tokenizer and the merges. */
 static pytfm_status encode_pass(const encoder *x, int pass, const unsigned char *s,
                                 const unsigned char *e) {
     const pytfm_tokenizer *t = x->t;
+    if (pass == 0 && t->n_added == 0) return next_pass(x, 0, s, e);
     if (pass == 2 || t->n_added == 0) return encode_piece(t, s, e, x->cache, x->s, x->o);
     const unsigned char *first = t->trie.first[pass], *from = s, *at = s;
     const unsigned char *ws_from = NULL, *ws_end = NULL; /* the last run of white space seen */
@@ -546,11 +845,32 @@ static pytfm_status encode_pass(const encoder *x, int pass, const unsigned char 
                 ws_end = stop;
             }
         }
-        if (from < start) PYTFM_TRY(encode_pass(x, pass + 1, from, start));
+        if (from < start) PYTFM_TRY(next_pass(x, pass, from, start));
         emit(x->o, &a->id, 1);
         from = stop;
     }
-    return from < e ? encode_pass(x, pass + 1, from, e) : PYTFM_STATUS_OK;
+    return from < e ? next_pass(x, pass, from, e) : PYTFM_STATUS_OK;
+}
+
+/* A piece of text pass `pass` leaves, on to the next pass: NFC'd (when the normalizer is NFC)
+ * between pass 0 and pass 1, as tokenizers normalizes what the added tokens of normalized
+ * false leave, each piece by itself. */
+static pytfm_status next_pass(const encoder *x, int pass, const unsigned char *s,
+                              const unsigned char *e) {
+    if (pass == 0 && x->t->nfc) {
+        unsigned char *u = NULL;
+        size_t n = 0;
+        const int changed = nfc(s, (size_t)(e - s), &u, &n);
+        if (changed < 0)
+            return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "pytfm_tokenizer_encode: cannot "
+                               "allocate for NFC of %lld bytes", (long long)(e - s));
+        if (changed) {
+            const pytfm_status status = encode_pass(x, 1, u, u + n);
+            free(u);
+            return status;
+        }
+    }
+    return encode_pass(x, pass + 1, s, e);
 }
 
 pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text, int64_t size,
@@ -698,6 +1018,7 @@ void pytfm_tokenizer_close(pytfm_tokenizer *tok) {
     free(tok->trie.child);
     free(tok->trie.end);
     free(tok->tmpl);
+    free(tok->map);
     free(tok);
 }
 
@@ -915,12 +1236,11 @@ done:
     return status;
 }
 
-/* Prepare for n merges (at most the tokens less the bytes: each makes a new token). */
+/* Prepare for n merges. Two merges may make the same token (Llama 3's make one token from
+ * several pairs of its parts), as tokenizers allows; no pair may be merged twice. */
 static pytfm_status start_merges(builder *b, int64_t n) {
     pytfm_tokenizer *t = b->t;
-    if (n > t->n_tokens - 256)
-        return BAD(b, "%lld merges for %lld tokens: each merge makes a token, and 256 are "
-                      "bytes", (long long)n, (long long)t->n_tokens);
+    if (n >= INT32_MAX) return BAD(b, "%lld merges: ranks are int32", (long long)n);
     const uint64_t size = table_size(n);
     t->pair_mask = size - 1;
     t->pair_key = calloc(size, sizeof *t->pair_key);
@@ -936,9 +1256,6 @@ static pytfm_status add_merge(builder *b, const unsigned char *a, size_t na,
                               const unsigned char *c, size_t nc) {
     pytfm_tokenizer *t = b->t;
     const int64_t rank = t->n_merges;
-    if (rank >= t->n_tokens - 256)
-        return BAD(b, "more merges than the %lld tokens less the 256 bytes can make",
-                   (long long)t->n_tokens);
     if (na + nc > b->buf_cap) {
         size_t cap = 2 * (na + nc) + 64;
         unsigned char *p = realloc(b->buf, 2 * cap);
@@ -964,21 +1281,21 @@ static pytfm_status add_merge(builder *b, const unsigned char *a, size_t na,
         if (ids[k] < 0)
             return BAD(b, "merge %lld (%s %s): %s is not a token of the vocabulary",
                        (long long)rank, sa, sc, part);
-        if (!b->made[ids[k]])
-            return BAD(b, "merge %lld (%s %s): %s is neither a byte nor made by an earlier "
-                          "merge", (long long)rank, sa, sc, part);
     }
     const size_t total = (size_t)(lens[0] + lens[1]);
     const int32_t made = map_find(b, out, total);
-    if (made < 0 || b->made[made]) {
+    int32_t again = -1;
+    if (made >= 0 && pair_rank(t, ids[0], ids[1], &again) >= 0)
+        return BAD(b, "merge %lld (%s %s) repeats merge %d", (long long)rank, sa, sc,
+                   (int)pair_rank(t, ids[0], ids[1], &again));
+    if (made < 0) {
         unsigned char joined[96];
         const size_t ka = PYTFM_MIN(na, sizeof joined), kc = PYTFM_MIN(nc, sizeof joined - ka);
         memcpy(joined, a, ka);
         memcpy(joined + ka, c, kc);
         show_name(joined, ka + kc, 1, part, sizeof part);
-        return BAD(b, "merge %lld (%s %s) makes %s, which %s", (long long)rank, sa, sc, part,
-                   made < 0 ? "is not in the vocabulary"
-                            : "a byte or an earlier merge already made");
+        return BAD(b, "merge %lld (%s %s) makes %s, which is not in the vocabulary",
+                   (long long)rank, sa, sc, part);
     }
     b->made[made] = 1;
     const uint64_t key = pair_key(ids[0], ids[1]);
@@ -1055,6 +1372,17 @@ static pytfm_status add_added(builder *b, const unsigned char *u, size_t n, int6
     }
     if (tr->end[node] >= 0)
         return BAD(b, "added_tokens[%lld]: %s appears twice", (long long)k, shown);
+    if (t->nfc && a.pass == 1) { /* tokenizers matches its NFC form in the NFC'd text */
+        unsigned char *f = NULL;
+        size_t fn = 0;
+        const int changed = nfc(u, n, &f, &fn);
+        const int same = changed == 0 || (changed > 0 && fn == n && memcmp(f, u, n) == 0);
+        free(f);
+        if (changed < 0) return no_memory(b, "an added token");
+        if (!same)
+            return BAD(b, "added_tokens[%lld]: %s is normalized but not in NFC (pytfm does not "
+                          "implement that)", (long long)k, shown);
+    }
     unsigned char *raw = b->buf;
     if (n > b->buf_cap) {
         raw = realloc(b->buf, 2 * n);
@@ -1113,7 +1441,13 @@ static pytfm_status new_builder(builder *b, const char *merges_name, const char 
 
 /* The end of open: the cache (none when it cannot be allocated), *out, the builder freed. */
 static pytfm_status finish_builder(builder *b, pytfm_status status, pytfm_tokenizer **out) {
-    if (status == PYTFM_STATUS_OK) status = finish_checks(b);
+    if (status == PYTFM_STATUS_OK && !b->t->ignore_merges) status = finish_checks(b);
+    b->t->n_model = b->n_model;
+    if (status == PYTFM_STATUS_OK && b->t->ignore_merges) {
+        b->t->map = b->map; /* the tokenizer's now */
+        b->t->map_mask = b->map_mask;
+        b->map = NULL;
+    }
     free(b->map);
     free(b->made);
     free(b->buf);
@@ -1372,6 +1706,51 @@ static pytfm_status read_post_processor(builder *b, pytfm__json doc) {
                   "of them (pytfm implements no other)");
 }
 
+/* pre_tokenizer: GPT-2's ByteLevel (add_prefix_space false, use_regex true), or a Sequence of
+ * a Split of a regex pytfm implements (split_regex: behavior Isolated, invert false) and a
+ * ByteLevel that only maps bytes (add_prefix_space false, use_regex false). */
+static pytfm_status read_pre_tokenizer(builder *b, pytfm__json doc) {
+    pytfm__json part, list, split, level, v;
+    if (!member(doc, "pre_tokenizer", &part))
+        return BAD(b, "pre_tokenizer must be ByteLevel, or a Sequence of Split and ByteLevel");
+    if (is_type(part, "ByteLevel")) {
+        if (flag(part, "add_prefix_space", -1) != 0 || flag(part, "use_regex", 1) != 1)
+            return BAD(b, "pre_tokenizer: GPT-2's has add_prefix_space false and use_regex "
+                          "true");
+        b->t->pretok = PRE_GPT2;
+        return PYTFM_STATUS_OK;
+    }
+    if (!is_type(part, "Sequence"))
+        return BAD(b, "pre_tokenizer must be ByteLevel, or a Sequence of Split and ByteLevel");
+    if (!member(part, "pretokenizers", &list) || pytfm__json_kind_of(list) != PYTFM__JSON_ARRAY ||
+        pytfm__json_count(list) != 2)
+        return BAD(b, "pre_tokenizer: a Sequence must be [Split, ByteLevel] (pytfm implements "
+                      "no other)");
+    pytfm__json_iter it = pytfm__json_iter_of(list);
+    pytfm__json_next(&it, NULL, &split);
+    pytfm__json_next(&it, NULL, &level);
+    if (!is_type(split, "Split") || !is_type(level, "ByteLevel"))
+        return BAD(b, "pre_tokenizer: a Sequence must be [Split, ByteLevel] (pytfm implements "
+                      "no other)");
+    int kind = -1;
+    pytfm__json regex;
+    if (member(split, "pattern", &v) && member(v, "Regex", &regex) &&
+        pytfm__json_kind_of(regex) == PYTFM__JSON_STRING)
+        for (int k = PRE_LLAMA3; k <= PRE_QWEN2; k++)
+            if (pytfm__json_string_is(regex, split_regex[k])) kind = k;
+    if (kind < 0)
+        return BAD(b, "pre_tokenizer: Split.pattern must be the Regex of Llama 3 or Qwen 2 "
+                      "(pytfm implements no other regex)");
+    if (!member(split, "behavior", &v) || !pytfm__json_string_is(v, "Isolated") ||
+        flag(split, "invert", 0) != 0)
+        return BAD(b, "pre_tokenizer: Split must have behavior \"Isolated\" and invert false");
+    if (flag(level, "add_prefix_space", -1) != 0 || flag(level, "use_regex", 1) != 0)
+        return BAD(b, "pre_tokenizer: the ByteLevel after a Split must have add_prefix_space "
+                      "false and use_regex false");
+    b->t->pretok = kind;
+    return PYTFM_STATUS_OK;
+}
+
 static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t size) {
     PYTFM_TRY(check_json(b, b->source, text, size));
     const pytfm__json doc = pytfm__json_root(text, size);
@@ -1384,21 +1763,22 @@ static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t siz
         int string_ok, false_ok;
     } settings[] = {{"dropout", 0, 0},       {"unk_token", 0, 0},
                     {"continuing_subword_prefix", 1, 0}, {"end_of_word_suffix", 1, 0},
-                    {"fuse_unk", 0, 1},      {"byte_fallback", 0, 1},
-                    {"ignore_merges", 0, 1}};
+                    {"fuse_unk", 0, 1},      {"byte_fallback", 0, 1}};
     for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++)
         if (!absent_or(model, settings[i].key, settings[i].string_ok, settings[i].false_ok))
             return BAD(b, "model.%s must be absent%s (GPT-2's BPE has none)", settings[i].key,
                        settings[i].string_ok  ? ", null or \"\""
                        : settings[i].false_ok ? ", null or false" : " or null");
-    if (!absent_or(doc, "normalizer", 0, 0))
-        return BAD(b, "normalizer must be null (GPT-2 has none)");
-    if (!member(doc, "pre_tokenizer", &part) || !is_type(part, "ByteLevel"))
-        return BAD(b, "pre_tokenizer must be ByteLevel");
-    pytfm__json v;
-    if (!member(part, "add_prefix_space", &v) || !(v.n == 5 && memcmp(v.p, "false", 5) == 0) ||
-        (member(part, "use_regex", &v) && !(v.n == 4 && memcmp(v.p, "true", 4) == 0)))
-        return BAD(b, "pre_tokenizer: GPT-2's has add_prefix_space false and use_regex true");
+    if (member(doc, "normalizer", &part) && pytfm__json_kind_of(part) != PYTFM__JSON_NULL) {
+        if (!is_type(part, "NFC"))
+            return BAD(b, "normalizer must be null or NFC (pytfm implements no other)");
+        b->t->nfc = 1;
+    }
+    const int ignore =
+        absent_or(model, "ignore_merges", 0, 1) ? 0 : flag(model, "ignore_merges", 0);
+    if (ignore < 0) return BAD(b, "model.ignore_merges must be true, false or absent");
+    b->t->ignore_merges = ignore;
+    PYTFM_TRY(read_pre_tokenizer(b, doc));
     if (member(doc, "decoder", &part) && pytfm__json_kind_of(part) != PYTFM__JSON_NULL &&
         !is_type(part, "ByteLevel"))
         return BAD(b, "decoder must be ByteLevel or null");

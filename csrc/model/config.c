@@ -1,10 +1,11 @@
 /*
  * config.c — the rules of a model's shape, the one home of what pytfm.nn.GPTConfig, the
- * checkpoint reader (checkpoint.c) and the GPT-2 folder reader (gpt2.c) require of a config.
+ * checkpoint reader (checkpoint.c) and the folder readers (gpt2.c) require of a config.
  * Types (an int, a str) are the caller's: Python's for GPTConfig, JSON's for the readers;
  * what the values must be is here. And the layout of the parameters a config implies
  * (pytfm_model_param), which the readers, the model and pytfm.nn.param_shapes walk.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -13,6 +14,75 @@
 #include "safetensors.h"
 
 #define BAD(source, ...) pytfm__fail_at(source, PYTFM_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
+
+/* the rules of a PYTFM_ARCH_LLAMA config past the sizes every arch shares */
+static pytfm_status llama_check(const pytfm_model_config *c, const char *source,
+                                const char *what) {
+    if (c->pos != PYTFM_POS_ROPE)
+        return BAD(source, "%sthe Llama family (arch 'llama') uses pos 'rope', got %s", what,
+                   c->pos == PYTFM_POS_SINUSOIDAL ? "'sinusoidal'"
+                   : c->pos == PYTFM_POS_NONE     ? "'none'"
+                                                  : "'learned'");
+    const char *const names[] = {"n_kv_head", "head_dim", "d_ff"};
+    const int64_t sizes[] = {c->n_kv_head, c->head_dim, c->d_ff};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+        if (sizes[k] < 1)
+            return BAD(source, "%sGPTConfig.%s must be a positive int (below 2**63), got %lld",
+                       what, names[k], (long long)sizes[k]);
+    if (c->n_head % c->n_kv_head)
+        return BAD(source, "%sn_head (%lld) must be a multiple of n_kv_head (%lld)", what,
+                   (long long)c->n_head, (long long)c->n_kv_head);
+    if (c->head_dim % 2)
+        return BAD(source, "%srope needs an even head_dim, got %lld", what,
+                   (long long)c->head_dim);
+    int64_t heads = 0, width = 0, ff2 = 0;
+    if (!pytfm__mul_within(c->n_head / c->n_kv_head + 2, c->n_kv_head, INT64_MAX, &heads) ||
+        !pytfm__mul_within(heads, c->head_dim, INT64_MAX, &width) ||
+        !pytfm__mul_within(2, c->d_ff, INT64_MAX, &ff2))
+        return BAD(source, "%s(n_head + 2·n_kv_head)·head_dim and 2·d_ff must be below 2**63",
+                   what);
+    if (c->sliding_window < 0)
+        return BAD(source, "%sGPTConfig.sliding_window must be an int >= 0 (0: none), got %lld",
+                   what, (long long)c->sliding_window);
+    if ((c->qkv_bias != 0 && c->qkv_bias != 1) || (c->qk_norm != 0 && c->qk_norm != 1))
+        return BAD(source, "%sGPTConfig.qkv_bias and qk_norm must be 0 or 1, got %d and %d",
+                   what, (int)c->qkv_bias, (int)c->qk_norm);
+    if (!isfinite(c->norm_eps) || c->norm_eps <= 0.0)
+        return BAD(source, "%sGPTConfig.norm_eps must be finite and > 0, got %g", what,
+                   c->norm_eps);
+    if (!isfinite(c->rope_theta) || c->rope_theta <= 0.0)
+        return BAD(source, "%sGPTConfig.rope_theta must be finite and > 0, got %g", what,
+                   c->rope_theta);
+    const double *const scaling[] = {&c->rope_factor, &c->rope_low_freq_factor,
+                                     &c->rope_high_freq_factor, &c->rope_original_max_pos};
+    if (c->rope_scaling == PYTFM_ROPE_SCALING_NONE) {
+        for (size_t k = 0; k < 4; k++)
+            if (*scaling[k] != 0.0)
+                return BAD(source, "%sthe rope scaling's numbers are 0 without a scaling", what);
+    } else if (c->rope_scaling == PYTFM_ROPE_SCALING_LLAMA3) {
+        if (!isfinite(c->rope_factor) || c->rope_factor <= 0.0)
+            return BAD(source, "%srope_scaling factor must be finite and > 0, got %g", what,
+                       c->rope_factor);
+        if (!isfinite(c->rope_low_freq_factor) || c->rope_low_freq_factor <= 0.0)
+            return BAD(source, "%srope_scaling low_freq_factor must be finite and > 0, got %g",
+                       what, c->rope_low_freq_factor);
+        if (!isfinite(c->rope_high_freq_factor) ||
+            !(c->rope_high_freq_factor > c->rope_low_freq_factor))
+            return BAD(source,
+                       "%srope_scaling high_freq_factor must be finite and > low_freq_factor "
+                       "(%g), got %g",
+                       what, c->rope_low_freq_factor, c->rope_high_freq_factor);
+        if (!isfinite(c->rope_original_max_pos) || c->rope_original_max_pos <= 0.0)
+            return BAD(source,
+                       "%srope_scaling original_max_position_embeddings must be finite and > 0, "
+                       "got %g",
+                       what, c->rope_original_max_pos);
+    } else {
+        return BAD(source, "%sGPTConfig.rope_scaling must be None or 'llama3', got %d", what,
+                   (int)c->rope_scaling);
+    }
+    return PYTFM_STATUS_OK;
+}
 
 pytfm_status pytfm__model_config_check_at(const pytfm_model_config *c, const char *source,
                                           const char *what) {
@@ -30,6 +100,17 @@ pytfm_status pytfm__model_config_check_at(const pytfm_model_config *c, const cha
     if (c->tie_embeddings != 0 && c->tie_embeddings != 1)
         return BAD(source, "%sGPTConfig.tie_embeddings must be 0 or 1, got %d", what,
                    (int)c->tie_embeddings);
+    if (c->arch != PYTFM_ARCH_GPT && c->arch != PYTFM_ARCH_LLAMA)
+        return BAD(source, "%sGPTConfig.arch must be one of ('gpt', 'llama'), got %d", what,
+                   (int)c->arch);
+    if (c->arch == PYTFM_ARCH_LLAMA) return llama_check(c, source, what);
+    if (c->qkv_bias || c->qk_norm || c->rope_scaling || c->n_kv_head || c->head_dim || c->d_ff ||
+        c->sliding_window || c->norm_eps != 0.0 || c->rope_theta != 0.0 || c->rope_factor != 0.0 ||
+        c->rope_low_freq_factor != 0.0 || c->rope_high_freq_factor != 0.0 ||
+        c->rope_original_max_pos != 0.0)
+        return BAD(source, "%sa GPT config (arch 'gpt') has none of the Llama family's fields "
+                   "(n_kv_head, head_dim, d_ff, norm_eps, rope_theta, rope_scaling, qkv_bias, "
+                   "qk_norm, sliding_window)", what);
     const int64_t C = c->d_model, H = c->n_head;
     if (C % H)
         return BAD(source, "%sd_model (%lld) must be a multiple of n_head (%lld)", what,
@@ -74,11 +155,55 @@ static int32_t param_is(pytfm_param_info *p, int ndim, int64_t base0, int factor
     return 1;
 }
 
+/* pytfm_model_param for PYTFM_ARCH_LLAMA: a block's parts are taken in order, each skipped
+ * when its option is off, so part numbers stay dense */
+static int32_t llama_param(const pytfm_model_config *c, int64_t layer, int32_t part,
+                           pytfm_param_info *p) {
+    const int64_t C = c->d_model, hd = c->head_dim, F = c->d_ff;
+    const int64_t qw = c->n_head * hd, kvw = c->n_kv_head * hd; /* below 2^63: checked */
+    if (layer < 0)
+        return part == 0 && param_is(p, 2, c->vocab, 1, C, 1, "model.embed_tokens.weight");
+    if (layer == c->n_layer) {
+        if (part == 0) return param_is(p, 1, C, 1, 0, 0, "model.norm.weight");
+        if (part == 1 && !c->tie_embeddings)
+            return param_is(p, 2, c->vocab, 1, C, 1, "lm_head.weight");
+        return 0;
+    }
+    const struct {
+        const char *name;
+        int on, ndim;
+        int64_t rows, cols;
+    } parts[] = {
+        {"input_layernorm.weight", 1, 1, C, 0},
+        {"self_attn.q_proj.weight", 1, 2, qw, C},
+        {"self_attn.k_proj.weight", 1, 2, kvw, C},
+        {"self_attn.v_proj.weight", 1, 2, kvw, C},
+        {"self_attn.q_proj.bias", c->qkv_bias, 1, qw, 0},
+        {"self_attn.k_proj.bias", c->qkv_bias, 1, kvw, 0},
+        {"self_attn.v_proj.bias", c->qkv_bias, 1, kvw, 0},
+        {"self_attn.o_proj.weight", 1, 2, C, qw},
+        {"self_attn.q_norm.weight", c->qk_norm, 1, hd, 0},
+        {"self_attn.k_norm.weight", c->qk_norm, 1, hd, 0},
+        {"post_attention_layernorm.weight", 1, 1, C, 0},
+        {"mlp.gate_proj.weight", 1, 2, F, C},
+        {"mlp.up_proj.weight", 1, 2, F, C},
+        {"mlp.down_proj.weight", 1, 2, C, F},
+    };
+    for (size_t k = 0, seen = 0; k < sizeof parts / sizeof *parts; k++) {
+        if (!parts[k].on) continue;
+        if ((int32_t)seen++ == part)
+            return param_is(p, parts[k].ndim, parts[k].rows, 1, parts[k].cols, 1,
+                            "model.layers.%lld.%s", (long long)layer, parts[k].name);
+    }
+    return 0;
+}
+
 int32_t pytfm_model_param(const pytfm_model_config *c, int64_t layer, int32_t part,
                           pytfm_param_info *p) {
     if (!c || !p || part < 0 || layer < -1 || layer > c->n_layer) return 0;
     const int64_t C = c->d_model;
     p->layer = layer, p->part = part;
+    if (c->arch == PYTFM_ARCH_LLAMA) return llama_param(c, layer, part, p);
     if (layer < 0) {
         if (part == 0) return param_is(p, 2, c->vocab, 1, C, 1, "transformer.wte.weight");
         if (part == 1 && c->pos == PYTFM_POS_LEARNED)

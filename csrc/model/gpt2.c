@@ -216,7 +216,9 @@ static double number_of(pytfm__json v, int *ok) {
     if (!text) return 0;
     memcpy(text, v.p, v.n);
     text[v.n] = 0;
+    const int saved = errno; /* an overflow's ERANGE is no I/O error to report */
     const double d = strtod(text, NULL);
+    errno = saved;
     if (text != small) free(text);
     *ok = 1;
     return d;

@@ -127,6 +127,12 @@ static pytfm_status sinusoidal_table(float **pe, const char *func, int64_t max_s
 /* The model on the checked weights w (taken over: freed here on failure), in host memory. */
 static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *func) {
     const pytfm_model_config *c = &w->config;
+    if (c->arch != PYTFM_ARCH_GPT) {
+        free(w->params);
+        return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
+                           "%s: the C model runs GPT blocks (arch 'gpt') only, not the Llama "
+                           "family's", func);
+    }
     pytfm_model *m = calloc(1, sizeof *m);
     layer *layers = m ? calloc((size_t)c->n_layer, sizeof *layers) : NULL;
     if (!layers) {

@@ -4,6 +4,7 @@ float32's rounding, and a hostile folder is refused by the C reader in the words
 raises (tests/model/test_gpt2.py's hostile folders, here through pytfm_model_open)."""
 
 import json
+import math
 import os
 import sys
 
@@ -14,6 +15,7 @@ from test_c_model import OK, CModel, assert_same_logits, last_error
 from helpers import TESTS
 from pytfm import checkpoint, gpt2
 from pytfm._core import ffi, lib
+from pytfm.checkpoint import CheckpointError
 
 sys.path.insert(0, os.path.join(TESTS, "model"))
 from gpt2_oracle import logits_of, random_gpt2  # noqa: E402  (a skip without transformers)
@@ -133,6 +135,29 @@ def test_the_config_parser_is_the_python_rules(tmp_path):
     raw = json.dumps({**TINY, "n_inner": 4 * 24 + 1}).encode()
     assert lib.pytfm_gpt2_config_parse(out, raw, len(raw), b"c.json") != OK
     assert last_error() == "c.json: n_inner is 97: pytfm runs GPT-2's None only"
+
+
+def test_a_number_too_large_for_a_double_is_judged_alike_from_text_and_dict(tmp_path):
+    """1e999 is JSON that json.loads reads as inf: where the C parser takes the text (an ignored
+    field) config_from_dict takes the dict, where it refuses (the epsilon, n_ctx) both refuse,
+    as a bad config rather than an OSError; NaN, which no JSON text spells, is refused."""
+    out = ffi.new("pytfm_model_config *")
+    for field, taken in (("attn_pdrop", True), ("layer_norm_epsilon", False), ("n_ctx", False)):
+        for sign in ("", "-"):
+            raw = json.dumps({**TINY, field: 0}).replace(f'"{field}": 0', f'"{field}": {sign}1e999')
+            st = lib.pytfm_gpt2_config_parse(out, raw.encode(), len(raw), b"config.json")
+            assert (st == OK) == taken, (raw, last_error())
+            if not taken:
+                assert st == lib.PYTFM_STATUS_INVALID_ARGUMENT and field in last_error()
+            doc = json.loads(raw)
+            assert math.isinf(doc[field])
+            if taken:
+                assert gpt2.config_from_dict(doc) == gpt2.config_from_dict(TINY)
+            else:
+                with pytest.raises(CheckpointError, match=field):
+                    gpt2.config_from_dict(doc)
+    with pytest.raises(CheckpointError, match="NaN"):
+        gpt2.config_from_dict({**TINY, "attn_pdrop": math.nan})
 
 
 def test_every_folder_is_read_clean_under_asan_and_ubsan(tmp_path):

@@ -52,7 +52,10 @@ def python_settings(env):
 def test_the_environment_sets_what_python_sets(exe, env):
     (first, after), err = run(exe, env)
     assert err == ""
-    assert first == python_settings(env)
+    # the default thread count follows the cores other processes leave free at that moment:
+    # only a count the environment sets is compared
+    same = slice(0, 2) if "PYTFM_NUM_THREADS" in env else slice(1, 2)
+    assert first[same] == python_settings(env)[same]
     if "PYTFM_MAX_ISA" in env:
         assert first[1] == _core.ISAS.index(env["PYTFM_MAX_ISA"].strip())
     if "PYTFM_NUM_THREADS" in env:
@@ -71,5 +74,6 @@ def test_a_set_before_the_first_use_wins(exe):
                                         ("PYTFM_MAX_ISA", "sse4"), ("PYTFM_MAX_ISA", "PLAIN")])
 def test_a_bad_value_is_ignored_with_a_line_naming_it(exe, var, value):
     (first, _), err = run(exe, {var: value})
-    assert first == run(exe, {})[0][0]
+    default = run(exe, {})[0][0]
+    assert first[1] == default[1] and first[0] >= 1  # the default threads follow the load
     assert err.startswith(f"pytfm: {var}={value} ignored: it must be ") and err.count("\n") == 1

@@ -523,6 +523,73 @@ def test_the_layout_names_no_parameter_outside_its_groups():
     assert lib.pytfm_model_param(c, -1, 1, p) == 1 and ffi.string(p.name).endswith(b"wpe.weight")
 
 
+LLAMA_C = dict(vocab=100, d_model=24, n_layer=2, n_head=4, max_seq=16, pos=0, tie_embeddings=0,
+               arch=1, n_kv_head=2, head_dim=8, d_ff=40, norm_eps=1e-6, rope_theta=1e4)
+
+
+@pytest.mark.parametrize("qkv_bias,qk_norm", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_the_llama_layout_is_transformers_names_with_qkv_and_gate_up_adjacent(qkv_bias, qk_norm):
+    """pytfm_model_param for arch 'llama': LlamaForCausalLM's names, the options' parameters
+    there only when on, q/k/v and gate/up adjacent (one matrix each), part numbers dense."""
+    from pytfm._core import ffi, lib
+    c = ffi.new("pytfm_model_config *", dict(LLAMA_C, qkv_bias=qkv_bias, qk_norm=qk_norm))
+    assert lib.pytfm_model_config_check(c) == lib.PYTFM_STATUS_OK
+    p = ffi.new("pytfm_param_info *")
+    got = []
+    for layer in range(-1, 3):
+        part = 0
+        while lib.pytfm_model_param(c, layer, part, p):
+            got.append((ffi.string(p.name).decode(),
+                        tuple(p.factor[d] * p.base[d] for d in range(p.ndim))))
+            part += 1
+    block = [("input_layernorm.weight", (24,)), ("self_attn.q_proj.weight", (32, 24)),
+             ("self_attn.k_proj.weight", (16, 24)), ("self_attn.v_proj.weight", (16, 24))]
+    if qkv_bias:
+        block += [("self_attn.q_proj.bias", (32,)), ("self_attn.k_proj.bias", (16,)),
+                  ("self_attn.v_proj.bias", (16,))]
+    block += [("self_attn.o_proj.weight", (24, 32))]
+    if qk_norm:
+        block += [("self_attn.q_norm.weight", (8,)), ("self_attn.k_norm.weight", (8,))]
+    block += [("post_attention_layernorm.weight", (24,)), ("mlp.gate_proj.weight", (40, 24)),
+              ("mlp.up_proj.weight", (40, 24)), ("mlp.down_proj.weight", (24, 40))]
+    want = [("model.embed_tokens.weight", (100, 24))]
+    want += [(f"model.layers.{i}.{n}", s) for i in range(2) for n, s in block]
+    want += [("model.norm.weight", (24,)), ("lm_head.weight", (100, 24))]
+    assert got == want
+    c.tie_embeddings = 1
+    assert lib.pytfm_model_param(c, 2, 1, p) == 0
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(n_kv_head=3), r"n_head \(4\) must be a multiple of n_kv_head \(3\)"),
+    (dict(n_kv_head=0), r"GPTConfig.n_kv_head must be a positive int"),
+    (dict(head_dim=7), r"rope needs an even head_dim, got 7"),
+    (dict(d_ff=0), r"GPTConfig.d_ff must be a positive int"),
+    (dict(d_ff=2**62), r"\(n_head \+ 2·n_kv_head\)·head_dim and 2·d_ff must be below 2\*\*63"),
+    (dict(pos=3), r"the Llama family \(arch 'llama'\) uses pos 'rope', got 'learned'"),
+    (dict(norm_eps=0.0), r"GPTConfig.norm_eps must be finite and > 0, got 0"),
+    (dict(rope_theta=float("inf")), r"GPTConfig.rope_theta must be finite and > 0, got inf"),
+    (dict(sliding_window=-1), r"GPTConfig.sliding_window must be an int >= 0"),
+    (dict(qk_norm=2), r"GPTConfig.qkv_bias and qk_norm must be 0 or 1"),
+    (dict(rope_scaling=1), r"rope_scaling factor must be finite and > 0, got 0"),
+    (dict(rope_scaling=1, rope_factor=8.0, rope_low_freq_factor=4.0, rope_high_freq_factor=1.0,
+          rope_original_max_pos=8192.0), r"rope_scaling high_freq_factor must be finite and >"),
+    (dict(rope_factor=8.0), r"the rope scaling's numbers are 0 without a scaling"),
+    (dict(rope_scaling=2), r"GPTConfig.rope_scaling must be None or 'llama3', got 2"),
+    (dict(arch=2), r"GPTConfig.arch must be one of \('gpt', 'llama'\), got 2"),
+    (dict(arch=0), r"a GPT config \(arch 'gpt'\) has none of the Llama family's fields"),
+])
+def test_a_llama_configs_rules_name_the_field(change, message):
+    from pytfm._core import ffi, lib
+    c = ffi.new("pytfm_model_config *", dict(LLAMA_C, **change))
+    assert lib.pytfm_model_config_check(c) == lib.PYTFM_STATUS_INVALID_ARGUMENT
+    assert re.match(message, ffi.string(lib.pytfm_last_error()).decode())
+    c = ffi.new("pytfm_model_config *", dict(LLAMA_C, rope_scaling=1, rope_factor=8.0,
+                                             rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                                             rope_original_max_pos=8192.0, sliding_window=4))
+    assert lib.pytfm_model_config_check(c) == lib.PYTFM_STATUS_OK, lib.pytfm_last_error()
+
+
 # ---- loads are all-or-nothing ---------------------------------------------------------------
 
 
