@@ -40,9 +40,9 @@
  * dK and dV: a block per (batch·key/value head, tile of 64 keys), a warp per 16 keys, walking
  * for each query head of the group the query tiles (from the diagonal when causal, to the last
  * row whose window holds a key of the tile) as one sequence of steps: Sᵀ = K·Qᵀ and
- * dPᵀ = V·dYᵀ as fragments, Pᵀ and dSᵀ made in place and multiplied by dY and Q as P·V is. dQ: a second kernel, a block per query
- * tile walking the key tiles, S and dP again, dQ += dS·K. Nothing goes through shared memory
- * but the four input tiles.
+ * dPᵀ = V·dYᵀ as fragments, Pᵀ and dSᵀ made in place and multiplied by dY and Q as P·V is.
+ * dQ: a second kernel, a block per query tile walking the key tiles, S and dP again,
+ * dQ += dS·K. Nothing goes through shared memory but the four input tiles.
  *
  * Shared tiles (Tile): every operand, the block's fixed one (forward: Q; dK/dV: K, V; dQ: Q,
  * dY) once and each streamed tile (K, V; Q, dY) once, as the fragments read it:
@@ -474,9 +474,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_forward_kernel(tc_for
 struct tc_backward_args {
     float *dq, *dk, *dv;                       // dq like q; dk, dv like k [B, T, Hkv, D]
     const float *dy, *q, *k, *v, *lse, *delta; // delta [B, H, T]: pytfm__attention_delta_cuda
-    int64_t T, H, Hkv, window;
+    int64_t T, H, Hkv;
     float scale, scale2; // scale, and scale · log2 e
     int causal;
+    int window; // 0, or min(window, T) (as wide in effect): row t sees keys > t − window only
+    int group;  // H / Hkv: the query heads of a key/value head
 };
 
 /* dK/dV: K and V, then Q's and dY's buffers, then the query tiles' lse · log2 e and delta
@@ -491,10 +493,13 @@ template <Prec P, int D> constexpr size_t tc_dq_shared() {
 }
 
 /* dK and dV of a tile of 64 keys (a warp's 16 rows) of key/value head gk, walking for each
- * query head of gk's group in turn the query tiles (columns) that see them, one sequence of
- * steps (the next step's tile prefetched across a change of head too): Sᵀ = K·Qᵀ,
- * dPᵀ = V·dYᵀ, then dV += Pᵀ·dY and dK += dSᵀ·Q from the registers. */
-template <Prec P, int D>
+ * query head of gk's group in turn the query tiles (columns) that see them, the next tile
+ * prefetched across a change of head too (PF): Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ, then dV += Pᵀ·dY and
+ * dK += dSᵀ·Q from the registers. GROUPED: any Hkv dividing H and any window. Without it
+ * Hkv = H and no window are compile-time facts: one head, no window pass, and the registers
+ * the group's walk holds stay with the accumulators, which take all but a few of the 255 at
+ * D = 128 (the launcher picks this instance for the plain case). */
+template <Prec P, int D, bool GROUPED>
 static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backward_args a) {
     using TL = Tile<P, D>;
     constexpr bool PF = Tile<P, D>::PREFETCH_DKDV;
@@ -503,34 +508,35 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backwa
     uint32_t *Ks = (uint32_t *)smem, *Vs = Ks + W, *Qs = Vs + W, *dYs = Qs + NB * W;
     float *lse2 = (float *)(dYs + NB * W), *dlt = lse2 + NB * TC_KEYS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-    const int64_t T = a.T, H = a.H, HD = H * D, Hkv = a.Hkv, KD = Hkv * D, G = H / Hkv;
+    const int64_t T = a.T, H = a.H, HD = H * D, Hkv = GROUPED ? a.Hkv : H, KD = Hkv * D;
+    const int G = GROUPED ? a.group : 1; // query heads a key/value head serves
     const int64_t b = blockIdx.x / Hkv, gk = blockIdx.x % Hkv;
     const int64_t j0 = (int64_t)blockIdx.y * TC_ROWS, kbase = (b * T * Hkv + gk) * D;
     const int nk = (int)PYTFM_MIN((int64_t)TC_ROWS, T - j0);
     const bool vq = pytfm__aligned4(a.q), vdy = pytfm__aligned4(a.dy);
     tc_load<P, D>(Ks, a.k + kbase + j0 * KD, KD, nk, pytfm__aligned4(a.k));
     tc_load<P, D>(Vs, a.v + kbase + j0 * KD, KD, nk, pytfm__aligned4(a.v));
-    // the query rows that see these keys: causal, none before j0 (64 rows per tile both
-    // ways); with a window, none past j0 + nk − 1 + window − 1
-    const int64_t i_first = a.causal ? j0 : 0;
-    const int64_t i_end = a.window > 0 ? PYTFM_MIN(T, j0 + nk - 1 + a.window) : T;
-    // int: T < 2^31 (tc_check_grid), and 64-bit indices would cost registers here
-    const int tiles = (int)((i_end - i_first + TC_KEYS - 1) / TC_KEYS), steps = (int)G * tiles;
-    // step s: query head gk·G + s / tiles, its query tile at i_first + (s % tiles)·64
-    auto head = [&](int s) { return gk * G + s / tiles; };
-    auto row = [&](int s) { return (int)i_first + s % tiles * TC_KEYS; };
+    // query head gk·G + hq of the group: its q and dy rows at base + hq·D, lse and delta at
+    // bhT + hq·T
+    const int64_t base = (b * T * H + gk * G) * D, bhT = (b * H + gk * G) * T;
+    // int positions: T < 2^22 (tc_check_grid), and 64-bit ones would cost registers here.
+    // The query rows that see these keys: causal, none before j0 (64 rows per tile both
+    // ways); a window w (causal), none from j0 + nk − 1 + w on (w past T is no window)
+    const int window = GROUPED ? a.window : 0;
+    const int i_first = a.causal ? (int)j0 : 0;
+    const int i_end = window > 0 ? (int)PYTFM_MIN(T, j0 + nk - 1 + window) : (int)T;
     // the next query tile on its way in: Q, dY, and (threads < 64) one row's lse and delta
     TileRegs<P, D> qx, yx;
     float lz = 0.0f, dz = 0.0f;
-    auto load = [&](int s) {
-        const int64_t h = head(s), i = row(s), base = (b * T * H + h) * D, bhT = (b * H + h) * T;
+    auto load = [&](int hq, int64_t i) {
+        const int64_t at = base + hq * D + i * HD, lt = bhT + hq * T + i;
         const int n = (int)PYTFM_MIN((int64_t)TC_KEYS, T - i);
-        qx.load(a.q + base + i * HD, HD, n, vq);
-        yx.load(a.dy + base + i * HD, HD, n, vdy);
+        qx.load(a.q + at, HD, n, vq);
+        yx.load(a.dy + at, HD, n, vdy);
         const int r = threadIdx.x;
         if (r < TC_KEYS) {
-            lz = r < n ? a.lse[bhT + i + r] * TC_LOG2E : 0.0f;
-            dz = r < n ? a.delta[bhT + i + r] : 0.0f;
+            lz = r < n ? a.lse[lt + r] * TC_LOG2E : 0.0f;
+            dz = r < n ? a.delta[lt + r] : 0.0f;
         }
     };
     auto store = [&](int to) {
@@ -541,56 +547,74 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backwa
             dlt[to * TC_KEYS + threadIdx.x] = dz;
         }
     };
-    auto fill = [&](int s) { // step s's query tile straight into buffer 0
-        const int64_t h = head(s), i = row(s), base = (b * T * H + h) * D, bhT = (b * H + h) * T;
+    auto fill = [&](int hq, int64_t i) { // head hq's query tile i straight into buffer 0
+        const int64_t at = base + hq * D + i * HD, lt = bhT + hq * T + i;
         const int n = (int)PYTFM_MIN((int64_t)TC_KEYS, T - i), r = threadIdx.x;
-        tc_load<P, D>(Qs, a.q + base + i * HD, HD, n, vq);
-        tc_load<P, D>(dYs, a.dy + base + i * HD, HD, n, vdy);
+        tc_load<P, D>(Qs, a.q + at, HD, n, vq);
+        tc_load<P, D>(dYs, a.dy + at, HD, n, vdy);
         if (r < TC_KEYS) {
-            lse2[r] = r < n ? a.lse[bhT + i + r] * TC_LOG2E : 0.0f;
-            dlt[r] = r < n ? a.delta[bhT + i + r] : 0.0f;
+            lse2[r] = r < n ? a.lse[lt + r] * TC_LOG2E : 0.0f;
+            dlt[r] = r < n ? a.delta[lt + r] : 0.0f;
         }
     };
-    fill(0);
+    fill(0, i_first);
     __syncthreads(); // K, V and the first query tile are whole
     const int64_t key0 = j0 + 16 * warp + g; // this thread's keys: key0 and key0 + 8
     float dk[D / 8][4] = {}, dv[D / 8][4] = {};
     int buf = 0;
-    for (int s = 0; s < steps; s++, buf = Buffers<PF>::next(buf)) {
-        const int i0 = row(s);
-        const int sn = s + 1; // the next step
-        if (PF && sn < steps) load(sn);
+    // the walk: head hq's query tile at row i0; next this head's next tile, else the next
+    // head's first, while there is one
+    for (int hq = 0, i0 = i_first;; buf = Buffers<PF>::next(buf)) {
+        int hn = hq, in = i0 + TC_KEYS;
+        if (GROUPED && in >= i_end) hn++, in = i_first;
+        const bool more = GROUPED ? hn < G : in < i_end;
+        if (PF && more) load(hn, in);
         const uint32_t *Q = Qs + buf * W, *dY = dYs + buf * W;
         const float *l2 = lse2 + buf * TC_KEYS, *dl = dlt + buf * TC_KEYS;
         const int lag = (int)(key0 - i0); // causal: key0 + 8r is seen by columns c >= lag + 8r
         float p[TC_FRAGS][4], ds[TC_FRAGS][4];
-        uint32_t none[TL::KS][4]; // K's and V's fragments are read a k step at a time: no room
+        uint32_t none[TL::KS][4]; // K's and V's fragments are read a k step at a time
         tc_scores<P, D, false>(p, none, Ks, 16 * warp, Q, lane);   // Sᵀ: keys × queries
         tc_scores<P, D, false>(ds, none, Vs, 16 * warp, dY, lane); // dPᵀ
         PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
             PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
-                const int c = 8 * j + 2 * t + (e & 1), first = lag + 8 * (e >> 1);
-                // a window: key0 + 8r is seen by the columns c < first + window too
-                // no c < nq test: a column past nq has zero q, dy, lse and delta, so p there
-                // multiplies a zero row of dY and its dS (p · (0 − 0)) is 0
-                const bool seen = (!a.causal || first <= c) &&
-                                  (a.window == 0 || c < first + a.window);
+                const int c = 8 * j + 2 * t + (e & 1), dc = c - 8 * (e >> 1);
+                // no c < nq test: a column past nq has zero q, dy, lse and delta, so p
+                // there multiplies a zero row of dY and its dS (p · (0 − 0)) is 0
+                const bool seen = !a.causal || lag <= dc;
                 p[j][e] = seen ? exp2f(p[j][e] * a.scale2 - l2[c]) : 0.0f;
                 ds[j][e] = p[j][e] * (ds[j][e] - dl[c]);
             }
+        // a window: key0 + 8r is seen by the columns c < lag + 8r + window only (the row
+        // i0 + c > key0 + 8r − window). A pass of its own, over the tiles that reach past the
+        // window of the block's first key only: a second bound in the loop above makes ptxas
+        // spill (sm_80, D = 128 BF16 and TF32)
+        if (window > 0 && i0 + TC_KEYS - 1 >= (int)j0 + window) {
+            const int hi = lag + window;
+            PYTFM_UNROLL
+            for (int j = 0; j < TC_FRAGS; j++)
+                PYTFM_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    if (8 * j + 2 * t + (e & 1) - 8 * (e >> 1) < hi) continue;
+                    p[j][e] = 0.0f;
+                    ds[j][e] = 0.0f;
+                }
+        }
         tc_accumulate<P, D>(dv, p, dY, lane); // dV += Pᵀ·dY
         tc_accumulate<P, D>(dk, ds, Q, lane); // dK += dSᵀ·Q
-        if (sn < steps && PF) {
+        if (more && PF) {
             store(Buffers<PF>::next(buf));
-        } else if (sn < steps) {
+        } else if (more) {
             __syncthreads(); // one buffer: every warp is done with this query tile
-            fill(sn);
+            fill(hn, in);
         }
         // the next query tile is whole, and every warp is done with this one (PF: the tile
         // after next is stored over it)
         __syncthreads();
+        if (!more) break;
+        hq = hn, i0 = in;
     }
     const float scale[2] = {a.scale, a.scale}, one[2] = {1.0f, 1.0f};
     tc_store<D>(a.dk + kbase, dk, scale, key0, T, KD, t);
@@ -723,10 +747,14 @@ pytfm_status tc_backward_launch(const char *func, const tc_backward_args &a, int
     static_assert(D % 16 == 0 && bytes <= 163 * 1024 && bytes_dq <= 163 * 1024,
                   "within sm_80's shared memory");
     const unsigned tiles = (unsigned)((a.T + TC_ROWS - 1) / TC_ROWS);
-    // dK, dV: a block per (b, key/value head, key tile); dQ: per (b, head, query tile)
-    PYTFM_TRY(pytfm__allow_shared(func, tc_dkdv_kernel<P, D>, bytes));
-    PYTFM_TRY(pytfm__launch(func, tc_dkdv_kernel<P, D>, dim3((unsigned)(B * a.Hkv), tiles),
-                            dim3(TC_THREADS), bytes, stream, a));
+    // dK, dV: a block per (b, key/value head, key tile); dQ: per (b, head, query tile).
+    // Hkv = H without a window, the common case, takes the instance without the group loop
+    void (*dkdv)(tc_backward_args) = a.Hkv != a.H || a.window > 0
+                                         ? tc_dkdv_kernel<P, D, true>
+                                         : tc_dkdv_kernel<P, D, false>;
+    PYTFM_TRY(pytfm__allow_shared(func, dkdv, bytes));
+    PYTFM_TRY(pytfm__launch(func, dkdv, dim3((unsigned)(B * a.Hkv), tiles), dim3(TC_THREADS),
+                            bytes, stream, a));
     PYTFM_TRY(pytfm__allow_shared(func, tc_dq_kernel<P, D>, bytes_dq));
     return pytfm__launch(func, tc_dq_kernel<P, D>, dim3((unsigned)(B * a.H), tiles),
                          dim3(TC_THREADS), bytes_dq, stream, a);
@@ -795,9 +823,9 @@ extern "C" pytfm_status pytfm_attention_gqa_backward_ex_cuda(
     PYTFM_TRY(tc_check_grid(__func__, B * H, T));
     float *delta = nullptr;
     PYTFM_TRY(pytfm__stream_scratch(__func__, &delta, B * H * T, stream));
-    const tc_backward_args a = {dq, dk,  dv,     dy,    q,     k,
-                                v,  lse, delta,  T,     H,     Hkv,
-                                window, scale, scale * TC_LOG2E, causal != 0};
+    const tc_backward_args a = {dq, dk, dv, dy, q, k, v, lse, delta, T, H, Hkv, scale,
+                                scale * TC_LOG2E, causal != 0, (int)PYTFM_MIN(window, T),
+                                (int)(H / Hkv)};
     const pytfm_status st =
         precision == PYTFM_PRECISION_TF32
             ? tc_backward_any<TF32>(__func__, delta, a, o, B, D, stream)
