@@ -1,10 +1,12 @@
 /*
  * attention.cu — multi-head scaled dot-product attention on the GPU, FlashAttention-2's
- * structure in float32 on the CUDA cores; the twin of csrc/kernels/attention.c.
+ * structure in float32 on the CUDA cores, with grouped-query heads and a sliding window; the
+ * twin of csrc/kernels/attention.c.
  *
- *   q, k, v, o [B, T, H, D] (row (b, t, h) at ((b·T + t)·H + h)·D; the next t is H·D on)
- *   S = scale · q kᵀ per (b, h),  P = softmax(S) row-wise (causal: keys s <= t),  O = P v,
- *   lse_t = log Σ_s exp(S_ts)  ([B, H, T], saved for the backward)
+ *   q, o [B, T, H, D] (row (b, t, h) at ((b·T + t)·H + h)·D; the next t is H·D on), k, v
+ *   [B, T, Hkv, D] (the next t Hkv·D on); query head h reads key/value head h / (H / Hkv)
+ *   S = scale · q kᵀ per (b, h),  P = softmax(S) row-wise (causal: keys s <= t; a window w > 0:
+ *   also s > t − w),  O = P v,  lse_t = log Σ_s exp(S_ts)  ([B, H, T], saved for the backward)
  *
  * Forward: a block per (batch·head, tile of BQ queries), batch·head in gridDim.x (y stops at
  * 65535, x does not). The block keeps its Q tile in shared memory and streams the K and V tiles
@@ -31,8 +33,10 @@
  *   delta_t = Σ_d dy_td O_td          (first, into scratch [B, H, T] on the stream)
  *   dP_ts = dy_t · v_s,  dS_ts = P_ts (dP_ts − delta_t)
  *   dV_s = Σ_t P_ts dy_t,  dK_s = scale · Σ_t dS_ts q_t,  dQ_t = scale · Σ_s dS_ts k_s
- * dK and dV: a block per (batch·head, tile of BK keys) walks the query tiles (from the
- * diagonal when causal), Pᵀ and dSᵀ computed with the keys as rows. dQ: a second kernel, a
+ * dK and dV: a block per (batch·key/value head, tile of BK keys) walks, for each query head of
+ * the group in turn, the query tiles (from the diagonal when causal, up to the last row whose
+ * window holds the tile's keys), Pᵀ and dSᵀ computed with the keys as rows: the group's sum
+ * stays in registers, in one order. dQ: a second kernel, a
  * block per query tile walking the key tiles, recomputes P and dS once more and sums dS·K. No
  * atomics anywhere: every sum has one order, the same bits on every run.
  *
@@ -192,15 +196,22 @@ static __device__ __forceinline__ float row_sum(float v) {
 
 struct forward_args {
     float *o, *lse;             // o rows ((b·Tq + t)·H + h)·D, lse [B, H, Tq]
-    const float *q, *k, *v;     // q like o; k, v rows ((b·Ts + s)·H + h)·D
-    int64_t Tq, Tk, Ts, H;      // queries, keys seen, key rows per batch, heads
+    const float *q, *k, *v;     // q like o; k, v rows ((b·Ts + s)·Hkv + g)·D
+    int64_t Tq, Tk, Ts, H, Hkv; // queries, keys seen, key rows per batch, heads, kv heads
     int64_t start;              // query t sits at position start + t (causal: sees keys <= it)
+    int64_t window;             // 0, or query position p sees keys > p − window only
+    int64_t key0;               // the splits cover the keys [key0, Tk)
     int64_t split_keys;         // keys per split (blockIdx.z), a multiple of BK
     int64_t o_split, lse_split; // floats between two splits' o and lse (the decode's scratch)
     int D;
     float scale2; // scale · log2 e: scores in base 2
     int causal;
 };
+
+/* the first key the query at position pos sees: pos − window + 1 with a window, else 0 */
+static __device__ __forceinline__ int64_t first_key(int64_t window, int64_t pos) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
 
 template <int DP, int RM> static constexpr size_t forward_shared() {
     return sizeof(float) * ((size_t)(RM * (FWD_THREADS / TX) + 2 * BK) * (DP + 4) +
@@ -214,14 +225,18 @@ static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kerne
     float *Qs = (float *)smem, *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD, *Ps = Vs + BK * LD;
     const int tx = threadIdx.x % TX, ty = threadIdx.x / TX, D = a.D, D4 = (D + 3) & ~3;
     const int64_t H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
+    const int64_t KD = a.Hkv * D, g = h / (H / a.Hkv); // h's key/value head
     // the last query tiles see the most keys when causal: they go first (no long tail)
     const int64_t i0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * BQ;
     const int nq = (int)PYTFM_MIN((int64_t)BQ, a.Tq - i0);
-    // the keys of this block: its split's, up to its last row's position when causal
-    const int64_t j_begin = (int64_t)blockIdx.z * a.split_keys;
-    int64_t j_end = PYTFM_MIN(a.Tk, j_begin + a.split_keys);
+    // the keys of this block: its split's, up to its last row's position when causal, from
+    // its first row's first key with a window
+    const int64_t split_begin = a.key0 + (int64_t)blockIdx.z * a.split_keys;
+    const int64_t first = first_key(a.window, a.start + i0);
+    const int64_t j_begin = split_begin > first ? split_begin : first;
+    int64_t j_end = PYTFM_MIN(a.Tk, split_begin + a.split_keys);
     if (a.causal) j_end = PYTFM_MIN(j_end, a.start + i0 + nq);
-    const float *k = a.k + (b * a.Ts * H + h) * D, *v = a.v + (b * a.Ts * H + h) * D;
+    const float *k = a.k + (b * a.Ts * a.Hkv + g) * D, *v = a.v + (b * a.Ts * a.Hkv + g) * D;
     const bool vec = (D & 3) == 0, vk = vec && pytfm__aligned4(a.k), vv = vec && pytfm__aligned4(a.v);
     load_rows<BQ, DP, FWD_THREADS>(Qs, a.q + ((b * a.Tq + i0) * H + h) * D, HD, nq, D,
                                    vec && pytfm__aligned4(a.q), a.scale2);
@@ -231,13 +246,14 @@ static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kerne
     for (int64_t j0 = j_begin; j0 < j_end; j0 += BK) {
         const int nk = (int)PYTFM_MIN((int64_t)BK, j_end - j0);
         __syncthreads(); // every thread is done with the last tile's Ks, Vs and Ps
-        load_rows<BK, DP, FWD_THREADS>(Ks, k + j0 * HD, HD, nk, D, vk, 1.0f);
-        load_rows<BK, DP, FWD_THREADS>(Vs, v + j0 * HD, HD, nk, D, vv, 1.0f);
+        load_rows<BK, DP, FWD_THREADS>(Ks, k + j0 * KD, KD, nk, D, vk, 1.0f);
+        load_rows<BK, DP, FWD_THREADS>(Vs, v + j0 * KD, KD, nk, D, vv, 1.0f);
         __syncthreads();
         float s[RM][8];
         scores<RM, TY, LD>(s, Qs, Ks, D4, tx, ty);
-        // keys past the tile's end, or past a row's position, do not count
-        const bool edge = nk < BK || (a.causal && j0 + BK - 1 > a.start + i0);
+        // keys past the tile's end, past a row's position, or before its window, do not count
+        const bool edge = nk < BK || (a.causal && j0 + BK - 1 > a.start + i0) ||
+                          (a.window > 0 && j0 < a.start + i0 + BQ - a.window);
         PYTFM_UNROLL
         for (int i = 0; i < RM; i++) {
             const int64_t pos = a.start + i0 + ty + TY * i;
@@ -245,7 +261,9 @@ static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kerne
             PYTFM_UNROLL
             for (int j = 0; j < 8; j++) {
                 const int c = tx + 8 * j;
-                if (edge && (c >= nk || (a.causal && j0 + c > pos))) s[i][j] = -INFINITY;
+                if (edge && (c >= nk || (a.causal && j0 + c > pos) ||
+                             (a.window > 0 && j0 + c <= pos - a.window)))
+                    s[i][j] = -INFINITY;
                 mx = fmaxf(mx, s[i][j]);
             }
             mx = row_max(mx);
@@ -345,9 +363,9 @@ pytfm_status pytfm__attention_delta_cuda(const char *func, float *delta, const f
 }
 
 struct backward_args {
-    float *dq, *dk, *dv;
+    float *dq, *dk, *dv;                       // dq like q; dk, dv like k
     const float *dy, *q, *k, *v, *lse, *delta; // delta [B, H, T] from attention_delta_kernel
-    int64_t T, H;
+    int64_t T, H, Hkv, window;
     int D;
     float scale, scale2; // scale, and scale · log2 e
     int causal;
@@ -357,9 +375,10 @@ template <int DP> static constexpr size_t dkdv_shared() {
     return sizeof(float) * ((size_t)4 * BK * (DP + 4) + (size_t)BK * LDP + 2 * BK);
 }
 
-/* dK and dV of a tile of BK keys (rows ty + TY·i of the thread), walking the query tiles of
- * BK rows (the columns tx + 8·j): Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ, then dV += Pᵀ·dY and dK += dSᵀ·Q
- * through one shared tile (P first, then dS). */
+/* dK and dV of a tile of BK keys (rows ty + TY·i of the thread) of key/value head g, walking
+ * for each query head of g's group the query tiles of BK rows (the columns tx + 8·j) that see
+ * them: Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ, then dV += Pᵀ·dY and dK += dSᵀ·Q through one shared tile (P
+ * first, then dS). */
 template <int DP>
 static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(backward_args a) {
     constexpr int TY = BWD_THREADS / TX, RM = BWD_RM, LD = DP + 4;
@@ -367,60 +386,67 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(back
     float *Ks = (float *)smem, *Vs = Ks + BK * LD, *Qs = Vs + BK * LD, *dYs = Qs + BK * LD;
     float *Ps = dYs + BK * LD, *lse2 = Ps + BK * LDP, *dlt = lse2 + BK;
     const int tx = threadIdx.x % TX, ty = threadIdx.x / TX, D = a.D, D4 = (D + 3) & ~3;
-    const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
-    const int64_t j0 = (int64_t)blockIdx.y * BK, base = (b * T * H + h) * D; // (b, 0, h, 0)
+    const int64_t T = a.T, H = a.H, HD = H * D, Hkv = a.Hkv, KD = Hkv * D, G = H / Hkv;
+    const int64_t b = blockIdx.x / Hkv, g = blockIdx.x % Hkv;
+    const int64_t j0 = (int64_t)blockIdx.y * BK, kbase = (b * T * Hkv + g) * D; // (b, 0, g, 0)
     const int nk = (int)PYTFM_MIN((int64_t)BK, T - j0);
+    // with a window, the rows past j0 + nk − 1 + window − 1 see none of these keys
+    const int64_t i_end = a.window > 0 ? PYTFM_MIN(T, j0 + nk - 1 + a.window) : T;
     const bool vec = (D & 3) == 0, vq = vec && pytfm__aligned4(a.q),
                vdy = vec && pytfm__aligned4(a.dy);
-    load_rows<BK, DP, BWD_THREADS>(Ks, a.k + base + j0 * HD, HD, nk, D,
+    load_rows<BK, DP, BWD_THREADS>(Ks, a.k + kbase + j0 * KD, KD, nk, D,
                                    vec && pytfm__aligned4(a.k), 1.0f);
-    load_rows<BK, DP, BWD_THREADS>(Vs, a.v + base + j0 * HD, HD, nk, D,
+    load_rows<BK, DP, BWD_THREADS>(Vs, a.v + kbase + j0 * KD, KD, nk, D,
                                    vec && pytfm__aligned4(a.v), 1.0f);
-    const float *lse = a.lse + (b * H + h) * T, *delta = a.delta + (b * H + h) * T;
     float dk[RM][DP / 8] = {}, dv[RM][DP / 8] = {};
-    // causal: the query rows before j0 see none of these keys (BK rows per query tile too)
-    for (int64_t i0 = a.causal ? j0 : 0; i0 < T; i0 += BK) {
-        const int nq = (int)PYTFM_MIN((int64_t)BK, T - i0);
-        __syncthreads(); // every thread is done with the last query tile
-        load_rows<BK, DP, BWD_THREADS>(Qs, a.q + base + i0 * HD, HD, nq, D, vq, 1.0f);
-        load_rows<BK, DP, BWD_THREADS>(dYs, a.dy + base + i0 * HD, HD, nq, D, vdy, 1.0f);
-        for (int t = threadIdx.x; t < BK; t += BWD_THREADS) {
-            lse2[t] = t < nq ? lse[i0 + t] * LOG2E : 0.0f;
-            dlt[t] = t < nq ? delta[i0 + t] : 0.0f;
-        }
-        __syncthreads();
-        float p[RM][8], ds[RM][8];
-        scores<RM, TY, LD>(p, Ks, Qs, D4, tx, ty);  // Sᵀ: keys × queries
-        scores<RM, TY, LD>(ds, Vs, dYs, D4, tx, ty); // dPᵀ
-        PYTFM_UNROLL
-        for (int i = 0; i < RM; i++) {
-            const int64_t key = j0 + ty + TY * i;
-            PYTFM_UNROLL
-            for (int j = 0; j < 8; j++) {
-                const int r = tx + 8 * j;
-                const bool seen = r < nq && (!a.causal || key <= i0 + r);
-                p[i][j] = seen ? exp2f(p[i][j] * a.scale2 - lse2[r]) : 0.0f;
-                ds[i][j] = p[i][j] * (ds[i][j] - dlt[r]);
-                Ps[(ty + TY * i) * LDP + r] = p[i][j];
+    for (int64_t h = g * G; h < (g + 1) * G; h++) {
+        const int64_t base = (b * T * H + h) * D; // (b, 0, h, 0)
+        const float *lse = a.lse + (b * H + h) * T, *delta = a.delta + (b * H + h) * T;
+        // causal: the query rows before j0 see none of these keys (BK rows per query tile too)
+        for (int64_t i0 = a.causal ? j0 : 0; i0 < i_end; i0 += BK) {
+            const int nq = (int)PYTFM_MIN((int64_t)BK, T - i0);
+            __syncthreads(); // every thread is done with the last query tile
+            load_rows<BK, DP, BWD_THREADS>(Qs, a.q + base + i0 * HD, HD, nq, D, vq, 1.0f);
+            load_rows<BK, DP, BWD_THREADS>(dYs, a.dy + base + i0 * HD, HD, nq, D, vdy, 1.0f);
+            for (int t = threadIdx.x; t < BK; t += BWD_THREADS) {
+                lse2[t] = t < nq ? lse[i0 + t] * LOG2E : 0.0f;
+                dlt[t] = t < nq ? delta[i0 + t] : 0.0f;
             }
-        }
-        __syncthreads(); // Pᵀ is whole
-        accumulate<RM, TY, DP>(dv, Ps, dYs, (nq + 3) & ~3, D, tx, ty); // dV += Pᵀ·dY
-        __syncthreads(); // every thread is done with Pᵀ
-        PYTFM_UNROLL
-        for (int i = 0; i < RM; i++)
+            __syncthreads();
+            float p[RM][8], ds[RM][8];
+            scores<RM, TY, LD>(p, Ks, Qs, D4, tx, ty);  // Sᵀ: keys × queries
+            scores<RM, TY, LD>(ds, Vs, dYs, D4, tx, ty); // dPᵀ
             PYTFM_UNROLL
-            for (int j = 0; j < 8; j++) Ps[(ty + TY * i) * LDP + tx + 8 * j] = ds[i][j];
-        __syncthreads(); // dSᵀ is whole
-        accumulate<RM, TY, DP>(dk, Ps, Qs, (nq + 3) & ~3, D, tx, ty); // dK += dSᵀ·Q
+            for (int i = 0; i < RM; i++) {
+                const int64_t key = j0 + ty + TY * i;
+                PYTFM_UNROLL
+                for (int j = 0; j < 8; j++) {
+                    const int r = tx + 8 * j;
+                    const bool seen = r < nq && (!a.causal || key <= i0 + r) &&
+                                      (a.window == 0 || key > i0 + r - a.window);
+                    p[i][j] = seen ? exp2f(p[i][j] * a.scale2 - lse2[r]) : 0.0f;
+                    ds[i][j] = p[i][j] * (ds[i][j] - dlt[r]);
+                    Ps[(ty + TY * i) * LDP + r] = p[i][j];
+                }
+            }
+            __syncthreads(); // Pᵀ is whole
+            accumulate<RM, TY, DP>(dv, Ps, dYs, (nq + 3) & ~3, D, tx, ty); // dV += Pᵀ·dY
+            __syncthreads(); // every thread is done with Pᵀ
+            PYTFM_UNROLL
+            for (int i = 0; i < RM; i++)
+                PYTFM_UNROLL
+                for (int j = 0; j < 8; j++) Ps[(ty + TY * i) * LDP + tx + 8 * j] = ds[i][j];
+            __syncthreads(); // dSᵀ is whole
+            accumulate<RM, TY, DP>(dk, Ps, Qs, (nq + 3) & ~3, D, tx, ty); // dK += dSᵀ·Q
+        }
     }
     const bool vdk = vec && pytfm__aligned4(a.dk), vdv = vec && pytfm__aligned4(a.dv);
     PYTFM_UNROLL
     for (int i = 0; i < RM; i++) {
         const int c = ty + TY * i;
         if (c >= nk) continue;
-        store_row<DP>(a.dk + base + (j0 + c) * HD, dk[i], a.scale, D, vdk, tx);
-        store_row<DP>(a.dv + base + (j0 + c) * HD, dv[i], 1.0f, D, vdv, tx);
+        store_row<DP>(a.dk + kbase + (j0 + c) * KD, dk[i], a.scale, D, vdk, tx);
+        store_row<DP>(a.dv + kbase + (j0 + c) * KD, dv[i], 1.0f, D, vdv, tx);
     }
 }
 
@@ -438,6 +464,7 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backwa
     float *dSs = Vs + BK * LD;
     const int tx = threadIdx.x % TX, ty = threadIdx.x / TX, D = a.D, D4 = (D + 3) & ~3;
     const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
+    const int64_t KD = a.Hkv * D, kbase = (b * T * a.Hkv + h / (H / a.Hkv)) * D; // h's kv head
     // the last query tiles walk the most keys when causal: they go first
     const int64_t i0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * BK, base = (b * T * H + h) * D;
     const int nq = (int)PYTFM_MIN((int64_t)BK, T - i0);
@@ -455,11 +482,12 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backwa
         dlt[i] = r < nq ? a.delta[(b * H + h) * T + i0 + r] : 0.0f;
     }
     const int64_t j_end = a.causal ? i0 + nq : T;
-    for (int64_t j0 = 0; j0 < j_end; j0 += BK) {
+    // from the first key of the tile's first row (a window's later rows start later)
+    for (int64_t j0 = first_key(a.window, i0); j0 < j_end; j0 += BK) {
         const int nk = (int)PYTFM_MIN((int64_t)BK, j_end - j0);
         __syncthreads(); // every thread is done with the last key tile
-        load_rows<BK, DP, BWD_THREADS>(Ks, a.k + base + j0 * HD, HD, nk, D, vk, 1.0f);
-        load_rows<BK, DP, BWD_THREADS>(Vs, a.v + base + j0 * HD, HD, nk, D, vv, 1.0f);
+        load_rows<BK, DP, BWD_THREADS>(Ks, a.k + kbase + j0 * KD, KD, nk, D, vk, 1.0f);
+        load_rows<BK, DP, BWD_THREADS>(Vs, a.v + kbase + j0 * KD, KD, nk, D, vv, 1.0f);
         __syncthreads();
         float s[RM][8], dp[RM][8];
         scores<RM, TY, LD>(s, Qs, Ks, D4, tx, ty);
@@ -470,7 +498,9 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backwa
             PYTFM_UNROLL
             for (int j = 0; j < 8; j++) {
                 const int c = tx + 8 * j;
-                const bool seen = c < nk && r < nq && (!a.causal || j0 + c <= i0 + r);
+                // no r < nq test: a row past nq has zero q, dy and delta, so its dS is 0
+                const bool seen = c < nk && (!a.causal || j0 + c <= i0 + r) &&
+                                  (a.window == 0 || j0 + c > i0 + r - a.window);
                 const float p = seen ? exp2f(s[i][j] * a.scale2 - lse2[i]) : 0.0f;
                 dSs[r * LDP + c] = p * (dp[i][j] - dlt[i]);
             }
@@ -551,31 +581,78 @@ static pytfm_status forward_any(const char *func, const forward_args &a, int64_t
     }
 }
 
+extern "C" pytfm_status pytfm_attention_gqa_forward_cuda(float *o, float *lse, const float *q,
+                                                         const float *k, const float *v,
+                                                         int64_t B, int64_t T, int64_t H,
+                                                         int64_t Hkv, int64_t D, float scale,
+                                                         int32_t causal, int64_t window,
+                                                         void *stream) {
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, Hkv, D, scale,
+                                             causal, window));
+    PYTFM_TRY(check_head_dim(__func__, D));
+    if (B * T * H == 0) return PYTFM_STATUS_OK;
+    PYTFM_TRY(check_grid(__func__, B * H, T, 4 * (FWD_THREADS / TX), "T"));
+    forward_args a = {o,      lse, q, k, v, T, T, T, H, Hkv, 0, window, 0, T, 0, 0, (int)D,
+                      scale * LOG2E, causal != 0};
+    return forward_any(__func__, a, B * H, 1, 4, stream);
+}
+
 extern "C" pytfm_status pytfm_attention_forward_cuda(float *o, float *lse, const float *q,
                                                      const float *k, const float *v, int64_t B,
                                                      int64_t T, int64_t H, int64_t D,
                                                      float scale, int32_t causal, void *stream) {
-    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, D, scale));
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, H, D, scale,
+                                             causal, 0));
     PYTFM_TRY(check_head_dim(__func__, D));
-    if (B * T * H == 0) return PYTFM_STATUS_OK;
-    PYTFM_TRY(check_grid(__func__, B * H, T, 4 * (FWD_THREADS / TX), "T"));
-    forward_args a = {o, lse, q, k, v, T, T, T, H, 0, T, 0, 0, (int)D, scale * LOG2E, causal != 0};
-    return forward_any(__func__, a, B * H, 1, 4, stream);
+    return pytfm_attention_gqa_forward_cuda(o, lse, q, k, v, B, T, H, H, D, scale, causal, 0,
+                                            stream);
 }
 
 template <int DP>
-static pytfm_status backward_launch(const char *func, const backward_args &a, int64_t BH,
+static pytfm_status backward_launch(const char *func, const backward_args &a, int64_t B,
                                     void *stream) {
     constexpr size_t kv_bytes = dkdv_shared<DP>(), q_bytes = dq_shared<DP>();
     static_assert(DP % 32 == 0 && kv_bytes <= 163 * 1024 && q_bytes <= 163 * 1024,
                   "within sm_80's shared memory");
-    const dim3 grid((unsigned)BH, (unsigned)((a.T + BK - 1) / BK));
+    const unsigned tiles = (unsigned)((a.T + BK - 1) / BK);
+    // dK, dV: a block per (b, key/value head, key tile); dQ: per (b, head, query tile)
     PYTFM_TRY(pytfm__allow_shared(func, attention_dkdv_kernel<DP>, kv_bytes));
-    PYTFM_TRY(pytfm__launch(func, attention_dkdv_kernel<DP>, grid, dim3(BWD_THREADS), kv_bytes,
-                            stream, a));
+    PYTFM_TRY(pytfm__launch(func, attention_dkdv_kernel<DP>, dim3((unsigned)(B * a.Hkv), tiles),
+                            dim3(BWD_THREADS), kv_bytes, stream, a));
     PYTFM_TRY(pytfm__allow_shared(func, attention_dq_kernel<DP>, q_bytes));
-    return pytfm__launch(func, attention_dq_kernel<DP>, grid, dim3(BWD_THREADS), q_bytes, stream,
-                         a);
+    return pytfm__launch(func, attention_dq_kernel<DP>, dim3((unsigned)(B * a.H), tiles),
+                         dim3(BWD_THREADS), q_bytes, stream, a);
+}
+
+extern "C" pytfm_status pytfm_attention_gqa_backward_cuda(float *dq, float *dk, float *dv,
+                                                          const float *dy, const float *q,
+                                                          const float *k, const float *v,
+                                                          const float *o, const float *lse,
+                                                          int64_t B, int64_t T, int64_t H,
+                                                          int64_t Hkv, int64_t D, float scale,
+                                                          int32_t causal, int64_t window,
+                                                          void *stream) {
+    PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
+                                              Hkv, D, scale, causal, window));
+    PYTFM_TRY(check_head_dim(__func__, D));
+    if (B * T * H == 0) return PYTFM_STATUS_OK;
+    PYTFM_TRY(check_grid(__func__, B * H, T, BK, "T"));
+    float *delta = nullptr;
+    PYTFM_TRY(pytfm__stream_scratch(__func__, &delta, B * H * T, stream));
+    const int64_t rows = B * T * H;
+    pytfm_status st = pytfm__attention_delta_cuda(__func__, delta, dy, o, rows, T, H, D,
+                                                  PYTFM_PRECISION_FP32, stream);
+    if (st == PYTFM_STATUS_OK) {
+        const backward_args a = {dq,  dk,     dv, dy,     q,     k,
+                                 v,   lse,    delta, T,   H,     Hkv,
+                                 window, (int)D, scale, scale * LOG2E, causal != 0};
+        switch (head_class(D)) {
+        case 32: st = backward_launch<32>(__func__, a, B, stream); break;
+        case 64: st = backward_launch<64>(__func__, a, B, stream); break;
+        default: st = backward_launch<128>(__func__, a, B, stream); break;
+        }
+    }
+    return pytfm__stream_scratch_free(__func__, delta, st, stream);
 }
 
 extern "C" pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, float *dv,
@@ -586,25 +663,10 @@ extern "C" pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, floa
                                                       float scale, int32_t causal,
                                                       void *stream) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
-                                              D, scale));
+                                              H, D, scale, causal, 0));
     PYTFM_TRY(check_head_dim(__func__, D));
-    if (B * T * H == 0) return PYTFM_STATUS_OK;
-    PYTFM_TRY(check_grid(__func__, B * H, T, BK, "T"));
-    float *delta = nullptr;
-    PYTFM_TRY(pytfm__stream_scratch(__func__, &delta, B * H * T, stream));
-    const int64_t rows = B * T * H;
-    pytfm_status st = pytfm__attention_delta_cuda(__func__, delta, dy, o, rows, T, H, D,
-                                                  PYTFM_PRECISION_FP32, stream);
-    if (st == PYTFM_STATUS_OK) {
-        const backward_args a = {dq, dk, dv, dy, q, k, v, lse, delta, T, H, (int)D, scale,
-                                 scale * LOG2E, causal != 0};
-        switch (head_class(D)) {
-        case 32: st = backward_launch<32>(__func__, a, B * H, stream); break;
-        case 64: st = backward_launch<64>(__func__, a, B * H, stream); break;
-        default: st = backward_launch<128>(__func__, a, B * H, stream); break;
-        }
-    }
-    return pytfm__stream_scratch_free(__func__, delta, st, stream);
+    return pytfm_attention_gqa_backward_cuda(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, H, D,
+                                             scale, causal, 0, stream);
 }
 
 extern "C" pytfm_status pytfm_attention_cache_append_cuda(float *k_cache, float *v_cache,
@@ -622,31 +684,37 @@ extern "C" pytfm_status pytfm_attention_cache_append_cuda(float *k_cache, float 
                         n_new * H * D, Tmax * H * D, start * H * D);
 }
 
-extern "C" pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const float *q,
-                                                    const float *k_cache, const float *v_cache,
-                                                    int64_t B, int64_t n_new, int64_t H,
-                                                    int64_t D, int64_t Tmax, int64_t start,
-                                                    float scale, void *stream) {
-    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, D,
-                                            Tmax, start, scale));
+extern "C" pytfm_status pytfm_attention_gqa_decode_cuda(float *o, float *lse, const float *q,
+                                                        const float *k_cache,
+                                                        const float *v_cache, int64_t B,
+                                                        int64_t n_new, int64_t H, int64_t Hkv,
+                                                        int64_t D, int64_t Tmax, int64_t start,
+                                                        float scale, int64_t window,
+                                                        void *stream) {
+    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H,
+                                            Hkv, D, Tmax, start, scale, window));
     PYTFM_TRY(check_head_dim(__func__, D));
     if (B * n_new * H == 0) return PYTFM_STATUS_OK;
     const int rm = n_new <= FWD_THREADS / TX ? 1 : 4; // a token or a few: tiles of 16 queries
     const int64_t BQ = rm * (FWD_THREADS / TX), Tk = start + n_new;
     PYTFM_TRY(check_grid(__func__, B * H, n_new, BQ, "n_new"));
-    forward_args a = {o, lse, q, k_cache, v_cache, n_new, Tk, Tmax, H, start, Tk, 0, 0, (int)D,
-                      scale * LOG2E, 1};
+    // the keys any query sees: from the first query's first key (its window's) on
+    const int64_t key0 = window > 0 && start - window + 1 > 0 ? start - window + 1 : 0;
+    const int64_t keys = Tk - key0;
+    forward_args a = {o,     lse,  q,      k_cache, v_cache, n_new, Tk, Tmax, H,
+                      Hkv,   start, window, key0,  keys,    0,     0,  (int)D, scale * LOG2E,
+                      1};
     // too few blocks to fill the GPU: split the keys too, about two blocks per SM in all
     const int64_t blocks = B * H * ((n_new + BQ - 1) / BQ);
     int64_t splits = 1;
     if (blocks < ATTN_SMS) {
         splits = PYTFM_MIN((2 * ATTN_SMS + blocks - 1) / blocks,
-                           (Tk + SPLIT_MIN_KEYS - 1) / SPLIT_MIN_KEYS);
-        a.split_keys = ((Tk + splits - 1) / splits + BK - 1) / BK * BK;
-        splits = (Tk + a.split_keys - 1) / a.split_keys;
+                           (keys + SPLIT_MIN_KEYS - 1) / SPLIT_MIN_KEYS);
+        a.split_keys = ((keys + splits - 1) / splits + BK - 1) / BK * BK;
+        splits = (keys + a.split_keys - 1) / a.split_keys;
     }
     if (splits == 1) {
-        a.split_keys = Tk;
+        a.split_keys = keys;
         return forward_any(__func__, a, B * H, 1, rm, stream);
     }
     // each split's o and lse, laid out like o and lse, then merged
@@ -665,4 +733,16 @@ extern "C" pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const 
                            (const float *)a.lse, n_new, H, (int)D, count, (int)splits, count,
                            n_lse);
     return pytfm__stream_scratch_free(__func__, scratch, st, stream);
+}
+
+extern "C" pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const float *q,
+                                                    const float *k_cache, const float *v_cache,
+                                                    int64_t B, int64_t n_new, int64_t H,
+                                                    int64_t D, int64_t Tmax, int64_t start,
+                                                    float scale, void *stream) {
+    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, H,
+                                            D, Tmax, start, scale, 0));
+    PYTFM_TRY(check_head_dim(__func__, D));
+    return pytfm_attention_gqa_decode_cuda(o, lse, q, k_cache, v_cache, B, n_new, H, H, D, Tmax,
+                                           start, scale, 0, stream);
 }

@@ -1,11 +1,14 @@
 /*
  * attention_tc.cu — attention forward and backward on the tensor cores, TF32 or BF16 inputs
- * with FP32 sums: the engine of pytfm_attention_forward_ex_cuda and _backward_ex_cuda at those
- * precisions (PYTFM_PRECISION_FP32, and head dims other than 16, 32, 64 and 128, stay on
- * attention.cu's FP32 kernels). Shapes, scale, causality and lse as attention.cu:
+ * with FP32 sums: the engine of pytfm_attention_gqa_forward_ex_cuda and _backward_ex_cuda (and
+ * of pytfm_attention_forward_ex_cuda and _backward_ex_cuda, the case Hkv = H, window = 0) at
+ * those precisions (PYTFM_PRECISION_FP32, and head dims other than 16, 32, 64 and 128, stay on
+ * attention.cu's FP32 kernels). Shapes, scale, causality, window and lse as attention.cu:
  *
- *   q, k, v, o [B, T, H, D] (row (b, t, h) at ((b·T + t)·H + h)·D), lse [B, H, T]
- *   S = scale · q kᵀ,  P = softmax(S) (causal: keys s <= t),  O = P v,  lse = log Σ_s e^S
+ *   q, o [B, T, H, D] (row (b, t, h) at ((b·T + t)·H + h)·D), k, v [B, T, Hkv, D] (query head
+ *   h reads key/value head h / (H / Hkv)), lse [B, H, T]
+ *   S = scale · q kᵀ,  P = softmax(S) (causal: keys s <= t; a window w: also s > t − w),
+ *   O = P v,  lse = log Σ_s e^S
  *
  * FlashAttention-2's structure: a block of 4 warps per (batch·head, tile of 64 queries), a
  * warp per 16 query rows; K and V tiles of 64 keys go through shared memory (the tiles below);
@@ -34,11 +37,12 @@
  *                                     attention.cu's delta pass, pytfm__attention_delta_cuda)
  *   dP_ts = dy_t · v_s,  dS_ts = P_ts (dP_ts − delta_t)
  *   dV_s = Σ_t P_ts dy_t,  dK_s = scale · Σ_t dS_ts q_t,  dQ_t = scale · Σ_s dS_ts k_s
- * dK and dV: a block per (batch·head, tile of 64 keys), a warp per 16 keys, walking the query
- * tiles (from the diagonal when causal): Sᵀ = K·Qᵀ and dPᵀ = V·dYᵀ as fragments, Pᵀ and dSᵀ
- * made in place and multiplied by dY and Q as P·V is. dQ: a second kernel, a block per query
- * tile walking the key tiles, S and dP again, dQ += dS·K. Nothing goes through shared memory
- * but the four input tiles.
+ * dK and dV: a block per (batch·key/value head, tile of 64 keys), a warp per 16 keys, walking
+ * for each query head of the group the query tiles (from the diagonal when causal, to the last
+ * row whose window holds a key of the tile) as one sequence of steps: Sᵀ = K·Qᵀ and
+ * dPᵀ = V·dYᵀ as fragments, Pᵀ and dSᵀ made in place and multiplied by dY and Q as P·V is.
+ * dQ: a second kernel, a block per query tile walking the key tiles, S and dP again,
+ * dQ += dS·K. Nothing goes through shared memory but the four input tiles.
  *
  * Shared tiles (Tile): every operand, the block's fixed one (forward: Q; dK/dV: K, V; dQ: Q,
  * dY) once and each streamed tile (K, V; Q, dY) once, as the fragments read it:
@@ -335,11 +339,23 @@ template <bool PF> struct Buffers {
 
 struct tc_forward_args {
     float *o, *lse;
-    const float *q, *k, *v;
-    int64_t T, H;
-    float scale2; // scale · log2 e
+    const float *q, *k, *v; // q, o [B, T, H, D]; k, v [B, T, Hkv, D]
+    int64_t T, H, Hkv;
+    int64_t window; // 0, or row t sees keys > t − window only (causal)
+    float scale2;   // scale · log2 e
     int causal;
 };
+
+/* the first key row t sees: t − window + 1 with a window, else 0 */
+static __device__ __forceinline__ int64_t tc_first_key(int64_t window, int64_t t) {
+    return window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+}
+
+/* a difference of positions clamped to ±TC_FAR: past that, no tile's key is near the row */
+enum { TC_FAR = 1 << 30 };
+static __device__ __forceinline__ int tc_clamp(int64_t x) {
+    return x < -TC_FAR ? -TC_FAR : x > TC_FAR ? TC_FAR : (int)x;
+}
 
 /* Q, then K's and V's buffers */
 template <Prec P, int D> constexpr size_t tc_forward_shared() {
@@ -356,16 +372,19 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_forward_kernel(tc_for
     uint32_t *Qs = (uint32_t *)smem, *Ks = Qs + W, *Vs = Ks + Buffers<PF>::N * W;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
+    const int64_t KD = a.Hkv * D; // k and v rows: h's key/value head h / (H / Hkv)
     // the last query tiles see the most keys when causal: they go first (no long tail)
     const int64_t i0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * TC_ROWS;
     const int nq = (int)PYTFM_MIN((int64_t)TC_ROWS, T - i0);
     const int64_t base = (b * T * H + h) * D; // (b, 0, h, 0)
-    const int64_t j_end = a.causal ? i0 + nq : T;
+    const int64_t j_end = a.causal ? i0 + nq : T, j_begin = tc_first_key(a.window, i0);
     const bool vk = pytfm__aligned4(a.k), vv = pytfm__aligned4(a.v);
-    const float *k = a.k + base, *v = a.v + base;
+    // k, v: h's key/value head from the first key of the tile's first row on
+    const int64_t kv = (b * T * a.Hkv + h / (H / a.Hkv)) * D + j_begin * KD;
+    const float *k = a.k + kv, *v = a.v + kv;
     tc_load<P, D>(Qs, a.q + base + i0 * HD, HD, nq, pytfm__aligned4(a.q));
-    tc_load<P, D>(Ks, k, HD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end), vk);
-    tc_load<P, D>(Vs, v, HD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end), vv);
+    tc_load<P, D>(Ks, k, KD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - j_begin), vk);
+    tc_load<P, D>(Vs, v, KD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - j_begin), vv);
     TileRegs<P, D> kx, vx; // PF: the next K and V tiles on their way in
     __syncthreads(); // Q and the first K and V tiles are whole
     uint32_t qa[TL::KS][4]; // Q's fragments: across the key tiles where registers allow (PF)
@@ -373,27 +392,31 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_forward_kernel(tc_for
     const int64_t row0 = i0 + 16 * warp + g; // this thread's rows: row0 and row0 + 8
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[D / 8][4] = {};
     int buf = 0;
-    for (int64_t j0 = 0; j0 < j_end; j0 += TC_KEYS, buf = Buffers<PF>::next(buf)) {
+    for (int64_t j0 = j_begin; j0 < j_end; j0 += TC_KEYS, buf = Buffers<PF>::next(buf)) {
         const int nk = (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - j0);
         const int64_t jn = j0 + TC_KEYS; // the next tile: nn keys, none if nn <= 0
         const int nn = (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - jn);
         if (PF && nn > 0) { // its global loads in flight under this tile's products
-            kx.load(k + jn * HD, HD, nn, vk);
-            vx.load(v + jn * HD, HD, nn, vv);
+            kx.load(k + (jn - j_begin) * KD, KD, nn, vk);
+            vx.load(v + (jn - j_begin) * KD, KD, nn, vv);
         }
         float s[TC_FRAGS][4];
         tc_scores<P, D, PF>(s, qa, Qs, 16 * warp, Ks + buf * W, lane);
-        // keys past the tile's end, or past a row's position, do not count
-        const bool edge = nk < TC_KEYS || (a.causal && j0 + TC_KEYS - 1 > i0);
+        // keys past the tile's end, past a row's position, or before its window, do not count
+        const bool edge = nk < TC_KEYS || (a.causal && j0 + TC_KEYS - 1 > i0) ||
+                          (a.window > 0 && j0 < i0 + TC_ROWS - a.window);
+        // key j0 + c is seen by row row0 + d (d = 0, 8) when lo <= d − c < hi: 32-bit bounds
+        // (|d − c| < 64), as 64-bit ones per element would cost registers here
+        const int lo = a.causal ? tc_clamp(j0 - row0) : -TC_FAR;
+        const int hi = a.window > 0 ? tc_clamp(j0 - row0 + a.window) : TC_FAR;
         float mx[2] = {m[0], m[1]};
         PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
             PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
-                const int c = 8 * j + 2 * t + (e & 1);
+                const int c = 8 * j + 2 * t + (e & 1), dc = 8 * (e >> 1) - c;
                 float x = s[j][e] * a.scale2;
-                if (edge && (c >= nk || (a.causal && j0 + c > row0 + 8 * (e >> 1))))
-                    x = -INFINITY;
+                if (edge && (c >= nk || dc < lo || dc >= hi)) x = -INFINITY;
                 s[j][e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }
@@ -428,8 +451,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_forward_kernel(tc_for
             vx.store(Vs + Buffers<PF>::next(buf) * W);
         } else if (nn > 0) {
             __syncthreads(); // one buffer: every warp is done with this tile's K and V
-            tc_load<P, D>(Ks, k + jn * HD, HD, nn, vk);
-            tc_load<P, D>(Vs, v + jn * HD, HD, nn, vv);
+            tc_load<P, D>(Ks, k + (jn - j_begin) * KD, KD, nn, vk);
+            tc_load<P, D>(Vs, v + (jn - j_begin) * KD, KD, nn, vv);
         }
         // the next K and V tiles are whole, and every warp is done with these (PF: the tile
         // after next is stored over them)
@@ -449,11 +472,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_forward_kernel(tc_for
 // ---- backward ------------------------------------------------------------------------------
 
 struct tc_backward_args {
-    float *dq, *dk, *dv;
+    float *dq, *dk, *dv;                       // dq like q; dk, dv like k [B, T, Hkv, D]
     const float *dy, *q, *k, *v, *lse, *delta; // delta [B, H, T]: pytfm__attention_delta_cuda
-    int64_t T, H;
+    int64_t T, H, Hkv;
     float scale, scale2; // scale, and scale · log2 e
     int causal;
+    int window; // 0, or min(window, T) (as wide in effect): row t sees keys > t − window only
+    int group;  // H / Hkv: the query heads of a key/value head
 };
 
 /* dK/dV: K and V, then Q's and dY's buffers, then the query tiles' lse · log2 e and delta
@@ -467,9 +492,14 @@ template <Prec P, int D> constexpr size_t tc_dq_shared() {
            Tile<P, D>::WORDS;
 }
 
-/* dK and dV of a tile of 64 keys (a warp's 16 rows), walking the query tiles (columns):
- * Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ, then dV += Pᵀ·dY and dK += dSᵀ·Q from the registers. */
-template <Prec P, int D>
+/* dK and dV of a tile of 64 keys (a warp's 16 rows) of key/value head gk, walking for each
+ * query head of gk's group in turn the query tiles (columns) that see them, the next tile
+ * prefetched across a change of head too (PF): Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ, then dV += Pᵀ·dY and
+ * dK += dSᵀ·Q from the registers. GROUPED: any Hkv dividing H and any window. Without it
+ * Hkv = H and no window are compile-time facts: one head, no window pass, and the registers
+ * the group's walk holds stay with the accumulators, which take all but a few of the 255 at
+ * D = 128 (the launcher picks this instance for the plain case). */
+template <Prec P, int D, bool GROUPED>
 static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backward_args a) {
     using TL = Tile<P, D>;
     constexpr bool PF = Tile<P, D>::PREFETCH_DKDV;
@@ -478,24 +508,35 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backwa
     uint32_t *Ks = (uint32_t *)smem, *Vs = Ks + W, *Qs = Vs + W, *dYs = Qs + NB * W;
     float *lse2 = (float *)(dYs + NB * W), *dlt = lse2 + NB * TC_KEYS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-    const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
-    const int64_t j0 = (int64_t)blockIdx.y * TC_ROWS, base = (b * T * H + h) * D;
+    const int64_t T = a.T, H = a.H, HD = H * D, Hkv = GROUPED ? a.Hkv : H, KD = Hkv * D;
+    const int G = GROUPED ? a.group : 1; // query heads a key/value head serves
+    const int64_t b = blockIdx.x / Hkv, gk = blockIdx.x % Hkv;
+    const int64_t j0 = (int64_t)blockIdx.y * TC_ROWS, kbase = (b * T * Hkv + gk) * D;
     const int nk = (int)PYTFM_MIN((int64_t)TC_ROWS, T - j0);
     const bool vq = pytfm__aligned4(a.q), vdy = pytfm__aligned4(a.dy);
-    tc_load<P, D>(Ks, a.k + base + j0 * HD, HD, nk, pytfm__aligned4(a.k));
-    tc_load<P, D>(Vs, a.v + base + j0 * HD, HD, nk, pytfm__aligned4(a.v));
-    const int64_t bhT = (b * H + h) * T; // lse's and delta's rows: a.lse + bhT, a.delta + bhT
+    tc_load<P, D>(Ks, a.k + kbase + j0 * KD, KD, nk, pytfm__aligned4(a.k));
+    tc_load<P, D>(Vs, a.v + kbase + j0 * KD, KD, nk, pytfm__aligned4(a.v));
+    // query head gk·G + hq of the group: its q and dy rows at base + hq·D, lse and delta at
+    // bhT + hq·T
+    const int64_t base = (b * T * H + gk * G) * D, bhT = (b * H + gk * G) * T;
+    // int positions: T < 2^22 (tc_check_grid), and 64-bit ones would cost registers here.
+    // The query rows that see these keys: causal, none before j0 (64 rows per tile both
+    // ways); a window w (causal), none from j0 + nk − 1 + w on (w past T is no window)
+    const int window = GROUPED ? a.window : 0;
+    const int i_first = a.causal ? (int)j0 : 0;
+    const int i_end = window > 0 ? (int)PYTFM_MIN(T, j0 + nk - 1 + window) : (int)T;
     // the next query tile on its way in: Q, dY, and (threads < 64) one row's lse and delta
     TileRegs<P, D> qx, yx;
     float lz = 0.0f, dz = 0.0f;
-    auto load = [&](int64_t i) {
+    auto load = [&](int hq, int64_t i) {
+        const int64_t at = base + hq * D + i * HD, lt = bhT + hq * T + i;
         const int n = (int)PYTFM_MIN((int64_t)TC_KEYS, T - i);
-        qx.load(a.q + base + i * HD, HD, n, vq);
-        yx.load(a.dy + base + i * HD, HD, n, vdy);
+        qx.load(a.q + at, HD, n, vq);
+        yx.load(a.dy + at, HD, n, vdy);
         const int r = threadIdx.x;
         if (r < TC_KEYS) {
-            lz = r < n ? a.lse[bhT + i + r] * TC_LOG2E : 0.0f;
-            dz = r < n ? a.delta[bhT + i + r] : 0.0f;
+            lz = r < n ? a.lse[lt + r] * TC_LOG2E : 0.0f;
+            dz = r < n ? a.delta[lt + r] : 0.0f;
         }
     };
     auto store = [&](int to) {
@@ -506,58 +547,78 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backwa
             dlt[to * TC_KEYS + threadIdx.x] = dz;
         }
     };
-    auto fill = [&](int64_t i) { // query tile i straight into buffer 0
+    auto fill = [&](int hq, int64_t i) { // head hq's query tile i straight into buffer 0
+        const int64_t at = base + hq * D + i * HD, lt = bhT + hq * T + i;
         const int n = (int)PYTFM_MIN((int64_t)TC_KEYS, T - i), r = threadIdx.x;
-        tc_load<P, D>(Qs, a.q + base + i * HD, HD, n, vq);
-        tc_load<P, D>(dYs, a.dy + base + i * HD, HD, n, vdy);
+        tc_load<P, D>(Qs, a.q + at, HD, n, vq);
+        tc_load<P, D>(dYs, a.dy + at, HD, n, vdy);
         if (r < TC_KEYS) {
-            lse2[r] = r < n ? a.lse[bhT + i + r] * TC_LOG2E : 0.0f;
-            dlt[r] = r < n ? a.delta[bhT + i + r] : 0.0f;
+            lse2[r] = r < n ? a.lse[lt + r] * TC_LOG2E : 0.0f;
+            dlt[r] = r < n ? a.delta[lt + r] : 0.0f;
         }
     };
-    // causal: the query rows before j0 see none of these keys (64 rows per tile both ways)
-    const int64_t i_first = a.causal ? j0 : 0;
-    fill(i_first);
+    fill(0, i_first);
     __syncthreads(); // K, V and the first query tile are whole
     const int64_t key0 = j0 + 16 * warp + g; // this thread's keys: key0 and key0 + 8
     float dk[D / 8][4] = {}, dv[D / 8][4] = {};
     int buf = 0;
-    // int: T < 2^31 (tc_check_grid), and 64-bit indices would cost registers here
-    for (int i0 = (int)i_first; i0 < T; i0 += TC_KEYS, buf = Buffers<PF>::next(buf)) {
-        const int nq = (int)PYTFM_MIN((int64_t)TC_KEYS, T - i0);
-        const int in = i0 + TC_KEYS; // the next query tile
-        if (PF && in < T) load(in);
+    // the walk: head hq's query tile at row i0; next this head's next tile, else the next
+    // head's first, while there is one
+    for (int hq = 0, i0 = i_first;; buf = Buffers<PF>::next(buf)) {
+        int hn = hq, in = i0 + TC_KEYS;
+        if (GROUPED && in >= i_end) hn++, in = i_first;
+        const bool more = GROUPED ? hn < G : in < i_end;
+        if (PF && more) load(hn, in);
         const uint32_t *Q = Qs + buf * W, *dY = dYs + buf * W;
         const float *l2 = lse2 + buf * TC_KEYS, *dl = dlt + buf * TC_KEYS;
         const int lag = (int)(key0 - i0); // causal: key0 + 8r is seen by columns c >= lag + 8r
         float p[TC_FRAGS][4], ds[TC_FRAGS][4];
-        uint32_t none[TL::KS][4]; // K's and V's fragments are read a k step at a time: no room
+        uint32_t none[TL::KS][4]; // K's and V's fragments are read a k step at a time
         tc_scores<P, D, false>(p, none, Ks, 16 * warp, Q, lane);   // Sᵀ: keys × queries
         tc_scores<P, D, false>(ds, none, Vs, 16 * warp, dY, lane); // dPᵀ
         PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
             PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
-                const int c = 8 * j + 2 * t + (e & 1);
-                const bool seen = c < nq && (!a.causal || lag + 8 * (e >> 1) <= c);
+                const int c = 8 * j + 2 * t + (e & 1), dc = c - 8 * (e >> 1);
+                // no c < nq test: a column past nq has zero q, dy, lse and delta, so p
+                // there multiplies a zero row of dY and its dS (p · (0 − 0)) is 0
+                const bool seen = !a.causal || lag <= dc;
                 p[j][e] = seen ? exp2f(p[j][e] * a.scale2 - l2[c]) : 0.0f;
                 ds[j][e] = p[j][e] * (ds[j][e] - dl[c]);
             }
+        // a window: key0 + 8r is seen by the columns c < lag + 8r + window only (the row
+        // i0 + c > key0 + 8r − window). A pass of its own, over the tiles that reach past the
+        // window of the block's first key only: a second bound in the loop above makes ptxas
+        // spill (sm_80, D = 128 BF16 and TF32)
+        if (window > 0 && i0 + TC_KEYS - 1 >= (int)j0 + window) {
+            const int hi = lag + window;
+            PYTFM_UNROLL
+            for (int j = 0; j < TC_FRAGS; j++)
+                PYTFM_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    if (8 * j + 2 * t + (e & 1) - 8 * (e >> 1) < hi) continue;
+                    p[j][e] = 0.0f;
+                    ds[j][e] = 0.0f;
+                }
+        }
         tc_accumulate<P, D>(dv, p, dY, lane); // dV += Pᵀ·dY
         tc_accumulate<P, D>(dk, ds, Q, lane); // dK += dSᵀ·Q
-        if (in < T && PF) {
+        if (more && PF) {
             store(Buffers<PF>::next(buf));
-        } else if (in < T) {
+        } else if (more) {
             __syncthreads(); // one buffer: every warp is done with this query tile
-            fill(in);
+            fill(hn, in);
         }
         // the next query tile is whole, and every warp is done with this one (PF: the tile
         // after next is stored over it)
         __syncthreads();
+        if (!more) break;
+        hq = hn, i0 = in;
     }
     const float scale[2] = {a.scale, a.scale}, one[2] = {1.0f, 1.0f};
-    tc_store<D>(a.dk + base, dk, scale, key0, T, HD, t);
-    tc_store<D>(a.dv + base, dv, one, key0, T, HD, t);
+    tc_store<D>(a.dk + kbase, dk, scale, key0, T, KD, t);
+    tc_store<D>(a.dv + kbase, dv, one, key0, T, KD, t);
 }
 
 /* dQ of a tile of 64 queries (a warp's 16 rows), walking the key tiles up to the diagonal when
@@ -571,16 +632,19 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dq_kernel(tc_backward
     uint32_t *Qs = (uint32_t *)smem, *dYs = Qs + W, *Ks = dYs + W, *Vs = Ks + NB * W;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
+    const int64_t KD = a.Hkv * D; // k and v rows: h's key/value head h / (H / Hkv)
     // the last query tiles walk the most keys when causal: they go first
     const int64_t i0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, base = (b * T * H + h) * D;
     const int nq = (int)PYTFM_MIN((int64_t)TC_ROWS, T - i0);
     const bool vk = pytfm__aligned4(a.k), vv = pytfm__aligned4(a.v);
-    const float *k = a.k + base, *v = a.v + base;
+    const int64_t j_end = a.causal ? i0 + nq : T, j_begin = tc_first_key(a.window, i0);
+    // k, v: h's key/value head from the first key of the tile's first row on
+    const int64_t kv = (b * T * a.Hkv + h / (H / a.Hkv)) * D + j_begin * KD;
+    const float *k = a.k + kv, *v = a.v + kv;
     tc_load<P, D>(Qs, a.q + base + i0 * HD, HD, nq, pytfm__aligned4(a.q));
     tc_load<P, D>(dYs, a.dy + base + i0 * HD, HD, nq, pytfm__aligned4(a.dy));
-    const int64_t j_end = a.causal ? i0 + nq : T;
-    tc_load<P, D>(Ks, k, HD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end), vk);
-    tc_load<P, D>(Vs, v, HD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end), vv);
+    tc_load<P, D>(Ks, k, KD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - j_begin), vk);
+    tc_load<P, D>(Vs, v, KD, (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - j_begin), vv);
     TileRegs<P, D> kx, vx; // PF: the next K and V tiles on their way in
     __syncthreads(); // Q, dY and the first K and V tiles are whole
     uint32_t none[TL::KS][4]; // Q's and dY's fragments are read a k step at a time: no room
@@ -593,13 +657,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dq_kernel(tc_backward
         dlt[r] = row < T ? a.delta[(b * H + h) * T + row] : 0.0f;
     }
     int buf = 0;
-    for (int64_t j0 = 0; j0 < j_end; j0 += TC_KEYS, buf = Buffers<PF>::next(buf)) {
+    for (int64_t j0 = j_begin; j0 < j_end; j0 += TC_KEYS, buf = Buffers<PF>::next(buf)) {
         const int nk = (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - j0);
         const int64_t jn = j0 + TC_KEYS; // the next tile: nn keys, none if nn <= 0
         const int nn = (int)PYTFM_MIN((int64_t)TC_KEYS, j_end - jn);
         if (PF && nn > 0) {
-            kx.load(k + jn * HD, HD, nn, vk);
-            vx.load(v + jn * HD, HD, nn, vv);
+            kx.load(k + (jn - j_begin) * KD, KD, nn, vk);
+            vx.load(v + (jn - j_begin) * KD, KD, nn, vv);
         }
         const uint32_t *K = Ks + buf * W, *V = Vs + buf * W;
         float s[TC_FRAGS][4], ds[TC_FRAGS][4];
@@ -610,7 +674,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dq_kernel(tc_backward
             PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int c = 8 * j + 2 * t + (e & 1), r = e >> 1;
-                const bool seen = c < nk && (!a.causal || j0 + c <= row0 + 8 * r);
+                const int64_t row = row0 + 8 * r;
+                const bool seen = c < nk && (!a.causal || j0 + c <= row) &&
+                                  (a.window == 0 || j0 + c > row - a.window);
                 const float pv = seen ? exp2f(s[j][e] * a.scale2 - lse2[r]) : 0.0f;
                 ds[j][e] = pv * (ds[j][e] - dlt[r]);
             }
@@ -620,8 +686,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dq_kernel(tc_backward
             vx.store(Vs + Buffers<PF>::next(buf) * W);
         } else if (nn > 0) {
             __syncthreads(); // one buffer: every warp is done with this key tile
-            tc_load<P, D>(Ks, k + jn * HD, HD, nn, vk);
-            tc_load<P, D>(Vs, v + jn * HD, HD, nn, vv);
+            tc_load<P, D>(Ks, k + (jn - j_begin) * KD, KD, nn, vk);
+            tc_load<P, D>(Vs, v + (jn - j_begin) * KD, KD, nn, vv);
         }
         // the next key tile is whole, and every warp is done with this one (PF: the tile
         // after next is stored over it)
@@ -675,18 +741,23 @@ pytfm_status tc_forward_any(const char *func, const tc_forward_args &a, int64_t 
 }
 
 template <Prec P, int D>
-pytfm_status tc_backward_launch(const char *func, const tc_backward_args &a, int64_t BH,
+pytfm_status tc_backward_launch(const char *func, const tc_backward_args &a, int64_t B,
                                 void *stream) {
     constexpr size_t bytes = tc_dkdv_shared<P, D>(), bytes_dq = tc_dq_shared<P, D>();
     static_assert(D % 16 == 0 && bytes <= 163 * 1024 && bytes_dq <= 163 * 1024,
                   "within sm_80's shared memory");
-    const dim3 grid((unsigned)BH, (unsigned)((a.T + TC_ROWS - 1) / TC_ROWS));
-    PYTFM_TRY(pytfm__allow_shared(func, tc_dkdv_kernel<P, D>, bytes));
-    PYTFM_TRY(pytfm__launch(func, tc_dkdv_kernel<P, D>, grid, dim3(TC_THREADS), bytes, stream,
-                            a));
+    const unsigned tiles = (unsigned)((a.T + TC_ROWS - 1) / TC_ROWS);
+    // dK, dV: a block per (b, key/value head, key tile); dQ: per (b, head, query tile).
+    // Hkv = H without a window, the common case, takes the instance without the group loop
+    void (*dkdv)(tc_backward_args) = a.Hkv != a.H || a.window > 0
+                                         ? tc_dkdv_kernel<P, D, true>
+                                         : tc_dkdv_kernel<P, D, false>;
+    PYTFM_TRY(pytfm__allow_shared(func, dkdv, bytes));
+    PYTFM_TRY(pytfm__launch(func, dkdv, dim3((unsigned)(B * a.Hkv), tiles), dim3(TC_THREADS),
+                            bytes, stream, a));
     PYTFM_TRY(pytfm__allow_shared(func, tc_dq_kernel<P, D>, bytes_dq));
-    return pytfm__launch(func, tc_dq_kernel<P, D>, grid, dim3(TC_THREADS), bytes_dq, stream,
-                         a);
+    return pytfm__launch(func, tc_dq_kernel<P, D>, dim3((unsigned)(B * a.H), tiles),
+                         dim3(TC_THREADS), bytes_dq, stream, a);
 }
 
 template <Prec P>
@@ -696,30 +767,70 @@ pytfm_status tc_backward_any(const char *func, float *delta, const tc_backward_a
                                           P == TF32 ? PYTFM_PRECISION_TF32 : PYTFM_PRECISION_BF16,
                                           stream));
     switch (D) {
-    case 16: return tc_backward_launch<P, 16>(func, a, B * a.H, stream);
-    case 32: return tc_backward_launch<P, 32>(func, a, B * a.H, stream);
-    case 64: return tc_backward_launch<P, 64>(func, a, B * a.H, stream);
-    default: return tc_backward_launch<P, 128>(func, a, B * a.H, stream);
+    case 16: return tc_backward_launch<P, 16>(func, a, B, stream);
+    case 32: return tc_backward_launch<P, 32>(func, a, B, stream);
+    case 64: return tc_backward_launch<P, 64>(func, a, B, stream);
+    default: return tc_backward_launch<P, 128>(func, a, B, stream);
     }
 }
 
 } // namespace
+
+extern "C" pytfm_status pytfm_attention_gqa_forward_ex_cuda(
+    float *o, float *lse, const float *q, const float *k, const float *v, int64_t B, int64_t T,
+    int64_t H, int64_t Hkv, int64_t D, float scale, int32_t causal, int64_t window,
+    int32_t precision, void *stream) {
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, Hkv, D, scale,
+                                             causal, window));
+    PYTFM_TRY(pytfm__check_precision_cuda(__func__, precision));
+    PYTFM_TRY(tc_check_head_dim(__func__, D));
+    if (precision == PYTFM_PRECISION_FP32 || !tc_head_dim(D))
+        return pytfm_attention_gqa_forward_cuda(o, lse, q, k, v, B, T, H, Hkv, D, scale, causal,
+                                                window, stream);
+    if (B * T * H == 0) return PYTFM_STATUS_OK;
+    PYTFM_TRY(tc_check_grid(__func__, B * H, T));
+    const tc_forward_args a = {o, lse, q, k, v, T, H, Hkv, window, scale * TC_LOG2E, causal != 0};
+    return precision == PYTFM_PRECISION_TF32 ? tc_forward_any<TF32>(__func__, a, B * H, D, stream)
+                                             : tc_forward_any<BF16>(__func__, a, B * H, D, stream);
+}
 
 extern "C" pytfm_status pytfm_attention_forward_ex_cuda(float *o, float *lse, const float *q,
                                                         const float *k, const float *v,
                                                         int64_t B, int64_t T, int64_t H,
                                                         int64_t D, float scale, int32_t causal,
                                                         int32_t precision, void *stream) {
-    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, D, scale));
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, H, D, scale,
+                                             causal, 0));
+    PYTFM_TRY(pytfm__check_precision_cuda(__func__, precision));
+    PYTFM_TRY(tc_check_head_dim(__func__, D));
+    return pytfm_attention_gqa_forward_ex_cuda(o, lse, q, k, v, B, T, H, H, D, scale, causal, 0,
+                                               precision, stream);
+}
+
+extern "C" pytfm_status pytfm_attention_gqa_backward_ex_cuda(
+    float *dq, float *dk, float *dv, const float *dy, const float *q, const float *k,
+    const float *v, const float *o, const float *lse, int64_t B, int64_t T, int64_t H,
+    int64_t Hkv, int64_t D, float scale, int32_t causal, int64_t window, int32_t precision,
+    void *stream) {
+    PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
+                                              Hkv, D, scale, causal, window));
     PYTFM_TRY(pytfm__check_precision_cuda(__func__, precision));
     PYTFM_TRY(tc_check_head_dim(__func__, D));
     if (precision == PYTFM_PRECISION_FP32 || !tc_head_dim(D))
-        return pytfm_attention_forward_cuda(o, lse, q, k, v, B, T, H, D, scale, causal, stream);
+        return pytfm_attention_gqa_backward_cuda(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, Hkv, D,
+                                                 scale, causal, window, stream);
     if (B * T * H == 0) return PYTFM_STATUS_OK;
     PYTFM_TRY(tc_check_grid(__func__, B * H, T));
-    const tc_forward_args a = {o, lse, q, k, v, T, H, scale * TC_LOG2E, causal != 0};
-    return precision == PYTFM_PRECISION_TF32 ? tc_forward_any<TF32>(__func__, a, B * H, D, stream)
-                                             : tc_forward_any<BF16>(__func__, a, B * H, D, stream);
+    float *delta = nullptr;
+    PYTFM_TRY(pytfm__stream_scratch(__func__, &delta, B * H * T, stream));
+    const tc_backward_args a = {dq, dk, dv, dy, q, k, v, lse, delta, T, H, Hkv, scale,
+                                scale * TC_LOG2E, causal != 0, (int)PYTFM_MIN(window, T),
+                                (int)(H / Hkv)};
+    const pytfm_status st =
+        precision == PYTFM_PRECISION_TF32
+            ? tc_backward_any<TF32>(__func__, delta, a, o, B, D, stream)
+            : tc_backward_any<BF16>(__func__, delta, a, o, B, D, stream);
+    return pytfm__stream_scratch_free(__func__, delta, st, stream);
 }
 
 extern "C" pytfm_status pytfm_attention_backward_ex_cuda(float *dq, float *dk, float *dv,
@@ -730,21 +841,9 @@ extern "C" pytfm_status pytfm_attention_backward_ex_cuda(float *dq, float *dk, f
                                                          int64_t D, float scale, int32_t causal,
                                                          int32_t precision, void *stream) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
-                                              D, scale));
+                                              H, D, scale, causal, 0));
     PYTFM_TRY(pytfm__check_precision_cuda(__func__, precision));
     PYTFM_TRY(tc_check_head_dim(__func__, D));
-    if (precision == PYTFM_PRECISION_FP32 || !tc_head_dim(D))
-        return pytfm_attention_backward_cuda(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale,
-                                             causal, stream);
-    if (B * T * H == 0) return PYTFM_STATUS_OK;
-    PYTFM_TRY(tc_check_grid(__func__, B * H, T));
-    float *delta = nullptr;
-    PYTFM_TRY(pytfm__stream_scratch(__func__, &delta, B * H * T, stream));
-    const tc_backward_args a = {dq, dk, dv, dy, q, k, v, lse, delta, T, H, scale,
-                                scale * TC_LOG2E, causal != 0};
-    const pytfm_status st =
-        precision == PYTFM_PRECISION_TF32
-            ? tc_backward_any<TF32>(__func__, delta, a, o, B, D, stream)
-            : tc_backward_any<BF16>(__func__, delta, a, o, B, D, stream);
-    return pytfm__stream_scratch_free(__func__, delta, st, stream);
+    return pytfm_attention_gqa_backward_ex_cuda(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, H, D,
+                                                scale, causal, 0, precision, stream);
 }

@@ -24,31 +24,51 @@ class KVCache:
     causal attention of q to everything cached: the same result as ops.attention_forward over
     the whole sequence, at O(len·D) per new token. The caches live on device: NumPy arrays
     for "cpu", CuPy arrays for "cuda" (then q, k, v are CuPy arrays too).
+
+    Grouped-query heads: n_kv_head (dividing n_head; None: n_head) key/value heads are cached,
+    [B, max_len, n_kv_head, head_dim] each, and attend() takes k, v of n_kv_head heads beside
+    q of n_head. window (0: none): the sliding window of ops.attention_forward; the cache still
+    keeps every position (max_len of them).
     """
 
-    def __init__(self, batch, max_len, n_head, head_dim, device="cpu"):
-        shape = (as_int("batch", batch), as_int("max_len", max_len), as_int("n_head", n_head),
+    def __init__(self, batch, max_len, n_head, head_dim, device="cpu", n_kv_head=None,
+                 window=0):
+        n_head = as_int("n_head", n_head)
+        n_kv_head = n_head if n_kv_head is None else as_int("n_kv_head", n_kv_head)
+        shape = (as_int("batch", batch), as_int("max_len", max_len), n_kv_head,
                  as_int("head_dim", head_dim))
-        if min(shape) < 1:
-            raise ValueError(f"KVCache sizes must all be >= 1, got {shape}")
+        if min(shape + (n_head,)) < 1:
+            raise ValueError(f"KVCache sizes must all be >= 1, got {shape} and n_head {n_head}")
+        if n_head % n_kv_head:
+            raise ValueError(f"n_kv_head = {n_kv_head} must divide n_head = {n_head}")
+        self.window = as_int("window", window)
+        if self.window < 0:
+            raise ValueError(f"window must be >= 0 (0: no sliding window), got {self.window}")
         xp = devices.array_module(device)
-        self.k = xp.zeros(shape, np.float32)  # (B, Tmax, H, D)
+        self.k = xp.zeros(shape, np.float32)  # (B, Tmax, Hkv, D)
         self.v = xp.zeros(shape, np.float32)
+        self.n_head = n_head
         self.device = device
         self.length = 0  # positions [0, length) hold keys and values
 
     def __len__(self):
         return self.length
 
-    def attend(self, q, k, v, scale=None):  # q, k, v (B, n_new, H, D) -> o (B, n_new, H, D)
-        # check q, k, v and scale before anything is written to the cache
+    def attend(self, q, k, v, scale=None):  # q (B, n_new, H, D), k, v (B, n_new, Hkv, D)
+        # check q, k, v and scale before anything is written to the cache -> o (B, n_new, H, D)
         a = Args("pytfm_attention_decode", locals())
-        q, k, v = a.heads("q", "k", "v")
-        scale = a.float("scale", default=1.0 / math.sqrt(q.shape[3]))
+        q = a.array("q", ndim=4, last="head dim D")
+        B, n_new, _, D = q.shape
+        if q.shape[2] != self.n_head:
+            raise ValueError(f"q must have n_head = {self.n_head} heads, got shape {q.shape}")
+        like = dict(ndim=4, shape=(B, n_new, self.k.shape[2], D),
+                    because="q's (B, n_new) and D, and the cache's n_kv_head")
+        k, v = a.array("k", **like), a.array("v", **like)
+        scale = a.float("scale", default=1.0 / math.sqrt(D))
         start = self.length
         ops.attention_cache_append(self.k, self.v, k, v, start)
-        o, _ = ops.attention_decode(q, self.k, self.v, start, scale)
-        self.length = start + q.shape[1]
+        o, _ = ops.attention_decode(q, self.k, self.v, start, scale, window=self.window)
+        self.length = start + n_new
         return o
 
     def reset(self):

@@ -554,54 +554,106 @@ def _attention_gpu_only(a, precision):
                          "GPU's tensor cores); on NumPy arrays use 'fp32'")
 
 
-def attention_forward(q, k, v, causal=True, scale=None, precision="fp32"):
-    """Multi-head scaled dot-product attention, flash-style (no [T, T] matrix is stored).
-
-    q, k, v [B, T, H, D] -> (o [B, T, H, D], lse [B, H, T]); scale defaults to 1/sqrt(D).
-    precision: "fp32", or on CuPy arrays "tf32" or "bf16" (Q·Kᵀ and P·V on the tensor cores,
-    their inputs rounded to the format, the softmax and every sum in float32: see
-    pytfm_attention_forward_ex_cuda; head dims other than 16, 32, 64, 128 stay FP32).
-    """
-    kernel, extra = _precise("pytfm_attention_forward", precision)
-    a = _Args(kernel, locals())
-    _attention_gpu_only(a, precision)
-    q, k, v = a.heads("q", "k", "v")
+def _kv_heads(a, q, names):
+    """The key/value arrays `names` of queries q [B, T, H, D]: each [B, T, Hkv, D] of the first
+    one's shape, Hkv dividing H (grouped-query heads; Hkv = H: multi-head) -> arrays, Hkv"""
     B, T, H, D = q.shape
+    first = a.array(names[0], ndim=4, last="head dim D")
+    Hkv = first.shape[2]
+    if first.shape[:2] + first.shape[3:] != (B, T, D) or Hkv < 1 or H % Hkv:
+        raise ValueError(
+            f"{names[0]} must have shape (B, T, Hkv, D) = ({B}, {T}, Hkv, {D}) with Hkv "
+            f"dividing q's H = {H} (grouped-query heads), got {first.shape}")
+    like = dict(ndim=4, shape=first.shape, because=f"{names[0]}.shape")
+    return [first] + [a.array(name, **like) for name in names[1:]], Hkv
+
+
+def _attention_kernel(direction, precision, H, Hkv, window):
+    """The kernel of an attention call, in its precision (see _precise): the multi-head one
+    (Hkv = H, no window), else the grouped-query/windowed one -> (name, extra arguments)"""
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0: no sliding window), got {window}")
+    if Hkv == H and window == 0:
+        return _precise(f"pytfm_attention_{direction}", precision)
+    return _precise(f"pytfm_attention_gqa_{direction}", precision)
+
+
+def _window_causal(window, causal):
+    if window and not causal:
+        raise ValueError(f"window = {window} needs causal=True (a sliding window is causal)")
+
+
+def attention_forward(q, k, v, causal=True, scale=None, precision="fp32", window=0):
+    """Multi-head scaled dot-product attention, flash-style (no [T, T] matrix is stored), with
+    grouped-query heads and a sliding window.
+
+    q [B, T, H, D], k, v [B, T, Hkv, D] -> (o [B, T, H, D], lse [B, H, T]); Hkv divides H and
+    query head h reads key/value head h // (H // Hkv) (transformers' repeat_kv; Hkv = 1:
+    multi-query). window: 0, or w > 0 with causal: query t sees keys t - w < s <= t
+    (transformers' sliding window). D is any head dim >= 1 (CuPy arrays: <= 128). scale
+    defaults to 1/sqrt(D). precision: "fp32", or on CuPy arrays "tf32" or "bf16" (Q·Kᵀ and P·V
+    on the tensor cores, their inputs rounded to the format, the softmax and every sum in
+    float32: see pytfm_attention_forward_ex_cuda; head dims other than 16, 32, 64, 128 stay
+    FP32).
+    """
+    a = _Args("pytfm_attention_forward", locals())
+    _attention_gpu_only(a, precision)
+    q = a.array("q", ndim=4, last="head dim D")
+    (k, v), Hkv = _kv_heads(a, q, ("k", "v"))
+    B, T, H, D = q.shape
+    window = a.int("window")
+    kernel, extra = _attention_kernel("forward", precision, H, Hkv, window)
+    a.kernel = kernel
     scale = a.float("scale", default=1.0 / math.sqrt(D))
     causal = a.bool("causal")
+    _window_causal(window, causal)
     o, lse = a.empty_like(q), a.empty((B, H, T))
-    a.call(o, lse, q, k, v, B, T, H, D, scale, causal, *extra)
+    if kernel.startswith("pytfm_attention_gqa"):
+        a.call(o, lse, q, k, v, B, T, H, Hkv, D, scale, causal, window, *extra)
+    else:
+        a.call(o, lse, q, k, v, B, T, H, D, scale, causal, *extra)
     return o, lse
 
 
-def attention_backward(dy, q, k, v, o, lse, causal=True, scale=None, precision="fp32"):
-    """dy [B, T, H, D], the gradient of o -> (dq, dk, dv), each [B, T, H, D]; o and lse from
-    attention_forward (in the same precision: see attention_forward and
-    pytfm_attention_backward_ex_cuda)."""
-    kernel, extra = _precise("pytfm_attention_backward", precision)
-    a = _Args(kernel, locals())
+def attention_backward(dy, q, k, v, o, lse, causal=True, scale=None, precision="fp32",
+                       window=0):
+    """dy [B, T, H, D], the gradient of o -> (dq [B, T, H, D], dk, dv [B, T, Hkv, D]: each the
+    sum over its group's query heads); o and lse from attention_forward with the same causal,
+    scale, precision and window (see attention_forward and pytfm_attention_backward_ex_cuda)."""
+    a = _Args("pytfm_attention_backward", locals())
     _attention_gpu_only(a, precision)
-    q, k, v, dy, o = a.heads("q", "k", "v", "dy", "o")
+    q, dy, o = a.heads("q", "dy", "o")
+    (k, v), Hkv = _kv_heads(a, q, ("k", "v"))
     B, T, H, D = q.shape
+    window = a.int("window")
+    kernel, extra = _attention_kernel("backward", precision, H, Hkv, window)
+    a.kernel = kernel
     lse = a.array("lse", shape=(B, H, T), because="(B, H, T) of q")
     scale = a.float("scale", default=1.0 / math.sqrt(D))
     causal = a.bool("causal")
-    dq, dk, dv = a.empty_like(q), a.empty_like(q), a.empty_like(q)
-    a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale, causal, *extra)
+    _window_causal(window, causal)
+    dq, dk, dv = a.empty_like(q), a.empty_like(k), a.empty_like(k)
+    if kernel.startswith("pytfm_attention_gqa"):
+        a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, Hkv, D, scale, causal, window, *extra)
+    else:
+        a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale, causal, *extra)
     return dq, dk, dv
 
 
-def _cache_dims(a, new, writable=False):
-    """The new tokens' [B, n_new, H, D] array `new` and the caches [B, Tmax, H, D] they go
-    with (writable: for an append) -> new, k_cache, v_cache, (B, n_new, H, D, Tmax, start)"""
+def _cache_dims(a, new, writable=False, grouped=False):
+    """The new tokens' [B, n_new, H, D] array `new` and the caches [B, Tmax, Hkv, D] they go
+    with (writable: for an append; grouped: Hkv divides H, else Hkv = H)
+    -> new, k_cache, v_cache, (B, n_new, H, Hkv, D, Tmax, start)"""
     x = a.array(new, ndim=4, last="head dim D")
     k_cache, v_cache = a.heads("k_cache", "v_cache", writable=writable)
     B, n_new, H, D = x.shape
     Bc, Tmax, Hc, Dc = k_cache.shape
-    if (Bc, Hc, Dc) != (B, H, D):
+    if (Bc, Dc) != (B, D) or (Hc != H and not (grouped and Hc >= 1 and H % Hc == 0)):
+        heads = "Hkv dividing H" if grouped else "H"
         raise ValueError(
-            f"k_cache must have shape (B, Tmax, H, D) = ({B}, Tmax, {H}, {D}) to match "
-            f"{new} of shape {x.shape}, got {k_cache.shape}"
+            f"k_cache must have shape (B, Tmax, {heads}, D) = ({B}, Tmax, "
+            f"{'Hkv' if grouped else H}, {D}) to match {new} of shape {x.shape}, got "
+            f"{k_cache.shape}"
         )
     start = a.int("start")
     if start < 0 or start + n_new > Tmax:
@@ -609,26 +661,34 @@ def _cache_dims(a, new, writable=False):
             f"cache overflow: positions [{start}, {start + n_new}) do not fit in a cache of "
             f"Tmax = {Tmax} (start must be in [0, Tmax - n_new])"
         )
-    return x, k_cache, v_cache, (B, n_new, H, D, Tmax, start)
+    return x, k_cache, v_cache, (B, n_new, H, Hc, D, Tmax, start)
 
 
 def attention_cache_append(k_cache, v_cache, k, v, start):
-    """Write k, v [B, n_new, H, D] into the caches [B, Tmax, H, D] at positions
-    [start, start + n_new)."""
+    """Write k, v [B, n_new, Hkv, D] into the caches [B, Tmax, Hkv, D] at positions
+    [start, start + n_new) (Hkv: the key/value heads, H without grouped-query heads)."""
     a = _Args("pytfm_attention_cache_append", locals())
-    k, k_cache, v_cache, dims = _cache_dims(a, "k", writable=True)
+    k, k_cache, v_cache, (B, n_new, H, _, D, Tmax, start) = _cache_dims(a, "k", writable=True)
     v = a.array("v", ndim=4, shape=k.shape, because="k.shape")
-    a.call(k_cache, v_cache, k, v, *dims)
+    a.call(k_cache, v_cache, k, v, B, n_new, H, D, Tmax, start)
 
 
-def attention_decode(q, k_cache, v_cache, start, scale=None):
+def attention_decode(q, k_cache, v_cache, start, scale=None, window=0):
     """Causal attention of queries q [B, n_new, H, D] at positions [start, start + n_new) to
-    the cached keys and values at positions [0, start + n_new).
+    the cached keys and values [B, Tmax, Hkv, D] at positions [0, start + n_new) (Hkv divides
+    H, as attention_forward; window: as attention_forward, keys after position − window).
     -> (o [B, n_new, H, D], lse [B, H, n_new])"""
     a = _Args("pytfm_attention_decode", locals())
-    q, k_cache, v_cache, dims = _cache_dims(a, "q")
-    B, n_new, H, D = q.shape
+    q, k_cache, v_cache, dims = _cache_dims(a, "q", grouped=True)
+    B, n_new, H, Hkv, D, Tmax, start = dims
+    window = a.int("window")
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0: no sliding window), got {window}")
     scale = a.float("scale", default=1.0 / math.sqrt(D))
     o, lse = a.empty_like(q), a.empty((B, H, n_new))
-    a.call(o, lse, q, k_cache, v_cache, *dims, scale)
+    if Hkv == H and window == 0:
+        a.call(o, lse, q, k_cache, v_cache, B, n_new, H, D, Tmax, start, scale)
+    else:
+        a.kernel = "pytfm_attention_gqa_decode"
+        a.call(o, lse, q, k_cache, v_cache, *dims, scale, window)
     return o, lse

@@ -243,30 +243,62 @@ def rope_freq_forward(x, pos, inv_freq):  # [B, T, H, D], [T] or [B, T], [D/2] -
 def rope_freq_backward(dy, pos, inv_freq):  # [B, T, H, D], [T] or [B, T], [D/2] -> [B, T, H, D]
     return rope_freq_forward(dy, np.negative(pos), inv_freq)
 
-def attention_scores(q, k, causal, scale=None):  # [B, T, H, D] x2 -> S [B, H, T, T]
+
+def attention_mask(T, causal, window=0, start=0, Tk=None):  # -> bool [T, Tk]: query t sees s
+    """Query t (at position start + t) sees key s: every s, or causal s <= start + t, and with
+    a sliding window w > 0 also s > start + t − w (transformers' sliding_window_overlay)"""
+    if window and not causal:
+        raise ValueError(f"window = {window} needs causal attention")
+    Tk = T if Tk is None else Tk
+    t = start + np.arange(T)[:, None]
+    s = np.arange(Tk)[None, :]
+    seen = (s <= t) if causal else np.ones((T, Tk), bool)
+    return seen & (s > t - window) if window else seen
+
+
+def _grouped(q, k):  # [B, T, H, D], [B, S, Hkv, D] -> q [B, T, Hkv, G, D]: head h = kv·G + g
+    B, T, H, D = q.shape
+    Hkv = k.shape[2]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"k's heads Hkv = {Hkv} must divide q's H = {H}")
+    return q.reshape(B, T, Hkv, H // Hkv, D)
+
+
+def attention_scores(q, k, causal, scale=None, window=0):  # [B,T,H,D], [B,T,Hkv,D] -> [B,H,T,T]
     q, k = _f64(q, k)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    S = np.einsum("bthd,bshd->bhts", q, k) * scale
-    if causal:
-        T = q.shape[1]
-        S = np.where(np.tril(np.ones((T, T), bool)), S, -np.inf)
+    B, T, H, _ = q.shape
+    S = np.einsum("btkgd,bskd->bkgts", _grouped(q, k), k).reshape(B, H, T, k.shape[1]) * scale
+    if causal or window:
+        S = np.where(attention_mask(T, causal, window), S, -np.inf)
     return S
 
 
-def attention_forward(q, k, v, causal=True, scale=None):  # [B, T, H, D] x3 -> o, lse [B, H, T]
-    S = attention_scores(q, k, causal, scale)
+def attention_forward(q, k, v, causal=True, scale=None, window=0):  # q [B,T,H,D], k, v
+    # [B, T, Hkv, D] (Hkv divides H: head h reads kv head h // (H/Hkv)) -> o, lse [B, H, T]
+    S = attention_scores(q, k, causal, scale, window)
     m = S.max(axis=-1, keepdims=True)
     lse = (m + np.log(np.exp(S - m).sum(axis=-1, keepdims=True)))[..., 0]
     P = np.exp(S - lse[..., None])  # (B, H, T, T), materialised: this is the naive version
-    return np.einsum("bhts,bshd->bthd", P, np.asarray(v, np.float64)), lse
+    B, H, T, _ = P.shape
+    Hkv = k.shape[2]
+    P = P.reshape(B, Hkv, H // Hkv, T, -1)
+    o = np.einsum("bkgts,bskd->btkgd", P, np.asarray(v, np.float64))
+    return o.reshape(q.shape), lse
 
 
-def attention_backward(dy, q, k, v, causal=True, scale=None):  # dy [B, T, H, D] -> dq, dk, dv
+def attention_backward(dy, q, k, v, causal=True, scale=None, window=0):  # -> dq, dk, dv
+    # dy, q [B, T, H, D], k, v [B, T, Hkv, D]; dk, dv sum over the heads of a group
     dy, q, k, v = _f64(dy, q, k, v)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    S = attention_scores(q, k, causal, scale)
+    B, T, H, _ = q.shape
+    Hkv = k.shape[2]
+    S = attention_scores(q, k, causal, scale, window)
     P = softmax_forward(S)
-    dv = np.einsum("bhts,bthd->bshd", P, dy)
-    dP = np.einsum("bthd,bshd->bhts", dy, v)
-    dS = softmax_backward(dP, P) * scale
-    return np.einsum("bhts,bshd->bthd", dS, k), np.einsum("bhts,bthd->bshd", dS, q), dv
+    dyg, qg = _grouped(dy, k), _grouped(q, k)
+    Pg = P.reshape(B, Hkv, H // Hkv, T, T)
+    dv = np.einsum("bkgts,btkgd->bskd", Pg, dyg)
+    dP = np.einsum("btkgd,bskd->bkgts", dyg, v)
+    dS = softmax_backward(dP, Pg) * scale
+    dq = np.einsum("bkgts,bskd->btkgd", dS, k).reshape(q.shape)
+    return dq, np.einsum("bkgts,btkgd->bskd", dS, qg), dv

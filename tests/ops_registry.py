@@ -1886,15 +1886,20 @@ def _scale(a):
     return 1 / np.sqrt(a["q"].shape[-1]) if a["scale"] is None else a["scale"]
 
 
-def attention_make(seed, B, T, H, D, causal=True, scale=None):
+def attention_make(seed, B, T, H, D, causal=True, scale=None, group=1, window=0):
+    """q, dy [B, T, H·group, D], k, v [B, T, H, D] (group query heads per key/value head);
+    window: the sliding window where causal (a window needs causal attention), else 0"""
     rng = np.random.default_rng(seed)
-    q, k, v = (f32(rng, (B, T, H, D)) for _ in range(3))
-    return dict(seed=seed, causal=causal, scale=scale, q=q, k=k, v=v, dy=f32(rng, q.shape))
+    q = f32(rng, (B, T, H * group, D))
+    k, v = f32(rng, (B, T, H, D)), f32(rng, (B, T, H, D))
+    return dict(seed=seed, causal=causal, scale=scale, q=q, k=k, v=v, dy=f32(rng, q.shape),
+                group=group, window=window if causal else 0)
 
 
 def attention_saved(**drawn_values):
     a = attention_make(**drawn_values)
-    a["o"], a["lse"] = ops.attention_forward(a["q"], a["k"], a["v"], a["causal"], a["scale"])
+    a["o"], a["lse"] = ops.attention_forward(a["q"], a["k"], a["v"], a["causal"], a["scale"],
+                                             window=a["window"])
     return a
 
 
@@ -1909,44 +1914,69 @@ def attention_backward_tol(a, want):
     s, D = _scale(a), q.shape[-1]
     rel = softmax_rel(q, k, s, q.shape[1])
     noise = rel * s * D**0.5 * amax(dy) * amax(v)
-    floors = (noise * amax(k), noise * amax(q), rel * amax(dy))
+    G = a.get("group", 1)  # dk and dv sum the group's G heads: G times the noise of one
+    floors = (noise * amax(k), G * noise * amax(q), G * rel * amax(dy))
     return [Tol(4 * rel * amax(r) + floor) for r, floor in zip(want, floors)]
 
 
 def attention_fast_tol(a, got, plain):
-    """Dot products of length D, sums over up to T keys"""
+    """Dot products of length D, sums over up to T keys (dk, dv: over the group's heads too)"""
     _, T, _, D = a["q"].shape
-    bound = np.sqrt(D) * T * EPS32
+    bound = np.sqrt(D) * T * a.get("group", 1) * EPS32
     return [Tol(4 * bound * max(1.0, amax(p)), 1e-5) for p in plain]
 
 
 def attention_chain(a):
-    o, lse = ops.attention_forward(a["q"], a["k"], a["v"], causal=a["causal"])
+    o, lse = ops.attention_forward(a["q"], a["k"], a["v"], causal=a["causal"],
+                                   window=a["window"])
     return [o, lse, *ops.attention_backward(a["dy"], a["q"], a["k"], a["v"], o, lse,
-                                            causal=a["causal"])]
+                                            causal=a["causal"], window=a["window"])]
 
 
-def decode_make(seed, B, n_new, H, D, start, spare=0, scale=None):
-    """caches [B, Tmax, H, D] with Tmax = start + n_new + spare, queries [B, n_new, H, D]"""
+def attention_run(a):
+    return list(ops.attention_forward(a["q"], a["k"], a["v"], a["causal"], a["scale"],
+                                      window=a["window"]))
+
+
+def attention_want(a):
+    return list(ref.attention_forward(a["q"], a["k"], a["v"], a["causal"], a["scale"],
+                                      a["window"]))
+
+
+def attention_backward_run(a):
+    return list(ops.attention_backward(a["dy"], a["q"], a["k"], a["v"], a["o"], a["lse"],
+                                       a["causal"], a["scale"], window=a["window"]))
+
+
+def attention_backward_want(a):
+    return list(ref.attention_backward(a["dy"], a["q"], a["k"], a["v"], a["causal"],
+                                       a["scale"], a["window"]))
+
+
+def decode_make(seed, B, n_new, H, D, start, spare=0, scale=None, group=1, window=0):
+    """caches [B, Tmax, H, D] with Tmax = start + n_new + spare, queries [B, n_new, H·group, D]
+    (group query heads per cached head), keys and values [B, n_new, H, D]"""
     rng = np.random.default_rng(seed)
     Tmax = start + n_new + spare
     k_cache, v_cache = f32(rng, (B, Tmax, H, D)), f32(rng, (B, Tmax, H, D))
     return dict(seed=seed, start=start, scale=scale, k_cache=k_cache, v_cache=v_cache,
-                q=f32(rng, (B, n_new, H, D)), k=f32(rng, (B, n_new, H, D)),
-                v=f32(rng, (B, n_new, H, D)))
+                q=f32(rng, (B, n_new, H * group, D)), k=f32(rng, (B, n_new, H, D)),
+                v=f32(rng, (B, n_new, H, D)), group=group, window=window)
 
 
-def decode_reference(q, k_cache, v_cache, start, scale):
-    """float64: query i at position start + i sees the cached keys 0 .. start + i"""
+def decode_reference(q, k_cache, v_cache, start, scale, window=0):
+    """float64: query i at position start + i sees the cached keys 0 .. start + i (with a
+    window, those after start + i − window); query head h the cached head h // (H / Hkv)"""
     n_new = q.shape[1]
     Tk = start + n_new
-    S = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k_cache[:, :Tk]) * scale
-    seen = np.arange(Tk)[None, :] <= start + np.arange(n_new)[:, None]
-    S = np.where(seen, S, -np.inf)
+    G = q.shape[2] // k_cache.shape[2]
+    k, v = (np.repeat(c[:, :Tk].astype(np.float64), G, axis=2) for c in (k_cache, v_cache))
+    S = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k) * scale
+    S = np.where(ref.attention_mask(n_new, True, window, start, Tk), S, -np.inf)
     m = S.max(axis=-1, keepdims=True)
     lse = m[..., 0] + np.log(np.exp(S - m).sum(axis=-1))
     P = np.exp(S - lse[..., None])
-    return np.einsum("bhts,bshd->bthd", P, v_cache[:, :Tk].astype(np.float64)), lse
+    return np.einsum("bhts,bshd->bthd", P, v), lse
 
 
 def decode_tol(a, want):
@@ -1955,7 +1985,13 @@ def decode_tol(a, want):
 
 
 def decode_run(a):
-    return list(ops.attention_decode(a["q"], a["k_cache"], a["v_cache"], a["start"], a["scale"]))
+    return list(ops.attention_decode(a["q"], a["k_cache"], a["v_cache"], a["start"], a["scale"],
+                                     window=a["window"]))
+
+
+def decode_want(a):
+    return list(decode_reference(a["q"], a["k_cache"], a["v_cache"], a["start"], _scale(a),
+                                 a["window"]))
 
 
 def cache_append_want(a):
@@ -1985,8 +2021,8 @@ ATTENTION_SCRATCH = """
 B, T, H, D = 1, 512, 1, 4096
 q, k, v, dy = randn(B, T, H, D), randn(B, T, H, D), randn(B, T, H, D), randn(B, T, H, D)
 """
-TQ_TK = 64 * 256  # attention.c: the forward's TQ×TK tile of scores
-TQB_TKB = 64 * 64  # and the backward's TQB×TKB
+TQ_TK = 64 * (256 + 16)  # attention.c: the forward's TQ×LDS tile of scores
+TQB_TKB = 64 * (64 + 16)  # and the backward's TQB×LDSB
 DECODE_DRAW = drawn(B=st.sampled_from([1, 2]), n_new=st.integers(1, 12),
                     H=st.sampled_from([1, 3]), D=st.sampled_from([1, 8, 16, 64]),
                     start=st.integers(0, 70), spare=st.sampled_from([0, 3]),
@@ -2027,7 +2063,8 @@ ATTENTION_FORWARD = Op(
         Bad(lambda: ops.attention_forward(q4, q4, q4, causal=np.False_), None, None,
             "causal-np-False-is-accepted"),
         Bad(lambda: ops.attention_forward(z(2, 5, 3, 4), z(2, 6, 3, 4), z(2, 5, 3, 4)),
-            ValueError, r"k must have shape \(2, 5, 3, 4\)"),
+            ValueError, r"k must have shape \(B, T, Hkv, D\) = \(2, 5, Hkv, 4\) with Hkv "
+            r"dividing q's H = 3 \(grouped-query heads\), got \(2, 6, 3, 4\)"),
         Bad(lambda: ops.attention_forward(z(2, 5, 3, 0), z(2, 5, 3, 0), z(2, 5, 3, 0)),
             ValueError, r"q.shape\[3\] \(head dim D\) must be >= 1"),
         Bad(lambda: ops.attention_forward(z(5, 3, 4), z(5, 3, 4), z(5, 3, 4)), ValueError,
@@ -2148,7 +2185,8 @@ ATTENTION_DECODE = Op(
         Bad(lambda: ops.attention_decode(z(2, 5, 3, 4), z(2, 8, 3, 4), z(2, 8, 3, 4), start=4),
             ValueError, r"cache overflow: positions \[4, 9\) do not fit in a cache of Tmax = 8"),
         Bad(lambda: ops.attention_decode(z(2, 5, 3, 4), z(2, 8, 2, 4), z(2, 8, 2, 4), start=0),
-            ValueError, r"k_cache must have shape \(B, Tmax, H, D\) = \(2, Tmax, 3, 4\)"),
+            ValueError, r"k_cache must have shape \(B, Tmax, Hkv dividing H, D\) = "
+            r"\(2, Tmax, Hkv, 4\) to match q of shape \(2, 5, 3, 4\), got \(2, 8, 2, 4\)"),
     ),
     scratch=Scratch(fast_path_only=True, setup=f"""
 B, Tmax, H, D, start, n_new = 1, 512, 1, 4096, 448, 64  # n_new >= 8: the tiled path
@@ -2164,6 +2202,151 @@ scratch_bytes = 4 * threads * (D * (start + n_new) + {TQ_TK} + 2 * 64)  # as the
 )
 
 
+# ---- attention with grouped-query heads and a sliding window ----------------------------------
+# ops.attention_forward/backward/decode call these when k's heads are fewer than q's or a window
+# is given (the entries above: Hkv = H and no window, the same code)
+
+GQA_DRAW = drawn(B=st.sampled_from([1, 2]),
+                 T=st.one_of(awkward, st.sampled_from([31, 33, 64, 65, 97])),
+                 H=st.sampled_from([1, 2, 3]), group=st.sampled_from([1, 2, 4]),
+                 D=st.sampled_from([1, 3, 8, 64, 96, 256]), causal=st.booleans(),
+                 scale=st.sampled_from([None, 0.05, 1.0]),
+                 window=st.sampled_from([0, 1, 2, 7, 32, 33, 64, 200]))
+GQA_EMU = (dict(B=1, T=1, H=1, D=1, group=2, window=1, seed=1),
+           dict(B=2, T=33, H=1, D=3, group=3, causal=False, seed=2),  # multi-query
+           dict(B=1, T=130, H=2, D=16, group=2, window=70, seed=3),  # tiles past the window
+           dict(B=1, T=65, H=1, D=80, group=4, window=1, seed=4))
+GQA_FAST_DRAW = drawn(B=st.sampled_from([1, 2]),
+                      T=st.sampled_from([8, 9, 31, 63, 64, 65, 129, 200, 300]),
+                      H=st.sampled_from([1, 2]), group=st.sampled_from([1, 2, 3]),
+                      D=st.sampled_from([1, 5, 16, 33, 64, 80]), causal=st.booleans(),
+                      window=st.sampled_from([0, 1, 5, 64, 65, 100, 257]))
+gq, gkv = z(1, 2, 4, 4), z(1, 2, 2, 4)  # 4 query heads on 2 key/value heads
+# HEADS and CACHE with Hkv after H: Hkv = H, and Hkv = 1 (multi-query)
+GQA_HEADS = tuple((B, T, H, Hkv, D) for B, T, H, D in HEADS for Hkv in (H, 1))
+GQA_CACHE = tuple((B, n, H, Hkv, D, Tmax, start) for B, n, H, D, Tmax, start in CACHE
+                  for Hkv in (H, 1)
+                  # (Hkv = 1 shrinks the cache below the limit where q alone does not pass it)
+                  if Hkv == H or start + n > Tmax or B * n * H * D >= P61)
+
+ATTENTION_GQA_FORWARD = Op(
+    "attention_gqa_forward",
+    limits=Limits(("F F F F F {0} {1} {2} {3} {4} 0.5 0 0",
+                   "F F F F F {0} {1} {2} {3} {4} 0.5 1 5"), GQA_HEADS),
+    exact=("F:2*r*b*a F:2*b*r F:2*r*b*a F:2*r*a F:2*r*a 2 r b 1 a 0.5 1 3",
+           "F:2*r*b*a F:2*b*r F:2*r*b*a F:2*r*b*a F:2*r*b*a 2 r b b a 0.5 0 0"),
+    check=Check(GQA_DRAW, attention_make, run=attention_run, want=attention_want,
+                tol=attention_tol, outputs=("o", "lse"), emu=GQA_EMU,
+                threads=(dict(B=3, T=77, H=2, D=24, group=3, window=20, seed=7),)),
+    fast=(Fast("tiled", GQA_FAST_DRAW, attention_make, lambda a: attention_chain(a)[:2],
+               attention_fast_tol, isas=("avx2", "avx512")),),
+    bad=(
+        Bad(lambda: ops.attention_forward(z(1, 2, 3, 4), gkv, gkv), ValueError,
+            r"k must have shape \(B, T, Hkv, D\) = \(1, 2, Hkv, 4\) with Hkv dividing q's "
+            r"H = 3 \(grouped-query heads\), got \(1, 2, 2, 4\)"),
+        Bad(lambda: ops.attention_forward(gq, gkv, z(1, 2, 1, 4)), ValueError,
+            r"v must have shape \(1, 2, 2, 4\)"),
+        Bad(lambda: ops.attention_forward(gq, gkv, gkv, window=-1), ValueError,
+            r"window must be >= 0 \(0: no sliding window\), got -1"),
+        Bad(lambda: ops.attention_forward(gq, gkv, gkv, window=True), TypeError,
+            r"window must be an integer, got bool"),
+        Bad(lambda: ops.attention_forward(gq, gkv, gkv, causal=False, window=2), ValueError,
+            r"window = 2 needs causal=True"),
+        Bad(lambda: ops.attention_forward(gq, gkv, gkv, window=2**64), ValueError,
+            r"window must fit in int64"),
+    ),
+    scratch=Scratch(fast_path_only=True, setup=ATTENTION_SCRATCH + f"""
+call = lambda: list(ops.attention_forward(q, k, v, window=T))
+out_bytes = 4 * (B * T * H * D + B * H * T)  # o, lse
+scratch_bytes = 4 * threads * (D * T + {TQ_TK} + 2 * 64)  # forward_ws_floats per thread
+"""),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_attention.py::test_gqa_is_multi_head_attention_on_repeated_kv",
+               "tests/kernels/test_attention.py::test_attention_matches_torch_sdpa_with_gqa",
+               "tests/kernels/test_attention.py::test_sliding_window_matches_transformers_mask"),
+)
+
+ATTENTION_GQA_BACKWARD = Op(
+    "attention_gqa_backward",
+    limits=Limits(("F F F F F F F F F {0} {1} {2} {3} {4} 0.5 1 0",
+                   "F F F F F F F F F {0} {1} {2} {3} {4} 0.5 1 7"), GQA_HEADS),
+    exact=("F:2*r*b*a F:2*r*a F:2*r*a F:2*r*b*a F:2*r*b*a F:2*r*a F:2*r*a F:2*r*b*a F:2*b*r "
+           "2 r b 1 a 0.5 1 3",
+           "F:2*r*b*a F:2*r*b*a F:2*r*b*a F:2*r*b*a F:2*r*b*a F:2*r*b*a F:2*r*b*a F:2*r*b*a "
+           "F:2*b*r 2 r b b a 0.5 0 0"),
+    check=Check(GQA_DRAW, attention_saved, run=attention_backward_run,
+                want=attention_backward_want, tol=attention_backward_tol,
+                outputs=("dq", "dk", "dv"), emu=GQA_EMU,
+                threads=(dict(B=3, T=77, H=2, D=24, group=3, window=20, seed=7),)),
+    fast=(Fast("chain", GQA_FAST_DRAW, attention_make, attention_chain, attention_fast_tol,
+               isas=("avx2", "avx512")),),
+    bad=(
+        Bad(lambda: ops.attention_backward(gq, gq, z(1, 2, 3, 4), z(1, 2, 3, 4), gq,
+                                           z(1, 4, 2)), ValueError, r"Hkv dividing q's H = 4"),
+        Bad(lambda: ops.attention_backward(gq, gq, gkv, gkv, gq, z(1, 4, 2), window=-3),
+            ValueError, r"window must be >= 0"),
+    ),
+    scratch=Scratch(fast_path_only=True, setup=ATTENTION_SCRATCH + f"""
+o, lse = ops.attention_forward(q, k, v, window=T)
+call = lambda: list(ops.attention_backward(dy, q, k, v, o, lse, window=T))
+out_bytes = 4 * 3 * B * T * H * D  # dq, dk, dv
+scratch_bytes = 4 * threads * (2 * D * T + 2 * {TQB_TKB} + T)  # backward_fast, per thread
+"""),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_attention.py::test_gqa_is_multi_head_attention_on_repeated_kv",
+               "tests/kernels/test_attention.py::test_attention_matches_torch_sdpa_with_gqa"),
+)
+
+ATTENTION_GQA_DECODE = Op(
+    "attention_gqa_decode",
+    limits=Limits(("F F F F F {0} {1} {2} {3} {4} {5} {6} 0.5 0",
+                   "F F F F F {0} {1} {2} {3} {4} {5} {6} 0.5 9"), GQA_CACHE),
+    exact=("F:2*r*b*a F:2*b*r F:2*r*b*a F:2*(r+1)*a F:2*(r+1)*a 2 r b 1 a r+1 1 0.5 2",),
+    check=Check(
+        drawn(B=st.sampled_from([1, 2]), n_new=st.integers(1, 12), H=st.sampled_from([1, 2]),
+              group=st.sampled_from([1, 2, 3]), D=st.sampled_from([1, 8, 16, 64, 160]),
+              start=st.integers(0, 70), spare=st.sampled_from([0, 3]),
+              scale=st.sampled_from([None, 0.5]), window=st.sampled_from([0, 1, 4, 30, 64])),
+        decode_make, run=decode_run, want=decode_want, tol=decode_tol, outputs=("o", "lse"),
+        emu=(dict(B=1, n_new=1, H=1, D=64, start=0, spare=3, group=4, window=1, seed=1),
+             dict(B=1, n_new=20, H=1, D=3, start=100, spare=1, group=2, window=70, seed=2),
+             dict(B=2, n_new=3, H=2, D=16, start=300, spare=7, group=2, window=100, seed=3)),
+        threads=(dict(B=2, n_new=1, H=3, D=16, start=250, spare=49, group=2, window=100,
+                      seed=3),)),
+    fast=(
+        Fast("tiled", drawn(n_new=st.sampled_from([8, 40, 100]),
+                            start=st.sampled_from([0, 1, 50]),
+                            window=st.sampled_from([0, 1, 30, 64, 65, 150])),
+             lambda seed, n_new, start, window: decode_make(seed, 2, n_new, 2, 16, start,
+                                                            200 - n_new - start, group=3,
+                                                            window=window),
+             decode_run, lambda a, got, plain: [Tol(1e-5, 1e-5)] * 2, isas=("avx2", "avx512")),
+        Fast("rows", drawn(n_new=st.sampled_from([1, 2, 7]), D=st.sampled_from([1, 16, 33]),
+                           start=st.sampled_from([0, 1, 64, 150]),
+                           window=st.sampled_from([1, 2, 63, 64, 65, 100])),
+             lambda seed, n_new, D, start, window: decode_make(seed, 2, n_new, 1, D, start, 3,
+                                                               group=4, window=window),
+             decode_run,
+             lambda a, got, plain: [Tol(4 * np.sqrt(a["q"].shape[-1]) * EPS32
+                                        * (a["start"] + a["q"].shape[1]), 1e-5)] * 2),
+    ),
+    bad=(
+        Bad(lambda: ops.attention_decode(gq, z(1, 8, 3, 4), z(1, 8, 3, 4), start=0), ValueError,
+            r"k_cache must have shape \(B, Tmax, Hkv dividing H, D\)"),
+        Bad(lambda: ops.attention_decode(gq, z(1, 8, 2, 4), z(1, 8, 2, 4), start=0, window=-1),
+            ValueError, r"window must be >= 0"),
+    ),
+    scratch=Scratch(fast_path_only=True, setup=f"""
+B, Tmax, H, D, start, n_new = 1, 512, 1, 4096, 448, 64  # n_new >= 8: the tiled path
+q, k_cache, v_cache = randn(B, n_new, H, D), randn(B, Tmax, H, D), randn(B, Tmax, H, D)
+call = lambda: list(ops.attention_decode(q, k_cache, v_cache, start, window=Tmax))
+out_bytes = 4 * (B * n_new * H * D + B * H * n_new)  # o, lse
+scratch_bytes = 4 * threads * (D * (start + n_new) + {TQ_TK} + 2 * 64)  # as the forward's
+"""),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_attention.py::test_gqa_window_decoding_equals_the_forward",),
+)
+
 # ---- the list ---------------------------------------------------------------------------------
 
 OPS = (LINEAR_FORWARD, LINEAR_GELU_FORWARD, LINEAR_BACKWARD, LINEAR_FORWARD_EX,
@@ -2175,7 +2358,8 @@ OPS = (LINEAR_FORWARD, LINEAR_GELU_FORWARD, LINEAR_BACKWARD, LINEAR_FORWARD_EX,
        QKV_SPLIT_FORWARD, QKV_SPLIT_BACKWARD, SINUSOIDAL_POSITIONS, GELU_FORWARD, GELU_BACKWARD,
        EMBEDDING_FORWARD, EMBEDDING_BACKWARD, CROSS_ENTROPY_FORWARD, CROSS_ENTROPY_BACKWARD,
        ADAMW_STEP, SUM_SQUARES, ATTENTION_FORWARD, ATTENTION_BACKWARD, ATTENTION_CACHE_APPEND,
-       ATTENTION_DECODE)
+       ATTENTION_DECODE,
+       ATTENTION_GQA_FORWARD, ATTENTION_GQA_BACKWARD, ATTENTION_GQA_DECODE)
 BY_NAME = {op.name: op for op in OPS}
 
 # The public functions that are not ops, by header: no kernel, nothing for the iterating tests.
@@ -2222,6 +2406,7 @@ NON_OPS = {
                      "pytfm_cuda_workspace_get", "pytfm_cuda_adamw_scalars",
                      "pytfm_adamw_step_scalars_cuda",
                      "pytfm_attention_forward_ex_cuda", "pytfm_attention_backward_ex_cuda",
+                     "pytfm_attention_gqa_forward_ex_cuda", "pytfm_attention_gqa_backward_ex_cuda",
                      "pytfm_gemm_bf16_cuda"),
 }
 

@@ -664,6 +664,22 @@ static inline pytfm_status pytfm__check_attention_signs(const char *func, const 
     return PYTFM_STATUS_OK;
 }
 
+/* the key/value heads Hkv of H query heads (grouped-query attention: Hkv divides H; Hkv = 0
+ * only with H = 0) and the sliding window (>= 0, 0 = none; a window needs causal) */
+static inline pytfm_status pytfm__check_attention_groups(const char *func, int64_t H,
+                                                         int64_t Hkv, int64_t window,
+                                                         int32_t causal) {
+    PYTFM_CHECK((H == 0 && Hkv == 0) || (Hkv >= 1 && Hkv <= H && H % Hkv == 0),
+                "%s: Hkv must divide H (1 <= Hkv <= H, H %% Hkv == 0), got H = %lld, Hkv = %lld",
+                func, (long long)H, (long long)Hkv);
+    PYTFM_CHECK(window >= 0, "%s: window must be >= 0 (0: no window), got %lld", func,
+                (long long)window);
+    PYTFM_CHECK(window == 0 || causal,
+                "%s: window = %lld needs causal attention (causal != 0), got causal = 0", func,
+                (long long)window);
+    return PYTFM_STATUS_OK;
+}
+
 /* n_new tokens at positions [start, start + n_new) of a KV cache of Tmax positions, whose
  * arrays [B, Tmax, H, D] hold *n_cache floats */
 static inline pytfm_status pytfm__check_cache_positions(const char *func, int64_t B,
@@ -682,50 +698,58 @@ static inline pytfm_status pytfm__check_cache_positions(const char *func, int64_
     return PYTFM_STATUS_OK;
 }
 
+/* q, o [B, T, H, D], k, v [B, T, Hkv, D], lse [B, H, T] */
 static inline pytfm_status pytfm__check_attention_forward(const char *func, const float *o,
                                                           const float *lse, const float *q,
                                                           const float *k, const float *v,
                                                           int64_t B, int64_t T, int64_t H,
-                                                          int64_t D, float scale) {
+                                                          int64_t Hkv, int64_t D, float scale,
+                                                          int32_t causal, int64_t window) {
     PYTFM_TRY(pytfm__check_attention_signs(func, "T", B, T, H, D));
+    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, causal));
     PYTFM_CHECK_FINITE_IN(func, scale);
-    int64_t n = 0, n_lse = 0;
+    int64_t n = 0, n_kv = 0, n_lse = 0;
     PYTFM_CHECK_COUNT(func, &n, float, B, T, H, D);
+    PYTFM_CHECK_COUNT(func, &n_kv, float, B, T, Hkv, D);
     PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, T);
     PYTFM_CHECK_PTR_IN(func, o, n);
     PYTFM_CHECK_PTR_IN(func, lse, n_lse);
     PYTFM_CHECK_PTR_IN(func, q, n);
-    PYTFM_CHECK_PTR_IN(func, k, n);
-    PYTFM_CHECK_PTR_IN(func, v, n);
+    PYTFM_CHECK_PTR_IN(func, k, n_kv);
+    PYTFM_CHECK_PTR_IN(func, v, n_kv);
     PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(o, n, float),
                          PYTFM_SPAN(lse, n_lse, float), PYTFM_SPAN(q, n, float),
-                         PYTFM_SPAN(k, n, float), PYTFM_SPAN(v, n, float));
+                         PYTFM_SPAN(k, n_kv, float), PYTFM_SPAN(v, n_kv, float));
     return PYTFM_STATUS_OK;
 }
 
+/* dq, dy, q, o [B, T, H, D], dk, dv, k, v [B, T, Hkv, D], lse [B, H, T] */
 static inline pytfm_status
 pytfm__check_attention_backward(const char *func, const float *dq, const float *dk,
                                 const float *dv, const float *dy, const float *q, const float *k,
                                 const float *v, const float *o, const float *lse, int64_t B,
-                                int64_t T, int64_t H, int64_t D, float scale) {
+                                int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
+                                int32_t causal, int64_t window) {
     PYTFM_TRY(pytfm__check_attention_signs(func, "T", B, T, H, D));
+    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, causal));
     PYTFM_CHECK_FINITE_IN(func, scale);
-    int64_t n = 0, n_lse = 0;
+    int64_t n = 0, n_kv = 0, n_lse = 0;
     PYTFM_CHECK_COUNT(func, &n, float, B, T, H, D);
+    PYTFM_CHECK_COUNT(func, &n_kv, float, B, T, Hkv, D);
     PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, T);
     PYTFM_CHECK_PTR_IN(func, dq, n);
-    PYTFM_CHECK_PTR_IN(func, dk, n);
-    PYTFM_CHECK_PTR_IN(func, dv, n);
+    PYTFM_CHECK_PTR_IN(func, dk, n_kv);
+    PYTFM_CHECK_PTR_IN(func, dv, n_kv);
     PYTFM_CHECK_PTR_IN(func, dy, n);
     PYTFM_CHECK_PTR_IN(func, q, n);
-    PYTFM_CHECK_PTR_IN(func, k, n);
-    PYTFM_CHECK_PTR_IN(func, v, n);
+    PYTFM_CHECK_PTR_IN(func, k, n_kv);
+    PYTFM_CHECK_PTR_IN(func, v, n_kv);
     PYTFM_CHECK_PTR_IN(func, o, n);
     PYTFM_CHECK_PTR_IN(func, lse, n_lse);
     PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dq, n, float),
-                         PYTFM_SPAN(dk, n, float), PYTFM_SPAN(dv, n, float),
+                         PYTFM_SPAN(dk, n_kv, float), PYTFM_SPAN(dv, n_kv, float),
                          PYTFM_SPAN(dy, n, float), PYTFM_SPAN(q, n, float),
-                         PYTFM_SPAN(k, n, float), PYTFM_SPAN(v, n, float),
+                         PYTFM_SPAN(k, n_kv, float), PYTFM_SPAN(v, n_kv, float),
                          PYTFM_SPAN(o, n, float), PYTFM_SPAN(lse, n_lse, float));
     return PYTFM_STATUS_OK;
 }
@@ -751,14 +775,16 @@ static inline pytfm_status pytfm__check_attention_cache_append(const char *func,
     return PYTFM_STATUS_OK;
 }
 
+/* q, o [B, n_new, H, D], the caches [B, Tmax, Hkv, D], lse [B, H, n_new] */
 static inline pytfm_status
 pytfm__check_attention_decode(const char *func, const float *o, const float *lse, const float *q,
                               const float *k_cache, const float *v_cache, int64_t B,
-                              int64_t n_new, int64_t H, int64_t D, int64_t Tmax, int64_t start,
-                              float scale) {
+                              int64_t n_new, int64_t H, int64_t Hkv, int64_t D, int64_t Tmax,
+                              int64_t start, float scale, int64_t window) {
     PYTFM_TRY(pytfm__check_attention_signs(func, "n_new", B, n_new, H, D));
+    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, 1));
     int64_t n_cache = 0, n = 0, n_lse = 0;
-    PYTFM_TRY(pytfm__check_cache_positions(func, B, n_new, H, D, Tmax, start, &n_cache));
+    PYTFM_TRY(pytfm__check_cache_positions(func, B, n_new, Hkv, D, Tmax, start, &n_cache));
     PYTFM_CHECK_FINITE_IN(func, scale);
     PYTFM_CHECK_COUNT(func, &n, float, B, n_new, H, D);
     PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, n_new);

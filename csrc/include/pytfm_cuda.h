@@ -320,6 +320,36 @@ PYTFM_API pytfm_status pytfm_attention_decode_cuda(float *o, float *lse, const f
                                                    int64_t D, int64_t Tmax, int64_t start,
                                                    float scale, void *stream);
 
+/* Grouped-query heads and a sliding window on the GPU in float32: the same arguments, shapes,
+ * rules and results (to float32 rounding) as pytfm_attention_gqa_forward/backward/decode, and
+ * the limits of the functions above (1 <= D <= PYTFM_CUDA_ATTENTION_MAX_D: any D in that range,
+ * not only powers of two). The backward's dK and dV: a block per (b, key/value head, key tile)
+ * sums the group's query heads in order, deterministic as above. On the tensor cores:
+ * pytfm_attention_gqa_forward_ex_cuda and _backward_ex_cuda below. */
+PYTFM_API pytfm_status pytfm_attention_gqa_forward_cuda(float *o, float *lse, const float *q,
+                                                        const float *k, const float *v,
+                                                        int64_t B, int64_t T, int64_t H,
+                                                        int64_t Hkv, int64_t D, float scale,
+                                                        int32_t causal, int64_t window,
+                                                        void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_gqa_backward_cuda(float *dq, float *dk, float *dv,
+                                                         const float *dy, const float *q,
+                                                         const float *k, const float *v,
+                                                         const float *o, const float *lse,
+                                                         int64_t B, int64_t T, int64_t H,
+                                                         int64_t Hkv, int64_t D, float scale,
+                                                         int32_t causal, int64_t window,
+                                                         void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_gqa_decode_cuda(float *o, float *lse, const float *q,
+                                                       const float *k_cache,
+                                                       const float *v_cache, int64_t B,
+                                                       int64_t n_new, int64_t H, int64_t Hkv,
+                                                       int64_t D, int64_t Tmax, int64_t start,
+                                                       float scale, int64_t window,
+                                                       void *stream);
+
 /* ---- attention on the tensor cores (cuda/attention_tc.cu) ---------------------------------
  * As pytfm_attention_forward_cuda and pytfm_attention_backward_cuda, plus the precision.
  * PYTFM_PRECISION_FP32: those functions, their bits. PYTFM_PRECISION_TF32 and _BF16 at head
@@ -346,6 +376,23 @@ PYTFM_API pytfm_status pytfm_attention_backward_ex_cuda(float *dq, float *dk, fl
                                                         int64_t B, int64_t T, int64_t H,
                                                         int64_t D, float scale, int32_t causal,
                                                         int32_t precision, void *stream);
+
+/* As pytfm_attention_gqa_forward_cuda and pytfm_attention_gqa_backward_cuda, plus the precision:
+ * grouped-query heads and the sliding window on the tensor cores, with the rounding, bounds and
+ * head dims of the two above (they are these with Hkv = H, window = 0). The dK/dV pass walks,
+ * per key tile, every query head of the group in turn, in one order (no atomics). */
+PYTFM_API pytfm_status pytfm_attention_gqa_forward_ex_cuda(float *o, float *lse, const float *q,
+                                                           const float *k, const float *v,
+                                                           int64_t B, int64_t T, int64_t H,
+                                                           int64_t Hkv, int64_t D, float scale,
+                                                           int32_t causal, int64_t window,
+                                                           int32_t precision, void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_gqa_backward_ex_cuda(
+    float *dq, float *dk, float *dv, const float *dy, const float *q, const float *k,
+    const float *v, const float *o, const float *lse, int64_t B, int64_t T, int64_t H,
+    int64_t Hkv, int64_t D, float scale, int32_t causal, int64_t window, int32_t precision,
+    void *stream);
 /* ---- end of attention on the tensor cores ---- */
 
 /* PYTFM_CDEF_END */

@@ -464,7 +464,7 @@ PYTFM_API pytfm_status pytfm_rope_inv_freq(float *inv_freq, int64_t D, double th
  *   q, k, v [B, T, H, D] (the layout a fused QKV projection produces, no permute needed)
  *   D >= 1; scale finite, usually 1/sqrt(D)
  * Scratch (the fast version: isa AVX2 or above, T >= 8): per thread, a copy of one head's
- * keys transposed and a 64×256 tile of scores, D·T + 16512 floats (linear in T). The plain
+ * keys transposed and a 64×272 tile of scores, D·T + 17536 floats (linear in T). The plain
  * version allocates nothing: under 1 KiB of stack per thread.
  */
 PYTFM_API pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q,
@@ -476,7 +476,7 @@ PYTFM_API pytfm_status pytfm_attention_forward(float *o, float *lse, const float
  *   dq, dk, dv [B, T, H, D] written
  *   dy [B, T, H, D] the gradient of o; q, k, v, o, lse, scale, causal as in the forward
  * Scratch (fast version, as the forward): per thread, one head's keys and values transposed,
- * two 64×64 tiles and a row of T sums, 2·D·T + T + 8192 floats. The plain version: none.
+ * two 64×80 tiles and a row of T sums, 2·D·T + T + 10240 floats. The plain version: none.
  */
 PYTFM_API pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const float *dy,
                                                 const float *q, const float *k, const float *v,
@@ -484,8 +484,44 @@ PYTFM_API pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv,
                                                 int64_t T, int64_t H, int64_t D, float scale,
                                                 int32_t causal);
 
+/* ---- Attention with grouped-query heads and a sliding window (Llama, Qwen, Mistral) ---- */
+/* pytfm_attention_forward/backward/decode generalised; with Hkv = H and window = 0 they are
+ * those functions, their bits (those are these, called so):
+ *   Hkv     key/value heads: 1 <= Hkv <= H and Hkv divides H (Hkv = 0 only with H = 0); query
+ *           head h reads key/value head h / (H / Hkv), as transformers' repeat_kv (Hkv = H:
+ *           multi-head, Hkv = 1: multi-query). A KV cache holds Hkv heads.
+ *   window  0: none; w > 0 (causal only, else PYTFM_STATUS_INVALID_ARGUMENT): query position t
+ *           attends to keys s with t − w < s <= t, transformers' sliding window (Mistral,
+ *           Qwen 2's use_sliding_window); tiles of keys before a row's window are skipped.
+ *   D       any head dim >= 1, independent of the model width (q's last axis).
+ *   o, q    [B, T, H, D];  k, v [B, T, Hkv, D];  lse [B, H, T]
+ *   backward: dq, dy [B, T, H, D] (dq written);  dk, dv [B, T, Hkv, D] written, each the sum
+ *           over the H / Hkv query heads of its group (in head order: deterministic)
+ *   decode: o, q [B, n_new, H, D];  k_cache, v_cache [B, Tmax, Hkv, D] (append with
+ *           pytfm_attention_cache_append, H = Hkv);  lse [B, H, n_new]
+ * Parallel over B·H (forward, decode) and B·Hkv (backward: one thread sums a group's dk, dv).
+ * Scratch: as the functions they generalise, the score tiles' rows 16 floats longer. */
+PYTFM_API pytfm_status pytfm_attention_gqa_forward(float *o, float *lse, const float *q,
+                                                   const float *k, const float *v, int64_t B,
+                                                   int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                                   float scale, int32_t causal, int64_t window);
+
+PYTFM_API pytfm_status pytfm_attention_gqa_backward(float *dq, float *dk, float *dv,
+                                                    const float *dy, const float *q,
+                                                    const float *k, const float *v,
+                                                    const float *o, const float *lse, int64_t B,
+                                                    int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                                    float scale, int32_t causal, int64_t window);
+
+PYTFM_API pytfm_status pytfm_attention_gqa_decode(float *o, float *lse, const float *q,
+                                                  const float *k_cache, const float *v_cache,
+                                                  int64_t B, int64_t n_new, int64_t H,
+                                                  int64_t Hkv, int64_t D, int64_t Tmax,
+                                                  int64_t start, float scale, int64_t window);
+
 /* Write n_new new keys and values into a KV cache at positions [start, start + n_new).
- *   k_cache, v_cache [B, Tmax, H, D] updated; k, v [B, n_new, H, D]
+ *   k_cache, v_cache [B, Tmax, H, D] updated; k, v [B, n_new, H, D] (H: the cache's heads,
+ *   Hkv of pytfm_attention_gqa_decode)
  *   start >= 0 and start + n_new <= Tmax (else PYTFM_STATUS_INVALID_ARGUMENT: cache overflow,
  *   also when start + n_new would pass INT64_MAX)
  */

@@ -1,9 +1,14 @@
 /*
- * attention.c — multi-head scaled dot-product attention, flash-style, in linear memory.
+ * attention.c — multi-head scaled dot-product attention, flash-style, in linear memory, with
+ * grouped-query heads and a sliding window.
  *
- *   q, k, v, o [B, T, H, D] (row (b, t, h) holds D floats; the next t is H·D further on)
- *   S = scale · q kᵀ (per batch and head, [T, T]),  P = softmax(S) row-wise (causal: keys ≤ t),
+ *   q, o [B, T, H, D], k, v [B, T, Hkv, D] (row (b, t, h) holds D floats; the next t is H·D
+ *   further on in q and o, Hkv·D in k and v); query head h reads key/value head h / (H / Hkv)
+ *   (Hkv = H: multi-head; Hkv = 1: multi-query; transformers' repeat_kv)
+ *   S = scale · q kᵀ (per batch and head, [T, T]),  P = softmax(S) row-wise (causal: keys ≤ t;
+ *   with a window w > 0 too, keys s with t − w < s ≤ t: transformers' sliding window),
  *   O = P v,  lse_t = log Σ_s exp(S_ts)  ([B, H, T], saved for the backward)
+ * D is whatever q's last axis holds (any D >= 1: nothing here assumes D = C / H).
  *
  * The T×T matrices S and P are never stored. The forward walks the keys in tiles of BK and
  * keeps, per query row, a running max m and sum l (the online softmax):
@@ -16,8 +21,10 @@
  *   delta_t = Σ_d dy_td O_td                 (= Σ_s P_ts dP_ts)
  *   dV_s += P_ts dy_t,  dP_ts = dy_t · v_s,  dS_ts = P_ts (dP_ts − delta_t)
  *   dQ_t += scale · dS_ts k_s,  dK_s += scale · dS_ts q_t
- * One thread owns a whole (b, h): every accumulation happens in one fixed order, so the result
- * is the same bits whatever the number of threads.
+ * One thread owns a whole (b, key/value head): the heads of its group one after another, so
+ * dK and dV sum over the group in one fixed order, and the result is the same bits whatever
+ * the number of threads. A window starts each row's keys at t − w + 1 (tiles wholly before
+ * it are not visited) and ends each key's query rows at s + w − 1.
  *
  * Decoding: n_new queries at positions [start, start + n_new) attend to the keys
  * [0, start + n_new) of a cache [B, Tmax, H, D]; the same forward code runs with a query
@@ -41,8 +48,10 @@
  * Kᵀ (and Vᵀ for the backward) are copied, once per head, so that the micro-kernel reads them
  * along contiguous rows. Its scratch, one workspace per thread, allocated once per call, is
  * linear in T (Tk = T, or start + n_new when decoding):
- *   forward:  Kᵀ, the TQ×TK scores, m and l:        D·Tk + TQ·TK + 2·TQ floats
- *   backward: Kᵀ, Vᵀ, the scores, dP and delta:     2·D·T + 2·TQB·TKB + T floats
+ *   forward:  Kᵀ, the TQ×TK scores, m and l:        D·Tk + TQ·LDS + 2·TQ floats
+ *   backward: Kᵀ, Vᵀ, the scores, dP and delta:     2·D·T + 2·TQB·LDSB + T floats
+ * (LDS = TK + 16, LDSB = TKB + 16: a row of scores has room for a window's row kernel call
+ * that starts mid-row and writes whole vectors of 16.)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -53,33 +62,46 @@
 enum { BQ = 32, BK = 32 }; /* query rows and keys per tile */
 
 /* One forward problem: queries [B, Tq, H, D] at positions start.., keys/values [0, Tk) of
- * arrays [B, Ts, H, D] (Ts = T for attention_forward, Tmax for a cache). */
+ * arrays [B, Ts, Hkv, D] (Ts = T for attention_forward, Tmax for a cache); window 0 or the
+ * sliding window (causal). */
 typedef struct {
     float *o, *lse;
     const float *q, *k, *v;
-    int64_t B, Tq, Tk, Ts, H, D, start;
+    int64_t B, Tq, Tk, Ts, H, Hkv, D, start, window;
     float scale;
     int causal;
 } problem;
 
-/* Head (b, h) of a problem: its rows of q and o (row t at q + t·H·D), of k and v (row s at
- * k + s·H·D), and its lse [Tq] (b, h, :). */
+/* Head (b, h) of a problem: its rows of q and o (row t at q + t·H·D), of its key/value head's
+ * k and v (row s at k + s·Hkv·D), and its lse [Tq] (b, h, :). */
 typedef struct {
     const float *q, *k, *v;
     float *o, *lse;
 } head;
 
 static head head_of(const problem *p, int64_t b, int64_t h) {
-    const int64_t D = p->D;
-    return (head){p->q + (b * p->Tq * p->H + h) * D, p->k + (b * p->Ts * p->H + h) * D,
-                  p->v + (b * p->Ts * p->H + h) * D, p->o + (b * p->Tq * p->H + h) * D,
+    const int64_t D = p->D, g = h / (p->H / p->Hkv); // the key/value head of h's group
+    return (head){p->q + (b * p->Tq * p->H + h) * D, p->k + (b * p->Ts * p->Hkv + g) * D,
+                  p->v + (b * p->Ts * p->Hkv + g) * D, p->o + (b * p->Tq * p->H + h) * D,
                   p->lse + (b * p->H + h) * p->Tq};
 }
 
+/* the first key the query at position pos sees: pos − window + 1 with a window, else 0 */
+static inline int64_t first_key(int64_t window, int64_t pos) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+/* the first key of the tile starting at key j0 that the query at position pos sees (0: the
+ * tile's first, past the tile: none of them) */
+static inline int64_t tile_first(int64_t window, int64_t pos, int64_t j0) {
+    const int64_t c0 = first_key(window, pos) - j0;
+    return c0 > 0 ? c0 : 0;
+}
+
 static void forward_head(const problem *p, int64_t b, int64_t h) {
-    const int64_t D = p->D, HD = p->H * D;
+    const int64_t D = p->D, HD = p->H * D, KD = p->Hkv * D;
     const head hd = head_of(p, b, h);
-    const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD
+    const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD, kb + t·KD
     float *ob = hd.o, *lse = hd.lse;
     float s[BK], m[BQ], l[BQ];
 
@@ -91,26 +113,29 @@ static void forward_head(const problem *p, int64_t b, int64_t h) {
             l[r] = 0.0f;
             memset(ob + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
         }
-        for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+        // from the first key of the tile's first row (a window's rows start later down the tile)
+        for (int64_t j0 = first_key(p->window, p->start + i0); j0 < kend; j0 += BK) {
             const int64_t nk = PYTFM_MIN(BK, kend - j0);
             for (int64_t r = 0; r < nq; r++) {
-                // keys of this tile row r may see: all, or those at positions <= its own
+                // keys [c0, vis) of this tile row r sees: all, or those at positions <= its
+                // own, and with a window those after its position − window
                 const int64_t vis = p->causal ? PYTFM_MIN(nk, p->start + i0 + r - j0 + 1) : nk;
-                if (vis <= 0) continue;
+                const int64_t c0 = tile_first(p->window, p->start + i0 + r, j0);
+                if (vis <= c0) continue;
                 const float *qr = qb + (i0 + r) * HD;
                 float *orow = ob + (i0 + r) * HD;
                 float mx = m[r];
-                for (int64_t c = 0; c < vis; c++) {
-                    s[c] = p->scale * pytfm__dot(qr, kb + (j0 + c) * HD, D);
+                for (int64_t c = c0; c < vis; c++) {
+                    s[c] = p->scale * pytfm__dot(qr, kb + (j0 + c) * KD, D);
                     mx = s[c] > mx ? s[c] : mx;
                 }
                 const float alpha = expf(m[r] - mx); // 0 on the first visit (m = -inf)
                 l[r] *= alpha;
                 for (int64_t d = 0; d < D; d++) orow[d] *= alpha;
-                for (int64_t c = 0; c < vis; c++) {
+                for (int64_t c = c0; c < vis; c++) {
                     const float e = expf(s[c] - mx);
                     l[r] += e;
-                    pytfm__axpy(orow, e, vb + (j0 + c) * HD, D);
+                    pytfm__axpy(orow, e, vb + (j0 + c) * KD, D);
                 }
                 m[r] = mx;
             }
@@ -138,9 +163,9 @@ enum { RK = 64 }; /* keys per tile */
  * the tile's softmax step (attn_softmax_row), then o = alpha·o + P·V (attn_pv_row). */
 static void decode_head_rows(const problem *p, const pytfm__fast_kernels *fk, int64_t b,
                              int64_t h) {
-    const int64_t D = p->D, HD = p->H * D;
+    const int64_t D = p->D, HD = p->H * D, KD = p->Hkv * D;
     const head hd = head_of(p, b, h);
-    const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD
+    const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD, kb + t·KD
     float *ob = hd.o, *lse = hd.lse;
     float s[RK];
     for (int64_t r = 0; r < p->Tq; r++) {
@@ -149,11 +174,11 @@ static void decode_head_rows(const problem *p, const pytfm__fast_kernels *fk, in
         const int64_t kend = p->causal ? PYTFM_MIN(p->Tk, p->start + r + 1) : p->Tk;
         float m = -INFINITY, l = 0.0f;
         memset(orow, 0, (size_t)D * sizeof(float));
-        for (int64_t j0 = 0; j0 < kend; j0 += RK) {
+        for (int64_t j0 = first_key(p->window, p->start + r); j0 < kend; j0 += RK) {
             const int64_t nk = PYTFM_MIN(RK, kend - j0);
-            fk->gemv(s, qr, kb + j0 * HD, HD, NULL, D, nk);
+            fk->gemv(s, qr, kb + j0 * KD, KD, NULL, D, nk);
             const float alpha = fk->attn_softmax_row(s, nk, nk, p->scale, &m, &l);
-            fk->attn_pv_row(orow, s, vb + j0 * HD, HD, nk, D, alpha);
+            fk->attn_pv_row(orow, s, vb + j0 * KD, KD, nk, D, alpha);
         }
         const float inv = 1.0f / l;
         for (int64_t d = 0; d < D; d++) orow[d] *= inv;
@@ -182,6 +207,9 @@ static pytfm_status decode_rows(const problem *p, const pytfm__fast_kernels *fk,
 /* Query rows and keys per tile: forward TQ×TK (one key tile covers a whole row when Tk <= TK,
  * so the online softmax rescales nothing), backward TQB×TKB. */
 enum { TQ = 64, TK = 256, TQB = 64, TKB = 64, FAST_MIN_ROWS = 8 };
+/* row strides of the score tiles: a window's row kernel call starts at the row's first key c0
+ * and may write whole vectors up to c0 + (vis − c0) rounded up to 16, at most 15 past TK */
+enum { LDS = TK + 16, LDSB = TKB + 16 };
 _Static_assert(TK % 16 == 0 && TKB % 16 == 0 && RK % 16 == 0,
                "attn_softmax_row and attn_p_row may write a row up to vis rounded up to 16");
 
@@ -262,46 +290,61 @@ typedef struct {
 
 /* the scratch floats of one thread (see the top of the file); D·Tk and D·T are at most the
  * floats of k, which the checks let through only when they fit */
-static int64_t forward_ws_floats(const problem *p) { return p->D * p->Tk + TQ * TK + 2 * TQ; }
-static int64_t backward_ws_floats(int64_t T, int64_t D) { return 2 * D * T + 2 * TQB * TKB + T; }
+static int64_t forward_ws_floats(const problem *p) { return p->D * p->Tk + TQ * LDS + 2 * TQ; }
+static int64_t backward_ws_floats(int64_t T, int64_t D) { return 2 * D * T + 2 * TQB * LDSB + T; }
+
+/* the scores row s [nk] of a query whose keys in the tile are [c0, vis) (vis <= c0: none),
+ * lim of them read by the product after it: P there, 0 elsewhere in [0, lim), through the
+ * forward's online-softmax step (m, l of the row updated); returns the factor the row's output
+ * so far must be scaled by, or 1 where the tile has no key for the row */
+static float softmax_part(const fast_path *f, float *s, int64_t c0, int64_t vis, int64_t lim,
+                          float scale, float *m, float *l) {
+    if (vis <= c0) { // no key of this tile is visible: P = 0, nothing to rescale
+        memset(s, 0, (size_t)lim * sizeof(float));
+        return 1.0f;
+    }
+    memset(s, 0, (size_t)c0 * sizeof(float));
+    return f->fk->attn_softmax_row(s + c0, vis - c0, lim - c0, scale, m, l);
+}
 
 static void forward_head_fast(const problem *p, const fast_path *f, float *ws, int64_t b,
                               int64_t h) {
-    const int64_t D = p->D, HD = p->H * D, Tk = p->Tk;
+    const int64_t D = p->D, HD = p->H * D, KD = p->Hkv * D, Tk = p->Tk;
     const int mr = f->uk->mr;
     const head hd = head_of(p, b, h);
-    const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD
+    const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD, kb + t·KD
     float *ob = hd.o, *lse = hd.lse;
-    float *kt = ws, *s = kt + D * Tk, *m = s + TQ * TK, *l = m + TQ; // kt [D, Tk], s [TQ, TK]
-    transpose_rows(kt, kb, Tk, D, HD);
+    // kt [D, nkt]: the keys [k0, Tk) transposed, k0 the first query's first key (a window's
+    // later queries start later still)
+    const int64_t k0 = first_key(p->window, p->start), nkt = Tk - k0;
+    float *kt = ws, *s = kt + D * Tk, *m = s + TQ * LDS, *l = m + TQ; // s [TQ, LDS]
+    transpose_rows(kt, kb + k0 * KD, nkt, D, KD);
     for (int64_t i0 = 0; i0 < p->Tq; i0 += TQ) {
         const int64_t nq = PYTFM_MIN(TQ, p->Tq - i0);
         const int64_t kend = p->causal ? PYTFM_MIN(Tk, p->start + i0 + nq) : Tk;
+        const int64_t jbeg = first_key(p->window, p->start + i0);
         for (int64_t r = 0; r < nq; r++) {
             m[r] = -INFINITY;
             l[r] = 0.0f;
         }
-        for (int64_t j0 = 0; j0 < kend; j0 += TK) {
+        for (int64_t j0 = jbeg; j0 < kend; j0 += TK) {
             const int64_t nk = PYTFM_MIN(TK, kend - j0);
             const int64_t diag = p->causal ? p->start + i0 - j0 : nk;
             // S = Q_i K_jᵀ [nq, nk]
-            scores_gemm(f->uk, s, TK, qb + i0 * HD, HD, kt + j0, Tk, nq, nk, D, diag);
+            scores_gemm(f->uk, s, LDS, qb + i0 * HD, HD, kt + (j0 - k0), nkt, nq, nk, D, diag);
             for (int64_t r = 0; r < nq; r++) {
-                float *sr = s + r * TK;
                 const int64_t lim = block_keys(r, mr, nq, nk, diag); // what O += P V reads
                 const int64_t vis = p->causal ? PYTFM_MIN(nk, p->start + i0 + r - j0 + 1) : nk;
-                if (vis <= 0) { // no key of this tile is visible: P = 0, nothing to rescale
-                    memset(sr, 0, (size_t)lim * sizeof(float));
-                    continue;
-                }
-                const float alpha = f->fk->attn_softmax_row(sr, vis, lim, p->scale, m + r, l + r);
-                if (j0 == 0) continue; // O is written, not rescaled, by the first tile's P V
+                const int64_t c0 = tile_first(p->window, p->start + i0 + r, j0);
+                const float alpha =
+                    softmax_part(f, s + r * LDS, c0, vis, lim, p->scale, m + r, l + r);
+                if (j0 == jbeg) continue; // O is written, not rescaled, by the first tile's P V
                 if (alpha != 1.0f)
                     for (int64_t d = 0; d < D; d++) ob[(i0 + r) * HD + d] *= alpha;
             }
             // O_i = P V_j on the first key tile, O_i += P V_j after it
-            rows_gemm(f->uk, ob + i0 * HD, HD, s, TK, vb + j0 * HD, HD, nq, D, nk,
-                      j0 == 0 ? 0.0f : 1.0f, diag);
+            rows_gemm(f->uk, ob + i0 * HD, HD, s, LDS, vb + j0 * KD, KD, nq, D, nk,
+                      j0 == jbeg ? 0.0f : 1.0f, diag);
         }
         for (int64_t r = 0; r < nq; r++) {
             const float inv = 1.0f / l[r];
@@ -343,117 +386,199 @@ static pytfm_status forward_fast(const char *func, const problem *p, const fast_
     return PYTFM_STATUS_OK;
 }
 
-static void backward_head_fast(const fast_path *f, float *ws, float *dq, float *dk, float *dv,
-                               const float *dy, const float *q, const float *k, const float *v,
-                               const float *o, const float *lse, int64_t T, int64_t H, int64_t D,
-                               float scale, int causal) {
-    // pointers already offset to (b, 0, h, 0) / (b, h, 0), as in backward_head
-    const int64_t HD = H * D;
-    float *kt = ws, *vt = kt + D * T, *s = vt + D * T, *dp = s + TQB * TKB;
-    float *delta = dp + TQB * TKB;
-    transpose_rows(kt, k, T, D, HD);
-    transpose_rows(vt, v, T, D, HD);
+/* One backward problem: dq, dy, q, o [B, T, H, D], dk, dv, k, v [B, T, Hkv, D], lse [B, H, T] */
+typedef struct {
+    float *dq, *dk, *dv;
+    const float *dy, *q, *k, *v, *o, *lse;
+    int64_t B, T, H, Hkv, D, window;
+    float scale;
+    int causal;
+} grad_problem;
+
+/* Head h's rows of dq, dy, q, o (row t at + t·H·D), its group's rows of k, v, dk, dv (row s at
+ * + s·Hkv·D) and its lse [T] */
+typedef struct {
+    float *dq, *dk, *dv;
+    const float *dy, *q, *k, *v, *o, *lse;
+} grad_head;
+
+static grad_head grad_head_of(const grad_problem *p, int64_t b, int64_t h) {
+    const int64_t D = p->D, T = p->T, g = h / (p->H / p->Hkv);
+    const int64_t qo = (b * T * p->H + h) * D, ko = (b * T * p->Hkv + g) * D;
+    return (grad_head){p->dq + qo, p->dk + ko, p->dv + ko,          p->dy + qo, p->q + qo,
+                       p->k + ko,  p->v + ko,  p->o + qo, p->lse + (b * p->H + h) * T};
+}
+
+/* the last query row + 1 that sees a key of the tile ending at key j_last: with a window, the
+ * rows t <= j_last + window − 1 */
+static inline int64_t last_row_end(const grad_problem *p, int64_t j_last) {
+    return p->window > 0 ? PYTFM_MIN(p->T, j_last + p->window) : p->T;
+}
+
+/* Head h's part of the backward, kt and vt [D, T] its group's keys and values transposed: dq
+ * of h written, dk and dv of the group accumulated (+=) */
+static void backward_head_fast(const grad_problem *p, const fast_path *f, float *ws,
+                               const float *kt, const float *vt, int64_t b, int64_t h) {
+    const int64_t T = p->T, D = p->D, HD = p->H * D, KD = p->Hkv * D;
+    const float scale = p->scale;
+    const int causal = p->causal;
+    const grad_head g = grad_head_of(p, b, h);
+    float *s = ws, *dp = s + TQB * LDSB, *delta = dp + TQB * LDSB;
     for (int64_t t = 0; t < T; t++) {
-        delta[t] = pytfm__dot(dy + t * HD, o + t * HD, D);
-        memset(dq + t * HD, 0, (size_t)D * sizeof(float));
-        memset(dk + t * HD, 0, (size_t)D * sizeof(float));
-        memset(dv + t * HD, 0, (size_t)D * sizeof(float));
+        delta[t] = pytfm__dot(g.dy + t * HD, g.o + t * HD, D);
+        memset(g.dq + t * HD, 0, (size_t)D * sizeof(float));
     }
     for (int64_t j0 = 0; j0 < T; j0 += TKB) {
-        const int64_t nk = PYTFM_MIN(TKB, T - j0);
-        for (int64_t i0 = causal ? j0 / TQB * TQB : 0; i0 < T; i0 += TQB) {
+        const int64_t nk = PYTFM_MIN(TKB, T - j0), iend = last_row_end(p, j0 + nk - 1);
+        for (int64_t i0 = causal ? j0 / TQB * TQB : 0; i0 < iend; i0 += TQB) {
             const int64_t nq = PYTFM_MIN(TQB, T - i0), diag = causal ? i0 - j0 : nk;
             // forward: S = scale · Q_i K_jᵀ, P = exp(S − lse) (0 where not seen, to the tile's
             // end: dV and dK read P and dS down their columns)
-            scores_gemm(f->uk, s, TKB, q + i0 * HD, HD, kt + j0, T, nq, nk, D, diag);
+            scores_gemm(f->uk, s, LDSB, g.q + i0 * HD, HD, kt + j0, T, nq, nk, D, diag);
             for (int64_t r = 0; r < nq; r++) {
                 const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
-                if (vis <= 0)
-                    memset(s + r * TKB, 0, (size_t)nk * sizeof(float));
-                else
-                    f->fk->attn_p_row(s + r * TKB, vis, nk, scale, lse[i0 + r]);
+                const int64_t c0 = tile_first(p->window, i0 + r, j0);
+                float *sr = s + r * LDSB;
+                if (vis <= c0) {
+                    memset(sr, 0, (size_t)nk * sizeof(float));
+                } else {
+                    memset(sr, 0, (size_t)c0 * sizeof(float));
+                    f->fk->attn_p_row(sr + c0, vis - c0, nk - c0, scale, g.lse[i0 + r]);
+                }
             }
-            // dV_j += Pᵀ dY_i;  dP = dY_i V_jᵀ;  dS = P (dP − delta) scale
-            cols_gemm(f->uk, dv + j0 * HD, HD, s, TKB, dy + i0 * HD, HD, nk, D, nq, diag);
-            scores_gemm(f->uk, dp, TKB, dy + i0 * HD, HD, vt + j0, T, nq, nk, D, diag);
+            // dV_j += Pᵀ dY_i;  dP = dY_i V_jᵀ;  dS = P (dP − delta) scale (0 where P is)
+            cols_gemm(f->uk, g.dv + j0 * KD, KD, s, LDSB, g.dy + i0 * HD, HD, nk, D, nq, diag);
+            scores_gemm(f->uk, dp, LDSB, g.dy + i0 * HD, HD, vt + j0, T, nq, nk, D, diag);
             for (int64_t r = 0; r < nq; r++) {
                 const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
-                f->fk->attn_ds_row(dp + r * TKB, s + r * TKB, vis < 0 ? 0 : vis, nk,
+                f->fk->attn_ds_row(dp + r * LDSB, s + r * LDSB, vis < 0 ? 0 : vis, nk,
                                    delta[i0 + r], scale);
             }
             // dK_j += dSᵀ Q_i;  dQ_i += dS K_j
-            cols_gemm(f->uk, dk + j0 * HD, HD, dp, TKB, q + i0 * HD, HD, nk, D, nq, diag);
-            rows_gemm(f->uk, dq + i0 * HD, HD, dp, TKB, k + j0 * HD, HD, nq, D, nk, 1.0f, diag);
+            cols_gemm(f->uk, g.dk + j0 * KD, KD, dp, LDSB, g.q + i0 * HD, HD, nk, D, nq, diag);
+            rows_gemm(f->uk, g.dq + i0 * HD, HD, dp, LDSB, g.k + j0 * KD, KD, nq, D, nk, 1.0f,
+                      diag);
         }
     }
 }
 
-static pytfm_status backward_fast(const char *func, const fast_path *f, float *dq, float *dk,
-                                  float *dv, const float *dy, const float *q, const float *k,
-                                  const float *v, const float *o, const float *lse, int64_t B,
-                                  int64_t T, int64_t H, int64_t D, float scale, int causal) {
-    const int64_t per = backward_ws_floats(T, D), threads = pytfm_get_num_threads();
+/* Head h's part of the backward, one query row and one key at a time: dq of h written, dk and
+ * dv of its group accumulated (+=) */
+static void backward_head(const grad_problem *p, int64_t b, int64_t h) {
+    const int64_t T = p->T, D = p->D, HD = p->H * D, KD = p->Hkv * D;
+    const float scale = p->scale;
+    const int causal = p->causal;
+    const grad_head g = grad_head_of(p, b, h);
+    float delta[BQ];
+    for (int64_t i0 = 0; i0 < T; i0 += BQ) {
+        const int64_t nq = PYTFM_MIN(BQ, T - i0);
+        const int64_t kend = causal ? i0 + nq : T;
+        for (int64_t r = 0; r < nq; r++) {
+            delta[r] = pytfm__dot(g.dy + (i0 + r) * HD, g.o + (i0 + r) * HD, D);
+            memset(g.dq + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
+        }
+        for (int64_t j0 = first_key(p->window, i0); j0 < kend; j0 += BK) {
+            const int64_t nk = PYTFM_MIN(BK, kend - j0);
+            for (int64_t r = 0; r < nq; r++) {
+                const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
+                const int64_t t = i0 + r;
+                const float *qt = g.q + t * HD, *dyt = g.dy + t * HD;
+                for (int64_t c = tile_first(p->window, t, j0); c < vis; c++) {
+                    const int64_t s = j0 + c;
+                    // forward: P_ts = exp(scale · q_t·k_s − lse_t); O_t = Σ_s P_ts v_s
+                    const float P = expf(scale * pytfm__dot(qt, g.k + s * KD, D) - g.lse[t]);
+                    pytfm__axpy(g.dv + s * KD, P, dyt, D);
+                    const float dS = P * (pytfm__dot(dyt, g.v + s * KD, D) - delta[r]) * scale;
+                    pytfm__axpy(g.dq + t * HD, dS, g.k + s * KD, D);
+                    pytfm__axpy(g.dk + s * KD, dS, qt, D);
+                }
+            }
+        }
+    }
+}
+
+/* The backward of key/value head kv of batch b: its dk and dv zeroed, then the heads of its
+ * group in order (f NULL: the plain version; else ws is this thread's workspace) */
+static void backward_group(const grad_problem *p, const fast_path *f, float *ws, int64_t b,
+                           int64_t kv) {
+    const int64_t T = p->T, D = p->D, KD = p->Hkv * D, G = p->H / p->Hkv;
+    const int64_t ko = (b * T * p->Hkv + kv) * D; // (b, 0, kv, 0)
+    for (int64_t t = 0; t < T; t++) {
+        memset(p->dk + ko + t * KD, 0, (size_t)D * sizeof(float));
+        memset(p->dv + ko + t * KD, 0, (size_t)D * sizeof(float));
+    }
+    if (!f) {
+        for (int64_t h = kv * G; h < (kv + 1) * G; h++) backward_head(p, b, h);
+        return;
+    }
+    float *kt = ws, *vt = kt + D * T;
+    transpose_rows(kt, p->k + ko, T, D, KD);
+    transpose_rows(vt, p->v + ko, T, D, KD);
+    for (int64_t h = kv * G; h < (kv + 1) * G; h++)
+        backward_head_fast(p, f, vt + D * T, kt, vt, b, h);
+}
+
+static pytfm_status backward_fast(const char *func, const grad_problem *p, const fast_path *f) {
+    const int64_t per = backward_ws_floats(p->T, p->D), threads = pytfm_get_num_threads();
     float *ws = workspaces(func, threads, per);
     if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;
     PYTFM_PARALLEL_FOR_THREADS(threads)
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        const int64_t off = (bh / H * T * H + bh % H) * D; // (b, 0, h, 0)
-        backward_head_fast(f, ws + pytfm__thread_id() * per, dq + off, dk + off, dv + off,
-                           dy + off, q + off, k + off, v + off, o + off, lse + bh * T, T, H, D,
-                           scale, causal);
-    }
+    for (int64_t bg = 0; bg < p->B * p->Hkv; bg++)
+        backward_group(p, f, ws + pytfm__thread_id() * per, bg / p->Hkv, bg % p->Hkv);
     free(ws);
     return PYTFM_STATUS_OK;
+}
+
+/* the forward of p (checked), its scratch's failure named after func */
+static pytfm_status run_forward(const char *func, const problem *p) {
+    if (p->B * p->Tq * p->H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
+    fast_path f;
+    if (fast_path_for(&f, p->Tq)) return forward_fast(func, p, &f);
+    if (f.fk) return decode_rows(p, f.fk, p->Tq);
+    forward_all(p);
+    return PYTFM_STATUS_OK;
+}
+
+/* the backward of p (checked), its scratch's failure named after func */
+static pytfm_status run_backward(const char *func, const grad_problem *p) {
+    if (p->B * p->T * p->H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
+    fast_path f;
+    if (fast_path_for(&f, p->T)) return backward_fast(func, p, &f);
+    PYTFM_PARALLEL_FOR
+    for (int64_t bg = 0; bg < p->B * p->Hkv; bg++)
+        backward_group(p, NULL, NULL, bg / p->Hkv, bg % p->Hkv);
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_attention_gqa_forward(float *o, float *lse, const float *q, const float *k,
+                                         const float *v, int64_t B, int64_t T, int64_t H,
+                                         int64_t Hkv, int64_t D, float scale, int32_t causal,
+                                         int64_t window) {
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, Hkv, D, scale,
+                                             causal, window));
+    const problem p = {o, lse, q, k, v, B, T, T, T, H, Hkv, D, 0, window, scale, causal != 0};
+    return run_forward(__func__, &p);
 }
 
 pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const float *k,
                                      const float *v, int64_t B, int64_t T, int64_t H, int64_t D,
                                      float scale, int32_t causal) {
-    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, D, scale));
-    if (B * T * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
-    const problem p = {o, lse, q, k, v, B, T, T, T, H, D, 0, scale, causal != 0};
-    fast_path f;
-    if (fast_path_for(&f, T)) return forward_fast(__func__, &p, &f);
-    if (f.fk) return decode_rows(&p, f.fk, T);
-    forward_all(&p);
-    return PYTFM_STATUS_OK;
+    PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, H, D, scale,
+                                             causal, 0));
+    const problem p = {o, lse, q, k, v, B, T, T, T, H, H, D, 0, 0, scale, causal != 0};
+    return run_forward(__func__, &p);
 }
 
-static void backward_head(float *dq, float *dk, float *dv, const float *dy, const float *q,
-                          const float *k, const float *v, const float *o, const float *lse,
-                          int64_t T, int64_t H, int64_t D, float scale, int causal) {
-    // all pointers here are already offset to (b, 0, h, 0) / (b, h, 0); row t is t·HD further
-    const int64_t HD = H * D;
-    float delta[BQ];
-    for (int64_t t = 0; t < T; t++) {
-        memset(dk + t * HD, 0, (size_t)D * sizeof(float));
-        memset(dv + t * HD, 0, (size_t)D * sizeof(float));
-    }
-    for (int64_t i0 = 0; i0 < T; i0 += BQ) {
-        const int64_t nq = PYTFM_MIN(BQ, T - i0);
-        const int64_t kend = causal ? i0 + nq : T;
-        for (int64_t r = 0; r < nq; r++) {
-            delta[r] = pytfm__dot(dy + (i0 + r) * HD, o + (i0 + r) * HD, D);
-            memset(dq + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
-        }
-        for (int64_t j0 = 0; j0 < kend; j0 += BK) {
-            const int64_t nk = PYTFM_MIN(BK, kend - j0);
-            for (int64_t r = 0; r < nq; r++) {
-                const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
-                const int64_t t = i0 + r;
-                const float *qt = q + t * HD, *dyt = dy + t * HD;
-                for (int64_t c = 0; c < vis; c++) {
-                    const int64_t s = j0 + c;
-                    // forward: P_ts = exp(scale · q_t·k_s − lse_t); O_t = Σ_s P_ts v_s
-                    const float P = expf(scale * pytfm__dot(qt, k + s * HD, D) - lse[t]);
-                    pytfm__axpy(dv + s * HD, P, dyt, D);
-                    const float dS = P * (pytfm__dot(dyt, v + s * HD, D) - delta[r]) * scale;
-                    pytfm__axpy(dq + t * HD, dS, k + s * HD, D);
-                    pytfm__axpy(dk + s * HD, dS, qt, D);
-                }
-            }
-        }
-    }
+pytfm_status pytfm_attention_gqa_backward(float *dq, float *dk, float *dv, const float *dy,
+                                          const float *q, const float *k, const float *v,
+                                          const float *o, const float *lse, int64_t B,
+                                          int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                          float scale, int32_t causal, int64_t window) {
+    PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
+                                              Hkv, D, scale, causal, window));
+    const grad_problem p = {dq, dk, dv, dy, q, k, v, o, lse, B, T, H, Hkv, D, window, scale,
+                            causal != 0};
+    return run_backward(__func__, &p);
 }
 
 pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const float *dy,
@@ -461,20 +586,10 @@ pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const flo
                                       const float *o, const float *lse, int64_t B, int64_t T,
                                       int64_t H, int64_t D, float scale, int32_t causal) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
-                                              D, scale));
-    if (B * T * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
-    fast_path f;
-    if (fast_path_for(&f, T))
-        return backward_fast(__func__, &f, dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale,
-                             causal != 0);
-    PYTFM_PARALLEL_FOR
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        const int64_t b = bh / H, h = bh % H;
-        const int64_t off = (b * T * H + h) * D; // (b, 0, h, 0)
-        backward_head(dq + off, dk + off, dv + off, dy + off, q + off, k + off, v + off,
-                      o + off, lse + bh * T, T, H, D, scale, causal != 0);
-    }
-    return PYTFM_STATUS_OK;
+                                              H, D, scale, causal, 0));
+    const grad_problem p = {dq, dk, dv, dy, q, k, v, o, lse, B, T, H, H, D, 0, scale,
+                            causal != 0};
+    return run_backward(__func__, &p);
 }
 
 pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache, const float *k,
@@ -491,17 +606,24 @@ pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache, const 
     return PYTFM_STATUS_OK;
 }
 
+pytfm_status pytfm_attention_gqa_decode(float *o, float *lse, const float *q,
+                                        const float *k_cache, const float *v_cache, int64_t B,
+                                        int64_t n_new, int64_t H, int64_t Hkv, int64_t D,
+                                        int64_t Tmax, int64_t start, float scale,
+                                        int64_t window) {
+    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H,
+                                            Hkv, D, Tmax, start, scale, window));
+    const problem p = {o,   lse, q, k_cache, v_cache, B,      n_new, start + n_new, Tmax,
+                       H, Hkv, D, start,   window,  scale, 1};
+    return run_forward(__func__, &p);
+}
+
 pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const float *k_cache,
                                     const float *v_cache, int64_t B, int64_t n_new, int64_t H,
                                     int64_t D, int64_t Tmax, int64_t start, float scale) {
-    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, D,
-                                            Tmax, start, scale));
-    if (B * n_new * H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
-    const problem p = {o, lse, q, k_cache, v_cache, B, n_new, start + n_new, Tmax, H,
-                       D, start, scale, 1};
-    fast_path f;
-    if (fast_path_for(&f, n_new)) return forward_fast(__func__, &p, &f);
-    if (f.fk) return decode_rows(&p, f.fk, n_new);
-    forward_all(&p);
-    return PYTFM_STATUS_OK;
+    PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, H,
+                                            D, Tmax, start, scale, 0));
+    const problem p = {o,   lse, q, k_cache, v_cache, B, n_new, start + n_new, Tmax,
+                       H, H, D, start,   0,       scale, 1};
+    return run_forward(__func__, &p);
 }

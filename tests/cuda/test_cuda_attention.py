@@ -173,6 +173,90 @@ def test_bad_sizes_are_clear_errors(emu):
         emu.call("pytfm_attention_forward_cuda", *big, 1, T, 1, 1, 0.1, 1)
 
 
+# ---- grouped-query heads and a sliding window (pytfm_attention_gqa_*_cuda) ------------------
+
+# B, T, H, Hkv, D, causal, window: multi-query and groups of 2 and 4; windows of 1, inside a
+# tile, and spanning tiles (rows whose first tiles are skipped, dK tiles whose last query rows
+# stop early); head dims not d_model / n_head of any model (3, 80)
+GQA = [(1, 1, 2, 1, 1, True, 1), (2, 33, 3, 1, 3, False, 0), (1, 130, 4, 2, 16, True, 70),
+       (1, 200, 4, 1, 64, True, 64), (1, 97, 2, 1, 80, True, 1), (1, 65, 8, 2, 32, True, 0)]
+
+
+@pytest.mark.parametrize("B,T,H,Hkv,D,causal,window", GQA)
+def test_gqa_forward_and_backward(emu, order, B, T, H, Hkv, D, causal, window):
+    rng = np.random.default_rng(T * 100 + H)
+    q, dy = f32(rng, (B, T, H, D)), f32(rng, (B, T, H, D))
+    k, v = f32(rng, (B, T, Hkv, D)), f32(rng, (B, T, Hkv, D))
+    scale = 1 / math.sqrt(D)
+    g = Aligned()
+    o, lse = g.empty(q.shape), g.empty((B, H, T))
+    emu.call("pytfm_attention_gqa_forward_cuda", o, lse, g(q), g(k), g(v), B, T, H, Hkv, D,
+             scale, causal, window)
+    ro, rlse = ref.attention_forward(q, k, v, causal, scale, window)
+    co, clse = ops.attention_forward(q, k, v, causal, scale, window=window)
+    rel = softmax_rel(q, k, scale, T)
+    close("gqa_forward.o", o, ro, co, rel * amax(v))
+    close("gqa_forward.lse", lse, rlse, clse, rel + EPS32 * amax(rlse))
+    runs = []
+    for _ in range(2):  # the group's sum in one order: the same bits on every run
+        dq, dk, dv = g.empty(q.shape), g.empty(k.shape), g.empty(k.shape)
+        emu.call("pytfm_attention_gqa_backward_cuda", dq, dk, dv, g(dy), g(q), g(k), g(v), g(o),
+                 g(lse), B, T, H, Hkv, D, scale, causal, window)
+        runs.append([a.copy() for a in (dq, dk, dv)])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    want = ref.attention_backward(dy, q, k, v, causal, scale, window)
+    c = ops.attention_backward(dy, q, k, v, o, lse, causal, scale, window=window)
+    G = H // Hkv  # dk and dv sum the group's G heads
+    noise = rel * scale * D**0.5 * amax(dy) * amax(v)
+    floors = (noise * amax(k), G * noise * amax(q), G * rel * amax(dy))
+    for name, got, r, cc, floor in zip(("dq", "dk", "dv"), runs[0], want, c, floors):
+        close(f"gqa_backward.{name}", got, r, cc, 4 * rel * amax(r) + floor)
+    g.check()
+
+
+# B, H, Hkv, D, n_new, start, Tmax, window: the keys split over the emulator's 4 "SMs" from
+# the first query's window on (splits before it would see nothing); a window of 1 (each query
+# its own key); a window wider than the cache
+GQA_DECODE = [(1, 2, 1, 64, 1, 150, 160, 20), (1, 4, 2, 16, 1, 300, 301, 1),
+              (1, 2, 1, 3, 20, 100, 121, 70), (1, 4, 1, 32, 70, 10, 90, 33),
+              (2, 2, 2, 16, 3, 100, 110, 500)]
+
+
+@pytest.mark.parametrize("B,H,Hkv,D,n_new,start,Tmax,window", GQA_DECODE)
+def test_gqa_decode(emu, order, B, H, Hkv, D, n_new, start, Tmax, window):
+    rng = np.random.default_rng(start + n_new + window)
+    k_cache, v_cache = f32(rng, (B, Tmax, Hkv, D)), f32(rng, (B, Tmax, Hkv, D))
+    q = f32(rng, (B, n_new, H, D))
+    scale = 1 / math.sqrt(D)
+    g = Aligned()
+    o, lse = g.empty(q.shape), g.empty((B, H, n_new))
+    emu.call("pytfm_attention_gqa_decode_cuda", o, lse, g(q), g(k_cache), g(v_cache), B, n_new,
+             H, Hkv, D, Tmax, start, scale, window)
+    ro, rlse = decode_reference(q, k_cache, v_cache, start, scale, window)
+    co, clse = ops.attention_decode(q, k_cache, v_cache, start, scale, window=window)
+    rel = softmax_rel(q, k_cache, scale, start + n_new)
+    close("gqa_decode.o", o, ro, co, rel * amax(v_cache))
+    close("gqa_decode.lse", lse, rlse, clse, rel + EPS32 * amax(rlse))
+    g.check()
+
+
+def test_gqa_bad_arguments_are_clear_errors(emu):
+    x = [np.zeros(129 * 4, np.float32) for _ in range(8)]
+    lse = np.zeros(8, np.float32)
+    with pytest.raises(EmuError, match=r"pytfm_attention_gqa_forward_cuda: D must be <= 128"):
+        emu.call("pytfm_attention_gqa_forward_cuda", x[0], lse, *x[1:4], 1, 2, 2, 1, 129, 0.1,
+                 1, 0)
+    with pytest.raises(EmuError, match=r"pytfm_attention_gqa_backward_cuda: Hkv must divide H"):
+        emu.call("pytfm_attention_gqa_backward_cuda", *x, lse, 1, 2, 3, 2, 4, 0.1, 1, 0)
+    with pytest.raises(EmuError, match=r"pytfm_attention_gqa_decode_cuda: window must be >= 0"):
+        emu.call("pytfm_attention_gqa_decode_cuda", x[0], lse, *x[1:4], 1, 1, 2, 1, 4, 2, 1, 0.1,
+                 -1)
+    with pytest.raises(EmuError, match=r"window = 5 needs causal attention"):
+        emu.call("pytfm_attention_gqa_forward_cuda", x[0], lse, *x[1:4], 1, 2, 2, 1, 4, 0.1, 0,
+                 5)
+
+
 # ---- the emulator features the kernels use ---------------------------------------------------
 
 

@@ -45,7 +45,9 @@ runs, of an offset view (the scalar loads) and of the FP32 fallbacks (precision 
 head dim the kernels do not take); the emulator's third order, where a warp runs a tile ahead
 (each pass's double buffer and single buffer); a ragged last tile of one row, whose prefetch
 must read nothing past T; and the BF16 tiles' fragment loads, each an ldmatrix without a bank
-conflict.
+conflict. Grouped-query heads and the sliding window (pytfm_attention_gqa_*_ex_cuda) are held
+to the same bounds, taken over each query head's key/value head, with dk and dv the sums of
+the group's heads.
 """
 
 import math
@@ -56,7 +58,8 @@ import pytest
 
 import fake_cupy
 from cuda_emu import CUDA, Aligned, EmuError
-from helpers import assert_close, bits
+from helpers import EPS32, amax, assert_close, bits
+from ops_registry import softmax_rel
 from pytfm import ops
 from pytfm import reference as ref
 
@@ -90,8 +93,12 @@ def rounded(x, precision):
     return (tf32_rna(x) if precision == TF32 else bf16_rn(x)).astype(np.float64)
 
 
-def seen_keys(T, causal):  # -> [T, T] bool, row t: the keys s it sees
-    return np.tril(np.ones((T, T), bool)) if causal else np.ones((T, T), bool)
+def seen_keys(T, causal, window=0):  # -> [T, T] bool, row t: the keys s it sees
+    return ref.attention_mask(T, causal, window)
+
+
+def grouped(k, H):  # [B, T, Hkv, D] -> [B, T, H, D]: query head h's key/value head h // G
+    return np.repeat(k, H // k.shape[2], axis=2)
 
 
 def scores(qh, kh, scale, seen):  # -> S, scale·Σ|q̂ k̂| [B, H, T, T]; -inf where not seen
@@ -100,12 +107,14 @@ def scores(qh, kh, scale, seen):  # -> S, scale·Σ|q̂ k̂| [B, H, T, T]; -inf 
     return np.where(seen, S, -np.inf), A
 
 
-def forward_want(q, k, v, causal, scale, precision):
-    """(o, lse) of the reference on rounded inputs, and their bounds (the module's docstring)"""
+def forward_want(q, k, v, causal, scale, precision, window=0):
+    """(o, lse) of the reference on rounded inputs, and their bounds (the module's docstring);
+    k, v of fewer heads than q are read through each query head's key/value head"""
     qh, kh, vh = (rounded(x, precision) for x in (q, k, v))
+    kh, vh = grouped(kh, q.shape[2]), grouped(vh, q.shape[2])
     T, D = q.shape[1], q.shape[3]
-    o, lse = ref.attention_forward(qh, kh, vh, causal, scale)
-    seen = seen_keys(T, causal)
+    o, lse = ref.attention_forward(qh, kh, vh, causal, scale, window)
+    seen = seen_keys(T, causal, window)
     S, A = scores(qh, kh, scale, seen)
     M = S.max(axis=-1, keepdims=True)
     Sf = np.where(seen, S, 0.0)
@@ -122,16 +131,21 @@ def forward_want(q, k, v, causal, scale, precision):
     return (o, lse), (o_bound, lse_bound)
 
 
-def backward_want(dy, q, k, v, o, lse, causal, scale, precision):
+def backward_want(dy, q, k, v, o, lse, causal, scale, precision, window=0):
     """(dq, dk, dv) of the reference on rounded inputs (o, lse: the float32 ones the kernel is
-    given, from the reference), and their bounds (the module's docstring)"""
+    given, from the reference), and their bounds (the module's docstring); with fewer
+    key/value heads, dk and dv and their bounds are the sums over each group's G query heads,
+    each a sum of G·T terms"""
     dyh, qh, kh, vh = (rounded(x, precision) for x in (dy, q, k, v))
-    T, D = q.shape[1], q.shape[3]
-    dq, dk, dv = ref.attention_backward(dyh, qh, kh, vh, causal, scale)
-    seen = seen_keys(T, causal)
+    B, T, H, D = q.shape
+    Hkv = k.shape[2]
+    G = H // Hkv
+    kh, vh = grouped(kh, H), grouped(vh, H)
+    dq, dk, dv = ref.attention_backward(dyh, qh, kh, vh, causal, scale, window)
+    seen = seen_keys(T, causal, window)
     S, A = scores(qh, kh, scale, seen)
     Sf = np.where(seen, S, 0.0)
-    lse64 = ref.attention_forward(qh, kh, vh, causal, scale)[1][..., None]
+    lse64 = ref.attention_forward(qh, kh, vh, causal, scale, window)[1][..., None]
     P = np.where(seen, np.exp(Sf - lse64), 0.0)
     L = abs(np.asarray(lse, np.float64))[..., None]
     eps = gamma(D) * A + 8 * U32 * (abs(Sf) + L) + 4 * U32
@@ -142,28 +156,40 @@ def backward_want(dy, q, k, v, o, lse, causal, scale, precision):
     Adlt = gamma(D + 1) * np.einsum("bthd,bthd->bht", abs(dyh), abs(o64))[..., None]
     dS = P * (dP - dlt)
     err_dS = P * ((eps + 4 * U32) * abs(dP - dlt) + gamma(D) * AdP + Adlt)
-    u, g = UNIT[precision], gamma(T + 1)
-    floor = lambda b: T * TINY * abs(b).max()  # noqa: E731
-    dv_bound = 1.01 * np.einsum("bhts,bthd->bshd", P * (eps + u + g), abs(dyh)) + floor(dyh)
-    w = err_dS + (u + g) * abs(dS)
-    dk_bound = 1.01 * scale * np.einsum("bhts,bthd->bshd", w, abs(qh)) + floor(qh)
+    u, g, gk = UNIT[precision], gamma(T + 1), gamma(G * T + 1)
+    floor = lambda b: G * T * TINY * abs(b).max()  # noqa: E731
+    per_group = lambda x: x.reshape(B, T, Hkv, G, D).sum(axis=3)  # noqa: E731
+    dv_bound = per_group(1.01 * np.einsum("bhts,bthd->bshd", P * (eps + u + gk), abs(dyh))
+                         ) + floor(dyh)
+    w, wk = err_dS + (u + g) * abs(dS), err_dS + (u + gk) * abs(dS)
+    dk_bound = per_group(1.01 * scale * np.einsum("bhts,bthd->bshd", wk, abs(qh))) + floor(qh)
     dq_bound = 1.01 * scale * np.einsum("bhts,bshd->bthd", w, abs(kh)) + floor(kh)
-    return (dq, dk, dv), (dq_bound, dk_bound, dv_bound)
+    return (dq, per_group(dk), per_group(dv)), (dq_bound, dk_bound, dv_bound)
 
 
-def forward(emu, g, q, k, v, causal, scale, precision):
+def forward(emu, g, q, k, v, causal, scale, precision, window=None):
+    """pytfm_attention_forward_ex_cuda; window not None (k, v of any heads dividing q's):
+    pytfm_attention_gqa_forward_ex_cuda"""
     B, T, H, D = q.shape
     o, lse = g.empty(q.shape), g.empty((B, H, T))
-    emu.call("pytfm_attention_forward_ex_cuda", o, lse, g(q), g(k), g(v), B, T, H, D, scale,
-             causal, precision)
+    if window is None:
+        emu.call("pytfm_attention_forward_ex_cuda", o, lse, g(q), g(k), g(v), B, T, H, D, scale,
+                 causal, precision)
+    else:
+        emu.call("pytfm_attention_gqa_forward_ex_cuda", o, lse, g(q), g(k), g(v), B, T, H,
+                 k.shape[2], D, scale, causal, window, precision)
     return o, lse
 
 
-def backward(emu, g, dy, q, k, v, o, lse, causal, scale, precision):
+def backward(emu, g, dy, q, k, v, o, lse, causal, scale, precision, window=None):
     B, T, H, D = q.shape
-    dq, dk, dv = g.empty(q.shape), g.empty(q.shape), g.empty(q.shape)
-    emu.call("pytfm_attention_backward_ex_cuda", dq, dk, dv, g(dy), g(q), g(k), g(v), g(o),
-             g(lse), B, T, H, D, scale, causal, precision)
+    dq, dk, dv = g.empty(q.shape), g.empty(k.shape), g.empty(k.shape)
+    if window is None:
+        emu.call("pytfm_attention_backward_ex_cuda", dq, dk, dv, g(dy), g(q), g(k), g(v), g(o),
+                 g(lse), B, T, H, D, scale, causal, precision)
+    else:
+        emu.call("pytfm_attention_gqa_backward_ex_cuda", dq, dk, dv, g(dy), g(q), g(k), g(v),
+                 g(o), g(lse), B, T, H, k.shape[2], D, scale, causal, window, precision)
     return dq, dk, dv
 
 
@@ -203,6 +229,39 @@ def assert_within_the_bound(emu, seed, B, T, H, D, causal, precision):
 @pytest.mark.parametrize("B,T,H,D,causal", CASES)
 def test_forward_and_backward_within_the_bound(emu, order, precision, B, T, H, D, causal):
     assert_within_the_bound(emu, T * 1000 + D + H, B, T, H, D, causal, precision)
+
+
+# B, T, H, Hkv, D, causal, window: groups of 2 and 4, multi-query; windows of 1, inside a
+# 64-key tile, and across tiles (a row's first tiles skipped; a dK tile's query rows stopping
+# before T); the dK/dV pass's steps crossing from one head of a group to the next
+GQA_CASES = [(1, 65, 4, 2, 16, True, 0), (1, 150, 2, 1, 32, True, 70),
+             (2, 33, 3, 1, 64, False, 0), (1, 130, 4, 1, 128, True, 64),
+             (1, 70, 2, 2, 16, True, 1), (1, 200, 4, 2, 32, True, 100)]
+
+
+@pytest.mark.parametrize("precision", [TF32, BF16], ids=NAMES.get)
+@pytest.mark.parametrize("B,T,H,Hkv,D,causal,window", GQA_CASES)
+def test_gqa_and_window_within_the_bound(emu, order, precision, B, T, H, Hkv, D, causal,
+                                         window):
+    """pytfm_attention_gqa_forward_ex_cuda and _backward_ex_cuda against the float64 reference
+    on rounded inputs, every element within its derived bound (dk, dv: the group's sums)"""
+    rng = np.random.default_rng(T * 100 + H * 10 + Hkv)
+    q, dy = (rng.standard_normal((B, T, H, D)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((B, T, Hkv, D)).astype(np.float32) for _ in range(2))
+    scale = 1.0 / math.sqrt(D)
+    g = Aligned()
+    o, lse = forward(emu, g, q, k, v, causal, scale, precision, window)
+    (o_want, lse_want), (o_tol, lse_tol) = forward_want(q, k, v, causal, scale, precision,
+                                                        window)
+    name = f"cuda-emu.attention_gqa_ex.{NAMES[precision]}"
+    assert_close(f"{name}.o", o, o_want, atol=o_tol, rtol=0.0)
+    assert_close(f"{name}.lse", lse, lse_want, atol=lse_tol, rtol=0.0)
+    o32, lse32 = (np.ascontiguousarray(x, np.float32) for x in (o_want, lse_want))
+    got = backward(emu, g, dy, q, k, v, o32, lse32, causal, scale, precision, window)
+    want, tols = backward_want(dy, q, k, v, o32, lse32, causal, scale, precision, window)
+    for what, x, w, t in zip(("dq", "dk", "dv"), got, want, tols, strict=True):
+        assert_close(f"{name}.{what}", x, w, atol=t, rtol=0.0)
+    g.check()
 
 
 @pytest.mark.parametrize("precision", [TF32, BF16], ids=NAMES.get)
@@ -308,6 +367,33 @@ def test_pytfm_ops_reaches_the_ex_twins_on_cupy_arrays_only(emu, cp):
         with pytest.raises(ValueError, match="on NumPy arrays use 'fp32'"):
             ops.attention_backward(dy, q, k, v, q, np.zeros((1, 2, 20), np.float32),
                                    precision=precision)
+
+
+def test_pytfm_ops_takes_grouped_heads_and_windows_to_the_gqa_ex_twins(emu, cp):
+    """ops.attention_forward/backward with k, v of fewer heads or a window, in "tf32" or
+    "bf16" on CuPy arrays, call pytfm_attention_gqa_*_ex_cuda (the bits of a direct call); in
+    "fp32" the FP32 twins (the C kernels' results to float32 rounding)"""
+    rng = np.random.default_rng(4)
+    q, dy = (rng.standard_normal((1, 20, 4, 16)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((1, 20, 2, 16)).astype(np.float32) for _ in range(2))
+    gq, gk, gv, gdy = (cp.asarray(x) for x in (q, k, v, dy))
+    for precision in ("tf32", "bf16"):
+        code = TF32 if precision == "tf32" else BF16
+        o, lse = ops.attention_forward(gq, gk, gv, precision=precision, window=7)
+        g = Aligned()
+        o_want, lse_want = forward(emu, g, q, k, v, 1, 0.25, code, 7)
+        assert bits(fake_cupy._asnumpy(o)).tolist() == bits(o_want).tolist()
+        grads = ops.attention_backward(gdy, gq, gk, gv, o, lse, precision=precision, window=7)
+        want = backward(emu, g, dy, q, k, v, o_want, lse_want, 1, 0.25, code, 7)
+        for got, w in zip(grads, want, strict=True):
+            assert bits(fake_cupy._asnumpy(got)).tolist() == bits(w).tolist()
+    o, lse = ops.attention_forward(gq, gk, gv, window=7)
+    co, clse = ops.attention_forward(q, k, v, window=7)
+    rel = softmax_rel(q, k, 0.25, 20)
+    assert_close("cuda-emu.attention_gqa.fp32.o", fake_cupy._asnumpy(o), co,
+                 atol=2 * rel * amax(v))
+    assert_close("cuda-emu.attention_gqa.fp32.lse", fake_cupy._asnumpy(lse), clse,
+                 atol=2 * rel + EPS32 * amax(clse))
 
 
 TRAIN_STEPS = 6
