@@ -110,6 +110,12 @@ PYTFM_API int64_t pytfm_tokenizer_vocab_size(const pytfm_tokenizer *tok);
  * its vocabulary lacks it, as transformers' GPT2TokenizerFast adds it), or -1 (or tok NULL). */
 PYTFM_API int32_t pytfm_tokenizer_eot(const pytfm_tokenizer *tok);
 
+/* 1 when the tokens are text (a tokenizer.json with model.byte_fallback: SentencePiece's
+ * U+2581 for a space, <0xNN> tokens for the bytes of a character that is no token): then
+ * pytfm_tokenizer_token gives a token's name ("\u2581the", "<0x0A>") and decode runs the file's
+ * decoder. 0 when they are bytes (byte-level BPE), or tok is NULL. */
+PYTFM_API int32_t pytfm_tokenizer_text_tokens(const pytfm_tokenizer *tok);
+
 /* The number of merges (their ranks are 0 .. count-1); 0 for NULL. */
 PYTFM_API int64_t pytfm_tokenizer_merge_count(const pytfm_tokenizer *tok);
 
