@@ -1,21 +1,27 @@
 /*
- * bpe.c — the byte-level BPE tokenizer of GPT-2, Llama 3 and Qwen 2 (pytfm_tokenizer.h, and pytfm.tokenizer's engine):
- * the files' checks and the folder rule, the pre-tokenizer as a hand-written scanner over
- * UTF-8, merges by rank, a cache of words.
+ * bpe.c — the BPE tokenizer of Hugging Face tokenizer.json files and GPT-2's vocabulary
+ * (pytfm_tokenizer.h, and pytfm.tokenizer's engine): the files' checks and the folder rule,
+ * the normalizer, the pre-tokenizer as a hand-written scanner over UTF-8, merges by rank, a
+ * cache of words, the decoder.
  *
- * A token is held as its bytes (GPT-2's vocabulary names byte b by the printable character
- * bytes_to_unicode gives it; that naming is undone once, at open). Merges are a hash map from
- * a pair of ids to (rank, the id it makes). A word is merged as Hugging Face tokenizers' BPE
- * merges it: a linked list of its symbols and a min-heap of (rank, position, the id made) of
- * the adjacent pairs that have a merge, the lowest rank first and, among equal ranks, the
- * leftmost first. For GPT-2's merges (each part made by an earlier merge, one pair per
- * token) that is GPT-2's order; Llama 3's merges (a token made by several pairs, parts made by
- * later merges) need the heap's exact rule: an entry is stale when popped, and skipped, when
- * the pair at its position now makes another id (a pair making the same id at another rank is
- * merged at the entry's rank, as tokenizers does). Llama 3's and Qwen 2's pre-tokenizer (a
- * Split regex) is a second scanner beside GPT-2's; model.ignore_merges takes a word that is a
- * token whole.
- */
+ * Byte-level files (GPT-2's, Llama 3's, Qwen's): a token is held as its bytes (GPT-2's
+ * vocabulary names byte b by the printable character bytes_to_unicode gives it; that naming is
+ * undone once, at open) and a word starts from its bytes. Files with model.byte_fallback
+ * (SentencePiece's: Llama 2's, Gemma's) hold their tokens as text: a token is held as its
+ * name's UTF-8 ("\u2581the"), a word starts from its characters, each the token of its text or,
+ * when there is none, its bytes' tokens <0xNN>; normalizer, pre-tokenizer and decoder are the
+ * file's steps, run as tokenizers runs them (text_step).
+ *
+ * Merges are a hash map from a pair of ids to (rank, the id it makes). A word is merged as
+ * Hugging Face tokenizers' BPE merges it: a linked list of its symbols and a min-heap of (rank,
+ * position, the id made) of the adjacent pairs that have a merge, the lowest rank first and,
+ * among equal ranks, the leftmost first. For GPT-2's merges (each part made by an earlier
+ * merge, one pair per token) that is GPT-2's order; Llama 3's merges (a token made by several
+ * pairs, parts made by later merges) need the heap's exact rule: an entry is stale when popped,
+ * and skipped, when the pair at its position now makes another id (a pair making the same id
+ * at another rank is merged at the entry's rank, as tokenizers does). Llama 3's and Qwen 2's
+ * pre-tokenizer (a Split regex) is a second scanner beside GPT-2's; model.ignore_merges takes
+ * a word that is a token whole. */
 #if defined(__linux__) || defined(__unix__) || defined(__APPLE__)
 #define _POSIX_C_SOURCE 200809L
 #define _FILE_OFFSET_BITS 64
@@ -2294,16 +2300,18 @@ static int one_char(const unsigned char *u, size_t n) {
     return n > 0 && (size_t)utf8_at(u, n, &cp) == n;
 }
 
-/* Metaspace's prepend_scheme (or, in older files, add_prefix_space: true is "always"): a
- * PREPEND_ value, -1 for anything else */
+/* Metaspace's prepend_scheme ("always" when absent): a PREPEND_ value, -1 for anything else.
+ * Older files' add_prefix_space is read as tokenizers reads it: the scheme decides, and
+ * add_prefix_space false with a scheme other than "never" is refused (tokenizers refuses it). */
 static int prepend_scheme(pytfm__json obj) {
     pytfm__json v;
+    int scheme = PREPEND_ALWAYS;
     if (member(obj, "prepend_scheme", &v) && pytfm__json_kind_of(v) != PYTFM__JSON_NULL)
-        return pytfm__json_string_is(v, "always") ? PREPEND_ALWAYS
-             : pytfm__json_string_is(v, "first")  ? PREPEND_FIRST
-             : pytfm__json_string_is(v, "never")  ? PREPEND_NEVER : -1;
-    const int f = flag(obj, "add_prefix_space", 1);
-    return f < 0 ? -1 : f ? PREPEND_ALWAYS : PREPEND_NEVER;
+        scheme = pytfm__json_string_is(v, "always") ? PREPEND_ALWAYS
+               : pytfm__json_string_is(v, "first")  ? PREPEND_FIRST
+               : pytfm__json_string_is(v, "never")  ? PREPEND_NEVER : -1;
+    const int f = absent_or(obj, "add_prefix_space", 0, 0) ? 1 : flag(obj, "add_prefix_space", 1);
+    return f < 0 || (f == 0 && scheme != PREPEND_NEVER) ? -1 : scheme;
 }
 
 /* A member that is an integer >= 0: its value, or -1 */
@@ -2357,7 +2365,8 @@ static pytfm_status read_step(builder *b, pytfm__json item, int decoder, const c
         const int scheme = prepend_scheme(item);
         if (r == 0 || (r == 1 && (!one_char(st->a, st->na) || scheme < 0)))
             return BAD(b, "%s: Metaspace must have a replacement of one character and a "
-                          "prepend_scheme \"always\", \"first\" or \"never\"", where);
+                          "prepend_scheme \"always\", \"first\" or \"never\" (\"never\" "
+                          "where add_prefix_space is false)", where);
         st->start = scheme != PREPEND_NEVER;
     } else {
         return BAD(b, "%s: %s is not a %s pytfm implements (%s)", where,
@@ -2418,7 +2427,8 @@ static pytfm_status read_text_pre_tokenizer(builder *b, pytfm__json doc) {
         t->pre_prepend = prepend_scheme(part);
         if (t->pre_prepend < 0)
             return BAD(b, "pre_tokenizer: Metaspace's prepend_scheme must be \"always\", "
-                          "\"first\" or \"never\"");
+                          "\"first\" or \"never\" (\"never\" where add_prefix_space is "
+                          "false)");
         t->pre_split = flag(part, "split", 1);
         if (t->pre_split < 0) return BAD(b, "pre_tokenizer: Metaspace's split must be true or false");
     } else if (is_type(part, "Split")) {
