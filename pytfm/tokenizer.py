@@ -22,9 +22,10 @@ Files (checked strictly before any table is built): GPT-2's vocab.json ({token: 
 0 .. n-1 each once) and merges.txt ("#version" line, then one "a b" pair per line), or Hugging
 Face's tokenizer.json of a ByteLevel BPE (GPT-2's, or Llama 3's and Qwen's: a Split regex,
 ignore_merges, NFC) or of a BPE with byte_fallback (Llama 2's, Mistral's, Gemma's: tokens are
-text, normalizer Prepend/Replace, Metaspace; docs/tokenizer.md). A vocabulary and merges that disagree are refused:
-every merge's parts must be tokens, every result a token of the vocabulary, no pair merged
-twice, and (without ignore_merges) every token a byte, a merge's result or <|endoftext|>. A
+text, normalizer Prepend/Replace, Metaspace; docs/tokenizer.md). A vocabulary and merges that
+disagree are refused: every merge's parts must be tokens, every result a token of the
+vocabulary, no pair merged twice, and (byte-level, without ignore_merges) every token a byte,
+a merge's result or <|endoftext|>. A
 bad file is a TokenizerError naming it; a file or folder that cannot be read, an OSError
 (FileNotFoundError for a folder without a tokenizer).
 """

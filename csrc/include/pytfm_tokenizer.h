@@ -33,11 +33,12 @@
  *
  * Files are checked before anything is built: strict UTF-8 JSON (pytfm_json_check), at most
  * PYTFM_TOKENIZER_MAX_FILE bytes, a vocabulary {token: id} of 256 to PYTFM_TOKENIZER_MAX_TOKENS
- * tokens whose ids are 0 .. n-1 each once and that holds the 256 byte tokens; every merge's
- * parts are tokens, every result a token, no pair twice, and (unless the model takes whole
- * words first, ignore_merges) every token a byte, a merge's result or an added token. A failure is INVALID_ARGUMENT (or
- * OUT_OF_MEMORY) with pytfm_last_error() naming the file and what is wrong; nothing is left
- * allocated and *out is NULL. Messages name tokens as the files write them ('Ġth'), merges by
+ * tokens whose ids are 0 .. n-1 each once and that holds the 256 byte tokens (byte fallback:
+ * <0x00> .. <0xFF>); every merge's parts are tokens, every result a token, no pair twice, and
+ * (byte-level, unless the model takes whole words first, ignore_merges) every token a byte, a
+ * merge's result or an added token. A failure is INVALID_ARGUMENT (or OUT_OF_MEMORY) with
+ * pytfm_last_error() naming the file and what is wrong; nothing is left allocated and *out is
+ * NULL. Messages name tokens as the files write them ('Ġth'), merges by
  * rank (from 0) and lines of merges.txt as the file's lines, from 1 ("#version" is line 1).
  * errno after a failed open: a failed system call's error number (open, stat, read: "cannot
  * open (No such file or directory)" leaves ENOENT), ENOENT for a folder without a tokenizer,

@@ -2430,7 +2430,8 @@ static pytfm_status read_text_pre_tokenizer(builder *b, pytfm__json doc) {
                           "\"first\" or \"never\" (\"never\" where add_prefix_space is "
                           "false)");
         t->pre_split = flag(part, "split", 1);
-        if (t->pre_split < 0) return BAD(b, "pre_tokenizer: Metaspace's split must be true or false");
+        if (t->pre_split < 0)
+            return BAD(b, "pre_tokenizer: Metaspace's split must be true or false");
     } else if (is_type(part, "Split")) {
         t->pretok = PRE_SPLIT;
         r = pattern_member(part, "pattern", &t->pre_str, &t->pre_len);

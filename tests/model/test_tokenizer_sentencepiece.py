@@ -11,13 +11,13 @@ import copy
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 from gpt2_oracle import PIECES, PROSE, UNICODE, missing, stdlib_sources, tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from test_tokenizer_llama import c_encode  # noqa: F401 (the fixture: a C program's ids)
+from test_tokenizer_llama import C_ENCODE
 
 from pytfm.tokenizer import Tokenizer, TokenizerError
 
@@ -50,7 +50,8 @@ FALLBACK = ["\U00020000\U0002A6DF", "\ue000\uf8ff", "\U000E0041", "\U0010FFFD\uf
             "\u0378\u05ff", "\x00\x01\x1b\x7f", "x\U000E0041y", "<0x41><0xE4>"]
 # white space: runs, leading and trailing, newlines and tabs, U+2581 itself
 SPACES = ["", " ", "  ", "   x", "x   ", "  x  y  ", "a\nb", "\n\n\n", "\t\tx\t", " \n \t ",
-          "\r\n", "x" + " " * 40 + "y", "\u2581", "\u2581\u2581x \u2581", " \u2581 ", "\u3000x\u00a0"]
+          "\r\n", "x" + " " * 40 + "y", "\u2581", "\u2581\u2581x \u2581", " \u2581 ",
+          "\u3000x\u00a0"]
 MULTILINGUAL = [
     "日本語のテキスト、中文文本。한국어 텍스트", "Emoji 😀👍🏽🇩🇪👩‍👩‍👧 !!",
     "Naïve café e\u0301 façade Übermäßig ǅ ß", "שלום עולם! مرحبا بالعالم", "Привет, мир — ελληνικά",
@@ -170,6 +171,21 @@ def test_a_real_file_decodes_any_ids_as_tokenizers_does(name):
     check()
 
 
+@pytest.fixture(scope="module")
+def c_encode(tmp_path_factory):
+    """test_tokenizer_llama's C program printing the ids of a text, built against the
+    installed library."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "c_api"))
+    from test_generate_gpt2 import flags
+
+    folder = tmp_path_factory.mktemp("c_encode")
+    (folder / "encode.c").write_text(C_ENCODE)
+    exe = str(folder / "encode")
+    subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-Wall", "-Wextra", "-Werror",
+                    str(folder / "encode.c"), *flags(), "-o", exe], check=True)
+    return exe
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_a_real_file_gives_tokenizers_ids_through_c(name, c_encode, tmp_path):
     path, _, hf = real(name)
@@ -183,8 +199,8 @@ def test_a_real_file_gives_tokenizers_ids_through_c(name, c_encode, tmp_path):
 
 # ---- small files of the same features (no download) ------------------------------------------
 
-SMALL_TOKENS = ["\u2581", "a", "b", "c", "é", "x", "\u2581a", "ab", "\u2581ab", "bc", "\u2581\u2581",
-                "\u2581b", "abc"]
+SMALL_TOKENS = ["\u2581", "a", "b", "c", "é", "x", "\u2581a", "ab", "\u2581ab", "bc",
+                "\u2581\u2581", "\u2581b", "abc"]
 SMALL_MERGES = ["\u2581 a", "a b", "\u2581a b", "b c", "\u2581 \u2581", "\u2581 b", "ab c"]
 LLAMA2_NORMALIZER = {"type": "Sequence", "normalizers": [
     {"type": "Prepend", "prepend": "\u2581"},
