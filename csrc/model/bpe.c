@@ -900,12 +900,15 @@ static pytfm_status split_words(const pytfm_tokenizer *t, const unsigned char *p
             previous = match[i];
         }
     }
+    if (status != PYTFM_STATUS_OK) {
+        free(seg);
+        free(match);
+        return pytfm__fail(status, "pytfm_tokenizer_encode: cannot allocate for a split");
+    }
     for (size_t i = 0; status == PYTFM_STATUS_OK && i < k; i++)
         status = encode_word(t, seg[2 * i], seg[2 * i + 1] - seg[2 * i], cache, s, o);
     free(seg);
     free(match);
-    if (status == PYTFM_STATUS_OUT_OF_MEMORY)
-        return pytfm__fail(status, "pytfm_tokenizer_encode: cannot allocate for a split");
     return status;
 }
 
