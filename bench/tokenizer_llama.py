@@ -1,5 +1,5 @@
-"""Llama 3's and Qwen 3's tokenizer.json: the seconds to encode 1 MiB of text, pytfm against
-Hugging Face tokenizers.
+"""Llama 3's, Qwen 3's, Llama 2's and Gemma 3's tokenizer.json: the seconds to encode 1 MiB
+of text, pytfm against Hugging Face tokenizers.
 
     python bench/tokenizer_llama.py --rounds 3
 
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "model"))
 from bench.common import cpu_name, worker_env  # noqa: E402
 
 SIZE = 1 << 20
-NAMES = ("llama3", "qwen3")
+NAMES = ("llama3", "qwen3", "llama2", "gemma3")
 TEXTS = ("code", "prose")
 LIBS = ("pytfm", "tokenizers")
 

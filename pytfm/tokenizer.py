@@ -1,5 +1,5 @@
-"""pytfm.tokenizer — byte-level BPE (GPT-2's, Llama 3's, Qwen's): encode, decode, load, save,
-train.
+"""pytfm.tokenizer — BPE: byte-level (GPT-2's, Llama 3's, Qwen's) and SentencePiece-style
+with byte fallback (Llama 2's, Gemma's): encode, decode, load, save, train.
 
     tok = Tokenizer.from_folder("gpt2")            # vocab.json + merges.txt, or tokenizer.json
     ids = tok.encode("Hello world")                # [15496, 995]
@@ -21,9 +21,11 @@ transformers' decode does).
 Files (checked strictly before any table is built): GPT-2's vocab.json ({token: id}: the ids
 0 .. n-1 each once) and merges.txt ("#version" line, then one "a b" pair per line), or Hugging
 Face's tokenizer.json of a ByteLevel BPE (GPT-2's, or Llama 3's and Qwen's: a Split regex,
-ignore_merges, NFC; docs/tokenizer.md). A vocabulary and merges that disagree are refused:
-every merge's parts must be tokens, every result a token of the vocabulary, no pair merged
-twice, and (without ignore_merges) every token a byte, a merge's result or <|endoftext|>. A
+ignore_merges, NFC) or of a BPE with byte_fallback (Llama 2's, Mistral's, Gemma's: tokens are
+text, normalizer Prepend/Replace, Metaspace; docs/tokenizer.md). A vocabulary and merges that
+disagree are refused: every merge's parts must be tokens, every result a token of the
+vocabulary, no pair merged twice, and (byte-level, without ignore_merges) every token a byte,
+a merge's result or <|endoftext|>. A
 bad file is a TokenizerError naming it; a file or folder that cannot be read, an OSError
 (FileNotFoundError for a folder without a tokenizer).
 """
@@ -159,9 +161,18 @@ class Tokenizer:
     def __repr__(self):
         return f"Tokenizer({len(self)} tokens, {lib.pytfm_tokenizer_merge_count(self._tok)} merges)"
 
+    @property
+    def text_tokens(self):
+        """True when the tokens are text (a tokenizer.json with model.byte_fallback, Llama 2's
+        and Gemma's: U+2581 for a space, <0xNN> tokens for bytes): token_bytes(i) is then the
+        UTF-8 of the token's name, and decode runs the file's decoder."""
+        return bool(lib.pytfm_tokenizer_text_tokens(self._tok))
+
     @functools.cached_property
     def vocab(self):
         """{token: id}, in id order."""
+        if self.text_tokens:
+            return {self.token_bytes(i).decode("utf-8"): i for i in range(len(self))}
         table = bytes_to_unicode()
         return {"".join(map(table.__getitem__, self.token_bytes(i))): i for i in range(len(self))}
 
@@ -199,8 +210,8 @@ class Tokenizer:
         flags = (lib.PYTFM_TOKENIZER_SPECIAL if special else 0) | (
             lib.PYTFM_TOKENIZER_TEMPLATE if template else 0)
         count = ffi.new("int64_t *")
-        # a text has no more ids than bytes (its NFC form's, with an NFC normalizer), plus the
-        # template's (the empty text's ids)
+        # a text has no more ids than bytes (without a normalizer or Metaspace), plus the
+        # template's (the empty text's ids); a longer count is retried below
         size = len(raw) + (self._template_size if template else 0)
         if size > _ONE_PASS:  # a long text is counted first, not given 4 bytes of ids per byte
             check(lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags, ffi.NULL, 0,
@@ -210,7 +221,8 @@ class Tokenizer:
         status = lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags,
                                             ffi.from_buffer("int32_t[]", ids), len(ids), count)
         if status != lib.PYTFM_STATUS_OK and count[0] > len(ids):
-            # an NFC normalizer may lengthen the text (up to 3 times): the count is known now
+            # a normalizer (NFC, Prepend, Replace) or Metaspace may lengthen the text: the
+            # count is known now
             ids = np.empty(count[0], np.int32)
             status = lib.pytfm_tokenizer_encode(self._tok, raw, len(raw), flags,
                                                 ffi.from_buffer("int32_t[]", ids), len(ids),
@@ -221,7 +233,9 @@ class Tokenizer:
     # -- decoding
 
     def decode_bytes(self, ids):
-        """Token ids (a sequence or a 1-D integer array) -> the bytes they stand for."""
+        """Token ids (a sequence or a 1-D integer array) -> the bytes they stand for (text
+        tokens: the UTF-8 of what the file's decoder makes of them, as tokenizers' decode with
+        skip_special_tokens=False gives it)."""
         ids = np.ascontiguousarray(token_ids(ids, len(self)), np.int32)
         src, size = ffi.from_buffer("int32_t[]", ids), ffi.new("int64_t *")
         check(lib.pytfm_tokenizer_decode(self._tok, src, len(ids), ffi.NULL, 0, size))
@@ -232,7 +246,8 @@ class Tokenizer:
 
     def decode(self, ids, errors="replace"):
         """Token ids -> str: their bytes as UTF-8, invalid sequences as U+FFFD (errors as
-        bytes.decode takes it)."""
+        bytes.decode takes it; text tokens' bytes are valid UTF-8 already: a run of <0xNN>
+        tokens that is not is one U+FFFD per byte, as tokenizers' ByteFallback decodes it)."""
         return self.decode_bytes(ids).decode("utf-8", errors)
 
     def token_bytes(self, i):
@@ -251,7 +266,8 @@ class Tokenizer:
 
     @classmethod
     def from_tokenizer_json(cls, path):
-        """Hugging Face's tokenizer.json of a byte-level BPE (docs/tokenizer.md)."""
+        """Hugging Face's tokenizer.json of a BPE, byte-level or with byte_fallback
+        (docs/tokenizer.md)."""
         tok = cls.__new__(cls)._open(lib.pytfm_tokenizer_open_json, _path(path, "path"))
         tok._json = os.fsdecode(path)
         return tok

@@ -1,36 +1,44 @@
 /*
- * pytfm_tokenizer.h — GPT-2's byte-level BPE tokenizer in C: open a vocabulary (or a model's
- * folder), encode bytes to token ids, decode ids to bytes, the special token <|endoftext|>.
+ * pytfm_tokenizer.h — BPE tokenizers in C: GPT-2's vocab.json + merges.txt, and Hugging Face
+ * tokenizer.json files of a byte-level BPE (GPT-2, Llama 3, Qwen) or of a BPE with byte
+ * fallback (SentencePiece's: Llama 2, Mistral, Gemma). Open a vocabulary (or a model's folder),
+ * encode bytes to token ids, decode ids to bytes, the special token <|endoftext|>.
  * pytfm.tokenizer.Tokenizer is this tokenizer, from Python.
  *
  * What encode does (token for token what Hugging Face tokenizers gives; docs/tokenizer.md):
  * 1. The added tokens (tokenizer.json's added_tokens; GPT-2's vocab.json: <|endoftext|>) are
  *    found in the text as tokenizers' AddedVocabulary finds them: leftmost-longest, those with
- *    normalized false first, then the others in the pieces left; lstrip and rstrip take the
- *    white space beside a match into it, single_word keeps a match only between non-word
- *    characters. A special token is matched only with PYTFM_TOKENIZER_SPECIAL (without it, a
- *    match of one is dropped, as tokenizers' encode_special_tokens does). Each piece between
- *    is tokenized alone.
- * 2. A piece is cut into words by GPT-2's pre-tokenizer pattern
+ *    normalized false first, then the others in the pieces left, normalized; lstrip and rstrip
+ *    take the white space beside a match into it, single_word keeps a match only between
+ *    non-word characters. A special token is matched only with PYTFM_TOKENIZER_SPECIAL
+ *    (without it, a match of one is dropped, as tokenizers' encode_special_tokens does). Each
+ *    piece between is tokenized alone.
+ * 2. A piece is cut into words. Byte-level files: by GPT-2's pre-tokenizer pattern
  *      's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *    (hand-coded: the leftmost alternative that matches wins, \s+(?!\S) leaves the last white
- *    space of a run before a non-space to the next word). \p{L} is a letter (categories L*),
- *    \p{N} a number (N*), \s Unicode's White_Space, from tables of the Unicode version
- *    pytfm_tokenizer_unicode_version() names.
+ *    space of a run before a non-space to the next word), or Llama 3's or Qwen 2's Split regex.
+ *    \p{L} is a letter (categories L*), \p{N} a number (N*), \s Unicode's White_Space, from
+ *    tables of the Unicode version pytfm_tokenizer_unicode_version() names. Files with byte
+ *    fallback: the piece is one word (pre_tokenizer null), Metaspace's words (spaces made the
+ *    replacement, which is put first as prepend_scheme says, each word from one), or a Split
+ *    at a string's occurrences (behavior as tokenizers has it).
  *    Bytes are read as UTF-8; a byte that does not begin a valid UTF-8 sequence (overlong forms,
  *    surrogates, code points past U+10FFFF and truncated sequences are not valid) is one "other"
  *    character of its own, as Python's surrogateescape reads it. So every byte string has one
- *    tokenization, and decode of encode gives the bytes back.
- * 3. Each word's bytes are merged by rank (the line of the merge in merges.txt), lowest first,
- *    each occurrence left to right, until no adjacent pair has a merge.
+ *    tokenization, and (byte-level) decode of encode gives the bytes back.
+ * 3. Each word's symbols (byte-level: its bytes; byte fallback: its characters, each the token
+ *    of its text or else its bytes' <0xNN> tokens) are merged by rank (the line of the merge in
+ *    merges.txt), lowest first, each occurrence left to right, until no adjacent pair has a
+ *    merge.
  *
  * Files are checked before anything is built: strict UTF-8 JSON (pytfm_json_check), at most
  * PYTFM_TOKENIZER_MAX_FILE bytes, a vocabulary {token: id} of 256 to PYTFM_TOKENIZER_MAX_TOKENS
- * tokens whose ids are 0 .. n-1 each once and that holds the 256 byte tokens; every merge's
- * parts are tokens, every result a token, no pair twice, and (unless the model takes whole
- * words first, ignore_merges) every token a byte, a merge's result or an added token. A failure is INVALID_ARGUMENT (or
- * OUT_OF_MEMORY) with pytfm_last_error() naming the file and what is wrong; nothing is left
- * allocated and *out is NULL. Messages name tokens as the files write them ('Ġth'), merges by
+ * tokens whose ids are 0 .. n-1 each once and that holds the 256 byte tokens (byte fallback:
+ * <0x00> .. <0xFF>); every merge's parts are tokens, every result a token, no pair twice, and
+ * (byte-level, unless the model takes whole words first, ignore_merges) every token a byte, a
+ * merge's result or an added token. A failure is INVALID_ARGUMENT (or OUT_OF_MEMORY) with
+ * pytfm_last_error() naming the file and what is wrong; nothing is left allocated and *out is
+ * NULL. Messages name tokens as the files write them ('Ġth'), merges by
  * rank (from 0) and lines of merges.txt as the file's lines, from 1 ("#version" is line 1).
  * errno after a failed open: a failed system call's error number (open, stat, read: "cannot
  * open (No such file or directory)" leaves ENOENT), ENOENT for a folder without a tokenizer,
@@ -78,14 +86,19 @@ PYTFM_API pytfm_status pytfm_tokenizer_open_memory(const char *vocab, int64_t vo
                                                    const char *merges, int64_t merges_size,
                                                    pytfm_tokenizer **out);
 
-/* Open Hugging Face's tokenizer.json of a GPT-2-style byte-level BPE: model.type "BPE" (no
- * dropout, unk_token, prefix or suffix, fuse_unk, byte_fallback, ignore_merges), normalizer,
- * truncation and padding null, pre_tokenizer ByteLevel (add_prefix_space false, use_regex
- * true), decoder ByteLevel or null, model.merges as "a b" strings or [a, b] pairs; any number
- * of added_tokens (each id must be the one tokenizers gives it: the vocabulary's, or the next
- * after the vocabulary in the file's order), post_processor null, ByteLevel,
- * TemplateProcessing (its "single" template: special tokens around $A, their ids from the
- * file; "pair" unused) or a Sequence of those. Anything else is refused, naming the field. */
+/* Open Hugging Face's tokenizer.json of a BPE (model.type "BPE", no dropout, prefix or
+ * suffix; model.merges as "a b" strings or [a, b] pairs; ignore_merges true or false),
+ * truncation and padding null; any number of added_tokens (each id must be the one tokenizers
+ * gives it: the vocabulary's, or the next after the vocabulary in the file's order);
+ * post_processor null, ByteLevel, TemplateProcessing (its "single" template: special tokens
+ * around $A, their ids from the file; "pair" unused) or a Sequence of those. Byte-level (no
+ * unk_token, fuse_unk or byte_fallback): normalizer null or NFC, pre_tokenizer ByteLevel
+ * (add_prefix_space false, use_regex true) or a Sequence of Llama 3's or Qwen 2's Split and a
+ * ByteLevel, decoder ByteLevel or null. With byte_fallback true (all 256 <0xNN> tokens in the
+ * vocabulary; unk_token, fuse_unk allowed, never used): normalizer null, NFC, Prepend, Replace
+ * of a String or a Sequence of them; pre_tokenizer null, Metaspace or a Split of a String;
+ * decoder null, Replace of a String, ByteFallback, Fuse, Strip, Metaspace or a Sequence of
+ * them. Anything else is refused, naming the field (docs/tokenizer.md). */
 PYTFM_API pytfm_status pytfm_tokenizer_open_json(const char *path, pytfm_tokenizer **out);
 
 /* The same from the text[0..size) of a tokenizer.json in memory (not kept). */
@@ -110,6 +123,12 @@ PYTFM_API int64_t pytfm_tokenizer_vocab_size(const pytfm_tokenizer *tok);
  * its vocabulary lacks it, as transformers' GPT2TokenizerFast adds it), or -1 (or tok NULL). */
 PYTFM_API int32_t pytfm_tokenizer_eot(const pytfm_tokenizer *tok);
 
+/* 1 when the tokens are text (a tokenizer.json with model.byte_fallback: SentencePiece's
+ * U+2581 for a space, <0xNN> tokens for the bytes of a character that is no token): then
+ * pytfm_tokenizer_token gives a token's name ("\u2581the", "<0x0A>") and decode runs the file's
+ * decoder. 0 when they are bytes (byte-level BPE), or tok is NULL. */
+PYTFM_API int32_t pytfm_tokenizer_text_tokens(const pytfm_tokenizer *tok);
+
 /* The number of merges (their ranks are 0 .. count-1); 0 for NULL. */
 PYTFM_API int64_t pytfm_tokenizer_merge_count(const pytfm_tokenizer *tok);
 
@@ -126,9 +145,10 @@ PYTFM_API const char *pytfm_tokenizer_unicode_version(void);
  * PYTFM_TOKENIZER_TEMPLATE, the post-processor's template ids go around the text (what
  * transformers' encode adds by default; GPT-2 has none). *count: the number of ids, always set
  * on OK and when the ids do not fit. ids: capacity int32 ids written (ids may be NULL when
- * capacity is 0); without a normalizer a text never has more ids than bytes plus the
- * template's (the count of the empty text), so that capacity always fits (NFC may make a text
- * up to 3 times longer: ask the count first there). capacity 0 with ids NULL asks the count only and
+ * capacity is 0); without a normalizer or a Metaspace pre-tokenizer a text never has more ids
+ * than bytes plus the template's (the count of the empty text), so that capacity always fits
+ * (NFC may make a text up to 3 times longer, Prepend, Replace and Metaspace longer still: ask
+ * the count first there). capacity 0 with ids NULL asks the count only and
  * returns OK; a capacity below the count otherwise is INVALID_ARGUMENT ("needs N ids"), ids
  * holding the first capacity of them. A single_word token next to a character whose word
  * class the library cannot tell (docs/tokenizer.md) is INVALID_ARGUMENT. */
@@ -136,7 +156,10 @@ PYTFM_API pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const 
                                               int64_t size, int32_t flags, int32_t *ids,
                                               int64_t capacity, int64_t *count);
 
-/* Decode ids[0..n) into the bytes they stand for (<|endoftext|> as its 13 characters): *size,
+/* Decode ids[0..n) into the bytes they stand for (<|endoftext|> as its 13 characters; with
+ * byte fallback, the UTF-8 of what the file's decoder makes of the tokens' names, as tokenizers'
+ * decode with skip_special_tokens false gives it: a run of <0xNN> tokens that is not UTF-8 is
+ * one U+FFFD a byte; no decoder: the names joined by spaces): *size,
  * their number, always set on OK and when they do not fit; out: capacity bytes written (NULL
  * allowed when capacity is 0; not NUL-terminated). capacity 0 with out NULL asks the size only
  * and returns OK; a capacity below it otherwise is INVALID_ARGUMENT, out holding the first

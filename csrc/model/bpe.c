@@ -1,21 +1,27 @@
 /*
- * bpe.c — the byte-level BPE tokenizer of GPT-2, Llama 3 and Qwen 2 (pytfm_tokenizer.h, and pytfm.tokenizer's engine):
- * the files' checks and the folder rule, the pre-tokenizer as a hand-written scanner over
- * UTF-8, merges by rank, a cache of words.
+ * bpe.c — the BPE tokenizer of Hugging Face tokenizer.json files and GPT-2's vocabulary
+ * (pytfm_tokenizer.h, and pytfm.tokenizer's engine): the files' checks and the folder rule,
+ * the normalizer, the pre-tokenizer as a hand-written scanner over UTF-8, merges by rank, a
+ * cache of words, the decoder.
  *
- * A token is held as its bytes (GPT-2's vocabulary names byte b by the printable character
- * bytes_to_unicode gives it; that naming is undone once, at open). Merges are a hash map from
- * a pair of ids to (rank, the id it makes). A word is merged as Hugging Face tokenizers' BPE
- * merges it: a linked list of its symbols and a min-heap of (rank, position, the id made) of
- * the adjacent pairs that have a merge, the lowest rank first and, among equal ranks, the
- * leftmost first. For GPT-2's merges (each part made by an earlier merge, one pair per
- * token) that is GPT-2's order; Llama 3's merges (a token made by several pairs, parts made by
- * later merges) need the heap's exact rule: an entry is stale when popped, and skipped, when
- * the pair at its position now makes another id (a pair making the same id at another rank is
- * merged at the entry's rank, as tokenizers does). Llama 3's and Qwen 2's pre-tokenizer (a
- * Split regex) is a second scanner beside GPT-2's; model.ignore_merges takes a word that is a
- * token whole.
- */
+ * Byte-level files (GPT-2's, Llama 3's, Qwen's): a token is held as its bytes (GPT-2's
+ * vocabulary names byte b by the printable character bytes_to_unicode gives it; that naming is
+ * undone once, at open) and a word starts from its bytes. Files with model.byte_fallback
+ * (SentencePiece's: Llama 2's, Gemma's) hold their tokens as text: a token is held as its
+ * name's UTF-8 ("\u2581the"), a word starts from its characters, each the token of its text or,
+ * when there is none, its bytes' tokens <0xNN>; normalizer, pre-tokenizer and decoder are the
+ * file's steps, run as tokenizers runs them (text_step).
+ *
+ * Merges are a hash map from a pair of ids to (rank, the id it makes). A word is merged as
+ * Hugging Face tokenizers' BPE merges it: a linked list of its symbols and a min-heap of (rank,
+ * position, the id made) of the adjacent pairs that have a merge, the lowest rank first and,
+ * among equal ranks, the leftmost first. For GPT-2's merges (each part made by an earlier
+ * merge, one pair per token) that is GPT-2's order; Llama 3's merges (a token made by several
+ * pairs, parts made by later merges) need the heap's exact rule: an entry is stale when popped,
+ * and skipped, when the pair at its position now makes another id (a pair making the same id
+ * at another rank is merged at the entry's rank, as tokenizers does). Llama 3's and Qwen 2's
+ * pre-tokenizer (a Split regex) is a second scanner beside GPT-2's; model.ignore_merges takes
+ * a word that is a token whole. */
 #if defined(__linux__) || defined(__unix__) || defined(__APPLE__)
 #define _POSIX_C_SOURCE 200809L
 #define _FILE_OFFSET_BITS 64
@@ -84,6 +90,28 @@ typedef struct added_trie {
     unsigned char first[2][256];
 } added_trie;
 
+/* A step of a normalizer or a decoder of a file whose tokens are text (model.byte_fallback),
+ * or of its pre-tokenizer. a, b: strings the step owns. */
+typedef struct text_step {
+    int kind;                /* a STEP_ value */
+    unsigned char *a, *b;    /* Prepend: a; Replace: a -> b; Strip, Metaspace: a, the character */
+    size_t na, nb;
+    int64_t start, stop;     /* Strip: characters cut at the start, at the end; Metaspace's
+                              * decoder: start 1 when it drops the first token's a (its
+                              * prepend_scheme is not "never") */
+} text_step;
+
+enum {
+    STEP_NFC, STEP_PREPEND, STEP_REPLACE, /* normalizers */
+    STEP_BYTE_FALLBACK, STEP_FUSE, STEP_STRIP, STEP_METASPACE /* decoders (and Replace) */
+};
+
+/* Split behaviors, as tokenizers' SplitDelimiterBehavior */
+enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_PREVIOUS, SPLIT_NEXT, SPLIT_CONTIGUOUS };
+
+/* Metaspace's prepend_scheme */
+enum { PREPEND_NEVER, PREPEND_FIRST, PREPEND_ALWAYS };
+
 struct pytfm_tokenizer {
     int64_t n_tokens, n_merges;
     int32_t eot;
@@ -102,11 +130,26 @@ struct pytfm_tokenizer {
     word_cache *cache;        /* NULL when it could not be allocated: encode merges without it */
     int pretok;               /* the pre-tokenizer: a PRE_ value */
     int ignore_merges;        /* model.ignore_merges: a word that is a token is taken whole */
-    int nfc;                  /* the normalizer is NFC (else there is none) */
-    int32_t *map;             /* with ignore_merges: the vocabulary's tokens, bytes -> id + 1 per
-                               * slot (0: empty), open addressing by hash_bytes */
+    text_step *norm;          /* the normalizer's steps, n_norm of them (none: no normalizer) */
+    int n_norm;
+    int32_t *map;             /* with ignore_merges or text tokens: the vocabulary's tokens,
+                               * bytes -> id + 1 per slot (0: empty), open addressing by
+                               * hash_bytes */
     uint64_t map_mask;
     int64_t n_model;          /* the vocabulary's tokens (ids below it); added ones follow */
+    /* model.byte_fallback: tokens are named by their text (SentencePiece's: U+2581 for a
+     * space), a character that is no token is its bytes' tokens <0xNN> (byte_id) */
+    int text_tokens;
+    int32_t ascii_id[128];    /* text tokens: the id of an ASCII character's token, or -1 */
+    /* text tokens' pre-tokenizer (pretok PRE_NONE, PRE_METASPACE or PRE_SPLIT): the
+     * Metaspace replacement or the Split string, pre_str[0..pre_len) */
+    unsigned char *pre_str;
+    size_t pre_len;
+    int pre_prepend, pre_split; /* Metaspace: a PREPEND_ value; split (MergedWithNext) */
+    int split_behavior, split_invert; /* Split: a SPLIT_ value; invert */
+    text_step *dec;           /* text tokens' decoder: its steps, n_dec of them; has_dec 0:
+                               * no decoder (tokens joined by a space, as tokenizers does) */
+    int n_dec, has_dec;
 };
 
 /* ---- hashing ------------------------------------------------------------------------------- */
@@ -267,7 +310,8 @@ static const unsigned char *word_end(const unsigned char *p, const unsigned char
 
 /* The Split regexes pytfm implements, recognised by their text: Llama 3's and Qwen 2's (the
  * same but for the digits), GPT-4's cl100k pattern less its case-insensitive letter classes. */
-enum { PRE_GPT2 = 0, PRE_LLAMA3 = 1, PRE_QWEN2 = 2 };
+enum { PRE_GPT2 = 0, PRE_LLAMA3 = 1, PRE_QWEN2 = 2, PRE_NONE = 3, PRE_METASPACE = 4,
+       PRE_SPLIT = 5 };
 static const char *const split_regex[3] = {
     NULL,
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
@@ -596,13 +640,49 @@ static int scratch_reserve(scratch *s, int64_t n) {
     return 1;
 }
 
-/* The ids of word w[0..n) (n >= 1) in s->id, in order; their number. */
-static int64_t merge_word(const pytfm_tokenizer *t, const unsigned char *w, int64_t n,
-                          scratch *s) {
+/* The id of the vocabulary's token whose bytes are p[0..n), or -1 (t->map must be set) */
+static int32_t vocab_id(const pytfm_tokenizer *t, const unsigned char *p, size_t n) {
+    for (uint64_t i = hash_bytes(p, n) & t->map_mask;; i = (i + 1) & t->map_mask) {
+        const int32_t e = t->map[i];
+        if (e == 0) return -1;
+        const int64_t off = t->tok_off[e - 1];
+        if ((size_t)(t->tok_off[e] - off) == n && memcmp(t->tok_bytes + off, p, n) == 0)
+            return e - 1;
+    }
+}
+
+/* The symbols word w[0..n) (n >= 1) starts from, into s->id: its number. Byte-level: one per
+ * byte. Text tokens (tokenizers' BPE with byte_fallback): one per character that is a token,
+ * else one per byte of it (<0xNN>); a byte of no valid UTF-8 sequence is a character that is
+ * no token. */
+static int64_t word_symbols(const pytfm_tokenizer *t, const unsigned char *w, int64_t n,
+                            scratch *s) {
+    int32_t *id = s->id;
+    if (!t->text_tokens) {
+        for (int64_t k = 0; k < n; k++) id[k] = t->byte_id[w[k]];
+        return n;
+    }
+    int64_t m = 0;
+    for (int64_t k = 0; k < n;) {
+        uint32_t cp = 0;
+        const int valid = utf8_at(w + k, (size_t)(n - k), &cp);
+        const int len = valid ? valid : 1;
+        const int32_t tok = w[k] < 0x80 ? t->ascii_id[w[k]]
+                          : valid     ? vocab_id(t, w + k, (size_t)len)
+                                      : -1;
+        if (tok >= 0) id[m++] = tok;
+        else
+            for (int j = 0; j < len; j++) id[m++] = t->byte_id[w[k + j]];
+        k += len;
+    }
+    return m;
+}
+
+/* The ids of the symbols s->id[0..n) (n >= 1) merged, in s->id, in order; their number. */
+static int64_t merge_word(const pytfm_tokenizer *t, int64_t n, scratch *s) {
     int32_t *id = s->id;
     int64_t *next = s->next, *prev = s->prev, heap_n = 0;
     for (int64_t k = 0; k < n; k++) {
-        id[k] = t->byte_id[w[k]];
         next[k] = k + 1;
         prev[k] = k - 1;
     }
@@ -685,46 +765,206 @@ static void cache_add(word_cache *c, const unsigned char *w, size_t n, uint64_t 
     c->slots[i] = ++c->n_entries;
 }
 
-/* Tokenize the piece p[0..end) (no special token in it) into o. */
+/* Tokenize the word p[0..p + n) (n >= 1) into o: whole (ignore_merges), from the cache, or
+ * merged. */
+static pytfm_status encode_word(const pytfm_tokenizer *t, const unsigned char *p, int64_t n,
+                                word_cache *cache, scratch *s, sink *o) {
+    const int32_t whole = t->ignore_merges && (n > 1 || t->text_tokens)
+                              ? vocab_id(t, p, (size_t)n) : -1;
+    if (n == 1 && !t->text_tokens) {
+        emit(o, &t->byte_id[p[0]], 1);
+    } else if (whole >= 0) {
+        emit(o, &whole, 1);
+    } else {
+        const uint64_t h = cache && n <= CACHE_WORD ? hash_bytes(p, (size_t)n) : 0;
+        int64_t count = 0;
+        const int32_t *hit = h ? cache_find(cache, p, (size_t)n, h, &count) : NULL;
+        if (hit) {
+            emit(o, hit, count);
+        } else {
+            if (!scratch_reserve(s, n))
+                return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                                   "pytfm_tokenizer_encode: cannot allocate for a word of "
+                                   "%lld bytes", (long long)n);
+            count = merge_word(t, word_symbols(t, p, n, s), s);
+            if (h) cache_add(cache, p, (size_t)n, h, s->id, count);
+            emit(o, s->id, count);
+        }
+    }
+    return PYTFM_STATUS_OK;
+}
+
+/* The first occurrence of pat[0..np) (np >= 1) in p[0..end), or NULL */
+static const unsigned char *find_str(const unsigned char *p, const unsigned char *end,
+                                     const unsigned char *pat, size_t np) {
+    while ((size_t)(end - p) >= np) {
+        const unsigned char *q = memchr(p, pat[0], (size_t)(end - p) - np + 1);
+        if (!q) return NULL;
+        if (memcmp(q, pat, np) == 0) return q;
+        p = q + 1;
+    }
+    return NULL;
+}
+
+/* p[0..n) with every occurrence of a[0..na) (na >= 1, left to right, not overlapping)
+ * replaced by b[0..nb): 1 and *out (malloc'd, *out_n bytes), 0 when a does not occur, -1 out
+ * of memory. */
+static int replace_all(const unsigned char *p, size_t n, const unsigned char *a, size_t na,
+                       const unsigned char *b, size_t nb, unsigned char **out, size_t *out_n) {
+    const unsigned char *end = p + n, *q = find_str(p, end, a, na);
+    if (!q) return 0;
+    size_t count = 0;
+    for (const unsigned char *r = q; r; r = find_str(r + na, end, a, na)) count++;
+    unsigned char *u = malloc(n - count * na + count * nb + 1);
+    if (!u) return -1;
+    size_t k = 0;
+    for (; q; q = find_str(p, end, a, na)) {
+        memcpy(u + k, p, (size_t)(q - p));
+        k += (size_t)(q - p);
+        memcpy(u + k, b, nb);
+        k += nb;
+        p = q + na;
+    }
+    memcpy(u + k, p, (size_t)(end - p));
+    *out = u;
+    *out_n = k + (size_t)(end - p);
+    return 1;
+}
+
+/* tokenizers' split of p[0..end) at the occurrences of pat[0..np) (left to right, not
+ * overlapping; invert: the text between them is what matches), by behavior (a SPLIT_ value):
+ * each non-empty piece to encode_word. The segments alternate text and matches; a behavior
+ * folds them as tokenizers' NormalizedString::split does. */
+static pytfm_status split_words(const pytfm_tokenizer *t, const unsigned char *p,
+                                const unsigned char *end, const unsigned char *pat, size_t np,
+                                int behavior, int invert, word_cache *cache, scratch *s,
+                                sink *o) {
+    /* the segments: (start, end, is a match), at most 2 per occurrence + 1 */
+    size_t cap = 16, n = 0;
+    const unsigned char **seg = malloc(cap * 2 * sizeof *seg);
+    unsigned char *match = malloc(cap);
+    pytfm_status status = seg && match ? PYTFM_STATUS_OK : PYTFM_STATUS_OUT_OF_MEMORY;
+    for (const unsigned char *at = p; status == PYTFM_STATUS_OK && at < end;) {
+        const unsigned char *q = find_str(at, end, pat, np);
+        if (n + 2 > cap) {
+            cap *= 2;
+            const unsigned char **s2 = realloc(seg, cap * 2 * sizeof *seg);
+            if (s2) seg = s2;
+            unsigned char *m2 = realloc(match, cap);
+            if (m2) match = m2;
+            if (!s2 || !m2) {
+                status = PYTFM_STATUS_OUT_OF_MEMORY;
+                break;
+            }
+        }
+        const unsigned char *stop = q ? q : end;
+        if (stop > at) {
+            seg[2 * n] = at, seg[2 * n + 1] = stop, match[n++] = (unsigned char)invert;
+        }
+        if (!q) break;
+        seg[2 * n] = q, seg[2 * n + 1] = q + np, match[n++] = (unsigned char)!invert;
+        at = q + np;
+    }
+    /* fold: pieces are written over the segments, k of them */
+    size_t k = 0;
+    if (status == PYTFM_STATUS_OK && behavior == SPLIT_NEXT) { /* folded from the end */
+        int previous = 0;
+        size_t w = n;
+        for (size_t i = n; i-- > 0;) {
+            if (match[i] && !previous && w < n) {
+                seg[2 * w] = seg[2 * i];
+            } else {
+                w--;
+                seg[2 * w] = seg[2 * i];
+                seg[2 * w + 1] = seg[2 * i + 1];
+            }
+            previous = match[i];
+        }
+        memmove(seg, seg + 2 * w, (n - w) * 2 * sizeof *seg);
+        k = n - w;
+    } else if (status == PYTFM_STATUS_OK) {
+        int previous = 0;
+        for (size_t i = 0; i < n; i++) {
+            const int extend = behavior == SPLIT_PREVIOUS     ? match[i] && !previous
+                               : behavior == SPLIT_CONTIGUOUS ? match[i] == previous
+                                                              : 0;
+            if (behavior == SPLIT_REMOVED && match[i]) {
+                /* dropped */
+            } else if (extend && k > 0) {
+                seg[2 * k - 1] = seg[2 * i + 1];
+            } else {
+                seg[2 * k] = seg[2 * i];
+                seg[2 * k + 1] = seg[2 * i + 1];
+                k++;
+            }
+            previous = match[i];
+        }
+    }
+    if (status != PYTFM_STATUS_OK) {
+        free(seg);
+        free(match);
+        return pytfm__fail(status, "pytfm_tokenizer_encode: cannot allocate for a split");
+    }
+    for (size_t i = 0; status == PYTFM_STATUS_OK && i < k; i++)
+        status = encode_word(t, seg[2 * i], seg[2 * i + 1] - seg[2 * i], cache, s, o);
+    free(seg);
+    free(match);
+    return status;
+}
+
+/* Tokenize the piece p[0..end) (no added token in it; normalized) into o. first: the piece
+ * begins the text (Metaspace's prepend_scheme "first"). */
 static pytfm_status encode_piece(const pytfm_tokenizer *t, const unsigned char *p,
-                                 const unsigned char *end, word_cache *cache, scratch *s,
-                                 sink *o) {
+                                 const unsigned char *end, int first, word_cache *cache,
+                                 scratch *s, sink *o) {
+    if (p == end) return PYTFM_STATUS_OK; /* tokenizers drops empty pieces */
+    if (t->pretok == PRE_NONE) return encode_word(t, p, end - p, cache, s, o);
+    if (t->pretok == PRE_SPLIT)
+        return split_words(t, p, end, t->pre_str, t->pre_len, t->split_behavior,
+                           t->split_invert, cache, s, o);
+    if (t->pretok == PRE_METASPACE) {
+        /* spaces become the replacement; it is put first (when the scheme says so and the
+         * piece does not begin with it); then split before each one (MergedWithNext) */
+        const unsigned char *r = t->pre_str;
+        const size_t nr = t->pre_len, n = (size_t)(end - p);
+        unsigned char *u = NULL;
+        size_t un = 0;
+        const int changed = replace_all(p, n, (const unsigned char *)" ", 1, r, nr, &u, &un);
+        if (changed < 0) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "pytfm_tokenizer_"
+                                            "encode: cannot allocate for a piece of %zu bytes", n);
+        if (!changed) {
+            u = malloc(n + 1);
+            if (!u) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "pytfm_tokenizer_encode: "
+                                       "cannot allocate for a piece of %zu bytes", n);
+            memcpy(u, p, n);
+            un = n;
+        }
+        const int prepend = (t->pre_prepend == PREPEND_ALWAYS ||
+                             (t->pre_prepend == PREPEND_FIRST && first)) &&
+                            !(un >= nr && memcmp(u, r, nr) == 0);
+        if (prepend) {
+            unsigned char *v = realloc(u, un + nr + 1);
+            if (!v) {
+                free(u);
+                return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "pytfm_tokenizer_encode: "
+                                   "cannot allocate for a piece of %zu bytes", n);
+            }
+            u = v;
+            memmove(u + nr, u, un);
+            memcpy(u, r, nr);
+            un += nr;
+        }
+        const pytfm_status status =
+            t->pre_split ? split_words(t, u, u + un, r, nr, SPLIT_NEXT, 0, cache, s, o)
+                         : encode_word(t, u, (int64_t)un, cache, s, o);
+        free(u);
+        return status;
+    }
     while (p < end) {
         const unsigned char *q = t->pretok == PRE_GPT2 ? word_end(p, end)
                                                        : split_end(p, end, t->pretok ==
                                                                    PRE_LLAMA3 ? 3 : 1);
-        const int64_t n = q - p;
-        int32_t whole = -1;
-        if (n > 1 && t->map) /* ignore_merges: a word that is a token of the vocabulary */
-            for (uint64_t i = hash_bytes(p, (size_t)n) & t->map_mask;; i = (i + 1) & t->map_mask) {
-                const int32_t e = t->map[i];
-                if (e == 0) break;
-                const int64_t off = t->tok_off[e - 1];
-                if (t->tok_off[e] - off == n && memcmp(t->tok_bytes + off, p, (size_t)n) == 0) {
-                    whole = e - 1;
-                    break;
-                }
-            }
-        if (n == 1) {
-            emit(o, &t->byte_id[p[0]], 1);
-        } else if (whole >= 0) {
-            emit(o, &whole, 1);
-        } else {
-            const uint64_t h = cache && n <= CACHE_WORD ? hash_bytes(p, (size_t)n) : 0;
-            int64_t count = 0;
-            const int32_t *hit = h ? cache_find(cache, p, (size_t)n, h, &count) : NULL;
-            if (hit) {
-                emit(o, hit, count);
-            } else {
-                if (!scratch_reserve(s, n))
-                    return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
-                                       "pytfm_tokenizer_encode: cannot allocate for a word of "
-                                       "%lld bytes", (long long)n);
-                count = merge_word(t, p, n, s);
-                if (h) cache_add(cache, p, (size_t)n, h, s->id, count);
-                emit(o, s->id, count);
-            }
-        }
+        PYTFM_TRY(encode_word(t, p, q - p, cache, s, o));
         p = q;
     }
     return PYTFM_STATUS_OK;
@@ -793,24 +1033,26 @@ static pytfm_status single_word_unknown(const encoder *x, int32_t tok, const uns
 }
 
 static pytfm_status next_pass(const encoder *x, int pass, const unsigned char *s,
-                              const unsigned char *e);
+                              const unsigned char *e, int first);
 
 /* The text p[0..end) through pass `pass` of the added tokens (tokenizers' find_matches: the
  * leftmost-longest match, non-overlapping, each match's flags), the pieces between matches on
- * to the next pass, and after the last pass to the pre-tokenizer and the merges. */
+ * to the next pass, and after the last pass to the pre-tokenizer and the merges. first: the
+ * text begins the whole text. */
 static pytfm_status encode_pass(const encoder *x, int pass, const unsigned char *s,
-                                const unsigned char *e) {
+                                const unsigned char *e, int first) {
     const pytfm_tokenizer *t = x->t;
-    if (pass == 0 && t->n_added == 0) return next_pass(x, 0, s, e);
-    if (pass == 2 || t->n_added == 0) return encode_piece(t, s, e, x->cache, x->s, x->o);
-    const unsigned char *first = t->trie.first[pass], *from = s, *at = s;
+    if (pass == 0 && t->n_added == 0) return next_pass(x, 0, s, e, first);
+    if (pass == 2 || t->n_added == 0)
+        return encode_piece(t, s, e, first, x->cache, x->s, x->o);
+    const unsigned char *starts = t->trie.first[pass], *from = s, *at = s;
     const unsigned char *ws_from = NULL, *ws_end = NULL; /* the last run of white space seen */
     while (at < e) {
         int64_t len = 0;
         int32_t k = -1;
         const unsigned char *q = at;
         for (; q < e; q++)
-            if (first[*q] && (k = longest_added(t, pass, q, e, &len)) >= 0) break;
+            if (starts[*q] && (k = longest_added(t, pass, q, e, &len)) >= 0) break;
         if (k < 0) break;
         const added_token *a = &t->added[k];
         const unsigned char *start = q, *stop = q + len;
@@ -845,32 +1087,72 @@ static pytfm_status encode_pass(const encoder *x, int pass, const unsigned char 
                 ws_end = stop;
             }
         }
-        if (from < start) PYTFM_TRY(next_pass(x, pass, from, start));
+        if (from < start) PYTFM_TRY(next_pass(x, pass, from, start, first && from == s));
         emit(x->o, &a->id, 1);
         from = stop;
     }
-    return from < e ? next_pass(x, pass, from, e) : PYTFM_STATUS_OK;
+    return from < e ? next_pass(x, pass, from, e, first && from == s) : PYTFM_STATUS_OK;
 }
 
-/* A piece of text pass `pass` leaves, on to the next pass: NFC'd (when the normalizer is NFC)
- * between pass 0 and pass 1, as tokenizers normalizes what the added tokens of normalized
- * false leave, each piece by itself. */
+/* The text p[0..n) through the normalizer's steps: 1 and *out (malloc'd, *out_n bytes) when
+ * they may change it, 0 when they do not, -1 out of memory. */
+static int normalize(const pytfm_tokenizer *t, const unsigned char *p, size_t n,
+                     unsigned char **out, size_t *out_n) {
+    unsigned char *cur = NULL;
+    for (int i = 0; i < t->n_norm; i++) {
+        const text_step *st = &t->norm[i];
+        const unsigned char *src = cur ? cur : p;
+        unsigned char *next = NULL;
+        size_t nn = 0;
+        int changed = 0;
+        if (st->kind == STEP_NFC) {
+            changed = nfc(src, n, &next, &nn);
+        } else if (st->kind == STEP_PREPEND && n > 0) { /* tokenizers: not to an empty text */
+            next = malloc(st->na + n + 1);
+            changed = next ? 1 : -1;
+            if (next) {
+                memcpy(next, st->a, st->na);
+                memcpy(next + st->na, src, n);
+                nn = st->na + n;
+            }
+        } else if (st->kind == STEP_REPLACE) {
+            changed = replace_all(src, n, st->a, st->na, st->b, st->nb, &next, &nn);
+        }
+        if (changed < 0) {
+            free(cur);
+            return -1;
+        }
+        if (changed) {
+            free(cur);
+            cur = next;
+            n = nn;
+        }
+    }
+    if (!cur) return 0;
+    *out = cur;
+    *out_n = n;
+    return 1;
+}
+
+/* A piece of text pass `pass` leaves, on to the next pass: normalized (when there is a
+ * normalizer) between pass 0 and pass 1, as tokenizers normalizes what the added tokens of
+ * normalized false leave, each piece by itself. */
 static pytfm_status next_pass(const encoder *x, int pass, const unsigned char *s,
-                              const unsigned char *e) {
-    if (pass == 0 && x->t->nfc) {
+                              const unsigned char *e, int first) {
+    if (pass == 0 && x->t->n_norm > 0) {
         unsigned char *u = NULL;
         size_t n = 0;
-        const int changed = nfc(s, (size_t)(e - s), &u, &n);
+        const int changed = normalize(x->t, s, (size_t)(e - s), &u, &n);
         if (changed < 0)
             return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "pytfm_tokenizer_encode: cannot "
-                               "allocate for NFC of %lld bytes", (long long)(e - s));
+                               "allocate to normalize %lld bytes", (long long)(e - s));
         if (changed) {
-            const pytfm_status status = encode_pass(x, 1, u, u + n);
+            const pytfm_status status = n ? encode_pass(x, 1, u, u + n, first) : PYTFM_STATUS_OK;
             free(u);
             return status;
         }
     }
-    return encode_pass(x, pass + 1, s, e);
+    return encode_pass(x, pass + 1, s, e, first);
 }
 
 pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text, int64_t size,
@@ -894,7 +1176,7 @@ pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text
     const int tmpl = (flags & PYTFM_TOKENIZER_TEMPLATE) != 0;
     const unsigned char *p = (const unsigned char *)text;
     if (tmpl) emit(&o, tok->tmpl, tok->n_before);
-    pytfm_status status = p ? encode_pass(&x, 0, p, p + size) : PYTFM_STATUS_OK;
+    pytfm_status status = p ? encode_pass(&x, 0, p, p + size, 1) : PYTFM_STATUS_OK;
     if (tmpl) emit(&o, tok->tmpl + tok->n_before, tok->n_after);
     if (cache) atomic_flag_clear_explicit(&cache->busy, memory_order_release);
     free(s.id);
@@ -912,6 +1194,187 @@ pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text
 
 /* ---- decode ---------------------------------------------------------------------------------- */
 
+/* A list of strings: string i is b[off[i] .. off[i+1]), back to back, so the list's
+ * concatenation is b[0 .. off[n]). */
+typedef struct strs {
+    unsigned char *b;
+    int64_t *off;
+    int64_t n, cap_n, cap_b;
+    int oom;
+} strs;
+
+/* Room for more bytes in the last string (the list must have one): 0 out of memory */
+static int strs_room(strs *l, int64_t more) {
+    const int64_t need = l->off[l->n] + more;
+    if (need <= l->cap_b) return 1;
+    int64_t cap = l->cap_b ? l->cap_b : 256;
+    while (cap < need) cap *= 2;
+    unsigned char *b = realloc(l->b, (size_t)cap);
+    if (!b) return !(l->oom = 1);
+    l->b = b;
+    l->cap_b = cap;
+    return 1;
+}
+
+/* A new, empty string at the end */
+static void strs_new(strs *l) {
+    if (l->oom) return;
+    if (l->n + 2 > l->cap_n) {
+        const int64_t cap = l->cap_n ? 2 * l->cap_n : 64;
+        int64_t *off = realloc(l->off, (size_t)cap * sizeof *off);
+        if (!off) {
+            l->oom = 1;
+            return;
+        }
+        if (!l->off) off[0] = 0;
+        l->off = off;
+        l->cap_n = cap;
+    }
+    l->off[l->n + 1] = l->off[l->n];
+    l->n++;
+}
+
+/* p[0..n) appended to the last string */
+static void strs_add(strs *l, const void *p, int64_t n) {
+    if (l->oom || n == 0 || !strs_room(l, n)) return;
+    memcpy(l->b + l->off[l->n], p, (size_t)n);
+    l->off[l->n] += n;
+}
+
+static void strs_free(strs *l) {
+    free(l->b);
+    free(l->off);
+}
+
+/* The byte of a ByteFallback token <0xHH> (tokenizers: 6 bytes, "<0x", two hex digits as
+ * Rust's u8::from_str_radix reads them, ">"), or -1 */
+static int fallback_byte(const unsigned char *p, int64_t n) {
+    if (n != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>') return -1;
+    int v = 0;
+    for (int i = 3; i < 5; i++) {
+        const int c = p[i];
+        if (i == 3 && c == '+') continue; /* from_str_radix takes a sign */
+        const int d = c >= '0' && c <= '9' ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* The characters c[0..nc) that begin (at_end: end) p[0..n), at most max of them: their bytes */
+static int64_t strip_count(const unsigned char *p, int64_t n, const unsigned char *c,
+                           size_t nc, int64_t max, int at_end) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < max && (k + (int64_t)nc) <= n; i++) {
+        const unsigned char *q = at_end ? p + n - k - (int64_t)nc : p + k;
+        if (memcmp(q, c, nc) != 0) break;
+        k += (int64_t)nc;
+    }
+    return k;
+}
+
+/* One decoder step over the list in, into out (tokenizers' decode_chain of that decoder) */
+static void decode_step(const text_step *st, const strs *in, strs *out) {
+    static const unsigned char fffd[3] = {0xEF, 0xBF, 0xBD};
+    if (st->kind == STEP_FUSE) {
+        strs_new(out);
+        strs_add(out, in->b, in->n ? in->off[in->n] : 0);
+        return;
+    }
+    unsigned char pending[64];
+    int64_t n_pending = 0, start = 0; /* ByteFallback: the run of byte tokens, from token start */
+    for (int64_t i = 0; i <= in->n; i++) {
+        const unsigned char *p = i < in->n ? in->b + in->off[i] : NULL;
+        const int64_t n = i < in->n ? in->off[i + 1] - in->off[i] : 0;
+        if (st->kind == STEP_BYTE_FALLBACK) {
+            const int byte = i < in->n ? fallback_byte(p, n) : -1;
+            if (byte >= 0 && n_pending == 0) start = i;
+            if (byte >= 0) {
+                n_pending++;
+                continue;
+            }
+            if (n_pending > 0) { /* the run as UTF-8 when it is valid, else U+FFFD a byte */
+                const char *why = "";
+                int64_t k = 0;
+                unsigned char *run = n_pending <= (int64_t)sizeof pending
+                                         ? pending : malloc((size_t)n_pending);
+                if (!run) {
+                    out->oom = 1;
+                    return;
+                }
+                for (int64_t j = start; j < start + n_pending; j++)
+                    run[k++] = (unsigned char)fallback_byte(in->b + in->off[j], 6);
+                strs_new(out);
+                if (pytfm__utf8_check((const char *)run, (size_t)k, &why) == (size_t)k) {
+                    strs_add(out, run, k);
+                } else {
+                    strs_add(out, fffd, 3);
+                    for (int64_t j = 1; j < k; j++) {
+                        strs_new(out);
+                        strs_add(out, fffd, 3);
+                    }
+                }
+                if (run != pending) free(run);
+                n_pending = 0;
+            }
+            if (i < in->n) {
+                strs_new(out);
+                strs_add(out, p, n);
+            }
+            continue;
+        }
+        if (i == in->n) break;
+        strs_new(out);
+        if (st->kind == STEP_STRIP) {
+            const int64_t a = strip_count(p, n, st->a, st->na, st->start, 0);
+            const int64_t z = strip_count(p + a, n - a, st->a, st->na, st->stop, 1);
+            strs_add(out, p + a, n - a - z);
+        } else { /* Replace, Metaspace: each occurrence of a */
+            const int drop = st->kind == STEP_METASPACE && i == 0 && st->start;
+            const unsigned char *to = st->kind == STEP_METASPACE ? (const unsigned char *)" "
+                                                                 : st->b;
+            const size_t nto = drop ? 0 : st->kind == STEP_METASPACE ? 1 : st->nb;
+            const unsigned char *end = p + n;
+            for (const unsigned char *q; (q = find_str(p, end, st->a, st->na)) != NULL;
+                 p = q + st->na) {
+                strs_add(out, p, q - p);
+                strs_add(out, to, (int64_t)nto);
+            }
+            strs_add(out, p, end - p);
+        }
+    }
+}
+
+/* Text tokens' decode: ids[0..n) (checked) as tokenizers' decode gives them (its decoder's
+ * steps over the tokens' names; no decoder: the names joined by spaces), into *text (malloc'd),
+ * *size bytes. 0 out of memory. */
+static int decode_text(const pytfm_tokenizer *t, const int32_t *ids, int64_t n,
+                       unsigned char **text, int64_t *size) {
+    strs cur = {0};
+    for (int64_t i = 0; i < n; i++) {
+        strs_new(&cur);
+        if (!t->has_dec && i > 0) strs_add(&cur, " ", 1);
+        strs_add(&cur, t->tok_bytes + t->tok_off[ids[i]],
+                 t->tok_off[ids[i] + 1] - t->tok_off[ids[i]]);
+    }
+    for (int k = 0; k < t->n_dec && !cur.oom; k++) {
+        strs next = {0};
+        decode_step(&t->dec[k], &cur, &next);
+        strs_free(&cur);
+        cur = next;
+    }
+    if (cur.oom) {
+        strs_free(&cur);
+        return 0;
+    }
+    *size = cur.n ? cur.off[cur.n] : 0;
+    *text = cur.b;
+    free(cur.off);
+    return 1;
+}
+
 pytfm_status pytfm_tokenizer_decode(const pytfm_tokenizer *tok, const int32_t *ids, int64_t n,
                                     char *out, int64_t capacity, int64_t *size) {
     PYTFM_CHECK(tok != NULL, "%s: tok must not be NULL", __func__);
@@ -921,11 +1384,20 @@ pytfm_status pytfm_tokenizer_decode(const pytfm_tokenizer *tok, const int32_t *i
     PYTFM_CHECK_PTR(ids, n);
     PYTFM_CHECK_PTR(out, capacity);
     int64_t total = 0;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= tok->n_tokens)
             return pytfm__fail(PYTFM_STATUS_OUT_OF_RANGE,
                                "%s: ids[%lld] is %d, outside the vocabulary [0, %lld)", __func__,
                                (long long)i, (int)ids[i], (long long)tok->n_tokens);
+    unsigned char *text = NULL;
+    if (tok->text_tokens) {
+        if (!decode_text(tok, ids, n, &text, &total))
+            return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate to decode "
+                               "%lld ids", __func__, (long long)n);
+        if (total > 0 && capacity > 0) memcpy(out, text, (size_t)PYTFM_MIN(total, capacity));
+        free(text);
+    }
+    for (int64_t i = 0; i < n && !tok->text_tokens; i++) {
         const int64_t len = tok->tok_off[ids[i] + 1] - tok->tok_off[ids[i]];
         if (total < capacity) {
             const int64_t k = PYTFM_MIN(len, capacity - total);
@@ -993,6 +1465,10 @@ int64_t pytfm_tokenizer_vocab_size(const pytfm_tokenizer *tok) { return tok ? to
 
 int32_t pytfm_tokenizer_eot(const pytfm_tokenizer *tok) { return tok ? tok->eot : -1; }
 
+int32_t pytfm_tokenizer_text_tokens(const pytfm_tokenizer *tok) {
+    return tok ? tok->text_tokens : 0;
+}
+
 int64_t pytfm_tokenizer_merge_count(const pytfm_tokenizer *tok) {
     return tok ? tok->n_merges : 0;
 }
@@ -1019,6 +1495,17 @@ void pytfm_tokenizer_close(pytfm_tokenizer *tok) {
     free(tok->trie.end);
     free(tok->tmpl);
     free(tok->map);
+    for (int i = 0; i < tok->n_norm; i++) {
+        free(tok->norm[i].a);
+        free(tok->norm[i].b);
+    }
+    free(tok->norm);
+    for (int i = 0; i < tok->n_dec; i++) {
+        free(tok->dec[i].a);
+        free(tok->dec[i].b);
+    }
+    free(tok->dec);
+    free(tok->pre_str);
     free(tok);
 }
 
@@ -1063,6 +1550,10 @@ static pytfm_status no_memory(const builder *b, const char *what) {
  * number, or -1 when a character is not one of the 256 (*bad: its code point). */
 static int64_t unname(const builder *b, const unsigned char *u, size_t n, unsigned char *out,
                       uint32_t *bad) {
+    if (b->t->text_tokens) { /* a text token's name is its bytes */
+        memcpy(out, u, n);
+        return (int64_t)n;
+    }
     int64_t k = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp = 0;
@@ -1114,6 +1605,7 @@ static const char *show_name(const unsigned char *u, size_t n, int quote, char *
 /* The name of token bytes p[0..n) (GPT-2's byte alphabet), quoted, for a message. cap <= 96. */
 static const char *show_token(const builder *b, const unsigned char *p, size_t n, char *buf,
                               size_t cap) {
+    if (b->t->text_tokens) return show_name(p, n, 1, buf, cap);
     unsigned char u[96];
     size_t k = 0;
     for (size_t i = 0; i < n && k + 2 <= sizeof u; i++) { /* names are below U+0800 */
@@ -1216,7 +1708,22 @@ static pytfm_status read_vocab(builder *b, pytfm__json vocab) {
         }
         b->map[s] = (int32_t)(i + 1);
     }
-    for (int c = 0; c < 256; c++) {
+    for (int c = 0; c < 128 && t->text_tokens; c++) {
+        const unsigned char ch = (unsigned char)c;
+        t->ascii_id[c] = map_find(b, &ch, 1);
+    }
+    for (int c = 0; c < 256 && t->text_tokens; c++) { /* tokenizers' "<{b:#04X}>" */
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", (unsigned)c);
+        const int32_t id = map_find(b, (const unsigned char *)name, 6);
+        if (id < 0) {
+            status = BAD(b, "model.byte_fallback is true, but the vocabulary has no token %s: "
+                            "pytfm implements byte fallback with all 256 byte tokens", name);
+            goto done;
+        }
+        t->byte_id[c] = id;
+    }
+    for (int c = 0; c < 256 && !t->text_tokens; c++) {
         const unsigned char byte = (unsigned char)c;
         const int32_t id = map_find(b, &byte, 1);
         if (id < 0) {
@@ -1372,16 +1879,19 @@ static pytfm_status add_added(builder *b, const unsigned char *u, size_t n, int6
     }
     if (tr->end[node] >= 0)
         return BAD(b, "added_tokens[%lld]: %s appears twice", (long long)k, shown);
-    if (t->nfc && a.pass == 1) { /* tokenizers matches its NFC form in the NFC'd text */
+    if (t->n_norm > 0 && a.pass == 1) { /* tokenizers matches its normalized form */
         unsigned char *f = NULL;
         size_t fn = 0;
-        const int changed = nfc(u, n, &f, &fn);
+        const int changed = normalize(t, u, n, &f, &fn);
         const int same = changed == 0 || (changed > 0 && fn == n && memcmp(f, u, n) == 0);
         free(f);
         if (changed < 0) return no_memory(b, "an added token");
-        if (!same)
+        if (!same && t->n_norm == 1 && t->norm[0].kind == STEP_NFC)
             return BAD(b, "added_tokens[%lld]: %s is normalized but not in NFC (pytfm does not "
                           "implement that)", (long long)k, shown);
+        if (!same)
+            return BAD(b, "added_tokens[%lld]: %s is normalized, and the normalizer changes it "
+                          "(pytfm does not implement that)", (long long)k, shown);
     }
     unsigned char *raw = b->buf;
     if (n > b->buf_cap) {
@@ -1441,9 +1951,11 @@ static pytfm_status new_builder(builder *b, const char *merges_name, const char 
 
 /* The end of open: the cache (none when it cannot be allocated), *out, the builder freed. */
 static pytfm_status finish_builder(builder *b, pytfm_status status, pytfm_tokenizer **out) {
-    if (status == PYTFM_STATUS_OK && !b->t->ignore_merges) status = finish_checks(b);
+    /* text tokens: a character of the vocabulary is a token made by no merge */
+    if (status == PYTFM_STATUS_OK && !b->t->ignore_merges && !b->t->text_tokens)
+        status = finish_checks(b);
     b->t->n_model = b->n_model;
-    if (status == PYTFM_STATUS_OK && b->t->ignore_merges) {
+    if (status == PYTFM_STATUS_OK && (b->t->ignore_merges || b->t->text_tokens)) {
         b->t->map = b->map; /* the tokenizer's now */
         b->t->map_mask = b->map_mask;
         b->map = NULL;
@@ -1751,6 +2263,221 @@ static pytfm_status read_pre_tokenizer(builder *b, pytfm__json doc) {
     return PYTFM_STATUS_OK;
 }
 
+/* ---- files whose tokens are text (model.byte_fallback) ------------------------------------ */
+
+/* The string member key of obj, unescaped into *out (malloc'd, NUL after it), *n its bytes:
+ * 1; 0 when it is absent or not a string of Unicode; -1 out of memory. */
+static int string_member(pytfm__json obj, const char *key, unsigned char **out, size_t *n) {
+    pytfm__json v;
+    if (!member(obj, key, &v) || pytfm__json_kind_of(v) != PYTFM__JSON_STRING) return 0;
+    unsigned char *u = malloc(v.n + 1);
+    if (!u) return -1;
+    int lone = 0;
+    const size_t k = pytfm__json_string_utf8(v, (char *)u, &lone);
+    if (lone) {
+        free(u);
+        return 0;
+    }
+    u[k] = 0;
+    *out = u;
+    *n = k;
+    return 1;
+}
+
+/* A String pattern, {"String": s} with s not empty, of obj's member key: as string_member */
+static int pattern_member(pytfm__json obj, const char *key, unsigned char **out, size_t *n) {
+    pytfm__json v;
+    if (!member(obj, key, &v) || pytfm__json_count(v) != 1) return 0;
+    const int r = string_member(v, "String", out, n);
+    if (r == 1 && *n == 0) {
+        free(*out);
+        *out = NULL;
+        return 0;
+    }
+    return r;
+}
+
+/* 1 when u[0..n) is one character */
+static int one_char(const unsigned char *u, size_t n) {
+    uint32_t cp = 0;
+    return n > 0 && (size_t)utf8_at(u, n, &cp) == n;
+}
+
+/* Metaspace's prepend_scheme ("always" when absent): a PREPEND_ value, -1 for anything else.
+ * Older files' add_prefix_space is read as tokenizers reads it: the scheme decides, and
+ * add_prefix_space false with a scheme other than "never" is refused (tokenizers refuses it). */
+static int prepend_scheme(pytfm__json obj) {
+    pytfm__json v;
+    int scheme = PREPEND_ALWAYS;
+    if (member(obj, "prepend_scheme", &v) && pytfm__json_kind_of(v) != PYTFM__JSON_NULL)
+        scheme = pytfm__json_string_is(v, "always") ? PREPEND_ALWAYS
+               : pytfm__json_string_is(v, "first")  ? PREPEND_FIRST
+               : pytfm__json_string_is(v, "never")  ? PREPEND_NEVER : -1;
+    const int f = absent_or(obj, "add_prefix_space", 0, 0) ? 1 : flag(obj, "add_prefix_space", 1);
+    return f < 0 || (f == 0 && scheme != PREPEND_NEVER) ? -1 : scheme;
+}
+
+/* A member that is an integer >= 0: its value, or -1 */
+static int64_t count_member(pytfm__json obj, const char *key) {
+    pytfm__json v;
+    if (!member(obj, key, &v) || pytfm__json_kind_of(v) != PYTFM__JSON_NUMBER) return -1;
+    const pytfm__json_int x = pytfm__json_integer(v);
+    return x.integer && x.fits && x.value >= 0 ? x.value : -1;
+}
+
+/* One step of a normalizer (decoder 0: NFC, Prepend, Replace of a String) or a decoder
+ * (decoder 1: Replace of a String, ByteFallback, Fuse, Strip, Metaspace) into *st; where:
+ * its place, for messages. */
+static pytfm_status read_step(builder *b, pytfm__json item, int decoder, const char *where,
+                              text_step *st) {
+    static const char *const norms = "NFC, Prepend, Replace of a String, or a Sequence of them";
+    static const char *const decs = "Replace of a String, ByteFallback, Fuse, Strip, Metaspace, "
+                                    "or a Sequence of them";
+    pytfm__json type;
+    char shown[48];
+    int r = 1;
+    memset(st, 0, sizeof *st);
+    if (!decoder && is_type(item, "NFC")) {
+        st->kind = STEP_NFC;
+    } else if (!decoder && is_type(item, "Prepend")) {
+        st->kind = STEP_PREPEND;
+        r = string_member(item, "prepend", &st->a, &st->na);
+        if (r == 0) return BAD(b, "%s: Prepend's prepend must be a string", where);
+    } else if (is_type(item, "Replace")) {
+        st->kind = STEP_REPLACE;
+        r = pattern_member(item, "pattern", &st->a, &st->na);
+        if (r == 1) r = string_member(item, "content", &st->b, &st->nb);
+        if (r == 0)
+            return BAD(b, "%s: Replace must have a pattern {\"String\": a non-empty string} and "
+                          "a content string (pytfm implements no Regex pattern)", where);
+    } else if (decoder && is_type(item, "ByteFallback")) {
+        st->kind = STEP_BYTE_FALLBACK;
+    } else if (decoder && is_type(item, "Fuse")) {
+        st->kind = STEP_FUSE;
+    } else if (decoder && is_type(item, "Strip")) {
+        st->kind = STEP_STRIP;
+        r = string_member(item, "content", &st->a, &st->na);
+        st->start = count_member(item, "start");
+        st->stop = count_member(item, "stop");
+        if (r == 0 || (r == 1 && (!one_char(st->a, st->na) || st->start < 0 || st->stop < 0)))
+            return BAD(b, "%s: Strip must have a content of one character and a start and a "
+                          "stop, integers >= 0", where);
+    } else if (decoder && is_type(item, "Metaspace")) {
+        st->kind = STEP_METASPACE;
+        r = string_member(item, "replacement", &st->a, &st->na);
+        const int scheme = prepend_scheme(item);
+        if (r == 0 || (r == 1 && (!one_char(st->a, st->na) || scheme < 0)))
+            return BAD(b, "%s: Metaspace must have a replacement of one character and a "
+                          "prepend_scheme \"always\", \"first\" or \"never\" (\"never\" "
+                          "where add_prefix_space is false)", where);
+        st->start = scheme != PREPEND_NEVER;
+    } else {
+        return BAD(b, "%s: %s is not a %s pytfm implements (%s)", where,
+                   member(item, "type", &type) ? pytfm__json_show(type, shown, sizeof shown)
+                                               : "a step without a type",
+                   decoder ? "decoder" : "normalizer", decoder ? decs : norms);
+    }
+    return r < 0 ? no_memory(b, where) : PYTFM_STATUS_OK;
+}
+
+/* The normalizer (decoder 0) or the decoder (1) of a file whose tokens are text: null, a step
+ * or a Sequence of steps, into *steps (*count of them) */
+static pytfm_status read_steps(builder *b, pytfm__json doc, int decoder, text_step **steps,
+                               int *count) {
+    const char *name = decoder ? "decoder" : "normalizer";
+    pytfm__json part, list, item;
+    if (absent_or(doc, name, 0, 0)) return PYTFM_STATUS_OK;
+    member(doc, name, &part);
+    const int seq = is_type(part, "Sequence");
+    if (seq && (!member(part, decoder ? "decoders" : "normalizers", &list) ||
+                pytfm__json_kind_of(list) != PYTFM__JSON_ARRAY))
+        return BAD(b, "%s: a Sequence must have a list of %ss", name, name);
+    const size_t n = seq ? pytfm__json_count(list) : 1;
+    if (n > 64) return BAD(b, "%s: %zu steps, more than the 64 pytfm takes", name, n);
+    *steps = calloc(n ? n : 1, sizeof **steps);
+    if (!*steps) return no_memory(b, name);
+    pytfm__json_iter it;
+    if (seq) it = pytfm__json_iter_of(list);
+    for (size_t k = 0; k < n; k++) {
+        if (seq) pytfm__json_next(&it, NULL, &item);
+        else item = part;
+        char where[48];
+        if (seq) snprintf(where, sizeof where, "%s.%ss[%zu]", name, name, k);
+        else snprintf(where, sizeof where, "%s", name);
+        const pytfm_status status = read_step(b, item, decoder, where, &(*steps)[k]);
+        *count = (int)k + 1; /* freed with the tokenizer, whole or not */
+        PYTFM_TRY(status);
+    }
+    return PYTFM_STATUS_OK;
+}
+
+/* The pre-tokenizer of a file whose tokens are text: null (the piece is one word), Metaspace
+ * (replacement, prepend_scheme, split) or a Split of a String (any behavior, invert) */
+static pytfm_status read_text_pre_tokenizer(builder *b, pytfm__json doc) {
+    static const char *const behaviors[5] = {"Removed", "Isolated", "MergedWithPrevious",
+                                             "MergedWithNext", "Contiguous"};
+    pytfm_tokenizer *t = b->t;
+    pytfm__json part, v;
+    t->pretok = PRE_NONE;
+    if (absent_or(doc, "pre_tokenizer", 0, 0)) return PYTFM_STATUS_OK;
+    member(doc, "pre_tokenizer", &part);
+    int r;
+    if (is_type(part, "Metaspace")) {
+        t->pretok = PRE_METASPACE;
+        r = string_member(part, "replacement", &t->pre_str, &t->pre_len);
+        if (r == 0 || (r == 1 && !one_char(t->pre_str, t->pre_len)))
+            return BAD(b, "pre_tokenizer: Metaspace's replacement must be one character");
+        t->pre_prepend = prepend_scheme(part);
+        if (t->pre_prepend < 0)
+            return BAD(b, "pre_tokenizer: Metaspace's prepend_scheme must be \"always\", "
+                          "\"first\" or \"never\" (\"never\" where add_prefix_space is "
+                          "false)");
+        t->pre_split = flag(part, "split", 1);
+        if (t->pre_split < 0)
+            return BAD(b, "pre_tokenizer: Metaspace's split must be true or false");
+    } else if (is_type(part, "Split")) {
+        t->pretok = PRE_SPLIT;
+        r = pattern_member(part, "pattern", &t->pre_str, &t->pre_len);
+        if (r == 0)
+            return BAD(b, "pre_tokenizer: Split.pattern must be {\"String\": a non-empty "
+                          "string} (pytfm implements no Regex here)");
+        t->split_behavior = -1;
+        for (int k = 0; k < 5; k++)
+            if (member(part, "behavior", &v) && pytfm__json_string_is(v, behaviors[k]))
+                t->split_behavior = k;
+        t->split_invert = flag(part, "invert", 0);
+        if (t->split_behavior < 0 || t->split_invert < 0)
+            return BAD(b, "pre_tokenizer: Split must have a behavior (Removed, Isolated, "
+                          "MergedWithPrevious, MergedWithNext or Contiguous) and invert true "
+                          "or false");
+    } else {
+        char shown[48];
+        return BAD(b, "pre_tokenizer: with model.byte_fallback, pytfm implements null, "
+                      "Metaspace or a Split of a String, not %s",
+                   member(part, "type", &v) ? pytfm__json_show(v, shown, sizeof shown)
+                                            : "this");
+    }
+    return r < 0 ? no_memory(b, "the pre-tokenizer") : PYTFM_STATUS_OK;
+}
+
+/* model's settings with byte_fallback true: unk_token a string or null (never used: every
+ * byte has its token), fuse_unk any, no dropout, prefix or suffix */
+static pytfm_status read_text_model(builder *b, pytfm__json model) {
+    pytfm__json v;
+    if (!absent_or(model, "dropout", 0, 0))
+        return BAD(b, "model.dropout must be absent or null (pytfm's BPE is exact)");
+    if (!absent_or(model, "continuing_subword_prefix", 1, 0) ||
+        !absent_or(model, "end_of_word_suffix", 1, 0))
+        return BAD(b, "model.continuing_subword_prefix and model.end_of_word_suffix must be "
+                      "absent, null or \"\" (pytfm implements neither)");
+    if (!absent_or(model, "unk_token", 0, 0) &&
+        (!member(model, "unk_token", &v) || pytfm__json_kind_of(v) != PYTFM__JSON_STRING))
+        return BAD(b, "model.unk_token must be a string or null");
+    if (!absent_or(model, "fuse_unk", 0, 1) && flag(model, "fuse_unk", 0) < 0)
+        return BAD(b, "model.fuse_unk must be true, false or null");
+    return PYTFM_STATUS_OK;
+}
+
 static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t size) {
     PYTFM_TRY(check_json(b, b->source, text, size));
     const pytfm__json doc = pytfm__json_root(text, size);
@@ -1763,24 +2490,38 @@ static pytfm_status read_tokenizer_json(builder *b, const char *text, size_t siz
         int string_ok, false_ok;
     } settings[] = {{"dropout", 0, 0},       {"unk_token", 0, 0},
                     {"continuing_subword_prefix", 1, 0}, {"end_of_word_suffix", 1, 0},
-                    {"fuse_unk", 0, 1},      {"byte_fallback", 0, 1}};
-    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++)
+                    {"fuse_unk", 0, 1}};
+    const int fallback = absent_or(model, "byte_fallback", 0, 0) ? 0
+                                                                  : flag(model, "byte_fallback", 0);
+    if (fallback < 0) return BAD(b, "model.byte_fallback must be true, false or null");
+    b->t->text_tokens = fallback;
+    if (fallback) {
+        PYTFM_TRY(read_text_model(b, model));
+        PYTFM_TRY(read_steps(b, doc, 0, &b->t->norm, &b->t->n_norm));
+        PYTFM_TRY(read_text_pre_tokenizer(b, doc));
+        b->t->has_dec = !absent_or(doc, "decoder", 0, 0);
+        PYTFM_TRY(read_steps(b, doc, 1, &b->t->dec, &b->t->n_dec));
+    }
+    for (size_t i = 0; i < sizeof settings / sizeof settings[0] && !fallback; i++)
         if (!absent_or(model, settings[i].key, settings[i].string_ok, settings[i].false_ok))
             return BAD(b, "model.%s must be absent%s (GPT-2's BPE has none)", settings[i].key,
                        settings[i].string_ok  ? ", null or \"\""
                        : settings[i].false_ok ? ", null or false" : " or null");
-    if (member(doc, "normalizer", &part) && pytfm__json_kind_of(part) != PYTFM__JSON_NULL) {
+    if (!fallback && member(doc, "normalizer", &part) &&
+        pytfm__json_kind_of(part) != PYTFM__JSON_NULL) {
         if (!is_type(part, "NFC"))
             return BAD(b, "normalizer must be null or NFC (pytfm implements no other)");
-        b->t->nfc = 1;
+        b->t->norm = calloc(1, sizeof *b->t->norm);
+        if (!b->t->norm) return no_memory(b, "the normalizer");
+        b->t->n_norm = 1; /* STEP_NFC */
     }
     const int ignore =
         absent_or(model, "ignore_merges", 0, 1) ? 0 : flag(model, "ignore_merges", 0);
     if (ignore < 0) return BAD(b, "model.ignore_merges must be true, false or absent");
     b->t->ignore_merges = ignore;
-    PYTFM_TRY(read_pre_tokenizer(b, doc));
-    if (member(doc, "decoder", &part) && pytfm__json_kind_of(part) != PYTFM__JSON_NULL &&
-        !is_type(part, "ByteLevel"))
+    if (!fallback) PYTFM_TRY(read_pre_tokenizer(b, doc));
+    if (!fallback && member(doc, "decoder", &part) &&
+        pytfm__json_kind_of(part) != PYTFM__JSON_NULL && !is_type(part, "ByteLevel"))
         return BAD(b, "decoder must be ByteLevel or null");
     if (!absent_or(doc, "truncation", 0, 0))
         return BAD(b, "truncation must be null (pytfm encodes whole texts)");
