@@ -87,7 +87,8 @@ static int maths_ok(size_t k, pytfm__json v, int64_t n_embd) {
         return pytfm__json_string_is(v, "gelu_new") || pytfm__json_string_is(v, "gelu_pytorch_tanh");
     case 1: {
         if (kind == PYTFM__JSON_NULL) return 1;
-        const pytfm__json_int i = pytfm__hf_is_int(v) ? pytfm__json_integer(v) : (pytfm__json_int){0};
+        const pytfm__json_int i =
+            pytfm__hf_is_int(v) ? pytfm__json_integer(v) : (pytfm__json_int){0};
         int64_t four = 0;
         return i.integer && i.fits && pytfm__mul_within(4, n_embd, INT64_MAX, &four) &&
                i.value == four;
@@ -138,19 +139,23 @@ pytfm_status pytfm_gpt2_config_parse(pytfm_model_config *config, const char *tex
     for (size_t k = 0; k < N_SIZES; k++) {
         const pytfm__json v = pytfm__hf_member(c, SIZES[k]);
         if (!v.p) return BAD(source, "has no %s", SIZES[k]);
-        const pytfm__json_int i = pytfm__hf_is_int(v) ? pytfm__json_integer(v) : (pytfm__json_int){0};
+        const pytfm__json_int i =
+            pytfm__hf_is_int(v) ? pytfm__json_integer(v) : (pytfm__json_int){0};
         if (!i.integer || !i.fits || i.value < 1)
-            return BAD(source, "%s must be a positive int, got %s", SIZES[k], pytfm__hf_py_repr(v, a));
+            return BAD(source, "%s must be a positive int, got %s", SIZES[k],
+                       pytfm__hf_py_repr(v, a));
         sizes[k] = i.value;
     }
     const pytfm__json n_ctx = pytfm__hf_member(c, "n_ctx");
     if (n_ctx.p) { /* Python's !=: 40.0 equals 40 */
         int ok = 0;
-        const pytfm__json_int i = pytfm__hf_is_int(n_ctx) ? pytfm__json_integer(n_ctx) : (pytfm__json_int){0};
+        const pytfm__json_int i =
+            pytfm__hf_is_int(n_ctx) ? pytfm__json_integer(n_ctx) : (pytfm__json_int){0};
         const int same = i.integer ? i.fits && i.value == sizes[1]
                                    : pytfm__json_number(n_ctx, &ok) == (double)sizes[1] && ok;
         if (!same)
-            return BAD(source, "n_ctx (%s) and n_positions (%lld) disagree", pytfm__hf_py_repr(n_ctx, a),
+            return BAD(source, "n_ctx (%s) and n_positions (%lld) disagree",
+                       pytfm__hf_py_repr(n_ctx, a),
                        (long long)sizes[1]);
     }
     for (size_t k = 0; k < N_MATHS; k++) {
@@ -185,7 +190,8 @@ static pytfm_status read_config(int dir, const char *folder, pytfm_model_config 
     char *text, *path;
     size_t size;
     pytfm_status status = pytfm__hf_read_config(dir, folder, KIND, &text, &size, &path);
-    if (status == PYTFM_STATUS_OK) status = pytfm_gpt2_config_parse(config, text, (int64_t)size, path);
+    if (status == PYTFM_STATUS_OK)
+        status = pytfm_gpt2_config_parse(config, text, (int64_t)size, path);
     free(text);
     free(path);
     return status;
@@ -204,7 +210,7 @@ pytfm_status pytfm_gpt2_read_config(pytfm_model_config *config, const char *fold
     return status;
 }
 
-/* ---- 2. the weight files (hf_folder.c) -------------------------------------------------------- */
+/* ---- 2. the weight files (hf_folder.c) ----------------------------------------------------- */
 
 struct pytfm_gpt2 {
     pytfm_model_config config;
@@ -282,7 +288,8 @@ static pytfm_status expect(const pytfm_gpt2 *g, const pytfm__st_entry *e, size_t
     char name[SHOW], got[256], need[96];
     return BAD(g->h.source, "%s is %s%s, config.json needs float32%s",
                pytfm__hf_show_name(e->name, e->name_len, name),
-               t.dtype == PYTFM_DTYPE_F32 ? "float32" : "int64", pytfm__hf_show_shape(&t, got, sizeof got),
+               t.dtype == PYTFM_DTYPE_F32 ? "float32" : "int64",
+               pytfm__hf_show_shape(&t, got, sizeof got),
                show_want(x, need, sizeof need));
 }
 
@@ -343,10 +350,12 @@ static pytfm_status check_others(pytfm_gpt2 *g, unsigned char **used) {
             if (in_prefix && layer_buffer(rest, n, ".attn.bias", c->n_layer)) {
                 if (t.dtype != PYTFM_DTYPE_F32 || t.ndim != 4 || t.shape[0] != 1 ||
                     t.shape[1] != 1 || t.shape[2] != P || t.shape[3] != P)
-                    return BAD(g->h.source, "%s is %s%s, config.json needs float32[1, 1, %lld, %lld]",
+                    return BAD(g->h.source,
+                               "%s is %s%s, config.json needs float32[1, 1, %lld, %lld]",
                                pytfm__hf_show_name(e->name, e->name_len, name),
                                t.dtype == PYTFM_DTYPE_F32 ? "float32" : "int64",
-                               pytfm__hf_show_shape(&t, got, sizeof got), (long long)P, (long long)P);
+                               pytfm__hf_show_shape(&t, got, sizeof got), (long long)P,
+                               (long long)P);
             } else if (in_prefix && layer_buffer(rest, n, ".attn.masked_bias", c->n_layer)) {
                 if (t.dtype != PYTFM_DTYPE_F32 || t.ndim != 0)
                     return BAD(g->h.source, "%s is %s%s, config.json needs float32[]",
@@ -514,7 +523,8 @@ pytfm_status pytfm__gpt2_weights(const char *folder, pytfm__weights *w) {
     const int64_t count = g->config.n_params;
     // in huge pages where granted (core/weights.c); count floats lie in the file: no overflow
     float *params = pytfm__weights_alloc((size_t)count * sizeof(float));
-    pytfm_status status = params ? pytfm_gpt2_read(g, params, count) : pytfm__hf_no_memory(&g->h, count);
+    pytfm_status status =
+        params ? pytfm_gpt2_read(g, params, count) : pytfm__hf_no_memory(&g->h, count);
     if (status == PYTFM_STATUS_OK) {
         w->config = g->config;
         w->params = params;

@@ -263,7 +263,8 @@ static pytfm_status read_index(int dir, const char *index, placed **map, size_t 
     PYTFM_TRY(read_json(dir, index, "an index", &doc, &size));
     const pytfm__json root = pytfm__json_root(doc, size);
     pytfm__json wmap = {NULL, 0}, k, v;
-    if (pytfm__json_kind_of(root) == PYTFM__JSON_OBJECT) wmap = pytfm__hf_member(root, "weight_map");
+    if (pytfm__json_kind_of(root) == PYTFM__JSON_OBJECT)
+        wmap = pytfm__hf_member(root, "weight_map");
     int ok = wmap.p && pytfm__json_kind_of(wmap) == PYTFM__JSON_OBJECT;
     pytfm__json_iter it = pytfm__json_iter_of(wmap);
     while (ok && pytfm__json_next(&it, &k, &v)) ok = pytfm__json_kind_of(v) == PYTFM__JSON_STRING;

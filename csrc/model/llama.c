@@ -258,7 +258,8 @@ static pytfm_status layer_types(parser *p, int64_t n_layer, int *types) {
     const pytfm__json v = pytfm__hf_member(p->root, "layer_types");
     *types = 0;
     if (!v.p || pytfm__json_kind_of(v) == PYTFM__JSON_NULL) return PYTFM_STATUS_OK;
-    int ok = pytfm__json_kind_of(v) == PYTFM__JSON_ARRAY && (int64_t)pytfm__json_count(v) == n_layer;
+    int ok = pytfm__json_kind_of(v) == PYTFM__JSON_ARRAY &&
+             (int64_t)pytfm__json_count(v) == n_layer;
     int64_t full = 0, sliding = 0;
     pytfm__json x;
     pytfm__json_iter it = pytfm__json_iter_of(v);
