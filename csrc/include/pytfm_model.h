@@ -56,10 +56,14 @@ enum {
     PYTFM_JSON_MAX_DEPTH = 64                 /* JSON containers open at once, at most */
 };
 
-/* A tensor's element type, as the header names it ("F32", "I64"); little-endian in the file. */
+/* A tensor's element type, as the header names it ("F32", "I64"); little-endian in the file.
+ * The safetensors functions take F32 and I64 only; the Llama-family folder reader
+ * (pytfm_llama_open) takes BF16 and F16 weights too, converting them to float32 as it reads. */
 typedef enum pytfm_dtype {
     PYTFM_DTYPE_F32 = 0, /* float32 */
-    PYTFM_DTYPE_I64 = 1  /* int64 */
+    PYTFM_DTYPE_I64 = 1, /* int64 */
+    PYTFM_DTYPE_BF16 = 2, /* bfloat16 */
+    PYTFM_DTYPE_F16 = 3   /* IEEE half */
 } pytfm_dtype;
 
 typedef struct pytfm_safetensors pytfm_safetensors;
@@ -361,6 +365,85 @@ PYTFM_API pytfm_status pytfm_gpt2_get_config(const pytfm_gpt2 *gpt2, pytfm_model
  * Scratch: 128·n_embd floats (a band of 32 rows of a Conv1D weight). params written
  * (partly, on failure). Any number of threads may read one handle at once. */
 PYTFM_API pytfm_status pytfm_gpt2_read(const pytfm_gpt2 *gpt2, float *params, int64_t count);
+
+/* ---- Hugging Face Llama-family folders: Llama, Qwen 2 and 3, Mistral --------------------- */
+/*
+ * A folder as transformers' save_pretrained writes a LlamaForCausalLM, Qwen2ForCausalLM,
+ * Qwen3ForCausalLM or MistralForCausalLM (safetensors weights): config.json, and
+ * model.safetensors or model.safetensors.index.json with the shards its weight_map names (the
+ * same file rules as GPT-2 folders'). The rules (pytfm.llama maps this reader):
+ *   config.json: at most 16 MiB of strict JSON, an object. model_type "llama", "qwen2", "qwen3"
+ *     or "mistral"; architectures, if there, [its XForCausalLM]. vocab_size, hidden_size,
+ *     intermediate_size, num_hidden_layers, num_attention_heads must be there, ints in
+ *     [1, 2^63). Absent, these take transformers' default for the family:
+ *     num_key_value_heads (Llama: num_attention_heads; Qwen: 32; Mistral: 8; null:
+ *     num_attention_heads), head_dim (Qwen 3: 128; the others, and null for Llama and Mistral:
+ *     hidden_size / num_attention_heads, which must then divide), max_position_embeddings
+ *     (Llama 2048, Qwen 32768, Mistral 131072), rms_norm_eps (1e-6), tie_word_embeddings
+ *     (false), rope_theta (10000). RoPE: rope_parameters (transformers 5), or rope_theta and
+ *     rope_scaling (before it; not both dicts), each null or {rope_type (or type): "default"
+ *     | "llama3", rope_theta, and for llama3 factor, low_freq_factor, high_freq_factor and
+ *     original_max_position_embeddings (absent: max_position_embeddings)}; another rope_type
+ *     is refused by name, as is any other key. Fields at the one value pytfm runs:
+ *     hidden_act "silu", attention_bias false (Llama, Qwen 3: true adds an o_proj bias),
+ *     mlp_bias false, pretraining_tp 1 (Llama). The sliding window: Mistral's sliding_window
+ *     (absent 4096, null none) on every layer; Qwen's sliding_window (absent 4096) only with
+ *     use_sliding_window true, on the layers layer_types marks "sliding_attention" (absent:
+ *     those from max_window_layers, default 28, on): pytfm runs one kind of attention in every
+ *     layer, so a mix is refused; layer_types, if there, is num_hidden_layers strings, all
+ *     "full_attention", or all "sliding_attention" with a window. Qwen 2 has q, k, v biases
+ *     (qkv_bias), Qwen 3 the q/k norm (qk_norm). The fields pytfm_llama_ignored_field lists and
+ *     any whose name starts with "_" are ignored; any other field (of that family) is refused.
+ *     The result is a PYTFM_ARCH_LLAMA config that pytfm_model_config_check accepts.
+ *   weights: every parameter of pytfm_model_param's layout, under its (transformers') names,
+ *     float32, bfloat16 or float16 (each tensor its own) of the shape the config implies. By
+ *     rule a tied model's lm_head.weight ([vocab, hidden_size], equal to the embedding once
+ *     converted: checked by pytfm_llama_read) and model.layers.N.self_attn.rotary_emb.inv_freq
+ *     ([head_dim / 2], transformers recomputes it) may be there and are not parameters; any
+ *     other tensor, and any other dtype (int8, float64: refused by the safetensors layer), is
+ *     refused.
+ * Everything but the tied head's values is checked by pytfm_llama_open from the headers alone,
+ * before anything proportional to the parameters is allocated. Messages: "<file>: <what>", as
+ * the GPT-2 reader's. Failures as the safetensors reader's (errno set only where a system call
+ * failed). */
+
+typedef struct pytfm_llama pytfm_llama;
+
+/* The name of ignored config.json field index (0, 1, ...), or NULL past the last. */
+PYTFM_API const char *pytfm_llama_ignored_field(int64_t index);
+
+/* Check text[0..size) as a config.json (the rules above) and fill *config: arch
+ * PYTFM_ARCH_LLAMA, pos PYTFM_POS_ROPE, vocab, d_model, n_layer, n_head, max_seq, n_kv_head,
+ * head_dim, d_ff, norm_eps, rope_theta, rope_scaling and its numbers, qkv_bias, qk_norm,
+ * sliding_window, tie_embeddings; n_params and step 0. source names the text in messages
+ * (NULL: nothing). */
+PYTFM_API pytfm_status pytfm_llama_config_parse(pytfm_model_config *config, const char *text,
+                                                int64_t size, const char *source);
+
+/* The same on folder/config.json (the folder must be one; a config.json that is missing or not
+ * a regular file is "missing"). */
+PYTFM_API pytfm_status pytfm_llama_read_config(pytfm_model_config *config, const char *folder);
+
+/* Open the Llama-family folder at folder: its config and every weight file checked (the rules
+ * above); the files stay open until pytfm_llama_close. Each is opened relative to the folder,
+ * opened once, as pytfm_gpt2_open does (a read that failed because a save replaced the folder
+ * is tried again). On failure *llama is NULL. */
+PYTFM_API pytfm_status pytfm_llama_open(pytfm_llama **llama, const char *folder);
+
+/* Free llama (NULL: nothing to do), closing its files. */
+PYTFM_API pytfm_status pytfm_llama_close(pytfm_llama *llama);
+
+/* Fill *config with the folder's shape; n_params the floats of the parameters. */
+PYTFM_API pytfm_status pytfm_llama_get_config(const pytfm_llama *llama,
+                                              pytfm_model_config *config);
+
+/* Copy the parameters into params [count], count = n_params, in pytfm_model_param's order,
+ * float32 in host byte order (bfloat16 and float16 converted exactly); then a stored tied
+ * lm_head.weight is compared with the embedding (an error naming its file when they differ,
+ * as NumPy's array_equal compares). With pread: a file that has shrunk since the open is an
+ * error naming the tensor. Scratch: 96 KiB. params written (partly, on failure). Any number
+ * of threads may read one handle at once. */
+PYTFM_API pytfm_status pytfm_llama_read(const pytfm_llama *llama, float *params, int64_t count);
 
 /* Open the model at path and read its parameters into memory (its files are closed when this
  * returns). A folder is a Hugging Face GPT-2 folder (pytfm_gpt2_open, then pytfm_gpt2_read

@@ -34,13 +34,24 @@ enum { SHOW = PYTFM__SHOW, MAX_NDIM = PYTFM_SAFETENSORS_MAX_NDIM };
 _Static_assert(sizeof((pytfm_tensor_info *)0)->shape == MAX_NDIM * sizeof(int64_t),
                "pytfm_tensor_info.shape holds PYTFM_SAFETENSORS_MAX_NDIM sizes");
 
-/* the dtypes the reader takes: the header's name, the enum, the item size */
+/* the dtypes the reader takes: the header's name, the enum, the item size; the first
+ * N_DTYPES always, the 16-bit floats after them only in a handle opened for them
+ * (pytfm__st_openat_half: the Hugging Face Llama-family folders) */
 static const struct {
     const char *name;
     int32_t dtype;
     int64_t size;
-} DTYPES[] = {{"F32", PYTFM_DTYPE_F32, 4}, {"I64", PYTFM_DTYPE_I64, 8}};
-enum { N_DTYPES = sizeof DTYPES / sizeof DTYPES[0] };
+} DTYPES[] = {{"F32", PYTFM_DTYPE_F32, 4},
+              {"I64", PYTFM_DTYPE_I64, 8},
+              {"BF16", PYTFM_DTYPE_BF16, 2},
+              {"F16", PYTFM_DTYPE_F16, 2}};
+enum { N_DTYPES = 2, N_ALL_DTYPES = sizeof DTYPES / sizeof DTYPES[0] };
+
+const char *pytfm__st_dtype_name(int32_t dtype) {
+    for (size_t k = 0; k < N_ALL_DTYPES; k++)
+        if (DTYPES[k].dtype == dtype) return DTYPES[k].name;
+    return "?";
+}
 
 /* ---- messages ----------------------------------------------------------------------------- */
 
@@ -182,11 +193,12 @@ static pytfm_status check_dtype_shape(pytfm_safetensors *st, const char *where, 
                                       pytfm__json shape, pytfm__st_entry *e, int *fits_all,
                                       int64_t *nbytes) {
     char a[SHOW];
+    const size_t n_dtypes = st->half ? N_ALL_DTYPES : N_DTYPES;
     size_t k = 0;
-    while (k < N_DTYPES && !pytfm__json_string_is(dtype, DTYPES[k].name)) k++;
-    if (k == N_DTYPES) {
+    while (k < n_dtypes && !pytfm__json_string_is(dtype, DTYPES[k].name)) k++;
+    if (k == n_dtypes) {
         char names[64] = "";
-        for (size_t j = 0; j < N_DTYPES; j++)
+        for (size_t j = 0; j < n_dtypes; j++)
             snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", j ? ", " : "",
                      DTYPES[j].name);
         return BAD(st, "tensor %s: unsupported dtype %s (pytfm reads %s)", where, show(dtype, a),
@@ -261,7 +273,7 @@ static pytfm_status check_offsets(pytfm_safetensors *st, const char *where, pytf
     if (nbytes != e->end - e->begin) {
         char shape[SHOW];
         return BAD(st, "tensor %s: %s%s is %lld bytes, but its data_offsets %s hold %lld", where,
-                   e->dtype == PYTFM_DTYPE_F32 ? "F32" : "I64", show(e->shape, shape),
+                   pytfm__st_dtype_name(e->dtype), show(e->shape, shape),
                    (long long)nbytes, show(offsets, b), (long long)(e->end - e->begin));
     }
     return PYTFM_STATUS_OK;
@@ -544,10 +556,16 @@ pytfm_status pytfm_safetensors_open(pytfm_safetensors **out, const char *path) {
 
 pytfm_status pytfm__st_openat(pytfm_safetensors **out, int dirfd, const char *name,
                               const char *path) {
+    return pytfm__st_openat_half(out, dirfd, name, path, 0);
+}
+
+pytfm_status pytfm__st_openat_half(pytfm_safetensors **out, int dirfd, const char *name,
+                                   const char *path, int half) {
     errno = 0;
     *out = NULL;
     pytfm_safetensors *st = new_handle(path);
     if (!st) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", __func__);
+    st->half = half;
     int io = 0;
     pytfm_status status;
     /* O_NONBLOCK: opening a FIFO for reading would otherwise wait, forever, for a writer,

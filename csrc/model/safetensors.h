@@ -53,6 +53,7 @@ struct pytfm_safetensors {
     pytfm__st_meta *meta;            /* in header order */
     size_t n_meta;
     char *text; /* the names and the metadata's keys and values, unescaped */
+    int half;   /* BF16 and F16 tensors are taken too (pytfm__st_openat_half) */
 };
 
 /* "<source>: <message>" (the message alone when st has no source) as this thread's last
@@ -76,6 +77,14 @@ pytfm_status pytfm__fail_at(const char *source, pytfm_status status, const char 
  * even when another takes its place meanwhile; messages name path. */
 pytfm_status pytfm__st_openat(pytfm_safetensors **out, int dirfd, const char *name,
                               const char *path);
+
+/* The same, taking BF16 and F16 tensors too when half is 1 (the public openers take F32 and
+ * I64 only): for the folder readers that convert 16-bit floats as they read them. */
+pytfm_status pytfm__st_openat_half(pytfm_safetensors **out, int dirfd, const char *name,
+                                   const char *path, int half);
+
+/* The header's name of a pytfm_dtype ("F32", "BF16"), "?" for another number. */
+const char *pytfm__st_dtype_name(int32_t dtype);
 
 const pytfm__st_entry *pytfm__st_find(const pytfm_safetensors *st, const char *name, size_t len);
 
