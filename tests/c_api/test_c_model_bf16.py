@@ -4,7 +4,7 @@ weights), on every BF16 path; and examples/generate.c --precision bf16."""
 
 import numpy as np
 import pytest
-from test_c_model import CModel, assert_same_logits, generate_exe, run_exe, saved, small, trained
+from test_c_model import CModel, assert_same_logits, run_exe, saved, small, trained
 
 from helpers import BF16_PATHS, bf16_path
 from pytfm._core import ffi, lib
@@ -12,7 +12,7 @@ from pytfm.generate import generate
 
 OK, INVALID = lib.PYTFM_STATUS_OK, lib.PYTFM_STATUS_INVALID_ARGUMENT
 BF16, FP32 = lib.PYTFM_PRECISION_BF16, lib.PYTFM_PRECISION_FP32
-__all__ = ["generate_exe", "trained"]  # fixtures of test_c_model.py, used here
+__all__ = ["trained"]  # a fixture of test_c_model.py, used here (generate_exe: conftest.py)
 
 
 def precision_of(c):
