@@ -8,8 +8,10 @@ of a decoding run; pytfm.nn a GPT with hand-written backward passes (on the CPU,
 with CuPy: pytfm.device; pytfm.train_step its GPU step with nothing allocated), trained with
 pytfm.optim on pytfm.data's batches (the command line: pytfm.cli), saved and loaded by
 pytfm.checkpoint, sampled by pytfm.generate, across processes with pytfm.distributed;
-pytfm.interpret scores attention heads; pytfm.gpt2 reads and writes Hugging Face GPT-2 folders
-and pytfm.tokenizer is GPT-2's byte-level BPE; pytfm.reference is the float64 NumPy oracle.
+pytfm.interpret scores attention heads; pytfm.gpt2 reads and writes Hugging Face GPT-2 folders,
+pytfm.llama the Llama family's (Llama, Qwen 2 and 3, Mistral), pytfm.folders either; pytfm.tokenizer
+runs their tokenizers (byte-level and SentencePiece BPE); pytfm.reference is the float64 NumPy
+oracle.
 
 Every one of those modules is an attribute of the package after `import pytfm`; the ones not
 imported below load on first use (pytfm.data, ...), so that importing pytfm stays quick. CuPy
@@ -36,8 +38,8 @@ from .kvcache import KVCache
 __version__ = version()
 _settings_from_environment()
 
-_ON_FIRST_USE = ("checkpoint", "cli", "data", "distributed", "generate", "gpt2", "interpret",
-                 "nn", "optim", "reference", "tokenizer", "train_step")
+_ON_FIRST_USE = ("checkpoint", "cli", "data", "distributed", "folders", "generate", "gpt2",
+                 "interpret", "llama", "nn", "optim", "reference", "tokenizer", "train_step")
 
 __all__ = ["KVCache", "PytfmError", "__version__", "bf16_path", "build_info", "device",
            "get_bf16_isa", "get_isa",

@@ -261,23 +261,25 @@ def load_tokenizer(folder):
     return Tokenizer.from_folder(folder)
 
 
-def load_snapshot(folder, device="cpu", tries=10):
+def load_snapshot(folder, device="cpu", tries=10, load=None):
     """(model, tokenizer) of one version of the folder: load(folder, device) and
     load_tokenizer(folder) from the same save, where the two calls one after the other may pair
-    the model of one save with the tokenizer of the next.
+    the model of one save with the tokenizer of the next. load: the model's reader (default
+    this module's; pytfm.llama.load for the Llama family's folders).
 
     The folder is held open (an O_DIRECTORY descriptor) while both are read, and they are read
     again when it is no longer the folder at that path afterwards. A save replaces the folder
     by a new one (pytfm._atomic.Folder) and removes the old, which cannot come back while it is
     held open; so the path still naming the held folder after both reads means both read it.
     OSError (EAGAIN) when saves replaced it during each of tries reads."""
+    read = load if load is not None else globals()["load"]
     for _ in range(tries):
         try:
             held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
-            return load(folder, device), load_tokenizer(folder)  # refused there, in its words
+            return read(folder, device), load_tokenizer(folder)  # refused there, in its words
         try:
-            pair = load(folder, device), load_tokenizer(folder)
+            pair = read(folder, device), load_tokenizer(folder)
         except (ValueError, OSError):  # CheckpointError and TokenizerError are ValueErrors
             if _still(folder, held):
                 raise

@@ -220,14 +220,61 @@ def _safetensors(tensors, dtype):
     return [len(head).to_bytes(8, "little") + head, *blobs]
 
 
-def save(folder, cfg, params, dtype="float32"):
+# The tokenizer files of a folder: a tokenizer opened from a tokenizer.json is saved as that
+# file with the ones beside it that transformers' AutoTokenizer reads with it
+JSON_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                        "added_tokens.json")
+GPT2_TOKENIZER_FILES = ("vocab.json", "merges.txt")
+
+
+def _write_tokenizer(f, tokenizer):
+    """tokenizer's files into the open _atomic.Folder f, the folder's other tokenizer files
+    removed (they would describe another tokenizer)."""
+    source = getattr(tokenizer, "_json", None)
+    if source is None:  # GPT-2's files (a tokenizer pytfm trained, or read from them)
+        tokenizer.save(f)
+        for name in JSON_TOKENIZER_FILES:
+            f.remove(name)
+        return
+    where = os.path.dirname(source)
+    for name in JSON_TOKENIZER_FILES:
+        path = source if name == "tokenizer.json" else os.path.join(where, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as src:
+                f.write(name, src.read())
+        else:
+            f.remove(name)
+    for name in GPT2_TOKENIZER_FILES:
+        f.remove(name)
+
+
+def save_model(model, folder, tokenizer=None, dtype="float32"):
+    """save() of a pytfm.nn.GPT of arch "llama", with its tokenizer beside it when given (one
+    opened from a tokenizer.json as that file and the JSON_TOKENIZER_FILES beside it, copied;
+    else GPT-2's vocab.json and merges.txt), the folder's other tokenizer files removed so that
+    its one tokenizer is the saved one. Without a tokenizer the folder's is kept."""
+    from .tokenizer import Tokenizer
+
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a pytfm.nn.GPT, got {type(model).__name__}")
+    if tokenizer is not None:
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(f"tokenizer must be a pytfm.tokenizer.Tokenizer, got "
+                            f"{type(tokenizer).__name__}")
+        if len(tokenizer) > model.cfg.vocab:
+            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens, more than the model's "
+                             f"vocabulary of {model.cfg.vocab}")
+    save(folder, model.cfg, model.params, dtype, tokenizer=tokenizer)
+
+
+def save(folder, cfg, params, dtype="float32", tokenizer=None):
     """Write cfg (arch "llama") and params ({name: array} of exactly param_shapes(cfg)'s names
     and shapes, any float dtype, NumPy or CuPy, or a model's FlatDict) as a Hugging Face folder
     of its family (family(cfg)): config.json and model.safetensors in dtype, "float32" or
     "bfloat16" (rounded to nearest even), without lm_head.weight when tied.
     transformers.AutoModelForCausalLM.from_pretrained(folder) reads it. The folder is replaced as
-    a whole (pytfm._atomic.Folder; its other files are kept). ValueError, before anything is
-    written, for a missing, extra or misshapen parameter."""
+    a whole (pytfm._atomic.Folder; its other files are kept). tokenizer: see save_model.
+    ValueError, before anything is written, for a missing, extra or misshapen parameter."""
     from . import device as devices
 
     if dtype not in DTYPES:
@@ -248,3 +295,5 @@ def save(folder, cfg, params, dtype="float32"):
     with _atomic.Folder(folder) as f:
         f.write(WEIGHTS, _safetensors(tensors, dtype))
         f.write(CONFIG, (json.dumps(config, indent=2) + "\n").encode())
+        if tokenizer is not None:
+            _write_tokenizer(f, tokenizer)

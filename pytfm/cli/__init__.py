@@ -1,11 +1,12 @@
 """pytfm's command line: `python -m pytfm train` (pytfm.cli.train), and what the examples'
 parsers share: --help with the defaults, no abbreviated flags, an --out folder made or refused
-in one line, a checkpoint or GPT-2 folder read with its tokenizer, a problem said in one line."""
+in one line, a checkpoint or Hugging Face folder (GPT-2's or the Llama family's) read with its
+tokenizer, a problem said in one line."""
 
 import argparse
 import os
 
-from .. import checkpoint, data, gpt2
+from .. import checkpoint, data, folders, gpt2
 from ..tokenizer import Tokenizer, TokenizerError
 
 SEED_MAX = 2**32 - 1  # as numpy.random.seed and most twins take
@@ -47,8 +48,9 @@ def make_out_folder(p, out):
 
 
 def load_model(p, path, tokenizer=True):
-    """The model in the checkpoint at path (a pytfm checkpoint file, or a GPT-2 folder) and,
-    when tokenizer, its tokenizer (None for bytes), a problem reported in one line."""
+    """The model in the checkpoint at path (a pytfm checkpoint file, or a Hugging Face folder
+    of GPT-2 or the Llama family: pytfm.folders) and, when tokenizer, its tokenizer (None for
+    bytes), a problem reported in one line."""
     if not os.path.exists(path):
         p.error(f"checkpoint: there is no file {path}")
     folder = os.path.isdir(path)
@@ -59,9 +61,9 @@ def load_model(p, path, tokenizer=True):
     try:
         tok = None
         if folder and tokenizer:  # the model and tokenizer of one save
-            model, tok = gpt2.load_snapshot(path)
+            model, tok = folders.load_snapshot(path)
         else:
-            model = gpt2.load(path) if folder else checkpoint.load(path)[0]
+            model = folders.load(path) if folder else checkpoint.load(path)[0]
         if not folder and tokenizer and model.cfg.vocab != data.VOCAB:
             tok = tokenizer_beside(p, path, model.cfg.vocab)
     except (checkpoint.CheckpointError, TokenizerError) as e:  # all a malformed file can raise

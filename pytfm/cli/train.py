@@ -30,15 +30,15 @@ So does an OUT/model.safetensors that a run would replace, unless --resume conti
 By default the tokens are the text's bytes. --tokenizer bpe:N trains a byte-level BPE of N
 tokens on the text first (GPT-2's pre-tokenizer and file format, pytfm.tokenizer), trains the
 model on its tokens and saves it beside the checkpoint (OUT/vocab.json, OUT/merges.txt), where
-sample.py finds it. --init-from FOLDER fine-tunes the GPT-2 of a Hugging Face folder
-(config.json, model.safetensors, its tokenizer beside them: pytfm.gpt2) on the text tokenized
-with that tokenizer; the model's shape is the folder's (--d-model, --n-layer, --n-head, --pos
-are not used), --context at most its n_positions, and OUT becomes a folder of the same layout
-(transformers reads it), saved at each evaluation; its memory (parameters, gradients, AdamW's
-moments and a step's activations, pytfm.gpt2.memory_plan) is compared with what the machine
-has before the model is loaded. Such a run continues with --init-from OUT (a new run from
-those weights: steps from 0, so the warm-up, the schedule, the batch order and AdamW's moments
-start again), not --resume.
+sample.py finds it. --init-from FOLDER fine-tunes the model of a Hugging Face folder, GPT-2 or
+the Llama family (config.json, model.safetensors, its tokenizer beside them: pytfm.folders) on
+the text tokenized with that tokenizer; the model's shape is the folder's (--d-model, --n-layer,
+--n-head, --pos are not used), --context at most its positions, and OUT becomes a folder of the
+same family, in float32 (transformers reads it), saved at each evaluation; its memory
+(parameters, gradients, AdamW's moments and a step's activations, pytfm.gpt2.memory_plan) is
+compared with what the machine has before the model is loaded. Such a run continues with
+--init-from OUT (a new run from those weights: steps from 0, so the warm-up, the schedule, the
+batch order and AdamW's moments start again), not --resume.
 
 The text is held as its bytes, one token per byte (its own size in memory), and is opened and
 read once (a pipe works). Its memory is planned before it is read: a --text larger than the
@@ -77,7 +77,16 @@ from dataclasses import asdict
 
 import numpy as np
 
-from .. import __version__, bf16_path, checkpoint, data, distributed, get_num_threads, gpt2
+from .. import (
+    __version__,
+    bf16_path,
+    checkpoint,
+    data,
+    distributed,
+    folders,
+    get_num_threads,
+    gpt2,
+)
 from .. import device as devices
 from ..generate import generate
 from ..nn import GPT, GPTConfig
@@ -125,9 +134,10 @@ def parser(prog=None):
                    "end shows as UTF-8)")
     p.add_argument("--tokenizer", default="bytes", help="the tokens: 'bytes' (one per byte), or "
                    "'bpe:N' for a byte-level BPE of N tokens trained on the text, saved in --out")
-    p.add_argument("--init-from", metavar="FOLDER", help="fine-tune the GPT-2 of this Hugging "
-                   "Face folder (config.json, model.safetensors, its tokenizer) and save OUT as "
-                   "such a folder; fine-tuning wants a lower --lr, e.g. 3e-4")
+    p.add_argument("--init-from", metavar="FOLDER", help="fine-tune the model of this Hugging "
+                   "Face folder, GPT-2 or the Llama family (config.json, model.safetensors, its "
+                   "tokenizer), and save OUT as such a folder; fine-tuning wants a lower --lr, "
+                   "e.g. 3e-4")
     p.add_argument("--out", default="out", help="folder for checkpoint, loss log and plot")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
@@ -219,7 +229,7 @@ def gib(*sizes):
 def memory_needed(args):
     """The bytes training takes, pytfm.gpt2.memory_plan's total (of the folder's model for
     --init-from)."""
-    cfg = gpt2.read_config(args.init_from) if args.init_from else GPTConfig(
+    cfg = folders.read_config(args.init_from) if args.init_from else GPTConfig(
         vocab=bpe_size(args) or data.VOCAB, d_model=args.d_model, n_layer=args.n_layer,
         n_head=args.n_head, max_seq=args.context, pos=args.pos)
     return gpt2.memory_plan(cfg, args.batch, args.context)["total"]
@@ -248,11 +258,11 @@ def check_tokens(p, args):
     if kind != "bytes":
         p.error("--tokenizer: --init-from tokenizes with the folder's own tokenizer")
     if args.resume:
-        p.error("--resume continues a pytfm checkpoint; a fine-tuning run saves a GPT-2 folder: "
-                "continue it with --init-from OUT")
+        p.error("--resume continues a pytfm checkpoint; a fine-tuning run saves a Hugging Face "
+                "folder: continue it with --init-from OUT")
     try:
-        cfg = gpt2.read_config(folder)
-        tok = gpt2.load_tokenizer(folder)
+        cfg = folders.read_config(folder)
+        tok = folders.load_tokenizer(folder)
     except (checkpoint.CheckpointError, TokenizerError, OSError) as e:
         p.error(f"--init-from: {e}")
     if len(tok) > cfg.vocab:
@@ -634,10 +644,10 @@ class Run:
         self.unread = []
 
     def base_model(self):
-        """--init-from: the folder's GPT-2 (rank 0 reads its weights, the others get them from
+        """--init-from: the folder's model (rank 0 reads its weights, the others get them from
         begin()) in --precision."""
         args = self.args
-        model = gpt2.load(args.init_from, args.device) if self.world.root else \
+        model = folders.load(args.init_from, args.device) if self.world.root else \
             GPT(self.base, args.device)
         model.set_precision(args.precision)
         return model
@@ -756,11 +766,11 @@ class Run:
         return values[-1]
 
     def save(self):
-        """The checkpoint: a GPT-2 folder in --out with --init-from, else a pytfm checkpoint
+        """The checkpoint: a Hugging Face folder in --out with --init-from, else a pytfm checkpoint
         with the optimizer, the step and the log (what --resume continues)."""
         self.world.check_identical(self.model.params.buffer)  # a divergence stops the run
         if self.world.root and self.args.init_from:
-            gpt2.save(self.model, self.args.out, self.tokenizer)
+            folders.save(self.model, self.args.out, self.tokenizer)
         elif self.world.root:
             checkpoint.save(self.ckpt, self.model, self.step, self.opt,
                             extra={"log": self.rows, "args": vars(self.args)})
