@@ -65,8 +65,9 @@ PATTERNS = [
 
 FIXED = [
     "", "Hello world", "  Hello   world  ", "I'm here, you're there. They'LL go; it'S ok",
-    "'ſ 'K 'Ks", "12345 1,234.56 ٣٤٥ ²³", "a\nb\r\nc\n\n  \n\t", "中文字符 ひらがな カタカナ 한국어",
-    "e\u0301 n\u0303o\u0308", "ab aab abab ababab abc cba", "ABC Abc aBC ǅa", "x  y\u00a0z\u2028w",
+    "'ſ 'K 'Ks", "12345 1,234.56 ٣٤٥ ²³", "a\nb\r\nc\n\n  \n\t",
+    "中文字符 ひらがな カタカナ 한국어", "e\u0301 n\u0303o\u0308",
+    "ab aab abab ababab abc cba", "ABC Abc aBC ǅa", "x  y\u00a0z\u2028w",
     "emoji 😀👍🏽 !!! ??? ...", "$100 €5 ¥", "Ⅳ ⅻ ① ½", "(a) [b] {c} «d» “e”", "\x00\x1f\x7f",
 ]
 
