@@ -13,8 +13,8 @@
  * later merges) need the heap's exact rule: an entry is stale when popped, and skipped, when
  * the pair at its position now makes another id (a pair making the same id at another rank is
  * merged at the entry's rank, as tokenizers does). Llama 3's and Qwen 2's pre-tokenizer (a
- * Split regex) is a second scanner beside GPT-2's; model.ignore_merges takes a word that is a
- * token whole.
+ * Split regex) is a second scanner beside GPT-2's; any other Split regex runs on regex.c.
+ * model.ignore_merges takes a word that is a token whole.
  */
 #if defined(__linux__) || defined(__unix__) || defined(__APPLE__)
 #define _POSIX_C_SOURCE 200809L
