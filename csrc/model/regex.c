@@ -33,8 +33,8 @@ enum {
     MAX_DEPTH = 64,          /* groups and classes nested in a pattern */
     MAX_PROGRAM = 1 << 18,   /* instructions, after counted repeats are expanded */
     MAX_REPEAT = 100000,     /* Oniguruma's largest {n,m} */
-    STEPS_BASE = 10000000,   /* the step budget: STEPS_BASE + STEPS_PER_BYTE * text bytes */
-    STEPS_PER_BYTE = 512
+    STEPS_BASE = 100000000,  /* the step budget: STEPS_BASE + STEPS_PER_BYTE * text bytes */
+    STEPS_PER_BYTE = 1024
 };
 
 #define GC(x) (1u << PYTFM__GC_##x)
