@@ -20,8 +20,8 @@
  * pairs, parts made by later merges) need the heap's exact rule: an entry is stale when popped,
  * and skipped, when the pair at its position now makes another id (a pair making the same id
  * at another rank is merged at the entry's rank, as tokenizers does). Llama 3's and Qwen 2's
- * pre-tokenizer (a Split regex) is a second scanner beside GPT-2's; model.ignore_merges takes
- * a word that is a token whole. */
+ * pre-tokenizer (a Split regex) is a second scanner beside GPT-2's; any other Split regex runs
+ * on regex.c. model.ignore_merges takes a word that is a token whole. */
 #if defined(__linux__) || defined(__unix__) || defined(__APPLE__)
 #define _POSIX_C_SOURCE 200809L
 #define _FILE_OFFSET_BITS 64
@@ -39,6 +39,7 @@
 
 #include "core/internal.h"
 #include "json.h"
+#include "regex.h"
 #include "unicode_tables.h"
 
 #define ENDOFTEXT "<|endoftext|>"
@@ -129,6 +130,7 @@ struct pytfm_tokenizer {
     uint64_t pair_mask;
     word_cache *cache;        /* NULL when it could not be allocated: encode merges without it */
     int pretok;               /* the pre-tokenizer: a PRE_ value */
+    pytfm__regex *split;      /* PRE_REGEX: the Split's pattern, run by regex.c */
     int ignore_merges;        /* model.ignore_merges: a word that is a token is taken whole */
     text_step *norm;          /* the normalizer's steps, n_norm of them (none: no normalizer) */
     int n_norm;
@@ -308,12 +310,15 @@ static const unsigned char *word_end(const unsigned char *p, const unsigned char
     return last;
 }
 
-/* The Split regexes pytfm implements, recognised by their text: Llama 3's and Qwen 2's (the
- * same but for the digits), GPT-4's cl100k pattern less its case-insensitive letter classes. */
+/* The Split regexes scanned by hand, recognised by their text: GPT-2's (word_end), Llama 3's
+ * and Qwen 2's (split_end; the same but for the digits, GPT-4's cl100k pattern less its
+ * case-insensitive letter classes). Any other Split regex is PRE_REGEX, run by regex.c, which
+ * tests/model/test_tokenizer_regex.py holds to these scanners. The others are the
+ * pre-tokenizers of SentencePiece files: none, Metaspace, a Split of a String. */
 enum { PRE_GPT2 = 0, PRE_LLAMA3 = 1, PRE_QWEN2 = 2, PRE_NONE = 3, PRE_METASPACE = 4,
-       PRE_SPLIT = 5 };
+       PRE_SPLIT = 5, PRE_REGEX = 6 };
 static const char *const split_regex[3] = {
-    NULL,
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
     "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
@@ -912,6 +917,33 @@ static pytfm_status split_words(const pytfm_tokenizer *t, const unsigned char *p
     return status;
 }
 
+/* The words of p[0..end) by the Split regex t->split (PRE_REGEX), each tokenized into o */
+static pytfm_status regex_words(const pytfm_tokenizer *t, const unsigned char *p,
+                                const unsigned char *end, word_cache *cache, scratch *s,
+                                sink *o) {
+    pytfm__regex_split split;
+    pytfm__regex_split_start(&split, t->split, p, (size_t)(end - p));
+    size_t at = 0, e = 0;
+    int r;
+    while ((r = pytfm__regex_split_next(&split, &e)) == 1) {
+        const pytfm_status status = encode_word(t, p + at, (int64_t)(e - at), cache, s, o);
+        if (status != PYTFM_STATUS_OK) {
+            pytfm__regex_split_free(&split);
+            return status;
+        }
+        at = e;
+    }
+    if (r == -2)
+        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                           "pytfm_tokenizer_encode: out of memory in the Split regex");
+    if (r < 0)
+        return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
+                           "pytfm_tokenizer_encode: the Split regex backtracks too much on this "
+                           "text (a piece of %lld bytes); pytfm stops it rather than hang",
+                           (long long)(end - p));
+    return PYTFM_STATUS_OK;
+}
+
 /* Tokenize the piece p[0..end) (no added token in it; normalized) into o. first: the piece
  * begins the text (Metaspace's prepend_scheme "first"). */
 static pytfm_status encode_piece(const pytfm_tokenizer *t, const unsigned char *p,
@@ -960,6 +992,7 @@ static pytfm_status encode_piece(const pytfm_tokenizer *t, const unsigned char *
         free(u);
         return status;
     }
+    if (t->pretok == PRE_REGEX) return regex_words(t, p, end, cache, s, o);
     while (p < end) {
         const unsigned char *q = t->pretok == PRE_GPT2 ? word_end(p, end)
                                                        : split_end(p, end, t->pretok ==
@@ -1506,6 +1539,7 @@ void pytfm_tokenizer_close(pytfm_tokenizer *tok) {
     }
     free(tok->dec);
     free(tok->pre_str);
+    pytfm__regex_free(tok->split);
     free(tok);
 }
 
@@ -2219,8 +2253,10 @@ static pytfm_status read_post_processor(builder *b, pytfm__json doc) {
 }
 
 /* pre_tokenizer: GPT-2's ByteLevel (add_prefix_space false, use_regex true), or a Sequence of
- * a Split of a regex pytfm implements (split_regex: behavior Isolated, invert false) and a
- * ByteLevel that only maps bytes (add_prefix_space false, use_regex false). */
+ * a Split (behavior Isolated, invert false) and a ByteLevel that only maps bytes
+ * (add_prefix_space false, use_regex false). The Split's pattern is a Regex regex.c compiles
+ * (one of split_regex is scanned by hand) or a String; a construct regex.c does not implement
+ * is refused by name. */
 static pytfm_status read_pre_tokenizer(builder *b, pytfm__json doc) {
     pytfm__json part, list, split, level, v;
     if (!member(doc, "pre_tokenizer", &part))
@@ -2244,15 +2280,31 @@ static pytfm_status read_pre_tokenizer(builder *b, pytfm__json doc) {
     if (!is_type(split, "Split") || !is_type(level, "ByteLevel"))
         return BAD(b, "pre_tokenizer: a Sequence must be [Split, ByteLevel] (pytfm implements "
                       "no other)");
-    int kind = -1;
+    int kind = -1, literal = 0;
     pytfm__json regex;
-    if (member(split, "pattern", &v) && member(v, "Regex", &regex) &&
-        pytfm__json_kind_of(regex) == PYTFM__JSON_STRING)
-        for (int k = PRE_LLAMA3; k <= PRE_QWEN2; k++)
+    if (member(split, "pattern", &v) && pytfm__json_kind_of(v) == PYTFM__JSON_OBJECT &&
+        pytfm__json_count(v) == 1 &&
+        (member(v, "Regex", &regex) || (literal = member(v, "String", &regex))) &&
+        pytfm__json_kind_of(regex) == PYTFM__JSON_STRING) {
+        kind = PRE_REGEX;
+        for (int k = PRE_GPT2; k <= PRE_QWEN2 && !literal; k++)
             if (pytfm__json_string_is(regex, split_regex[k])) kind = k;
+    }
     if (kind < 0)
-        return BAD(b, "pre_tokenizer: Split.pattern must be the Regex of Llama 3 or Qwen 2 "
-                      "(pytfm implements no other regex)");
+        return BAD(b, "pre_tokenizer: Split.pattern must be {\"Regex\": pattern} or "
+                      "{\"String\": text}");
+    if (kind == PRE_REGEX) {
+        char *text = malloc(regex.n + 1), err[200];
+        if (!text) return BAD(b, "out of memory");
+        int lone = 0;
+        const size_t n = pytfm__json_string_utf8(regex, text, &lone);
+        b->t->split = lone ? NULL : pytfm__regex_compile(text, n, literal, err, sizeof err);
+        free(text);
+        if (lone) return BAD(b, "pre_tokenizer: Split.pattern holds a lone surrogate");
+        if (!b->t->split)
+            return BAD(b, "pre_tokenizer: Split.pattern %s: %s", literal ? "String" : "Regex",
+                       err);
+    }
     if (!member(split, "behavior", &v) || !pytfm__json_string_is(v, "Isolated") ||
         flag(split, "invert", 0) != 0)
         return BAD(b, "pre_tokenizer: Split must have behavior \"Isolated\" and invert false");

@@ -123,10 +123,10 @@ REFUSED = [
     ("eot's id not the vocabulary's", eot_flags(id=5), r"added_tokens\[0\]"),
     ("a new token's id not the next", more(added("<mask>", 60000)), r"added_tokens\[1\]"),
     ("Split pre-tokenizer", set_("pre_tokenizer", {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": " ?\\p{L}+"}, "behavior": "Isolated",
+        {"type": "Split", "pattern": {"Regex": " ?\\p{Han}+"}, "behavior": "Isolated",
          "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-         "use_regex": False}]}), "Split.pattern must be the Regex of Llama 3 or Qwen 2"),
+         "use_regex": False}]}), r"Split.pattern Regex: at byte \d+: \\p\{Han\}"),
     ("RobertaProcessing", set_("post_processor", {
         "type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0],
         "trim_offsets": True, "add_prefix_space": False}), "post_processor must be"),

@@ -271,13 +271,13 @@ def test_digits_are_grouped_by_the_regex_of_the_file(tmp_path):
 
 
 REFUSED = [
-    ("another regex", {"pre_tokenizer": pre_tokenizer(r" ?\p{L}+")},
-     r"pre_tokenizer: Split.pattern must be the Regex of Llama 3 or Qwen 2 \(pytfm implements "
-     r"no other regex\)"),
-    ("a String pattern", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"String": "x"}, "behavior": "Isolated", "invert": False},
+    ("a regex construct not implemented", {"pre_tokenizer": pre_tokenizer(r" ?(?<!x)\p{L}+")},
+     r"pre_tokenizer: Split.pattern Regex: at byte 3: lookbehind \(\?<!"),
+    ("a pattern neither Regex nor String", {"pre_tokenizer": {"type": "Sequence",
+                                                              "pretokenizers": [
+        {"type": "Split", "pattern": {"Glob": "x"}, "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}},
-     r"pre_tokenizer: Split.pattern must be the Regex of Llama 3"),
+     r"pre_tokenizer: Split.pattern must be \{\"Regex\": pattern\} or \{\"String\": text\}"),
     ("Split's behavior", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Removed",
          "invert": False},

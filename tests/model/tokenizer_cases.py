@@ -183,10 +183,10 @@ HOSTILE = [
     (json_edit(lambda d: d.update(post_processor=template([ENDOFTEXT], None))),
      "tokenizer.json", r"post_processor: TemplateProcessing's single must hold \$A once"),
     (json_edit(lambda d: d.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Isolated", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "(?<=x)y"}, "behavior": "Isolated",
+         "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]})),
-     "tokenizer.json", r"pre_tokenizer: Split.pattern must be the Regex of Llama 3 or Qwen 2 "
-     r"\(pytfm implements no other regex\)"),
+     "tokenizer.json", r"pre_tokenizer: Split.pattern Regex: at byte 1: lookbehind \(\?<="),
     (json_edit(lambda d: d["model"]["merges"].append("a b c")), "tokenizer.json",
      r"model.merges\[2\]: \"a b c\" is not a merge \('a b' or \[a, b\]\)"),
     (json_edit(lambda d: d["model"]["merges"].append(["a", 3])), "tokenizer.json",
