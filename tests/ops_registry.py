@@ -2394,7 +2394,7 @@ NON_OPS = {
                           "pytfm_tokenizer_unicode_version", "pytfm_tokenizer_encode",
                           "pytfm_tokenizer_decode", "pytfm_tokenizer_token",
                           "pytfm_tokenizer_open_folder", "pytfm_tokenizer_merges",
-                          "pytfm_tokenizer_split"),
+                          "pytfm_tokenizer_split", "pytfm_tokenizer_text_tokens"),
     # the workspaces and AdamW's scalars in device memory: what a step with no allocation in
     # it, replayed as a CUDA graph, needs (tests/cuda/test_cuda_workspace.py); the kernel that
     # reads the scalars from memory gives pytfm_adamw_step_cuda's bits there
