@@ -45,7 +45,7 @@ import numpy as np
 from . import _atomic
 from . import device as devices
 from ._core import check, ffi, lib
-from .nn import GPT, GPTConfig, param_shapes
+from .nn import GPT, GPTConfig, config_dict, param_shapes
 
 _DTYPES = {lib.PYTFM_DTYPE_F32: np.dtype("<f4"), lib.PYTFM_DTYPE_I64: np.dtype("<i8")}
 _NAMES = {np.dtype("<f4"): "F32", np.dtype("<i8"): "I64"}  # what save_file writes
@@ -264,7 +264,7 @@ def save(path, model, step=0, optimizer=None, extra=None):
     if why:
         raise ValueError(f"extra is {why}: load() would refuse it")
     tensors = dict(_on_host(model.params))
-    meta = {"format": "pytfm", "config": json.dumps(asdict(model.cfg)), "step": str(step),
+    meta = {"format": "pytfm", "config": json.dumps(config_dict(model.cfg)), "step": str(step),
             "extra": extra_json}
     if optimizer is not None:
         state = optimizer.state()

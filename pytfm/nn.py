@@ -35,7 +35,7 @@ optimizer step they see parameters partly updated.
 import itertools
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -46,6 +46,13 @@ from ._core import precision_code
 from .kvcache import KVCache
 
 POSITIONS = ("rope", "sinusoidal", "none", "learned")
+ARCHS = ("gpt", "llama")
+ROPE_SCALINGS = (None, "llama3")
+# The Llama family's fields of GPTConfig: 0 (None, False) in a GPT's config, which a checkpoint
+# then leaves out (so it reads as it always has)
+LLAMA_FIELDS = ("n_kv_head", "head_dim", "d_ff", "norm_eps", "rope_theta", "rope_scaling",
+                "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                "rope_original_max_pos", "qkv_bias", "qk_norm", "sliding_window")
 MAX_ATTENTION_BYTES = 2**28  # GPT.attention_probs refuses maps larger than 256 MiB in all
 _PROBES = threading.Lock()  # held while GPT.attention_probs sets or clears a layer's probe
 
@@ -58,14 +65,63 @@ class GPTConfig:
     n_head: int = 4
     max_seq: int = 128  # longest context
     pos: str = "rope"  # rope | sinusoidal (added to the embedding) | none | learned (GPT-2's)
-    tie_embeddings: bool = True  # the LM head reuses transformer.wte.weight
+    tie_embeddings: bool = True  # the LM head reuses the token embedding table
     seed: int = 0  # initialisation
+    # arch "gpt": GPT-2's block (LayerNorm, GELU MLP of 4·d_model, biases), the fields below
+    # left at 0. arch "llama": the Llama family's (Llama, Qwen 2 and 3, Mistral; the C
+    # library's pytfm_arch says what it is), with pos "rope" and these:
+    arch: str = "gpt"
+    n_kv_head: int = 0  # key/value heads, dividing n_head (0 for llama: n_head)
+    head_dim: int = 0  # each head's width, even (0 for llama: d_model // n_head)
+    d_ff: int = 0  # SwiGLU's hidden width, intermediate_size (required for llama)
+    norm_eps: float = 0.0  # RMSNorm's eps (0 for llama: 1e-6)
+    rope_theta: float = 0.0  # RoPE's base (0 for llama: 10000)
+    rope_scaling: str = None  # None or "llama3" (Llama 3.1's, with the four numbers below)
+    rope_factor: float = 0.0
+    rope_low_freq_factor: float = 0.0
+    rope_high_freq_factor: float = 0.0
+    rope_original_max_pos: float = 0.0  # original_max_position_embeddings
+    qkv_bias: bool = False  # biases on q, k, v (Qwen 2)
+    qk_norm: bool = False  # RMSNorm of each head of q and k (Qwen 3)
+    sliding_window: int = 0  # 0: none; w: position t sees keys t - w < s <= t (Mistral)
 
     def __post_init__(self):
         """Check every field, so that a bad value fails here, naming the field, and not later
         inside a kernel: TypeError for a wrong type (a bool is not an int), ValueError for a
         wrong value. The values' rules are the C library's pytfm_model_config_check, the one
-        the checkpoint and GPT-2 folder readers hold a file's config to."""
+        the checkpoint and folder readers hold a file's config to. For arch "llama" the fields
+        left at 0 take their defaults first (n_kv_head, head_dim, norm_eps, rope_theta)."""
+        if not isinstance(self.arch, str):
+            raise TypeError(f"GPTConfig.arch must be a str, got {self.arch!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"GPTConfig.arch must be one of {ARCHS}, got {self.arch!r}")
+        ints = ("n_kv_head", "head_dim", "d_ff", "sliding_window")
+        for name in ints:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"GPTConfig.{name} must be an int, got {value!r}")
+            if not -2**63 <= value < 2**63:
+                raise ValueError(f"GPTConfig.{name} must be below 2**63 in size, got {value}")
+        for name in ("norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
+                     "rope_high_freq_factor", "rope_original_max_pos"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise TypeError(f"GPTConfig.{name} must be a float, got {value!r}")
+            setattr(self, name, float(value))  # an int from JSON (10000) is the same number
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(f"GPTConfig.rope_scaling must be one of {ROPE_SCALINGS}, "
+                             f"got {self.rope_scaling!r}")
+        for name in ("qkv_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"GPTConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.arch == "llama":
+            if isinstance(self.n_head, int) and not self.n_kv_head:
+                self.n_kv_head = self.n_head
+            if (isinstance(self.d_model, int) and isinstance(self.n_head, int)
+                    and self.n_head > 0 and not self.head_dim):
+                self.head_dim = self.d_model // self.n_head
+            self.norm_eps = self.norm_eps or 1e-6
+            self.rope_theta = self.rope_theta or 10000.0
         for name in ("vocab", "d_model", "n_layer", "n_head", "max_seq", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -88,7 +144,30 @@ class GPTConfig:
 def _c_config(cfg):  # GPTConfig -> its C twin, a new pytfm_model_config *
     return _core.ffi.new("pytfm_model_config *", dict(
         vocab=cfg.vocab, d_model=cfg.d_model, n_layer=cfg.n_layer, n_head=cfg.n_head,
-        max_seq=cfg.max_seq, pos=POSITIONS.index(cfg.pos), tie_embeddings=cfg.tie_embeddings))
+        max_seq=cfg.max_seq, pos=POSITIONS.index(cfg.pos), tie_embeddings=cfg.tie_embeddings,
+        arch=ARCHS.index(cfg.arch), rope_scaling=ROPE_SCALINGS.index(cfg.rope_scaling),
+        **{name: getattr(cfg, name) for name in LLAMA_FIELDS if name != "rope_scaling"}))
+
+
+def config_from_c(c, seed=0):
+    """The GPTConfig of a pytfm_model_config (a reader's): the inverse of _c_config."""
+    return GPTConfig(
+        vocab=c.vocab, d_model=c.d_model, n_layer=c.n_layer, n_head=c.n_head,
+        max_seq=c.max_seq, pos=POSITIONS[c.pos], tie_embeddings=bool(c.tie_embeddings),
+        seed=seed, arch=ARCHS[c.arch], rope_scaling=ROPE_SCALINGS[c.rope_scaling],
+        qkv_bias=bool(c.qkv_bias), qk_norm=bool(c.qk_norm),
+        **{name: getattr(c, name) for name in LLAMA_FIELDS
+           if name not in ("rope_scaling", "qkv_bias", "qk_norm")})
+
+
+def config_dict(cfg):
+    """asdict(cfg) as a checkpoint stores it: a GPT's without the Llama family's fields (all
+    0), so that it is the config every pytfm checkpoint has held; a Llama's whole."""
+    d = asdict(cfg)
+    if cfg.arch == "gpt":
+        for name in ("arch", *LLAMA_FIELDS):
+            del d[name]
+    return d
 
 
 def param_shapes(cfg):
@@ -446,6 +525,9 @@ class GPT:
     def __init__(self, cfg, device="cpu", precision="fp32"):
         if not isinstance(cfg, GPTConfig):
             raise TypeError(f"cfg must be a pytfm.nn.GPTConfig, got {type(cfg).__name__}")
+        if cfg.arch != "gpt":
+            raise NotImplementedError(f"pytfm.nn.GPT builds GPT blocks (arch 'gpt') only, "
+                                      f"not arch {cfg.arch!r}")
         devices.array_module(device)  # a bad name or an unusable GPU fails before any work
         self.cfg = cfg
         self._trainer, self._trainer_lock = None, threading.Lock()  # see the module's "Threads"

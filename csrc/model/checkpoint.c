@@ -1,8 +1,9 @@
 /*
  * checkpoint.c — layer 2 of the checkpoint reader: a pytfm checkpoint (pytfm.checkpoint.save's
  * layout) on an open safetensors file (safetensors.c), checked in this order:
- *   1. __metadata__: format "pytfm"; config a JSON object with exactly GPTConfig's fields, of
- *      GPTConfig's types, their values by pytfm_model_config_check (config.c); step and
+ *   1. __metadata__: format "pytfm"; config a JSON object with GPTConfig's fields (the Llama
+ *      family's optional: 0 when absent) and no others, of GPTConfig's types, their values by
+ *      pytfm_model_config_check (config.c); step and
  *      optim.t non-negative int64s in decimal; extra JSON.
  *   2. the tensors: exactly the float32 parameters param_shapes(cfg) names, with both AdamW
  *      moments of each when optim.t is there; a sinusoidal table no larger than
@@ -24,7 +25,8 @@
 enum {
     SHOW = PYTFM__SHOW,
     MAX_TABLE = 1 << 24,  /* sinusoidal floats allowed beyond the stored parameters */
-    MAX_STEP_DIGITS = 19  /* a step or optim.t: [0-9]{1,19} */
+    MAX_STEP_DIGITS = 19, /* a step or optim.t: [0-9]{1,19} */
+    CONFIG_SHOWN = 1024   /* show_config's text */
 };
 
 #define BAD(st, ...) pytfm__st_fail(st, PYTFM_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
@@ -69,14 +71,33 @@ static pytfm_status json_field(const checker *c, const pytfm__st_meta *m, pytfm_
     return PYTFM_STATUS_OK;
 }
 
-static const char *const CONFIG_FIELDS[] = {"vocab",   "d_model", "n_layer",        "n_head",
-                                            "max_seq", "pos",     "tie_embeddings", "seed"};
-enum { N_FIELDS = 8, POS = 5, TIE = 6, SEED = 7 };
+/* GPTConfig's fields: the eight every checkpoint has, then the Llama family's, which a GPT's
+ * leaves out (pytfm.nn.config_dict) and which default to 0 when absent */
+static const char *const CONFIG_FIELDS[] = {
+    "vocab",          "d_model",        "n_layer",   "n_head",     "max_seq",
+    "pos",            "tie_embeddings", "seed",      "arch",       "n_kv_head",
+    "head_dim",       "d_ff",           "sliding_window",          "norm_eps",
+    "rope_theta",     "rope_factor",    "rope_low_freq_factor",    "rope_high_freq_factor",
+    "rope_original_max_pos",            "rope_scaling",            "qkv_bias",
+    "qk_norm"};
+enum {
+    N_FIELDS = 22,
+    N_REQUIRED = 8,
+    POS = 5,
+    TIE = 6,
+    SEED = 7,
+    ARCH = 8,
+    FIRST_LLAMA_INT = 9, /* n_kv_head .. sliding_window */
+    FIRST_LLAMA_FLOAT = 13, /* norm_eps .. rope_original_max_pos */
+    ROPE_SCALING = 19,
+    QKV_BIAS = 20,
+    QK_NORM = 21
+};
 
 /* the ints of the config: sizes within int64, a seed >= 0 of any size */
 static pytfm_status check_ints(checker *c, const pytfm__json *values, int64_t *ints) {
     char a[SHOW];
-    for (size_t k = 0; k < N_FIELDS; k++) {
+    for (size_t k = 0; k < N_REQUIRED; k++) {
         if (k == POS || k == TIE) continue;
         const pytfm__json v = values[k];
         const pytfm__json_int i = pytfm__json_kind_of(v) == PYTFM__JSON_NUMBER
@@ -98,6 +119,66 @@ static pytfm_status check_ints(checker *c, const pytfm__json *values, int64_t *i
                        CONFIG_FIELDS[k], show(v, a));
         }
         ints[k] = i.value;
+    }
+    return PYTFM_STATUS_OK;
+}
+
+/* the Llama family's fields that are there, by GPTConfig's types (an absent one stays 0) */
+static pytfm_status check_llama_fields(checker *c, const pytfm__json *values) {
+    char a[SHOW];
+    pytfm_model_config *g = &c->cfg;
+    const pytfm__json arch = values[ARCH];
+    if (arch.p) {
+        if (pytfm__json_kind_of(arch) != PYTFM__JSON_STRING)
+            return BAD(c->st, "config: GPTConfig.arch must be a str, got %s", show(arch, a));
+        if (pytfm__json_string_is(arch, "llama"))
+            g->arch = PYTFM_ARCH_LLAMA;
+        else if (!pytfm__json_string_is(arch, "gpt"))
+            return BAD(c->st, "config: GPTConfig.arch must be one of ('gpt', 'llama'), got %s",
+                       show(arch, a));
+    }
+    int64_t *const ints[] = {&g->n_kv_head, &g->head_dim, &g->d_ff, &g->sliding_window};
+    for (size_t k = 0; k < 4; k++) {
+        const pytfm__json v = values[FIRST_LLAMA_INT + k];
+        if (!v.p) continue;
+        const pytfm__json_int i = pytfm__json_kind_of(v) == PYTFM__JSON_NUMBER
+                                      ? pytfm__json_integer(v)
+                                      : (pytfm__json_int){0, 0, 0, 0};
+        if (!i.integer)
+            return BAD(c->st, "config: GPTConfig.%s must be an int, got %s",
+                       CONFIG_FIELDS[FIRST_LLAMA_INT + k], show(v, a));
+        if (!i.fits)
+            return BAD(c->st, "config: GPTConfig.%s must be below 2**63 in size, got %s",
+                       CONFIG_FIELDS[FIRST_LLAMA_INT + k], show(v, a));
+        *ints[k] = i.value;
+    }
+    double *const floats[] = {&g->norm_eps,           &g->rope_theta,
+                              &g->rope_factor,        &g->rope_low_freq_factor,
+                              &g->rope_high_freq_factor, &g->rope_original_max_pos};
+    for (size_t k = 0; k < 6; k++) {
+        const pytfm__json v = values[FIRST_LLAMA_FLOAT + k];
+        int ok = 0;
+        if (!v.p) continue;
+        *floats[k] = pytfm__json_number(v, &ok);
+        if (!ok)
+            return BAD(c->st, "config: GPTConfig.%s must be a float, got %s",
+                       CONFIG_FIELDS[FIRST_LLAMA_FLOAT + k], show(v, a));
+    }
+    const pytfm__json scaling = values[ROPE_SCALING];
+    if (scaling.p && pytfm__json_kind_of(scaling) != PYTFM__JSON_NULL) {
+        if (!pytfm__json_string_is(scaling, "llama3"))
+            return BAD(c->st, "config: GPTConfig.rope_scaling must be one of (None, 'llama3'), "
+                       "got %s", show(scaling, a));
+        g->rope_scaling = PYTFM_ROPE_SCALING_LLAMA3;
+    }
+    int32_t *const flags[] = {&g->qkv_bias, &g->qk_norm};
+    for (size_t k = 0; k < 2; k++) {
+        const pytfm__json v = values[QKV_BIAS + k];
+        if (!v.p) continue;
+        if (pytfm__json_kind_of(v) != PYTFM__JSON_BOOL)
+            return BAD(c->st, "config: GPTConfig.%s must be a bool, got %s",
+                       CONFIG_FIELDS[QKV_BIAS + k], show(v, a));
+        *flags[k] = v.p[0] == 't';
     }
     return PYTFM_STATUS_OK;
 }
@@ -132,6 +213,7 @@ static pytfm_status check_config(checker *c, const pytfm__json *values) {
     c->cfg.n_layer = ints[2];
     c->cfg.n_head = ints[3];
     c->cfg.max_seq = ints[4];
+    PYTFM_TRY(check_llama_fields(c, values));
     return pytfm__model_config_check_at(&c->cfg, c->st->source, "config: ");
 }
 
@@ -158,7 +240,7 @@ static pytfm_status check_metadata(checker *c) {
         else if (!unknown.p)
             unknown = key;
     }
-    for (size_t k = 0; k < N_FIELDS; k++)
+    for (size_t k = 0; k < N_REQUIRED; k++)
         if (!values[k].p) return BAD(st, "config has no %s", CONFIG_FIELDS[k]);
     char a[SHOW];
     if (unknown.p) return BAD(st, "config has an unknown field %s", show(unknown, a));
@@ -193,16 +275,67 @@ static int next_expected(const pytfm_model_config *cfg, expected *x) {
     return 1;
 }
 
-/* Python's repr of asdict(cfg) */
+/* Python's repr of the finite float d: its shortest round-tripping digits, written fixed for
+ * decimal exponents -4 .. 15 (with ".0" when whole), else as 1.5e-05 / 1e+16 */
+static const char *float_repr(double d, char *buf, size_t cap) {
+    char e[40];
+    for (int digits = 0; digits <= 16; digits++) { /* %.*e: digits after the first */
+        snprintf(e, sizeof e, "%.*e", digits, d);
+        if (strtod(e, NULL) == d) break;
+    }
+    char *x = strchr(e, 'e');
+    const int exp10 = atoi(x + 1);
+    *x = 0;
+    char mant[24] = "";
+    size_t n = 0;
+    for (const char *p = e; *p; p++)
+        if (*p >= '0' && *p <= '9') mant[n++] = *p; /* the digits, sign and point dropped */
+    mant[n] = 0;
+    const char *sign = d < 0 ? "-" : "";
+    if (exp10 < -4 || exp10 >= 16) {
+        snprintf(buf, cap, "%s%c%s%s%se%c%02d", sign, mant[0], n > 1 ? "." : "", mant + 1, "",
+                 exp10 < 0 ? '-' : '+', abs(exp10));
+    } else if (exp10 < 0) {
+        snprintf(buf, cap, "%s0.%.*s%s", sign, -exp10 - 1, "0000", mant);
+    } else if ((size_t)exp10 + 1 >= n) {
+        snprintf(buf, cap, "%s%s%.*s.0", sign, mant, (int)((size_t)exp10 + 1 - n),
+                 "0000000000000000");
+    } else {
+        snprintf(buf, cap, "%s%.*s.%s", sign, exp10 + 1, mant, mant + exp10 + 1);
+    }
+    return buf;
+}
+
+/* Python's repr of pytfm.nn.config_dict(cfg) */
 static const char *show_config(const checker *c, char *buf, size_t cap) {
     static const char *const pos[] = {"rope", "sinusoidal", "none", "learned"};
     const pytfm_model_config *g = &c->cfg;
-    snprintf(buf, cap,
-             "{'vocab': %lld, 'd_model': %lld, 'n_layer': %lld, 'n_head': %lld, 'max_seq': %lld, "
-             "'pos': '%s', 'tie_embeddings': %s, 'seed': %s}",
-             (long long)g->vocab, (long long)g->d_model, (long long)g->n_layer,
-             (long long)g->n_head, (long long)g->max_seq, pos[g->pos],
-             g->tie_embeddings ? "True" : "False", c->seed_shown);
+    int n = snprintf(buf, cap,
+                     "{'vocab': %lld, 'd_model': %lld, 'n_layer': %lld, 'n_head': %lld, "
+                     "'max_seq': %lld, 'pos': '%s', 'tie_embeddings': %s, 'seed': %s",
+                     (long long)g->vocab, (long long)g->d_model, (long long)g->n_layer,
+                     (long long)g->n_head, (long long)g->max_seq, pos[g->pos],
+                     g->tie_embeddings ? "True" : "False", c->seed_shown);
+    if (g->arch == PYTFM_ARCH_LLAMA && n > 0 && (size_t)n < cap) {
+        const int saved = errno;
+        char f[6][64];
+        const double floats[] = {g->norm_eps,           g->rope_theta,
+                                 g->rope_factor,        g->rope_low_freq_factor,
+                                 g->rope_high_freq_factor, g->rope_original_max_pos};
+        for (size_t k = 0; k < 6; k++) float_repr(floats[k], f[k], sizeof f[k]);
+        errno = saved;
+        n += snprintf(buf + n, cap - (size_t)n,
+                      ", 'arch': 'llama', 'n_kv_head': %lld, 'head_dim': %lld, 'd_ff': %lld, "
+                      "'norm_eps': %s, 'rope_theta': %s, 'rope_scaling': %s, 'rope_factor': %s, "
+                      "'rope_low_freq_factor': %s, 'rope_high_freq_factor': %s, "
+                      "'rope_original_max_pos': %s, 'qkv_bias': %s, 'qk_norm': %s, "
+                      "'sliding_window': %lld",
+                      (long long)g->n_kv_head, (long long)g->head_dim, (long long)g->d_ff, f[0],
+                      f[1], g->rope_scaling ? "'llama3'" : "None", f[2], f[3], f[4], f[5],
+                      g->qkv_bias ? "True" : "False", g->qk_norm ? "True" : "False",
+                      (long long)g->sliding_window);
+    }
+    if (n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, "}");
     return buf;
 }
 
@@ -218,7 +351,7 @@ static const char *show_shape(const expected *x, char *buf, size_t cap) {
 /* the stored tensor key is float32 of x's shape: -> its entry, marked in matched */
 static pytfm_status check_one(const checker *c, const char *key, const expected *x,
                               unsigned char *matched, const pytfm__st_entry **found) {
-    char config[320], want[64], got[SHOW];
+    char config[CONFIG_SHOWN], want[64], got[SHOW];
     const pytfm__st_entry *e = pytfm__st_find(c->st, key, strlen(key));
     if (!e)
         return BAD(c->st, "tensor %s is missing: config %s needs float32%s", key,
@@ -268,7 +401,7 @@ static pytfm_status check_unexpected(const checker *c, const unsigned char *matc
         unexpected++;
     }
     if (!unexpected) return PYTFM_STATUS_OK;
-    char names[3][SHOW], config[320], more[48] = "";
+    char names[3][SHOW], config[CONFIG_SHOWN], more[48] = "";
     if (unexpected > 3) snprintf(more, sizeof more, " and %zu more", unexpected - 3);
     for (int k = 0; k < 3; k++)
         if (first[k]) pytfm__st_show_name(first[k]->name, first[k]->name_len, names[k]);
@@ -290,7 +423,7 @@ static pytfm_status check_tensors(checker *c) {
         int64_t table = 0;
         const int fits = pytfm__mul_within(c->cfg.max_seq, c->cfg.d_model, INT64_MAX, &table);
         if (!fits || table > (count > MAX_TABLE ? count : MAX_TABLE)) {
-            char config[320], size[32] = "more than 2**63";
+            char config[CONFIG_SHOWN], size[32] = "more than 2**63";
             if (fits) snprintf(size, sizeof size, "%lld", (long long)table);
             return BAD(c->st,
                        "config %s needs a sinusoidal table of %s floats for %lld stored "

@@ -208,22 +208,6 @@ static const char *py_repr(pytfm__json v, char *buf) {
     }
 }
 
-/* the number v as a double (strtod of its text), or *ok = 0 when v is no number */
-static double number_of(pytfm__json v, int *ok) {
-    *ok = 0;
-    if (pytfm__json_kind_of(v) != PYTFM__JSON_NUMBER) return 0;
-    char small[64], *text = v.n < sizeof small ? small : malloc(v.n + 1);
-    if (!text) return 0;
-    memcpy(text, v.p, v.n);
-    text[v.n] = 0;
-    const int saved = errno; /* an overflow's ERANGE is no I/O error to report */
-    const double d = strtod(text, NULL);
-    errno = saved;
-    if (text != small) free(text);
-    *ok = 1;
-    return d;
-}
-
 static int is_int(pytfm__json v) {
     return pytfm__json_kind_of(v) == PYTFM__JSON_NUMBER && pytfm__json_integer(v).integer;
 }
@@ -243,7 +227,7 @@ static int maths_ok(size_t k, pytfm__json v, int64_t n_embd) {
                i.value == four;
     }
     case 2: {
-        const double d = number_of(v, &ok);
+        const double d = pytfm__json_number(v, &ok);
         return ok && d == PYTFM_LAYERNORM_EPS; // the model's
     }
     case 3: return kind == PYTFM__JSON_BOOL && v.p[0] == 't';
@@ -328,7 +312,7 @@ pytfm_status pytfm_gpt2_config_parse(pytfm_model_config *config, const char *tex
         int ok = 0;
         const pytfm__json_int i = is_int(n_ctx) ? pytfm__json_integer(n_ctx) : (pytfm__json_int){0};
         const int same = i.integer ? i.fits && i.value == sizes[1]
-                                   : number_of(n_ctx, &ok) == (double)sizes[1] && ok;
+                                   : pytfm__json_number(n_ctx, &ok) == (double)sizes[1] && ok;
         if (!same)
             return BAD(source, "n_ctx (%s) and n_positions (%lld) disagree", py_repr(n_ctx, a),
                        (long long)sizes[1]);

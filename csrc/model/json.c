@@ -12,6 +12,7 @@
 
 #include "core/internal.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -582,6 +583,21 @@ int pytfm__json_string_lone(pytfm__json s) {
     for (int32_t cp; (cp = next_code_point(&p)) >= 0;)
         if (cp >= 0xD800 && cp <= 0xDFFF) return 1;
     return 0;
+}
+
+double pytfm__json_number(pytfm__json v, int *ok) {
+    *ok = 0;
+    if (pytfm__json_kind_of(v) != PYTFM__JSON_NUMBER) return 0;
+    char small[64], *text = v.n < sizeof small ? small : malloc(v.n + 1);
+    if (!text) return 0;
+    memcpy(text, v.p, v.n);
+    text[v.n] = 0;
+    const int saved = errno; /* an overflow's ERANGE is no error of the caller's */
+    const double d = strtod(text, NULL);
+    errno = saved;
+    if (text != small) free(text);
+    *ok = 1;
+    return d;
 }
 
 pytfm__json_int pytfm__json_integer(pytfm__json number) {

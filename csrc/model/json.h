@@ -105,6 +105,11 @@ typedef struct pytfm__json_int {
 
 pytfm__json_int pytfm__json_integer(pytfm__json number);
 
+/* A number value as a double, as json.loads reads it (float(text): a value past the double
+ * range is ±inf, one below it 0); *ok = 0 (and 0 returned) when v is no number or memory for a
+ * long text runs out. errno is left as it was. */
+double pytfm__json_number(pytfm__json v, int *ok);
+
 /* The text of v, for a message: at most cap − 1 bytes of it, cut on a character boundary and
  * ended by "..." when longer, control bytes (whitespace) as spaces, NUL-terminated. cap >= 8. */
 const char *pytfm__json_show(pytfm__json v, char *buf, size_t cap);

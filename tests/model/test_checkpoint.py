@@ -25,7 +25,7 @@ from checkpoint_edits import edit_structure, pack, unpack
 from checkpoint_edits import small_model as small
 from pytfm import _atomic, checkpoint
 from pytfm.checkpoint import CheckpointError
-from pytfm.nn import GPT, GPTConfig, param_shapes
+from pytfm.nn import GPT, GPTConfig, config_dict, param_shapes
 from pytfm.optim import AdamW
 
 
@@ -392,7 +392,7 @@ def test_a_config_of_a_million_layers_in_a_tiny_file_fails_at_once(tmp_path):
     """The hostile tester's 216-byte file: load() built the million-layer model (20 s and
     gigabytes) before it looked at a tensor."""
     path = str(tmp_path / "big.safetensors")
-    config = asdict(GPTConfig(vocab=8, d_model=4, n_layer=1_000_000, n_head=2, max_seq=4))
+    config = config_dict(GPTConfig(vocab=8, d_model=4, n_layer=1_000_000, n_head=2, max_seq=4))
     meta = {"format": "pytfm", "config": json.dumps(config), "step": "0"}
     open(path, "wb").write(pack({"__metadata__": meta}))
     assert os.path.getsize(path) < 300
@@ -438,7 +438,7 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     other, _ = small(d_model=8)
     with pytest.raises(CheckpointError, match="saved for config"):
         checkpoint.load(path, other)
-    meta = {"format": "pytfm", "config": json.dumps(asdict(model.cfg)), "step": "0"}
+    meta = {"format": "pytfm", "config": json.dumps(config_dict(model.cfg)), "step": "0"}
     checkpoint.save_file(cut, {"transformer.wte.weight": np.zeros((3, 3), np.float32)}, meta)
     with pytest.raises(CheckpointError, match=r"transformer.wte.weight is float32\[3, 3\]"):
         checkpoint.load(cut)
@@ -588,6 +588,73 @@ def test_a_llama_configs_rules_name_the_field(change, message):
                                              rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
                                              rope_original_max_pos=8192.0, sliding_window=4))
     assert lib.pytfm_model_config_check(c) == lib.PYTFM_STATUS_OK, lib.pytfm_last_error()
+
+
+LLAMA_CFG = dict(arch="llama", vocab=50, d_model=16, n_layer=1, n_head=4, n_kv_head=2,
+                 head_dim=6, d_ff=24, max_seq=8, tie_embeddings=False, qkv_bias=True,
+                 qk_norm=True, norm_eps=1e-5, rope_theta=500000.0, rope_scaling="llama3",
+                 rope_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                 rope_original_max_pos=8192.0, sliding_window=3)
+
+
+def llama_file(path, config, cfg=None):
+    """A pytfm checkpoint of a Llama config: the tensors param_shapes(cfg) names, config's text
+    in __metadata__ (cfg: GPTConfig(**config) unless given)."""
+    cfg = cfg or GPTConfig(**config)
+    tensors = {n: np.full(s, 0.5, np.float32) for n, s in param_shapes(cfg)}
+    checkpoint.save_file(path, tensors, {"format": "pytfm", "config": json.dumps(config),
+                                         "step": "3"})
+
+
+def test_a_llama_checkpoint_reads_back_its_config_and_a_gpts_leaves_the_fields_out(tmp_path):
+    """A Llama config's every field goes through the reader (ints, floats, None/'llama3',
+    bools); a GPT's is stored without them, as before, and reads back equal."""
+    path = str(tmp_path / "llama.safetensors")
+    cfg = GPTConfig(**LLAMA_CFG)
+    llama_file(path, config_dict(cfg))
+    with checkpoint.SafetensorsFile(path) as f:
+        got, step, _, _ = f.checkpoint()
+    assert got == cfg and step == 3
+    assert set(config_dict(GPTConfig())) == {"vocab", "d_model", "n_layer", "n_head", "max_seq",
+                                             "pos", "tie_embeddings", "seed"}
+    llama_file(path, dict(config_dict(cfg), rope_theta=500000), cfg)  # an int is a float here
+    with checkpoint.SafetensorsFile(path) as f:
+        assert f.checkpoint()[0] == cfg
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(arch="t5"), r"config: GPTConfig.arch must be one of \('gpt', 'llama'\), got \"t5\""),
+    (dict(arch=1), r"config: GPTConfig.arch must be a str, got 1"),
+    (dict(n_kv_head=2.0), r"config: GPTConfig.n_kv_head must be an int, got 2.0"),
+    (dict(d_ff=2**64), r"config: GPTConfig.d_ff must be below 2\*\*63 in size"),
+    (dict(norm_eps="1e-5"), r"config: GPTConfig.norm_eps must be a float, got \"1e-5\""),
+    (dict(rope_scaling="yarn"), r"config: GPTConfig.rope_scaling must be one of \(None, 'llama3'"),
+    (dict(qk_norm=1), r"config: GPTConfig.qk_norm must be a bool, got 1"),
+    (dict(n_kv_head=3), r"config: n_head \(4\) must be a multiple of n_kv_head \(3\)"),
+    (dict(rope_theta=1e999), r"config: GPTConfig.rope_theta must be finite and > 0, got inf"),
+    (dict(arch="gpt"), r"config: a GPT config \(arch 'gpt'\) has none of the Llama family's"),
+    (dict(colour="red"), r"config has an unknown field \"colour\""),
+])
+def test_a_llama_checkpoints_config_is_held_to_gptconfigs_types_and_rules(tmp_path, change,
+                                                                           message):
+    path = str(tmp_path / "llama.safetensors")
+    cfg = GPTConfig(**LLAMA_CFG)
+    config = json.dumps(dict(config_dict(cfg), **change)).replace("Infinity", "1e999")
+    tensors = {n: np.full(s, 0.5, np.float32) for n, s in param_shapes(cfg)}
+    checkpoint.save_file(path, tensors, {"format": "pytfm", "config": config, "step": "0"})
+    with pytest.raises(CheckpointError, match=f"^{re.escape(path)}: {message}"):
+        checkpoint.load(path)
+
+
+def test_a_llama_checkpoints_missing_tensor_message_shows_its_whole_config(tmp_path):
+    path = str(tmp_path / "llama.safetensors")
+    cfg = GPTConfig(**LLAMA_CFG)
+    checkpoint.save_file(path, {}, {"format": "pytfm", "config": json.dumps(config_dict(cfg)),
+                                    "step": "0"})
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.load(path)
+    assert str(e.value) == (f"{path}: tensor model.embed_tokens.weight is missing: config "
+                            f"{config_dict(cfg)} needs float32[50, 16]")
 
 
 # ---- loads are all-or-nothing ---------------------------------------------------------------
