@@ -1,5 +1,13 @@
 """pytfm.nn — a GPT built from pytfm's kernels, with hand-written backward passes.
 
+Two families, one model: GPT(cfg) builds GPT-2's decoder (cfg.arch "gpt": LayerNorm,
+CausalSelfAttention, a GELU MLP) or the Llama family's (arch "llama": RMSNorm,
+GroupedQueryAttention with RoPE, a SwiGLU MLP; Llama, Qwen 2 and 3, Mistral; docs/llama.md).
+Only Block's four layers and the final norm differ; the skeleton (embedding -> blocks -> norm ->
+LM head -> loss), backward(), the KV-cache decode, devices, precisions and checkpoints are one
+piece of code. One class rather than a second one beside it, so that a reader follows a single
+forward and backward and sees a family as the configuration it is, not as a copy to diff.
+
 Each layer is a small class: forward() keeps what backward() needs in one attribute,
 self.saved, and backward(dy), right below it, reads it, returns the gradient of its input and
 ACCUMULATES the gradients of its parameters. There is no autograd. forward(..., save=False)
@@ -10,10 +18,12 @@ GPT.attention_probs, which shows the attention weights of a short input.
 
 All parameters live in one dict, model.params, and their gradients in model.grads, keyed by
 the names a PyTorch GPT-2 (nanoGPT) state dict uses: transformer.wte.weight,
-transformer.h.0.attn.c_attn.weight, ... Layers hold references to those arrays, which are only
-ever updated in place. Both dicts are FlatDicts: every array is a view into one flat buffer
-(model.params.buffer, model.grads.buffer; matrices first, then vectors), so that zeroing the
-gradients, clipping them, AdamW's step and a data-parallel all-reduce each take one call.
+transformer.h.0.attn.c_attn.weight, ... (for the Llama family, transformers'
+LlamaForCausalLM's: model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight, ...).
+Layers hold references to those arrays, which are only ever updated in place. Both dicts are
+FlatDicts: every array is a view into one flat buffer (model.params.buffer, model.grads.buffer;
+matrices first, then vectors), so that zeroing the gradients, clipping them, AdamW's step and a
+data-parallel all-reduce each take one call.
 
 Devices: GPT(cfg, device="cuda") (or model.to("cuda")) keeps every array on the GPU as a CuPy
 array, and each op runs its CUDA twin (pytfm.ops picks the backend from the arrays); model.device
@@ -525,9 +535,9 @@ class GroupedQueryAttention:
         B, T, _ = x.shape
         H, Hkv, hd = self.H, self.Hkv, self.hd
         qkv = self.qkv.forward(x, save)  # (B, T, (H + 2·Hkv)·hd): q, k, v side by side
-        xp = devices.module_of(qkv)
-        q, k, v = (xp.ascontiguousarray(a).reshape(B, T, -1, hd)  # (B, T, H or Hkv, hd)
-                   for a in xp.split(qkv, [H * hd, (H + Hkv) * hd], axis=-1))
+        ends = (0, H * hd, (H + Hkv) * hd, (H + 2 * Hkv) * hd)
+        q, k, v = (qkv[..., a:b].copy().reshape(B, T, -1, hd)  # (B, T, H or Hkv, hd)
+                   for a, b in zip(ends, ends[1:]))  # each copied: contiguous for the kernels
         if self.norms:
             q, k = (norm.forward(a, save) for norm, a in zip(self.norms, (q, k)))
         q, k = (ops.rope_freq_forward(a, pos, self.inv_freq) for a in (q, k))
@@ -689,7 +699,8 @@ def sinusoidal_positions(T, d):  # (T, d): sin on even features, cos on odd (Vas
 
 
 class GPT:
-    """Decoder-only transformer: embedding → n_layer blocks → LayerNorm → LM head.
+    """Decoder-only transformer: embedding → n_layer blocks → LayerNorm (RMSNorm for the Llama
+    family) → LM head; the blocks are cfg.arch's (see Block).
 
     device: "cpu" (NumPy arrays, the C kernels) or "cuda" (CuPy arrays on the current GPU, the
     CUDA kernels; pytfm.device.CudaUnavailable says why when the GPU cannot be used). The

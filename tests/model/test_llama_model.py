@@ -264,3 +264,31 @@ def test_bf16_gradients_are_the_fp32_ones_within_the_stated_bound(path, case):
         rel = np.linalg.norm(model.grads[name] - g) / np.linalg.norm(g)
         assert rel <= chain * 2**-8, f"{name}: {rel:.3g} of its norm"
     assert abs(float(loss16) - float(loss32)) <= (5 * n_layer + 1) * 2**-8 * float(loss32)
+
+
+@pytest.mark.parametrize("case", ["qwen3", "mistral-window"])
+def test_on_the_gpu_path_a_step_and_a_generation_are_the_cpus(case, emu, monkeypatch):
+    """GPT(cfg).to("cuda") on the stand-in cupy (strict: a NumPy array in device code is a
+    TypeError), every op the CUDA kernels under the emulator: the loss and every gradient
+    agree with the CPU model's to float32 rounding (the kernels sum in other orders), and
+    greedy generation gives the CPU's tokens."""
+    import fake_cupy
+
+    cp = fake_cupy.install(monkeypatch, emu, strict=True)
+    _, cpu = pair(case, seed=8)
+    gpu = GPT(cpu.cfg)
+    gpu.params.copy_from(cpu.params)
+    gpu.to("cuda")
+    assert gpu.blocks[0].attn.qkv.w.base is not None and type(gpu.blocks[0].attn.inv_freq) is \
+        cp.ndarray
+    x, y = tokens(cpu.cfg.vocab, (2, 10), 11), tokens(cpu.cfg.vocab, (2, 10), 12)
+    for model, (a, b) in ((cpu, (x, y)), (gpu, (cp.asarray(x), cp.asarray(y)))):
+        model.zero_grad()
+        model.forward(a, b)
+        model.backward()
+    for name in cpu.params:
+        err = rel_err(fake_cupy._asnumpy(gpu.grads[name]), cpu.grads[name])
+        assert err <= 1e-5, (name, err)
+    prompt = tokens(cpu.cfg.vocab, (1, 4), 13)
+    np.testing.assert_array_equal(generate(gpu, prompt, 6, temperature=0),
+                                  generate(cpu, prompt, 6, temperature=0))
