@@ -228,7 +228,7 @@ def flat_layout(shapes):
                     offset = end
                 layout[name] = (offset, tuple(shape))
                 end = offset + math.prod(shape)
-                offset += -(-math.prod(shape) // ALIGN) * ALIGN
+                offset = -(-end // ALIGN) * ALIGN
     return {name: layout[name] for name, _ in shapes}, offset  # in the order given
 
 

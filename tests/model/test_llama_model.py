@@ -292,3 +292,37 @@ def test_on_the_gpu_path_a_step_and_a_generation_are_the_cpus(case, emu, monkeyp
     prompt = tokens(cpu.cfg.vocab, (1, 4), 13)
     np.testing.assert_array_equal(generate(gpu, prompt, 6, temperature=0),
                                   generate(cpu, prompt, 6, temperature=0))
+
+
+def test_every_other_parameter_starts_aligned():
+    """Only k's and v's projections start where the one before ends; the rest keep the
+    buffer's 16-float alignment (d_model 5, head_dim 2: no size is a multiple of 16)."""
+    from pytfm.nn import ALIGN, JOINED
+
+    model = GPT(GPTConfig(vocab=7, d_model=5, n_layer=2, n_head=3, n_kv_head=1, head_dim=2,
+                          d_ff=3, arch="llama", qkv_bias=True, qk_norm=True,
+                          tie_embeddings=False))
+    for name, (offset, _) in model.params.layout.items():
+        assert name.endswith(JOINED) or offset % ALIGN == 0, (name, offset)
+
+
+def test_the_thread_rule_holds():
+    """A second thread may decode with its own caches while the first trains, not train."""
+    import threading
+
+    _, model = pair("llama-gqa")
+    x = tokens(model.cfg.vocab, (1, 6), 14)
+    model.forward(x, x)
+    got = {}
+
+    def other():
+        try:
+            model.backward()
+        except RuntimeError as e:
+            got["error"] = str(e)
+        got["decoded"] = model.decode(x, model.new_caches(1)).shape
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert "is being trained by thread" in got["error"] and got["decoded"] == (1, 6, 61)
