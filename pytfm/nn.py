@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import _core, ops
+from . import _arrays, _core, ops
 from . import device as devices
 from ._arrays import arange, as_bool, check_index_arrays, is_array, is_cupy
 from ._core import precision_code
@@ -536,8 +536,10 @@ class GroupedQueryAttention:
         H, Hkv, hd = self.H, self.Hkv, self.hd
         qkv = self.qkv.forward(x, save)  # (B, T, (H + 2·Hkv)·hd): q, k, v side by side
         ends = (0, H * hd, (H + Hkv) * hd, (H + 2 * Hkv) * hd)
-        q, k, v = (qkv[..., a:b].copy().reshape(B, T, -1, hd)  # (B, T, H or Hkv, hd)
-                   for a, b in zip(ends, ends[1:]))  # each copied: contiguous for the kernels
+        q, k, v = (_empty_like(qkv, (B, T, (b - a) // hd, hd))  # (B, T, H or Hkv, hd): each
+                   for a, b in zip(ends, ends[1:]))             # contiguous for the kernels
+        for part, a, b in zip((q, k, v), ends, ends[1:]):
+            part.reshape(B, T, b - a)[...] = qkv[..., a:b]
         if self.norms:
             q, k = (norm.forward(a, save) for norm, a in zip(self.norms, (q, k)))
         q, k = (ops.rope_freq_forward(a, pos, self.inv_freq) for a in (q, k))
@@ -562,8 +564,11 @@ class GroupedQueryAttention:
         if self.norms:
             dq, dk = (norm.backward(d) for norm, d in zip(self.norms, (dq, dk)))
         B, T = dy.shape[:2]
-        dqkv = devices.module_of(dq).concatenate(  # (B, T, (H + 2·Hkv)·hd), as the forward's
-            [d.reshape(B, T, -1) for d in (dq, dk, dv)], axis=-1)
+        dqkv = _empty_like(dq, (B, T, self.qkv.w.shape[0]))  # dq, dk, dv side by side, as qkv
+        start = 0
+        for d in (dq, dk, dv):
+            dqkv[..., start:start + d[0, 0].size] = d.reshape(B, T, -1)
+            start += d[0, 0].size
         return self.qkv.backward(dqkv)
 
 
@@ -677,6 +682,15 @@ class Block:
             return (self.ln_1, a, a.c_attn, a.c_proj, self.ln_2, m, m.c_fc, m.c_proj)
         return (self.ln_1, a, a.qkv, a.o_proj, *a.norms, self.ln_2, m, m.gate_proj, m.up_proj,
                 m.down_proj)
+
+
+def _empty_like(a, shape):
+    """An uninitialised float32 array of shape on a's device: inside a TrainStep, the one its
+    plan holds at this place (a step allocates nothing once recorded), as pytfm.ops' outputs."""
+    plan = _arrays._CURRENT.plan if is_cupy(a) else None
+    if plan is None:
+        return devices.module_of(a).empty(shape, np.float32)
+    return plan.take(devices.module_of(a), shape, np.float32)
 
 
 def _address(a):  # where a's first element is, on its device

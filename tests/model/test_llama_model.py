@@ -326,3 +326,37 @@ def test_the_thread_rule_holds():
     thread.start()
     thread.join()
     assert "is being trained by thread" in got["error"] and got["decoded"] == (1, 6, 61)
+
+
+def test_a_train_step_on_the_gpu_path_replays_as_a_graph_with_the_loops_bits(emu, monkeypatch):
+    """pytfm.train_step.TrainStep on a Llama model (q/k norms, biases, a window), on the
+    emulated CUDA kernels: each call the bits of the loop it replaces, a CUDA graph from the
+    third call on, and no array made once the first has recorded the step."""
+    import fake_cupy
+    from pytfm.optim import AdamW, clip_grad_norm
+    from pytfm.train_step import TrainStep
+
+    cp = fake_cupy.install(monkeypatch, emu, strict=True)
+    cfg = GPTConfig(vocab=32, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=40,
+                    max_seq=12, arch="llama", qk_norm=True, qkv_bias=True, sliding_window=5,
+                    tie_embeddings=False)
+    (loop, loop_opt), (model, opt) = [
+        (m, AdamW(m.params, m.grads, lr=1e-2, weight_decay=0.1))
+        for m in (GPT(cfg, device="cuda"), GPT(cfg, device="cuda"))]
+    step = TrainStep(model, opt, max_norm=0.5)
+    modes = []
+    for i, lr in enumerate((3e-2, 1e-2, 2e-2, 5e-3)):
+        x, y = tokens(32, (2, 12), 20 + i), tokens(32, (2, 12), 30 + i)
+        loop.zero_grad()
+        _, want = loop.forward(cp.asarray(x), cp.asarray(y))
+        loop.backward()
+        clip_grad_norm(loop.grads, 0.5)
+        loop_opt.step(lr)
+        made = cp.allocations()
+        got = step(x, y, lr)
+        modes.append(step.mode)
+        assert i == 0 or cp.allocations() == made, (i, step.mode)
+        assert fake_cupy._asnumpy(got).tobytes() == fake_cupy._asnumpy(want).tobytes(), i
+        for ours, theirs in ((model.params, loop.params), (opt.m, loop_opt.m)):
+            assert (fake_cupy._asnumpy(ours.buffer) == fake_cupy._asnumpy(theirs.buffer)).all()
+    assert modes == ["record", "replay", "graph", "graph"], step.graph_error
