@@ -1,5 +1,13 @@
 """pytfm.nn — a GPT built from pytfm's kernels, with hand-written backward passes.
 
+Two families, one model: GPT(cfg) builds GPT-2's decoder (cfg.arch "gpt": LayerNorm,
+CausalSelfAttention, a GELU MLP) or the Llama family's (arch "llama": RMSNorm,
+GroupedQueryAttention with RoPE, a SwiGLU MLP; Llama, Qwen 2 and 3, Mistral; docs/llama.md).
+Only Block's four layers and the final norm differ; the skeleton (embedding -> blocks -> norm ->
+LM head -> loss), backward(), the KV-cache decode, devices, precisions and checkpoints are one
+piece of code. One class rather than a second one beside it, so that a reader follows a single
+forward and backward and sees a family as the configuration it is, not as a copy to diff.
+
 Each layer is a small class: forward() keeps what backward() needs in one attribute,
 self.saved, and backward(dy), right below it, reads it, returns the gradient of its input and
 ACCUMULATES the gradients of its parameters. There is no autograd. forward(..., save=False)
@@ -10,10 +18,12 @@ GPT.attention_probs, which shows the attention weights of a short input.
 
 All parameters live in one dict, model.params, and their gradients in model.grads, keyed by
 the names a PyTorch GPT-2 (nanoGPT) state dict uses: transformer.wte.weight,
-transformer.h.0.attn.c_attn.weight, ... Layers hold references to those arrays, which are only
-ever updated in place. Both dicts are FlatDicts: every array is a view into one flat buffer
-(model.params.buffer, model.grads.buffer; matrices first, then vectors), so that zeroing the
-gradients, clipping them, AdamW's step and a data-parallel all-reduce each take one call.
+transformer.h.0.attn.c_attn.weight, ... (for the Llama family, transformers'
+LlamaForCausalLM's: model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight, ...).
+Layers hold references to those arrays, which are only ever updated in place. Both dicts are
+FlatDicts: every array is a view into one flat buffer (model.params.buffer, model.grads.buffer;
+matrices first, then vectors), so that zeroing the gradients, clipping them, AdamW's step and a
+data-parallel all-reduce each take one call.
 
 Devices: GPT(cfg, device="cuda") (or model.to("cuda")) keeps every array on the GPU as a CuPy
 array, and each op runs its CUDA twin (pytfm.ops picks the backend from the arrays); model.device
@@ -39,7 +49,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import _core, ops
+from . import _arrays, _core, ops
 from . import device as devices
 from ._arrays import arange, as_bool, check_index_arrays, is_array, is_cupy
 from ._core import precision_code
@@ -195,19 +205,30 @@ def _aligned_zeros(n):  # -> float32 [n], zeros, its first element 64-byte align
     return raw[start:start + n]
 
 
+# The Llama family's k and v projections follow q's with no padding between them (weights and
+# biases), so that the three are one matrix [(H + 2·Hkv)·hd, C] in the buffer, multiplied in one
+# product (pytfm_model_param puts them in that order)
+JOINED = ("self_attn.k_proj.weight", "self_attn.v_proj.weight",
+          "self_attn.k_proj.bias", "self_attn.v_proj.bias")
+
+
 def flat_layout(shapes):
     """{name: (offset, shape)} for (name, shape) pairs: where each array lies in one flat
     buffer, and the buffer's size. The matrices (ndim >= 2, the parameters AdamW decays) come
     first and the vectors after them, so that each group is one span of the buffer; within a
-    group, the order given. Each offset is a multiple of ALIGN; the few floats of padding
-    between views stay zero through every step (their gradient is zero)."""
+    group, the order given. Each offset is a multiple of ALIGN, but for a name ending in one of
+    JOINED, which starts where the array before it ends; the few floats of padding between
+    views stay zero through every step (their gradient is zero)."""
     shapes = list(shapes)
-    layout, offset = {}, 0
+    layout, offset, end = {}, 0, 0
     for decayed in (True, False):
         for name, shape in shapes:
             if (len(shape) >= 2) == decayed:
+                if name.endswith(JOINED):
+                    offset = end
                 layout[name] = (offset, tuple(shape))
-                offset += -(-math.prod(shape) // ALIGN) * ALIGN
+                end = offset + math.prod(shape)
+                offset = -(-end // ALIGN) * ALIGN
     return {name: layout[name] for name, _ in shapes}, offset  # in the order given
 
 
@@ -298,6 +319,16 @@ class Parameters:
             p.fill(1.0)
         return p, self.grads[name]
 
+    def joined(self, names):
+        """The parameters `names`, adjacent in the buffer (see JOINED) and of one row width,
+        as one array [Σ rows, cols] (or [Σ size] for vectors) -> (its view, its gradient's)."""
+        layout = self.params.layout
+        (first, shape), (last, last_shape) = layout[names[0]], layout[names[-1]]
+        end = last + math.prod(last_shape)
+        assert end - first == sum(math.prod(self.params[n].shape) for n in names), names
+        return tuple(flat.buffer[first:end].reshape((-1,) + shape[1:])
+                     for flat in (self.params, self.grads))
+
 
 class Linear:
     """y = x·wᵀ + b, w [out, in] as torch.nn.Linear.weight. tied: an Embedding whose table
@@ -331,6 +362,25 @@ class Linear:
         dx, _, _ = ops.linear_backward(dy, x, self.w, has_bias, dw=self.dw, db=self.db,
                                        precision=self.precision)
         return dx
+
+
+class JoinedLinear(Linear):
+    """Linears of one input whose weights [out_i, in] (and biases [out_i]) are adjacent in the
+    flat buffer (see JOINED), read as one Linear of [Σ out_i, in]: one product gives every
+    output side by side, y = x·[W_0; W_1; ...]ᵀ (the Llama family's q, k and v, measured
+    twice as fast in one product as in three on the CPU). The parameters keep their own
+    names and init (normal(0, std) weights, zero biases)."""
+
+    def __init__(self, P, names, n_in, n_outs, std=0.02, bias=True):
+        for name, n_out in zip(names, n_outs):
+            P.add(f"{name}.weight", (n_out, n_in), std)
+        self.w, self.dw = P.joined([f"{name}.weight" for name in names])
+        if bias:
+            for name, n_out in zip(names, n_outs):
+                P.add(f"{name}.bias", (n_out,))
+        self.b, self.db = P.joined([f"{name}.bias" for name in names]) if bias else (None, None)
+        self.saved = None
+        self.precision = "fp32"
 
 
 class Embedding:
@@ -388,6 +438,26 @@ class LayerNorm:
         return dx
 
 
+class RMSNorm:
+    """The Llama family's norm: y = x / sqrt(mean(x²) + eps) · w, no bias, no mean removed."""
+
+    def __init__(self, P, name, dim, eps):
+        self.w, self.dw = P.add(f"{name}.weight", (dim,))
+        self.eps = eps
+        self.saved = None
+
+    def forward(self, x, save=True):  # (..., dim) -> (..., dim)
+        y, rstd = ops.rmsnorm_forward(x, self.w, self.eps)
+        if save:
+            self.saved = (x, rstd)
+        return y
+
+    def backward(self, dy):  # (..., dim) -> (..., dim)
+        x, rstd = self.saved
+        dx, _ = ops.rmsnorm_backward(dy, x, self.w, rstd, dw=self.dw)
+        return dx
+
+
 class CausalSelfAttention:
     """Fused QKV projection, causal multi-head attention (RoPE on q, k when pos='rope'),
     output projection."""
@@ -436,19 +506,90 @@ class CausalSelfAttention:
         return self.c_attn.backward(dqkv.reshape(dy.shape[:2] + (-1,)))
 
 
-def attention_probs(q, k, lse):  # [B, T, H, D] x2, lse [B, H, T] -> P [B, H, T, T]
+class GroupedQueryAttention:
+    """The Llama family's attention: q, k and v projections (one product, JoinedLinear) of
+    n_head query heads and n_kv_head key/value heads of head_dim (biases with qkv_bias); with
+    qk_norm an RMSNorm of each head of q and of k (Qwen 3); RoPE in the rotate-half layout, by
+    the angles pos · inv_freq (the model's table, ops.rope_inv_freq); causal attention in which
+    query head h reads key/value head h // (n_head / n_kv_head), within the last
+    sliding_window keys when it is not 0 (Mistral); the output projection o_proj."""
+
+    def __init__(self, P, name, cfg, inv_freq, proj_std):
+        C, H, Hkv, hd = cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.H, self.Hkv, self.hd, self.window = H, Hkv, hd, cfg.sliding_window
+        self.qkv = JoinedLinear(P, [f"{name}.{x}_proj" for x in "qkv"], C,
+                                (H * hd, Hkv * hd, Hkv * hd), bias=cfg.qkv_bias)
+        self.o_proj = Linear(P, f"{name}.o_proj", H * hd, C, std=proj_std, bias=False)
+        self.norms = tuple(RMSNorm(P, f"{name}.{x}_norm", hd, cfg.norm_eps)
+                           for x in "qk") if cfg.qk_norm else ()
+        self.inv_freq = inv_freq  # float32 (hd/2,), on the model's device
+        self.saved = None
+        self.probe = None  # as CausalSelfAttention's
+        self.precision = "fp32"  # as CausalSelfAttention's
+
+    _precision = CausalSelfAttention._precision
+
+    def forward(self, x, pos, save=True, cache=None):  # (B, T, C), int64 (T,) -> (B, T, C)
+        """With a KV cache (of n_kv_head heads): as CausalSelfAttention.forward."""
+        save = save and cache is None
+        B, T, _ = x.shape
+        H, Hkv, hd = self.H, self.Hkv, self.hd
+        qkv = self.qkv.forward(x, save)  # (B, T, (H + 2·Hkv)·hd): q, k, v side by side
+        ends = (0, H * hd, (H + Hkv) * hd, (H + 2 * Hkv) * hd)
+        q, k, v = (_empty_like(qkv, (B, T, (b - a) // hd, hd))  # (B, T, H or Hkv, hd): each
+                   for a, b in zip(ends, ends[1:]))             # contiguous for the kernels
+        for part, a, b in zip((q, k, v), ends, ends[1:]):
+            part.reshape(B, T, b - a)[...] = qkv[..., a:b]
+        if self.norms:
+            q, k = (norm.forward(a, save) for norm, a in zip(self.norms, (q, k)))
+        q, k = (ops.rope_freq_forward(a, pos, self.inv_freq) for a in (q, k))
+        if cache is not None:
+            o = cache.attend(q, k, v)
+        else:
+            o, lse = ops.attention_forward(q, k, v, causal=True, window=self.window,
+                                           precision=self._precision(q))  # (B, T, H, hd)
+            if save:
+                self.saved = (q, k, v, o, lse, pos)
+            probe = self.probe
+            if probe is not None and threading.get_ident() in probe:
+                probe[threading.get_ident()].append((q, k, lse, self.window))
+        return self.o_proj.forward(o.reshape(B, T, H * hd), save)
+
+    def backward(self, dy):  # (B, T, C) -> (B, T, C)
+        q, k, v, o, lse, pos = self.saved
+        do = self.o_proj.backward(dy).reshape(o.shape)  # (B, T, H, hd)
+        dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, causal=True,
+                                            window=self.window, precision=self._precision(q))
+        dq, dk = (ops.rope_freq_backward(d, pos, self.inv_freq) for d in (dq, dk))
+        if self.norms:
+            dq, dk = (norm.backward(d) for norm, d in zip(self.norms, (dq, dk)))
+        B, T = dy.shape[:2]
+        dqkv = _empty_like(dq, (B, T, self.qkv.w.shape[0]))  # dq, dk, dv side by side, as qkv
+        start = 0
+        for d in (dq, dk, dv):
+            dqkv[..., start:start + d[0, 0].size] = d.reshape(B, T, -1)
+            start += d[0, 0].size
+        return self.qkv.backward(dqkv)
+
+
+def attention_probs(q, k, lse, window=0):  # [B, T, H, D], [B, T, Hkv, D], [B, H, T] -> P
     """The causal attention weights ops.attention_forward(q, k, v) used, rebuilt from its q, k
     and the lse it returned (the kernel never stores them): P[b, h, t, s] = exp(scale·q_t·k_s −
     lse_t) for s <= t and 0 for s > t, scale = 1/sqrt(D) (the kernel's default). Each row sums
     to 1 because lse_t = log Σ_{s<=t} exp(scale·q_t·k_s). Computed in float64, returned as
     float32; [B, H, T, T] floats: for short inputs. Device arrays are copied to the host
-    first: the maps are for analysis, and come back as NumPy arrays."""
+    first: the maps are for analysis, and come back as NumPy arrays. Grouped-query heads (k of
+    Hkv heads) and a sliding window (window > 0: keys s <= t - window get 0) as the kernel's."""
     q, k, lse = (devices.to_host(a) for a in (q, k, lse))
-    T, D = q.shape[1], q.shape[3]
+    T, H, D = q.shape[1:]
+    if k.shape[2] != H:
+        k = np.repeat(k, H // k.shape[2], axis=2)  # query head h reads key head h // (H / Hkv)
     scores = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k.astype(np.float64))
     scores /= math.sqrt(D)
     scores -= lse[..., None]
     scores[..., np.triu(np.ones((T, T), bool), k=1)] = -np.inf  # s > t: the causal mask
+    if window:
+        scores[..., np.tril(np.ones((T, T), bool), k=-window)] = -np.inf  # s <= t - window
     return np.exp(scores, out=scores).astype(np.float32)  # (in place: a float64 copy at most)
 
 
@@ -469,12 +610,49 @@ class MLP:
         return self.c_fc.backward(ops.gelu_backward(self.c_proj.backward(dy), h))
 
 
+class SwiGLU:
+    """The Llama family's MLP: down_proj(silu(gate_proj(x)) · up_proj(x)), hidden width d_ff.
+    gate and up are two products, though adjacent in the buffer: one product of [2·d_ff, C]
+    would need its output's halves copied out to be contiguous for the SwiGLU kernel, and
+    measured slower on the CPU."""
+
+    def __init__(self, P, name, cfg, proj_std):
+        C, F = cfg.d_model, cfg.d_ff
+        self.gate_proj = Linear(P, f"{name}.gate_proj", C, F, bias=False)
+        self.up_proj = Linear(P, f"{name}.up_proj", C, F, bias=False)
+        self.down_proj = Linear(P, f"{name}.down_proj", F, C, std=proj_std, bias=False)
+        self.saved = None
+
+    def forward(self, x, save=True):  # (B, T, C) -> (B, T, C)
+        g, u = self.gate_proj.forward(x, save), self.up_proj.forward(x, save)  # (B, T, F) each
+        if save:
+            self.saved = (g, u)
+        return self.down_proj.forward(ops.swiglu_forward(g, u), save)
+
+    def backward(self, dy):  # (B, T, C) -> (B, T, C)
+        g, u = self.saved
+        dg, du = ops.swiglu_backward(self.down_proj.backward(dy), g, u)
+        dx = self.gate_proj.backward(dg)  # fresh: add up's in place
+        dx += self.up_proj.backward(du)
+        return dx
+
+
 class Block:
     """Pre-norm residual block: x + attn(ln_1(x)), then + mlp(ln_2(.)). It saves nothing of
-    its own (the residual adds need nothing); its four layers save theirs."""
+    its own (the residual adds need nothing); its four layers save theirs. Which four is the
+    family's, cfg.arch: GPT-2's LayerNorm, CausalSelfAttention, LayerNorm, MLP (under
+    transformer.h.i.), or the Llama family's RMSNorm, GroupedQueryAttention, RMSNorm, SwiGLU
+    (under model.layers.i., inv_freq the model's RoPE table)."""
 
-    def __init__(self, P, name, cfg):
+    def __init__(self, P, name, cfg, inv_freq=None):
         proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale residual projections
+        if cfg.arch == "llama":
+            C, eps = cfg.d_model, cfg.norm_eps
+            self.ln_1 = RMSNorm(P, f"{name}.input_layernorm", C, eps)
+            self.attn = GroupedQueryAttention(P, f"{name}.self_attn", cfg, inv_freq, proj_std)
+            self.ln_2 = RMSNorm(P, f"{name}.post_attention_layernorm", C, eps)
+            self.mlp = SwiGLU(P, f"{name}.mlp", cfg, proj_std)
+            return
         self.ln_1 = LayerNorm(P, f"{name}.ln_1", cfg.d_model)
         self.attn = CausalSelfAttention(P, f"{name}.attn", cfg, proj_std)
         self.ln_2 = LayerNorm(P, f"{name}.ln_2", cfg.d_model)
@@ -497,13 +675,46 @@ class Block:
         dx += dh
         return dx
 
+    def layers(self):
+        """Its layers and theirs, each once."""
+        a, m = self.attn, self.mlp
+        if isinstance(a, CausalSelfAttention):
+            return (self.ln_1, a, a.c_attn, a.c_proj, self.ln_2, m, m.c_fc, m.c_proj)
+        return (self.ln_1, a, a.qkv, a.o_proj, *a.norms, self.ln_2, m, m.gate_proj, m.up_proj,
+                m.down_proj)
+
+
+def _empty_like(a, shape):
+    """An uninitialised float32 array of shape on a's device: inside a TrainStep, the one its
+    plan holds at this place (a step allocates nothing once recorded), as pytfm.ops' outputs."""
+    plan = _arrays._CURRENT.plan if is_cupy(a) else None
+    if plan is None:
+        return devices.module_of(a).empty(shape, np.float32)
+    return plan.take(devices.module_of(a), shape, np.float32)
+
+
+def _address(a):  # where a's first element is, on its device
+    return a.data.ptr if is_cupy(a) else a.ctypes.data
+
+
+def _moved(a, flats, device):
+    """The array a of a layer, on device: the same span of the new buffer when a is a view into
+    one of the old ones (flats: (old FlatDict, new FlatDict) pairs; a parameter, a gradient or
+    a span of several, JoinedLinear's), else a copy (a constant table: RoPE's inv_freq)."""
+    for old, new in flats:
+        start = _address(a) - _address(old.buffer)
+        if is_cupy(a) == is_cupy(old.buffer) and 0 <= start < 4 * old.buffer.size:
+            return new.buffer[start // 4:start // 4 + a.size].reshape(a.shape)
+    return devices.to_device(a, device)
+
 
 def sinusoidal_positions(T, d):  # (T, d): sin on even features, cos on odd (Vaswani et al.)
     return ops.sinusoidal_positions(T, d)  # the C model's table: the same bits
 
 
 class GPT:
-    """Decoder-only transformer: embedding → n_layer blocks → LayerNorm → LM head.
+    """Decoder-only transformer: embedding → n_layer blocks → LayerNorm (RMSNorm for the Llama
+    family) → LM head; the blocks are cfg.arch's (see Block).
 
     device: "cpu" (NumPy arrays, the C kernels) or "cuda" (CuPy arrays on the current GPU, the
     CUDA kernels; pytfm.device.CudaUnavailable says why when the GPU cannot be used). The
@@ -525,26 +736,44 @@ class GPT:
     def __init__(self, cfg, device="cpu", precision="fp32"):
         if not isinstance(cfg, GPTConfig):
             raise TypeError(f"cfg must be a pytfm.nn.GPTConfig, got {type(cfg).__name__}")
-        if cfg.arch != "gpt":
-            raise NotImplementedError(f"pytfm.nn.GPT builds GPT blocks (arch 'gpt') only, "
-                                      f"not arch {cfg.arch!r}")
         devices.array_module(device)  # a bad name or an unusable GPU fails before any work
         self.cfg = cfg
         self._trainer, self._trainer_lock = None, threading.Lock()  # see the module's "Threads"
         P = Parameters(cfg)
-        self.wte = Embedding(P, "transformer.wte", cfg.vocab, cfg.d_model)
-        self.wpe = (LearnedPositions(P, "transformer.wpe", cfg.max_seq, cfg.d_model)
-                    if cfg.pos == "learned" else None)
-        sinusoidal = cfg.pos == "sinusoidal"
-        self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) if sinusoidal else None
-        self.blocks = [Block(P, f"transformer.h.{i}", cfg) for i in range(cfg.n_layer)]
-        self.ln_f = LayerNorm(P, "transformer.ln_f", cfg.d_model)
-        self.lm_head = Linear(P, "lm_head", cfg.d_model, cfg.vocab, bias=False,
-                              tied=self.wte if cfg.tie_embeddings else None)
+        if cfg.arch == "llama":
+            self._llama(P)
+        else:
+            self.wte = Embedding(P, "transformer.wte", cfg.vocab, cfg.d_model)
+            self.wpe = (LearnedPositions(P, "transformer.wpe", cfg.max_seq, cfg.d_model)
+                        if cfg.pos == "learned" else None)
+            sinusoidal = cfg.pos == "sinusoidal"
+            self.pe = sinusoidal_positions(cfg.max_seq, cfg.d_model) if sinusoidal else None
+            self.blocks = [Block(P, f"transformer.h.{i}", cfg) for i in range(cfg.n_layer)]
+            self.ln_f = LayerNorm(P, "transformer.ln_f", cfg.d_model)
+            self.lm_head = Linear(P, "lm_head", cfg.d_model, cfg.vocab, bias=False,
+                                  tied=self.wte if cfg.tie_embeddings else None)
         self.params, self.grads = P.params, P.grads
         self.saved, self.device, self.xp, self.precision = None, "cpu", np, "fp32"
         self.to(device)
         self.set_precision(precision)
+
+    def _llama(self, P):
+        """The Llama family's model (the rest of __init__ for arch "llama"): the same
+        attributes as a GPT's (wte, blocks, ln_f, lm_head), of the family's layers, under
+        transformers' LlamaForCausalLM names; no position table (RoPE is in the attention)."""
+        cfg = self.cfg
+        scaling = None if cfg.rope_scaling is None else {
+            "rope_type": cfg.rope_scaling, "factor": cfg.rope_factor,
+            "low_freq_factor": cfg.rope_low_freq_factor,
+            "high_freq_factor": cfg.rope_high_freq_factor,
+            "original_max_position_embeddings": cfg.rope_original_max_pos}
+        inv_freq = ops.rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling)  # (head_dim/2,)
+        self.wte = Embedding(P, "model.embed_tokens", cfg.vocab, cfg.d_model)
+        self.wpe = self.pe = None
+        self.blocks = [Block(P, f"model.layers.{i}", cfg, inv_freq) for i in range(cfg.n_layer)]
+        self.ln_f = RMSNorm(P, "model.norm", cfg.d_model, cfg.norm_eps)
+        self.lm_head = Linear(P, "lm_head", cfg.d_model, cfg.vocab, bias=False,
+                              tied=self.wte if cfg.tie_embeddings else None)
 
     def set_precision(self, precision):
         """The precision of the linear layers' products from now on ("fp32" or "bf16", see
@@ -556,7 +785,7 @@ class GPT:
         if precision != self.precision:
             self._claim("set_precision")  # a forward in flight elsewhere would mix precisions
         for layer in self._layers():
-            if isinstance(layer, (Linear, CausalSelfAttention)):
+            if isinstance(layer, (Linear, CausalSelfAttention, GroupedQueryAttention)):
                 layer.precision = precision
         self.precision = precision
         return self
@@ -576,12 +805,15 @@ class GPT:
         self._claim("to")
         params, grads = self.params.to(device), self.grads.to(device)
         moved = {}  # id of an old array -> the array that replaces it
-        for old, new in ((self.params, params), (self.grads, grads)):
+        flats = ((self.params, params), (self.grads, grads))
+        for old, new in flats:
             moved.update((id(old[name]), new[name]) for name in old)
             old.stale = True
         for layer in self._layers():
             for attr, value in list(vars(layer).items()):
-                if id(value) in moved:
+                if is_array(value):
+                    if id(value) not in moved:  # a span of parameters, or a constant table
+                        moved[id(value)] = _moved(value, flats, device)
                     setattr(layer, attr, moved[id(value)])
             layer.saved = None
         self.params, self.grads = params, grads
@@ -596,8 +828,7 @@ class GPT:
         if self.wpe is not None:
             yield self.wpe
         for block in self.blocks:
-            yield from (block.ln_1, block.attn, block.attn.c_attn, block.attn.c_proj,
-                        block.ln_2, block.mlp, block.mlp.c_fc, block.mlp.c_proj)
+            yield from block.layers()
         yield self.ln_f
         yield self.lm_head
 
@@ -775,6 +1006,10 @@ class GPT:
         the model's device."""
         c = self.cfg
         max_len = c.max_seq if max_len is None else min(max_len, c.max_seq)
+        if c.arch == "llama":  # n_kv_head heads of head_dim, the sliding window
+            return [KVCache(batch, max_len, c.n_head, c.head_dim, device=self.device,
+                            n_kv_head=c.n_kv_head, window=c.sliding_window)
+                    for _ in range(c.n_layer)]
         return [KVCache(batch, max_len, c.n_head, c.d_model // c.n_head, device=self.device)
                 for _ in range(c.n_layer)]
 
@@ -798,16 +1033,24 @@ class GPT:
                             f"{type(caches).__name__}")
         if len(caches) != c.n_layer:
             raise ValueError(f"GPT.decode: caches must be a list of {want}, got {len(caches)}")
+        heads = "n_head"
         shape = (batch, c.n_head, c.d_model // c.n_head)
+        if c.arch == "llama":
+            heads, shape = "n_kv_head", (batch, c.n_kv_head, c.head_dim)
         for i, cache in enumerate(caches):
             if not isinstance(cache, KVCache):
                 raise TypeError(f"GPT.decode: caches[{i}] must be a KVCache, got "
                                 f"{type(cache).__name__}")
             B, room, H, D = cache.k.shape
-            if (B, H, D) != shape:
+            if (B, H, D) != shape or cache.n_head != c.n_head:
                 raise ValueError(
-                    f"GPT.decode: caches[{i}] holds (batch, n_head, head_dim) = {(B, H, D)}, but "
-                    f"idx's batch and this model's heads need {shape} (GPT.new_caches({batch}))")
+                    f"GPT.decode: caches[{i}] holds (batch, {heads}, head_dim) = {(B, H, D)} "
+                    f"for {cache.n_head} query heads, but idx's batch and this model's heads "
+                    f"need {shape} for {c.n_head} (GPT.new_caches({batch}))")
+            if cache.window != c.sliding_window:
+                raise ValueError(f"GPT.decode: caches[{i}] has a sliding window of "
+                                 f"{cache.window}, this model {c.sliding_window} "
+                                 f"(GPT.new_caches({batch}))")
             if cache.device != self.device:
                 raise ValueError(f"GPT.decode: caches[{i}] is on {cache.device} but the model is "
                                  f"on {self.device}")
