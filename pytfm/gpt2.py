@@ -204,10 +204,12 @@ def memory_plan(cfg, batch=None, context=None, optimizer=True):
     "adamw" (its two moments, when optimizer), and with batch and context, "activations": what
     a training step keeps for its backward, per layer 16·d_model floats per token (the block's
     input, both LayerNorms' outputs, q, k, v, attention's output, the residual, the MLP's
-    pre-activation and its GELU, 4·d_model each), and for the head its LayerNorm's input and
-    output and the logits twice (themselves and their gradient), plus the first layer's
-    gradients in flight. "total" sums them. The one estimate of a GPT's memory: train_tiny
-    plans with it too. Costs the same for any number of layers."""
+    pre-activation and its GELU, 4·d_model each; for arch "llama" the block's input, both
+    norms' outputs and the residual, 3·(n_head + n_kv_head)·head_dim for q, k, v, their norms'
+    inputs and attention's output, and 3·d_ff for SwiGLU's gate, up and product), and for the
+    head its norm's input and output and the logits twice (themselves and their gradient),
+    plus the first layer's gradients in flight. "total" sums them. The one estimate of a GPT's
+    memory: train_tiny plans with it too. Costs the same for any number of layers."""
     from .nn import param_shapes
 
     def count(n_layer):  # parameters of cfg with n_layer layers
@@ -219,7 +221,9 @@ def memory_plan(cfg, batch=None, context=None, optimizer=True):
         plan["adamw"] = 8 * n
     if batch is not None:
         N, C = batch * (context or cfg.max_seq), cfg.d_model
-        plan["activations"] = 4 * N * (16 * C * cfg.n_layer + 3 * C + 2 * cfg.vocab + 8 * C)
+        layer = 16 * C if cfg.arch == "gpt" else (
+            4 * C + 3 * (cfg.n_head + cfg.n_kv_head) * cfg.head_dim + 3 * cfg.d_ff)
+        plan["activations"] = 4 * N * (layer * cfg.n_layer + 3 * C + 2 * cfg.vocab + 8 * C)
     plan["total"] = sum(plan.values())
     return plan
 

@@ -57,6 +57,9 @@ def folder(tmp_path_factory):
         max_position_embeddings=128, tie_word_embeddings=False)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with torch.no_grad():  # logits far enough apart that greedy picks do not tie in float32
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
     model.eval()
     path = str(tmp_path_factory.mktemp("qwen3") / "model")
     model.save_pretrained(path, safe_serialization=True)
@@ -78,8 +81,9 @@ def test_sample_py_continues_a_prompt_as_transformers_greedy_generate(folder):
     ids = tok.encode(prompt).ids
     assert ids[0] == tok.token_to_id("<|begin_of_text|>")  # the template's BOS, as HF's
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
-                             pad_token_id=0)
+        x = torch.tensor([ids])  # the mask given: HF would infer one from pad_token_id
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24,
+                             do_sample=False, pad_token_id=0)
     assert r.stdout == tok.decode(out[0].tolist(), skip_special_tokens=False) + "\n"
 
 
