@@ -1043,10 +1043,14 @@ class GPT:
                                 f"{type(cache).__name__}")
             B, room, H, D = cache.k.shape
             if (B, H, D) != shape or cache.n_head != c.n_head:
+                have = want_q = ""  # the query heads a grouped cache serves, where they differ
+                if c.arch == "llama":
+                    have = f" for {cache.n_head} query heads"
+                    want_q = f" for {c.n_head} query heads"
                 raise ValueError(
-                    f"GPT.decode: caches[{i}] holds (batch, {heads}, head_dim) = {(B, H, D)} "
-                    f"for {cache.n_head} query heads, but idx's batch and this model's heads "
-                    f"need {shape} for {c.n_head} (GPT.new_caches({batch}))")
+                    f"GPT.decode: caches[{i}] holds (batch, {heads}, head_dim) = {(B, H, D)}"
+                    f"{have}, but idx's batch and this model's heads need {shape}{want_q} "
+                    f"(GPT.new_caches({batch}))")
             if cache.window != c.sliding_window:
                 raise ValueError(f"GPT.decode: caches[{i}] has a sliding window of "
                                  f"{cache.window}, this model {c.sliding_window} "
