@@ -3,7 +3,10 @@
 and refuses every hostile one of tests/model/test_llama_folders.py without a leak or a read
 out of bounds."""
 
+import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +17,8 @@ import pytest
 from helpers import TESTS
 from pytfm import llama
 from pytfm._core import ffi, lib
+from pytfm.checkpoint import CheckpointError
+from pytfm.nn import config_from_c
 
 sys.path.insert(0, os.path.join(TESTS, "model"))
 from test_llama_folders import (  # noqa: E402  (a skip without transformers)
@@ -146,3 +151,121 @@ def test_every_folder_is_read_clean_under_asan_and_ubsan(tmp_path):
     assert lines[:3] == [f"{p}: ok {n}" for p, n in zip(good, counts)]
     assert len(lines) == len(good) + len(hostile)
     assert all(line.startswith("rejected: ") for line in lines[3:])
+
+
+def judged_alike(raw):
+    """raw (a config.json's bytes) through the C parser and through llama.config_from_dict of
+    json.loads(raw): both refuse, or both give the same GPTConfig. A text the C parser refuses
+    as not JSON may be one that json.loads reads leniently (NaN, Infinity, a duplicate key, a
+    byte order mark); there the dict is judged on its own. -> (the C parser's GPTConfig or
+    None, its message)."""
+    out = ffi.new("pytfm_model_config *")
+    took = lib.pytfm_llama_config_parse(out, raw, len(raw), b"config.json") == OK
+    why = "" if took else last_error()
+    assert took or why.startswith("config.json: "), why
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        assert not took, raw  # a text the C parser takes is JSON that Python reads
+        return None, why
+    try:
+        cfg = llama.config_from_dict(doc)
+    except CheckpointError as e:
+        cfg = e
+    if took:
+        assert cfg == config_from_c(out), (raw, cfg)
+        return cfg, why
+    if not why.startswith("config.json: not valid JSON"):
+        assert isinstance(cfg, CheckpointError), (raw, why, cfg)
+    return None, why
+
+
+def test_fuzzing_the_config_parser_for_a_while_finds_nothing(tmp_path_factory, tmp_path):
+    """tests/c_api/fuzz/fuzz_llama_config.c under libFuzzer, ASan and UBSan for a bounded time
+    (PYTFM_FUZZ_SECONDS, default 10), from llama_seeds/ (each family's config.json as
+    transformers writes it) with llama.dict: no crash, leak or trap; then every input it kept
+    is judged alike by the C parser on the text and by llama.config_from_dict on json.loads of
+    it (judged_alike)."""
+    from test_c_checkpoint import build_fuzz_target, fuzz_for_a_while
+
+    exe = build_fuzz_target(tmp_path_factory, "fuzz_llama_config")
+    kept, _ = fuzz_for_a_while(exe, tmp_path, "llama.dict", "llama_seeds",
+                               what="libFuzzer (Llama config.json)")
+    assert kept
+    taken = sum(judged_alike(path.read_bytes())[0] is not None for path in kept)
+    assert taken  # the seeds are taken, and inputs near them
+
+
+def test_every_seed_is_a_config_the_parser_takes():
+    seeds = os.path.join(TESTS, "c_api", "fuzz", "llama_seeds")
+    names = sorted(os.listdir(seeds))
+    assert len(names) >= 12
+    families = set()
+    for name in names:
+        raw = open(os.path.join(seeds, name), "rb").read()
+        cfg, why = judged_alike(raw)
+        assert cfg is not None, (name, why)
+        families.add(json.loads(raw)["model_type"])
+    assert families == {"llama", "qwen2", "qwen3", "mistral"}
+
+
+# every number field of the four families, as (base config, path to the field)
+_LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+               original_max_position_embeddings=8192)
+_SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2)
+_BASES = {
+    "llama": dict(model_type="llama", **_SIZES, head_dim=8, max_position_embeddings=64,
+                  rms_norm_eps=1e-5, rope_theta=5e5, rope_scaling=_LLAMA3, pretraining_tp=1,
+                  attention_dropout=0.0),
+    "qwen2": dict(model_type="qwen2", **_SIZES, use_sliding_window=True, sliding_window=8,
+                  max_window_layers=0, rope_parameters=dict(rope_type="default",
+                                                            rope_theta=1e6)),
+}
+NUMBER_FIELDS = [("llama", (f,)) for f in (*_SIZES, "head_dim", "max_position_embeddings",
+                                          "rms_norm_eps", "rope_theta", "pretraining_tp",
+                                          "attention_dropout")] + \
+    [("llama", ("rope_scaling", f)) for f in _LLAMA3 if f != "rope_type"] + \
+    [("qwen2", (f,)) for f in ("sliding_window", "max_window_layers")] + \
+    [("qwen2", ("rope_parameters", "rope_theta"))]
+PYTFM_NAMES = dict(vocab_size="vocab", hidden_size="d_model", intermediate_size="d_ff",
+                   num_hidden_layers="n_layer", num_attention_heads="n_head",
+                   num_key_value_heads="n_kv_head", max_position_embeddings="max_seq")
+EDGES = ["1e999", "-1e999", "1e-999", "-1e-999", "5e-324", "-5e-324", "-0", "-0.0", "0",
+         "1.7976931348623157e308", "1e308", "9223372036854775807", "9223372036854775808",
+         "-9223372036854775808", "-9223372036854775809", "18446744073709551616",
+         "1" + "0" * 400, "-" + "9" * 400, "1" + "0" * 400 + ".0", "2.0", "2e0",
+         "1" + "0" * 4299, "1" + "0" * 4300]  # Python's limit: 4300 digits
+
+
+@pytest.mark.parametrize("base, field", NUMBER_FIELDS, ids=lambda x: ".".join(x)
+                         if isinstance(x, tuple) else x)
+def test_a_number_at_the_edge_of_int64_or_double_is_judged_alike_from_text_and_dict(base, field):
+    """Each number field at each edge (overflow to inf and underflow to 0 of a double, -0,
+    the smallest subnormal, int64's limits and beyond, integers written as floats, an integer
+    of 4300 digits and one of 4301, past what json.loads reads) spelled in
+    the text: the C parser on the text and llama.config_from_dict on json.loads of it agree,
+    and where they refuse it is a CheckpointError naming the field, never an OSError (strtod's
+    ERANGE) or a crash."""
+    assert judged_alike(json.dumps(_BASES[base]).encode())[0] is not None
+    for edge in EDGES:
+        doc = json.loads(json.dumps(_BASES[base]))
+        inner = doc
+        for key in field[:-1]:
+            inner = inner[key]
+        inner[field[-1]] = "@"
+        raw = json.dumps(doc).replace('"@"', edge).encode()
+        if "e999" in edge:
+            value = json.loads(raw)
+            for key in field:
+                value = value[key]
+            assert math.isinf(value)
+        cfg, why = judged_alike(raw)
+        if len(edge) > 4300:  # not JSON that Python reads: refused as not JSON, on its own
+            assert cfg is None and "4301 digits" in why, why
+            continue
+        if cfg is None:  # the field by its name, or by pytfm's in a rule of the sizes
+            names = f"({field[-1]}|{PYTFM_NAMES.get(field[-1], field[-1])})"
+            assert re.search(names, why), (edge, why)
+            with pytest.raises(CheckpointError, match=names):
+                llama.config_from_dict(json.loads(raw))
