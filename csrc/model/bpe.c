@@ -113,6 +113,13 @@ enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_PREVIOUS, SPLIT_NEXT, SPLIT_CONTIGUO
 /* Metaspace's prepend_scheme */
 enum { PREPEND_NEVER, PREPEND_FIRST, PREPEND_ALWAYS };
 
+/* A step of a byte-level Sequence pre-tokenizer: split every piece by re's matches (invert:
+ * the text between them is what matches), folded by behavior (a SPLIT_ value) */
+typedef struct {
+    pytfm__regex *re;
+    int behavior, invert;
+} pre_step;
+
 struct pytfm_tokenizer {
     int64_t n_tokens, n_merges;
     int32_t eot;
@@ -131,6 +138,8 @@ struct pytfm_tokenizer {
     word_cache *cache;        /* NULL when it could not be allocated: encode merges without it */
     int pretok;               /* the pre-tokenizer: a PRE_ value */
     pytfm__regex *split;      /* PRE_REGEX: the Split's pattern, run by regex.c */
+    pre_step *steps;          /* PRE_STEPS: the split steps, n_steps of them, in order */
+    int n_steps;
     int ignore_merges;        /* model.ignore_merges: a word that is a token is taken whole */
     text_step *norm;          /* the normalizer's steps, n_norm of them (none: no normalizer) */
     int n_norm;
@@ -316,7 +325,7 @@ static const unsigned char *word_end(const unsigned char *p, const unsigned char
  * tests/model/test_tokenizer_regex.py holds to these scanners. The others are the
  * pre-tokenizers of SentencePiece files: none, Metaspace, a Split of a String. */
 enum { PRE_GPT2 = 0, PRE_LLAMA3 = 1, PRE_QWEN2 = 2, PRE_NONE = 3, PRE_METASPACE = 4,
-       PRE_SPLIT = 5, PRE_REGEX = 6 };
+       PRE_SPLIT = 5, PRE_REGEX = 6, PRE_STEPS = 7 };
 static const char *const split_regex[3] = {
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
@@ -836,6 +845,47 @@ static int replace_all(const unsigned char *p, size_t n, const unsigned char *a,
     return 1;
 }
 
+/* Fold the segments seg[2i] .. seg[2i + 1] (i < n; match[i]: the pattern's match, else the
+ * text between) by behavior (a SPLIT_ value) as tokenizers' NormalizedString::split does: the
+ * pieces are written over the segments, their count returned (empty ones left to the caller). */
+static size_t fold_splits(const unsigned char **seg, const unsigned char *match, size_t n,
+                          int behavior) {
+    size_t k = 0;
+    if (behavior == SPLIT_NEXT) { /* folded from the end */
+        int previous = 0;
+        size_t w = n;
+        for (size_t i = n; i-- > 0;) {
+            if (match[i] && !previous && w < n) {
+                seg[2 * w] = seg[2 * i];
+            } else {
+                w--;
+                seg[2 * w] = seg[2 * i];
+                seg[2 * w + 1] = seg[2 * i + 1];
+            }
+            previous = match[i];
+        }
+        memmove(seg, seg + 2 * w, (n - w) * 2 * sizeof *seg);
+        return n - w;
+    }
+    int previous = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int extend = behavior == SPLIT_PREVIOUS     ? match[i] && !previous
+                           : behavior == SPLIT_CONTIGUOUS ? match[i] == previous
+                                                          : 0;
+        if (behavior == SPLIT_REMOVED && match[i]) {
+            /* dropped */
+        } else if (extend && k > 0) {
+            seg[2 * k - 1] = seg[2 * i + 1];
+        } else {
+            seg[2 * k] = seg[2 * i];
+            seg[2 * k + 1] = seg[2 * i + 1];
+            k++;
+        }
+        previous = match[i];
+    }
+    return k;
+}
+
 /* tokenizers' split of p[0..end) at the occurrences of pat[0..np) (left to right, not
  * overlapping; invert: the text between them is what matches), by behavior (a SPLIT_ value):
  * each non-empty piece to encode_word. The segments alternate text and matches; a behavior
@@ -870,41 +920,7 @@ static pytfm_status split_words(const pytfm_tokenizer *t, const unsigned char *p
         seg[2 * n] = q, seg[2 * n + 1] = q + np, match[n++] = (unsigned char)!invert;
         at = q + np;
     }
-    /* fold: pieces are written over the segments, k of them */
-    size_t k = 0;
-    if (status == PYTFM_STATUS_OK && behavior == SPLIT_NEXT) { /* folded from the end */
-        int previous = 0;
-        size_t w = n;
-        for (size_t i = n; i-- > 0;) {
-            if (match[i] && !previous && w < n) {
-                seg[2 * w] = seg[2 * i];
-            } else {
-                w--;
-                seg[2 * w] = seg[2 * i];
-                seg[2 * w + 1] = seg[2 * i + 1];
-            }
-            previous = match[i];
-        }
-        memmove(seg, seg + 2 * w, (n - w) * 2 * sizeof *seg);
-        k = n - w;
-    } else if (status == PYTFM_STATUS_OK) {
-        int previous = 0;
-        for (size_t i = 0; i < n; i++) {
-            const int extend = behavior == SPLIT_PREVIOUS     ? match[i] && !previous
-                               : behavior == SPLIT_CONTIGUOUS ? match[i] == previous
-                                                              : 0;
-            if (behavior == SPLIT_REMOVED && match[i]) {
-                /* dropped */
-            } else if (extend && k > 0) {
-                seg[2 * k - 1] = seg[2 * i + 1];
-            } else {
-                seg[2 * k] = seg[2 * i];
-                seg[2 * k + 1] = seg[2 * i + 1];
-                k++;
-            }
-            previous = match[i];
-        }
-    }
+    const size_t k = status == PYTFM_STATUS_OK ? fold_splits(seg, match, n, behavior) : 0;
     if (status != PYTFM_STATUS_OK) {
         free(seg);
         free(match);
@@ -942,6 +958,104 @@ static pytfm_status regex_words(const pytfm_tokenizer *t, const unsigned char *p
                            "text (a piece of %lld bytes); pytfm stops it rather than hang",
                            (long long)(end - p));
     return PYTFM_STATUS_OK;
+}
+
+/* Segments with their match flags, as a step gathers them: segment i is seg[2i] .. seg[2i + 1] */
+typedef struct {
+    const unsigned char **seg;
+    unsigned char *match;
+    size_t n, cap;
+} seg_list;
+
+static int seg_add(seg_list *l, const unsigned char *a, const unsigned char *b, int is_match) {
+    if (l->n == l->cap) {
+        const size_t cap = l->cap ? 2 * l->cap : 16;
+        const unsigned char **s2 = realloc(l->seg, cap * 2 * sizeof *s2);
+        if (!s2) return 0;
+        l->seg = s2;
+        unsigned char *m2 = realloc(l->match, cap);
+        if (!m2) return 0;
+        l->match = m2;
+        l->cap = cap;
+    }
+    l->seg[2 * l->n] = a;
+    l->seg[2 * l->n + 1] = b;
+    l->match[l->n++] = (unsigned char)is_match;
+    return 1;
+}
+
+/* The segments of p[0..end) by re, as tokenizers' Pattern::find_matches gives them: each match
+ * (empty ones too: they part the text around them in every behavior) and the text between;
+ * invert flips the flags. regex.c's split (regex.h's fields) has returned a gap when a match is
+ * pending after it or the text is done, else a match when the piece ends where the last
+ * non-empty match did, else a gap followed by an empty match. An empty match where no gap ends
+ * (the text's start) is left out: it parts nothing in any behavior. 0 done, -1 too many steps,
+ * -2 out of memory. */
+static int regex_segments(const pytfm__regex *re, const unsigned char *p,
+                          const unsigned char *end, int invert, seg_list *l) {
+    pytfm__regex_split split;
+    pytfm__regex_split_start(&split, re, p, (size_t)(end - p));
+    size_t at = 0, e = 0;
+    for (;;) {
+        const int r = pytfm__regex_split_next(&split, &e);
+        if (r != 1) return r;
+        const int gap = split.pending || split.done || split.match_end != e;
+        int ok = seg_add(l, p + at, p + e, gap ? invert : !invert);
+        if (ok && gap && !split.pending && !split.done) ok = seg_add(l, p + e, p + e, !invert);
+        if (!ok) {
+            pytfm__regex_split_free(&split);
+            return -2;
+        }
+        at = e;
+    }
+}
+
+/* The words of p[0..end) by t->steps (PRE_STEPS), each tokenized into o. Each step splits
+ * every piece the previous one left, as tokenizers' Sequence does; the pieces of a step are
+ * kept in a list (not a recursion per piece), so memory is O(pieces) whatever the steps. */
+static pytfm_status step_words(const pytfm_tokenizer *t, const unsigned char *p,
+                               const unsigned char *end, word_cache *cache, scratch *s,
+                               sink *o) {
+    seg_list cur = {0}, next = {0}, tmp = {0};
+    pytfm_status status = PYTFM_STATUS_OK;
+    int r = seg_add(&cur, p, end, 0) ? 0 : -2;
+    size_t failed = 0; /* the bytes of the piece a regex gave up on */
+    for (int k = 0; r == 0 && k < t->n_steps; k++) {
+        const pre_step *st = &t->steps[k];
+        next.n = 0;
+        for (size_t i = 0; r == 0 && i < cur.n; i++) {
+            tmp.n = 0;
+            r = regex_segments(st->re, cur.seg[2 * i], cur.seg[2 * i + 1], st->invert, &tmp);
+            if (r == -1) failed = (size_t)(cur.seg[2 * i + 1] - cur.seg[2 * i]);
+            const size_t m = r == 0 ? fold_splits(tmp.seg, tmp.match, tmp.n, st->behavior) : 0;
+            for (size_t j = 0; r == 0 && j < m; j++)
+                if (tmp.seg[2 * j + 1] > tmp.seg[2 * j] &&
+                    !seg_add(&next, tmp.seg[2 * j], tmp.seg[2 * j + 1], 0))
+                    r = -2;
+        }
+        const seg_list swap = cur;
+        cur = next;
+        next = swap;
+    }
+    if (r == -2)
+        status = pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                             "pytfm_tokenizer_encode: out of memory in the pre_tokenizer's "
+                             "Sequence");
+    else if (r == -1)
+        status = pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
+                             "pytfm_tokenizer_encode: a Split regex backtracks too much on this "
+                             "text (a piece of %zu bytes); pytfm stops it rather than hang",
+                             failed);
+    for (size_t i = 0; status == PYTFM_STATUS_OK && i < cur.n; i++)
+        status = encode_word(t, cur.seg[2 * i], cur.seg[2 * i + 1] - cur.seg[2 * i], cache, s,
+                             o);
+    free(cur.seg);
+    free(cur.match);
+    free(next.seg);
+    free(next.match);
+    free(tmp.seg);
+    free(tmp.match);
+    return status;
 }
 
 /* Tokenize the piece p[0..end) (no added token in it; normalized) into o. first: the piece
@@ -993,6 +1107,7 @@ static pytfm_status encode_piece(const pytfm_tokenizer *t, const unsigned char *
         return status;
     }
     if (t->pretok == PRE_REGEX) return regex_words(t, p, end, cache, s, o);
+    if (t->pretok == PRE_STEPS) return step_words(t, p, end, cache, s, o);
     while (p < end) {
         const unsigned char *q = t->pretok == PRE_GPT2 ? word_end(p, end)
                                                        : split_end(p, end, t->pretok ==
@@ -1540,6 +1655,8 @@ void pytfm_tokenizer_close(pytfm_tokenizer *tok) {
     free(tok->dec);
     free(tok->pre_str);
     pytfm__regex_free(tok->split);
+    for (int i = 0; i < tok->n_steps; i++) pytfm__regex_free(tok->steps[i].re);
+    free(tok->steps);
     free(tok);
 }
 
@@ -2252,13 +2369,92 @@ static pytfm_status read_post_processor(builder *b, pytfm__json doc) {
                   "of them (pytfm implements no other)");
 }
 
+/* Compile the pattern of a Split (item, at where): its Regex or String, into *re; *kind the
+ * PRE_ value of a hand-scanned Regex, else PRE_REGEX. */
+static pytfm_status split_pattern(builder *b, pytfm__json item, const char *where,
+                                  pytfm__regex **re, int *kind) {
+    pytfm__json v, regex;
+    int literal = 0;
+    *re = NULL;
+    if (!member(item, "pattern", &v) || pytfm__json_kind_of(v) != PYTFM__JSON_OBJECT ||
+        pytfm__json_count(v) != 1 ||
+        !(member(v, "Regex", &regex) || (literal = member(v, "String", &regex))) ||
+        pytfm__json_kind_of(regex) != PYTFM__JSON_STRING)
+        return BAD(b, "%s.pattern must be {\"Regex\": pattern} or {\"String\": text}", where);
+    *kind = PRE_REGEX;
+    for (int k = PRE_GPT2; k <= PRE_QWEN2 && !literal; k++)
+        if (pytfm__json_string_is(regex, split_regex[k])) *kind = k;
+    char *text = malloc(regex.n + 1), err[200];
+    if (!text) return BAD(b, "out of memory");
+    int lone = 0;
+    const size_t n = pytfm__json_string_utf8(regex, text, &lone);
+    *re = lone ? NULL : pytfm__regex_compile(text, n, literal, err, sizeof err);
+    free(text);
+    if (lone) return BAD(b, "%s.pattern holds a lone surrogate", where);
+    if (!*re) return BAD(b, "%s.pattern %s: %s", where, literal ? "String" : "Regex", err);
+    return PYTFM_STATUS_OK;
+}
+
+/* Compile the regex text (a fixed pattern of pytfm's) into step st */
+static pytfm_status fixed_step(builder *b, pre_step *st, const char *text, int behavior) {
+    char err[200];
+    st->re = pytfm__regex_compile(text, strlen(text), 0, err, sizeof err);
+    st->behavior = behavior;
+    st->invert = 0;
+    return st->re ? PYTFM_STATUS_OK : BAD(b, "pre_tokenizer: %s", err);
+}
+
+/* Step st of a Sequence's item i (a Split, Digits or Punctuation) */
+static pytfm_status read_step_item(builder *b, pytfm__json item, int64_t i, pre_step *st) {
+    static const char *const behaviors[5] = {"Removed", "Isolated", "MergedWithPrevious",
+                                             "MergedWithNext", "Contiguous"};
+    char where[64];
+    snprintf(where, sizeof where, "pre_tokenizer.pretokenizers[%lld]: %s", (long long)i,
+             is_type(item, "Punctuation") ? "Punctuation" : "Split");
+    pytfm__json v;
+    if (is_type(item, "Digits")) {
+        const int each = flag(item, "individual_digits", 0);
+        if (each < 0)
+            return BAD(b, "pre_tokenizer.pretokenizers[%lld]: Digits.individual_digits must be "
+                          "true or false", (long long)i);
+        /* Rust's char::is_numeric: the general categories N*; each digit a match */
+        return fixed_step(b, st, "\\p{N}", each ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS);
+    }
+    int behavior = -1;
+    if (is_type(item, "Punctuation") || is_type(item, "Split")) {
+        if (member(item, "behavior", &v))
+            for (int k = 0; k < 5; k++)
+                if (pytfm__json_string_is(v, behaviors[k])) behavior = k;
+        if (is_type(item, "Punctuation") && !member(item, "behavior", &v))
+            behavior = SPLIT_ISOLATED;
+        if (behavior < 0)
+            return BAD(b, "%s.behavior must be Removed, Isolated, MergedWithPrevious, "
+                          "MergedWithNext or Contiguous", where);
+    }
+    if (is_type(item, "Punctuation")) {
+        /* tokenizers' is_punc: Rust's is_ascii_punctuation or a general category P* */
+        return fixed_step(b, st, "[\\p{P}!-/:-@\\[-`{-~]", behavior);
+    }
+    if (!is_type(item, "Split"))
+        return BAD(b, "pre_tokenizer.pretokenizers[%lld]: pytfm implements Split, Digits, "
+                      "Punctuation and a last ByteLevel in a byte-level Sequence", (long long)i);
+    const int invert = flag(item, "invert", 0);
+    if (invert < 0) return BAD(b, "%s.invert must be true or false", where);
+    int kind;
+    PYTFM_TRY(split_pattern(b, item, where, &st->re, &kind));
+    st->behavior = behavior;
+    st->invert = invert;
+    return PYTFM_STATUS_OK;
+}
+
 /* pre_tokenizer: GPT-2's ByteLevel (add_prefix_space false, use_regex true), or a Sequence of
- * a Split (behavior Isolated, invert false) and a ByteLevel that only maps bytes
- * (add_prefix_space false, use_regex false). The Split's pattern is a Regex regex.c compiles
- * (one of split_regex is scanned by hand) or a String; a construct regex.c does not implement
- * is refused by name. */
+ * Splits (a Regex regex.c compiles or a String; any behavior, invert), Digits and Punctuation,
+ * then a ByteLevel with add_prefix_space false (use_regex true: GPT-2's regex splits last).
+ * [Split (Isolated, invert false), ByteLevel (use_regex false)] keeps its fast paths (one of
+ * split_regex is scanned by hand, another regex runs alone); the rest runs as PRE_STEPS, each
+ * step splitting every piece the one before left, as tokenizers' Sequence does. */
 static pytfm_status read_pre_tokenizer(builder *b, pytfm__json doc) {
-    pytfm__json part, list, split, level, v;
+    pytfm__json part, list, item, level, v;
     if (!member(doc, "pre_tokenizer", &part))
         return BAD(b, "pre_tokenizer must be ByteLevel, or a Sequence of Split and ByteLevel");
     if (is_type(part, "ByteLevel")) {
@@ -2271,47 +2467,49 @@ static pytfm_status read_pre_tokenizer(builder *b, pytfm__json doc) {
     if (!is_type(part, "Sequence"))
         return BAD(b, "pre_tokenizer must be ByteLevel, or a Sequence of Split and ByteLevel");
     if (!member(part, "pretokenizers", &list) || pytfm__json_kind_of(list) != PYTFM__JSON_ARRAY ||
-        pytfm__json_count(list) != 2)
-        return BAD(b, "pre_tokenizer: a Sequence must be [Split, ByteLevel] (pytfm implements "
-                      "no other)");
+        pytfm__json_count(list) < 1)
+        return BAD(b, "pre_tokenizer.pretokenizers must be a list ending with ByteLevel");
+    const int64_t n = pytfm__json_count(list);
     pytfm__json_iter it = pytfm__json_iter_of(list);
-    pytfm__json_next(&it, NULL, &split);
-    pytfm__json_next(&it, NULL, &level);
-    if (!is_type(split, "Split") || !is_type(level, "ByteLevel"))
-        return BAD(b, "pre_tokenizer: a Sequence must be [Split, ByteLevel] (pytfm implements "
-                      "no other)");
-    int kind = -1, literal = 0;
-    pytfm__json regex;
-    if (member(split, "pattern", &v) && pytfm__json_kind_of(v) == PYTFM__JSON_OBJECT &&
-        pytfm__json_count(v) == 1 &&
-        (member(v, "Regex", &regex) || (literal = member(v, "String", &regex))) &&
-        pytfm__json_kind_of(regex) == PYTFM__JSON_STRING) {
-        kind = PRE_REGEX;
-        for (int k = PRE_GPT2; k <= PRE_QWEN2 && !literal; k++)
-            if (pytfm__json_string_is(regex, split_regex[k])) kind = k;
+    for (int64_t i = 0; i < n; i++) pytfm__json_next(&it, NULL, &level);
+    if (!is_type(level, "ByteLevel"))
+        return BAD(b, "pre_tokenizer.pretokenizers must end with ByteLevel (a byte-level BPE)");
+    const int use_regex = flag(level, "use_regex", 1);
+    if (flag(level, "add_prefix_space", -1) != 0 || use_regex < 0)
+        return BAD(b, "pre_tokenizer: the ByteLevel ending a Sequence must have "
+                      "add_prefix_space false and use_regex true or false");
+    it = pytfm__json_iter_of(list);
+    pytfm__json_next(&it, NULL, &item);
+    if (n == 2 && use_regex == 0 && is_type(item, "Split") && member(item, "behavior", &v) &&
+        pytfm__json_string_is(v, "Isolated") && flag(item, "invert", 0) == 0) {
+        int kind;
+        PYTFM_TRY(split_pattern(b, item, "pre_tokenizer: Split", &b->t->split, &kind));
+        if (kind != PRE_REGEX) {
+            pytfm__regex_free(b->t->split);
+            b->t->split = NULL;
+        }
+        b->t->pretok = kind;
+        return PYTFM_STATUS_OK;
     }
-    if (kind < 0)
-        return BAD(b, "pre_tokenizer: Split.pattern must be {\"Regex\": pattern} or "
-                      "{\"String\": text}");
-    if (kind == PRE_REGEX) {
-        char *text = malloc(regex.n + 1), err[200];
-        if (!text) return BAD(b, "out of memory");
-        int lone = 0;
-        const size_t n = pytfm__json_string_utf8(regex, text, &lone);
-        b->t->split = lone ? NULL : pytfm__regex_compile(text, n, literal, err, sizeof err);
-        free(text);
-        if (lone) return BAD(b, "pre_tokenizer: Split.pattern holds a lone surrogate");
-        if (!b->t->split)
-            return BAD(b, "pre_tokenizer: Split.pattern %s: %s", literal ? "String" : "Regex",
-                       err);
+    if (n == 1 && use_regex) { /* [ByteLevel] alone: GPT-2's */
+        b->t->pretok = PRE_GPT2;
+        return PYTFM_STATUS_OK;
     }
-    if (!member(split, "behavior", &v) || !pytfm__json_string_is(v, "Isolated") ||
-        flag(split, "invert", 0) != 0)
-        return BAD(b, "pre_tokenizer: Split must have behavior \"Isolated\" and invert false");
-    if (flag(level, "add_prefix_space", -1) != 0 || flag(level, "use_regex", 1) != 0)
-        return BAD(b, "pre_tokenizer: the ByteLevel after a Split must have add_prefix_space "
-                      "false and use_regex false");
-    b->t->pretok = kind;
+    const int64_t n_steps = n - 1 + use_regex;
+    if (n_steps > 64) return BAD(b, "pre_tokenizer.pretokenizers: more than 64 (pytfm's limit)");
+    b->t->steps = calloc((size_t)(n_steps ? n_steps : 1), sizeof *b->t->steps);
+    if (!b->t->steps) return BAD(b, "out of memory");
+    b->t->pretok = PRE_STEPS;
+    it = pytfm__json_iter_of(list);
+    for (int64_t i = 0; i < n - 1; i++) {
+        pytfm__json_next(&it, NULL, &item);
+        b->t->n_steps++; /* counted first: close frees a step's NULL regex too */
+        PYTFM_TRY(read_step_item(b, item, i, &b->t->steps[i]));
+    }
+    if (use_regex) {
+        b->t->n_steps++;
+        PYTFM_TRY(fixed_step(b, &b->t->steps[n - 1], split_regex[PRE_GPT2], SPLIT_ISOLATED));
+    }
     return PYTFM_STATUS_OK;
 }
 

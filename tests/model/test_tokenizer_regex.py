@@ -227,3 +227,126 @@ def test_a_pattern_that_backtracks_exponentially_is_an_error_not_a_hang(tmp_path
     assert len(tok.encode("aaab")) == 2  # it works where it does not explode
     with pytest.raises(ValueError, match="the Split regex backtracks too much on this text"):
         tok.encode("a" * 5000 + "c")
+
+
+# ---- a Sequence of pre-tokenizers: Splits of any behavior, Digits, Punctuation, ByteLevel ----
+
+# DeepSeek V3's tokenizer.json: three Splits (each Isolated), then a ByteLevel without regex
+DEEPSEEK = PATTERNS[2:5]
+BEHAVIORS = ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]
+STEP_PATTERNS = [r"\s+", r"\p{N}", r"x?|a", r"\p{N}{1,3}"]
+STEP_TEXTS = [*FIXED, "12 345 6789 x1x22 abxab", "  xx  x ab a b", "a1b22c333d4444 "]
+
+
+def split_item(pattern, behavior="Isolated", invert=False, kind="Regex"):
+    return {"type": "Split", "pattern": {kind: pattern}, "behavior": behavior,
+            "invert": invert}
+
+
+def byte_level(use_regex):
+    return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+            "use_regex": use_regex}
+
+
+def sequence_pair(tmp_path, items):
+    """(pytfm's tokenizer, tokenizers') of the pair-merging BPE behind a Sequence of items"""
+    d = doc("x")
+    d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": items}
+    text = json.dumps(d)
+    path = tmp_path / "tokenizer.json"
+    path.write_text(text)
+    return Tokenizer.from_tokenizer_json(path), tokenizers.Tokenizer.from_str(text)
+
+
+SEQUENCES = {
+    "deepseek": [*(split_item(p) for p in DEEPSEEK), byte_level(False)],
+    "digits_each": [{"type": "Digits", "individual_digits": True}, byte_level(True)],
+    "digits_runs": [{"type": "Digits", "individual_digits": False}, byte_level(True)],
+    "split_then_gpt2": [split_item(r"\p{N}{1,3}"), byte_level(True)],
+    "punctuation": [{"type": "Punctuation", "behavior": "Contiguous"},
+                    split_item(r"\s+", "MergedWithNext"), byte_level(False)],
+    "string_removed_inverted": [split_item("ab", "Removed", True, "String"),
+                                split_item(LLAMA3), byte_level(False)],
+    "llama3_then_digits": [split_item(LLAMA3), split_item(r"\p{N}", "Isolated"),
+                           split_item(r"[aeiou]", "MergedWithPrevious", True),
+                           byte_level(False)],
+    **{f"{b}_{'inverted' if inv else 'plain'}_{i}": [split_item(p, b, inv), byte_level(False)]
+       for b in BEHAVIORS for inv in (False, True) for i, p in enumerate(STEP_PATTERNS)
+       if (b, inv) != ("Isolated", False)},
+}
+
+
+@pytest.fixture(scope="module")
+def sequences(tmp_path_factory):
+    return {name: sequence_pair(tmp_path_factory.mktemp("seq"), items)
+            for name, items in SEQUENCES.items()}
+
+
+@pytest.mark.parametrize("name", list(SEQUENCES))
+def test_a_sequence_of_pre_tokenizers_gives_tokenizers_ids_on_fixed_texts(sequences, name):
+    ours, theirs = sequences[name]
+    for text in STEP_TEXTS:
+        assert ours.encode(text) == theirs.encode(text).ids, text
+
+
+@settings(max_examples=250, deadline=None)
+@given(text=TEXT, name=st.sampled_from(sorted(SEQUENCES)))
+def test_a_sequence_of_pre_tokenizers_gives_tokenizers_ids_on_unicode_text(sequences, text,
+                                                                            name):
+    ours, theirs = sequences[name]
+    assert ours.encode(text) == theirs.encode(text).ids
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=TEXT)
+def test_deepseeks_three_splits_give_tokenizers_ids(sequences, text):
+    ours, theirs = sequences["deepseek"]
+    assert ours.encode(text) == theirs.encode(text).ids
+
+
+def test_a_long_text_through_three_splits(sequences):
+    """pieces of pieces are kept in lists: a long text is no deep recursion"""
+    ours, theirs = sequences["deepseek"]
+    text = ("中文12345 hello, world!\n\n" * 20_000) + "ab" * 100_000
+    assert ours.encode(text) == theirs.encode(text).ids
+
+
+SEQUENCE_REFUSED = [
+    ([{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True},
+      byte_level(False)], r"pre_tokenizer.pretokenizers\[0\]: pytfm implements Split, Digits"),
+    ([byte_level(False), split_item("a"), byte_level(False)],
+     r"pre_tokenizer.pretokenizers\[0\]: pytfm implements Split"),
+    ([split_item("a"), {"type": "Sequence", "pretokenizers": []}, byte_level(False)],
+     r"pre_tokenizer.pretokenizers\[1\]: pytfm implements Split"),
+    ([split_item("a", "Merged"), byte_level(False)],
+     r"pre_tokenizer.pretokenizers\[0\]: Split.behavior must be Removed, Isolated"),
+    ([split_item("a", "Isolated", "yes"), byte_level(False)],
+     r"pre_tokenizer.pretokenizers\[0\]: Split.invert must be true or false"),
+    ([split_item("a"), split_item(r"(?<=a)b"), byte_level(False)],
+     r"pre_tokenizer.pretokenizers\[1\]: Split.pattern Regex: at byte \d+: lookbehind"),
+    ([split_item("a"), {"type": "Digits", "individual_digits": 1}, byte_level(False)],
+     r"pre_tokenizer.pretokenizers\[1\]: Digits.individual_digits must be true or false"),
+    ([split_item("a", "Contiguous")], r"pre_tokenizer.pretokenizers must end with ByteLevel"),
+    ([split_item("a", "Contiguous"), {**byte_level(False), "add_prefix_space": True}],
+     r"the ByteLevel ending a Sequence must have add_prefix_space false"),
+]
+
+
+@pytest.mark.parametrize("items, message", SEQUENCE_REFUSED,
+                         ids=[str(i) for i in range(len(SEQUENCE_REFUSED))])
+def test_a_sequence_pytfm_cannot_run_is_refused_by_name(tmp_path, items, message):
+    d = doc("x")
+    d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": items}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(TokenizerError, match=message):
+        Tokenizer.from_tokenizer_json(path)
+
+
+def test_a_step_that_backtracks_exponentially_is_an_error_not_a_hang(tmp_path):
+    ours, theirs = sequence_pair(tmp_path, [split_item(r"\s+", "Contiguous"),
+                                            split_item(r"(a*)*b", "Removed"), byte_level(True)])
+    for text in ["x aaab", "x aaabaacaab b"]:  # it works where it does not explode
+        assert ours.encode(text) == theirs.encode(text).ids
+    with pytest.raises(ValueError, match="a Split regex backtracks too much on this text"):
+        ours.encode("x " + "a" * 5000 + "c")
