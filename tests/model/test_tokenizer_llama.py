@@ -278,23 +278,12 @@ REFUSED = [
         {"type": "Split", "pattern": {"Glob": "x"}, "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}},
      r"pre_tokenizer: Split.pattern must be \{\"Regex\": pattern\} or \{\"String\": text\}"),
-    ("Split's behavior", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Removed",
-         "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}},
-     r"pre_tokenizer: Split must have behavior \"Isolated\" and invert false"),
-    ("ByteLevel's use_regex after a Split", {"pre_tokenizer": {
-        "type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated",
-             "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}]}},
-     r"pre_tokenizer: the ByteLevel after a Split must have add_prefix_space false and "
-     r"use_regex false"),
-    ("a Sequence of three", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+    ("a Whitespace in a Sequence", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated",
-         "invert": False}, {"type": "Digits", "individual_digits": True},
+         "invert": False}, {"type": "Whitespace"},
         {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}},
-     r"pre_tokenizer: a Sequence must be \[Split, ByteLevel\]"),
+     r"pre_tokenizer.pretokenizers\[1\]: pytfm implements Split, Digits, Punctuation and a "
+     r"last ByteLevel in a byte-level Sequence"),
     ("a normalized added token not in NFC", {"normalizer": {"type": "NFC"}, "added_tokens": [
         {"id": 265, "content": "<e\u0301>", "single_word": False, "lstrip": False,
          "rstrip": False, "normalized": True, "special": False}]},
