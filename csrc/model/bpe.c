@@ -41,6 +41,7 @@
 #include "json.h"
 #include "regex.h"
 #include "unicode_tables.h"
+#include "utf8.h"
 
 #define ENDOFTEXT "<|endoftext|>"
 enum { ENDOFTEXT_LEN = 13 };
@@ -219,34 +220,6 @@ static void byte_names(uint32_t name[256], int16_t byte_of[324]) {
 
 enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3 };
 
-/* The length of the valid UTF-8 sequence at p[0..n) (n >= 1) and its code point in *cp, or 0
- * when p[0] does not begin one (overlong, surrogate, past U+10FFFF, truncated). */
-static int utf8_at(const unsigned char *p, size_t n, uint32_t *cp) {
-    const unsigned c = p[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    if (c >= 0xC2 && c <= 0xDF) {
-        if (n < 2 || (p[1] & 0xC0) != 0x80) return 0;
-        *cp = (c & 0x1Fu) << 6 | (p[1] & 0x3Fu);
-        return 2;
-    }
-    if (c >= 0xE0 && c <= 0xEF) {
-        if (n < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
-        if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F)) return 0;
-        *cp = (c & 0x0Fu) << 12 | (p[1] & 0x3Fu) << 6 | (p[2] & 0x3Fu);
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        if (n < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
-            return 0;
-        if ((c == 0xF0 && p[1] < 0x90) || (c == 0xF4 && p[1] > 0x8F)) return 0;
-        *cp = (c & 0x07u) << 18 | (p[1] & 0x3Fu) << 12 | (p[2] & 0x3Fu) << 6 | (p[3] & 0x3Fu);
-        return 4;
-    }
-    return 0;
-}
 
 static int class_of(uint32_t cp) {
     size_t lo = 0, hi = PYTFM__UCLASS_RANGES;
@@ -268,7 +241,7 @@ static int char_at(const unsigned char *p, size_t n, size_t *len) {
         return pytfm__uclass_ascii[p[0]];
     }
     uint32_t cp = 0;
-    const int k = utf8_at(p, n, &cp);
+    const int k = pytfm__utf8_at(p, n, &cp);
     if (k == 0) {
         *len = 1;
         return C_OTHER;
@@ -524,7 +497,7 @@ static int nfc(const unsigned char *p, size_t n, unsigned char **out, size_t *ou
     int ok = 1;
     for (i = 0; ok && i < n;) {
         uint32_t cp = 0;
-        const int k = utf8_at(p + i, n - i, &cp);
+        const int k = pytfm__utf8_at(p + i, n - i, &cp);
         ok = k ? nfc_decompose(&o, cp) : nfc_push(&o, NFC_BYTE + p[i]);
         i += k ? (size_t)k : 1;
     }
@@ -679,7 +652,7 @@ static int64_t word_symbols(const pytfm_tokenizer *t, const unsigned char *w, in
     int64_t m = 0;
     for (int64_t k = 0; k < n;) {
         uint32_t cp = 0;
-        const int valid = utf8_at(w + k, (size_t)(n - k), &cp);
+        const int valid = pytfm__utf8_at(w + k, (size_t)(n - k), &cp);
         const int len = valid ? valid : 1;
         const int32_t tok = w[k] < 0x80 ? t->ascii_id[w[k]]
                           : valid     ? vocab_id(t, w + k, (size_t)len)
@@ -1173,7 +1146,7 @@ typedef struct encoder {
 static pytfm_status single_word_unknown(const encoder *x, int32_t tok, const unsigned char *p,
                                         size_t n) {
     uint32_t cp = 0;
-    if (utf8_at(p, n, &cp) == 0) cp = p[0];
+    if (pytfm__utf8_at(p, n, &cp) == 0) cp = p[0];
     return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "pytfm_tokenizer_encode: the added token "
                        "of id %d is single_word, and whether U+%04X next to it is a word "
                        "character (Rust's \\w) is known to pytfm for ASCII, letters and white "
@@ -1708,7 +1681,7 @@ static int64_t unname(const builder *b, const unsigned char *u, size_t n, unsign
     int64_t k = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp = 0;
-        const int len = utf8_at(u + i, n - i, &cp);
+        const int len = pytfm__utf8_at(u + i, n - i, &cp);
         if (len == 0) cp = 0xDC00 | u[i]; /* a lone surrogate from a JSON escape */
         if (len == 0 || cp >= 324 || b->byte_of[cp] < 0) {
             *bad = cp;
@@ -2550,7 +2523,7 @@ static int pattern_member(pytfm__json obj, const char *key, unsigned char **out,
 /* 1 when u[0..n) is one character */
 static int one_char(const unsigned char *u, size_t n) {
     uint32_t cp = 0;
-    return n > 0 && (size_t)utf8_at(u, n, &cp) == n;
+    return n > 0 && (size_t)pytfm__utf8_at(u, n, &cp) == n;
 }
 
 /* Metaspace's prepend_scheme ("always" when absent): a PREPEND_ value, -1 for anything else.

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "unicode_tables.h"
+#include "utf8.h"
 
 enum {
     MAX_DEPTH = 64,          /* groups and classes nested in a pattern */
@@ -50,40 +51,12 @@ enum {
 
 /* ---- UTF-8 and the classes ------------------------------------------------------------------ */
 
-/* The length of the valid UTF-8 sequence at p[0..n) (n >= 1) and its code point in *cp, or 0
- * when p[0] begins none (overlong, surrogate, past U+10FFFF, truncated). */
-static int utf8_at(const unsigned char *p, size_t n, uint32_t *cp) {
-    const unsigned c = p[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    if (c >= 0xC2 && c <= 0xDF) {
-        if (n < 2 || (p[1] & 0xC0) != 0x80) return 0;
-        *cp = (c & 0x1Fu) << 6 | (p[1] & 0x3Fu);
-        return 2;
-    }
-    if (c >= 0xE0 && c <= 0xEF) {
-        if (n < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
-        if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F)) return 0;
-        *cp = (c & 0x0Fu) << 12 | (p[1] & 0x3Fu) << 6 | (p[2] & 0x3Fu);
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        if (n < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
-            return 0;
-        if ((c == 0xF0 && p[1] < 0x90) || (c == 0xF4 && p[1] > 0x8F)) return 0;
-        *cp = (c & 0x07u) << 18 | (p[1] & 0x3Fu) << 12 | (p[2] & 0x3Fu) << 6 | (p[3] & 0x3Fu);
-        return 4;
-    }
-    return 0;
-}
 
 /* The character of text at pos (pos < size), *len its bytes: a byte that begins no valid
  * sequence is one character, U+DC00 + the byte (Python's surrogateescape; category Cs). */
 static uint32_t char_at(const unsigned char *text, size_t size, size_t pos, size_t *len) {
     uint32_t cp = 0;
-    const int k = utf8_at(text + pos, size - pos, &cp);
+    const int k = pytfm__utf8_at(text + pos, size - pos, &cp);
     *len = k ? (size_t)k : 1;
     return k ? cp : 0xDC00u + text[pos];
 }
@@ -94,7 +67,7 @@ static size_t char_before(const unsigned char *text, size_t lo, size_t q) {
     size_t c = q - 1;
     while (c > lo && q - c < 4 && (text[c] & 0xC0) == 0x80) c--;
     uint32_t cp = 0;
-    return utf8_at(text + c, q - c, &cp) == (int)(q - c) ? c : q - 1;
+    return pytfm__utf8_at(text + c, q - c, &cp) == (int)(q - c) ? c : q - 1;
 }
 
 static int gc_of(uint32_t cp) {
@@ -482,7 +455,7 @@ static int parse_escape(parser *ps, int32_t s, uint32_t *cp, int icase, int in_c
 /* a literal character of the pattern (UTF-8) */
 static int literal_char(parser *ps, uint32_t *cp) {
     uint32_t v;
-    const int k = utf8_at(ps->p, (size_t)(ps->end - ps->p), &v);
+    const int k = pytfm__utf8_at(ps->p, (size_t)(ps->end - ps->p), &v);
     if (k == 0) return fail(ps, "the pattern is not UTF-8");
     ps->p += k;
     *cp = v;
