@@ -19,15 +19,17 @@ MAX_CONFIG = 16 << 20  # the readers' own limit on config.json
 
 
 def family(folder):
-    """The module that reads folder: pytfm.llama when config.json's model_type is one of
-    LLAMA_TYPES, else pytfm.gpt2 (a config.json that is missing, unreadable or not JSON
-    included: its reader says what is wrong, in its words)."""
+    """The module that reads folder: pytfm.gpt2 when config.json's model_type is "gpt2" or
+    absent (a config.json that is missing, unreadable or not a JSON object included: GPT-2's
+    reader says what is wrong, in its words), else pytfm.llama, whose reader takes LLAMA_TYPES
+    and refuses any other model_type by name."""
     try:
         with open(os.path.join(folder, gpt2.CONFIG), "rb") as f:
             doc = json.loads(f.read(MAX_CONFIG))
     except (OSError, ValueError, TypeError):
         return gpt2
-    return llama if isinstance(doc, dict) and doc.get("model_type") in LLAMA_TYPES else gpt2
+    kind = doc.get("model_type", "gpt2") if isinstance(doc, dict) else "gpt2"
+    return gpt2 if kind == "gpt2" else llama
 
 
 def read_config(folder):

@@ -114,3 +114,16 @@ def test_fine_tuning_saves_a_folder_transformers_and_pytfm_read_alike(folder, tm
         want = hf(torch.from_numpy(ids)).logits.numpy()
     got, _ = model.forward(ids)
     assert np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want)
+
+
+def test_a_folder_of_another_model_type_is_refused_naming_it(tmp_path):
+    """sample.py on a Gemma folder says which model types pytfm reads, not which GPT-2 field is
+    missing."""
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "vocab_size": 10}))
+    r = run(os.path.join(ROOT, "examples", "sample.py"), tmp_path, "--prompt", "x")
+    assert r.returncode == 2
+    assert "model_type is 'gemma': pytfm reads the Llama family's" in r.stderr, r.stderr
+    assert folders.family(str(tmp_path)) is llama
+    (tmp_path / "config.json").write_text(json.dumps({"n_embd": 8}))  # GPT-2's, no model_type
+    assert folders.family(str(tmp_path)) is folders.gpt2
