@@ -158,25 +158,27 @@ def _hf_shapes(cfg):
 
 
 class _Folder:
-    """A GPT-2 folder open in the C reader (pytfm_gpt2_open: every rule checked, headers
-    only): .cfg its GPTConfig; read() -> {pytfm name: array} of every parameter (the Conv1D
-    weights transposed, a stored tied head checked against the embedding). A context
-    manager."""
+    """A Hugging Face folder open in its family's C reader (pytfm_<kind>_open, kind "gpt2" or
+    "llama": every rule checked, headers only): .cfg its GPTConfig (to_config of the C
+    config); read() -> {pytfm name: array} of every parameter (GPT-2's Conv1D weights
+    transposed, a stored tied head checked against the embedding, BF16 and F16 converted). A
+    context manager."""
 
-    def __init__(self, folder):
-        handle = ffi.new("pytfm_gpt2 **")
-        _check(lib.pytfm_gpt2_open(handle, os.fsencode(folder)))
+    def __init__(self, folder, kind="gpt2", to_config=None):
+        self._close = getattr(lib, f"pytfm_{kind}_close")
+        self._read = getattr(lib, f"pytfm_{kind}_read")
+        handle = ffi.new(f"pytfm_{kind} **")
+        _check(getattr(lib, f"pytfm_{kind}_open")(handle, os.fsencode(folder)))
         self._g = handle[0]
         c = ffi.new("pytfm_model_config *")
-        _check(lib.pytfm_gpt2_get_config(self._g, c))
-        self.cfg, self.n_params = _gpt_config(c), c.n_params
+        _check(getattr(lib, f"pytfm_{kind}_get_config")(self._g, c))
+        self.cfg, self.n_params = (to_config or _gpt_config)(c), c.n_params
 
     def read(self):
         from .nn import param_shapes
 
         flat = np.empty(self.n_params, np.float32)
-        _check(lib.pytfm_gpt2_read(self._g, ffi.from_buffer("float[]", flat, True),
-                                   self.n_params))
+        _check(self._read(self._g, ffi.from_buffer("float[]", flat, True), self.n_params))
         arrays, at = {}, 0
         for name, shape in param_shapes(self.cfg):
             n = math.prod(shape)
@@ -186,7 +188,7 @@ class _Folder:
 
     def close(self):
         if self._g is not None:
-            lib.pytfm_gpt2_close(self._g)
+            self._close(self._g)
             self._g = None
 
     def __enter__(self):

@@ -25,7 +25,6 @@ the params dict maps each name of config.json's model to its array, as stored.
 """
 
 import json
-import math
 import os
 
 import numpy as np
@@ -33,6 +32,7 @@ import numpy as np
 from . import _atomic
 from ._core import check, ffi, lib
 from .checkpoint import CheckpointError
+from .gpt2 import _Folder as gpt2_folder
 from .gpt2 import _json_text, check_memory, memory_plan
 from .nn import GPT, GPTConfig, config_from_c, param_shapes
 
@@ -77,40 +77,10 @@ def config_from_dict(c, path=CONFIG):
     return config_from_c(out)
 
 
-class _Folder:
-    """A Llama-family folder open in the C reader (pytfm_llama_open: every rule checked,
-    headers only): .cfg its GPTConfig; read() -> {name: float32 array} of every parameter.
-    A context manager."""
-
-    def __init__(self, folder):
-        handle = ffi.new("pytfm_llama **")
-        _check(lib.pytfm_llama_open(handle, os.fsencode(folder)))
-        self._h = handle[0]
-        c = ffi.new("pytfm_model_config *")
-        _check(lib.pytfm_llama_get_config(self._h, c))
-        self.cfg, self.n_params = config_from_c(c), c.n_params
-
-    def read(self):
-        flat = np.empty(self.n_params, np.float32)
-        _check(lib.pytfm_llama_read(self._h, ffi.from_buffer("float[]", flat, True),
-                                    self.n_params))
-        arrays, at = {}, 0
-        for name, shape in param_shapes(self.cfg):
-            n = math.prod(shape)
-            arrays[name] = flat[at:at + n].reshape(shape)
-            at += n
-        return arrays
-
-    def close(self):
-        if self._h is not None:
-            lib.pytfm_llama_close(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+def _Folder(folder):
+    """The folder open in the C reader pytfm_llama_* (gpt2._Folder, the one wrapper of both
+    families' readers)."""
+    return gpt2_folder(folder, "llama", config_from_c)
 
 
 def read_params(folder):
