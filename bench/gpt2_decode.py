@@ -35,29 +35,29 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # bench/'s modules, and this checkout's pytfm
-from common import ROOT, cpu_name, worker_env  # noqa: E402
-
-PROMPT, TOKENS, BANDWIDTH_MIB = 16, 128, 500
-PYTFM = [("pytfm fp32", "fp32"), ("pytfm bf16", "bf16")]
-LLAMA = [("llama.cpp f32", "f32"), ("llama.cpp f16", "f16")]
-BW, BW_SMALL = "bandwidth GB/s", "(in 4 KiB pages) GB/s"  # the limit is the first's
-
-
-def lcg_tokens(vocab, count):
-    """c_decode.c's prompt ids (its LCG), so every library is fed the same prompt."""
-    x, out = 12345, []
-    for _ in range(count):
-        x = (x * 6364136223846793005 + 1442695040888963407) % 2**64
-        out.append((x >> 33) % vocab)
-    return out
-
+from decoding import (  # noqa: E402
+    BW,
+    BW_SMALL,
+    LLAMA,
+    PROMPT,
+    PYTFM,
+    TOKENS,
+    convert_ggufs,
+    gguf_converter,
+    interleave,
+    lcg_tokens,
+    llama_worker,
+    machine_line,
+    measure,
+    ratio_row,
+    run,
+)
 
 # ---- the model in each library's format ------------------------------------------------------
 
@@ -74,14 +74,9 @@ def pytfm_model_path(folder, tmp):
 def gguf_paths(folder, tmp, llama_src):
     """{"f32": path, "f16": path} of GGUFs converted from folder by llama.cpp's
     convert_hf_to_gguf.py, or a string saying why there are none."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as e:
-        return f"llama_cpp is not importable ({e}): pip install llama-cpp-python"
-    script = os.path.join(llama_src or "", "convert_hf_to_gguf.py")
-    if not llama_src or not os.path.isfile(script):
-        return ("no convert_hf_to_gguf.py: pass --llama-src, a llama.cpp tree (llama-cpp-"
-                "python's sdist has one in vendor/llama.cpp)")
+    script, why = gguf_converter(llama_src)
+    if why:
+        return why
     vocab = gpt2_bench().vocab_folder(tmp)
     if vocab is None:
         return "no GPT-2 vocabulary to convert with: bash scripts/fetch_gpt2_vocab.sh"
@@ -96,15 +91,8 @@ def gguf_paths(folder, tmp, llama_src):
     os.symlink(os.path.join(folder, "model.safetensors"), os.path.join(src, "model.safetensors"))
     for name in ("vocab.json", "merges.txt"):
         os.symlink(os.path.join(vocab, name), os.path.join(src, name))
-    env = dict(os.environ, PYTHONPATH=os.path.join(llama_src, "gguf-py"))
-    paths = {}
-    for kind in ("f32", "f16"):
-        paths[kind] = os.path.join(tmp, f"gpt2-124m-{kind}.gguf")
-        r = subprocess.run([sys.executable, script, src, "--outtype", kind, "--outfile",
-                            paths[kind]], capture_output=True, text=True, env=env)
-        if r.returncode:
-            return f"convert_hf_to_gguf.py --outtype {kind} failed: {r.stderr[-500:]}"
-    return paths
+    return convert_ggufs(script, src, llama_src,
+                         {k: os.path.join(tmp, f"gpt2-124m-{k}.gguf") for k in ("f32", "f16")})
 
 
 def gpt2_bench():
@@ -114,26 +102,6 @@ def gpt2_bench():
 
 
 # ---- the workers: one case, in a process of its own -------------------------------------------
-
-
-def llama_worker(path, threads, reps, prompt, count):
-    """[decode seconds] of reps greedy decodes by llama-cpp-python."""
-    import numpy as np
-    from llama_cpp import Llama
-
-    n_ctx = prompt + count + 8  # n_batch = n_ctx: Llama.scores keeps n_batch rows of logits
-    llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
-    ids = lcg_tokens(llm.n_vocab(), prompt)
-    seconds = []
-    for _ in range(reps):
-        llm.reset()
-        llm.eval(ids)
-        t0 = time.perf_counter()
-        for _ in range(count):
-            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
-        seconds.append(time.perf_counter() - t0)
-    return seconds
 
 
 def torch_worker(folder, threads, reps, prompt, count):
@@ -165,33 +133,6 @@ def worker(argv):
 # ---- the driver ------------------------------------------------------------------------------
 
 
-def run(cmd, threads):
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                       env=worker_env(threads, OPENBLAS_NUM_THREADS=1, HF_HUB_OFFLINE=1))
-    if r.returncode:
-        sys.exit(f"bench/gpt2_decode.py: {' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
-    return r.stdout
-
-
-def measure(case, threads, args, exe):
-    """One process of case at threads: tokens/s (decode cases) or GB/s (the bandwidth)."""
-    kind, what = case[0], case[1]
-    n = args.tokens
-    if kind == "bandwidth":
-        out = run([exe, "--bandwidth", str(BANDWIDTH_MIB), str(threads), str(args.reps), what],
-                  threads)
-        return statistics.median(int(b) / int(ns) for b, ns in map(str.split, out.splitlines()))
-    if kind == "pytfm":
-        out = run([exe, "--generate", what, str(args.reps), str(threads), case[2],
-                   str(args.prompt), str(n)], threads)
-        seconds = [int(line.split()[1]) / 1e9 for line in out.splitlines()]
-    else:
-        out = run([sys.executable, os.path.abspath(__file__), "--worker", kind, what,
-                   str(threads), str(args.reps), str(args.prompt), str(n)], threads)
-        seconds = json.loads(out.strip().splitlines()[-1])
-    return n / statistics.median(seconds)
-
-
 def bytes_per_token(cfg, width):
     """Every weight matrix (the layers' four, the LM head) in `width` bytes, the rest float32:
     what one token reads (the position table: one row)."""
@@ -199,11 +140,6 @@ def bytes_per_token(cfg, width):
     matrices = L * 12 * C * C + V * C
     vectors = L * (4 * C + 3 * C + C + 4 * C + C) + 2 * C + C  # biases, LayerNorms, wpe row
     return width * matrices + 4 * vectors
-
-
-def ratio_row(name, num, den, target):
-    r = num / den
-    return f"{name:<40s} {r:6.2f}x  " + ("ok" if r >= target else f"MISS (target {target})")
 
 
 def main():
@@ -237,20 +173,16 @@ def main():
         cases.append(("torch", folder))
         names = [BW, BW_SMALL] + [n for n, _ in PYTFM] + (
             [n for n, _ in LLAMA] if isinstance(ggufs, dict) else []) + ["transformers"]
-        got = {(n, t): [] for n in names for t in args.threads}
         load.append(os.getloadavg()[0])
-        for r in range(args.rounds):
-            for threads in args.threads:
-                order = list(zip(names, cases))
-                for name, case in (order if r % 2 == 0 else order[::-1]):
-                    got[(name, threads)].append(measure(case, threads, args, exe))
+        script = os.path.abspath(__file__)
+        got = interleave(list(zip(names, cases)), args.threads, args.rounds,
+                         lambda case, threads: measure(case, threads, args, exe, script))
         load.append(os.getloadavg()[0])
     med = {k: statistics.median(v) for k, v in got.items()}
     print(f"GPT-2 124M shape, random weights (vocab {cfg['vocab_size']}, {cfg['n_layer']} "
           f"layers, d {cfg['n_embd']}, {cfg['n_head']} heads, context {cfg['n_positions']}): "
           f"a {args.prompt}-token prompt, then {args.tokens} tokens decoded greedily")
-    print(f"{cpu_name()}, {os.cpu_count()} CPUs; load average {load[0]:.2f} at the start, "
-          f"{load[1]:.2f} before timing, {load[2]:.2f} after")
+    print(machine_line(load))
     print(f"command: python bench/gpt2_decode.py --threads {' '.join(map(str, args.threads))} "
           f"--rounds {args.rounds} --reps {args.reps} --prompt {args.prompt} --tokens "
           f"{args.tokens}; medians over rounds of each process's median\n")
