@@ -22,8 +22,15 @@ from pytfm.nn import GPT, GPTConfig
 
 sys.path.insert(0, os.path.join(TESTS, "model"))
 from test_llama_folders import (  # noqa: E402  (a skip without torch and transformers)
-    CASES, HOSTILE_CONFIGS, HOSTILE_WEIGHTS, edit_config, hf_model, rewrite, saved,
-    weights_of)
+    CASES,
+    HOSTILE_CONFIGS,
+    HOSTILE_WEIGHTS,
+    edit_config,
+    hf_model,
+    rewrite,
+    saved,
+    weights_of,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
