@@ -204,3 +204,25 @@ extern "C" pytfm_status pytfm__cuda_add_rows(const char *func, float *x, const f
                          dim3(pytfm__blocks(rows * cols, PYTFM_ROW_THREADS, PYTFM_MAX_BLOCKS)),
                          dim3(PYTFM_ROW_THREADS), 0, stream, x, y, rows, cols, period, offset);
 }
+
+/* dst[r, j] = src[r, offset + j] for r < rows, j < cols (a thread per element) */
+static __global__ void copy_cols_kernel(float *__restrict__ dst, const float *__restrict__ src,
+                                        int64_t rows, int64_t src_cols, int64_t offset,
+                                        int64_t cols) {
+    const int64_t count = rows * cols;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, j = i % cols;
+        dst[i] = src[r * src_cols + offset + j];
+    }
+}
+
+extern "C" pytfm_status pytfm__cuda_copy_cols(const char *func, float *dst, const float *src,
+                                              int64_t rows, int64_t src_cols, int64_t offset,
+                                              int64_t cols, void *stream) {
+    if (rows * cols == 0) return PYTFM_STATUS_OK;
+    return pytfm__launch(func, copy_cols_kernel,
+                         dim3(pytfm__blocks(rows * cols, PYTFM_ROW_THREADS, PYTFM_MAX_BLOCKS)),
+                         dim3(PYTFM_ROW_THREADS), 0, stream, dst, src, rows, src_cols, offset,
+                         cols);
+}

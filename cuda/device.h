@@ -47,6 +47,10 @@ pytfm_status pytfm__cuda_sync(const char *func, void *stream);
  * rows, offset 0) and the sinusoidal table added to the embeddings (period T, offset start) */
 pytfm_status pytfm__cuda_add_rows(const char *func, float *x, const float *y, int64_t rows,
                                   int64_t cols, int64_t period, int64_t offset, void *stream);
+/* dst[r, j] = src[r, offset + j] for r < rows, j < cols, src of src_cols columns */
+pytfm_status pytfm__cuda_copy_cols(const char *func, float *dst, const float *src, int64_t rows,
+                                   int64_t src_cols, int64_t offset, int64_t cols,
+                                   void *stream);
 
 #ifdef __cplusplus
 }

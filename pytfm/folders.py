@@ -6,30 +6,28 @@ GPT-2's (pytfm.gpt2) or the Llama family's (pytfm.llama: Llama, Qwen 2 and 3, Mi
 
 What the command line (sample.py, `python -m pytfm train --init-from`) opens a folder with. The
 family is config.json's model_type; the family's reader (in C) then holds the folder to its
-rules, and a folder of neither family is refused by GPT-2's, naming the field.
+rules (pytfm_folder_arch is the rule, in C, which pytfm_model_open follows too); a folder of
+another model_type is refused by the Llama family's reader, naming it.
 """
 
-import json
 import os
 
 from . import gpt2, llama
-
-LLAMA_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-MAX_CONFIG = 16 << 20  # the readers' own limit on config.json
+from ._core import ffi, lib
 
 
 def family(folder):
-    """The module that reads folder: pytfm.gpt2 when config.json's model_type is "gpt2" or
+    """The module that reads folder, by the C library's rule (pytfm_folder_arch, which
+    pytfm_model_open follows too): pytfm.gpt2 when config.json's model_type is "gpt2" or
     absent (a config.json that is missing, unreadable or not a JSON object included: GPT-2's
-    reader says what is wrong, in its words), else pytfm.llama, whose reader takes LLAMA_TYPES
-    and refuses any other model_type by name."""
-    try:
-        with open(os.path.join(folder, gpt2.CONFIG), "rb") as f:
-            doc = json.loads(f.read(MAX_CONFIG))
-    except (OSError, ValueError, TypeError):
-        return gpt2
-    kind = doc.get("model_type", "gpt2") if isinstance(doc, dict) else "gpt2"
-    return gpt2 if kind == "gpt2" else llama
+    reader says what is wrong, in its words), else pytfm.llama, whose reader takes the Llama
+    family's model_types and refuses any other by name."""
+    path = os.fsencode(folder)  # a TypeError for what is no path
+    if b"\0" in path:
+        raise ValueError(f"folder must not contain a NUL byte, got {folder!r}")
+    arch = ffi.new("int32_t *")
+    lib.pytfm_folder_arch(path, arch)  # OK for every path
+    return llama if arch[0] == lib.PYTFM_ARCH_LLAMA else gpt2
 
 
 def read_config(folder):

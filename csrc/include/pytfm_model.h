@@ -445,9 +445,17 @@ PYTFM_API pytfm_status pytfm_llama_get_config(const pytfm_llama *llama,
  * of threads may read one handle at once. */
 PYTFM_API pytfm_status pytfm_llama_read(const pytfm_llama *llama, float *params, int64_t count);
 
+/* The family of the Hugging Face folder at folder, as pytfm_model_open and pytfm.folders tell
+ * it: *arch = PYTFM_ARCH_GPT (GPT-2's reader) when config.json's model_type is "gpt2" or
+ * absent, or when config.json cannot be read as a JSON object (GPT-2's reader then says what
+ * is wrong, in its words); else PYTFM_ARCH_LLAMA (the Llama family's reader, which refuses a
+ * model_type it does not know, naming it). Returns PYTFM_STATUS_OK for any folder path. */
+PYTFM_API pytfm_status pytfm_folder_arch(const char *folder, int32_t *arch);
+
 /* Open the model at path and read its parameters into memory (its files are closed when this
- * returns). A folder is a Hugging Face GPT-2 folder (pytfm_gpt2_open, then pytfm_gpt2_read
- * into one allocation: a model with learned positions); anything else a pytfm checkpoint:
+ * returns). A folder is a Hugging Face folder of the family pytfm_folder_arch says: GPT-2's
+ * (pytfm_gpt2_open, then pytfm_gpt2_read into one allocation: a model with learned positions)
+ * or the Llama family's (pytfm_llama_open, pytfm_llama_read); anything else a pytfm checkpoint:
  * pytfm_safetensors_open, pytfm_checkpoint_check, then the parameters read into
  * one allocation (AdamW's moments, when there, are left unread). On PYTFM_DEVICE_CUDA then
  * copied to the GPU, in one device allocation (the host copy freed). A file either layer

@@ -21,6 +21,20 @@
  * model step through it with pytfm__param_next. A block has PYTFM__LAYER_PARTS parameters. */
 enum { PYTFM__LAYER_PARTS = 12 };
 
+/* A Llama-family block's parameters, each of the layout's parts (pytfm_model_param) one of
+ * these, in this order; the biases only with qkv_bias, the norms only with qk_norm. q, k and v
+ * (weights, then biases) are adjacent: one [(H + 2·Hkv)·head_dim, C] matrix, as pytfm.nn reads
+ * them. */
+enum pytfm__llama_part {
+    PYTFM__LLAMA_LN_1, PYTFM__LLAMA_Q_W, PYTFM__LLAMA_K_W, PYTFM__LLAMA_V_W,
+    PYTFM__LLAMA_Q_B, PYTFM__LLAMA_K_B, PYTFM__LLAMA_V_B, PYTFM__LLAMA_O_W,
+    PYTFM__LLAMA_Q_NORM, PYTFM__LLAMA_K_NORM, PYTFM__LLAMA_LN_2, PYTFM__LLAMA_GATE,
+    PYTFM__LLAMA_UP, PYTFM__LLAMA_DOWN, PYTFM__LLAMA_PARTS
+};
+
+/* Which of those the layout's part number part of a block of c is, or -1 past the last. */
+int pytfm__llama_part(const pytfm_model_config *c, int32_t part);
+
 /* The parameter after *p in the layout of c (start with p->layer = −1, p->part = −1): fills *p
  * and returns 1, or 0 after the last. */
 int pytfm__param_next(const pytfm_model_config *c, pytfm_param_info *p);

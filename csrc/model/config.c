@@ -155,12 +155,41 @@ static int32_t param_is(pytfm_param_info *p, int ndim, int64_t base0, int factor
     return 1;
 }
 
+/* A Llama-family block's parameters, in layout order (enum pytfm__llama_part): each name
+ * after "model.layers.i.", and its shape in the config's sizes */
+static const char *const llama_names[PYTFM__LLAMA_PARTS] = {
+    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight", "self_attn.q_proj.bias",   "self_attn.k_proj.bias",
+    "self_attn.v_proj.bias",   "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+
+/* whether part k is in c's blocks (the biases with qkv_bias, the norms with qk_norm), and its
+ * shape into rows, cols (cols 0: a vector) */
+static int llama_part_is(const pytfm_model_config *c, int k, int64_t *rows, int64_t *cols) {
+    const int64_t C = c->d_model, hd = c->head_dim, F = c->d_ff;
+    const int64_t qw = c->n_head * hd, kvw = c->n_kv_head * hd; /* below 2^63: checked */
+    const int64_t shapes[PYTFM__LLAMA_PARTS][2] = {
+        {C, 0},   {qw, C}, {kvw, C}, {kvw, C}, {qw, 0}, {kvw, 0}, {kvw, 0},
+        {C, qw},  {hd, 0}, {hd, 0},  {C, 0},   {F, C},  {F, C},   {C, F}};
+    *rows = shapes[k][0], *cols = shapes[k][1];
+    if (k >= PYTFM__LLAMA_Q_B && k <= PYTFM__LLAMA_V_B) return c->qkv_bias;
+    if (k == PYTFM__LLAMA_Q_NORM || k == PYTFM__LLAMA_K_NORM) return c->qk_norm;
+    return 1;
+}
+
+int pytfm__llama_part(const pytfm_model_config *c, int32_t part) {
+    int64_t rows, cols;
+    for (int k = 0, seen = 0; k < PYTFM__LLAMA_PARTS; k++)
+        if (llama_part_is(c, k, &rows, &cols) && seen++ == part) return k;
+    return -1;
+}
+
 /* pytfm_model_param for PYTFM_ARCH_LLAMA: a block's parts are taken in order, each skipped
  * when its option is off, so part numbers stay dense */
 static int32_t llama_param(const pytfm_model_config *c, int64_t layer, int32_t part,
                            pytfm_param_info *p) {
-    const int64_t C = c->d_model, hd = c->head_dim, F = c->d_ff;
-    const int64_t qw = c->n_head * hd, kvw = c->n_kv_head * hd; /* below 2^63: checked */
+    const int64_t C = c->d_model;
     if (layer < 0)
         return part == 0 && param_is(p, 2, c->vocab, 1, C, 1, "model.embed_tokens.weight");
     if (layer == c->n_layer) {
@@ -169,33 +198,11 @@ static int32_t llama_param(const pytfm_model_config *c, int64_t layer, int32_t p
             return param_is(p, 2, c->vocab, 1, C, 1, "lm_head.weight");
         return 0;
     }
-    const struct {
-        const char *name;
-        int on, ndim;
-        int64_t rows, cols;
-    } parts[] = {
-        {"input_layernorm.weight", 1, 1, C, 0},
-        {"self_attn.q_proj.weight", 1, 2, qw, C},
-        {"self_attn.k_proj.weight", 1, 2, kvw, C},
-        {"self_attn.v_proj.weight", 1, 2, kvw, C},
-        {"self_attn.q_proj.bias", c->qkv_bias, 1, qw, 0},
-        {"self_attn.k_proj.bias", c->qkv_bias, 1, kvw, 0},
-        {"self_attn.v_proj.bias", c->qkv_bias, 1, kvw, 0},
-        {"self_attn.o_proj.weight", 1, 2, C, qw},
-        {"self_attn.q_norm.weight", c->qk_norm, 1, hd, 0},
-        {"self_attn.k_norm.weight", c->qk_norm, 1, hd, 0},
-        {"post_attention_layernorm.weight", 1, 1, C, 0},
-        {"mlp.gate_proj.weight", 1, 2, F, C},
-        {"mlp.up_proj.weight", 1, 2, F, C},
-        {"mlp.down_proj.weight", 1, 2, C, F},
-    };
-    for (size_t k = 0, seen = 0; k < sizeof parts / sizeof *parts; k++) {
-        if (!parts[k].on) continue;
-        if ((int32_t)seen++ == part)
-            return param_is(p, parts[k].ndim, parts[k].rows, 1, parts[k].cols, 1,
-                            "model.layers.%lld.%s", (long long)layer, parts[k].name);
-    }
-    return 0;
+    const int k = pytfm__llama_part(c, part);
+    int64_t rows, cols;
+    if (k < 0 || !llama_part_is(c, k, &rows, &cols)) return 0;
+    return param_is(p, cols ? 2 : 1, rows, 1, cols, 1, "model.layers.%lld.%s", (long long)layer,
+                    llama_names[k]);
 }
 
 int32_t pytfm_model_param(const pytfm_model_config *c, int64_t layer, int32_t part,

@@ -1,7 +1,8 @@
 /*
- * gpt2.h — what the model gets from the GPT-2 folder reader (internal, not exported):
- * csrc/model/gpt2.c checks a Hugging Face GPT-2 folder (pytfm_gpt2_open) and reads its
- * parameters in checkpoint.h's order; csrc/model/model.c builds the model on them.
+ * gpt2.h — what the model gets from the Hugging Face folder readers (internal, not exported):
+ * csrc/model/gpt2.c checks a GPT-2 folder (pytfm_gpt2_open), csrc/model/llama.c a Llama-family
+ * one (pytfm_llama_open), and each reads its parameters in checkpoint.h's order;
+ * csrc/model/model.c builds the model on them.
  */
 #ifndef PYTFM_GPT2_H
 #define PYTFM_GPT2_H
@@ -13,5 +14,9 @@
  * folder's files are closed when this returns. On failure w->params is NULL, and a status and
  * pytfm_last_error() say why, naming the file. */
 pytfm_status pytfm__gpt2_weights(const char *folder, pytfm__weights *w);
+
+/* The same for a Llama-family folder (pytfm_llama_open, pytfm_llama_read: every tensor converted
+ * to float32). */
+pytfm_status pytfm__llama_weights(const char *folder, pytfm__weights *w);
 
 #endif /* PYTFM_GPT2_H */

@@ -162,6 +162,28 @@ pytfm_status pytfm__hf_open_folder(const char *folder, const char *kind, int *di
     return PYTFM_STATUS_OK;
 }
 
+pytfm_status pytfm_folder_arch(const char *folder, int32_t *arch) {
+    PYTFM_CHECK(folder != NULL, "%s: folder must not be NULL", __func__);
+    PYTFM_CHECK(arch != NULL, "%s: arch must not be NULL", __func__);
+    *arch = PYTFM_ARCH_GPT;
+    int dir;
+    if (pytfm__hf_open_folder(folder, "GPT-2", &dir) != PYTFM_STATUS_OK) return PYTFM_STATUS_OK;
+    char *text = NULL, *path = NULL;
+    size_t size = 0;
+    const pytfm_status read = pytfm__hf_read_config(dir, folder, "GPT-2", &text, &size, &path);
+    close(dir);
+    if (read == PYTFM_STATUS_OK) {
+        const pytfm__json root = pytfm__json_root(text, size);
+        const pytfm__json type = pytfm__json_kind_of(root) == PYTFM__JSON_OBJECT
+                                     ? pytfm__hf_member(root, "model_type")
+                                     : (pytfm__json){NULL, 0};
+        if (type.p && !pytfm__json_string_is(type, "gpt2")) *arch = PYTFM_ARCH_LLAMA;
+    }
+    free(text), free(path);
+    errno = 0;
+    return PYTFM_STATUS_OK; // a folder that cannot be read is GPT-2's reader's to refuse
+}
+
 /* ---- config.json's values ------------------------------------------------------------------ */
 
 /* PretrainedConfig's fields that no model's forward pass reads: ignored by both readers */

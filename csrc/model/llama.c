@@ -29,6 +29,7 @@
 #include "checkpoint.h"
 #include "core/internal.h"
 #include "hf_folder.h"
+#include "gpt2.h"
 #include "safetensors.h"
 
 enum {
@@ -686,4 +687,23 @@ pytfm_status pytfm_llama_read(const pytfm_llama *llama, float *params, int64_t c
     if (status != PYTFM_STATUS_OK) return status;
     errno = 0;
     return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm__llama_weights(const char *folder, pytfm__weights *w) {
+    memset(w, 0, sizeof *w);
+    pytfm_llama *g;
+    PYTFM_TRY(pytfm_llama_open(&g, folder));
+    const int64_t count = g->config.n_params;
+    // in huge pages where granted (core/weights.c); count floats lie in the files: no overflow
+    float *params = pytfm__weights_alloc((size_t)count * sizeof(float));
+    pytfm_status status =
+        params ? pytfm_llama_read(g, params, count) : pytfm__hf_no_memory(&g->h, count);
+    if (status == PYTFM_STATUS_OK) {
+        w->config = g->config;
+        w->params = params;
+    } else {
+        free(params);
+    }
+    pytfm_llama_close(g);
+    return status;
 }

@@ -1,6 +1,7 @@
 /*
- * model.c — pytfm.nn.GPT in C: a model read from a checkpoint, its forward pass, and KV-cache
- * sessions that decode one sequence token by token, on the CPU or on the GPU.
+ * model.c — pytfm.nn.GPT in C: a model read from a checkpoint or a Hugging Face folder, its
+ * forward pass, and KV-cache sessions that decode one sequence token by token, on the CPU or on
+ * the GPU. GPT blocks (arch 'gpt': pytfm's own models, GPT-2):
  *
  *   x = wte[tokens] (+ pe[positions]: sinusoidal, or learned wpe)       [N, C], N = B·T
  *   per block:  a = ln_1(x);  q, k, v = split(a·W_attnᵀ + b)            [B, T, H, D] each
@@ -9,6 +10,18 @@
  *               x = x + o·W_projᵀ + b
  *               x = x + gelu(ln_2(x)·W_fcᵀ + b)·W_mlp_projᵀ + b
  *   logits = ln_f(x)·Wᵀ, W = wte (tied) or lm_head.weight               [N, vocab]
+ *
+ * The Llama family's blocks (arch 'llama': Llama, Qwen 2 and 3, Mistral), D = head_dim:
+ *
+ *   x = embed_tokens[tokens]                                            [N, C]
+ *   per block:  a = rmsnorm(x);  q, k, v = split(a·[Wq; Wk; Wv]ᵀ (+ b))  [B, T, H or Hkv, D]
+ *               q, k = rmsnorm(q), rmsnorm(k) per head (qk_norm)
+ *               q, k = rope(q), rope(k): rotate-half, angles pos · inv_freq
+ *               o = causal attention(q, k, v): query head h reads k/v head h / (H / Hkv),
+ *                   within the sliding window (if any)
+ *               x = x + o·Woᵀ
+ *               a = rmsnorm(x);  x = x + (silu(a·Wgateᵀ) ∘ (a·Wupᵀ))·Wdownᵀ
+ *   logits = rmsnorm(x)·Wᵀ, W = embed_tokens (tied) or lm_head.weight  [N, vocab]
  *
  * Every op is the public kernel pytfm.nn calls for it, with the same arguments (row counts
  * included), in the same order: so the logits are the bits Python gets at the same thread count
@@ -45,10 +58,15 @@
 
 /* ---- the model ------------------------------------------------------------------------------ */
 
+/* The matrices of a block, the same four roles in either family: attention's input and output
+ * projections, the MLP's (GPT: c_fc; Llama: gate_proj, with up_proj beside it) and its output
+ * projection (c_proj; down_proj). */
+enum { ATTN_IN, ATTN_OUT, MLP_IN, MLP_UP, MLP_OUT, MATRICES };
+
 /* one block's parameters: pointers into the model's one allocation, on its device */
 typedef struct layer {
     union {
-        const float *part[PYTFM__LAYER_PARTS]; /* in the layout's order (pytfm_model_param) */
+        const float *part[PYTFM__LAYER_PARTS]; /* GPT: in the layout's order (pytfm_model_param) */
         struct {
             const float *ln_1_w, *ln_1_b;
             const float *attn_w, *attn_b;   /* c_attn [3C, C], [3C] */
@@ -58,39 +76,78 @@ typedef struct layer {
             const float *mproj_w, *mproj_b; /* mlp.c_proj [C, 4C], [C] */
         };
     };
-    /* the BF16 copies of the four weight matrices (PYTFM_PRECISION_BF16), else NULL */
-    const uint16_t *attn_w16, *aproj_w16, *fc_w16, *mproj_w16;
+    /* the Llama family's (enum pytfm__llama_part; NULL where the config has none) */
+    const float *llama[PYTFM__LLAMA_PARTS];
+    /* each matrix of the roles above [out, in] (Llama's ATTN_IN: q, k and v as one), its BF16
+     * copy (PYTFM_PRECISION_BF16; else NULL), and its bias (NULL: none) */
+    const float *w[MATRICES];
+    const uint16_t *w16[MATRICES];
+    const float *b[MATRICES];
+    int64_t rows[MATRICES], cols[MATRICES];
 } layer;
 
 struct pytfm_model {
     pytfm_model_config config;
+    int llama;    /* 1: the Llama family's blocks (arch 'llama') */
     int64_t C, H, D, V;
+    int64_t Hkv, F; /* key/value heads (GPT: H); the MLP's hidden width (GPT: 4C) */
+    int64_t qw, kvw; /* the widths of q (H·D) and of k and v (Hkv·D) */
     float scale;  /* attention's: 1/sqrt(D) in double, then float, as pytfm.ops passes it */
+    float eps;    /* RMSNorm's (Llama), the config's norm_eps as pytfm.ops passes it */
     const pytfm__model_device *dev; /* the ops and memory of its device */
     float *params;  /* owned: the reader's allocation, in checkpoint.h's order (host), or NULL */
-    float *pe;      /* owned: [max_seq, C] the sinusoidal positions (host), or NULL */
-    float *on_device; /* owned: the parameters, then pe, copied to a GPU (dev->alloc), or NULL */
-    /* where the forward reads them: into params and pe, or into on_device */
+    /* owned: the table the model computes from its config (host), or NULL: [max_seq, C] the
+     * sinusoidal positions, or [D/2] RoPE's inv_freq (Llama) */
+    float *table;
+    int64_t n_table;
+    float *on_device; /* owned: the parameters, then the table, copied to a GPU, or NULL */
+    /* where the forward reads them: into params and table, or into on_device */
     const float *wte, *ln_f_w, *ln_f_b, *lm_head;
     const float *positions; /* [max_seq, C] added to the embeddings: pe or wpe, or NULL */
+    const float *inv_freq;  /* [D/2] (Llama), or NULL */
     layer *layers;          /* [n_layer] */
     int32_t precision;          /* a pytfm_precision of the products */
     uint16_t *w16;              /* owned: every BF16 copy in one allocation (BF16), or NULL */
     const uint16_t *lm_head16;  /* the LM head's BF16 copy (BF16), or NULL */
 };
 
+/* Each block's matrices by role (layer.w, .b, .rows, .cols), from its parts. */
+static void roles(pytfm_model *m, layer *l) {
+    const int64_t C = m->C;
+    if (m->llama) {
+        const float *const *p = l->llama;
+        const float *w[MATRICES] = {p[PYTFM__LLAMA_Q_W], p[PYTFM__LLAMA_O_W],
+                                    p[PYTFM__LLAMA_GATE], p[PYTFM__LLAMA_UP],
+                                    p[PYTFM__LLAMA_DOWN]};
+        const int64_t rows[MATRICES] = {m->qw + 2 * m->kvw, C, m->F, m->F, C};
+        const int64_t cols[MATRICES] = {C, m->qw, C, C, m->F};
+        for (int r = 0; r < MATRICES; r++)
+            l->w[r] = w[r], l->b[r] = NULL, l->rows[r] = rows[r], l->cols[r] = cols[r];
+        l->b[ATTN_IN] = p[PYTFM__LLAMA_Q_B]; /* q, k and v's, adjacent; NULL without qkv_bias */
+        return;
+    }
+    const float *w[MATRICES] = {l->attn_w, l->aproj_w, l->fc_w, NULL, l->mproj_w};
+    const float *b[MATRICES] = {l->attn_b, l->aproj_b, l->fc_b, NULL, l->mproj_b};
+    const int64_t rows[MATRICES] = {3 * C, C, 4 * C, 0, C}, cols[MATRICES] = {C, C, C, 0, 4 * C};
+    for (int r = 0; r < MATRICES; r++)
+        l->w[r] = w[r], l->b[r] = b[r], l->rows[r] = rows[r], l->cols[r] = cols[r];
+}
+
 /* The parameters' pointers, walking the layout (pytfm_model_param) from p, its first float, and
- * pe, the sinusoidal table (or NULL), both on the model's device; -> the floats walked. */
-static int64_t walk(pytfm_model *m, const float *p, const float *pe) {
+ * table, the model's table (or NULL), both on the model's device; -> the floats walked. */
+static int64_t walk(pytfm_model *m, const float *p, const float *table) {
     const pytfm_model_config *c = &m->config;
     const float *start = p;
-    m->positions = pe;
-    m->lm_head = NULL;
+    m->positions = m->llama ? NULL : table;
+    m->inv_freq = m->llama ? table : NULL;
+    m->lm_head = m->ln_f_b = NULL;
     int64_t shape[2];
     for (pytfm_param_info x = {.layer = -1, .part = -1}; pytfm__param_next(c, &x);
          p += shape[0] * shape[1]) {
         pytfm__param_shape(&x, shape); /* the checked config's: within int64 */
-        if (x.layer >= 0 && x.layer < c->n_layer)
+        if (x.layer >= 0 && x.layer < c->n_layer && m->llama)
+            m->layers[x.layer].llama[pytfm__llama_part(c, x.part)] = p;
+        else if (x.layer >= 0 && x.layer < c->n_layer)
             m->layers[x.layer].part[x.part] = p;
         else if (x.layer < 0 && x.part == 0)
             m->wte = p;
@@ -98,12 +155,13 @@ static int64_t walk(pytfm_model *m, const float *p, const float *pe) {
             m->positions = p; /* learned */
         else if (x.part == 0)
             m->ln_f_w = p;
-        else if (x.part == 1)
+        else if (x.part == 1 && !m->llama)
             m->ln_f_b = p;
         else
             m->lm_head = p; /* untied */
     }
     if (c->tie_embeddings) m->lm_head = m->wte;
+    for (int64_t i = 0; i < c->n_layer; i++) roles(m, &m->layers[i]);
     return p - start;
 }
 
@@ -124,15 +182,26 @@ static pytfm_status sinusoidal_table(float **pe, const char *func, int64_t max_s
     return PYTFM_STATUS_OK;
 }
 
+/* RoPE's table of a Llama-family config, as pytfm.nn.GPT makes it (ops.rope_inv_freq) */
+static pytfm_status inv_freq_table(float **table, const char *func, const pytfm_model_config *c) {
+    float *t = pytfm__scratch(func, c->head_dim / 2, sizeof(float));
+    if (!t) return PYTFM_STATUS_OUT_OF_MEMORY;
+    const int llama3 = c->rope_scaling == PYTFM_ROPE_SCALING_LLAMA3;
+    const pytfm_status st = pytfm_rope_inv_freq(
+        t, c->head_dim, c->rope_theta, c->rope_scaling, llama3 ? c->rope_factor : 1.0,
+        llama3 ? c->rope_low_freq_factor : 1.0, llama3 ? c->rope_high_freq_factor : 2.0,
+        llama3 ? c->rope_original_max_pos : 1.0);
+    if (st != PYTFM_STATUS_OK) {
+        free(t);
+        return st;
+    }
+    *table = t;
+    return PYTFM_STATUS_OK;
+}
+
 /* The model on the checked weights w (taken over: freed here on failure), in host memory. */
 static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *func) {
     const pytfm_model_config *c = &w->config;
-    if (c->arch != PYTFM_ARCH_GPT) {
-        free(w->params);
-        return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
-                           "%s: the C model runs GPT blocks (arch 'gpt') only, not the Llama "
-                           "family's", func);
-    }
     pytfm_model *m = calloc(1, sizeof *m);
     layer *layers = m ? calloc((size_t)c->n_layer, sizeof *layers) : NULL;
     if (!layers) {
@@ -141,14 +210,26 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
         return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate the model", func);
     }
     m->config = *c;
-    m->C = c->d_model, m->H = c->n_head, m->D = c->d_model / c->n_head, m->V = c->vocab;
+    m->llama = c->arch == PYTFM_ARCH_LLAMA;
+    m->C = c->d_model, m->H = c->n_head, m->V = c->vocab;
+    m->D = m->llama ? c->head_dim : c->d_model / c->n_head;
+    m->Hkv = m->llama ? c->n_kv_head : m->H;
+    m->F = m->llama ? c->d_ff : 4 * m->C;
+    m->qw = m->H * m->D, m->kvw = m->Hkv * m->D; /* within int64: the config's check */
     m->scale = (float)(1.0 / sqrt((double)m->D));
+    m->eps = (float)c->norm_eps;
     m->dev = &pytfm__cpu_model_device;
     m->params = w->params;
     m->layers = layers;
     pytfm_status st = PYTFM_STATUS_OK;
-    if (c->pos == PYTFM_POS_SINUSOIDAL) st = sinusoidal_table(&m->pe, func, c->max_seq, m->C);
-    const int64_t walked = walk(m, m->params, m->pe);
+    if (m->llama) {
+        st = inv_freq_table(&m->table, func, c);
+        m->n_table = c->head_dim / 2;
+    } else if (c->pos == PYTFM_POS_SINUSOIDAL) {
+        st = sinusoidal_table(&m->table, func, c->max_seq, m->C);
+        m->n_table = c->max_seq * m->C;
+    }
+    const int64_t walked = walk(m, m->params, m->table);
     if (st == PYTFM_STATUS_OK && walked != c->n_params) // the reader's promise, checked once
         st = pytfm__fail(PYTFM_STATUS_INTERNAL,
                          "%s: the checkpoint reader returned %lld floats of parameters where "
@@ -162,28 +243,28 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
     return PYTFM_STATUS_OK;
 }
 
-/* The host model m onto the device dev: its parameters and sinusoidal table copied there, in
- * one allocation, and walked anew; the host copies freed. */
+/* The host model m onto the device dev: its parameters and table copied there, in one
+ * allocation, and walked anew; the host copies freed. */
 static pytfm_status to_device(pytfm_model *m, const pytfm__model_device *dev,
                               const char *func) {
-    const int64_t n = m->config.n_params, n_pe = m->pe ? m->config.max_seq * m->C : 0;
+    const int64_t n = m->config.n_params, n_pe = m->n_table;
     float *p = NULL;
     void *stream = NULL;
     pytfm_status st = dev->alloc(func, (void **)&p, (n + n_pe) * (int64_t)sizeof(float));
     if (st == PYTFM_STATUS_OK) st = dev->stream_open(func, &stream);
     if (st == PYTFM_STATUS_OK)
         st = dev->to_device(func, p, m->params, n * (int64_t)sizeof(float), stream);
-    if (st == PYTFM_STATUS_OK && m->pe)
-        st = dev->to_device(func, p + n, m->pe, n_pe * (int64_t)sizeof(float), stream);
+    if (st == PYTFM_STATUS_OK && m->table)
+        st = dev->to_device(func, p + n, m->table, n_pe * (int64_t)sizeof(float), stream);
     const pytfm_status closed = dev->stream_close(func, stream);
     if (st == PYTFM_STATUS_OK) st = closed;
     if (st != PYTFM_STATUS_OK) {
         dev->release(p);
         return st;
     }
-    walk(m, p, m->pe ? p + n : NULL);
-    free(m->params), free(m->pe);
-    m->params = m->pe = NULL;
+    walk(m, p, m->table ? p + n : NULL);
+    free(m->params), free(m->table);
+    m->params = m->table = NULL;
     m->on_device = p, m->dev = dev;
     return PYTFM_STATUS_OK;
 }
@@ -230,9 +311,12 @@ pytfm_status pytfm_model_open(pytfm_model **model, const char *path, int32_t dev
     const pytfm__model_device *dev;
     PYTFM_TRY(device_of(&dev, device, __func__));
     struct stat s;
-    if (stat(path, &s) == 0 && S_ISDIR(s.st_mode)) { // a Hugging Face GPT-2 folder
+    if (stat(path, &s) == 0 && S_ISDIR(s.st_mode)) { // a Hugging Face folder
+        int32_t arch;
+        PYTFM_TRY(pytfm_folder_arch(path, &arch));
         pytfm__weights w;
-        const pytfm_status status = pytfm__gpt2_weights(path, &w);
+        const pytfm_status status = arch == PYTFM_ARCH_LLAMA ? pytfm__llama_weights(path, &w)
+                                                             : pytfm__gpt2_weights(path, &w);
         return open_on(model, &w, status, dev, __func__);
     }
     pytfm_safetensors *st;
@@ -257,7 +341,7 @@ pytfm_status pytfm_model_close(pytfm_model *model) {
     if (!model) return PYTFM_STATUS_OK;
     if (model->on_device) model->dev->release(model->on_device);
     free(model->w16);
-    free(model->pe);
+    free(model->table);
     free(model->layers);
     free(model->params);
     free(model);
@@ -297,15 +381,17 @@ pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision) {
     if (precision == PYTFM_PRECISION_FP32) {
         free(model->w16);
         model->w16 = NULL, model->lm_head16 = NULL;
-        for (int64_t i = 0; i < L; i++) {
-            layer *l = &model->layers[i];
-            l->attn_w16 = l->aproj_w16 = l->fc_w16 = l->mproj_w16 = NULL;
-        }
+        for (int64_t i = 0; i < L; i++)
+            for (int r = 0; r < MATRICES; r++) model->layers[i].w16[r] = NULL;
         model->precision = precision;
         return PYTFM_STATUS_OK;
     }
-    // 12·C² weights a layer and the LM head's V·C: within the parameters the reader checked
-    const int64_t count = L * 12 * C * C + model->V * C;
+    // every block's matrices and the LM head's V·C: within the parameters the reader checked
+    int64_t count = model->V * C;
+    for (int64_t i = 0; i < L; i++)
+        for (int r = 0; r < MATRICES; r++)
+            if (model->layers[i].w[r])
+                count += model->layers[i].rows[r] * model->layers[i].cols[r];
     uint16_t *w16 = pytfm__weights_alloc((size_t)count * sizeof(uint16_t));
     if (!w16)
         return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
@@ -314,10 +400,8 @@ pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision) {
     uint16_t *p = w16;
     for (int64_t i = 0; i < L; i++) {
         layer *l = &model->layers[i];
-        l->attn_w16 = p, p = to_bf16(p, l->attn_w, 3 * C * C);
-        l->aproj_w16 = p, p = to_bf16(p, l->aproj_w, C * C);
-        l->fc_w16 = p, p = to_bf16(p, l->fc_w, 4 * C * C);
-        l->mproj_w16 = p, p = to_bf16(p, l->mproj_w, 4 * C * C);
+        for (int r = 0; r < MATRICES; r++)
+            if (l->w[r]) l->w16[r] = p, p = to_bf16(p, l->w[r], l->rows[r] * l->cols[r]);
     }
     model->lm_head16 = p, p = to_bf16(p, model->lm_head, model->V * C);
     model->w16 = w16;
@@ -336,54 +420,87 @@ pytfm_status pytfm_model_get_precision(const pytfm_model *model, int32_t *precis
 
 /*
  * The activations of one call, N = B·T tokens at T positions, carved from one scratch buffer
- * of floats on the model's device:
+ * of floats on the model's device (widths: C the model's, qw = H·D and kvw = Hkv·D those of q
+ * and of k and v, F the MLP's hidden width):
  *   pos     [T] int64 positions (2·T floats, at the buffer's aligned start)
  *   tokens  [N] int64 token ids (2·N floats; only off the host: the device's copy of them)
  *   x       [N, C] the residual stream
- *   a       [N, C] a LayerNorm's output, then attention's
- *   qkv     [N, 3C] c_attn's output; its first N·C floats then hold each c_proj's output
- *   q, k, v [B, T, H, D] each, adjacent (k = q + N·C)
- *   h       [N, 4C] c_fc's output, GELU in place
- *   mean, rstd, lse  [N], [N], [B, H, T]: what the kernels save, unused here
+ *   a       [N, max(C, qw)] a norm's output, then attention's (and Llama's normed q or k)
+ *   qkv     [N, qw + 2·kvw] the attention's input projection
+ *   q, k, v [B, T, H, D], [B, T, Hkv, D] twice, adjacent
+ *   h       [N, F] the MLP's hidden layer (GPT: c_fc's output, GELU in place; Llama: gate's)
+ *   u, s    [N, F] each, Llama only: up's output, and silu(h) ∘ u
+ *   proj    [N, C] an output projection's, added to x
+ *   mean, rstd, lse, rstd_h  [N], [N], [B, H, T], [N, H]: what the kernels save, unused here
  *   head    [N, vocab] every row's logits (only where asked), else NULL
  */
 typedef struct acts {
     int64_t *pos, *tokens;
-    float *x, *a, *qkv, *q, *k, *v, *h, *mean, *rstd, *lse, *head;
+    float *x, *a, *qkv, *q, *k, *v, *h, *u, *s, *proj, *mean, *rstd, *lse, *rstd_h, *head;
 } acts;
 
 /* The floats of the buffer (tokens, head_vocab: room for the token ids, for every row's logits
  * of that vocabulary (0: none)) into *floats; 0 when that is more than memory can address. */
-static int acts_floats(int64_t N, int64_t T, int64_t C, int64_t H, int tokens,
+static int acts_floats(const pytfm_model *m, int64_t N, int64_t T, int tokens,
                        int64_t head_vocab, int64_t *floats) {
-    const int64_t per_token = 12 * C + 2 + H + (tokens ? 2 : 0) + head_vocab;
+    const int64_t C = m->C, qkv = m->qw + 2 * m->kvw, F = m->F;
+    const int64_t per_token = 2 * C + (C > m->qw ? C : m->qw) + 2 * qkv + (m->llama ? 3 : 1) * F +
+                              2 + 2 * m->H + (tokens ? 2 : 0) + head_vocab;
     return pytfm__mul_within(N, per_token, pytfm__max_elems(sizeof(float)), floats) &&
            pytfm__add_within(*floats, 2 * T, pytfm__max_elems(sizeof(float)), floats);
 }
 
 /* The arrays in buf, laid out as above (tokens, head as in acts_floats). */
-static acts acts_carve(float *buf, int64_t N, int64_t T, int64_t C, int64_t H, int tokens,
+static acts acts_carve(const pytfm_model *m, float *buf, int64_t N, int64_t T, int tokens,
                        int head) {
+    const int64_t C = m->C, F = m->F;
     acts s;
     float *p = buf;
     s.pos = (int64_t *)(void *)p, p += 2 * T;
     s.tokens = tokens ? (int64_t *)(void *)p : NULL, p += tokens ? 2 * N : 0;
     s.x = p, p += N * C;
-    s.a = p, p += N * C;
-    s.qkv = p, p += N * 3 * C;
-    s.q = p, p += N * C;
-    s.k = p, p += N * C;
-    s.v = p, p += N * C;
-    s.h = p, p += N * 4 * C;
+    s.a = p, p += N * (C > m->qw ? C : m->qw);
+    s.qkv = p, p += N * (m->qw + 2 * m->kvw);
+    s.q = p, p += N * m->qw;
+    s.k = p, p += N * m->kvw;
+    s.v = p, p += N * m->kvw;
+    s.h = p, p += N * F;
+    s.u = m->llama ? p : NULL, p += m->llama ? N * F : 0;
+    s.s = m->llama ? p : NULL, p += m->llama ? N * F : 0;
+    s.proj = p, p += N * C;
     s.mean = p, p += N;
     s.rstd = p, p += N;
-    s.lse = p, p += N * H;
+    s.lse = p, p += N * m->H;
+    s.rstd_h = p, p += N * m->H;
     s.head = head ? p : NULL;
     return s;
 }
 
-/* one block, as pytfm.nn.Block.forward; caches: this layer's k and v caches [max_len, C]
- * (a session), or NULL (the whole sequence) */
+/* a linear layer of role r of block L: y [N, rows] = x [N, cols]·wᵀ + b */
+static pytfm_status matmul(const pytfm_model *m, const layer *L, int r, float *y, const float *x,
+                           int64_t N, void *stream) {
+    return m->dev->linear(y, x, L->w[r], L->w16[r], L->b[r], N, L->cols[r], L->rows[r], stream);
+}
+
+/* attention of q [B, T, H, D] to k, v [B, T, Hkv, D] into o, as GroupedQueryAttention's (and
+ * CausalSelfAttention's) forward: through a session's caches (this layer's [max_len, Hkv·D]
+ * pair, the new keys appended at start) or over the whole sequence (k_cache NULL) */
+static pytfm_status attend(const pytfm_model *m, const acts *s, float *o, int64_t B, int64_t T,
+                           int64_t start, float *k_cache, float *v_cache, int64_t max_len,
+                           void *stream) {
+    const pytfm__model_device *dev = m->dev;
+    const int64_t window = m->llama ? m->config.sliding_window : 0;
+    if (!k_cache)
+        return dev->attention(o, s->lse, s->q, s->k, s->v, B, T, m->H, m->Hkv, m->D, m->scale,
+                              1, window, stream);
+    // KVCache.attend: append, then attend to everything cached
+    PYTFM_TRY(dev->cache_append(k_cache, v_cache, s->k, s->v, 1, T, m->Hkv, m->D, max_len,
+                                start, stream));
+    return dev->decode(o, s->lse, s->q, k_cache, v_cache, 1, T, m->H, m->Hkv, m->D, max_len,
+                       start, m->scale, window, stream);
+}
+
+/* one GPT block, as pytfm.nn.Block.forward; caches as attend's */
 static pytfm_status block(const pytfm_model *m, const layer *L, const acts *s, int64_t B,
                           int64_t T, int64_t start, float *k_cache, float *v_cache,
                           int64_t max_len, void *stream, const char *func) {
@@ -392,35 +509,65 @@ static pytfm_status block(const pytfm_model *m, const layer *L, const acts *s, i
     // x + attn(ln_1(x))
     PYTFM_TRY(dev->layernorm(s->a, s->mean, s->rstd, s->x, L->ln_1_w, L->ln_1_b, N, C,
                              PYTFM_LAYERNORM_EPS, stream));
-    PYTFM_TRY(dev->linear(s->qkv, s->a, L->attn_w, L->attn_w16, L->attn_b, N, C, 3 * C, stream));
+    PYTFM_TRY(matmul(m, L, ATTN_IN, s->qkv, s->a, N, stream));
     // qkv (B, T, 3, H, D) -> q, k, v (B, T, H, D), q and k rotated: as pytfm.nn does it
     PYTFM_TRY(dev->qkv_split(s->q, s->k, s->v, s->qkv, s->pos, B, T, H, D, 0, PYTFM_ROPE_BASE,
                              m->config.pos == PYTFM_POS_ROPE, stream));
-    if (k_cache) { // KVCache.attend: append, then attend to everything cached
-        PYTFM_TRY(dev->cache_append(k_cache, v_cache, s->k, s->v, 1, T, H, D, max_len, start,
-                                    stream));
-        PYTFM_TRY(dev->decode(s->a, s->lse, s->q, k_cache, v_cache, 1, T, H, D, max_len, start,
-                              m->scale, stream));
-    } else {
-        PYTFM_TRY(dev->attention(s->a, s->lse, s->q, s->k, s->v, B, T, H, D, m->scale, 1,
-                                 stream));
-    }
-    float *proj = s->qkv; // [N, C]
-    PYTFM_TRY(dev->linear(proj, s->a, L->aproj_w, L->aproj_w16, L->aproj_b, N, C, C, stream));
-    PYTFM_TRY(dev->add_rows(func, s->x, proj, N, C, N, 0, stream));
+    PYTFM_TRY(attend(m, s, s->a, B, T, start, k_cache, v_cache, max_len, stream));
+    PYTFM_TRY(matmul(m, L, ATTN_OUT, s->proj, s->a, N, stream));
+    PYTFM_TRY(dev->add_rows(func, s->x, s->proj, N, C, N, 0, stream));
     // x + mlp(ln_2(x))
     PYTFM_TRY(dev->layernorm(s->a, s->mean, s->rstd, s->x, L->ln_2_w, L->ln_2_b, N, C,
                              PYTFM_LAYERNORM_EPS, stream));
-    PYTFM_TRY(dev->linear(s->h, s->a, L->fc_w, L->fc_w16, L->fc_b, N, C, 4 * C, stream));
-    PYTFM_TRY(dev->gelu(s->h, s->h, N * 4 * C, stream));
-    PYTFM_TRY(dev->linear(proj, s->h, L->mproj_w, L->mproj_w16, L->mproj_b, N, 4 * C, C,
-                          stream));
-    return dev->add_rows(func, s->x, proj, N, C, N, 0, stream);
+    PYTFM_TRY(matmul(m, L, MLP_IN, s->h, s->a, N, stream));
+    PYTFM_TRY(dev->gelu(s->h, s->h, N * m->F, stream));
+    PYTFM_TRY(matmul(m, L, MLP_OUT, s->proj, s->h, N, stream));
+    return dev->add_rows(func, s->x, s->proj, N, C, N, 0, stream);
+}
+
+/* one Llama-family block, as pytfm.nn.Block.forward of GroupedQueryAttention and SwiGLU;
+ * caches as attend's */
+static pytfm_status llama_block(const pytfm_model *m, const layer *L, const acts *s, int64_t B,
+                                int64_t T, int64_t start, float *k_cache, float *v_cache,
+                                int64_t max_len, void *stream, const char *func) {
+    const pytfm__model_device *dev = m->dev;
+    const int64_t C = m->C, D = m->D, N = B * T, qw = m->qw, kvw = m->kvw, F = m->F;
+    const float *const *p = L->llama;
+    // x + attn(rmsnorm(x))
+    PYTFM_TRY(dev->rmsnorm(s->a, s->rstd, s->x, p[PYTFM__LLAMA_LN_1], N, C, m->eps, stream));
+    PYTFM_TRY(matmul(m, L, ATTN_IN, s->qkv, s->a, N, stream));
+    // q, k, v: qkv's column blocks, each made contiguous ((B, T, heads, D) for the kernels)
+    const int64_t width = qw + 2 * kvw;
+    PYTFM_TRY(dev->copy_cols(func, s->q, s->qkv, N, width, 0, qw, stream));
+    PYTFM_TRY(dev->copy_cols(func, s->k, s->qkv, N, width, qw, kvw, stream));
+    PYTFM_TRY(dev->copy_cols(func, s->v, s->qkv, N, width, qw + kvw, kvw, stream));
+    float *qk[2] = {s->q, s->k};
+    const int64_t heads[2] = {m->H, m->Hkv};
+    for (int i = 0; i < 2; i++) { // q and k: normed per head (Qwen 3), then rotated
+        const float *in = qk[i];
+        if (p[PYTFM__LLAMA_Q_NORM]) {
+            PYTFM_TRY(dev->rmsnorm(s->a, s->rstd_h, qk[i], p[PYTFM__LLAMA_Q_NORM + i],
+                                   N * heads[i], D, m->eps, stream));
+            in = s->a;
+        }
+        PYTFM_TRY(dev->rope_freq(qk[i], in, s->pos, m->inv_freq, B, T, heads[i], D, 0,
+                                 stream));
+    }
+    PYTFM_TRY(attend(m, s, s->a, B, T, start, k_cache, v_cache, max_len, stream));
+    PYTFM_TRY(matmul(m, L, ATTN_OUT, s->proj, s->a, N, stream));
+    PYTFM_TRY(dev->add_rows(func, s->x, s->proj, N, C, N, 0, stream));
+    // x + down(silu(gate(a)) ∘ up(a)), a = rmsnorm(x)
+    PYTFM_TRY(dev->rmsnorm(s->a, s->rstd, s->x, p[PYTFM__LLAMA_LN_2], N, C, m->eps, stream));
+    PYTFM_TRY(matmul(m, L, MLP_IN, s->h, s->a, N, stream));
+    PYTFM_TRY(matmul(m, L, MLP_UP, s->u, s->a, N, stream));
+    PYTFM_TRY(dev->swiglu(s->s, s->h, s->u, N * F, stream));
+    PYTFM_TRY(matmul(m, L, MLP_OUT, s->proj, s->s, N, stream));
+    return dev->add_rows(func, s->x, s->proj, N, C, N, 0, stream);
 }
 
 /* pytfm.nn.GPT._logits of tokens [B, T] (on the device) at positions [start, start + T), the
  * positions in s: every row's logits into out [B, T, vocab] (NULL: none). caches: a session's
- * n_layer pairs of [max_len, C] caches (B = 1), or NULL. */
+ * n_layer pairs of [max_len, Hkv·D] caches (B = 1), or NULL. */
 static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *out,
                               const int64_t *tokens, int64_t B, int64_t T, int64_t start,
                               float *caches, int64_t max_len, void *stream, const char *func) {
@@ -430,16 +577,19 @@ static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *out,
     if (m->positions) // x += positions[start : start + T], broadcast over the batch
         PYTFM_TRY(dev->add_rows(func, s->x, m->positions, N, C, T, start, stream));
     for (int64_t i = 0; i < m->config.n_layer; i++) {
-        float *k_cache = caches ? caches + 2 * i * max_len * C : NULL;
-        float *v_cache = caches ? k_cache + max_len * C : NULL;
-        PYTFM_TRY(block(m, &m->layers[i], s, B, T, start, k_cache, v_cache, max_len, stream,
-                        func));
+        float *k_cache = caches ? caches + 2 * i * max_len * m->kvw : NULL;
+        float *v_cache = caches ? k_cache + max_len * m->kvw : NULL;
+        PYTFM_TRY((m->llama ? llama_block : block)(m, &m->layers[i], s, B, T, start, k_cache,
+                                                   v_cache, max_len, stream, func));
     }
     if (!out) return PYTFM_STATUS_OK;
     // the LM head on every row, as Python: one linear over N rows gives each row the bits it
     // gets in GPT.decode, whose product has N rows too
-    PYTFM_TRY(dev->layernorm(s->a, s->mean, s->rstd, s->x, m->ln_f_w, m->ln_f_b, N, C,
-                             PYTFM_LAYERNORM_EPS, stream));
+    if (m->llama)
+        PYTFM_TRY(dev->rmsnorm(s->a, s->rstd, s->x, m->ln_f_w, N, C, m->eps, stream));
+    else
+        PYTFM_TRY(dev->layernorm(s->a, s->mean, s->rstd, s->x, m->ln_f_w, m->ln_f_b, N, C,
+                                 PYTFM_LAYERNORM_EPS, stream));
     return dev->linear(out, s->a, m->lm_head, m->lm_head16, NULL, N, C, V, stream);
 }
 
@@ -452,13 +602,13 @@ static pytfm_status run(const char *func, const pytfm_model *m, float *logits,
                         const int64_t *tokens, int64_t B, int64_t T, int64_t start,
                         float *caches, int64_t max_len, void *stream) {
     const pytfm__model_device *dev = m->dev;
-    const int64_t N = B * T, C = m->C, H = m->H, V = m->V;
+    const int64_t N = B * T, V = m->V;
     // the LM head writes into logits where it can (host memory, and every row wanted), else
     // every row into the scratch, from which the wanted ones are copied
     const int in_place = dev->host && !(caches && N > 1);
     const int head = logits && !in_place;
     int64_t floats = 0;
-    if (!acts_floats(N, T, C, H, !dev->host, head ? V : 0, &floats))
+    if (!acts_floats(m, N, T, !dev->host, head ? V : 0, &floats))
         return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
                            "%s: %lld tokens need more scratch than memory can address", func,
                            (long long)N);
@@ -468,7 +618,7 @@ static pytfm_status run(const char *func, const pytfm_model *m, float *logits,
     float *buf = NULL;
     pytfm_status st = dev->scratch(func, (void **)&buf, floats * (int64_t)sizeof(float), stream);
     if (st == PYTFM_STATUS_OK) {
-        const acts s = acts_carve(buf, N, T, C, H, !dev->host, head);
+        const acts s = acts_carve(m, buf, N, T, !dev->host, head);
         st = dev->to_device(func, s.pos, pos, T * (int64_t)sizeof *pos, stream);
         if (st == PYTFM_STATUS_OK && s.tokens)
             st = dev->to_device(func, s.tokens, tokens, N * (int64_t)sizeof *tokens, stream);
@@ -518,8 +668,8 @@ struct pytfm_session {
     const pytfm_model *model;
     int64_t max_len;
     int64_t length; /* positions [0, length) of the caches hold the tokens fed */
-    float *caches;  /* on the model's device: n_layer × (k, v), each [max_len, C] =
-                       [1, max_len, H, D] */
+    float *caches;  /* on the model's device: n_layer × (k, v), each [max_len, Hkv·D] =
+                       [1, max_len, Hkv, D]: grouped-query heads store Hkv heads only */
     void *stream;   /* the session's own, on the model's device */
 };
 
@@ -533,9 +683,9 @@ pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *mode
                 "%s: max_len must be in [1, max_seq = %lld], or 0 for max_seq; got %lld",
                 __func__, (long long)max_seq, (long long)max_len);
     if (max_len == 0) max_len = max_seq;
-    const int64_t n_layer = model->config.n_layer, C = model->C;
+    const int64_t n_layer = model->config.n_layer, kvw = model->kvw;
     int64_t count = 0;
-    PYTFM_CHECK_COUNT(__func__, &count, float, n_layer, 2, max_len, C);
+    PYTFM_CHECK_COUNT(__func__, &count, float, n_layer, 2, max_len, kvw);
     pytfm_session *s = calloc(1, sizeof *s);
     if (!s) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate a session",
                                __func__);

@@ -69,10 +69,13 @@ static pytfm_status qkv_split(float *q, float *k, float *v, const float *qkv,
 }
 
 static pytfm_status attention(float *o, float *lse, const float *q, const float *k,
-                              const float *v, int64_t B, int64_t T, int64_t H, int64_t D,
-                              float scale, int32_t causal, void *stream) {
+                              const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                              int64_t D, float scale, int32_t causal, int64_t window,
+                              void *stream) {
     (void)stream;
-    return pytfm_attention_forward(o, lse, q, k, v, B, T, H, D, scale, causal);
+    if (Hkv == H && window == 0)
+        return pytfm_attention_forward(o, lse, q, k, v, B, T, H, D, scale, causal);
+    return pytfm_attention_gqa_forward(o, lse, q, k, v, B, T, H, Hkv, D, scale, causal, window);
 }
 
 static pytfm_status cache_append(float *k_cache, float *v_cache, const float *k,
@@ -84,11 +87,14 @@ static pytfm_status cache_append(float *k_cache, float *v_cache, const float *k,
 
 static pytfm_status decode(float *o, float *lse, const float *q, const float *k_cache,
                            const float *v_cache, int64_t B, int64_t n_new, int64_t H,
-                           int64_t D, int64_t Tmax, int64_t start, float scale,
-                           void *stream) {
+                           int64_t Hkv, int64_t D, int64_t Tmax, int64_t start, float scale,
+                           int64_t window, void *stream) {
     (void)stream;
-    return pytfm_attention_decode(o, lse, q, k_cache, v_cache, B, n_new, H, D, Tmax, start,
-                                  scale);
+    if (Hkv == H && window == 0)
+        return pytfm_attention_decode(o, lse, q, k_cache, v_cache, B, n_new, H, D, Tmax, start,
+                                      scale);
+    return pytfm_attention_gqa_decode(o, lse, q, k_cache, v_cache, B, n_new, H, Hkv, D, Tmax,
+                                      start, scale, window);
 }
 
 static pytfm_status gelu(float *y, const float *x, int64_t count, void *stream) {
@@ -100,6 +106,33 @@ static pytfm_status embedding(float *y, const int64_t *ids, const float *table,
                               int64_t rows, int64_t vocab, int64_t dim, void *stream) {
     (void)stream;
     return pytfm_embedding_forward(y, ids, table, rows, vocab, dim);
+}
+
+static pytfm_status rmsnorm(float *y, float *rstd, const float *x, const float *w, int64_t rows,
+                            int64_t cols, float eps, void *stream) {
+    (void)stream;
+    return pytfm_rmsnorm_forward(y, rstd, x, w, rows, cols, eps);
+}
+
+static pytfm_status swiglu(float *h, const float *g, const float *u, int64_t count,
+                           void *stream) {
+    (void)stream;
+    return pytfm_swiglu_forward(h, g, u, count);
+}
+
+static pytfm_status rope_freq(float *y, const float *x, const int64_t *pos,
+                              const float *inv_freq, int64_t B, int64_t T, int64_t H, int64_t D,
+                              int64_t pos_stride, void *stream) {
+    (void)stream;
+    return pytfm_rope_freq_forward(y, x, pos, inv_freq, B, T, H, D, pos_stride);
+}
+
+static pytfm_status copy_cols(const char *func, float *dst, const float *src, int64_t rows,
+                              int64_t src_cols, int64_t offset, int64_t cols, void *stream) {
+    (void)func, (void)stream;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + r * cols, src + r * src_cols + offset, (size_t)cols * sizeof(float));
+    return PYTFM_STATUS_OK;
 }
 
 static pytfm_status add_rows(const char *func, float *x, const float *y, int64_t rows,
@@ -131,5 +164,9 @@ const pytfm__model_device pytfm__cpu_model_device = {
     .decode = decode,
     .gelu = gelu,
     .embedding = embedding,
+    .rmsnorm = rmsnorm,
+    .swiglu = swiglu,
+    .rope_freq = rope_freq,
+    .copy_cols = copy_cols,
     .add_rows = add_rows,
 };

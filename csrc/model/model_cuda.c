@@ -29,6 +29,28 @@ static pytfm_status linear(float *y, const float *x, const float *w, const uint1
     return pytfm_linear_forward_cuda(y, x, w, b, rows, in, out, stream);
 }
 
+/* attention as pytfm.ops calls it: the multi-head kernel with Hkv = H and no window */
+static pytfm_status attention(float *o, float *lse, const float *q, const float *k,
+                              const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                              int64_t D, float scale, int32_t causal, int64_t window,
+                              void *stream) {
+    if (Hkv == H && window == 0)
+        return pytfm_attention_forward_cuda(o, lse, q, k, v, B, T, H, D, scale, causal, stream);
+    return pytfm_attention_gqa_forward_cuda(o, lse, q, k, v, B, T, H, Hkv, D, scale, causal,
+                                            window, stream);
+}
+
+static pytfm_status decode(float *o, float *lse, const float *q, const float *k_cache,
+                           const float *v_cache, int64_t B, int64_t n_new, int64_t H,
+                           int64_t Hkv, int64_t D, int64_t Tmax, int64_t start, float scale,
+                           int64_t window, void *stream) {
+    if (Hkv == H && window == 0)
+        return pytfm_attention_decode_cuda(o, lse, q, k_cache, v_cache, B, n_new, H, D, Tmax,
+                                           start, scale, stream);
+    return pytfm_attention_gqa_decode_cuda(o, lse, q, k_cache, v_cache, B, n_new, H, Hkv, D,
+                                           Tmax, start, scale, window, stream);
+}
+
 static const pytfm__model_device gpu = {
     .host = 0,
     .alloc = pytfm__cuda_malloc,
@@ -43,11 +65,15 @@ static const pytfm__model_device gpu = {
     .layernorm = pytfm_layernorm_forward_cuda,
     .linear = linear,
     .qkv_split = pytfm_qkv_split_forward_cuda,
-    .attention = pytfm_attention_forward_cuda,
+    .attention = attention,
     .cache_append = pytfm_attention_cache_append_cuda,
-    .decode = pytfm_attention_decode_cuda,
+    .decode = decode,
     .gelu = pytfm_gelu_forward_cuda,
     .embedding = pytfm_embedding_forward_cuda,
+    .rmsnorm = pytfm_rmsnorm_forward_cuda,
+    .swiglu = pytfm_swiglu_forward_cuda,
+    .rope_freq = pytfm_rope_freq_forward_cuda,
+    .copy_cols = pytfm__cuda_copy_cols,
     .add_rows = pytfm__cuda_add_rows,
 };
 

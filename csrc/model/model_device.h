@@ -39,18 +39,34 @@ typedef struct pytfm__model_device {
     pytfm_status (*qkv_split)(float *q, float *k, float *v, const float *qkv,
                               const int64_t *pos, int64_t B, int64_t T, int64_t H, int64_t D,
                               int64_t pos_stride, double base, int32_t rope, void *stream);
+    /* attention: pytfm_attention_gqa_forward's arguments; with Hkv = H and window 0,
+     * pytfm_attention_forward (as pytfm.ops calls it) */
     pytfm_status (*attention)(float *o, float *lse, const float *q, const float *k,
-                              const float *v, int64_t B, int64_t T, int64_t H, int64_t D,
-                              float scale, int32_t causal, void *stream);
+                              const float *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                              int64_t D, float scale, int32_t causal, int64_t window,
+                              void *stream);
     pytfm_status (*cache_append)(float *k_cache, float *v_cache, const float *k, const float *v,
                                  int64_t B, int64_t n_new, int64_t H, int64_t D, int64_t Tmax,
                                  int64_t start, void *stream);
+    /* pytfm_attention_gqa_decode's arguments, as attention */
     pytfm_status (*decode)(float *o, float *lse, const float *q, const float *k_cache,
-                           const float *v_cache, int64_t B, int64_t n_new, int64_t H, int64_t D,
-                           int64_t Tmax, int64_t start, float scale, void *stream);
+                           const float *v_cache, int64_t B, int64_t n_new, int64_t H,
+                           int64_t Hkv, int64_t D, int64_t Tmax, int64_t start, float scale,
+                           int64_t window, void *stream);
     pytfm_status (*gelu)(float *y, const float *x, int64_t count, void *stream);
     pytfm_status (*embedding)(float *y, const int64_t *ids, const float *table, int64_t rows,
                               int64_t vocab, int64_t dim, void *stream);
+    pytfm_status (*rmsnorm)(float *y, float *rstd, const float *x, const float *w, int64_t rows,
+                            int64_t cols, float eps, void *stream);
+    pytfm_status (*swiglu)(float *h, const float *g, const float *u, int64_t count,
+                           void *stream);
+    pytfm_status (*rope_freq)(float *y, const float *x, const int64_t *pos,
+                              const float *inv_freq, int64_t B, int64_t T, int64_t H, int64_t D,
+                              int64_t pos_stride, void *stream);
+    /* dst[r, j] = src[r, offset + j] for r < rows, j < cols, src of src_cols columns: a block of
+     * columns made contiguous (the Llama family's q, k and v out of their joint product) */
+    pytfm_status (*copy_cols)(const char *func, float *dst, const float *src, int64_t rows,
+                              int64_t src_cols, int64_t offset, int64_t cols, void *stream);
     /* x[r, j] += y[(offset + r % period), j] for r < rows, j < cols: the residual adds (period
      * rows, offset 0) and a position table added to the embeddings (period T, offset start) */
     pytfm_status (*add_rows)(const char *func, float *x, const float *y, int64_t rows,

@@ -536,24 +536,6 @@ def opened(tmp_path):
         yield c
 
 
-def test_a_llama_checkpoint_is_refused_by_the_c_model_not_misread(tmp_path):
-    """The C model runs GPT-2's block only: a checkpoint of arch "llama" (which the reader
-    takes) is PYTFM_STATUS_NOT_SUPPORTED, saying why, from a file and from memory."""
-    cfg = GPTConfig(arch="llama", vocab=40, d_model=16, n_layer=1, n_head=4, n_kv_head=2,
-                    d_ff=24, max_seq=16)
-    path = str(tmp_path / "llama.safetensors")
-    checkpoint.save(path, GPT(cfg))
-    handle = ffi.new("pytfm_model **")
-    handle[0] = ffi.cast("pytfm_model *", 1)
-    assert lib.pytfm_model_open(handle, path.encode(), 0) == lib.PYTFM_STATUS_NOT_SUPPORTED
-    assert handle[0] == ffi.NULL
-    assert last_error() == ("pytfm_model_open: the C model runs GPT blocks (arch 'gpt') only, "
-                            "not the Llama family's")
-    blob = open(path, "rb").read()
-    st = lib.pytfm_model_open_memory(handle, blob, len(blob), 0)
-    assert st == lib.PYTFM_STATUS_NOT_SUPPORTED and handle[0] == ffi.NULL
-
-
 def test_opening_fails_clearly(tmp_path):
     path = str(saved(small(), tmp_path / "m.safetensors")).encode()
     handle = ffi.new("pytfm_model **")

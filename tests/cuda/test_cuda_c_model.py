@@ -23,6 +23,16 @@ CONFIGS = {
                                    pos="none", seed=2),  # head dim 15
     "learned-tied": GPTConfig(vocab=40, d_model=32, n_layer=2, n_head=4, max_seq=24,
                               pos="learned", seed=3),
+    # the Llama family: grouped-query heads with q, k, v biases and a window shorter than the
+    # sequence; multi-query heads with the q/k norm, a head_dim not d_model / n_head, llama3
+    "llama-gqa-bias-window": GPTConfig(arch="llama", vocab=40, d_model=32, n_layer=2, n_head=4,
+                                       n_kv_head=2, d_ff=40, max_seq=24, qkv_bias=True,
+                                       sliding_window=5, seed=4),
+    "llama-mqa-qknorm-llama3": GPTConfig(
+        arch="llama", vocab=40, d_model=32, n_layer=2, n_head=4, n_kv_head=1, head_dim=12,
+        d_ff=24, max_seq=24, qk_norm=True, tie_embeddings=False, rope_theta=500000.0,
+        rope_scaling="llama3", rope_factor=8.0, rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0, rope_original_max_pos=8.0, seed=5),
 }
 
 
