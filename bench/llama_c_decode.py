@@ -26,7 +26,8 @@ cache, and the figure is TOKENS over the time of those steps (the prompt's time 
                    at the decode's mean position
   open bf16        pytfm_model_open of the bfloat16 folder (through cffi: the same C call),
                    OPENS times in one process; the figure is the median of the opens after the
-                   first, which finds the file in the page cache (warm)
+                   first (warm: the file in the page cache, memory the process had freed);
+                   the first open of each process is printed beside it
 A pytfm row whose model the C model refuses (pytfm_model_open's status) is printed "absent"
 with the message; so is llama.cpp's when it cannot be imported or its conversion fails.
 Every case runs in a process of its own at the given thread count, the cases alternate over
@@ -187,11 +188,14 @@ def bytes_per_token(cfg, width, position):
     return width * matrices + 4 * (vectors + cache)
 
 
-def open_seconds(folder, threads, args):
-    """One process's median of its opens after the first (warm), seconds."""
+def open_seconds(folder, threads, args, firsts):
+    """One process's median of its opens after the first (warm), seconds; the first's appended
+    to firsts (the file in the page cache, but the process's memory fresh)."""
     out = run([sys.executable, os.path.abspath(__file__), "--worker", "open", folder,
                str(threads), str(args.opens), "0", "0"], threads)
-    return statistics.median(json.loads(out.strip().splitlines()[-1])[1:])
+    seconds = json.loads(out.strip().splitlines()[-1])
+    firsts.append(seconds[0])
+    return statistics.median(seconds[1:])
 
 
 def main():
@@ -247,9 +251,11 @@ def main():
         load.append(os.getloadavg()[0])
         script = os.path.abspath(__file__)
 
+        firsts = {t: [] for t in args.threads}  # the first open of each open process
+
         def measure_one(case, threads):
             if case[0] == "open":
-                return open_seconds(case[1], threads, args)
+                return open_seconds(case[1], threads, args, firsts[threads])
             return measure(case, threads, args, exe, script)
 
         got = interleave(cases, args.threads, args.rounds, measure_one)
@@ -279,6 +285,8 @@ def main():
           f"{limit['bf16'] / 1e6:.0f} MB bf16)")
     if OPEN not in absent:
         print(f"{OPEN:<22s}" + "".join(f"{med[(OPEN, t)]:13.2f}" for t in args.threads))
+        print(f"{'(first in a process) s':<22s}" + "".join(
+            f"{statistics.median(firsts[t]):13.2f}" for t in args.threads))
     for name, why in absent.items():
         print(f"{name}: absent: {why}")
     print()
