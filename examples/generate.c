@@ -264,14 +264,14 @@ static pytfm_status put_decoded(writer *w, int final) {
     if (k == w->done) return PYTFM_STATUS_OK;
     pytfm_status st;
     size = decode(w, w->from, k, &st);
+    if (st != PYTFM_STATUS_OK) return st;
     while (i < size && !((w->text[i] & 0xC0) != 0x80 && c++ == w->chars)) i++;
-    if (st == PYTFM_STATUS_OK && fwrite(w->text + i, 1, (size_t)(size - i), stdout))
-        fflush(stdout);
-    if (st == PYTFM_STATUS_OK && !byte_token(w->tok, w->ids[w->done - 1])) {
-        w->from = w->done; /* no run of byte tokens crosses it */
+    if (fwrite(w->text + i, 1, (size_t)(size - i), stdout)) fflush(stdout);
+    if (!byte_token(w->tok, w->ids[w->done - 1])) { /* no run of byte tokens crosses it */
+        w->from = w->done;
         size = decode(w, w->from, k, &st);
     }
-    w->chars = characters(w->text, size);
+    w->chars = st == PYTFM_STATUS_OK ? characters(w->text, size) : 0;
     w->done = k;
     return st;
 }
@@ -302,11 +302,11 @@ static pytfm_status put_token(writer *w, int64_t id) {
 
 /* The prompt fed at once, then up to n[1] tokens drawn among the first n_tok ids (the model's
  * vocab, or its tokenizer's fewer), each fed back and written as it comes, until a write fails
- * or one of eos[0..n_eos) is drawn (not written): n[1] := the tokens made; t[0], t[1] the
- * seconds of the model's work on the prompt and on them */
+ * or one of eos[0..n_eos) is drawn (not written; *stop := it): n[1] := the tokens made, that
+ * one counted; t[0], t[1] the seconds of the model's work on the prompt and on them */
 static pytfm_status generate(pytfm_session *session, const int64_t *prompt, int64_t n[2],
                              const options *o, int64_t vocab, int64_t n_tok, writer *w,
-                             const int64_t *eos, int n_eos, double t[2]) {
+                             const int64_t *eos, int n_eos, int64_t *stop, double t[2]) {
     float *logits = malloc((size_t)vocab * sizeof *logits);
     pytfm_rng rng;
     pytfm_rng_seed(&rng, (uint64_t)o->seed);
@@ -322,6 +322,7 @@ static pytfm_status generate(pytfm_session *session, const int64_t *prompt, int6
         st = pytfm_sample(&token, logits, n_tok, o->temperature, o->top_k < n_tok ? o->top_k : 0,
                           &rng);
         for (int i = 0; i < n_eos; i++) end |= st == PYTFM_STATUS_OK && token == eos[i];
+        if (end) *stop = token;
         if (st == PYTFM_STATUS_OK && n[1] + 1 < want && !end)
             st = pytfm_session_feed(session, logits, &token, 1);
         t[1] += seconds() - t0;
@@ -391,14 +392,15 @@ static int run(const options *o, pytfm_model *model, const pytfm_tokenizer *tok,
         st = w.ids ? PYTFM_STATUS_OK : PYTFM_STATUS_OUT_OF_MEMORY;
         w.n = w.done = n[0];
         const int64_t size = st == PYTFM_STATUS_OK ? decode(&w, 0, n[0], &st) : 0;
-        w.chars = characters(w.text, size);
+        w.chars = st == PYTFM_STATUS_OK ? characters(w.text, size) : 0;
     }
     pytfm_session *session = NULL; /* it checks that n[0] + n[1] positions fit in memory */
     double t[2] = {0.0, 0.0};
+    int64_t stop = -1;
     if (st == PYTFM_STATUS_OK) st = pytfm_model_set_precision(model, (int32_t)o->precision);
     if (st == PYTFM_STATUS_OK) st = pytfm_session_open(&session, model, n[0] + n[1]);
     if (st == PYTFM_STATUS_OK && fputs(o->prompt, stdout) >= 0)
-        st = generate(session, prompt, n, o, cfg.vocab, n_tok, &w, eos, n_eos, t);
+        st = generate(session, prompt, n, o, cfg.vocab, n_tok, &w, eos, n_eos, &stop, t);
     pytfm_session_close(session);
     free(prompt);
     free(w.ids);
@@ -415,6 +417,8 @@ static int run(const options *o, pytfm_model *model, const pytfm_tokenizer *tok,
             t[1] > 0 ? n[1] / t[1] : 0.0, (int)pytfm_get_num_threads(),
             o->precision == PYTFM_PRECISION_FP32 ? "fp32" : pytfm_get_bf16_isa() ==
             PYTFM_ISA_AVX512_BF16 ? "bf16 (AVX512-BF16: vdpbf16ps)" : "bf16 (rounded inputs)");
+    if (stop >= 0)
+        fprintf(stderr, "generate: stopped at the end-of-sequence token %lld\n", (long long)stop);
     return failed;
 }
 

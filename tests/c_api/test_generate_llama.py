@@ -169,6 +169,7 @@ def test_it_stops_at_the_end_of_sequence_token(generate_exe, tmp_path, name):
     assert r.returncode == 0, r.stderr
     assert r.stdout == want + b"\n"
     assert f"{len(made) + 1} new tokens".encode() in r.stderr, r.stderr
+    assert f"stopped at the end-of-sequence token {stop}\n".encode() in r.stderr, r.stderr
 
 
 def test_bad_folders_and_prompts_are_refused_with_a_message(generate_exe, tmp_path):
