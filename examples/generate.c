@@ -256,8 +256,10 @@ static int64_t characters(const char *s, int64_t size) {
  * token that is no byte token: the decoders' rules that look at a token's place (Strip of the
  * leading space, Metaspace's first '▁') touch only the first token, and ByteFallback makes a
  * run of byte tokens one string, or U+FFFD for each of its bytes when they are not UTF-8 (so
- * a trailing run is held back until a token ends it, or the text does: final). So only the
- * tokens since the last cut are decoded (with those before it, the window's first token). */
+ * a trailing run is held back until a token ends it, or the text does: final). So a call
+ * decodes only the window ids[from, k), from the cut before the last one: its first token
+ * takes the first-token rules in both decodes, and the characters of ids[from, done) are
+ * already written (or the prompt's). */
 static pytfm_status put_decoded(writer *w, int final) {
     int64_t k = w->n, size, i = 0, c = 0;
     while (!final && k > w->done && byte_token(w->tok, w->ids[k - 1])) k--;
