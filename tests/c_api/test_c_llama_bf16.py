@@ -61,7 +61,7 @@ def odd_params(cfg):
     model = GPT(cfg)
     rng = np.random.default_rng(7)
     params = {k: np.array(v, np.float32) for k, v in model.params.items()}
-    for name, v in params.items():
+    for v in params.values():
         if v.ndim == 2:
             flat = v.reshape(-1)
             at = rng.choice(flat.size, 6, replace=False)
