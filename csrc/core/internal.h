@@ -222,7 +222,9 @@ typedef struct pytfm__epilogue {
 
 /* One product C = β·C + op(A)·op(B), with the arguments of pytfm_sgemm, then the epilogue
  * (NULL: none), in a pytfm_precision: FP32, or BF16 (A and B rounded to BF16 as they are
- * read, pytfm__bf16_round_bits). */
+ * read, pytfm__bf16_round_bits). b16, when not NULL, is B given in BF16 only (b NULL; BF16,
+ * trans_b, on AVX512-BF16 only: pytfm__gemm_bf16): the top halves of B's values, read as the
+ * rounding of their float32 widening (the same products). */
 typedef struct pytfm__product {
     float *c;
     const float *a, *b;
@@ -231,6 +233,7 @@ typedef struct pytfm__product {
     float beta;
     const pytfm__epilogue *epilogue;
     int precision;
+    const uint16_t *b16;
 } pytfm__product;
 
 /* The products in order, each as pytfm_sgemm (FP32) or pytfm_sgemm_ex (BF16) computes it
@@ -293,10 +296,17 @@ void pytfm__gemm_bf16(const pytfm__product *g, int64_t threads, uint32_t *buf);
 
 /* pytfm_linear_forward_ex at PYTFM_PRECISION_BF16 (linear.c), the arguments checked by the
  * caller, with w16 (or NULL) W's BF16 copy: the one-row product reads it instead of W, for
- * the same bits (the C model's decoding, which keeps both). */
+ * the same bits (the C model's decoding, which keeps both). w may be NULL where w16 is not:
+ * W is then w16's values (a model of BF16 weights only), and every product reads those,
+ * rounded as W's float32 widening would be (so the bits of w = that widening). */
 pytfm_status pytfm__linear_forward_bf16(const char *func, float *y, const float *x,
                                         const float *w, const uint16_t *w16, const float *b,
                                         int64_t rows, int64_t in, int64_t out);
+
+/* pytfm_embedding_forward of a table given in BF16 (the top halves of its floats): the rows
+ * widened exactly (embedding.c), the arguments checked by the caller (ids included). */
+pytfm_status pytfm__embedding_forward_bf16(float *y, const int64_t *ids, const uint16_t *table,
+                                           int64_t rows, int64_t vocab, int64_t dim);
 
 /* y[o] = Σ_i bf16(x[i])·bf16(w[o·ldw + i]) (+ b[o]) for o < out, on AVX512-BF16: the BF16
  * linear layer on one row (sgemm_bf16.c). w16, when not NULL, holds the same weights already

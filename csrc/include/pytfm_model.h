@@ -457,8 +457,16 @@ PYTFM_API pytfm_status pytfm_folder_arch(const char *folder, int32_t *arch);
  * (pytfm_gpt2_open, then pytfm_gpt2_read into one allocation: a model with learned positions)
  * or the Llama family's (pytfm_llama_open, pytfm_llama_read); anything else a pytfm checkpoint:
  * pytfm_safetensors_open, pytfm_checkpoint_check, then the parameters read into
- * one allocation (AdamW's moments, when there, are left unread). On PYTFM_DEVICE_CUDA then
- * copied to the GPU, in one device allocation (the host copy freed). A file either layer
+ * one allocation (AdamW's moments, when there, are left unread). A Llama-family folder whose
+ * weight matrices (every 2-D tensor: q/k/v/o, gate/up/down, embed_tokens, an untied lm_head)
+ * are all bfloat16 opens in PYTFM_PRECISION_BF16 holding those matrices in BF16 only, read
+ * as the file has them (no float32 copy is made: the memory is about the file's size), the
+ * vectors (norms, biases) in float32; its logits are those of the float32 widening of the file
+ * in BF16 (pytfm.llama.load(folder, precision="bf16")'s bits). Every other model opens in
+ * PYTFM_PRECISION_FP32, its parameters in float32 (a float16 or mixed-dtype folder widened).
+ * On PYTFM_DEVICE_CUDA the parameters are then copied to the GPU, in float32 (a BF16 folder
+ * widened on the way, 16 MiB at a time), in one device allocation (the host copy freed); the
+ * model computes in FP32. A file either layer
  * refuses is PYTFM_STATUS_INVALID_ARGUMENT with its message ("<path>: ...");
  * PYTFM_STATUS_NOT_SUPPORTED for PYTFM_DEVICE_CUDA where no GPU can be used (saying why) and
  * for an unknown device; PYTFM_STATUS_OUT_OF_MEMORY. On failure *model is set to NULL.
@@ -479,14 +487,18 @@ PYTFM_API pytfm_status pytfm_model_get_config(const pytfm_model *model,
                                               pytfm_model_config *config);
 
 /* The precision of the model's linear layers from now on (a pytfm_precision; a model opens in
- * PYTFM_PRECISION_FP32): in PYTFM_PRECISION_BF16 every product is the one
+ * PYTFM_PRECISION_FP32, but for a bfloat16 Llama-family folder, see pytfm_model_open): in
+ * PYTFM_PRECISION_BF16 every product is the one
  * pytfm_linear_forward_ex computes in BF16, as pytfm.nn.GPT(cfg, precision="bf16") runs it, so
  * the logits are its bits (at the same thread count and instruction-set cap). BF16 converts
  * each weight matrix once, here, into a BF16 copy that decoding a token at a time
  * (pytfm_session_feed of one token) reads instead of the float32 weights: half the bytes per
  * token, the same values. The copy takes 2 bytes per weight (n_layer·12·d_model² + vocab·
  * d_model of them) besides the float32 parameters, which stay (the embedding, LayerNorm and
- * the products of several rows read them); FP32 frees it. Not while another thread uses the
+ * the products of several rows read them); FP32 frees it. A model of a bfloat16 folder has no
+ * float32 matrices to copy: its FP32 widens them into a float32 allocation of 4 bytes per
+ * weight (then the logits are pytfm.llama.load(folder)'s, FP32's bits), which BF16 frees
+ * again. Not while another thread uses the
  * model or one of its sessions. PYTFM_STATUS_OUT_OF_MEMORY leaves the model as it was. A
  * model opened on PYTFM_DEVICE_CUDA computes in FP32 only: BF16 is PYTFM_STATUS_NOT_SUPPORTED. */
 PYTFM_API pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision);

@@ -5,7 +5,9 @@
  *   forward:  y[i, :] = table[ids[i], :]
  *   backward: dtable[ids[i], :] += dy[i, :]  (a scatter-add: rows of repeated ids add up; run
  *             in order of i, so the sum is the same every time)
- * All ids are checked before the first write, so a bad id changes nothing.
+ * All ids are checked before the first write, so a bad id changes nothing. A table given in
+ * BF16 (the C model of a BF16 file, internal) is read widened: the same rows as its float32
+ * widening gives.
  */
 #include <string.h>
 
@@ -23,6 +25,30 @@ pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *
     PYTFM_PARALLEL_ROWS(rows, dim)
     for (int64_t i = 0; i < rows; i++)
         memcpy(y + i * dim, table + ids[i] * dim, (size_t)dim * sizeof(float));
+    return PYTFM_STATUS_OK;
+}
+
+/* the rows of a BF16 table, widened: y[i, j] = the float whose top half is table[ids[i], j] */
+static void rows_bf16(float *y, const int64_t *ids, const uint16_t *table, int64_t i0,
+                      int64_t i1, int64_t dim) {
+    for (int64_t i = i0; i < i1; i++) {
+        const uint16_t *row = table + ids[i] * dim;
+        for (int64_t j = 0; j < dim; j++) {
+            const uint32_t u = (uint32_t)row[j] << 16;
+            memcpy(y + i * dim + j, &u, sizeof u);
+        }
+    }
+}
+
+pytfm_status pytfm__embedding_forward_bf16(float *y, const int64_t *ids, const uint16_t *table,
+                                           int64_t rows, int64_t vocab, int64_t dim) {
+    (void)vocab; // the caller checked the ids against it
+    if (pytfm__one_task(rows, dim)) { // no parallel region for one task
+        rows_bf16(y, ids, table, 0, rows, dim);
+        return PYTFM_STATUS_OK;
+    }
+    PYTFM_PARALLEL_ROWS(rows, dim)
+    for (int64_t i = 0; i < rows; i++) rows_bf16(y, ids, table, i, i + 1, dim);
     return PYTFM_STATUS_OK;
 }
 

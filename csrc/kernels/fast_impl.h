@@ -390,14 +390,15 @@ static void gemv_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
     }
 }
 
-/* w[i] as the BF16 one-row product multiplies it: rounded to BF16, or, from the BF16 copy w16
- * (the top halves of the rounded weights), widened: the same value */
+/* w[i] as the BF16 one-row product multiplies it: rounded to BF16, or, from the BF16 weights
+ * w16 (the top halves), widened and rounded: the same value (the rounding keeps a BF16 value
+ * but a subnormal, which it makes a zero, and a NaN, made quiet) */
 static inline float bf16_weight_(const float *w, const uint16_t *w16, int64_t i) {
     if (!w16) return pytfm__bf16_round(w[i]);
     const uint32_t u = (uint32_t)w16[i] << 16;
     float f;
     memcpy(&f, &u, sizeof f);
-    return f;
+    return pytfm__bf16_round(f);
 }
 
 /* gemv on BF16-rounded x and w (w16, when not NULL, the BF16 copy of w, read instead): the
@@ -408,7 +409,7 @@ static inline float bf16_weight_(const float *w, const uint16_t *w16, int64_t i)
 static void gemv_bf16(float *y, const float *x, const float *w, const uint16_t *w16,
                       int64_t ldw, const float *b, int64_t in, int64_t out) {
     for (int64_t o = 0; o < out; o++) {
-        const float *wo = w + o * ldw;
+        const float *wo = w16 ? NULL : w + o * ldw; // w is NULL where w16 holds the weights
         const uint16_t *w16o = w16 ? w16 + o * ldw : NULL;
         if (o + 4 < out) PYTFM_PREFETCH(w16 ? (const void *)(w16o + 4 * ldw)
                                             : (const void *)(wo + 4 * ldw));

@@ -25,7 +25,11 @@
  * same order), so that a prompt fed at once gets a token's bits in the linear layers. A W in
  * the caches is no stream to share: from 5 rows on there the micro-kernel is faster. The
  * figures are in docs/performance.md.
+ * In BF16, W may be given as BF16 only (the C model of a BF16 file: w NULL, w16 set): the
+ * one-row kernels read w16 as they read a BF16 copy, and the packed product takes it as
+ * product_bf16_weights says, each way the bits of W's float32 widening.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/checks.h"
@@ -35,7 +39,8 @@ enum {
     GEMV_BLOCK = 64,        /* outputs per parallel task of a one-row or few-row product */
     FEW_ROWS = 7,           /* the most rows gemv_rows takes instead of the packed product */
     FEW_ROWS_CACHED = 4,    /* ... when W is at most STREAM_FLOATS */
-    STREAM_FLOATS = 1 << 18 /* a W above this many floats (1 MiB: a core's L2) streams */
+    STREAM_FLOATS = 1 << 18, /* a W above this many floats (1 MiB: a core's L2) streams */
+    WIDEN_FLOATS = 1 << 18   /* a block of a BF16-only W widened at once (product_bf16_weights) */
 };
 
 /* whether the FP32 product of rows rows and a W [out, in] takes few_rows (the fast ISAs) */
@@ -76,11 +81,58 @@ static void one_row_bf16(const pytfm__fast_kernels *k, float *h, const float *x,
     for (int64_t o = 0; o < out; o += GEMV_BLOCK) {
         const int64_t n = PYTFM_MIN(GEMV_BLOCK, out - o);
         const uint16_t *w16o = w16 ? w16 + o * in : NULL;
+        const float *wo = w16 ? NULL : w + o * in; // w is NULL where w16 holds the weights
         if (dp)
-            pytfm__gemv_bf16(h + o, x, w + o * in, w16o, in, b ? b + o : NULL, in, n, stream);
+            pytfm__gemv_bf16(h + o, x, wo, w16o, in, b ? b + o : NULL, in, n, stream);
         else
-            k->gemv_bf16(h + o, x, w + o * in, w16o, in, b ? b + o : NULL, in, n);
+            k->gemv_bf16(h + o, x, wo, w16o, in, b ? b + o : NULL, in, n);
     }
+}
+
+/* The packed BF16 product h = x·Wᵀ + b of a W given in BF16 only (w16 [out, in]), the bits of
+ * the product on W's float32 widening: on AVX512-BF16 the BF16 driver packs w16's pairs as
+ * they are (pairs_of_bf16: what it makes of the widening); elsewhere W is widened WIDEN_FLOATS
+ * at a time, a block of its rows, and each block's product computed into a scratch of the
+ * block's columns of h, then copied there. That is the whole product's bits: every element of
+ * h is summed on its own (a lane of a micro-kernel, or the plain loop's dot product) over the
+ * same k slices in the same order, whatever the columns around it. Scratch: the packing's, or
+ * WIDEN_FLOATS + rows × the block's columns floats. */
+static pytfm_status product_bf16_weights(const char *func, float *h, const float *x,
+                                         const uint16_t *w16, const float *b, int64_t rows,
+                                         int64_t in, int64_t out) {
+    if (rows == 0 || out == 0) return PYTFM_STATUS_OK;
+    const pytfm__epilogue e = {b, NULL, NULL};
+    if (pytfm_get_bf16_isa() == PYTFM_ISA_AVX512_BF16 && in > 0) {
+        const int64_t threads = pytfm_get_num_threads();
+        const pytfm__product g = {h,    x, NULL, rows, out, in, 0, 1, 0.0f, b ? &e : NULL,
+                                  PYTFM_PRECISION_BF16, w16};
+        uint32_t *buf = pytfm__scratch(func, pytfm__gemm_bf16_scratch(&g, threads), 4);
+        if (!buf) return PYTFM_STATUS_OUT_OF_MEMORY;
+        pytfm__gemm_bf16(&g, threads, buf);
+        free(buf);
+        return PYTFM_STATUS_OK;
+    }
+    const int64_t per_block = in > 0 && in < WIDEN_FLOATS ? WIDEN_FLOATS / in : 1;
+    const int64_t block = PYTFM_MIN(out, per_block); // rows of W
+    float *wb = pytfm__scratch(func, block * in + rows * block, sizeof(float));
+    if (!wb) return PYTFM_STATUS_OUT_OF_MEMORY;
+    float *hb = wb + block * in;
+    pytfm_status st = PYTFM_STATUS_OK;
+    for (int64_t o0 = 0; o0 < out && st == PYTFM_STATUS_OK; o0 += block) {
+        const int64_t n = PYTFM_MIN(block, out - o0);
+        for (int64_t i = 0; i < n * in; i++) { // exactly: a BF16 value is a float's top half
+            const uint32_t u = (uint32_t)w16[o0 * in + i] << 16;
+            memcpy(wb + i, &u, sizeof u);
+        }
+        const pytfm__epilogue eb = {b ? b + o0 : NULL, NULL, NULL};
+        const pytfm__product g = {hb, x, wb, rows, n, in, 0, 1, 0.0f, b ? &eb : NULL,
+                                  PYTFM_PRECISION_BF16, NULL};
+        st = pytfm__sgemm_all(func, &g, 1);
+        for (int64_t r = 0; st == PYTFM_STATUS_OK && r < rows; r++)
+            memcpy(h + r * out + o0, hb + r * n, (size_t)n * sizeof(float));
+    }
+    free(wb);
+    return st;
 }
 
 /* h = x·Wᵀ + b, and y = gelu(h) when y is not NULL: both forwards, in either precision (w16:
@@ -109,10 +161,12 @@ static pytfm_status forward(const char *func, float *y, float *h, const float *x
         for (int64_t o = 0; o < out; o += GEMV_BLOCK)
             k->gemv(h + o, x, w + o * in, in, b ? b + o : NULL, in,
                     PYTFM_MIN(GEMV_BLOCK, out - o));
+    } else if (!w) { // BF16 weights only (pytfm__linear_forward_bf16), no GELU
+        return product_bf16_weights(func, h, x, w16, b, rows, in, out);
     } else {
         const pytfm__epilogue e = {b, k ? y : NULL, k ? k->gelu_forward : NULL};
         const pytfm__product h_xwt = {h, x, w, rows, out, in, 0, 1, 0.0f,
-                                      b || e.act ? &e : NULL, precision};
+                                      b || e.act ? &e : NULL, precision, NULL};
         PYTFM_TRY(pytfm__sgemm_all(func, &h_xwt, 1));
         if (e.act) return PYTFM_STATUS_OK;
     }
@@ -159,8 +213,8 @@ static pytfm_status backward(const char *func, float *dx, float *dw, float *db, 
                              int64_t out, int precision) {
     const pytfm__product products[2] = {
         // dW += dyᵀ·x: dy [rows, out] = op(A)ᵀ
-        {dw, dy, x, out, in, rows, 1, 0, 1.0f, NULL, precision},
-        {dx, dy, w, rows, in, out, 0, 0, 0.0f, NULL, precision}, // dx = dy·W, when wanted
+        {dw, dy, x, out, in, rows, 1, 0, 1.0f, NULL, precision, NULL},
+        {dx, dy, w, rows, in, out, 0, 0, 0.0f, NULL, precision, NULL}, // dx = dy·W, if wanted
     };
     PYTFM_TRY(pytfm__sgemm_all(func, products, dx ? 2 : 1));
     if (db) { // column blocks to threads; each column summed over the rows in order

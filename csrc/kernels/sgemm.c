@@ -530,7 +530,7 @@ pytfm_status pytfm_sgemm(float *c, const float *a, const float *b, int64_t m, in
                          int64_t k, int32_t trans_a, int32_t trans_b, float beta) {
     PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
     const pytfm__product p = {c, a, b, m, n, k, trans_a, trans_b, beta, NULL,
-                              PYTFM_PRECISION_FP32};
+                              PYTFM_PRECISION_FP32, NULL};
     return pytfm__sgemm_all(__func__, &p, 1);
 }
 
@@ -539,7 +539,8 @@ pytfm_status pytfm_sgemm_ex(float *c, const float *a, const float *b, int64_t m,
                             int32_t precision) {
     PYTFM_TRY(pytfm__check_precision(__func__, precision));
     PYTFM_TRY(pytfm__check_sgemm(__func__, c, a, b, m, n, k, beta));
-    const pytfm__product p = {c, a, b, m, n, k, trans_a, trans_b, beta, NULL, precision};
+    const pytfm__product p = {c, a, b, m, n, k, trans_a, trans_b, beta, NULL, precision,
+                              NULL};
     return pytfm__sgemm_all(__func__, &p, 1);
 }
 

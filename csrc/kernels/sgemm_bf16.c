@@ -59,6 +59,20 @@ TARGET static inline __m512i pairs_along(const float *p, int count) {
     return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
+/* 32 BF16 values (count <= 32 at p, the rest 0) as pairs_along makes them from their float32
+ * widening: each as pytfm__bf16_round_bits rounds it, which keeps a BF16 value but for a
+ * subnormal (a zero of its sign) and a NaN (made quiet) */
+TARGET static inline __m512i pairs_of_bf16(const uint16_t *p, int count) {
+    const __m512i v =
+        _mm512_maskz_loadu_epi16(count >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << count) - 1), p);
+    const __mmask32 tiny = _mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x7F80));
+    const __mmask32 nan = _mm512_cmpgt_epu16_mask(_mm512_and_si512(v, _mm512_set1_epi16(0x7FFF)),
+                                                  _mm512_set1_epi16(0x7F80));
+    const __m512i zero = _mm512_and_si512(v, _mm512_set1_epi16((short)0x8000));
+    const __m512i quiet = _mm512_or_si512(v, _mm512_set1_epi16(0x0040));
+    return _mm512_mask_mov_epi16(_mm512_mask_mov_epi16(v, tiny, zero), nan, quiet);
+}
+
 /* 16 pairs across two rows (count <= 16 values of each, the rest 0): word j = bf16(b[j]) << 16
  * | bf16(a[j]) */
 TARGET static inline __m512i pairs_across(const float *a, const float *b, int count) {
@@ -98,16 +112,18 @@ TARGET static void transpose8(uint32_t *dst, int64_t ldd, const uint32_t *src, i
 /* A micro-panel of width w (MR or NR) from w rows of pairs along them: dst[q·w + r] = the pair
  * (src[r·lds + 2q], src[r·lds + 2q + 1]) for r < rows (0 for rows <= r < w), q < (kc + 1) / 2
  * (a value at 2q + 1 >= kc is 0). Used for op(A) = A's rows and for op(B) = the rows of a
- * transposed B: 16 pairs of each row at a time into a [w][16] block, then transposed 8×8. */
-TARGET static void pack_along(uint32_t *dst, int w, const float *src, int64_t lds, int rows,
-                              int64_t kc) {
+ * transposed B: 16 pairs of each row at a time into a [w][16] block, then transposed 8×8.
+ * src16, when not NULL, holds the rows in BF16 instead of src (pairs_of_bf16). */
+TARGET static void pack_along(uint32_t *dst, int w, const float *src, const uint16_t *src16,
+                              int64_t lds, int rows, int64_t kc) {
     const int64_t kc2 = (kc + 1) / 2;
     uint32_t blk[NR][16];
     for (int64_t q0 = 0; q0 < kc2; q0 += 16) {
         const int count = (int)PYTFM_MIN(32, kc - 2 * q0); // floats of each row in this block
         for (int r = 0; r < w; r++) {
-            const __m512i v = r < rows ? pairs_along(src + r * lds + 2 * q0, count)
-                                       : _mm512_setzero_si512();
+            const __m512i v = r >= rows ? _mm512_setzero_si512()
+                              : src16   ? pairs_of_bf16(src16 + r * lds + 2 * q0, count)
+                                        : pairs_along(src + r * lds + 2 * q0, count);
             _mm512_storeu_si512(blk[r], v);
         }
         const int64_t pairs = PYTFM_MIN(16, kc2 - q0);
@@ -150,18 +166,21 @@ TARGET static void pack_a(uint32_t *dst, const pytfm__product *g, int64_t i0, in
         if (g->trans_a) // op(A)[i, p] = a[p·m + i]: MR values of a row of a, rows p and p+1
             pack_across(dst, MR, g->a + p0 * m + i0 + ir, m, rows, kc);
         else
-            pack_along(dst, MR, g->a + (i0 + ir) * k + p0, k, rows, kc);
+            pack_along(dst, MR, g->a + (i0 + ir) * k + p0, NULL, k, rows, kc);
     }
 }
 
-/* k slice [p0, p0+kc) × columns [j0, j0+nc) of op(B) into micro-panels of NR columns */
+/* k slice [p0, p0+kc) × columns [j0, j0+nc) of op(B) into micro-panels of NR columns (B in
+ * BF16: transposed, rows of g->b16) */
 TARGET static void pack_b(uint32_t *dst, const pytfm__product *g, int64_t p0, int64_t kc,
                           int64_t j0, int64_t nc) {
     const int64_t kc2 = (kc + 1) / 2, n = g->n, k = g->k;
     for (int64_t jr = 0; jr < nc; jr += NR, dst += NR * kc2) {
         const int cols = (int)PYTFM_MIN(NR, nc - jr);
-        if (g->trans_b) // column j of op(B) is row j of b
-            pack_along(dst, NR, g->b + (j0 + jr) * k + p0, k, cols, kc);
+        if (g->b16) // column j of op(B) is row j of b16
+            pack_along(dst, NR, NULL, g->b16 + (j0 + jr) * k + p0, k, cols, kc);
+        else if (g->trans_b) // column j of op(B) is row j of b
+            pack_along(dst, NR, g->b + (j0 + jr) * k + p0, NULL, k, cols, kc);
         else
             pack_across(dst, NR, g->b + p0 * n + j0 + jr, n, cols, kc);
     }
@@ -283,14 +302,15 @@ void pytfm__gemm_bf16(const pytfm__product *g, int64_t threads, uint32_t *buf) {
 
 /* ---- one row: y = x·Wᵀ (+ b) ------------------------------------------------------------- */
 
-/* 32 weights of a row as 16 pairs: from the BF16 copy (as stored), or rounded from W */
-TARGET static inline __m512i weights(const float *w, const uint16_t *w16, int64_t j,
+/* 32 weights from element at of W as 16 pairs: from the BF16 copy (as stored: vdpbf16ps takes
+ * a subnormal as the zero the rounding makes of it), or rounded from W */
+TARGET static inline __m512i weights(const float *w, const uint16_t *w16, int64_t at,
                                      int count) {
     if (w16) {
         const __mmask32 m = count >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << count) - 1);
-        return _mm512_maskz_loadu_epi16(m, w16 + j);
+        return _mm512_maskz_loadu_epi16(m, w16 + at);
     }
-    return pairs_along(w + j, count);
+    return pairs_along(w + at, count);
 }
 
 /* Σ over the 16 lanes of s, always in this tree (halves, then quarters, then pairs): the
@@ -321,8 +341,7 @@ TARGET static void gemv_rows(float *y, const float *x, const uint32_t *xp, const
     for (; !stream && o + 4 <= o1; o += 4) {
         __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
         const char *next = base + (o + 4) * row;
-        const float *w0 = w + o * ldw;
-        const uint16_t *h0 = w16 ? w16 + o * ldw : NULL;
+        const int64_t at = o * ldw; // W's row o
         for (int64_t j = 0; j < in; j += 32) {
             const int count = (int)PYTFM_MIN(32, in - j);
             if (o + 8 <= o1)
@@ -331,13 +350,10 @@ TARGET static void gemv_rows(float *y, const float *x, const uint32_t *xp, const
                         _mm_prefetch(next + r * row + j * bytes + off, _MM_HINT_T0);
             const __m512bh xv = (__m512bh)(xp ? _mm512_loadu_si512(xp + j / 2)
                                               : pairs_along(x + j, count));
-            s0 = _mm512_dpbf16_ps(s0, xv, (__m512bh)weights(w0, h0, j, count));
-            s1 = _mm512_dpbf16_ps(s1, xv,
-                                  (__m512bh)weights(w0 + ldw, h0 ? h0 + ldw : NULL, j, count));
-            s2 = _mm512_dpbf16_ps(
-                s2, xv, (__m512bh)weights(w0 + 2 * ldw, h0 ? h0 + 2 * ldw : NULL, j, count));
-            s3 = _mm512_dpbf16_ps(
-                s3, xv, (__m512bh)weights(w0 + 3 * ldw, h0 ? h0 + 3 * ldw : NULL, j, count));
+            s0 = _mm512_dpbf16_ps(s0, xv, (__m512bh)weights(w, w16, at + j, count));
+            s1 = _mm512_dpbf16_ps(s1, xv, (__m512bh)weights(w, w16, at + ldw + j, count));
+            s2 = _mm512_dpbf16_ps(s2, xv, (__m512bh)weights(w, w16, at + 2 * ldw + j, count));
+            s3 = _mm512_dpbf16_ps(s3, xv, (__m512bh)weights(w, w16, at + 3 * ldw + j, count));
         }
         // lanes_sum of the four side by side: the halves of s0..s3, then ...
         const __m512 a01 = _mm512_add_ps(_mm512_shuffle_f32x4(s0, s1, 0x44),
@@ -360,8 +376,7 @@ TARGET static void gemv_rows(float *y, const float *x, const uint32_t *xp, const
             const int count = (int)PYTFM_MIN(32, in - j);
             const __m512bh xv = (__m512bh)(xp ? _mm512_loadu_si512(xp + j / 2)
                                               : pairs_along(x + j, count));
-            s = _mm512_dpbf16_ps(s, xv, (__m512bh)weights(w + o * ldw,
-                                                          w16 ? w16 + o * ldw : NULL, j, count));
+            s = _mm512_dpbf16_ps(s, xv, (__m512bh)weights(w, w16, o * ldw + j, count));
         }
         const float d = lanes_sum(s);
         y[o] = b ? d + b[o] : d;

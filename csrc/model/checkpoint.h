@@ -46,6 +46,12 @@ int pytfm__param_shape(const pytfm_param_info *p, int64_t shape[2]);
 typedef struct pytfm__weights {
     pytfm_model_config config; /* every field filled, n_params and step included */
     float *params;             /* config.n_params floats, 64-byte aligned; free with free() */
+    /* A BF16 file's matrices (pytfm__llama_weights: a Llama-family folder whose 2-D parameters
+     * are all bfloat16), or NULL: n_w16 values, every 2-D parameter in the layout's order, each
+     * as the top halves of its float32 values; params then holds the other parameters only
+     * (n_params - n_w16 floats, in the layout's order). Free with free(). */
+    uint16_t *w16;
+    int64_t n_w16;
 } pytfm__weights;
 
 /* pytfm_checkpoint_check on st, then its parameters read into a new allocation, in host byte

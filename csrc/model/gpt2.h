@@ -16,7 +16,8 @@
 pytfm_status pytfm__gpt2_weights(const char *folder, pytfm__weights *w);
 
 /* The same for a Llama-family folder (pytfm_llama_open, pytfm_llama_read: every tensor converted
- * to float32). */
+ * to float32), but for a folder whose matrices are all bfloat16: those are kept in BF16, in
+ * w->w16 (checkpoint.h), no float32 copy of them made. */
 pytfm_status pytfm__llama_weights(const char *folder, pytfm__weights *w);
 
 #endif /* PYTFM_GPT2_H */

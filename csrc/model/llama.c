@@ -17,7 +17,8 @@
  * All of that reads headers only: nothing proportional to the parameters is allocated before
  * it passes. pytfm_llama_read then copies the parameters with pread, converting 16-bit floats
  * to float32 (exactly: every bfloat16 and float16 is a float32), and checks a stored tied head
- * against the embedding.
+ * against the embedding. For the C model (pytfm__llama_weights), a folder whose matrices are
+ * all bfloat16 keeps them so: their bytes read as they lie, the vectors converted to float32.
  */
 #include <errno.h>
 #include <math.h>
@@ -652,6 +653,28 @@ static int64_t elements(const pytfm__st_entry *e) {
     return (e->end - e->begin) / (e->dtype == PYTFM_DTYPE_F32 ? 4 : 2);
 }
 
+/* a tied model's stored head (if any) equals the embedding, whose value i embed(i) gives (from
+ * float32 or BF16): as array_equal compares their float32 values; buf as read_part's, then
+ * CHUNK floats */
+static pytfm_status check_head(const pytfm_llama *llama, const float *embed,
+                               const uint16_t *embed16, unsigned char *buf) {
+    const pytfm__st_entry *lm = llama->lm_head;
+    const pytfm__hf_files *h = &llama->h;
+    float *head = (float *)(void *)(buf + 2 * CHUNK);
+    const int64_t n = lm ? elements(lm) : 0; /* vocab · d_model, checked at the open */
+    pytfm_status status = PYTFM_STATUS_OK;
+    for (int64_t i0 = 0; lm && status == PYTFM_STATUS_OK && i0 < n; i0 += CHUNK) {
+        const int64_t m = PYTFM_MIN(CHUNK, n - i0);
+        status = read_part(h->files[llama->lm_head_file].st, lm, i0, m, head, buf);
+        for (int64_t i = 0; status == PYTFM_STATUS_OK && i < m; i++)
+            if (head[i] != (embed ? embed[i0 + i] : from_bf16(embed16[i0 + i])))
+                status = BAD(h->files[llama->lm_head_file].path,
+                             "lm_head.weight differs from model.embed_tokens.weight, but "
+                             "config.json ties them (tie_word_embeddings)");
+    }
+    return status;
+}
+
 pytfm_status pytfm_llama_read(const pytfm_llama *llama, float *params, int64_t count) {
     PYTFM_CHECK(llama != NULL, "%s: llama must not be NULL", __func__);
     PYTFM_CHECK(params != NULL, "%s: params must not be NULL", __func__);
@@ -662,7 +685,6 @@ pytfm_status pytfm_llama_read(const pytfm_llama *llama, float *params, int64_t c
     /* CHUNK 16-bit values, then CHUNK floats of a stored tied head to compare */
     unsigned char *buf = pytfm__scratch(__func__, CHUNK * 6, 1);
     if (!buf) return PYTFM_STATUS_OUT_OF_MEMORY;
-    float *head = (float *)(void *)(buf + 2 * CHUNK);
     pytfm_status status = PYTFM_STATUS_OK;
     pytfm_param_info x = {.layer = -1, .part = -1};
     int64_t at = 0;
@@ -672,21 +694,70 @@ pytfm_status pytfm_llama_read(const pytfm_llama *llama, float *params, int64_t c
         status = read_part(h->files[f].st, e, 0, elements(e), params + at, buf);
         at += elements(e);
     }
-    const pytfm__st_entry *lm = llama->lm_head;
-    const int64_t n = lm ? elements(lm) : 0; /* vocab · d_model, checked at the open */
-    for (int64_t i0 = 0; lm && status == PYTFM_STATUS_OK && i0 < n; i0 += CHUNK) {
-        const int64_t m = PYTFM_MIN(CHUNK, n - i0);
-        status = read_part(h->files[llama->lm_head_file].st, lm, i0, m, head, buf);
-        for (int64_t i = 0; status == PYTFM_STATUS_OK && i < m; i++)
-            if (head[i] != params[i0 + i]) /* the embedding is first; as array_equal compares */
-                status = BAD(h->files[llama->lm_head_file].path,
-                             "lm_head.weight differs from model.embed_tokens.weight, but "
-                             "config.json ties them (tie_word_embeddings)");
-    }
+    if (status == PYTFM_STATUS_OK) /* the embedding is first */
+        status = check_head(llama, params, NULL, buf);
     free(buf);
     if (status != PYTFM_STATUS_OK) return status;
     errno = 0;
     return PYTFM_STATUS_OK;
+}
+
+/* the entry of parameter x, and its file's index in *f */
+static const pytfm__st_entry *entry_of(const pytfm_llama *g, const pytfm_param_info *x,
+                                       size_t *f) {
+    *f = 0;
+    return pytfm__hf_find(&g->h, x->name, strlen(x->name), f);
+}
+
+/* whether every matrix (a 2-D parameter) of g's folder is bfloat16; their values into
+ * *n_matrix */
+static int matrices_bf16(const pytfm_llama *g, int64_t *n_matrix) {
+    int all = 1;
+    *n_matrix = 0;
+    for (pytfm_param_info x = {.layer = -1, .part = -1}; pytfm__param_next(&g->config, &x);) {
+        if (x.ndim != 2) continue;
+        size_t f;
+        const pytfm__st_entry *e = entry_of(g, &x, &f);
+        all &= e->dtype == PYTFM_DTYPE_BF16;
+        *n_matrix += elements(e);
+    }
+    return all;
+}
+
+/* p[0..count) 16-bit values read from a file (little-endian) in host byte order */
+static void halves_to_host_order(uint16_t *p, int64_t count) {
+    const uint16_t one = 1;
+    unsigned char first;
+    memcpy(&first, &one, 1);
+    if (first == 1) return;
+    for (int64_t i = 0; i < count; i++) p[i] = (uint16_t)(p[i] >> 8 | p[i] << 8);
+}
+
+/* The parameters of g, whose matrices are all bfloat16, the matrices' bytes as they lie into
+ * w16 (n_matrix values), the vectors as float32 into params, each in the layout's order. */
+static pytfm_status read_keeping_bf16(const pytfm_llama *g, float *params, uint16_t *w16) {
+    const pytfm__hf_files *h = &g->h;
+    unsigned char *buf = pytfm__scratch("pytfm_model_open", CHUNK * 6, 1);
+    if (!buf) return PYTFM_STATUS_OUT_OF_MEMORY;
+    pytfm_status status = PYTFM_STATUS_OK;
+    int64_t at = 0, at16 = 0;
+    pytfm_param_info x = {.layer = -1, .part = -1};
+    while (status == PYTFM_STATUS_OK && pytfm__param_next(&g->config, &x)) {
+        size_t f;
+        const pytfm__st_entry *e = entry_of(g, &x, &f);
+        const int64_t n = elements(e);
+        if (x.ndim == 2) {
+            status = pytfm__st_read_part(h->files[f].st, e, 0, w16 + at16, 2 * n);
+            halves_to_host_order(w16 + at16, n);
+            at16 += n;
+        } else {
+            status = read_part(h->files[f].st, e, 0, n, params + at, buf);
+            at += n;
+        }
+    }
+    if (status == PYTFM_STATUS_OK) status = check_head(g, NULL, w16, buf);
+    free(buf);
+    return status;
 }
 
 pytfm_status pytfm__llama_weights(const char *folder, pytfm__weights *w) {
@@ -694,15 +765,26 @@ pytfm_status pytfm__llama_weights(const char *folder, pytfm__weights *w) {
     pytfm_llama *g;
     PYTFM_TRY(pytfm_llama_open(&g, folder));
     const int64_t count = g->config.n_params;
-    // in huge pages where granted (core/weights.c); count floats lie in the files: no overflow
-    float *params = pytfm__weights_alloc((size_t)count * sizeof(float));
-    pytfm_status status =
-        params ? pytfm_llama_read(g, params, count) : pytfm__hf_no_memory(&g->h, count);
+    int64_t n_matrix = 0;
+    const int keep = matrices_bf16(g, &n_matrix);
+    const int64_t floats = keep ? count - n_matrix : count;
+    // in huge pages where granted (core/weights.c); they lie in the files: no overflow
+    float *params = pytfm__weights_alloc((size_t)floats * sizeof(float));
+    uint16_t *w16 = keep && params ? pytfm__weights_alloc((size_t)n_matrix * 2) : NULL;
+    pytfm_status status;
+    if (!params || (keep && !w16))
+        status = pytfm__hf_no_memory(&g->h, count);
+    else if (keep)
+        status = read_keeping_bf16(g, params, w16);
+    else
+        status = pytfm_llama_read(g, params, count);
     if (status == PYTFM_STATUS_OK) {
         w->config = g->config;
         w->params = params;
+        w->w16 = w16, w->n_w16 = keep ? n_matrix : 0;
+        errno = 0;
     } else {
-        free(params);
+        free(params), free(w16);
     }
     pytfm_llama_close(g);
     return status;

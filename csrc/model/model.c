@@ -39,6 +39,13 @@
  * each weight matrix (made once, by set_precision) instead of the float32 weights: the same
  * values, half the bytes, and a decoded token reads every weight once.
  *
+ * A Llama-family folder whose matrices are all bfloat16 opens in BF16 holding those matrices
+ * in BF16 only, as the file has them (the model "keeps BF16"): the products read them as the
+ * rounding of their float32 widening, the embedding widens its rows, so the logits are those
+ * of the float32 widening in BF16, without the float32 copy. Its FP32 widens the matrices into
+ * a float32 allocation of their own (freed again by BF16); on the GPU they are widened as they
+ * are copied there, and the model is an FP32 one.
+ *
  * The model is read-only once opened (the parameters, per-layer pointers into them, the
  * position table, the precision and the BF16 copies): any number of threads may share it,
  * as long as none changes its precision meanwhile. Each call allocates its own activations
@@ -78,8 +85,11 @@ typedef struct layer {
     };
     /* the Llama family's (enum pytfm__llama_part; NULL where the config has none) */
     const float *llama[PYTFM__LLAMA_PARTS];
-    /* each matrix of the roles above [out, in] (Llama's ATTN_IN: q, k and v as one), its BF16
-     * copy (PYTFM_PRECISION_BF16; else NULL), and its bias (NULL: none) */
+    /* the Llama family's matrices in BF16 (a model that keeps BF16), else NULL */
+    const uint16_t *llama16[PYTFM__LLAMA_PARTS];
+    /* each matrix of the roles above [out, in] (Llama's ATTN_IN: q, k and v as one) in float32
+     * (NULL: none, or a model that keeps BF16 in BF16), in BF16 (the copy set_precision makes,
+     * or the kept matrix; NULL: none), and its bias (NULL: none) */
     const float *w[MATRICES];
     const uint16_t *w16[MATRICES];
     const float *b[MATRICES];
@@ -107,8 +117,14 @@ struct pytfm_model {
     const float *inv_freq;  /* [D/2] (Llama), or NULL */
     layer *layers;          /* [n_layer] */
     int32_t precision;          /* a pytfm_precision of the products */
-    uint16_t *w16;              /* owned: every BF16 copy in one allocation (BF16), or NULL */
-    const uint16_t *lm_head16;  /* the LM head's BF16 copy (BF16), or NULL */
+    /* owned: every BF16 copy in one allocation (BF16), or the kept matrices (keeps_bf16: in
+     * the layout's order, checkpoint.h's pytfm__weights.w16), or NULL */
+    uint16_t *w16;
+    int keeps_bf16;             /* 1: the matrices are w16's, in BF16 only (host memory) */
+    int64_t n_w16;              /* the kept matrices' values */
+    float *w32;                 /* owned: the kept matrices widened (keeps_bf16 in FP32), or NULL */
+    const uint16_t *lm_head16;  /* the LM head in BF16: its copy (BF16) or kept, or NULL */
+    const uint16_t *wte16;      /* the embedding, kept (keeps_bf16), or NULL */
 };
 
 /* Each block's matrices by role (layer.w, .b, .rows, .cols), from its parts. */
@@ -121,8 +137,13 @@ static void roles(pytfm_model *m, layer *l) {
                                     p[PYTFM__LLAMA_DOWN]};
         const int64_t rows[MATRICES] = {m->qw + 2 * m->kvw, C, m->F, m->F, C};
         const int64_t cols[MATRICES] = {C, m->qw, C, C, m->F};
+        const uint16_t *const *k = l->llama16;
+        const uint16_t *w16[MATRICES] = {k[PYTFM__LLAMA_Q_W], k[PYTFM__LLAMA_O_W],
+                                         k[PYTFM__LLAMA_GATE], k[PYTFM__LLAMA_UP],
+                                         k[PYTFM__LLAMA_DOWN]};
         for (int r = 0; r < MATRICES; r++)
-            l->w[r] = w[r], l->b[r] = NULL, l->rows[r] = rows[r], l->cols[r] = cols[r];
+            l->w[r] = w[r], l->w16[r] = w16[r], l->b[r] = NULL, l->rows[r] = rows[r],
+            l->cols[r] = cols[r];
         l->b[ATTN_IN] = p[PYTFM__LLAMA_Q_B]; /* q, k and v's, adjacent; NULL without qkv_bias */
         return;
     }
@@ -134,35 +155,45 @@ static void roles(pytfm_model *m, layer *l) {
 }
 
 /* The parameters' pointers, walking the layout (pytfm_model_param) from p, its first float, and
- * table, the model's table (or NULL), both on the model's device; -> the floats walked. */
-static int64_t walk(pytfm_model *m, const float *p, const float *table) {
+ * table, the model's table (or NULL), both on the model's device; p16: NULL, or a model that
+ * keeps BF16 (Llama, host memory): its matrices are in p16 instead, in the layout's order, p
+ * holding the rest. -> the values walked. */
+static int64_t walk(pytfm_model *m, const float *p, const uint16_t *p16, const float *table) {
     const pytfm_model_config *c = &m->config;
     const float *start = p;
+    const uint16_t *start16 = p16;
     m->positions = m->llama ? NULL : table;
     m->inv_freq = m->llama ? table : NULL;
-    m->lm_head = m->ln_f_b = NULL;
+    m->wte = m->lm_head = m->ln_f_b = NULL;
+    m->wte16 = m->lm_head16 = NULL;
     int64_t shape[2];
-    for (pytfm_param_info x = {.layer = -1, .part = -1}; pytfm__param_next(c, &x);
-         p += shape[0] * shape[1]) {
+    for (pytfm_param_info x = {.layer = -1, .part = -1}; pytfm__param_next(c, &x);) {
         pytfm__param_shape(&x, shape); /* the checked config's: within int64 */
-        if (x.layer >= 0 && x.layer < c->n_layer && m->llama)
-            m->layers[x.layer].llama[pytfm__llama_part(c, x.part)] = p;
-        else if (x.layer >= 0 && x.layer < c->n_layer)
-            m->layers[x.layer].part[x.part] = p;
-        else if (x.layer < 0 && x.part == 0)
-            m->wte = p;
-        else if (x.layer < 0)
-            m->positions = p; /* learned */
-        else if (x.part == 0)
-            m->ln_f_w = p;
-        else if (x.part == 1 && !m->llama)
-            m->ln_f_b = p;
-        else
-            m->lm_head = p; /* untied */
+        const uint16_t *q16 = p16 && x.ndim == 2 ? p16 : NULL; /* this one's in BF16 */
+        const float *q = q16 ? NULL : p;
+        if (q16) p16 += shape[0] * shape[1];
+        else p += shape[0] * shape[1];
+        if (x.layer >= 0 && x.layer < c->n_layer && m->llama) {
+            const int part = pytfm__llama_part(c, x.part);
+            m->layers[x.layer].llama[part] = q;
+            m->layers[x.layer].llama16[part] = q16;
+        } else if (x.layer >= 0 && x.layer < c->n_layer) {
+            m->layers[x.layer].part[x.part] = q;
+        } else if (x.layer < 0 && x.part == 0) {
+            m->wte = q, m->wte16 = q16;
+        } else if (x.layer < 0) {
+            m->positions = q; /* learned */
+        } else if (x.part == 0) {
+            m->ln_f_w = q;
+        } else if (x.part == 1 && !m->llama) {
+            m->ln_f_b = q;
+        } else {
+            m->lm_head = q, m->lm_head16 = q16; /* untied */
+        }
     }
-    if (c->tie_embeddings) m->lm_head = m->wte;
+    if (c->tie_embeddings) m->lm_head = m->wte, m->lm_head16 = m->wte16;
     for (int64_t i = 0; i < c->n_layer; i++) roles(m, &m->layers[i]);
-    return p - start;
+    return (p - start) + (p16 - start16);
 }
 
 /* pytfm.nn.sinusoidal_positions(max_seq, C), by the same function (pytfm_sinusoidal_positions,
@@ -206,7 +237,7 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
     layer *layers = m ? calloc((size_t)c->n_layer, sizeof *layers) : NULL;
     if (!layers) {
         free(m);
-        free(w->params);
+        free(w->params), free(w->w16);
         return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate the model", func);
     }
     m->config = *c;
@@ -221,6 +252,9 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
     m->dev = &pytfm__cpu_model_device;
     m->params = w->params;
     m->layers = layers;
+    m->w16 = w->w16, m->n_w16 = w->n_w16;
+    m->keeps_bf16 = w->w16 != NULL;
+    m->precision = m->keeps_bf16 ? PYTFM_PRECISION_BF16 : PYTFM_PRECISION_FP32;
     pytfm_status st = PYTFM_STATUS_OK;
     if (m->llama) {
         st = inv_freq_table(&m->table, func, c);
@@ -229,7 +263,7 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
         st = sinusoidal_table(&m->table, func, c->max_seq, m->C);
         m->n_table = c->max_seq * m->C;
     }
-    const int64_t walked = walk(m, m->params, m->table);
+    const int64_t walked = walk(m, m->params, m->w16, m->table);
     if (st == PYTFM_STATUS_OK && walked != c->n_params) // the reader's promise, checked once
         st = pytfm__fail(PYTFM_STATUS_INTERNAL,
                          "%s: the checkpoint reader returned %lld floats of parameters where "
@@ -243,8 +277,47 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
     return PYTFM_STATUS_OK;
 }
 
-/* The host model m onto the device dev: its parameters and table copied there, in one
- * allocation, and walked anew; the host copies freed. */
+/* A model that keeps BF16: its parameters in float32 into dst (device memory, the layout's
+ * order) on stream, the matrices widened on the host STAGE floats at a time (the host holds
+ * the BF16 matrices and one such piece, never a float32 copy), each piece's copy waited for
+ * before the next is widened into the same buffer. */
+enum { STAGE = 1 << 22 };
+static pytfm_status widen_to_device(const pytfm_model *m, const pytfm__model_device *dev,
+                                    float *dst, void *stream, const char *func) {
+    const int64_t n16 = m->n_w16, stage = PYTFM_MIN(STAGE, n16);
+    float *buf = pytfm__scratch(func, stage > 0 ? stage : 1, sizeof(float));
+    if (!buf) return PYTFM_STATUS_OUT_OF_MEMORY;
+    const float *p = m->params;
+    const uint16_t *p16 = m->w16;
+    pytfm_status st = PYTFM_STATUS_OK;
+    int64_t shape[2];
+    for (pytfm_param_info x = {.layer = -1, .part = -1};
+         st == PYTFM_STATUS_OK && pytfm__param_next(&m->config, &x);) {
+        pytfm__param_shape(&x, shape);
+        const int64_t count = shape[0] * shape[1];
+        if (x.ndim != 2) {
+            st = dev->to_device(func, dst, p, count * (int64_t)sizeof(float), stream);
+            p += count, dst += count;
+            continue;
+        }
+        for (int64_t i0 = 0; st == PYTFM_STATUS_OK && i0 < count; i0 += stage) {
+            const int64_t piece = PYTFM_MIN(stage, count - i0);
+            for (int64_t i = 0; i < piece; i++) { // exactly: the top half of a float
+                const uint32_t u = (uint32_t)p16[i0 + i] << 16;
+                memcpy(buf + i, &u, sizeof u);
+            }
+            st = dev->to_device(func, dst + i0, buf, piece * (int64_t)sizeof(float), stream);
+            if (st == PYTFM_STATUS_OK) st = dev->sync(func, stream);
+        }
+        p16 += count, dst += count;
+    }
+    free(buf);
+    return st;
+}
+
+/* The host model m onto the device dev: its parameters (in float32: a model that keeps BF16
+ * is widened) and table copied there, in one allocation, and walked anew; the host copies
+ * freed. */
 static pytfm_status to_device(pytfm_model *m, const pytfm__model_device *dev,
                               const char *func) {
     const int64_t n = m->config.n_params, n_pe = m->n_table;
@@ -252,7 +325,9 @@ static pytfm_status to_device(pytfm_model *m, const pytfm__model_device *dev,
     void *stream = NULL;
     pytfm_status st = dev->alloc(func, (void **)&p, (n + n_pe) * (int64_t)sizeof(float));
     if (st == PYTFM_STATUS_OK) st = dev->stream_open(func, &stream);
-    if (st == PYTFM_STATUS_OK)
+    if (st == PYTFM_STATUS_OK && m->keeps_bf16)
+        st = widen_to_device(m, dev, p, stream, func);
+    else if (st == PYTFM_STATUS_OK)
         st = dev->to_device(func, p, m->params, n * (int64_t)sizeof(float), stream);
     if (st == PYTFM_STATUS_OK && m->table)
         st = dev->to_device(func, p + n, m->table, n_pe * (int64_t)sizeof(float), stream);
@@ -262,9 +337,11 @@ static pytfm_status to_device(pytfm_model *m, const pytfm__model_device *dev,
         dev->release(p);
         return st;
     }
-    walk(m, p, m->table ? p + n : NULL);
-    free(m->params), free(m->table);
+    walk(m, p, NULL, m->table ? p + n : NULL);
+    free(m->params), free(m->table), free(m->w16);
     m->params = m->table = NULL;
+    m->w16 = NULL, m->keeps_bf16 = 0, m->n_w16 = 0;
+    m->precision = PYTFM_PRECISION_FP32; // the CUDA twins compute in float32 only
     m->on_device = p, m->dev = dev;
     return PYTFM_STATUS_OK;
 }
@@ -341,6 +418,7 @@ pytfm_status pytfm_model_close(pytfm_model *model) {
     if (!model) return PYTFM_STATUS_OK;
     if (model->on_device) model->dev->release(model->on_device);
     free(model->w16);
+    free(model->w32);
     free(model->table);
     free(model->layers);
     free(model->params);
@@ -369,6 +447,42 @@ static uint16_t *to_bf16(uint16_t *dst, const float *src, int64_t count) {
     return dst + count;
 }
 
+/* dst[i] = the float whose top half is src[i] (exactly), i < count */
+static void widen(float *dst, const uint16_t *src, int64_t count) {
+    PYTFM_PARALLEL_FOR_IF(count > 4 * PYTFM_TASK_ELEMS)
+    for (int64_t i0 = 0; i0 < count; i0 += PYTFM_TASK_ELEMS)
+        for (int64_t i = i0; i < PYTFM_MIN(count, i0 + PYTFM_TASK_ELEMS); i++) {
+            const uint32_t u = (uint32_t)src[i] << 16;
+            memcpy(dst + i, &u, sizeof u);
+        }
+}
+
+/* A model that keeps BF16 into precision: FP32 widens the kept matrices into an allocation of
+ * their own, in the same order, and points the float32 weights there; BF16 frees it (the
+ * products read the kept matrices again). */
+static pytfm_status keeper_precision(pytfm_model *m, int32_t precision, const char *func) {
+    float *w32 = NULL;
+    if (precision == PYTFM_PRECISION_FP32) {
+        w32 = pytfm__weights_alloc((size_t)m->n_w16 * sizeof(float));
+        if (!w32)
+            return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                               "%s: cannot allocate %lld bytes of float32 weights", func,
+                               (long long)m->n_w16 * 4);
+        widen(w32, m->w16, m->n_w16);
+    }
+    for (int64_t i = 0; i < m->config.n_layer; i++) {
+        layer *l = &m->layers[i];
+        for (int r = 0; r < MATRICES; r++)
+            if (l->w16[r]) l->w[r] = w32 ? w32 + (l->w16[r] - m->w16) : NULL;
+    }
+    m->wte = w32 ? w32 + (m->wte16 - m->w16) : NULL;
+    m->lm_head = w32 ? w32 + (m->lm_head16 - m->w16) : NULL;
+    free(m->w32);
+    m->w32 = w32;
+    m->precision = precision;
+    return PYTFM_STATUS_OK;
+}
+
 pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision) {
     PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
     PYTFM_TRY(pytfm__check_precision(__func__, precision));
@@ -377,6 +491,7 @@ pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision) {
         return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
                            "%s: a model on PYTFM_DEVICE_CUDA computes in PYTFM_PRECISION_FP32 only",
                            __func__);
+    if (model->keeps_bf16) return keeper_precision(model, precision, __func__);
     const int64_t C = model->C, L = model->config.n_layer;
     if (precision == PYTFM_PRECISION_FP32) {
         free(model->w16);
@@ -479,7 +594,8 @@ static acts acts_carve(const pytfm_model *m, float *buf, int64_t N, int64_t T, i
 /* a linear layer of role r of block L: y [N, rows] = x [N, cols]·wᵀ + b */
 static pytfm_status matmul(const pytfm_model *m, const layer *L, int r, float *y, const float *x,
                            int64_t N, void *stream) {
-    return m->dev->linear(y, x, L->w[r], L->w16[r], L->b[r], N, L->cols[r], L->rows[r], stream);
+    const uint16_t *w16 = m->precision == PYTFM_PRECISION_BF16 ? L->w16[r] : NULL;
+    return m->dev->linear(y, x, L->w[r], w16, L->b[r], N, L->cols[r], L->rows[r], stream);
 }
 
 /* attention of q [B, T, H, D] to k, v [B, T, Hkv, D] into o, as GroupedQueryAttention's (and
@@ -573,7 +689,10 @@ static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *out,
                               float *caches, int64_t max_len, void *stream, const char *func) {
     const pytfm__model_device *dev = m->dev;
     const int64_t C = m->C, V = m->V, N = B * T;
-    PYTFM_TRY(dev->embedding(s->x, tokens, m->wte, N, V, C, stream));
+    if (m->wte)
+        PYTFM_TRY(dev->embedding(s->x, tokens, m->wte, N, V, C, stream));
+    else // a model that keeps BF16, in BF16 (host memory)
+        PYTFM_TRY(pytfm__embedding_forward_bf16(s->x, tokens, m->wte16, N, V, C));
     if (m->positions) // x += positions[start : start + T], broadcast over the batch
         PYTFM_TRY(dev->add_rows(func, s->x, m->positions, N, C, T, start, stream));
     for (int64_t i = 0; i < m->config.n_layer; i++) {
@@ -590,7 +709,8 @@ static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *out,
     else
         PYTFM_TRY(dev->layernorm(s->a, s->mean, s->rstd, s->x, m->ln_f_w, m->ln_f_b, N, C,
                                  PYTFM_LAYERNORM_EPS, stream));
-    return dev->linear(out, s->a, m->lm_head, m->lm_head16, NULL, N, C, V, stream);
+    const uint16_t *head16 = m->precision == PYTFM_PRECISION_BF16 ? m->lm_head16 : NULL;
+    return dev->linear(out, s->a, m->lm_head, head16, NULL, N, C, V, stream);
 }
 
 /* The logits of tokens [B, T] (host memory, checked) at positions [start, start + T), on

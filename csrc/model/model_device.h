@@ -33,7 +33,8 @@ typedef struct pytfm__model_device {
                               const float *b, int64_t rows, int64_t cols, float eps,
                               void *stream);
     /* pytfm_linear_forward, or, where w16 (w's BF16 copy) is not NULL, its BF16 form
-     * (pytfm_linear_forward_ex in PYTFM_PRECISION_BF16) reading w16 for one-row products */
+     * (pytfm_linear_forward_ex in PYTFM_PRECISION_BF16) reading w16 for one-row products; w
+     * NULL with w16 set: the weights in BF16 only (the CPU: a model that keeps BF16) */
     pytfm_status (*linear)(float *y, const float *x, const float *w, const uint16_t *w16,
                            const float *b, int64_t rows, int64_t in, int64_t out, void *stream);
     pytfm_status (*qkv_split)(float *q, float *k, float *v, const float *qkv,

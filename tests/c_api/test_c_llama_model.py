@@ -53,7 +53,8 @@ def same_as_python(c, py, vocab, T=13):
 @pytest.mark.parametrize("family, dtype, shard, config, fields", CASES, ids=IDS)
 def test_each_family_opens_as_the_python_model(tmp_path, family, dtype, shard, config, fields):
     path = saved(tmp_path, hf_model(family, dtype=dtype, **config), shard=shard)
-    py = llama.load(path)
+    # a bfloat16 folder opens in BF16 (test_c_llama_bf16.py), the others in FP32
+    py = llama.load(path, precision="bf16" if dtype == "bfloat16" else "fp32")
     with CModel(path) as c:
         assert c.config.arch == lib.PYTFM_ARCH_LLAMA
         assert c.config.n_params == sum(p.size for p in py.params.values())

@@ -198,3 +198,37 @@ def test_a_model_on_the_gpu_computes_in_fp32_only(full, tmp_path):
         assert precision[0] == lib.lib.PYTFM_PRECISION_FP32
     finally:
         lib.ok(lib.lib.pytfm_model_close(m))
+
+
+@pytest.mark.parametrize("name", ["llama-gqa-bias-window", "llama-mqa-qknorm-llama3"])
+def test_a_bfloat16_folder_on_the_gpu_is_widened_to_fp32(full, tmp_path, name):
+    """A folder the CPU keeps in BF16 (test_c_llama_bf16.py) is widened as it is uploaded:
+    the GPU's model computes in FP32, the logits those of the CPU's model in FP32."""
+    from pytfm import llama
+
+    cfg = CONFIGS[name]
+    path = tmp_path / "bf16"
+    llama.save(str(path), cfg, GPT(cfg).params, dtype="bfloat16")
+    lib = Lib(full)
+    before = full.counters()
+    cpu, gpu = lib.open(path, lib.lib.PYTFM_DEVICE_CPU), lib.open(path, lib.lib.PYTFM_DEVICE_CUDA)
+    assert full.counters()["malloc"] - before["malloc"] == 1  # the parameters, in float32
+    try:
+        precision = lib.ffi.new("int32_t *")
+        lib.ok(lib.lib.pytfm_model_get_precision(cpu, precision))
+        assert precision[0] == lib.lib.PYTFM_PRECISION_BF16
+        lib.ok(lib.lib.pytfm_model_get_precision(gpu, precision))
+        assert precision[0] == lib.lib.PYTFM_PRECISION_FP32
+        lib.ok(lib.lib.pytfm_model_set_precision(cpu, lib.lib.PYTFM_PRECISION_FP32))
+        tokens = np.random.default_rng(0).integers(0, cfg.vocab, (2, cfg.max_seq))
+        close_to(f"{name} forward", lib.forward(gpu, tokens, cfg.vocab),
+                 lib.forward(cpu, tokens, cfg.vocab))
+        want_tokens, want_logits = lib.greedy(cpu, [1, 2, 3], 8, cfg.vocab)
+        got_tokens, got_logits = lib.greedy(gpu, [1, 2, 3], 8, cfg.vocab)
+        np.testing.assert_array_equal(got_tokens, want_tokens)
+        close_to(f"{name} session", got_logits, want_logits)
+    finally:
+        lib.ok(lib.lib.pytfm_model_close(gpu))
+        lib.ok(lib.lib.pytfm_model_close(cpu))
+    after = full.counters()
+    assert after["malloc"] - before["malloc"] == after["free"] - before["free"]
