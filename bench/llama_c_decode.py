@@ -15,7 +15,8 @@ PROMPT (16) tokens fed at once, then TOKENS (128) tokens greedily, one at a time
 cache, and the figure is TOKENS over the time of those steps (the prompt's time apart):
   pytfm fp32       the C model API on the float32 folder (bench/c_decode.c --generate), no
                    Python in the loop
-  pytfm bf16       the same on the bfloat16 folder, in pytfm_model_set_precision(BF16)
+  pytfm bf16       the same on the bfloat16 folder, which opens in BF16 (its matrices as the
+                   file has them; c_decode's pytfm_model_set_precision(BF16) keeps it so)
   llama.cpp f32/f16  llama-cpp-python's Llama.eval on GGUFs converted from the float32 folder by
                    llama.cpp's convert_hf_to_gguf.py --outtype f32 / f16 (--llama-src: a
                    llama.cpp tree holding it and gguf-py), with Qwen3's tokenizer.json beside it
