@@ -128,7 +128,9 @@ static int open_model(pytfm_model **model, const char *path, const char *threads
     if (!bf16 && strcmp(precision, "fp32") != 0) return 2;
     if (pytfm_set_num_threads(atoi(threads)) != PYTFM_STATUS_OK) return fail("threads");
     if (pytfm_model_open(model, path, PYTFM_DEVICE_CPU) != PYTFM_STATUS_OK) return fail("open");
-    if (bf16 && pytfm_model_set_precision(*model, PYTFM_PRECISION_BF16) != PYTFM_STATUS_OK)
+    // always set: a bfloat16 Llama folder opens in BF16
+    if (pytfm_model_set_precision(*model, bf16 ? PYTFM_PRECISION_BF16 : PYTFM_PRECISION_FP32) !=
+        PYTFM_STATUS_OK)
         return fail("precision");
     return 0;
 }

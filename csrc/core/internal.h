@@ -311,10 +311,10 @@ pytfm_status pytfm__embedding_forward_bf16(float *y, const int64_t *ids, const u
 /* y[o] = Σ_i bf16(x[i])·bf16(w[o·ldw + i]) (+ b[o]) for o < out, on AVX512-BF16: the BF16
  * linear layer on one row (sgemm_bf16.c). w16, when not NULL, holds the same weights already
  * rounded (the top halves, row stride ldw) and is read instead of w: the same bits, half the
- * bytes (the C model's decoding). stream: W's rows one at a time, one sequential read of a W
- * that comes from memory (else four at a time, for a W in the caches); the same bits. */
+ * bytes (the C model's decoding). W's rows are read four at a time, the next four prefetched
+ * meanwhile, whether W is in the caches or comes from memory. */
 void pytfm__gemv_bf16(float *y, const float *x, const float *w, const uint16_t *w16,
-                      int64_t ldw, const float *b, int64_t in, int64_t out, int stream);
+                      int64_t ldw, const float *b, int64_t in, int64_t out);
 
 /* An mr×nr register micro-kernel of sgemm.c, also used by attention.c:
  *   C[0..rows)[0..cols) (row stride ldc) = bt·C + Σ_{p<kc} A(p, r)·B(p, j)

@@ -401,14 +401,61 @@ static inline float bf16_weight_(const float *w, const uint16_t *w16, int64_t i)
     return pytfm__bf16_round(f);
 }
 
+/* n weights of w (or of w16, when not NULL) from element at, as the BF16 product multiplies
+ * them (bf16_weight_), into dst: a loop of integer selects, which vectorises */
+static inline void bf16_weights_(float *dst, const float *w, const uint16_t *w16, int64_t at,
+                                 int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        if (w16)
+            u = (uint32_t)w16[at + i] << 16;
+        else
+            memcpy(&u, w + at + i, sizeof u);
+        u = pytfm__bf16_round_bits(u);
+        memcpy(dst + i, &u, sizeof u);
+    }
+}
+
 /* gemv on BF16-rounded x and w (w16, when not NULL, the BF16 copy of w, read instead): the
  * BF16 linear layer on one row where the CPU has no AVX512-BF16. Each product of two BF16
  * values is exact, so this sums the same products as the AVX512-BF16 kernel, in gemv's order
- * (rows one at a time: x's rounding is redone per row, which costs less than the memory the
- * rows are read from). */
+ * and with gemv's bits on the rounded values. x is rounded once (rows of up to XR values;
+ * longer ones per row of w), then w four rows at a time, the next four prefetched, as gemv;
+ * each row's weights rounded WR at a time into a buffer, so that the rounding and the
+ * products are both vector loops. */
+enum { XR = 8192, WR = 256 };
 static void gemv_bf16(float *y, const float *x, const float *w, const uint16_t *w16,
                       int64_t ldw, const float *b, int64_t in, int64_t out) {
-    for (int64_t o = 0; o < out; o++) {
+    float xr[XR], wb[4][WR];
+    const int rounded = in <= XR;
+    for (int64_t j = 0; rounded && j < in; j++) xr[j] = pytfm__bf16_round(x[j]);
+    const int64_t whole = in / LANES * LANES; // the lanes' part of a row; then the tail
+    const size_t bytes = w16 ? 2 : 4;         // of a weight as read
+    const char *base = w16 ? (const char *)(const void *)w16 : (const char *)(const void *)w;
+    int64_t o = 0;
+    for (; rounded && o + 4 <= out; o += 4) {
+        float s[4][LANES] = {{0}}, t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const char *next = base + (size_t)(o + 8 <= out ? o + 4 : o) * (size_t)ldw * bytes;
+        for (int64_t j0 = 0; j0 < whole; j0 += WR) {
+            const int64_t n = PYTFM_MIN(WR, whole - j0);
+            for (int r = 0; r < 4; r++) {
+                for (int64_t j = 0; j < n; j += LANES)
+                    PYTFM_PREFETCH(next + (size_t)(r * ldw + j0 + j) * bytes);
+                bf16_weights_(wb[r], w, w16, (o + r) * ldw + j0, n);
+            }
+            for (int64_t j = 0; j < n; j += LANES)
+                for (int r = 0; r < 4; r++)
+                    for (int l = 0; l < LANES; l++)
+                        s[r][l] = PYTFM_FMA(xr[j0 + j + l], wb[r][j + l], s[r][l]);
+        }
+        for (int r = 0; r < 4; r++)
+            for (int64_t j = whole; j < in; j++)
+                t[r] = PYTFM_FMA(xr[j], bf16_weight_(w, w16, (o + r) * ldw + j), t[r]);
+        float d[4];
+        sums4_(d, s[0], s[1], s[2], s[3], t[0], t[1], t[2], t[3]);
+        for (int r = 0; r < 4; r++) y[o + r] = b ? d[r] + b[o + r] : d[r];
+    }
+    for (; o < out; o++) {
         const float *wo = w16 ? NULL : w + o * ldw; // w is NULL where w16 holds the weights
         const uint16_t *w16o = w16 ? w16 + o * ldw : NULL;
         if (o + 4 < out) PYTFM_PREFETCH(w16 ? (const void *)(w16o + 4 * ldw)
@@ -417,8 +464,11 @@ static void gemv_bf16(float *y, const float *x, const float *w, const uint16_t *
         int64_t j = 0;
         for (; j + LANES <= in; j += LANES)
             for (int l = 0; l < LANES; l++)
-                s[l] = PYTFM_FMA(pytfm__bf16_round(x[j + l]), bf16_weight_(wo, w16o, j + l), s[l]);
-        for (; j < in; j++) t = PYTFM_FMA(pytfm__bf16_round(x[j]), bf16_weight_(wo, w16o, j), t);
+                s[l] = PYTFM_FMA(rounded ? xr[j + l] : pytfm__bf16_round(x[j + l]),
+                                 bf16_weight_(wo, w16o, j + l), s[l]);
+        for (; j < in; j++)
+            t = PYTFM_FMA(rounded ? xr[j] : pytfm__bf16_round(x[j]), bf16_weight_(wo, w16o, j),
+                          t);
         y[o] = b ? gemv_sum(s, t) + b[o] : gemv_sum(s, t);
     }
 }

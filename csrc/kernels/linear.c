@@ -64,15 +64,16 @@ static void few_rows(const pytfm__fast_kernels *k, float *h, const float *x, con
 }
 
 /* The one-row product y = x·Wᵀ + b in BF16 (w16: W's BF16 copy, or NULL): the AVX512-BF16
- * kernel (a W above STREAM_FLOATS a row at a time), else the fast table's, as forward()
- * splits the FP32 one among threads */
+ * kernel, else the fast table's, as forward() splits the FP32 one among threads; each reads
+ * four rows of W at a time, the next four prefetched, whether W is in the caches or comes from
+ * memory (a W from memory a row at a time, as the FP32 product takes it, measured a third of
+ * the rate: docs/performance.md) */
 static void one_row_bf16(const pytfm__fast_kernels *k, float *h, const float *x, const float *w,
                          const uint16_t *w16, const float *b, int64_t in, int64_t out) {
     const int dp = pytfm_get_bf16_isa() == PYTFM_ISA_AVX512_BF16;
-    const int stream = out * in > STREAM_FLOATS;
     if (out * in <= 4 * PYTFM_TASK_ELEMS) { // no parallel region (internal.h)
         if (dp)
-            pytfm__gemv_bf16(h, x, w, w16, in, b, in, out, stream);
+            pytfm__gemv_bf16(h, x, w, w16, in, b, in, out);
         else
             k->gemv_bf16(h, x, w, w16, in, b, in, out);
         return;
@@ -83,7 +84,7 @@ static void one_row_bf16(const pytfm__fast_kernels *k, float *h, const float *x,
         const uint16_t *w16o = w16 ? w16 + o * in : NULL;
         const float *wo = w16 ? NULL : w + o * in; // w is NULL where w16 holds the weights
         if (dp)
-            pytfm__gemv_bf16(h + o, x, wo, w16o, in, b ? b + o : NULL, in, n, stream);
+            pytfm__gemv_bf16(h + o, x, wo, w16o, in, b ? b + o : NULL, in, n);
         else
             k->gemv_bf16(h + o, x, wo, w16o, in, b ? b + o : NULL, in, n);
     }

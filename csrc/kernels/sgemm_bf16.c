@@ -327,18 +327,17 @@ TARGET static inline float lanes_sum(__m512 s) {
  * longer rows make them per block of rows (the same words either way) */
 enum { XMAX = 8192 };
 
-/* rows [o0, o1) of W against x's pairs xp (NULL: made from x as they are needed); stream:
- * every row by the loop after the four-row blocks (pytfm__gemv_bf16) */
+/* rows [o0, o1) of W against x's pairs xp (NULL: made from x as they are needed) */
 TARGET static void gemv_rows(float *y, const float *x, const uint32_t *xp, const float *w,
                              const uint16_t *w16, int64_t ldw, const float *b, int64_t in,
-                             int64_t o0, int64_t o1, int stream) {
+                             int64_t o0, int64_t o1) {
     const int64_t bytes = w16 ? 2 : 4, row = ldw * bytes; // of a weight as read, of a row
     const char *base = w16 ? (const char *)(const void *)w16 : (const char *)(const void *)w;
     int64_t o = o0;
     // Four rows at once: x's pairs loaded once for the four, the next four rows fetched
     // meanwhile (as fast_impl.h's gemv). Each row's sum is the one it gets alone, in the loop
     // after: 16 lanes, each over the pairs 16 apart, then lanes_sum's tree.
-    for (; !stream && o + 4 <= o1; o += 4) {
+    for (; o + 4 <= o1; o += 4) {
         __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
         const char *next = base + (o + 4) * row;
         const int64_t at = o * ldw; // W's row o
@@ -383,18 +382,18 @@ TARGET static void gemv_rows(float *y, const float *x, const uint32_t *xp, const
     }
 }
 
-/* stream (a W from memory): one row at a time, so that W is one sequential read, which the
- * hardware prefetcher follows (four rows at once are four streams; docs/performance.md) */
+/* Four rows at a time also for a W that comes from memory: a row at a time (one sequential
+ * read, one chain of vdpbf16ps) measured a third of the rate (docs/performance.md) */
 TARGET void pytfm__gemv_bf16(float *y, const float *x, const float *w, const uint16_t *w16,
-                             int64_t ldw, const float *b, int64_t in, int64_t out, int stream) {
+                             int64_t ldw, const float *b, int64_t in, int64_t out) {
     if (in > XMAX) {
-        gemv_rows(y, x, NULL, w, w16, ldw, b, in, 0, out, stream);
+        gemv_rows(y, x, NULL, w, w16, ldw, b, in, 0, out);
         return;
     }
     uint32_t xp[XMAX / 2 + 16]; // x's pairs, and a zero tail to the end of the last vector
     for (int64_t j = 0; j < in; j += 32)
         _mm512_storeu_si512(xp + j / 2, pairs_along(x + j, (int)PYTFM_MIN(32, in - j)));
-    gemv_rows(y, x, xp, w, w16, ldw, b, in, 0, out, stream);
+    gemv_rows(y, x, xp, w, w16, ldw, b, in, 0, out);
 }
 
 #else /* no AVX512-BF16 kernels in this build: pytfm_get_bf16_isa() never selects them */
@@ -409,8 +408,8 @@ void pytfm__gemm_bf16(const pytfm__product *g, int64_t threads, uint32_t *buf) {
 }
 
 void pytfm__gemv_bf16(float *y, const float *x, const float *w, const uint16_t *w16,
-                      int64_t ldw, const float *b, int64_t in, int64_t out, int stream) {
-    (void)y, (void)x, (void)w, (void)w16, (void)ldw, (void)b, (void)in, (void)out, (void)stream;
+                      int64_t ldw, const float *b, int64_t in, int64_t out) {
+    (void)y, (void)x, (void)w, (void)w16, (void)ldw, (void)b, (void)in, (void)out;
 }
 
 #endif /* PYTFM_HAVE_BF16_KERNELS */

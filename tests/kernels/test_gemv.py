@@ -1,8 +1,9 @@
 """The linear layer's row products (csrc/kernels/linear.c, fast_impl.h gemv and gemv_rows): a
 prompt of a few rows (2 to 4, or up to 7 of a W that streams) reads W once for all of them,
 and each of its rows is the bits the one-row product gives that row alone; a one-row product
-of a W too large for the caches (above linear.c's STREAM_FLOATS, 2^18 floats) streams W a row
-at a time, with the bits of the four-row kernel that smaller matrices take (FP32 and BF16).
+of a W too large for the caches (above linear.c's STREAM_FLOATS, 2^18 floats) has the bits of
+its 64-row slices, which fit them (FP32: W streamed a row at a time, the slices four rows at a
+time; BF16: four rows at a time both).
 Both against the plain kernel too (tolerances from the rounding: ops_registry's
 linear_one_row_tol), ragged row counts and output blocks at every offset of the parallel split
 (64 outputs a task), and through the model: a GPT's forward of 2 to 7 tokens is, bit for bit,
@@ -59,9 +60,9 @@ def test_a_few_rows_are_the_one_row_products_bit_for_bit(isa, shape, bias, seed)
 
 @pytest.mark.parametrize("isa", FAST_ISAS)
 @pytest.mark.parametrize("inn,out", [(257, 1021), (768, 400), (1000, 263)])
-def test_a_streamed_row_is_the_four_row_kernels_bits(isa, inn, out):
-    """W above STREAM_FLOATS goes a row at a time; 64-row slices of it (below it) take gemv's
-    four rows at once: the same sums in the same order."""
+def test_a_large_ws_row_is_its_slices_bits(isa, inn, out):
+    """W above STREAM_FLOATS (from memory) and 64-row slices of it (below it, in the caches):
+    the same sums in the same order."""
     assert inn * out > STREAM_FLOATS and 64 * inn <= STREAM_FLOATS
     a = linear_make(7, 1, inn, out, True)
     x, w, b = a["x"][0], a["w"], a["b"]
@@ -73,14 +74,14 @@ def test_a_streamed_row_is_the_four_row_kernels_bits(isa, inn, out):
     with max_isa("plain"):
         plain = ops.linear_forward(x, w, b)
     tol = linear_one_row_tol(dict(x=x, w=w), None, None)[0]
-    assert_close("linear streamed row", y, plain, atol=tol.atol, rtol=tol.rtol)
+    assert_close("linear large row", y, plain, atol=tol.atol, rtol=tol.rtol)
 
 
 @pytest.mark.parametrize("path", BF16_PATHS)
 @pytest.mark.parametrize("inn,out", [(257, 1021), (768, 400)])
-def test_a_streamed_bf16_row_is_the_four_row_kernels_bits(path, inn, out):
-    """The BF16 one-row product of a W above STREAM_FLOATS (AVX512-BF16: a row at a time)
-    against 64-row slices of it (four rows at a time): the same bits, on every BF16 path."""
+def test_a_large_ws_bf16_row_is_its_slices_bits(path, inn, out):
+    """The BF16 one-row product of a W above STREAM_FLOATS against 64-row slices of it: the
+    same bits, on every BF16 path."""
     a = linear_make(8, 1, inn, out, True)
     x, w, b = a["x"][0], a["w"], a["b"]
     with bf16_path(path):
