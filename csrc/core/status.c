@@ -23,7 +23,9 @@
 
 #include "internal.h"
 
-static _Thread_local char last_error[512];
+/* room for the longest message a reader writes: a Llama-family config shown whole (checkpoint.c
+ * CONFIG_SHOWN), a tensor's name and shape, and a path */
+static _Thread_local char last_error[2048];
 static atomic_int num_threads; /* as set: 0 for OpenMP's default; clamped when read */
 
 pytfm_status pytfm__fail(pytfm_status status, const char *fmt, ...) {

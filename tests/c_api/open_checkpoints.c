@@ -59,7 +59,7 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 /* What one way read: the verdict, the message after its source, a hash of everything read. */
 typedef struct verdict {
     pytfm_status status;
-    char message[512];
+    char message[2048]; /* as the library's last error */
     uint64_t hash;
     pytfm_checkpoint_info info;
 } verdict;

@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
     }
     int bad = 0;
     for (int i = 1; i < argc; i++) {
-        char a[512] = "", b[512] = "";
+        char a[2048] = "", b[2048] = "";
         int64_t n = 0;
         const pytfm_status st = read_folder(argv[i], &n, a, sizeof a);
         pytfm_model *m = (pytfm_model *)1;

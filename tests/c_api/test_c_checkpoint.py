@@ -122,8 +122,8 @@ def py_load(path):
 
 
 def same_words(python, c):
-    """Python's message is C's (both "<path>: ..."; C's last error is cut at 511 bytes)."""
-    return python == c or (len(c.encode()) >= 500 and python.startswith(c[:-8]))
+    """Python's message is C's (both "<path>: ..."; C's last error is cut at 2047 bytes)."""
+    return python == c or (len(c.encode()) >= 2036 and python.startswith(c[:-8]))
 
 
 def read_alike(path, blob):

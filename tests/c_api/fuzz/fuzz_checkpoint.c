@@ -116,12 +116,13 @@ static void read_checkpoint(const uint8_t *data, size_t size) {
     }
     EXPECT(status == PYTFM_STATUS_OK || status == PYTFM_STATUS_INVALID_ARGUMENT ||
            status == PYTFM_STATUS_OUT_OF_MEMORY);
-    char message[512] = "";
+    char message[2048] = ""; /* as the library's last error */
     if (status != PYTFM_STATUS_OK) snprintf(message, sizeof message, "%s", pytfm_last_error() + 8);
     if (status == PYTFM_STATUS_OK) {
         const pytfm_model_config *c = &info.config;
         EXPECT(c->vocab >= 1 && c->d_model >= 1 && c->n_layer >= 1 && c->n_head >= 1);
-        EXPECT(c->max_seq >= 1 && c->d_model % c->n_head == 0 && c->step >= 0);
+        EXPECT(c->max_seq >= 1 && c->step >= 0); /* the Llama family's head_dim is its own: */
+        EXPECT(c->arch == PYTFM_ARCH_LLAMA || c->d_model % c->n_head == 0);
         EXPECT(c->pos >= PYTFM_POS_ROPE && c->pos <= PYTFM_POS_LEARNED);
         EXPECT((size_t)c->n_params <= size / sizeof(float));
         EXPECT(info.has_optimizer || info.optim_t == 0);

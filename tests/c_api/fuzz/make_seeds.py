@@ -31,6 +31,9 @@ CHECKPOINTS = [
      {"lr": 3e-4, "losses": [1.5, -0.25, None, True], "deep": [[[{}]]]}),
     ("none_untied_2layers", dict(pos="none", n_layer=2, tie_embeddings=False), False, None),
     ("learned_tied_adamw", dict(pos="learned"), True, None),
+    # the Llama family's blocks: grouped-query heads, q/k/v biases, the q/k norm, a window
+    ("llama_untied", dict(arch="llama", n_head=2, n_kv_head=1, d_model=4, d_ff=6, qkv_bias=True,
+                          qk_norm=True, sliding_window=1, tie_embeddings=False), False, None),
 ]
 
 # headers alone (the target reads a JSON object as a header), at the edges of what the config
@@ -49,9 +52,9 @@ JSON_TEXTS = [
 ]
 
 
-def small(pos="rope", tie_embeddings=True, n_layer=1, n_head=1, d_model=2):
+def small(pos="rope", tie_embeddings=True, n_layer=1, n_head=1, d_model=2, **llama):
     cfg = GPTConfig(vocab=2, d_model=d_model, n_layer=n_layer, n_head=n_head, max_seq=2, pos=pos,
-                    tie_embeddings=tie_embeddings, seed=1)
+                    tie_embeddings=tie_embeddings, seed=1, **llama)
     model = GPT(cfg)
     rng = np.random.default_rng(7)
     for p in model.params.values():
