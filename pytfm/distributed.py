@@ -342,7 +342,14 @@ class _Watchdog:
     answers, the ranks whose note for this collective never came are named (a rank alive but
     elsewhere). MPI's thread level "multiple", mpi4py's default, lets the thread call MPI;
     without it the message cannot name a rank. Per collective: one small send and one test per
-    peer; per tick, one 8-byte message to each peer."""
+    peer; per tick, one 8-byte message to each peer.
+
+    Notes and heartbeats are synchronous sends (complete once the peer has received them), one
+    of each in flight per peer at most: a plain small send completes as soon as it is copied
+    into the MPI library's buffers, and those are few (MPICH gives each process 64 cells of
+    shared memory for every peer on its machine together), so sends piling up at a stopped rank
+    would soon leave this rank unable to send its live peers anything, heartbeats included, and
+    be named as stopped itself."""
 
     TAG, BEAT_TAG = 25, 26
     GRACE = 1.0  # seconds of heartbeats watched after the timeout (at least 4 ticks)
@@ -358,14 +365,17 @@ class _Watchdog:
         self.inbox = {r: np.zeros(2, np.int64) for r in self.peers}
         self.receives = {r: self.comm.Recv_init(self.inbox[r], source=r, tag=self.TAG)
                          for r in self.peers}
-        self.note = np.zeros(2, np.int64)
-        self.sends = [self.comm.Send_init(self.note, dest=r, tag=self.TAG) for r in self.peers]
+        self.latest = np.zeros(2, np.int64)  # this rank's note: (self.count, World.step or -1)
+        self.notes = {r: np.zeros(2, np.int64) for r in self.peers}  # each peer's send buffer
+        self.sends = {r: self.comm.Ssend_init(self.notes[r], dest=r, tag=self.TAG)
+                      for r in self.peers}
+        self.noting = set()  # peers with a note in flight
         self.beats = {r: 0 for r in self.peers}  # heartbeats received from each peer
         self.beat_in = {r: np.zeros(1, np.int64) for r in self.peers}
         self.beat_receives = {r: self.comm.Recv_init(self.beat_in[r], source=r,
                                                      tag=self.BEAT_TAG) for r in self.peers}
         self.beat_out = np.zeros(1, np.int64)  # never written: every send may share it
-        self.beat_sends = {r: self.comm.Send_init(self.beat_out, dest=r, tag=self.BEAT_TAG)
+        self.beat_sends = {r: self.comm.Ssend_init(self.beat_out, dest=r, tag=self.BEAT_TAG)
                            for r in self.peers}
         self.beating = set()  # peers with a heartbeat in flight
         for request in [*self.receives.values(), *self.beat_receives.values()]:
@@ -386,20 +396,33 @@ class _Watchdog:
 
     @contextlib.contextmanager
     def waiting(self, what):
-        from mpi4py import MPI
-
         with self.lock:
             self.count += 1
             self._drain()
-            MPI.Prequest.Waitall(self.sends)  # the last note has left: its buffer is free
             step = self.world.step
-            self.note[0], self.note[1] = self.count, -1 if step is None else step
-            MPI.Prequest.Startall(self.sends)
+            self.latest[:] = self.count, -1 if step is None else step
+            self._notify()
             self.current = (self.count, what, step, time.monotonic())
         try:
             yield
         finally:
             self.current = None
+
+    def _notify(self):
+        """Send each peer this rank's latest note, unless the last one to it is still in
+        flight: a peer that does not receive (a stopped one) may hold it there for good, and
+        waiting for it here would hold self.lock, and so the thread's heartbeats and the
+        message, for as long. The latest note goes to that peer at a later tick or collective,
+        once the last one has left (under self.lock)."""
+        for r in self.peers:
+            if r in self.noting:
+                if not self.sends[r].Test():
+                    continue
+                self.noting.discard(r)
+            if self.notes[r][0] != self.latest[0]:
+                self.notes[r][:] = self.latest
+                self.sends[r].Start()
+                self.noting.add(r)
 
     def _drain(self):
         """Record every note received so far (under self.lock)."""
@@ -410,7 +433,9 @@ class _Watchdog:
 
     def _beat(self):
         """Send each peer a heartbeat (unless the last one is still in flight: a peer that
-        does not receive) and count the ones received (under self.lock)."""
+        does not receive) and any note still to send, and count the heartbeats received (under
+        self.lock)."""
+        self._notify()
         for r in self.peers:
             if r in self.beating and self.beat_sends[r].Test():
                 self.beating.discard(r)
@@ -441,10 +466,13 @@ class _Watchdog:
                 self.world.abort(self._message(*current, silent))
 
     def _silent(self):
-        """The peers that send fewer than 2 heartbeats in the next max(GRACE, 4 ticks) seconds
-        (a live one sends one a tick; one may have left just before it stopped)."""
-        before, end = dict(self.beats), time.monotonic() + max(self.GRACE, 4 * self.tick)
-        while time.monotonic() < end:
+        """The peers that send fewer than 2 heartbeats in the next max(GRACE / tick, 4) ticks of
+        this thread (a live one sends one a tick; one may have left just before it stopped).
+        Ticks this thread lives through, not seconds: where the whole machine stalls (a busy
+        host, a virtual machine descheduled) this thread and the peers' stall alike, and the
+        watch lasts until the peers had as many ticks to answer as if nothing had stalled."""
+        before = dict(self.beats)
+        for _ in range(max(math.ceil(self.GRACE / self.tick), 4)):
             time.sleep(self.tick)
             with self.lock:
                 if self.closed:

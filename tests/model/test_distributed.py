@@ -316,8 +316,12 @@ def test_a_rank_stopped_anywhere_is_the_one_rank_named(mpiexec, ranks, victim, d
     most likely inside a collective, having arrived): every watchdog message names that rank,
     and only it, as the one that did not arrive; the job ends with an abort."""
     path = os.path.dirname(os.path.dirname(os.path.abspath(pytfm.__file__)))
+    # MPICH's shared-memory cells a process sends through, 64 by default, shared by all its
+    # peers: 8 here, so that messages left at the stopped rank would exhaust them within these
+    # few seconds, as they would within a minute at the default timeout, where a rank that can
+    # no longer send heartbeats to anyone looks stopped too (other MPIs ignore the variable)
     env = dict(os.environ, PYTHONPATH=path, PYTFM_COLLECTIVE_TIMEOUT=str(STALL_TIMEOUT),
-               PYTFM_NUM_THREADS="1")
+               PYTFM_NUM_THREADS="1", MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_NUM_CELLS="8")
     proc = subprocess.Popen([mpiexec, "-n", str(ranks), sys.executable, "-u",
                              os.path.join(MPI_DIR, "stall.py")], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, cwd="/",
