@@ -8,7 +8,8 @@ in pytfm.h: rows and cols, count (a flat array's elements), vocab, B, T, H, D, n
 Backends: NumPy arrays run the C kernels; CuPy arrays run their CUDA twins (pytfm_*_cuda) on
 CuPy's current stream and return CuPy arrays (cupy is imported only when one arrives). All the
 arrays of one call must be of one kind and, for CuPy, on the current device. Every op with array
-arguments has a CUDA twin, but for round_bf16 (NumPy arrays only); gemm_bf16 (BF16 operands)
+arguments has a CUDA twin, but for round_bf16 and the ops on BF16 weights, linear_forward_bf16w
+and embedding_forward_bf16w (NumPy arrays only: a CPU inference mode); gemm_bf16 (BF16 operands)
 and the linear layer's precision="tf32" run on CuPy arrays only (the GPU's tensor cores). A
 library without a twin (an older build) takes NumPy arrays only.
 Results are of one kind on both backends: arrays of the inputs' kind, a reduction (the loss of
@@ -38,7 +39,7 @@ from ._arrays import Args as _Args
 from ._arrays import as_float as _as_float
 from ._arrays import check_index_arrays  # noqa: F401 - public: pytfm.ops.check_index_arrays
 
-_U16 = _np.dtype(_np.uint16)  # BF16 bits (gemm_bf16)
+_U16 = _np.dtype(_np.uint16)  # BF16 bits (gemm_bf16, the _bf16w ops)
 # the model's constants, as pytfm_model.h defines them: the defaults of eps and base below
 LAYERNORM_EPS = _core.lib.PYTFM_LAYERNORM_EPS
 ROPE_BASE = _core.lib.PYTFM_ROPE_BASE
@@ -121,6 +122,41 @@ def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None, precision="fp3
     return dx, dw, db
 
 
+def _bf16_bits(a, name, ndim, what):
+    """The argument `name`, once it is a C-contiguous NumPy uint16 array of BF16 bits of rank
+    ndim (`what` says which shape), as a cffi uint16_t pointer for the call. A float array is
+    refused with the way to make the bits: float32 values are not silently truncated."""
+    v = a.named[name]
+    if isinstance(v, _np.ndarray) and v.dtype != _U16:
+        raise TypeError(
+            f"{name} must be a uint16 array of BF16 bits (the upper halves of float32 values "
+            f"rounded to BF16), got dtype {v.dtype}: make them with "
+            f"pytfm.ops.to_bf16_bits({name}.astype(np.float32)) (round to nearest even, as "
+            "pytfm.ops.round_bf16)")
+    v = a.array(name, dtype=_U16, ndim=ndim)
+    if 0 in v.shape:
+        raise ValueError(f"{name} must have shape {what} with both >= 1, got {v.shape}")
+    return v, _core.ffi.from_buffer("uint16_t[]", v)
+
+
+def linear_forward_bf16w(x, w16, b=None):
+    """y = x·Wᵀ + b in BF16 precision, W given as BF16 only: w16 [out, in] uint16, the BF16
+    bits of W (to_bf16_bits(w)); x [..., in] float32, b [out] float32 or None -> y [..., out]
+    float32. The bits of linear_forward(x, from_bf16_bits(w16), b, precision="bf16"), with
+    half W's bytes (see pytfm_linear_forward_bf16w). NumPy arrays only."""
+    a = _Args("pytfm_linear_forward_bf16w", locals())
+    w16, w16_ptr = _bf16_bits(a, "w16", 2, "(out, in)")
+    out, inn = w16.shape
+    x = a.array("x")
+    if x.shape[-1] != inn:
+        raise ValueError(f"x.shape[-1] must equal w16.shape[1] = {inn} (in features), got "
+                         f"x.shape {x.shape}")
+    b = a.array("b", shape=(out,), because="w16.shape[0]", optional=True)
+    y = a.empty(x.shape[:-1] + (out,))
+    a.call(y, x, w16_ptr, b, x.size // inn, inn, out)
+    return y
+
+
 def gemm_bf16(a, b, *, trans_a=False, trans_b=False, c=None, beta=0.0):
     """C = beta·C + op(a)·op(b) on BF16 operands, on the GPU's tensor cores
     (pytfm_gemm_bf16_cuda, the like of cuBLAS's BF16 GEMM): a [m, k] ([k, m] with trans_a) and
@@ -158,6 +194,30 @@ def round_bf16(x):
     y = a.empty_like(x)
     a.call(y, x, x.size)
     return y
+
+
+def to_bf16_bits(a):
+    """The BF16 bits of a float32 array: round_bf16(a) (to nearest, ties to even; NaN stays
+    NaN; a float32 subnormal becomes a zero of its sign) and its upper 16 bits, exactly (the
+    rounding zeroes the lower ones).  a [...] float32 -> uint16 [...]: what the _bf16w ops
+    take (linear_forward_bf16w's w16, embedding_forward_bf16w's table16)."""
+    if not isinstance(a, _np.ndarray) or a.dtype != _np.float32:
+        t = type(a)
+        kind = (a.dtype if isinstance(a, _np.ndarray) else t.__qualname__
+                if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}")
+        raise TypeError(f"a must be a numpy.ndarray of float32, got {kind}")
+    return (round_bf16(a).view(_np.uint32) >> 16).astype(_U16)
+
+
+def from_bf16_bits(h):
+    """BF16 bits widened to float32, exactly: the float whose upper half is h and lower half
+    zero.  h [...] uint16 -> float32 [...]"""
+    if not isinstance(h, _np.ndarray):
+        raise TypeError(f"h must be a numpy.ndarray of uint16 (BF16 bits), got "
+                        f"{type(h).__qualname__}")
+    if h.dtype != _U16:
+        raise TypeError(f"h must have dtype uint16 (BF16 bits), got {h.dtype}")
+    return (h.astype(_np.uint32) << 16).view(_np.float32)
 
 
 # ---- softmax --------------------------------------------------------------------------------
@@ -346,6 +406,21 @@ def embedding_forward(ids, table, *, check_ids=True):
     a.ids("ids", vocab)
     y = a.empty(ids.shape + (dim,))
     a.call(y, ids, table, ids.size, vocab, dim)
+    return y
+
+
+def embedding_forward_bf16w(ids, table16, *, check_ids=True):
+    """The rows of a BF16 table, widened: ids int64 [...] in [0, vocab), table16 [vocab, dim]
+    uint16 (BF16 bits: to_bf16_bits(table)) -> y [..., dim] float32, exactly
+    embedding_forward(ids, from_bf16_bits(table16)). NumPy arrays only; the C kernel checks
+    the ids (check_ids is for CuPy arrays, which this op does not take)."""
+    a = _Args("pytfm_embedding_forward_bf16w", locals())
+    ids = a.array("ids", dtype=_I64, min_ndim=0)
+    table16, table_ptr = _bf16_bits(a, "table16", 2, "(vocab, dim)")
+    vocab, dim = table16.shape
+    a.ids("ids", vocab)
+    y = a.empty(ids.shape + (dim,))
+    a.call(y, ids, table_ptr, ids.size, vocab, dim)
     return y
 
 

@@ -45,6 +45,27 @@ def linear_forward(x, w, b=None):  # [..., in], [out, in], [out] -> [..., out]
     return y if b is None else y + b
 
 
+def widen_bf16(h):  # uint16 [...] -> float64 [...]: the BF16 bits h as numbers
+    """The value of each BF16 bit pattern: sign, 8 exponent bits (bias 127; 0: subnormal, 255:
+    inf or NaN) and 7 fraction bits, read field by field (not through the float32 bit trick
+    the library uses)."""
+    h = np.asarray(h, dtype=np.uint16).astype(np.int64)
+    sign = np.where(h >> 15, -1.0, 1.0)
+    e, f = (h >> 7) & 0xFF, (h & 0x7F).astype(np.float64)
+    normal = np.ldexp(1.0 + f / 128, np.maximum(e, 1) - 127)
+    value = np.where(e == 0, np.ldexp(f / 128, -126), normal)
+    value = np.where(e == 255, np.where(f == 0, np.inf, np.nan), value)
+    return sign * value
+
+
+def linear_forward_bf16w(x, w16, b=None):  # [..., in], uint16 [out, in], [out] -> [..., out]
+    """x·Wᵀ + b on what the BF16 product multiplies: x rounded to BF16 and W the BF16 values
+    w16 holds, taken as round_bf16 takes them (a subnormal is a zero of its sign)."""
+    w = widen_bf16(w16)
+    w = np.where(np.abs(w) < 2.0**-126, np.copysign(0.0, w), w)
+    return linear_forward(round_bf16(x), w, b)
+
+
 def linear_backward(dy, x, w):  # [..., out], [..., in], [out, in] -> dx, dw, db
     dy, x, w = _f64(dy, x, w)
     dy2, x2 = dy.reshape(-1, w.shape[0]), x.reshape(-1, w.shape[1])
@@ -141,6 +162,10 @@ def gelu_backward(dy, x):  # [...], [...] -> [...]
 def embedding_forward(ids, table):  # int [...], [vocab, dim] -> [..., dim]
     (table,) = _f64(table)
     return table[np.asarray(ids)]
+
+
+def embedding_forward_bf16w(ids, table16):  # int [...], uint16 [vocab, dim] -> [..., dim]
+    return widen_bf16(table16)[np.asarray(ids)]
 
 
 def embedding_backward(dy, ids, vocab):  # [..., dim], int [...] -> [vocab, dim]

@@ -22,9 +22,10 @@ that is neither an op here nor in NON_OPS fails there, as does a call template w
 do not match the declaration. CONTRIBUTING.md says how to add an op.
 
 Call templates (limits, exact) are C argument lists, one token per argument:
-  F D I      a float, double or int64_t buffer: tiny (one element in C, 64 in Python) in a
-             limits call; N: NULL
-  F:e D:e    exactly e elements (a C expression of the sizes r, a, b), random values
+  F D I H    a float, double, int64_t or uint16_t (BF16 bits) buffer: tiny (one element in C,
+             64 in Python) in a limits call; N: NULL
+  F:e D:e H:e  exactly e elements (a C expression of the sizes r, a, b), random values (H:
+             the BF16 bits of finite ones)
   I:e:l      e int64 indices in [0, l)
   {i}        the i-th size of a limits case; anything else a C literal or expression
 The sanitizer runs every exact call at each r, a, b in {1, 2, 3, 7, 17, 33} (r also 0).
@@ -667,6 +668,91 @@ ROUND_BF16 = Op(
     cuda=False,
     tested_in=("tests/kernels/test_bf16.py::test_rounding_matches_numpy_bit_for_bit",),
 )
+
+# ---- BF16 weights (pytfm_linear_forward_bf16w, pytfm_embedding_forward_bf16w) ----------------
+
+def bf16_bits(a):
+    """The BF16 bits of a float32 array, by the reference's rounding (not the op's)."""
+    return (ref.round_bf16(a).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def bf16_special(rng, bits):
+    """bits with about one in eight made a BF16 subnormal (of either sign) and one in eight a
+    signed zero: the values whose widening a product flushes, or whose sign it must keep"""
+    pick = rng.integers(0, 8, bits.shape)
+    sign = (rng.integers(0, 2, bits.shape) << 15).astype(np.uint16)
+    sub = rng.integers(1, 128, bits.shape).astype(np.uint16) | sign
+    return np.where(pick == 0, sub, np.where(pick == 1, sign, bits)).astype(np.uint16)
+
+
+def linear_bf16w_make(seed, rows, inn, out, bias=True, batch=1):
+    a = linear_make(seed, rows, inn, out, bias, batch)
+    a["w16"] = bf16_special(np.random.default_rng(seed + 1), bf16_bits(a["w"]))
+    return a
+
+
+def linear_bf16w_tol(a):
+    """bf16_bound on the magnitudes of what the product multiplies: x rounded, W as w16 holds
+    it (subnormals flushed, as the reference takes them)"""
+    x = ref.round_bf16(a["x"]).astype(np.float64)
+    mag = ref.linear_forward_bf16w(abs(x), a["w16"] & 0x7FFF,
+                                   None if a["b"] is None else abs(a["b"]))
+    return Tol(bf16_bound(x.shape[-1], mag), 0.0)
+
+
+h43 = np.zeros((4, 3), np.uint16)
+
+LINEAR_FORWARD_BF16W = Op(
+    "linear_forward_bf16w",
+    limits=Limits(("F F H F {0} {1} {2}",), LIN),
+    exact=("F:r*b F:r*a H:b*a F:b r a b", "F:r*b F:r*a H:b*a N r a b"),
+    check=Check(
+        LINEAR_DRAW, linear_bf16w_make,
+        run=lambda a: [ops.linear_forward_bf16w(a["x"], a["w16"], a["b"])],
+        want=lambda a: [ref.linear_forward_bf16w(a["x"], a["w16"], a["b"])],
+        tol=lambda a, want: [linear_bf16w_tol(a)], outputs=("y",),
+        threads=BF16_THREADS + (dict(rows=5, inn=300, out=1000, seed=3),)),  # few rows, streamed
+    fast=("tests/kernels/test_bf16_weights.py: the bits of pytfm_linear_forward_ex at BF16 on "
+          "W's widening, on every BF16 path, whose fast kernels test_bf16.py holds to the plain"),
+    bad=(
+        Bad(lambda: ops.linear_forward_bf16w(x23, w43), TypeError,
+            r"w16 must be a uint16 array of BF16 bits .*got dtype float32: make them with "
+            r"pytfm.ops.to_bf16_bits"),
+        Bad(lambda: ops.linear_forward_bf16w(x23, [[0] * 3] * 4), TypeError,
+            r"w16 must be a numpy.ndarray of uint16, got list"),
+        Bad(lambda: ops.linear_forward_bf16w(FakeCupyArray(), h43), TypeError,
+            r"x is a CuPy array, but this operation runs on NumPy arrays only"),
+        Bad(lambda: ops.linear_forward_bf16w(x23, h43[0]), ValueError,
+            r"w16 must have 2 dimensions, got shape \(3,\)"),
+        Bad(lambda: ops.linear_forward_bf16w(x23, np.zeros((0, 3), np.uint16)), ValueError,
+            r"w16 must have shape \(out, in\) with both >= 1, got \(0, 3\)"),
+        Bad(lambda: ops.linear_forward_bf16w(x23, np.zeros((3, 4), np.uint16).T), ValueError,
+            r"w16 must be C-contiguous"),
+        Bad(lambda: ops.linear_forward_bf16w(z(2, 5), h43), ValueError,
+            r"x.shape\[-1\] must equal w16.shape\[1\] = 3 .*got x.shape \(2, 5\)"),
+        Bad(lambda: ops.linear_forward_bf16w(z(2, 3, dtype=np.float64), h43), TypeError,
+            r"x must have dtype float32, got float64"),
+        Bad(lambda: ops.linear_forward_bf16w(x23, h43, z(3)), ValueError,
+            r"b must have shape \(4,\) \(w16.shape\[0\]\), got \(3,\)"),
+    ),
+    scratch=Scratch(setup="""
+# the widening path (any BF16 path but AVX512-BF16, whose packing is pytfm_sgemm_ex's case):
+# 64 rows take the packed product, which widens W a block of rows at a time into scratch
+pytfm.set_max_isa("avx512")
+rows, inn, out = 64, 256, 1024
+x, w = randn(rows, inn), randn(out, inn)
+w16 = ops.to_bf16_bits(w)
+call = lambda: [ops.linear_forward_bf16w(x, w16)]
+out_bytes = 4 * rows * out  # y
+# a block of 2^18 / 256 = 1024 rows of W widened (all of it) and 64 × 1024 floats of its
+# product, in one allocation made before the block's own product asks for its packing
+scratch_bytes = 4 * (1024 * inn + rows * 1024)
+"""),
+    cuda=False,  # BF16-only weights are a CPU inference mode: the C model on the GPU widens them
+    tested_in=("tests/kernels/test_bf16_weights.py::test_the_bits_of_the_bf16_product_on_every_path",
+               "tests/kernels/test_bf16_weights.py::test_the_thresholds_of_each_path"),
+)
+
 
 # ---- softmax ----------------------------------------------------------------------------------
 
@@ -1562,6 +1648,45 @@ EMBEDDING_FORWARD = Op(
     tested_in=("tests/cuda/test_cuda_emu.py::test_embedding",),
 )
 
+def embedding_bf16w_make(seed, rows, vocab, dim, batch=1):
+    a = embedding_make(seed, rows, vocab, dim, batch)
+    a["table16"] = bf16_special(np.random.default_rng(seed + 1), bf16_bits(a["table"]))
+    return a
+
+
+EMBEDDING_FORWARD_BF16W = Op(
+    "embedding_forward_bf16w",
+    limits=Limits(("F I H {0} {1} {2}",), EMB),
+    exact=("F:r*a I:r:b H:b*a r b a",),
+    check=Check(
+        EMBEDDING_DRAW, embedding_bf16w_make,
+        run=lambda a: [ops.embedding_forward_bf16w(a["ids"], a["table16"])],
+        want=lambda a: [ref.embedding_forward_bf16w(a["ids"], a["table16"])],
+        tol=lambda a, want: [EXACT], outputs=("y",),
+        threads=(dict(rows=300, vocab=50, dim=257, seed=3),)),
+    fast="one version: a row widened",
+    bad=(
+        Bad(lambda: ops.embedding_forward_bf16w(i64(0, 256), h43), ValueError,
+            r"pytfm_embedding_forward_bf16w: ids\[1\] = 256 is outside \[0, 4\)"),
+        Bad(lambda: ops.embedding_forward_bf16w(i64(-1), h43), ValueError,
+            r"ids\[0\] = -1 is outside"),
+        Bad(lambda: ops.embedding_forward_bf16w(np.array([0, 1], np.int32), h43), TypeError,
+            r"ids must have dtype int64, got int32"),
+        Bad(lambda: ops.embedding_forward_bf16w(i64(0), z(4, 3)), TypeError,
+            r"table16 must be a uint16 array of BF16 bits .*got dtype float32: make them with "
+            r"pytfm.ops.to_bf16_bits"),
+        Bad(lambda: ops.embedding_forward_bf16w(i64(0), h43[0]), ValueError,
+            r"table16 must have 2 dimensions"),
+        Bad(lambda: ops.embedding_forward_bf16w(i64(0), np.zeros((0, 3), np.uint16)),
+            ValueError, r"table16 must have shape \(vocab, dim\) with both >= 1"),
+        Bad(lambda: ops.embedding_forward_bf16w(FakeCupyArray(), h43), TypeError,
+            r"ids is a CuPy array, but this operation runs on NumPy arrays only"),
+    ),
+    cuda=False,  # BF16-only tables are a CPU inference mode: the C model on the GPU widens them
+    tested_in=("tests/kernels/test_bf16_weights.py::test_the_embedding_rows_are_widened_exactly",
+               "tests/kernels/test_bf16_weights.py::test_bad_ids_are_refused_and_nothing_written"),
+)
+
 EMBEDDING_BACKWARD = Op(
     "embedding_backward",
     limits=Limits(("F F I {0} {1} {2}",), EMB),
@@ -2351,12 +2476,13 @@ scratch_bytes = 4 * threads * (D * (start + n_new) + {TQ_TK} + 2 * 64)  # as the
 
 OPS = (LINEAR_FORWARD, LINEAR_GELU_FORWARD, LINEAR_BACKWARD, LINEAR_FORWARD_EX,
        LINEAR_GELU_FORWARD_EX, LINEAR_BACKWARD_EX, SGEMM, SGEMM_PLAIN, SGEMM_EX, ROUND_BF16,
+       LINEAR_FORWARD_BF16W,
        SOFTMAX_FORWARD, SOFTMAX_BACKWARD, LAYERNORM_FORWARD, LAYERNORM_BACKWARD, ROPE_FORWARD,
        ROPE_BACKWARD,
        RMSNORM_FORWARD, RMSNORM_BACKWARD, SWIGLU_FORWARD, SWIGLU_BACKWARD,
        ROPE_FREQ_FORWARD, ROPE_FREQ_BACKWARD, ROPE_INV_FREQ,
        QKV_SPLIT_FORWARD, QKV_SPLIT_BACKWARD, SINUSOIDAL_POSITIONS, GELU_FORWARD, GELU_BACKWARD,
-       EMBEDDING_FORWARD, EMBEDDING_BACKWARD, CROSS_ENTROPY_FORWARD, CROSS_ENTROPY_BACKWARD,
+       EMBEDDING_FORWARD, EMBEDDING_FORWARD_BF16W, EMBEDDING_BACKWARD, CROSS_ENTROPY_FORWARD, CROSS_ENTROPY_BACKWARD,
        ADAMW_STEP, SUM_SQUARES, ATTENTION_FORWARD, ATTENTION_BACKWARD, ATTENTION_CACHE_APPEND,
        ATTENTION_DECODE,
        ATTENTION_GQA_FORWARD, ATTENTION_GQA_BACKWARD, ATTENTION_GQA_DECODE)
@@ -2466,7 +2592,7 @@ def _c_literal(token):
 
 def hostile_calls():
     """(count, C text) of hostile_sizes.c's calls: every limits template at every case, its
-    buffers f[i], d, ids (one element each) and NULL, in a function hostile_calls()."""
+    buffers f[i], d, ids, h (one element each) and NULL, in a function hostile_calls()."""
     lines, count = [], 0
     for op in OPS:
         for template in op.limits.calls:
@@ -2477,7 +2603,7 @@ def hostile_calls():
                         args.append(f"f[{floats}]")
                         floats += 1
                     else:
-                        args.append({"D": "d", "I": "ids", "N": "NULL"}.get(token) or
+                        args.append({"D": "d", "I": "ids", "H": "h", "N": "NULL"}.get(token) or
                                     _c_literal(token))
                 lines.append(f"    REJECT({count}, {op.c}({', '.join(args)}));")
                 count += 1
@@ -2491,7 +2617,7 @@ def exact_buffers(template):
     out = []
     for i, token in enumerate(tokens(template)):
         kind, _, rest = token.partition(":")
-        if kind in ("F", "D", "I") and rest:
+        if kind in ("F", "D", "I", "H") and rest:
             count, _, limit = rest.partition(":")
             out.append((i, kind, count, limit or None))
     return out
@@ -2499,8 +2625,8 @@ def exact_buffers(template):
 
 def exact_calls():
     """C text of sanitize_kernels.c's calls: a function run(r, a, b) that makes every exact
-    call of every op on buffers of exactly their size (floats(), doubles(), indices()) and
-    frees them."""
+    call of every op on buffers of exactly their size (floats(), doubles(), indices(),
+    halves()) and frees them."""
     blocks = []
     for op in OPS:
         for template in op.exact:
@@ -2509,7 +2635,8 @@ def exact_calls():
             for i, kind, count, limit in exact_buffers(template):
                 ctype, make = {"F": ("float", f"floats({count})"),
                                "D": ("double", f"doubles({count})"),
-                               "I": ("int64_t", f"indices({count}, {limit})")}[kind]
+                               "I": ("int64_t", f"indices({count}, {limit})"),
+                               "H": ("uint16_t", f"halves({count})")}[kind]
                 decls.append(f"        {ctype} *p{i} = {make};")
                 frees.append(f"p{i}")
                 toks[i] = f"p{i}"
@@ -2528,7 +2655,7 @@ def exact_null_args(template, ffi, r=2, a=2, b=2):
     args = []
     for token in tokens(template):
         kind = token.partition(":")[0]
-        if kind in ("F", "D", "I", "N"):
+        if kind in ("F", "D", "I", "H", "N"):
             args.append(ffi.NULL)
         else:
             args.append(eval(token, {"__builtins__": {}}, dict(r=r, a=a, b=b)))

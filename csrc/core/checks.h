@@ -183,6 +183,28 @@ static inline pytfm_status pytfm__check_linear_forward(const char *func, const f
     return PYTFM_STATUS_OK;
 }
 
+/* W given as BF16 only: w16 [out, in] of 2-byte values, counted as such */
+static inline pytfm_status pytfm__check_linear_forward_bf16w(const char *func, const float *y,
+                                                             const float *x,
+                                                             const uint16_t *w16,
+                                                             const float *b, int64_t rows,
+                                                             int64_t in, int64_t out) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
+    PYTFM_CHECK_MIN_IN(func, in, 1);
+    PYTFM_CHECK_MIN_IN(func, out, 1);
+    int64_t n_x = 0, n_y = 0, n_w = 0;
+    PYTFM_CHECK_COUNT(func, &n_x, float, rows, in);
+    PYTFM_CHECK_COUNT(func, &n_y, float, rows, out);
+    PYTFM_CHECK_COUNT(func, &n_w, uint16_t, out, in);
+    PYTFM_CHECK_PTR_IN(func, y, n_y);
+    PYTFM_CHECK_PTR_IN(func, x, n_x);
+    PYTFM_CHECK_PTR_IN(func, w16, n_w);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n_y, float),
+                         PYTFM_SPAN(x, n_x, float), PYTFM_SPAN(w16, n_w, uint16_t),
+                         PYTFM_SPAN(b, out, float));
+    return PYTFM_STATUS_OK;
+}
+
 /* y (the GELU) and h (the pre-activation) are both outputs */
 static inline pytfm_status pytfm__check_linear_gelu_forward(const char *func, const float *y,
                                                             const float *h, const float *x,
@@ -560,6 +582,27 @@ static inline pytfm_status pytfm__check_embedding_forward(const char *func, cons
     PYTFM_CHECK_PTR_IN(func, table, n_table);
     PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n_y, float),
                          PYTFM_SPAN(ids, rows, int64_t), PYTFM_SPAN(table, n_table, float));
+    return PYTFM_STATUS_OK;
+}
+
+/* the table given in BF16: table [vocab, dim] of 2-byte values, counted as such */
+static inline pytfm_status pytfm__check_embedding_forward_bf16w(const char *func, const float *y,
+                                                                const int64_t *ids,
+                                                                const uint16_t *table,
+                                                                int64_t rows, int64_t vocab,
+                                                                int64_t dim) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
+    PYTFM_CHECK_MIN_IN(func, vocab, 1);
+    PYTFM_CHECK_MIN_IN(func, dim, 1);
+    int64_t n_y = 0, n_table = 0, n_ids = 0;
+    PYTFM_CHECK_COUNT(func, &n_y, float, rows, dim);
+    PYTFM_CHECK_COUNT(func, &n_table, uint16_t, vocab, dim);
+    PYTFM_CHECK_COUNT(func, &n_ids, int64_t, rows);
+    PYTFM_CHECK_PTR_IN(func, y, n_y);
+    PYTFM_CHECK_PTR_IN(func, ids, rows);
+    PYTFM_CHECK_PTR_IN(func, table, n_table);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n_y, float),
+                         PYTFM_SPAN(ids, rows, int64_t), PYTFM_SPAN(table, n_table, uint16_t));
     return PYTFM_STATUS_OK;
 }
 

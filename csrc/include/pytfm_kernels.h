@@ -130,6 +130,28 @@ PYTFM_API pytfm_status pytfm_linear_backward_ex(float *dx, float *dw, float *db,
                                                 int64_t rows, int64_t in, int64_t out,
                                                 int32_t precision);
 
+/* ---- The linear layer on BF16 weights (inference) ------------------------------------- */
+/* y = x·Wᵀ + b in BF16 precision where W is held in BF16 only, as a model kept in BF16 for
+ * inference holds it (half the bytes of float32; nothing is widened but the blocks a product
+ * packs):
+ *   y   [rows, out]  written
+ *   x   [rows, in]   float32, rounded to BF16 as the product reads it
+ *   w16 [out, in]    W's BF16 values: the upper 16 bits of each float32 W[o, i] (its value
+ *                    rounded to BF16 first: pytfm_round_bf16), in host byte order
+ *   b   [out]        float32; may be NULL: no bias
+ * Exactly the bits of pytfm_linear_forward_ex(y, x, W, b, rows, in, out, PYTFM_PRECISION_BF16)
+ * on W the float32 widening of w16 (W[o, i]'s bits = w16[o, i] << 16), on every path of
+ * pytfm_get_bf16_isa() and at any thread count: the one-row and few-row kernels read w16 as
+ * that function reads W, the packed product packs w16 as it would pack W's rounding. A BF16
+ * subnormal in w16 counts as a zero of its sign, as pytfm_round_bf16 makes of its widening.
+ * Scratch: none for one row above PYTFM_ISA_PLAIN, nor for the few rows the row kernels take
+ * (pytfm_linear_forward_ex's paths); the packed product's otherwise: on AVX512_BF16 as
+ * pytfm_sgemm_ex's, elsewhere a block of W widened (2^18 floats at most, or one row of W when
+ * longer) and rows × the block's rows floats, besides pytfm_sgemm_ex's for the block. */
+PYTFM_API pytfm_status pytfm_linear_forward_bf16w(float *y, const float *x, const uint16_t *w16,
+                                                  const float *b, int64_t rows, int64_t in,
+                                                  int64_t out);
+
 /* ---- SGEMM: C = β·C + op(A)·op(B) --------------------------------------------------- */
 /* Row-major float32 matrix product; the linear layer's products go through it.
  *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
@@ -310,6 +332,18 @@ PYTFM_API pytfm_status pytfm_gelu_backward(float *dx, const float *dy, const flo
  */
 PYTFM_API pytfm_status pytfm_embedding_forward(float *y, const int64_t *ids, const float *table,
                                                int64_t rows, int64_t vocab, int64_t dim);
+
+/* pytfm_embedding_forward of a table held in BF16 (a model kept in BF16 for inference):
+ * y[i, :] = the float32 widening of table[ids[i], :], exactly (a BF16 value is the upper half
+ * of a float32: subnormals, signed zeros, inf and NaN bits included)
+ *   y     [rows, dim] written, float32
+ *   ids   [rows], each in [0, vocab); one outside gives PYTFM_STATUS_OUT_OF_RANGE
+ *   table [vocab, dim] BF16 values (the upper 16 bits of float32s, host byte order);
+ *         vocab >= 1, dim >= 1
+ */
+PYTFM_API pytfm_status pytfm_embedding_forward_bf16w(float *y, const int64_t *ids,
+                                                     const uint16_t *table, int64_t rows,
+                                                     int64_t vocab, int64_t dim);
 
 /*   dtable [vocab, dim] accumulated: dtable[ids[i], :] += dy[i, :] (repeated ids add up)
  *   dy [rows, dim], ids [rows] as in the forward

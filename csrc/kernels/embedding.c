@@ -6,8 +6,8 @@
  *   backward: dtable[ids[i], :] += dy[i, :]  (a scatter-add: rows of repeated ids add up; run
  *             in order of i, so the sum is the same every time)
  * All ids are checked before the first write, so a bad id changes nothing. A table given in
- * BF16 (the C model of a BF16 file, internal) is read widened: the same rows as its float32
- * widening gives.
+ * BF16 (pytfm_embedding_forward_bf16w; the C model of a BF16 file) is read widened: the same
+ * rows as its float32 widening gives.
  */
 #include <string.h>
 
@@ -50,6 +50,13 @@ pytfm_status pytfm__embedding_forward_bf16(float *y, const int64_t *ids, const u
     PYTFM_PARALLEL_ROWS(rows, dim)
     for (int64_t i = 0; i < rows; i++) rows_bf16(y, ids, table, i, i + 1, dim);
     return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_embedding_forward_bf16w(float *y, const int64_t *ids, const uint16_t *table,
+                                           int64_t rows, int64_t vocab, int64_t dim) {
+    PYTFM_TRY(pytfm__check_embedding_forward_bf16w(__func__, y, ids, table, rows, vocab, dim));
+    PYTFM_TRY(pytfm__check_indices(__func__, "ids", ids, rows, vocab, 0, 0));
+    return pytfm__embedding_forward_bf16(y, ids, table, rows, vocab, dim);
 }
 
 pytfm_status pytfm_embedding_backward(float *dtable, const float *dy, const int64_t *ids,

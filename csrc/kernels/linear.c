@@ -25,9 +25,11 @@
  * same order), so that a prompt fed at once gets a token's bits in the linear layers. A W in
  * the caches is no stream to share: from 5 rows on there the micro-kernel is faster. The
  * figures are in docs/performance.md.
- * In BF16, W may be given as BF16 only (the C model of a BF16 file: w NULL, w16 set): the
- * one-row kernels read w16 as they read a BF16 copy, and the packed product takes it as
- * product_bf16_weights says, each way the bits of W's float32 widening.
+ * In BF16, W may be given as BF16 only (pytfm_linear_forward_bf16w, and the C model of a BF16
+ * file: w NULL, w16 set): the one-row kernels read w16 as they read a BF16 copy, and the
+ * packed product takes it as product_bf16_weights says, each way the bits of W's float32
+ * widening. forward() reads w on no branch a BF16 product takes but the packed product's on
+ * float32 weights, which w NULL leaves for product_bf16_weights.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +193,12 @@ pytfm_status pytfm__linear_forward_bf16(const char *func, float *y, const float 
                                         const float *w, const uint16_t *w16, const float *b,
                                         int64_t rows, int64_t in, int64_t out) {
     return forward(func, NULL, y, x, w, w16, b, rows, in, out, PYTFM_PRECISION_BF16);
+}
+
+pytfm_status pytfm_linear_forward_bf16w(float *y, const float *x, const uint16_t *w16,
+                                        const float *b, int64_t rows, int64_t in, int64_t out) {
+    PYTFM_TRY(pytfm__check_linear_forward_bf16w(__func__, y, x, w16, b, rows, in, out));
+    return forward(__func__, NULL, y, x, NULL, w16, b, rows, in, out, PYTFM_PRECISION_BF16);
 }
 
 pytfm_status pytfm_linear_gelu_forward(float *y, float *h, const float *x, const float *w,

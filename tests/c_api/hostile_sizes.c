@@ -6,7 +6,7 @@
  * tests/c_api/test_sanitizers.py, which builds this with -fsanitize=address,undefined (or by
  * hand: python tests/ops_registry.py hostile > hostile_calls.h). Each call must return
  * PYTFM_STATUS_INVALID_ARGUMENT, saying "too large" or "cache overflow", without touching its
- * buffers (one float, double or int64 each, on the heap: ASan reports any access past them)
+ * buffers (one float, double, int64 or uint16 each, on the heap: ASan reports any access past them)
  * and without a signed overflow anywhere in the checks (UBSan reports it).
  */
 #include <stdint.h>
@@ -20,6 +20,7 @@ enum { BUFFERS = 16 };
 static float *f[BUFFERS]; /* one float each, 7.0f */
 static double *d;         /* one double, 5.0 */
 static int64_t *ids;      /* one int64, 3 */
+static uint16_t *h;       /* one BF16 value's bits, 0x3F80 (1.0) */
 static int calls;
 
 /* call number i: rejected as too large, or the program reports it and fails */
@@ -46,19 +47,22 @@ int main(void) {
     *d = 5.0;
     ids = malloc(sizeof(int64_t));
     *ids = 3;
+    h = malloc(sizeof(uint16_t));
+    *h = 0x3F80;
     int failed = hostile_calls();
     for (int b = 0; b < BUFFERS && !failed; b++)
         if (*f[b] != 7.0f) {
             fprintf(stderr, "buffer %d was written\n", b);
             failed = 1;
         }
-    if (!failed && (*d != 5.0 || *ids != 3)) {
-        fprintf(stderr, "the double or the ids were written\n");
+    if (!failed && (*d != 5.0 || *ids != 3 || *h != 0x3F80)) {
+        fprintf(stderr, "the double, the ids or the BF16 bits were written\n");
         failed = 1;
     }
     for (int b = 0; b < BUFFERS; b++) free(f[b]);
     free(d);
     free(ids);
+    free(h);
     if (failed) return 1;
     printf("%d hostile calls rejected\n", calls);
     return 0;

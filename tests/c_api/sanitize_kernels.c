@@ -33,6 +33,13 @@ static int64_t *indices(int64_t count, int64_t limit) { // each in [0, limit)
     return p;
 }
 
+static uint16_t *halves(int64_t count) { // the BF16 bits of finite values (the upper halves)
+    uint16_t *p = malloc((size_t)(count ? count : 1) * sizeof(uint16_t));
+    for (int64_t i = 0; i < count; i++) p[i] = (uint16_t)(0x3E00u + next() % 0x0200u) |
+                                               (uint16_t)((next() & 1u) << 15);
+    return p;
+}
+
 /* static int run(int64_t r, int64_t a, int64_t b): every exact call at rows (or T) r and the
  * other sizes a and b */
 #include "exact_calls.h"
