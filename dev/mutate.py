@@ -55,6 +55,13 @@ MUTATIONS = {
     "linear_dw_written": ("csrc/kernels/linear.c", "backward", "rows, 1, 0, 1.0f,", "rows, 1, 0, 0.0f,", OPS),
     "rope_backward_same_sign": ("csrc/kernels/rope.c", "pytfm_rope_backward", "pos_stride, base, -1.0);", "pos_stride, base, +1.0);", OPS),
     "gelu_backward_missing_term": ("csrc/kernels/gelu.c", "pytfm_gelu_backward", "+ 2.0f * vt * s * (1.0f - s) * du);", ");", OPS),
+    # the BF16-only weights: a widened block's product with the first block's bias, and ids
+    # read unchecked (tests/kernels/test_bf16_weights.py: its path thresholds, its bad ids)
+    "linear_bf16w_block_bias": ("csrc/kernels/linear.c", "product_bf16_weights", "{b ? b + o0 : NULL, NULL, NULL}",
+                                "{b, NULL, NULL}", ["tests/kernels/test_bf16_weights.py"]),
+    "embedding_bf16w_ids_unchecked": ("csrc/kernels/embedding.c", "pytfm_embedding_forward_bf16w",
+                                      "PYTFM_TRY(pytfm__check_indices(", "(void)(pytfm__check_indices(",
+                                      ["tests/kernels/test_bf16_weights.py"]),
     "embedding_backward_assign": ("csrc/kernels/embedding.c", "pytfm_embedding_backward", "j++) row[j] +=", "j++) row[j] =", OPS),
     "ce_no_onehot": ("csrc/kernels/cross_entropy.c", "pytfm_cross_entropy_backward",
                      "lse[i], scale, vocab); drow[targets[i]] -= scale;", "lse[i], scale, vocab);", OPS),

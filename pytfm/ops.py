@@ -38,6 +38,7 @@ from ._arrays import I64 as _I64
 from ._arrays import Args as _Args
 from ._arrays import as_float as _as_float
 from ._arrays import check_index_arrays  # noqa: F401 - public: pytfm.ops.check_index_arrays
+from ._arrays import is_cupy as _is_cupy
 
 _U16 = _np.dtype(_np.uint16)  # BF16 bits (gemm_bf16, the _bf16w ops)
 # the model's constants, as pytfm_model.h defines them: the defaults of eps and base below
@@ -122,6 +123,15 @@ def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None, precision="fp3
     return dx, dw, db
 
 
+def _numpy_only(op, named, instead):
+    """The _bf16w ops have no CUDA twin: a CuPy argument is refused, saying what to call."""
+    for name, v in named.items():
+        if _is_cupy(v):
+            raise TypeError(f"{name} is a CuPy array, but {op} runs on NumPy arrays only "
+                            "(BF16-only weights are a CPU inference mode): pass numpy.ndarrays, "
+                            f"or on the GPU widen the bits (from_bf16_bits) and call {instead}")
+
+
 def _bf16_bits(a, name, ndim, what):
     """The argument `name`, once it is a C-contiguous NumPy uint16 array of BF16 bits of rank
     ndim (`what` says which shape), as a cffi uint16_t pointer for the call. A float array is
@@ -144,6 +154,7 @@ def linear_forward_bf16w(x, w16, b=None):
     bits of W (to_bf16_bits(w)); x [..., in] float32, b [out] float32 or None -> y [..., out]
     float32. The bits of linear_forward(x, from_bf16_bits(w16), b, precision="bf16"), with
     half W's bytes (see pytfm_linear_forward_bf16w). NumPy arrays only."""
+    _numpy_only("linear_forward_bf16w", locals(), 'linear_forward(..., precision="bf16")')
     a = _Args("pytfm_linear_forward_bf16w", locals())
     w16, w16_ptr = _bf16_bits(a, "w16", 2, "(out, in)")
     out, inn = w16.shape
@@ -414,6 +425,7 @@ def embedding_forward_bf16w(ids, table16, *, check_ids=True):
     uint16 (BF16 bits: to_bf16_bits(table)) -> y [..., dim] float32, exactly
     embedding_forward(ids, from_bf16_bits(table16)). NumPy arrays only; the C kernel checks
     the ids (check_ids is for CuPy arrays, which this op does not take)."""
+    _numpy_only("embedding_forward_bf16w", locals(), "embedding_forward")
     a = _Args("pytfm_embedding_forward_bf16w", locals())
     ids = a.array("ids", dtype=_I64, min_ndim=0)
     table16, table_ptr = _bf16_bits(a, "table16", 2, "(vocab, dim)")
