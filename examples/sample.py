@@ -39,7 +39,7 @@ def parser():
     p.add_argument("--seed", type=int, default=0, help=f"0 .. {SEED_MAX}")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="of the linear layers' products (bf16: BF16-rounded inputs, float32 "
-                   "sums)")
+                   "sums; a bfloat16 Llama-family folder is then held as it lies, in BF16)")
     return p
 
 
@@ -60,8 +60,7 @@ def main(argv=None):
     raw = args.prompt.encode("utf-8", "surrogateescape")
     if not raw:
         p.error("--prompt must not be empty: generation continues at least one byte")
-    model, tok = load_model(p, args.checkpoint)
-    model.set_precision(args.precision)
+    model, tok = load_model(p, args.checkpoint, precision=args.precision)
     if args.precision == "bf16":
         print(f"precision bf16, the BF16 products' path: {pytfm.bf16_path()}", file=sys.stderr)
     ids = np.frombuffer(raw, np.uint8).astype(np.int64) if tok is None else tok.encode_array(raw)

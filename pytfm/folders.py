@@ -10,6 +10,7 @@ rules (pytfm_folder_arch is the rule, in C, which pytfm_model_open follows too);
 another model_type is refused by the Llama family's reader, naming it.
 """
 
+import functools
 import os
 
 from . import gpt2, llama
@@ -35,9 +36,10 @@ def read_config(folder):
     return family(folder).read_config(folder)
 
 
-def load(folder, device="cpu"):
-    """The folder's model, a pytfm.nn.GPT on device."""
-    return family(folder).load(folder, device)
+def load(folder, device="cpu", precision="fp32"):
+    """The folder's model, a pytfm.nn.GPT on device, in precision (a bfloat16 Llama-family
+    folder on the CPU in "bf16": its matrices in BF16 only, for inference; pytfm.llama.load)."""
+    return family(folder).load(folder, device, precision)
 
 
 def load_tokenizer(folder):
@@ -45,9 +47,11 @@ def load_tokenizer(folder):
     return gpt2.load_tokenizer(folder)
 
 
-def load_snapshot(folder, device="cpu"):
-    """(model, tokenizer) of one save of the folder (gpt2.load_snapshot says how)."""
-    return gpt2.load_snapshot(folder, device, load=family(folder).load)
+def load_snapshot(folder, device="cpu", precision="fp32"):
+    """(model, tokenizer) of one save of the folder (gpt2.load_snapshot says how), the model in
+    precision as load gives it."""
+    read = functools.partial(family(folder).load, precision=precision)
+    return gpt2.load_snapshot(folder, device, load=read)
 
 
 def save(model, folder, tokenizer=None):

@@ -51,7 +51,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import _atomic
-from ._core import check, ffi, lib
+from ._core import check, ffi, lib, precision_code
 from .checkpoint import CheckpointError, safetensors_chunks
 from .device import available_memory  # memory_plan's default; tests patch it here
 from .nn import GPT, GPTConfig
@@ -201,7 +201,7 @@ class _Folder:
 # ---- memory ------------------------------------------------------------------------------------
 
 
-def memory_plan(cfg, batch=None, context=None, optimizer=True):
+def memory_plan(cfg, batch=None, context=None, optimizer=True, bf16=False):
     """{what: bytes} a GPT of cfg takes in float32: "params", "grads" (GPT allocates both),
     "adamw" (its two moments, when optimizer), and with batch and context, "activations": what
     a training step keeps for its backward, per layer 16·d_model floats per token (the block's
@@ -211,15 +211,23 @@ def memory_plan(cfg, batch=None, context=None, optimizer=True):
     inputs and attention's output, and 3·d_ff for SwiGLU's gate, up and product), and for the
     head its norm's input and output and the logits twice (themselves and their gradient),
     plus the first layer's gradients in flight. "total" sums them. The one estimate of a GPT's
-    memory: train_tiny plans with it too. Costs the same for any number of layers."""
+    memory: train_tiny plans with it too. Costs the same for any number of layers.
+    bf16: a model that holds its matrices in BF16 only (GPT.keep_bf16): "params" only, 2 bytes
+    a matrix value and 4 a vector value, no gradients."""
     from .nn import param_shapes
 
-    def count(n_layer):  # parameters of cfg with n_layer layers
-        return sum(math.prod(s) for _, s in param_shapes(replace(cfg, n_layer=n_layer)))
+    def count(n_layer, ndim):  # values of cfg's parameters of ndim >= 2 (1), n_layer layers
+        return sum(math.prod(s) for _, s in param_shapes(replace(cfg, n_layer=n_layer))
+                   if (len(s) >= 2) == (ndim == 2))
 
-    n = count(1) + (cfg.n_layer - 1) * (count(2) - count(1))  # the layers are alike
+    def values(ndim):  # the layers are alike
+        return count(1, ndim) + (cfg.n_layer - 1) * (count(2, ndim) - count(1, ndim))
+
+    n = values(2) + values(1)
     plan = {"params": 4 * n, "grads": 4 * n}
-    if optimizer:
+    if bf16:
+        plan = {"params": 2 * values(2) + 4 * values(1)}
+    elif optimizer:
         plan["adamw"] = 8 * n
     if batch is not None:
         N, C = batch * (context or cfg.max_seq), cfg.d_model
@@ -248,18 +256,19 @@ def check_memory(plan, what, available=None):
 # ---- load and save -----------------------------------------------------------------------------
 
 
-def load(folder, device="cpu"):
+def load(folder, device="cpu", precision="fp32"):
     """The GPT-2 in a Hugging Face folder (config.json + model.safetensors) as a pytfm GPT
-    (pos="learned") on device. Everything is checked, and the memory the model needs compared
-    with what is available, before the model is allocated."""
+    (pos="learned") on device, in precision. Everything is checked, and the memory the model
+    needs compared with what is available, before the model is allocated."""
     from . import device as devices
 
     devices.array_module(device)
+    precision_code(precision)  # a bad name fails here, naming the argument
     with _Folder(folder) as f:
         check_memory(memory_plan(f.cfg, optimizer=False), f"the GPT-2 in {folder}")
-        model = GPT(f.cfg, device)
+        model = GPT(f.cfg, device, init=False)
         model.params.copy_from(f.read())
-    return model
+    return model.set_precision(precision)
 
 
 def load_tokenizer(folder):

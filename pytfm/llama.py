@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from . import _atomic
-from ._core import check, ffi, lib
+from ._core import check, ffi, lib, precision_code
 from .checkpoint import CheckpointError
 from .gpt2 import _Folder as gpt2_folder
 from .gpt2 import _json_text, check_memory, memory_plan
@@ -93,16 +93,33 @@ def read_params(folder):
 
 
 def load(folder, device="cpu", precision="fp32"):
-    """The model in a Llama-family folder as a pytfm.nn.GPT on device, in precision. Everything
-    is checked, and the memory the model needs compared with what is available, before the
-    model is allocated."""
+    """The model in a Llama-family folder as a pytfm.nn.GPT on device, in precision. A folder
+    whose matrices are all bfloat16, loaded on the CPU in precision "bf16", is held as the file
+    holds it, for inference: its matrices in BF16 only (GPT.keep_bf16: 2 bytes a value, no
+    gradients), read as they lie (pytfm_llama_read_bf16: no float32 copy is ever made), as the
+    C model opens such a folder. Any other load has float32 parameters (in "bf16", the products
+    round them); so does fine-tuning, which loads in "fp32" and calls set_precision("bf16")
+    (what `python -m pytfm train --precision bf16` does). Everything is checked, and the memory
+    the model needs compared with what is available, before the model is allocated."""
     from . import device as devices
 
     devices.array_module(device)
+    precision_code(precision)  # a bad name fails here, naming the argument
     with _Folder(folder) as f:
-        check_memory(memory_plan(f.cfg, optimizer=False), f"the model in {folder}")
-        model = GPT(f.cfg, device, precision)
-        model.params.copy_from(f.read())
+        all16, n16 = ffi.new("int32_t *"), ffi.new("int64_t *")
+        _check(lib.pytfm_llama_bf16_matrices(f._g, all16, n16))
+        keep = device == "cpu" and precision == "bf16" and bool(all16[0])
+        check_memory(memory_plan(f.cfg, optimizer=False, bf16=keep), f"the model in {folder}")
+        model = GPT(f.cfg, device, "fp32" if keep else precision, init=False)
+        if not keep:
+            model.params.copy_from(f.read())
+            return model
+        bits = np.empty(n16[0], np.uint16)
+        vectors = np.empty(f.n_params - n16[0], np.float32)
+        _check(lib.pytfm_llama_read_bf16(f._g, ffi.from_buffer("uint16_t[]", bits, True),
+                                         bits.size, ffi.from_buffer("float[]", vectors, True),
+                                         vectors.size))
+        model._keep(bits, vectors)
     return model
 
 

@@ -25,6 +25,11 @@ FlatDicts: every array is a view into one flat buffer (model.params.buffer, mode
 matrices first, then vectors), so that zeroing the gradients, clipping them, AdamW's step and a
 data-parallel all-reduce each take one call.
 
+BF16 weights, for inference: model.keep_bf16() (and pytfm.llama.load(folder, precision="bf16"))
+holds every matrix as its BF16 bits only (model.params16, uint16; the vectors stay float32 in
+model.vectors), with no float32 copy and no gradients: 2 bytes per matrix value instead of 8.
+Such a model forwards, decodes and generates, in precision "bf16"; it does not train.
+
 Devices: GPT(cfg, device="cuda") (or model.to("cuda")) keeps every array on the GPU as a CuPy
 array, and each op runs its CUDA twin (pytfm.ops picks the backend from the arrays); model.device
 says which. Nothing is read back to the host inside a training step (forward, backward,
@@ -303,17 +308,21 @@ class Parameters:
     """The model's parameters and gradients: two FlatDicts of one layout (param_shapes order),
     filled by add() in the order the layers are built, drawing from one generator."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, init=True):
         self.params = FlatDict(*flat_layout(param_shapes(cfg)))
         self.grads = self.params.zeros_like()
         self.rng = np.random.default_rng(cfg.seed)
+        self.init = init
 
     def add(self, name, shape, std=None):
         """Parameter `name`: normal(0, std) when std is given (drawn in float64, rounded to
-        float32), else ones for 'weight', zeros otherwise; returns (its view, its gradient's)."""
+        float32), else ones for 'weight', zeros otherwise (all zeros, untouched, without init:
+        a model about to be loaded); returns (its view, its gradient's)."""
         p = self.params[name]
         assert p.shape == tuple(shape), (name, p.shape, shape)  # param_shapes agrees with nn
-        if std is not None:
+        if not self.init:
+            pass
+        elif std is not None:
             p[...] = self.rng.normal(0.0, std, shape)
         elif name.endswith(".weight"):
             p.fill(1.0)
@@ -347,13 +356,19 @@ class Linear:
     def forward(self, x, save=True):  # (..., in) -> (..., out)
         if save:
             self.saved = x
+        if self.w.dtype == np.uint16:  # BF16 bits (GPT.keep_bf16): precision "bf16"'s product
+            return ops.linear_forward_bf16w(x, self.w, self.b)
         return ops.linear_forward(x, self.w, self.b, precision=self.precision)
 
     def forward_gelu(self, x, save=True):  # (..., in) -> gelu(h), h = x·wᵀ + b: (..., out) each
         """The layer followed by GELU, in one pass over the output (the bias and GELU applied to
-        each tile of the product while it is in cache): (gelu(h), h)."""
+        each tile of the product while it is in cache): (gelu(h), h). With BF16 bits, the
+        product then GELU's own pass, which gives the fused epilogue's bits."""
         if save:
             self.saved = x
+        if self.w.dtype == np.uint16:
+            h = ops.linear_forward_bf16w(x, self.w, self.b)
+            return ops.gelu_forward(h), h
         return ops.linear_gelu_forward(x, self.w, self.b, precision=self.precision)
 
     def backward(self, dy):  # (..., out) -> (..., in)
@@ -391,6 +406,8 @@ class Embedding:
     def forward(self, ids, save=True):  # int64 (B, T) -> (B, T, dim)
         if save:
             self.saved = ids
+        if self.w.dtype == np.uint16:  # BF16 bits (GPT.keep_bf16)
+            return ops.embedding_forward_bf16w(ids, self.w, check_ids=False)
         return ops.embedding_forward(ids, self.w, check_ids=False)  # GPT._inputs did
 
     def backward(self, dy):  # (B, T, dim) -> None (the ids have no gradient)
@@ -411,7 +428,8 @@ class LearnedPositions:
     def forward(self, x, start, pos, save=True):  # (B, T, dim), pos = start + arange(T) -> x,
         if save:  # the rows added in place
             self.saved = pos
-        x += self.w[start:start + x.shape[1]]
+        rows = self.w[start:start + x.shape[1]]
+        x += ops.from_bf16_bits(rows) if rows.dtype == np.uint16 else rows  # GPT.keep_bf16
         return x
 
     def backward(self, dx):  # (B, T, dim) -> None (the positions have no gradient)
@@ -708,6 +726,25 @@ def _moved(a, flats, device):
     return devices.to_device(a, device)
 
 
+_KEPT = ("{what}: this model holds its matrices in BF16 only (keep_bf16, or a load in "
+         "precision 'bf16'), for inference, with no float32 parameters or gradients; load or "
+         "build it in float32 to train it, save it or hand it to an optimizer")
+_KEEP_CHUNK = 1 << 20  # matrix values rounded at once by keep_bf16
+
+
+def _split(params):
+    """({name: array} of the matrices (ndim >= 2), of the vectors) of a FlatDict, in order."""
+    matrices = {n: a for n, a in params.items() if a.ndim >= 2}
+    return matrices, {n: a for n, a in params.items() if a.ndim < 2}
+
+
+def _within(a, buffer):
+    """Whether array a is a view into buffer's memory (both on the host)."""
+    if not (isinstance(a, np.ndarray) and isinstance(buffer, np.ndarray)):
+        return False
+    return 0 <= _address(a) - _address(buffer) < buffer.nbytes
+
+
 def sinusoidal_positions(T, d):  # (T, d): sin on even features, cos on odd (Vaswani et al.)
     return ops.sinusoidal_positions(T, d)  # the C model's table: the same bits
 
@@ -731,15 +768,20 @@ class GPT:
     attention's (Q·Kᵀ, P·V and their backward; the softmax in float32) on
     pytfm_attention_*_ex_cuda, the rest as in "fp32". On the CPU attention stays float32, and
     so does the KV-cached decode on either device (it is bound by memory bandwidth).
-    model.precision says which; set_precision changes it."""
+    model.precision says which; set_precision changes it. keep_bf16() holds the matrices in
+    BF16 only, for inference.
 
-    def __init__(self, cfg, device="cpu", precision="fp32"):
+    init=False leaves the parameters zero and draws nothing (their memory untouched until
+    written): for a model whose parameters are about to be loaded."""
+
+    def __init__(self, cfg, device="cpu", precision="fp32", *, init=True):
         if not isinstance(cfg, GPTConfig):
             raise TypeError(f"cfg must be a pytfm.nn.GPTConfig, got {type(cfg).__name__}")
         devices.array_module(device)  # a bad name or an unusable GPU fails before any work
         self.cfg = cfg
         self._trainer, self._trainer_lock = None, threading.Lock()  # see the module's "Threads"
-        P = Parameters(cfg)
+        P = Parameters(cfg, init=as_bool("init", init))
+        self.kept = False  # keep_bf16: the matrices are BF16 bits only
         if cfg.arch == "llama":
             self._llama(P)
         else:
@@ -752,7 +794,8 @@ class GPT:
             self.ln_f = LayerNorm(P, "transformer.ln_f", cfg.d_model)
             self.lm_head = Linear(P, "lm_head", cfg.d_model, cfg.vocab, bias=False,
                                   tied=self.wte if cfg.tie_embeddings else None)
-        self.params, self.grads = P.params, P.grads
+        self._params, self._grads = P.params, P.grads
+        self.params16 = self.vectors = None  # keep_bf16's
         self.saved, self.device, self.xp, self.precision = None, "cpu", np, "fp32"
         self.to(device)
         self.set_precision(precision)
@@ -775,10 +818,105 @@ class GPT:
         self.lm_head = Linear(P, "lm_head", cfg.d_model, cfg.vocab, bias=False,
                               tied=self.wte if cfg.tie_embeddings else None)
 
+    @property
+    def params(self):
+        """The parameters: a FlatDict of float32 arrays (see the module's docstring)."""
+        if self.kept:
+            raise RuntimeError(_KEPT.format(what="model.params"))
+        return self._params
+
+    @property
+    def grads(self):
+        """The parameters' gradients: a FlatDict of model.params's layout."""
+        if self.kept:
+            raise RuntimeError(_KEPT.format(what="model.grads"))
+        return self._grads
+
+    def keep_bf16(self):
+        """Hold every matrix (each linear layer's weight, the embedding table, GPT-2's learned
+        positions) in BF16 only, for inference; returns the model. Each matrix becomes its
+        BF16 rounding (to nearest, ties to even: ops.to_bf16_bits), kept as its bits, uint16, in
+        one buffer: model.params16 ({name: view}); the vectors (norms, biases) stay float32 in
+        model.vectors (a FlatDict); the float32 matrices and all the gradients are freed. The
+        model then takes 2 bytes per matrix value where it took 8 (parameters and gradients).
+
+        Its precision is "bf16" from then on, and forward (save=False: its default here),
+        decode and pytfm.generate give the bits of the float32 model whose matrices hold those
+        rounded values, in precision "bf16": its products read the BF16 bits they would have
+        rounded to (ops.linear_forward_bf16w), the embedding and the positions read the rounded
+        values. A model loaded from a BF16 file (pytfm.llama.load(folder, precision="bf16"))
+        rounds nothing: it is the file's model. Training is refused (backward, zero_grad,
+        model.params and model.grads, which an optimizer, a checkpoint or a save would take),
+        and so are set_precision to another precision and to("cuda"): build or load the model
+        in float32 to train it or move it. The CPU only."""
+        if self.kept:
+            return self
+        if self.device != "cpu":
+            raise ValueError(f"keep_bf16: the model is on {self.device}; BF16-only matrices run "
+                             "on the CPU (model.to('cpu') first)")
+        self._claim("keep_bf16")
+        matrices, vectors = _split(self._params)
+        bits = np.empty(sum(a.size for a in matrices.values()), np.uint16)
+        at = 0
+        for a in matrices.values():  # rounded a piece at a time: no float32 copy
+            flat = a.reshape(-1)
+            for i in range(0, flat.size, _KEEP_CHUNK):
+                piece = flat[i:i + _KEEP_CHUNK]
+                bits[at + i:at + i + piece.size] = ops.to_bf16_bits(piece)
+            at += flat.size
+        self._keep(bits, np.concatenate([a.reshape(-1) for a in vectors.values()]))
+        return self
+
+    def _keep(self, bits, vector_values):
+        """keep_bf16 with its values given: bits (uint16) every matrix's, vector_values
+        (float32) every vector's, each one after another in model.params's order (the order
+        of param_shapes, and of pytfm_llama_read_bf16); the layers then hold views of them."""
+        params, grads = self._params, self._grads
+        matrices, vectors = _split(params)
+        layout = {n: params.layout[n] for n in vectors}
+        start = min(off for off, _ in layout.values())
+        flat = FlatDict({n: (off - start, shape) for n, (off, shape) in layout.items()},
+                        params.size - start)
+        # where each parameter starts in the new buffers: bits, or flat's (JoinedLinear's q, k
+        # and v, one span of the old buffer, are adjacent in both)
+        self.params16, starts, at = {}, {}, 0
+        for name, a in matrices.items():
+            self.params16[name] = bits[at:at + a.size].reshape(a.shape)
+            starts[_address(a)] = (bits, at)
+            at += a.size
+        assert at == bits.size
+        at = 0
+        for name, a in vectors.items():
+            flat[name] = vector_values[at:at + a.size].reshape(a.shape)
+            starts[_address(a)] = (flat.buffer, layout[name][0] - start)
+            at += a.size
+        assert at == vector_values.size
+
+        def held(a):  # the new array of a layer's a, a view into params's buffer
+            buffer, at = starts[_address(a)]
+            return buffer[at:at + a.size].reshape(a.shape)
+
+        self.set_precision("bf16")
+        for layer in self._layers():
+            for attr, value in list(vars(layer).items()):
+                if _within(value, grads.buffer):
+                    setattr(layer, attr, None)  # no gradients: the model does not train
+                elif _within(value, params.buffer):
+                    setattr(layer, attr, held(value))
+            layer.saved = None
+        self.vectors, self.saved = flat, None
+        self._params = self._grads = None
+        params.stale = grads.stale = True
+        self.kept = True
+
     def set_precision(self, precision):
         """The precision of the linear layers' products from now on ("fp32" or "bf16", see
         GPT); returns the model. A forward and its backward should run in one precision."""
         precision_code(precision)  # a bad name fails here, naming the argument
+        if self.kept and precision != "bf16":
+            raise ValueError(f"set_precision({precision!r}): this model holds its matrices in "
+                             "BF16 only (keep_bf16), so it runs in 'bf16'; load or build it in "
+                             "float32 for another precision")
         if precision == "tf32" and self.device == "cpu":
             raise ValueError("precision 'tf32' runs on the GPU only (its tensor cores): use "
                              "'fp32' or 'bf16' on the CPU, or GPT(..., device='cuda')")
@@ -799,6 +937,10 @@ class GPT:
         xp = devices.array_module(device)
         if device == self.device:
             return self
+        if self.kept:
+            raise ValueError(f"to({device!r}): this model holds its matrices in BF16 only "
+                             "(keep_bf16), which runs on the CPU; load or build it in float32 "
+                             "to move it")
         if self.precision == "tf32" and device == "cpu":
             raise ValueError("precision 'tf32' runs on the GPU only: set_precision('fp32') or "
                              "'bf16' before moving the model to the CPU")
@@ -816,7 +958,7 @@ class GPT:
                         moved[id(value)] = _moved(value, flats, device)
                     setattr(layer, attr, moved[id(value)])
             layer.saved = None
-        self.params, self.grads = params, grads
+        self._params, self._grads = params, grads
         if self.pe is not None:
             self.pe = devices.to_device(self.pe, device)
         self.saved, self.device, self.xp = None, device, xp
@@ -895,9 +1037,13 @@ class GPT:
                                  for name, a in named))
 
     def num_params(self):
+        if self.kept:
+            return sum(p.size for p in (*self.params16.values(), *self.vectors.values()))
         return sum(p.size for p in self.params.values())
 
     def zero_grad(self):
+        if self.kept:
+            raise RuntimeError(_KEPT.format(what="zero_grad()"))
         self._claim("zero_grad")
         self.grads.buffer.fill(0.0)
 
@@ -929,7 +1075,9 @@ class GPT:
         check_ids=False skips the GPU's check of the ids' values (one read of the device, the
         only one in a training step) when the caller knows them to be in [0, vocab) (-1 for a
         target); an id outside would then make the loss NaN. The CPU always checks."""
-        save = targets is not None if save is None else as_bool("save", save)
+        save = targets is not None and not self.kept if save is None else as_bool("save", save)
+        if save and self.kept:
+            raise RuntimeError(_KEPT.format(what="forward(save=True)"))
         if save and targets is None:
             raise ValueError("forward(save=True) needs targets: backward() starts at the loss")
         self._check_inputs(idx, targets, check_ids)
@@ -946,6 +1094,8 @@ class GPT:
     def backward(self):
         """Accumulate d(loss)/d(parameter) into self.grads, for the loss of the last
         forward() that saved."""
+        if self.kept:
+            raise RuntimeError(_KEPT.format(what="backward()"))
         if self.saved is None:
             raise RuntimeError("backward() needs a preceding forward(idx, targets) with targets")
         self._claim("backward")

@@ -2508,6 +2508,7 @@ NON_OPS = {
                       "pytfm_gpt2_close", "pytfm_gpt2_get_config", "pytfm_gpt2_read",
                       "pytfm_llama_ignored_field", "pytfm_llama_config_parse",
                       "pytfm_llama_read_config", "pytfm_llama_open", "pytfm_llama_close",
+                      "pytfm_llama_bf16_matrices", "pytfm_llama_read_bf16",
                       "pytfm_llama_get_config", "pytfm_llama_read", "pytfm_folder_arch",
                       "pytfm_model_open", "pytfm_model_open_memory", "pytfm_model_close",
                       "pytfm_model_get_config", "pytfm_model_set_precision",

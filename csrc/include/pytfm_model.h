@@ -445,6 +445,22 @@ PYTFM_API pytfm_status pytfm_llama_get_config(const pytfm_llama *llama,
  * of threads may read one handle at once. */
 PYTFM_API pytfm_status pytfm_llama_read(const pytfm_llama *llama, float *params, int64_t count);
 
+/* Whether every matrix (2-D parameter) of llama's folder is stored as bfloat16: *all 1 or 0;
+ * and the matrices' values, all dtypes together, into *n_matrices. */
+PYTFM_API pytfm_status pytfm_llama_bf16_matrices(const pytfm_llama *llama, int32_t *all,
+                                                 int64_t *n_matrices);
+
+/* pytfm_llama_read for a folder whose matrices are all bfloat16 (pytfm_llama_bf16_matrices),
+ * keeping them so: every matrix's values as the file holds them, BF16 bits in host byte order,
+ * into matrices [n_matrices], one after another in pytfm_model_param's order; every other
+ * parameter (the vectors) converted to float32 into vectors [n_vectors = n_params -
+ * n_matrices], in the same order. No float32 copy of a matrix is made. A stored tied head is
+ * compared with the embedding as pytfm_llama_read compares it. A folder with a matrix of
+ * another dtype is an error naming it. Scratch: 96 KiB. */
+PYTFM_API pytfm_status pytfm_llama_read_bf16(const pytfm_llama *llama, uint16_t *matrices,
+                                             int64_t n_matrices, float *vectors,
+                                             int64_t n_vectors);
+
 /* The family of the Hugging Face folder at folder, as pytfm_model_open and pytfm.folders tell
  * it: *arch = PYTFM_ARCH_GPT (GPT-2's reader) when config.json's model_type is "gpt2" or
  * absent, or when config.json cannot be read as a JSON object (GPT-2's reader then says what

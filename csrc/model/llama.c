@@ -760,6 +760,45 @@ static pytfm_status read_keeping_bf16(const pytfm_llama *g, float *params, uint1
     return status;
 }
 
+pytfm_status pytfm_llama_bf16_matrices(const pytfm_llama *llama, int32_t *all,
+                                       int64_t *n_matrices) {
+    PYTFM_CHECK(llama != NULL, "%s: llama must not be NULL", __func__);
+    PYTFM_CHECK(all != NULL, "%s: all must not be NULL", __func__);
+    PYTFM_CHECK(n_matrices != NULL, "%s: n_matrices must not be NULL", __func__);
+    *all = matrices_bf16(llama, n_matrices);
+    return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_llama_read_bf16(const pytfm_llama *llama, uint16_t *matrices,
+                                   int64_t n_matrices, float *vectors, int64_t n_vectors) {
+    PYTFM_CHECK(llama != NULL, "%s: llama must not be NULL", __func__);
+    PYTFM_CHECK(matrices != NULL, "%s: matrices must not be NULL", __func__);
+    PYTFM_CHECK(vectors != NULL || n_vectors == 0, "%s: vectors must not be NULL", __func__);
+    int64_t n_matrix;
+    const int all = matrices_bf16(llama, &n_matrix);
+    PYTFM_CHECK(n_matrices == n_matrix,
+                "%s: n_matrices must be the matrices' values (%lld), got %lld", __func__,
+                (long long)n_matrix, (long long)n_matrices);
+    const int64_t n_vector = llama->config.n_params - n_matrix;
+    PYTFM_CHECK(n_vectors == n_vector,
+                "%s: n_vectors must be n_params less the matrices' values (%lld), got %lld",
+                __func__, (long long)n_vector, (long long)n_vectors);
+    if (!all) {
+        for (pytfm_param_info x = {.layer = -1, .part = -1};
+             pytfm__param_next(&llama->config, &x);) {
+            size_t f;
+            const pytfm__st_entry *e = entry_of(llama, &x, &f);
+            if (x.ndim == 2 && e->dtype != PYTFM_DTYPE_BF16)
+                return BAD(llama->h.source, "%s is %s: a read keeping the matrices in BF16 "
+                           "needs every matrix in bfloat16 (pytfm_llama_read converts any)",
+                           x.name, dtype_name(e->dtype));
+        }
+    }
+    PYTFM_TRY(read_keeping_bf16(llama, vectors, matrices));
+    errno = 0;
+    return PYTFM_STATUS_OK;
+}
+
 pytfm_status pytfm__llama_weights(const char *folder, pytfm__weights *w) {
     memset(w, 0, sizeof *w);
     pytfm_llama *g;

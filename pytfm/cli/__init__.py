@@ -47,10 +47,11 @@ def make_out_folder(p, out):
         p.error(f"--out: cannot create the folder {out}: {e.strerror or e}")
 
 
-def load_model(p, path, tokenizer=True):
+def load_model(p, path, tokenizer=True, precision="fp32"):
     """The model in the checkpoint at path (a pytfm checkpoint file, or a Hugging Face folder
     of GPT-2 or the Llama family: pytfm.folders) and, when tokenizer, its tokenizer (None for
-    bytes), a problem reported in one line."""
+    bytes), a problem reported in one line, in precision (a bfloat16 Llama-family folder in
+    "bf16": held as the file holds it, for inference; pytfm.llama.load)."""
     if not os.path.exists(path):
         p.error(f"checkpoint: there is no file {path}")
     folder = os.path.isdir(path)
@@ -61,9 +62,11 @@ def load_model(p, path, tokenizer=True):
     try:
         tok = None
         if folder and tokenizer:  # the model and tokenizer of one save
-            model, tok = folders.load_snapshot(path)
+            model, tok = folders.load_snapshot(path, precision=precision)
+        elif folder:
+            model = folders.load(path, precision=precision)
         else:
-            model = folders.load(path) if folder else checkpoint.load(path)[0]
+            model = checkpoint.load(path)[0].set_precision(precision)
         if not folder and tokenizer and model.cfg.vocab != data.VOCAB:
             tok = tokenizer_beside(p, path, model.cfg.vocab)
     except (checkpoint.CheckpointError, TokenizerError) as e:  # all a malformed file can raise

@@ -101,13 +101,14 @@ def test_load_copies_the_parameters_into_the_model(tmp_path, monkeypatch):
             made["arrays"] = arrays
 
     class FakeGPT:
-        def __init__(self, cfg, device, precision):
-            made.update(cfg=cfg, device=device, precision=precision)
+        def __init__(self, cfg, device, precision, init=True):
+            made.update(cfg=cfg, device=device, precision=precision, init=init)
             self.params = Params()
 
     monkeypatch.setattr(llama, "GPT", FakeGPT)
-    model = llama.load(path, precision="bf16")
-    assert isinstance(model, FakeGPT) and made["precision"] == "bf16"
+    model = llama.load(path, device="cpu", precision="fp32")
+    assert isinstance(model, FakeGPT) and made["precision"] == "fp32"
+    assert made["init"] is False  # nothing drawn: every parameter is then read
     cfg, params = llama.read_params(path)
     assert made["cfg"] == cfg and sorted(made["arrays"]) == sorted(params)
     for name in params:
