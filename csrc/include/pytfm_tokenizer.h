@@ -151,7 +151,9 @@ PYTFM_API const char *pytfm_tokenizer_unicode_version(void);
  * the count first there). capacity 0 with ids NULL asks the count only and
  * returns OK; a capacity below the count otherwise is INVALID_ARGUMENT ("needs N ids"), ids
  * holding the first capacity of them. A single_word token next to a character whose word
- * class the library cannot tell (docs/tokenizer.md) is INVALID_ARGUMENT. */
+ * class the library cannot tell (docs/tokenizer.md) is INVALID_ARGUMENT; so is a normalizer
+ * whose steps would make more than 8 times a text's bytes and 4 KiB more (chained Replaces
+ * multiply its size: stopped before they allocate it). */
 PYTFM_API pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const char *text,
                                               int64_t size, int32_t flags, int32_t *ids,
                                               int64_t capacity, int64_t *count);
@@ -163,7 +165,9 @@ PYTFM_API pytfm_status pytfm_tokenizer_encode(const pytfm_tokenizer *tok, const 
  * their number, always set on OK and when they do not fit; out: capacity bytes written (NULL
  * allowed when capacity is 0; not NUL-terminated). capacity 0 with out NULL asks the size only
  * and returns OK; a capacity below it otherwise is INVALID_ARGUMENT, out holding the first
- * capacity bytes. An id outside 0 .. vocab_size-1 is OUT_OF_RANGE, naming its index. */
+ * capacity bytes. An id outside 0 .. vocab_size-1 is OUT_OF_RANGE, naming its index; a
+ * decoder whose Replace steps would make more than 8 times the names' bytes and 4 KiB more is
+ * INVALID_ARGUMENT. */
 PYTFM_API pytfm_status pytfm_tokenizer_decode(const pytfm_tokenizer *tok, const int32_t *ids,
                                               int64_t n, char *out, int64_t capacity,
                                               int64_t *size);

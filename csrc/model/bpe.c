@@ -796,6 +796,28 @@ static const unsigned char *find_str(const unsigned char *p, const unsigned char
 /* p[0..n) with every occurrence of a[0..na) (na >= 1, left to right, not overlapping)
  * replaced by b[0..nb): 1 and *out (malloc'd, *out_n bytes), 0 when a does not occur, -1 out
  * of memory. */
+/* The most bytes the normalizer's steps may make of a text of n bytes, and the decoder's of the
+ * tokens' names: GROWTH times n, and GROWTH_SLACK more. Chained Replace steps multiply a text's
+ * size by each one's factor, to any size from a few bytes of a hostile file (four steps that
+ * each make 100 bytes of one turn 1 byte into 100 MB); the real files' steps make at most 3
+ * bytes of one (Llama 2's Prepend and Replace of a space by U+2581, Gemma's Replace). */
+enum { GROWTH = 8, GROWTH_SLACK = 4096 };
+
+static size_t most_grown(size_t n) {
+    return n > (SIZE_MAX - GROWTH_SLACK) / GROWTH ? SIZE_MAX : GROWTH * n + GROWTH_SLACK;
+}
+
+/* The size replace_all makes of p[0..n) (SIZE_MAX past it) */
+static size_t replaced_size(const unsigned char *p, size_t n, const unsigned char *a, size_t na,
+                            size_t nb) {
+    const unsigned char *end = p + n;
+    size_t count = 0;
+    for (const unsigned char *q = find_str(p, end, a, na); q; q = find_str(q + na, end, a, na))
+        count++;
+    if (nb > na && count > (SIZE_MAX - n) / (nb - na)) return SIZE_MAX;
+    return n - count * na + count * nb;
+}
+
 static int replace_all(const unsigned char *p, size_t n, const unsigned char *a, size_t na,
                        const unsigned char *b, size_t nb, unsigned char **out, size_t *out_n) {
     const unsigned char *end = p + n, *q = find_str(p, end, a, na);
@@ -1216,16 +1238,26 @@ static pytfm_status encode_pass(const encoder *x, int pass, const unsigned char 
 }
 
 /* The text p[0..n) through the normalizer's steps: 1 and *out (malloc'd, *out_n bytes) when
- * they may change it, 0 when they do not, -1 out of memory. */
+ * they may change it, 0 when they do not, -1 out of memory, -2 when a step would make more than
+ * most_grown(n) bytes (*out_n: how many; nothing allocated for them). */
 static int normalize(const pytfm_tokenizer *t, const unsigned char *p, size_t n,
                      unsigned char **out, size_t *out_n) {
     unsigned char *cur = NULL;
+    const size_t most = most_grown(n);
     for (int i = 0; i < t->n_norm; i++) {
         const text_step *st = &t->norm[i];
         const unsigned char *src = cur ? cur : p;
         unsigned char *next = NULL;
         size_t nn = 0;
         int changed = 0;
+        const size_t will = st->kind == STEP_PREPEND ? n + st->na
+                            : st->kind == STEP_REPLACE ? replaced_size(src, n, st->a, st->na, st->nb)
+                                                       : 0; /* NFC: at most 3 times (Unicode) */
+        if (will > most) {
+            free(cur);
+            *out_n = will;
+            return -2;
+        }
         if (st->kind == STEP_NFC) {
             changed = nfc(src, n, &next, &nn);
         } else if (st->kind == STEP_PREPEND && n > 0) { /* tokenizers: not to an empty text */
@@ -1264,6 +1296,11 @@ static pytfm_status next_pass(const encoder *x, int pass, const unsigned char *s
         unsigned char *u = NULL;
         size_t n = 0;
         const int changed = normalize(x->t, s, (size_t)(e - s), &u, &n);
+        if (changed == -2)
+            return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "pytfm_tokenizer_encode: the "
+                               "normalizer's steps would make %zu bytes of a text of %lld, more "
+                               "than %d times it; pytfm stops them rather than exhaust memory",
+                               n, (long long)(e - s), GROWTH);
         if (changed < 0)
             return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "pytfm_tokenizer_encode: cannot "
                                "allocate to normalize %lld bytes", (long long)(e - s));
@@ -1470,7 +1507,8 @@ static void decode_step(const text_step *st, const strs *in, strs *out) {
 
 /* Text tokens' decode: ids[0..n) (checked) as tokenizers' decode gives them (its decoder's
  * steps over the tokens' names; no decoder: the names joined by spaces), into *text (malloc'd),
- * *size bytes. 0 out of memory. */
+ * *size bytes. 1 done, 0 out of memory, -1 when a Replace step would make more than
+ * most_grown(the names' bytes) (*size: how many; nothing allocated for them). */
 static int decode_text(const pytfm_tokenizer *t, const int32_t *ids, int64_t n,
                        unsigned char **text, int64_t *size) {
     strs cur = {0};
@@ -1480,9 +1518,23 @@ static int decode_text(const pytfm_tokenizer *t, const int32_t *ids, int64_t n,
         strs_add(&cur, t->tok_bytes + t->tok_off[ids[i]],
                  t->tok_off[ids[i] + 1] - t->tok_off[ids[i]]);
     }
+    const size_t most = most_grown(cur.n ? (size_t)cur.off[cur.n] : 0);
     for (int k = 0; k < t->n_dec && !cur.oom; k++) {
+        const text_step *st = &t->dec[k];
+        size_t will = 0; /* a Replace's output; the other steps make no string longer */
+        for (int64_t i = 0; st->kind == STEP_REPLACE && i < cur.n && will <= most; i++) {
+            const size_t piece = replaced_size(cur.b + cur.off[i],
+                                               (size_t)(cur.off[i + 1] - cur.off[i]), st->a,
+                                               st->na, st->nb);
+            will = piece > SIZE_MAX - will ? SIZE_MAX : will + piece;
+        }
+        if (will > most) {
+            strs_free(&cur);
+            *size = will > INT64_MAX ? INT64_MAX : (int64_t)will;
+            return -1;
+        }
         strs next = {0};
-        decode_step(&t->dec[k], &cur, &next);
+        decode_step(st, &cur, &next);
         strs_free(&cur);
         cur = next;
     }
@@ -1512,7 +1564,13 @@ pytfm_status pytfm_tokenizer_decode(const pytfm_tokenizer *tok, const int32_t *i
                                (long long)i, (int)ids[i], (long long)tok->n_tokens);
     unsigned char *text = NULL;
     if (tok->text_tokens) {
-        if (!decode_text(tok, ids, n, &text, &total))
+        const int done = decode_text(tok, ids, n, &text, &total);
+        if (done < 0)
+            return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT, "%s: the decoder's Replace steps "
+                               "would make %lld bytes of %lld ids, more than %d times their "
+                               "names; pytfm stops them rather than exhaust memory", __func__,
+                               (long long)total, (long long)n, GROWTH);
+        if (!done)
             return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate to decode "
                                "%lld ids", __func__, (long long)n);
         if (total > 0 && capacity > 0) memcpy(out, text, (size_t)PYTFM_MIN(total, capacity));
@@ -2009,6 +2067,10 @@ static pytfm_status add_added(builder *b, const unsigned char *u, size_t n, int6
         const int changed = normalize(t, u, n, &f, &fn);
         const int same = changed == 0 || (changed > 0 && fn == n && memcmp(f, u, n) == 0);
         free(f);
+        if (changed == -2)
+            return BAD(b, "added_tokens[%lld]: %s is normalized, and the normalizer's steps make "
+                          "%zu bytes of it, more than %d times it (pytfm stops them)", (long long)k,
+                       shown, fn, GROWTH);
         if (changed < 0) return no_memory(b, "an added token");
         if (!same && t->n_norm == 1 && t->norm[0].kind == STEP_NFC)
             return BAD(b, "added_tokens[%lld]: %s is normalized but not in NFC (pytfm does not "

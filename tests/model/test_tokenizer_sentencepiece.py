@@ -319,6 +319,53 @@ def test_a_small_file_of_the_features_gives_tokenizers_ids(tmp_path, case):
     check()
 
 
+def growing(steps, factor):
+    """steps Replace steps, each making factor a's of one"""
+    return [{"type": "Replace", "pattern": {"String": "a"}, "content": "a" * factor}] * steps
+
+
+def test_steps_that_grow_a_text_within_bounds_give_tokenizers_ids(tmp_path):
+    # four times the text, from two steps: within the bound (8 times, and 4 KiB more)
+    for key, kind in [("normalizer", "normalizers"), ("decoder", "decoders")]:
+        steps = growing(2, 2) + (LLAMA2_DECODER["decoders"] if key == "decoder" else [])
+        path = write(small_doc(**{key: {"type": "Sequence", kind: steps}}), tmp_path)
+        tok, hf = Tokenizer.from_tokenizer_json(path), tokenizers().Tokenizer.from_file(path)
+        for text in ["a", "ab a", "a" * 3000, "b" * 5000 + "a" * 5000]:
+            same(tok, hf, text)
+
+
+def test_steps_that_multiply_a_text_are_stopped_before_they_allocate(tmp_path):
+    """Five steps that each make 100 bytes of one would make 10 GB of a byte, 10^14 bytes of
+    the 10 KB text: the step that would pass 8 times the text (and 4 KiB) is refused, with
+    nothing allocated for it, and the tokenizer goes on working."""
+    path = write(small_doc(normalizer={"type": "Sequence", "normalizers": growing(5, 100)}),
+                 tmp_path)
+    tok = Tokenizer.from_tokenizer_json(path)
+    assert tok.encode("b c") == tokenizers().Tokenizer.from_file(path).encode("b c").ids
+    for text in ["a", "a" * 10_000]:
+        with pytest.raises(ValueError, match=r"the normalizer's steps would make \d+ bytes of a "
+                                             r"text of \d+, more than 8 times it"):
+            tok.encode(text)
+    path = write(small_doc(decoder={"type": "Sequence", "decoders": growing(5, 100)}), tmp_path)
+    tok = Tokenizer.from_tokenizer_json(path)
+    a = tok.encode("a")[-1]  # a token whose name has an "a"
+    with pytest.raises(ValueError, match=r"the decoder's Replace steps would make \d+ bytes of "
+                                         r"1000 ids, more than 8 times their names"):
+        tok.decode([a] * 1000)
+    b = tok.encode("b")[-1]  # no "a" in its name: decoded as tokenizers decodes it
+    assert tok.decode([b]) == tokenizers().Tokenizer.from_file(path).decode([b])
+
+
+def test_an_added_token_the_normalizer_multiplies_is_refused(tmp_path):
+    doc = small_doc(normalizer={"type": "Sequence", "normalizers": growing(5, 100)})
+    at = len(doc["model"]["vocab"])
+    doc["added_tokens"].append(added(at, "aaaa", special=False, normalized=True))
+    doc["model"]["vocab"]["aaaa"] = at
+    with pytest.raises(TokenizerError, match=r"added_tokens\[3\]: 'aaaa' is normalized, and "
+                                             r"the normalizer's steps make \d+ bytes of it"):
+        Tokenizer.from_tokenizer_json(write(doc, tmp_path))
+
+
 REFUSED = [
     ("dropout", {"model_dropout": 0.1}, r"model\.dropout must be absent or null"),
     ("a prefix", {"model_continuing_subword_prefix": "##"},
