@@ -312,7 +312,7 @@ def load(path, model=None, optimizer=None, device="cpu"):
             m = {name: f.read(f"optim.m.{name}") for name in shapes}
             v = {name: f.read(f"optim.v.{name}") for name in shapes}
     if model is None:
-        model = GPT(cfg, device)
+        model = GPT(cfg, device, init=False)  # every parameter is read below
     if hasattr(model.params, "copy_from"):  # a FlatDict: on the GPU, one copy of the buffer
         model.params.copy_from(tensors)
     else:
