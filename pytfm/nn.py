@@ -321,8 +321,8 @@ class Parameters:
         p = self.params[name]
         assert p.shape == tuple(shape), (name, p.shape, shape)  # param_shapes agrees with nn
         if not self.init:
-            pass
-        elif std is not None:
+            return p, self.grads[name]
+        if std is not None:
             p[...] = self.rng.normal(0.0, std, shape)
         elif name.endswith(".weight"):
             p.fill(1.0)
@@ -1070,7 +1070,8 @@ class GPT:
         are on the model's device, and so are the logits and the loss (a 0-d float32 array on
         either device: float(loss) reads it back).
 
-        save: keep what backward() needs (the default when targets are given); pass
+        save: keep what backward() needs (the default when targets are given, but for a model
+        that keeps BF16, which does not train: keep_bf16); pass
         save=False to evaluate a loss without touching the state of a pending backward().
         check_ids=False skips the GPU's check of the ids' values (one read of the device, the
         only one in a training step) when the caller knows them to be in [0, vocab) (-1 for a
