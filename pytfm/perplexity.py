@@ -103,7 +103,9 @@ def _window_nll(model, x):  # int64 (B, T) host ids -> float64 (B, T - 1) host N
     x_d, t_d = devices.to_device(x, dev), devices.to_device(targets, dev)
     logits, _ = model.forward(x_d, save=False, check_ids=False)  # ids checked by the caller
     _, lse = ops.cross_entropy_forward(logits, t_d, check_ids=False)  # (B, T)
-    picked = model.xp.take_along_axis(logits[:, :-1], x_d[:, 1:, None], axis=-1)[..., 0]
+    rows, cols = x.shape[0], x.shape[1] - 1
+    xp = model.xp
+    picked = logits[xp.arange(rows)[:, None], xp.arange(cols)[None, :], x_d[:, 1:]]  # (B, T-1)
     lse, picked = devices.to_host(lse[:, :-1]), devices.to_host(picked)
     return lse.astype(np.float64) - picked.astype(np.float64)
 

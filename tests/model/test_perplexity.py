@@ -377,3 +377,22 @@ def test_the_command_in_bf16_runs_the_bf16_model(qwen16_folder, files):
     r = ppl.perplexity(folders.load(path, precision="bf16"), ids, context=40)
     assert {k: figures[k] for k in r} == r and figures["precision"] == "bf16"
     assert "precision bf16, the BF16 products' path" in got.stderr
+
+
+def test_on_the_gpu_path_the_figures_are_the_cpus(emu, monkeypatch):
+    """The model on the GPU path (the stand-in cupy, strict: a NumPy array in device code is a
+    TypeError; the CUDA kernels under the emulator): the same tokens and windows, and an NLL
+    within float32 rounding of the CPU's (the kernels sum in other orders)."""
+    import fake_cupy
+
+    fake_cupy.install(monkeypatch, emu, strict=True)
+    cpu = tiny(5)
+    gpu = GPT(cpu.cfg)
+    gpu.params.copy_from(cpu.params)
+    gpu.to("cuda")
+    ids = np.random.default_rng(6).integers(0, 256, 40)
+    r_cpu = ppl.perplexity(cpu, ids, context=16, batch=2)
+    r_gpu = ppl.perplexity(gpu, ids, context=16, batch=2)
+    assert {k: r_gpu[k] for k in ("tokens", "windows", "context")} == \
+        {k: r_cpu[k] for k in ("tokens", "windows", "context")}
+    assert r_gpu["nll"] == pytest.approx(r_cpu["nll"], rel=1e-5)
