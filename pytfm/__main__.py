@@ -1,5 +1,7 @@
 """python -m pytfm [--cflags] [--libs | --static-libs] [--{include,lib,pkgconfig}-dir]
    python -m pytfm train [flags]     (train a GPT: python -m pytfm train --help, pytfm.cli.train)
+   python -m pytfm perplexity PATH TEXT_FILE [flags]   (a model's perplexity on a text:
+                                     python -m pytfm perplexity --help, pytfm.cli.perplexity)
 
 Without flags: print the build information. With flags: print what a C compiler needs to
 build against this installation's libpytfm, e.g.
@@ -46,6 +48,10 @@ def main(argv=None):
         from .cli import train
 
         return train.main(argv[1:], prog="python -m pytfm train")
+    if argv[:1] == ["perplexity"]:
+        from .cli import perplexity
+
+        return perplexity.main(argv[1:], prog="python -m pytfm perplexity")
     p = argparse.ArgumentParser(prog="python -m pytfm", description=__doc__.split("\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cflags", action="store_true", help="include flags for pytfm.h")
