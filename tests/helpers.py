@@ -361,3 +361,40 @@ def build_generate_example(directory):
                     os.path.join(ROOT, "examples", "generate.c"), *library_flags(), "-o", exe],
                    check=True)
     return exe
+
+
+# The peak-memory tests of opening a bfloat16 folder (tests/c_api/test_c_llama_bf16.py, in C;
+# tests/model/test_keep_bf16.py, in Python): a ~93M-parameter Llama-family model, a 186 MB
+# bfloat16 file (372 MB in float32), opened in a process of its own whose peak resident memory
+# (VmHWM) is compared with the file's size
+BIG_BF16 = dict(arch="llama", vocab=32000, d_model=1024, n_layer=4, n_head=16, n_kv_head=8,
+                head_dim=64, d_ff=3072, max_seq=64, tie_embeddings=True)
+PEAK_MARGIN = 48 << 20  # the process's own growth while opening: scratch, the handle, headers
+HWM = """
+def hwm():  # peak resident memory so far, in bytes
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+"""
+
+
+def big_bf16_folder(path):
+    """BIG_BF16's random model saved at path as a bfloat16 folder; -> the file's size."""
+    from pytfm import llama
+    from pytfm.nn import GPTConfig, param_shapes
+
+    cfg, rng = GPTConfig(**BIG_BF16), np.random.default_rng(0)
+    llama.save(str(path), cfg, {name: rng.standard_normal(shape, np.float32) * 0.02
+                                for name, shape in param_shapes(cfg)}, dtype="bfloat16")
+    return os.path.getsize(os.path.join(path, "model.safetensors"))
+
+
+def peak_growth(code, *args):
+    """Run code (which may call hwm(), HWM's) in a Python of its own with args, on one thread:
+    the words it prints, as ints."""
+    out = subprocess.run([sys.executable, "-c", HWM + code, *map(str, args)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    return [int(w) for w in out.stdout.split()]

@@ -8,7 +8,6 @@ widening, on every BF16 path. float16 and mixed-dtype folders open as float32, a
 
 import dataclasses
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -16,10 +15,10 @@ import pytest
 from test_c_llama_model import IDS, same_as_python
 from test_c_model import OK, CModel, assert_same_logits, last_error
 
-from helpers import BF16_PATHS, TESTS, bf16_path
+from helpers import BF16_PATHS, PEAK_MARGIN, TESTS, bf16_path, big_bf16_folder, peak_growth
 from pytfm import llama
 from pytfm._core import ffi, lib
-from pytfm.nn import GPT, GPTConfig, param_shapes
+from pytfm.nn import GPT, GPTConfig
 
 sys.path.insert(0, os.path.join(TESTS, "model"))
 from test_llama_folders import CASES, hf_model, rewrite, saved, weights_of  # noqa: E402
@@ -142,12 +141,6 @@ MEASURE = r"""
 import sys
 from pytfm._core import ffi, lib
 
-def hwm():  # peak resident memory so far, in bytes
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-
 before = hwm()
 h = ffi.new("pytfm_model **")
 assert lib.pytfm_model_open(h, sys.argv[1].encode(), lib.PYTFM_DEVICE_CPU) == 0, \
@@ -157,26 +150,11 @@ assert lib.pytfm_model_get_precision(h[0], p) == 0
 print(hwm() - before, p[0])
 """
 
-MARGIN = 48 << 20  # the process's own growth while opening: scratch, the handle, headers
-
 
 def test_opening_a_bfloat16_folder_takes_its_size_not_twice_it(tmp_path):
-    # ~93M parameters: a 186 MB bfloat16 file, 372 MB in float32
-    cfg = GPTConfig(arch="llama", vocab=32000, d_model=1024, n_layer=4, n_head=16,
-                    n_kv_head=8, head_dim=64, d_ff=3072, max_seq=64, tie_embeddings=True)
-    params = {}
-    rng = np.random.default_rng(0)
-    for name, shape in param_shapes(cfg):
-        params[name] = rng.standard_normal(shape, np.float32) * 0.02
-    path = tmp_path / "big"
-    llama.save(str(path), cfg, params, dtype="bfloat16")
-    del params
-    size = os.path.getsize(path / "model.safetensors")
-    out = subprocess.run([sys.executable, "-c", MEASURE, str(path)], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stderr
-    grown, precision = map(int, out.stdout.split())
+    size = big_bf16_folder(tmp_path / "big")
+    grown, precision = peak_growth(MEASURE, tmp_path / "big")
     assert precision == BF16
-    assert grown <= size + MARGIN, f"opening grew the peak by {grown >> 20} MiB, the file " \
-                                   f"is {size >> 20} MiB"
+    assert grown <= size + PEAK_MARGIN, f"opening grew the peak by {grown >> 20} MiB, the " \
+                                        f"file is {size >> 20} MiB"
     assert grown < 0.6 * 2 * size  # the float32 model would take twice the file

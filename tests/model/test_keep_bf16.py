@@ -6,13 +6,12 @@ memory, not the float32 model's four times it; what would train it is refused by
 
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from helpers import TESTS
+from helpers import PEAK_MARGIN, TESTS, big_bf16_folder, peak_growth
 from pytfm import checkpoint, folders, gpt2, llama, ops
 from pytfm.generate import generate
 from pytfm.nn import GPT, GPTConfig, param_shapes
@@ -149,21 +148,11 @@ def test_what_would_train_it_is_refused_by_name(tmp_path):
     model.forward(idx, idx)  # a loss needs no backward: save is off by default
 
 
-# ~93M parameters: 186 MB of bfloat16 matrices, 372 MB in float32 (and as much for gradients)
-BIG = GPTConfig(arch="llama", vocab=32000, d_model=1024, n_layer=4, n_head=16, n_kv_head=8,
-                head_dim=64, d_ff=3072, max_seq=64, tie_embeddings=True)
-
 MEASURE = r"""
 import sys
 import numpy as np
-
-def hwm():  # peak resident memory so far, in bytes
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-
 from pytfm import llama
+
 before = hwm()
 model = llama.load(sys.argv[1], precision=sys.argv[2])
 grown = hwm() - before
@@ -171,25 +160,13 @@ logits, _ = model.forward(np.zeros((1, 4), np.int64))
 print(grown, int(np.isfinite(logits).all()))
 """
 
-MARGIN = 48 << 20  # the process's own growth while loading: scratch, the handle, headers
-
 
 def test_loading_a_bfloat16_folder_in_bf16_takes_the_files_size(tmp_path):
-    rng = np.random.default_rng(0)
-    params = {name: rng.standard_normal(shape, np.float32) * 0.02
-              for name, shape in param_shapes(BIG)}
-    path = tmp_path / "big"
-    llama.save(str(path), BIG, params, dtype="bfloat16")
-    del params
-    size = os.path.getsize(path / "model.safetensors")
+    size = big_bf16_folder(tmp_path / "big")
     grown = {}
     for precision in ("bf16", "fp32"):
-        out = subprocess.run([sys.executable, "-c", MEASURE, str(path), precision],
-                             capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert out.returncode == 0, out.stderr
-        grown[precision], finite = map(int, out.stdout.split())
+        grown[precision], finite = peak_growth(MEASURE, tmp_path / "big", precision)
         assert finite
-    assert grown["bf16"] <= size + MARGIN, \
+    assert grown["bf16"] <= size + PEAK_MARGIN, \
         f"loading in bf16 grew the peak by {grown['bf16'] >> 20} MiB, the file is {size >> 20}"
     assert grown["fp32"] > 1.8 * size  # the float32 model: twice the file, at least
