@@ -170,3 +170,45 @@ def test_loading_a_bfloat16_folder_in_bf16_takes_the_files_size(tmp_path):
     assert grown["bf16"] <= size + PEAK_MARGIN, \
         f"loading in bf16 grew the peak by {grown['bf16'] >> 20} MiB, the file is {size >> 20}"
     assert grown["fp32"] > 1.8 * size  # the float32 model: twice the file, at least
+
+
+def test_the_bf16_read_checks_its_arguments_and_the_folder(tmp_path):
+    from pytfm._core import ffi, lib
+
+    def read(path, n16=None, nv=None, null=False):
+        """pytfm_llama_read_bf16 on path's folder: (status, message, the matrices' count)"""
+        h = ffi.new("pytfm_llama **")
+        assert lib.pytfm_llama_open(h, str(path).encode()) == 0
+        try:
+            c, all16, n = ffi.new("pytfm_model_config *"), ffi.new("int32_t *"), \
+                ffi.new("int64_t *")
+            assert lib.pytfm_llama_get_config(h[0], c) == 0
+            assert lib.pytfm_llama_bf16_matrices(h[0], all16, n) == 0
+            n16 = n[0] if n16 is None else n16
+            nv = c.n_params - n[0] if nv is None else nv
+            bits = np.zeros(max(n16, 1), np.uint16)
+            vectors = np.zeros(max(nv, 1), np.float32)
+            st = lib.pytfm_llama_read_bf16(
+                h[0], ffi.NULL if null else ffi.from_buffer("uint16_t[]", bits, True), n16,
+                ffi.from_buffer("float[]", vectors, True), nv)
+            return st, ffi.string(lib.pytfm_last_error()).decode(), all16[0], n[0]
+        finally:
+            lib.pytfm_llama_close(h[0])
+
+    path = saved(tmp_path, hf_model("qwen2", dtype="bfloat16"))
+    st, _, all16, n16 = read(path)
+    assert st == 0 and all16 == 1
+    for args, message in [(dict(n16=n16 - 1), "n_matrices must be the matrices' values"),
+                          (dict(nv=1), "n_vectors must be n_params less the matrices' values"),
+                          (dict(null=True), "matrices must not be NULL")]:
+        st, error, _, _ = read(path, **args)
+        assert st != 0 and message in error, error
+    mixed = saved(tmp_path, hf_model("qwen2", dtype="bfloat16"), name="mixed")
+    tensors = weights_of(mixed)
+    tensors["model.layers.0.self_attn.o_proj.weight"] = \
+        tensors["model.layers.0.self_attn.o_proj.weight"].float()
+    rewrite(mixed, tensors)
+    st, error, all16, _ = read(mixed)
+    assert all16 == 0 and st != 0
+    assert "model.layers.0.self_attn.o_proj.weight is float32: a read keeping the matrices in " \
+           "BF16 needs every matrix in bfloat16" in error, error
