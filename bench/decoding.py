@@ -10,6 +10,7 @@ A case is a tuple whose first item says how it runs:
                                     decode seconds (llama_worker below for kind "llama")
 """
 
+import argparse
 import json
 import os
 import statistics
@@ -19,19 +20,12 @@ import time
 
 from common import ROOT, cpu_name, worker_env
 
+from bench.c_generate import tokens_of  # c_decode.c's prompt ids: every library's prompt
+
 PROMPT, TOKENS, BANDWIDTH_MIB = 16, 128, 500
 BW, BW_SMALL = "bandwidth GB/s", "(in 4 KiB pages) GB/s"  # the limit is the first's
 PYTFM = [("pytfm fp32", "fp32"), ("pytfm bf16", "bf16")]
 LLAMA = [("llama.cpp f32", "f32"), ("llama.cpp f16", "f16")]
-
-
-def lcg_tokens(vocab, count):
-    """c_decode.c's prompt ids (its LCG), so every library is fed the same prompt."""
-    x, out = 12345, []
-    for _ in range(count):
-        x = (x * 6364136223846793005 + 1442695040888963407) % 2**64
-        out.append((x >> 33) % vocab)
-    return out
 
 
 # ---- llama.cpp -------------------------------------------------------------------------------
@@ -76,7 +70,7 @@ def llama_worker(path, threads, reps, prompt, count):
     n_ctx = prompt + count + 8  # n_batch = n_ctx: Llama.scores keeps n_batch rows of logits
     llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
                 n_threads_batch=threads, verbose=False)
-    ids = lcg_tokens(llm.n_vocab(), prompt)
+    ids = tokens_of(llm.n_vocab(), prompt)
     seconds = []
     for _ in range(reps):
         llm.reset()
@@ -144,6 +138,31 @@ def interleave(cases, threads_list, rounds, measure_one):
 
 
 # ---- the table --------------------------------------------------------------------------------
+
+
+def add_decode_args(ap, rounds, reps):
+    """The options both decoding benchmarks take (their defaults: rounds, reps)."""
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--reps", type=int, default=reps, help="decodes per process")
+    ap.add_argument("--prompt", type=int, default=PROMPT)
+    ap.add_argument("--tokens", type=int, default=TOKENS)
+    ap.add_argument("--llama-src", default=os.environ.get("PYTFM_LLAMA_SRC"),
+                    help="a llama.cpp tree with convert_hf_to_gguf.py and gguf-py")
+    ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
+
+
+def print_rates(names, med, threads, limit):
+    """The tokens/s table: a row per case of names (med[(name, threads)]), then the limits
+    the read bandwidth sets (limit: {"fp32": bytes a token reads, "bf16": ...})."""
+    print(f"{'tokens/s':<22s}" + "".join(f"{t:>3d} thread(s)" for t in threads))
+    for name in names:
+        print(f"{name:<22s}" + "".join(f"{med[(name, t)]:13.1f}" for t in threads))
+    for prec in ("fp32", "bf16"):
+        print(f"{'limit ' + prec:<22s}" + "".join(
+            f"{med[(BW, t)] * 1e9 / limit[prec]:13.1f}" for t in threads))
+    print(f"(limit = bandwidth / bytes a token reads: {limit['fp32'] / 1e6:.0f} MB fp32, "
+          f"{limit['bf16'] / 1e6:.0f} MB bf16)")
 
 
 def machine_line(load):

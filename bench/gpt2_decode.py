@@ -45,18 +45,18 @@ from decoding import (  # noqa: E402
     BW,
     BW_SMALL,
     LLAMA,
-    PROMPT,
     PYTFM,
-    TOKENS,
+    add_decode_args,
     convert_ggufs,
     gguf_converter,
     interleave,
-    lcg_tokens,
     llama_worker,
     machine_line,
     measure,
+    print_rates,
     ratio_row,
     run,
+    tokens_of,
 )
 
 # ---- the model in each library's format ------------------------------------------------------
@@ -111,7 +111,7 @@ def torch_worker(folder, threads, reps, prompt, count):
 
     torch.set_num_threads(threads)
     model = GPT2LMHeadModel.from_pretrained(folder).eval()
-    ids = torch.tensor([lcg_tokens(model.config.vocab_size, prompt)])
+    ids = torch.tensor([tokens_of(model.config.vocab_size, prompt)])
     seconds = []
     with torch.no_grad():
         for _ in range(reps):
@@ -144,14 +144,7 @@ def bytes_per_token(cfg, width):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=3, help="decodes per process")
-    ap.add_argument("--prompt", type=int, default=PROMPT)
-    ap.add_argument("--tokens", type=int, default=TOKENS)
-    ap.add_argument("--llama-src", default=os.environ.get("PYTFM_LLAMA_SRC"),
-                    help="a llama.cpp tree with convert_hf_to_gguf.py and gguf-py")
-    ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
+    add_decode_args(ap, rounds=5, reps=3)
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker)
@@ -189,14 +182,8 @@ def main():
     if not isinstance(ggufs, dict):
         print(f"llama.cpp: absent: {ggufs}\n")
     limit = {"fp32": bytes_per_token(cfg, 4), "bf16": bytes_per_token(cfg, 2)}
-    print(f"{'tokens/s':<22s}" + "".join(f"{t:>3d} thread(s)" for t in args.threads))
-    for name in names:
-        print(f"{name:<22s}" + "".join(f"{med[(name, t)]:13.1f}" for t in args.threads))
-    for prec in ("fp32", "bf16"):
-        print(f"{'limit ' + prec:<22s}" + "".join(
-            f"{med[(BW, t)] * 1e9 / limit[prec]:13.1f}" for t in args.threads))
-    print(f"(limit = bandwidth / bytes a token reads: {limit['fp32'] / 1e6:.0f} MB fp32, "
-          f"{limit['bf16'] / 1e6:.0f} MB bf16)\n")
+    print_rates(names, med, args.threads, limit)
+    print()
     rows = []
     for t in args.threads:
         bw = med[(BW, t)] * 1e9

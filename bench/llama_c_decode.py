@@ -62,15 +62,15 @@ from decoding import (  # noqa: E402
     BW,
     BW_SMALL,
     LLAMA,
-    PROMPT,
     PYTFM,
-    TOKENS,
+    add_decode_args,
     convert_ggufs,
     gguf_converter,
     interleave,
     llama_worker,
     machine_line,
     measure,
+    print_rates,
     pytfm_refusal,
     ratio_row,
     run,
@@ -201,18 +201,11 @@ def open_seconds(folder, threads, args, firsts):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=2, help="decodes per process")
+    add_decode_args(ap, rounds=3, reps=2)
     ap.add_argument("--opens", type=int, default=4, help="opens per process (the first is "
                     "not counted)")
-    ap.add_argument("--prompt", type=int, default=PROMPT)
-    ap.add_argument("--tokens", type=int, default=TOKENS)
-    ap.add_argument("--llama-src", default=os.environ.get("PYTFM_LLAMA_SRC"),
-                    help="a llama.cpp tree with convert_hf_to_gguf.py and gguf-py")
     ap.add_argument("--cache", help="a folder that keeps the model folders and GGUFs for the "
                     "next run (default: a temporary one, removed at the end)")
-    ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     ap.add_argument("--make-folders", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -276,14 +269,7 @@ def main():
     names = [name for name, _ in cases if name != OPEN]
     position = args.prompt + args.tokens / 2  # the decode's mean position
     limit = {p: bytes_per_token(cfg, w, position) for p, w in (("fp32", 4), ("bf16", 2))}
-    print(f"{'tokens/s':<22s}" + "".join(f"{t:>3d} thread(s)" for t in args.threads))
-    for name in names:
-        print(f"{name:<22s}" + "".join(f"{med[(name, t)]:13.1f}" for t in args.threads))
-    for prec in ("fp32", "bf16"):
-        print(f"{'limit ' + prec:<22s}" + "".join(
-            f"{med[(BW, t)] * 1e9 / limit[prec]:13.1f}" for t in args.threads))
-    print(f"(limit = bandwidth / bytes a token reads: {limit['fp32'] / 1e6:.0f} MB fp32, "
-          f"{limit['bf16'] / 1e6:.0f} MB bf16)")
+    print_rates(names, med, args.threads, limit)
     if OPEN not in absent:
         print(f"{OPEN:<22s}" + "".join(f"{med[(OPEN, t)]:13.2f}" for t in args.threads))
         print(f"{'(first in a process) s':<22s}" + "".join(
