@@ -807,24 +807,29 @@ static size_t most_grown(size_t n) {
     return n > (SIZE_MAX - GROWTH_SLACK) / GROWTH ? SIZE_MAX : GROWTH * n + GROWTH_SLACK;
 }
 
-/* The size replace_all makes of p[0..n) (SIZE_MAX past it) */
-static size_t replaced_size(const unsigned char *p, size_t n, const unsigned char *a, size_t na,
-                            size_t nb) {
+/* The occurrences of a[0..na) in p[0..n), left to right, none overlapping */
+static size_t occurrences(const unsigned char *p, size_t n, const unsigned char *a, size_t na) {
     const unsigned char *end = p + n;
     size_t count = 0;
     for (const unsigned char *q = find_str(p, end, a, na); q; q = find_str(q + na, end, a, na))
         count++;
+    return count;
+}
+
+/* The bytes n bytes make when count occurrences of na bytes each become nb (SIZE_MAX past it) */
+static size_t replaced_size(size_t n, size_t count, size_t na, size_t nb) {
     if (nb > na && count > (SIZE_MAX - n) / (nb - na)) return SIZE_MAX;
     return n - count * na + count * nb;
 }
 
+/* p[0..n) with each of its count occurrences of a (occurrences()) replaced by b: 1 and *out
+ * (malloc'd, *out_n bytes), 0 when count is 0, -1 out of memory */
 static int replace_all(const unsigned char *p, size_t n, const unsigned char *a, size_t na,
-                       const unsigned char *b, size_t nb, unsigned char **out, size_t *out_n) {
+                       const unsigned char *b, size_t nb, size_t count, unsigned char **out,
+                       size_t *out_n) {
+    if (count == 0) return 0;
     const unsigned char *end = p + n, *q = find_str(p, end, a, na);
-    if (!q) return 0;
-    size_t count = 0;
-    for (const unsigned char *r = q; r; r = find_str(r + na, end, a, na)) count++;
-    unsigned char *u = malloc(n - count * na + count * nb + 1);
+    unsigned char *u = malloc(replaced_size(n, count, na, nb) + 1);
     if (!u) return -1;
     size_t k = 0;
     for (; q; q = find_str(p, end, a, na)) {
@@ -1070,7 +1075,9 @@ static pytfm_status encode_piece(const pytfm_tokenizer *t, const unsigned char *
         const size_t nr = t->pre_len, n = (size_t)(end - p);
         unsigned char *u = NULL;
         size_t un = 0;
-        const int changed = replace_all(p, n, (const unsigned char *)" ", 1, r, nr, &u, &un);
+        const unsigned char *space = (const unsigned char *)" ";
+        const int changed = replace_all(p, n, space, 1, r, nr, occurrences(p, n, space, 1), &u,
+                                        &un);
         if (changed < 0) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "pytfm_tokenizer_"
                                             "encode: cannot allocate for a piece of %zu bytes", n);
         if (!changed) {
@@ -1250,8 +1257,9 @@ static int normalize(const pytfm_tokenizer *t, const unsigned char *p, size_t n,
         unsigned char *next = NULL;
         size_t nn = 0;
         int changed = 0;
+        const size_t count = st->kind == STEP_REPLACE ? occurrences(src, n, st->a, st->na) : 0;
         const size_t will = st->kind == STEP_PREPEND ? n + st->na
-                            : st->kind == STEP_REPLACE ? replaced_size(src, n, st->a, st->na, st->nb)
+                            : st->kind == STEP_REPLACE ? replaced_size(n, count, st->na, st->nb)
                                                        : 0; /* NFC: at most 3 times (Unicode) */
         if (will > most) {
             free(cur);
@@ -1269,7 +1277,7 @@ static int normalize(const pytfm_tokenizer *t, const unsigned char *p, size_t n,
                 nn = st->na + n;
             }
         } else if (st->kind == STEP_REPLACE) {
-            changed = replace_all(src, n, st->a, st->na, st->b, st->nb, &next, &nn);
+            changed = replace_all(src, n, st->a, st->na, st->b, st->nb, count, &next, &nn);
         }
         if (changed < 0) {
             free(cur);
@@ -1521,11 +1529,13 @@ static int decode_text(const pytfm_tokenizer *t, const int32_t *ids, int64_t n,
     const size_t most = most_grown(cur.n ? (size_t)cur.off[cur.n] : 0);
     for (int k = 0; k < t->n_dec && !cur.oom; k++) {
         const text_step *st = &t->dec[k];
-        size_t will = 0; /* a Replace's output; the other steps make no string longer */
-        for (int64_t i = 0; st->kind == STEP_REPLACE && i < cur.n && will <= most; i++) {
-            const size_t piece = replaced_size(cur.b + cur.off[i],
-                                               (size_t)(cur.off[i + 1] - cur.off[i]), st->a,
-                                               st->na, st->nb);
+        size_t will = 0; /* a growing Replace's output; no other step makes a string longer */
+        const int grows = st->kind == STEP_REPLACE && st->nb > st->na;
+        for (int64_t i = 0; grows && i < cur.n && will <= most; i++) {
+            const unsigned char *p = cur.b + cur.off[i];
+            const size_t n = (size_t)(cur.off[i + 1] - cur.off[i]);
+            const size_t piece = replaced_size(n, occurrences(p, n, st->a, st->na), st->na,
+                                               st->nb);
             will = piece > SIZE_MAX - will ? SIZE_MAX : will + piece;
         }
         if (will > most) {
