@@ -53,11 +53,13 @@ without CuPy or torch (tests/cuda/test_gpu_check.py tests them).
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -79,6 +81,46 @@ GPT2_SHAPE = dict(vocab=50257, d_model=768, n_layer=12, n_head=12, max_seq=1024)
 GPT2_BATCH = 8
 # the GPT-2-shaped step's target in bf16, in tokens/s: (target, the rate a ratio of 1 means)
 GPT2_STEP_TARGETS = {"bf16": (("GPT-2 step BF16 >= 150k tok/s", 1.0), 150e3)}
+# the bandwidth rows' widths: GPT-2 small's width and vocabulary, 16 heads of 64 at T = 4096;
+# rows and element counts rounded up to multiples of `align`
+BANDWIDTH_DIMS = dict(C=768, V=50304, H=16, D=64, T=4096, align=1024)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """What the sections measure, and how long each timing loop runs. FULL: the H200 run's
+    shapes (the module's constants above). TINY: shapes an emulated GPU runs in seconds, with
+    one timed call a row, for the rehearsal without a GPU (tests/cuda/test_cuda_bench_
+    rehearsal.py); its figures mean nothing, its files and sections are the real run's."""
+    ceiling_n: int = CEILING_N
+    attention_shape: tuple = ATTENTION_SHAPE
+    attention_t: tuple = ATTENTION_T
+    attention_target_t: int = ATTENTION_TARGET_T
+    attention_tc_t: tuple = ATTENTION_TC_T
+    product_n: tuple = PRODUCT_N
+    linear_shape: tuple = LINEAR_SHAPE
+    gpt2_shape: dict = dataclasses.field(default_factory=lambda: dict(GPT2_SHAPE))
+    gpt2_batch: int = GPT2_BATCH
+    train_args: tuple = ()  # python -m pytfm train's flags for the train_tiny rows
+    bandwidth_dims: dict = dataclasses.field(default_factory=lambda: dict(BANDWIDTH_DIMS))
+    fill_s: float = 0.02  # a timed run's length (calls repeated to fill it)
+    runs: int = 5  # timed runs a row, the median reported
+    step_s: tuple = (6.0, 4.0, 8.0)  # seconds of steps: the CPU, train_tiny's GPU, GPT-2's
+    step_max: tuple = (40, 400, 10)  # and at most this many timed steps
+
+
+SIZES = {
+    "full": Sizes(),
+    "tiny": Sizes(ceiling_n=32, attention_shape=(1, 2, 16), attention_t=(8, 24),
+                  attention_target_t=24, attention_tc_t=(8, 24), product_n=(16, 33),
+                  linear_shape=(24, 16, 40),
+                  gpt2_shape=dict(vocab=40, d_model=16, n_layer=1, n_head=1, max_seq=8),
+                  gpt2_batch=2,
+                  train_args=("--d-model", "16", "--n-layer", "1", "--n-head", "2",
+                              "--context", "8", "--batch", "2"),
+                  bandwidth_dims=dict(C=32, V=96, H=2, D=16, T=8, align=8),
+                  fill_s=0.0, runs=1, step_s=(0.0, 0.0, 0.0), step_max=(1, 1, 1)),
+}
 
 # ---- targets ------------------------------------------------------------------------------------
 # (what the row is held to, ratio): the ratio this row must reach on an H200 against its baseline
@@ -125,15 +167,15 @@ def product_cases(n):
             ("dy^T.x (dW)", n, n, n, 1, 0, ("dy", "x"))]
 
 
-def bf16_operand_cases():
-    """The BF16-operand rows: the three products at 4096³, then the linear layer's at
-    LINEAR_SHAPE (x·Wᵀ [rows, in]·[out, in]ᵀ; dy·W; dyᵀ·x) -> [(label, m, n, k, trans_a,
+def bf16_operand_cases(n=4096, linear_shape=LINEAR_SHAPE):
+    """The BF16-operand rows: the three products at n³, then the linear layer's at
+    linear_shape (x·Wᵀ [rows, in]·[out, in]ᵀ; dy·W; dyᵀ·x) -> [(label, m, n, k, trans_a,
     trans_b, operands)], operands as product_cases names them, with their shapes by name in
     bf16_operand_shapes."""
-    rows, inn, out = LINEAR_SHAPE
+    rows, inn, out = linear_shape
     size = f"{rows}x{inn}->{out}"
-    return [(f"{label} n=4096", m, n, k, ta, tb, names)
-            for label, m, n, k, ta, tb, names in product_cases(4096)] + [
+    return [(f"{label} n={n}", m, nn, k, ta, tb, names)
+            for label, m, nn, k, ta, tb, names in product_cases(n)] + [
         (f"x.W^T (forward) {size}", rows, out, inn, 0, 1, ("x", "w")),
         (f"dy.W (dx) {size}", rows, inn, out, 0, 0, ("dy", "w")),
         (f"dy^T.x (dW) {size}", out, inn, rows, 1, 0, ("dy", "x"))]
@@ -197,22 +239,24 @@ def ceil_to(x, m):
     return math.ceil(x / m) * m
 
 
-def bandwidth_shapes(l2_bytes, factor=4):
+def bandwidth_shapes(l2_bytes, factor=4, dims=None):
     """The shapes of the bandwidth rows for a GPU with l2_bytes of L2: each float32 input (and
     the caches of the decode) at least factor x l2_bytes, so that repeated calls stream from
-    device memory, not from the L2. -> {name: shape tuple}"""
+    device memory, not from the L2; dims: the widths (BANDWIDTH_DIMS by default). -> {name:
+    shape tuple}"""
+    d = dims or BANDWIDTH_DIMS
+    C, V, H, D, T, align = d["C"], d["V"], d["H"], d["D"], d["T"], d["align"]
     floats = factor * l2_bytes / 4  # the fewest elements of one input
-    C, V, H, D = 768, 50304, 16, 64  # GPT-2 small's width and vocabulary; 16 heads of 64
-    rows = ceil_to(floats / C, 1024)
-    bthd = ceil_to(floats / (4096 * H * D), 1)  # batches of [4096, 16, 64]
+    rows = ceil_to(floats / C, align)
+    bthd = ceil_to(floats / (T * H * D), 1)  # batches of [T, H, D]
     return {
         "rows": (rows, C),                              # softmax, layernorm
-        "elementwise": (ceil_to(floats, 1 << 20),),     # gelu, adamw, sum_squares
-        "heads": (bthd, 4096, H, D),                    # rope, qkv_split's q, k, v
+        "elementwise": (ceil_to(floats, align * align),),  # gelu, adamw, sum_squares
+        "heads": (bthd, T, H, D),                       # rope, qkv_split's q, k, v
         "logits": (ceil_to(floats / V, 8), V),          # cross-entropy
-        "embedding": (rows, C, ceil_to(floats / C, 1024)),  # rows of dy, width, vocab
-        "cache": (8, ceil_to(floats / (8 * H * D), 1024), H, D),  # decode's k and v caches
-        "copy": (ceil_to(16 * floats, 1 << 20),),       # the copy ceiling: 64x the L2
+        "embedding": (rows, C, ceil_to(floats / C, align)),  # rows of dy, width, vocab
+        "cache": (8, ceil_to(floats / (8 * H * D), align), H, D),  # decode's k and v caches
+        "copy": (ceil_to(16 * floats, align * align),),  # the copy ceiling: 64x the L2
     }
 
 
@@ -267,12 +311,29 @@ def format_row(name, seconds, rate, unit, vs="", vs_rate=None, target=None, note
 
 
 class Table:
-    """The table: each line printed, appended to out; each row kept for the JSON file."""
+    """The table: each line printed and appended to out as it comes; each row kept for the
+    JSON file, which is rewritten (atomically: a temporary file renamed over it) when a section
+    starts and when it ends, so that a run killed at any point leaves every finished
+    section's rows in both files, and the JSON names the section that was running. A JSON
+    file that exists already is added to, as the text file is: its earlier rows, sections and
+    runs are kept (scripts/gpu_check.sh runs the sections in several steps into one file)."""
 
     def __init__(self, out=None, json_out=None):
         self.out, self.json_out = out, json_out
         self.rows, self.lines, self.section = [], [], None
+        self.sections, self.complete = [], False
         self.info = {}
+        self.earlier = {"rows": [], "sections": [], "runs": []}
+        if json_out and os.path.exists(json_out):
+            try:
+                with open(json_out, encoding="utf-8") as f:
+                    old = json.load(f)
+                self.earlier = {k: list(old.get(k) or []) for k in self.earlier}
+                if not isinstance(old.get("rows"), list):
+                    raise ValueError("no list of rows")
+            except (OSError, ValueError, AttributeError) as e:
+                print(f"{json_out}: not a bench file ({e}): written anew", flush=True)
+                self.earlier = {"rows": [], "sections": [], "runs": []}
 
     def line(self, text):
         print(text, flush=True)
@@ -285,12 +346,39 @@ class Table:
         self.rows.append(dict(row_record(*args, **kw), section=self.section))
         self.line(format_row(*args, **kw))
 
+    def begin(self, key, title):
+        """A section starts: its rows are labelled title; the JSON says it is running."""
+        self.section = title
+        self.sections.append({"key": key, "title": title, "status": "running",
+                              "seconds": None})
+        self.write_json()
+
+    def end(self, status, seconds):
+        """The running section ended: ok, FAILED (why), STOPPED (a signal)."""
+        self.sections[-1].update(status=status, seconds=round(seconds, 3))
+        self.write_json()
+
+    def skipped(self, key, title, why):
+        self.sections.append({"key": key, "title": title, "status": f"SKIPPED ({why})",
+                              "seconds": 0.0})
+        self.write_json()
+
     def write_json(self):
-        """bench.json: the machine (clocks, versions: self.info), then every row."""
-        if self.json_out:
-            with open(self.json_out, "w", encoding="utf-8") as f:
-                json.dump({**self.info, "rows": self.rows}, f, indent=1, default=str)
-                f.write("\n")
+        """bench.json: the machine (clocks, versions: self.info), the sections with their
+        status, every row; the runs that wrote it, each with its info and whether it ended."""
+        if not self.json_out:
+            return
+        run = {**self.info, "sections": [s["key"] for s in self.sections],
+               "complete": self.complete}
+        doc = {**self.info, "complete": self.complete,
+               "sections": self.earlier["sections"] + self.sections,
+               "rows": self.earlier["rows"] + self.rows, "runs": self.earlier["runs"] + [run]}
+        tmp = os.path.join(os.path.dirname(os.path.abspath(self.json_out)),
+                           f".{os.path.basename(self.json_out)}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, default=str)
+            f.write("\n")
+        os.replace(tmp, self.json_out)
 
 
 def versions():
@@ -311,13 +399,67 @@ def versions():
 
 
 # ---- the GPU part -------------------------------------------------------------------------------
+# ---- the sections, in the order they run --------------------------------------------------------
+# (key, group, title): the tensor cores first (the figures nothing else gives, and the
+# targets the GPT-2 step rests on), then the model's step, then the rest. --sections picks
+# keys or groups; scripts/gpu_check.sh runs each group as a step of its own.
+BW = "vs copy, inputs >= 4x L2:"
+SECTIONS = (
+    ("tc-products", "tensor-cores", "tensor-core products vs cuBLAS (TF32, BF16)"),
+    ("tc-attention", "tensor-cores",
+     "tensor-core attention vs torch SDPA (TF32: fp32, BF16: flash)"),
+    ("bf16-operands", "tensor-cores",
+     "BF16 operands vs cuBLAS BF16 (gemm_bf16; sgemm_ex bf16 on FP32)"),
+    ("steps", "step", "training steps, tokens/s"),
+    ("ceilings", "rest", "ceilings: copy"),
+    ("ceiling-products", "rest", "ceilings: matrix products, FP32 / TF32 / BF16"),
+    ("attention", "rest", "attention vs torch SDPA (fp32, bf16)"),
+    ("products", "rest", "products vs cuBLAS (FP32, TF32 off)"),
+    ("linear", "rest", "linear layer, GPT-2 MLP size"),
+    ("bw-rows", "rest", f"{BW} softmax, layernorm"),
+    ("bw-elementwise", "rest", f"{BW} gelu, sum_squares, adamw"),
+    ("bw-heads", "rest", f"{BW} rope, qkv_split"),
+    ("bw-cross-entropy", "rest", f"{BW} cross-entropy"),
+    ("bw-embedding", "rest", f"{BW} embedding"),
+    ("bw-decode", "rest", f"{BW} attention_decode"),
+)
+
+
+def pick_sections(spec):
+    """--sections: comma-separated keys or groups ("all", "tensor-cores", "step", "rest") ->
+    the keys, in SECTIONS' order; an unknown name is a ValueError naming the known ones."""
+    asked = [w.strip() for w in (spec or "all").split(",") if w.strip()]
+    known = {k for k, _, _ in SECTIONS} | {g for _, g, _ in SECTIONS} | {"all"}
+    bad = [w for w in asked if w not in known]
+    if bad:
+        raise ValueError(f"--sections: unknown {', '.join(bad)}; known: "
+                         f"{', '.join(sorted(known))}")
+    return [k for k, g, _ in SECTIONS if "all" in asked or k in asked or g in asked]
+
+
+class Stopped(BaseException):
+    """SIGTERM (timeout's first signal): the running section ends as STOPPED, the files are
+    written, and the run ends (BaseException: no section's `except Exception` keeps it)."""
+
+
+def on_sigterm(signum, frame):
+    raise Stopped(f"signal {signum}")
+
+
+# ---- the GPU part -------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="also append the table to this file")
-    ap.add_argument("--json", help="write every row, the clocks and the versions to this file")
+    ap.add_argument("--json", help="write every row, the clocks and the versions to this file "
+                    "(after each section; an existing bench file is added to)")
     step = os.environ.get("GPU_CHECK_STEP_SECONDS")
     ap.add_argument("--budget", type=float, default=float(step) - 10 if step else None,
                     help="seconds: sections that would start later are skipped")
+    ap.add_argument("--sections", default="all",
+                    help="comma-separated section keys or groups (tensor-cores, step, rest; "
+                    "default all): " + ", ".join(k for k, _, _ in SECTIONS))
+    ap.add_argument("--sizes", choices=sorted(SIZES), default="full",
+                    help="full: the H200 run's shapes; tiny: an emulated GPU's (a rehearsal)")
     ap.add_argument("--cpu-threads", type=int, default=2,
                     help="threads of the CPU train_tiny run (0: skip it; default 2)")
     ap.add_argument("--host-only", action="store_true",
@@ -325,12 +467,21 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.host_only:
         return host_only()
+    try:
+        args.keys = pick_sections(args.sections)
+    except ValueError as e:
+        ap.error(str(e))
     os.environ.setdefault("CUPY_TF32", "0")  # cupy.matmul in true FP32, as pytfm computes
+    signal.signal(signal.SIGTERM, on_sigterm)
     table = Table(args.out, args.json)
-    table.info = {"versions": versions(), "clocks_before": smi()}
+    table.info = {"versions": versions(), "clocks_before": smi(), "sizes": args.sizes}
     try:
         return run_gpu(args, table)
+    except Stopped as e:
+        table.line(f"bench/cuda_ops.py: stopped by {e}")
+        return 1
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         table.info["clocks_after"] = smi()
         table.write_json()
 
@@ -341,11 +492,12 @@ def run_gpu(args, table):
     from pytfm import ops
     from pytfm._core import ffi, lib
 
+    sz = SIZES[args.sizes]
     start = time.monotonic()
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     l2 = props["l2CacheSize"]
-    shapes = bandwidth_shapes(l2)
+    shapes = bandwidth_shapes(l2, dims=sz.bandwidth_dims)
     table.info["gpu"] = {"name": name, "sms": props["multiProcessorCount"], "l2_bytes": l2,
                          "memory_bytes": props["totalGlobalMem"],
                          "compute_capability": f"{props['major']}.{props['minor']}",
@@ -372,16 +524,19 @@ def run_gpu(args, table):
     def stream_ptr():
         return ffi.cast("void *", cp.cuda.get_current_stream().ptr)
 
-    def timed(fn, target_s=0.02, runs=5):
-        """Median seconds per call of fn() on CuPy's current stream (CUDA events)."""
+    def timed(fn, target_s=sz.fill_s, runs=sz.runs):
+        """Median seconds per call of fn() on CuPy's current stream (CUDA events): after a
+        warm-up call, runs timed runs of enough calls to fill target_s (one call when 0)."""
         fn()
         start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        one = max(cp.cuda.get_elapsed_time(start, stop) / 1e3, 1e-6)
-        reps = max(1, min(200, int(target_s / one)))
+        reps = 1
+        if target_s > 0:
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            one = max(cp.cuda.get_elapsed_time(start, stop) / 1e3, 1e-6)
+            reps = max(1, min(200, int(target_s / one)))
         times = []
         for _ in range(runs):
             start.record()
@@ -389,22 +544,31 @@ def run_gpu(args, table):
                 fn()
             stop.record()
             stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / reps)
+            times.append(max(cp.cuda.get_elapsed_time(start, stop) / 1e3 / reps, 1e-9))
         return statistics.median(times)
 
-    def section(title, fn):
+    def section(key, title, fn):
         left = None if args.budget is None else args.budget - (time.monotonic() - start)
         if left is not None and left <= 0:
             table.line(f"-- {title}: SKIPPED (past the budget of {args.budget:.0f} s)")
+            table.skipped(key, title, f"past the budget of {args.budget:.0f} s")
             return
-        table.section = title
         table.line(f"-- {title}")
+        table.begin(key, title)
+        t0 = time.monotonic()
+        status = "ok"
         try:
             fn()
+        except Stopped:
+            table.line(f"   STOPPED after {time.monotonic() - t0:.1f} s: its rows so far are kept")
+            table.end("STOPPED (a signal)", time.monotonic() - t0)
+            raise
         except Exception as e:  # report and go on: the other sections still say something
             failed.append(title)
+            status = f"FAILED ({type(e).__name__}: {e})"
             table.line(f"   FAILED: {type(e).__name__}: {e}")
             traceback.print_exc()
+        table.end(status, time.monotonic() - t0)
         cp.get_default_memory_pool().free_all_blocks()
 
     randn = lambda *shape: cp.random.standard_normal(shape, dtype=cp.float32)  # noqa: E731
@@ -420,7 +584,7 @@ def run_gpu(args, table):
     def ceiling_products():
         import torch
 
-        n = CEILING_N
+        n = sz.ceiling_n
         flops = 2.0 * n**3
         a, b = randn(n, n), randn(n, n)
         t = timed(lambda: cp.matmul(a, b))
@@ -461,7 +625,7 @@ def run_gpu(args, table):
         from pytfm.optim import AdamW, clip_grad_norm, cosine_lr
         from pytfm.train_step import TrainStep
 
-        a = tiny.parse_args([])  # its defaults, no checks, no files touched
+        a = tiny.parse_args(list(sz.train_args))  # its defaults, no checks, no files touched
         corpus = data.stdlib_corpus().astype(np.int64)
 
         def run(cfg, batch, device, way, warm, seconds, max_steps, precision="fp32"):
@@ -510,23 +674,27 @@ def run_gpu(args, table):
             threads = pytfm.get_num_threads()
             pytfm.set_num_threads(args.cpu_threads)
             try:
-                cpu_rate, cpu_step, _ = run(cfg, a.batch, "cpu", "loop", 2, 6.0, 40)
+                cpu_rate, cpu_step, _ = run(cfg, a.batch, "cpu", "loop", 2, sz.step_s[0],
+                                             sz.step_max[0])
             finally:
                 pytfm.set_num_threads(threads)
             table.row(f"train_tiny step, CPU {args.cpu_threads} threads ({shape})", cpu_step,
                       cpu_rate, "tok/s", note="this machine's CPU")
         vs = f"CPU {args.cpu_threads} thr" if cpu_rate else ""
         for way, warm in (("loop", 5), ("TrainStep", 4)):
-            rate, per, note = run(cfg, a.batch, "cuda", way, warm, 4.0, 400)
+            rate, per, note = run(cfg, a.batch, "cuda", way, warm, sz.step_s[1],
+                                  sz.step_max[1])
             table.row(f"train_tiny step, GPU, {way}", per, rate, "tok/s", vs, cpu_rate,
                       TRAIN_TINY_TARGET, note)
-        big = GPTConfig(**GPT2_SHAPE, pos="rope", seed=0)
+        big = GPTConfig(**sz.gpt2_shape, pos="rope", seed=0)
         for precision in ("fp32", "bf16"):
             loop_rate = None
             for way in ("loop", "TrainStep"):
-                rate, per, note = run(big, GPT2_BATCH, "cuda", way, 2 if way == "loop" else 3,
-                                      8.0, 10, precision)
-                name = f"GPT-2-124M-shaped step (B={GPT2_BATCH} T=1024), {precision}, {way}"
+                rate, per, note = run(big, sz.gpt2_batch, "cuda", way,
+                                      2 if way == "loop" else 3, sz.step_s[2], sz.step_max[2],
+                                      precision)
+                name = (f"GPT-2-124M-shaped step (B={sz.gpt2_batch} T={big.max_seq}), "
+                        f"{precision}, {way}")
                 if precision in GPT2_STEP_TARGETS:  # an absolute rate: the ratio to it
                     table.row(name, per, rate, "tok/s", "target rate",
                               GPT2_STEP_TARGETS[precision][1], GPT2_STEP_TARGETS[precision][0],
@@ -538,14 +706,17 @@ def run_gpu(args, table):
                 cp.get_default_memory_pool().free_all_blocks()
 
     # -- attention against torch ------------------------------------------------------------------
-    def torch_timed(torch, fn, runs=5):
+    def torch_timed(torch, fn, target_s=sz.fill_s, runs=sz.runs):
+        """timed(), for torch's work on its current stream (torch's CUDA events)"""
         fn()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        reps = max(1, min(50, int(0.02 / max(s.elapsed_time(e) / 1e3, 1e-6))))
+        reps = 1
+        if target_s > 0:
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            reps = max(1, min(50, int(target_s / max(s.elapsed_time(e) / 1e3, 1e-6))))
         times = []
         for _ in range(runs):
             s.record()
@@ -553,7 +724,7 @@ def run_gpu(args, table):
                 fn()
             e.record()
             e.synchronize()
-            times.append(s.elapsed_time(e) / 1e3 / reps)
+            times.append(max(s.elapsed_time(e) / 1e3 / reps, 1e-9))
         return statistics.median(times)
 
     def attention():
@@ -562,7 +733,7 @@ def run_gpu(args, table):
 
         table.line(f"   torch {torch.__version__}; FLOPs: causal forward 2·B·H·T²·D, "
                    "forward+backward 3.5x that (the backward recomputes P)")
-        B, H, D = ATTENTION_SHAPE
+        B, H, D = sz.attention_shape
         USED_HIGH = 8  # cudaMemPoolAttrUsedMemHigh; setting it to 0 resets the high-water mark
         try:  # the stream-ordered pool the kernels' scratch comes from (cudaMallocAsync)
             async_pool = cp.cuda.runtime.deviceGetDefaultMemPool(cp.cuda.Device().id)
@@ -625,7 +796,7 @@ def run_gpu(args, table):
 
             t_fb, mem_fb = timed(fwd_bwd), pytfm_peak(fwd_bwd)
             dq = fwd_bwd()[0]
-            at_target = T == ATTENTION_TARGET_T
+            at_target = T == sz.attention_target_t
             peers = {}
             for dtype in (torch.float32, torch.bfloat16):
                 xq, xk, xv = (t.detach().to(dtype).requires_grad_() for t in (tq, tk, tv))
@@ -667,7 +838,7 @@ def run_gpu(args, table):
                       3.5 * flops / b16["fwd_bwd"] / 1e12, "TFLOP/s", "pytfm fp32",
                       3.5 * flops / t_fb / 1e12, None, f"backend: {b16['backend']}")
 
-        for T in ATTENTION_T:
+        for T in sz.attention_t:
             at(T)  # its arrays go when it returns
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()
@@ -683,7 +854,7 @@ def run_gpu(args, table):
             flash = lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION])  # noqa: E731
         except ImportError:
             flash = contextlib.nullcontext
-        B, H, D = ATTENTION_SHAPE
+        B, H, D = sz.attention_shape
         table.line("   pytfm's q, k, v, dy float32 in memory, rounded in registers; torch's "
                    "bf16 tensors (flash), float32 tensors (its default backend)")
 
@@ -716,7 +887,7 @@ def run_gpu(args, table):
                           peer, flops / t_torch / 1e12, ATTENTION_TC_TARGETS[precision],
                           f"B={B} H={H} D={D} causal")
 
-        for T in ATTENTION_TC_T:
+        for T in sz.attention_tc_t:
             at(T)
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()
@@ -751,7 +922,7 @@ def run_gpu(args, table):
                           "cuBLAS FP32", flops / t_blas / 1e12, PRODUCT_TARGETS.get(n),
                           f"max err/max {err:.1e}")
 
-        for n in PRODUCT_N:
+        for n in sz.product_n:
             at(n)
 
     def tensor_core_products():
@@ -767,7 +938,7 @@ def run_gpu(args, table):
 
         saved = torch.backends.cuda.matmul.allow_tf32
         try:
-            for n in PRODUCT_N:
+            for n in sz.product_n:
                 arrays = {name: randn(n, n) for name in ("x", "w", "dy")}
                 c = cp.empty((n, n), cp.float32)
                 flops = 2.0 * n**3
@@ -806,10 +977,12 @@ def run_gpu(args, table):
             if status:
                 raise RuntimeError(ffi.string(lib.pytfm_last_error()).decode())
 
-        for label, m, n, k, ta, tb, _ in bf16_operand_cases():
+        for label, m, n, k, ta, tb, _ in bf16_operand_cases(
+                max(sz.product_n), sz.linear_shape):
             sa, sb = bf16_operand_shapes(m, n, k, ta, tb)
-            ta_t = torch.randn(*sa, device="cuda").to(torch.bfloat16)
-            tb_t = torch.randn(*sb, device="cuda").to(torch.bfloat16)
+            # (drawn by CuPy and handed over: torch's own device is never named)
+            ta_t = torch.from_dlpack(randn(*sa)).to(torch.bfloat16)
+            tb_t = torch.from_dlpack(randn(*sb)).to(torch.bfloat16)
             # the same BF16 values as raw bits (CuPy views of torch's memory) and widened
             a16, b16 = (cp.from_dlpack(t.view(torch.int16)).view(cp.uint16) for t in (ta_t, tb_t))
             a32, b32 = (cp.from_dlpack(t.float()) for t in (ta_t, tb_t))
@@ -841,7 +1014,7 @@ def run_gpu(args, table):
             cp.get_default_memory_pool().free_all_blocks()
 
     def linear_layer():
-        ROWS, IN, OUT = LINEAR_SHAPE
+        ROWS, IN, OUT = sz.linear_shape
         x, w, b, dy = randn(ROWS, IN), randn(OUT, IN), randn(OUT), randn(ROWS, OUT)
         flops = 2.0 * ROWS * IN * OUT
         blas = flops / timed(lambda: cp.matmul(x, w.T)) / 1e12
@@ -932,23 +1105,16 @@ def run_gpu(args, table):
             lambda: ops.attention_decode(q, k_cache, v_cache, T - 1),
             k_cache.nbytes + v_cache.nbytes, "1 query; the caches read once")
 
-    bw = "vs copy, inputs >= 4x L2:"
-    for title, fn in (("ceilings: copy", ceilings),
-                      ("ceilings: matrix products, FP32 / TF32 / BF16", ceiling_products),
-                      ("training steps, tokens/s", steps),
-                      ("attention vs torch SDPA (fp32, bf16)", attention),
-                      ("products vs cuBLAS (FP32, TF32 off)", products),
-                      ("tensor-core products vs cuBLAS (TF32, BF16)", tensor_core_products),
-                      ("BF16 operands vs cuBLAS BF16 (gemm_bf16; sgemm_ex bf16 on FP32)",
-                       bf16_operands),
-                      ("tensor-core attention vs torch SDPA (TF32: fp32, BF16: flash)",
-                       tc_attention),
-                      ("linear layer, GPT-2 MLP size", linear_layer),
-                      (f"{bw} softmax, layernorm", rows_kernels),
-                      (f"{bw} gelu, sum_squares, adamw", elementwise),
-                      (f"{bw} rope, qkv_split", heads), (f"{bw} cross-entropy", cross_entropy),
-                      (f"{bw} embedding", embedding), (f"{bw} attention_decode", decode)):
-        section(title, fn)
+    run = {"tc-products": tensor_core_products, "tc-attention": tc_attention,
+           "bf16-operands": bf16_operands, "steps": steps, "ceilings": ceilings,
+           "ceiling-products": ceiling_products, "attention": attention, "products": products,
+           "linear": linear_layer, "bw-rows": rows_kernels, "bw-elementwise": elementwise,
+           "bw-heads": heads, "bw-cross-entropy": cross_entropy, "bw-embedding": embedding,
+           "bw-decode": decode}
+    for key, _, title in SECTIONS:
+        if key in args.keys:
+            section(key, title, run[key])
+    table.complete = True
     table.info["failed_sections"] = failed
     table.line(f"bench/cuda_ops.py: {time.monotonic() - start:.0f} s"
                + (f"; FAILED sections: {', '.join(failed)}" if failed else ""))

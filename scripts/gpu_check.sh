@@ -1,29 +1,49 @@
 #!/usr/bin/env bash
 # One call that checks pytfm's CUDA backend on a machine with an NVIDIA GPU, and always returns
-# a full report, however far it gets. Written for the H200 machine lent through the device
-# tool's `run` (python3 there: a Python 3.12 virtualenv with numpy, cupy-cuda13x, torch,
-# pytest, pytest-timeout, hypothesis and setuptools, but no cffi, and no network; 16 cores; one
-# command at most 600 s), usable on any such machine.
+# a report of what it got to, however far that is, even when it is killed. Written for the H200
+# machine lent through the device tool's `run` (python3 there: a Python 3.12 virtualenv with
+# numpy, cupy-cuda13x, torch, pytest, pytest-timeout, hypothesis, setuptools and the cmake
+# package, but no cffi or pycparser, and no network; 16 cores; one command at most 600 s; about
+# 15 minutes of device time a session, its cold start included), usable on any such machine.
 #
 # On the H200 machine, from a session whose checkout holds gpu_wheels/ (made there by
 # `bash scripts/fetch_gpu_wheels.sh`; it is git-ignored, so it travels only when carried):
-#     run(command="bash scripts/gpu_check.sh", carry=["gpu_wheels"], timeout_s=600)
+#     run(command="bash scripts/gpu_check.sh", carry=["gpu_wheels"], timeout_s=330)
 # Anywhere else:
 #     bash scripts/gpu_check.sh            # the report goes to $OUT, or ./gpu_check_out
 #
-# Steps, in order; each runs under its own `timeout`, capped by what is left of one overall
-# deadline (GPU_CHECK_BUDGET seconds, default 400: the run tool allows 600, and a second, warm
-# call, which finds the build and CuPy's compiled kernels in place, must still fit the lease).
-# A failing step is written into the report and the next one still runs; a step that would
-# start with under GPU_CHECK_MIN_STEP seconds left (default 5) is reported as skipped; the
-# steps that need the GPU are NOT RUN, saying why, once pytfm does not import or no GPU can be
-# used. The figures come before the checks: the bench runs right after the GPU is found.
+# The budget. One deadline, GPU_CHECK_BUDGET seconds (default 300), caps every step: a
+# session's 900 device-seconds hold a cold start (up to 120 s by the device tool's notes), a
+# first call (300 s and ~15 s of transfers), and a second call of the same length even when
+# the machine has gone cold again in between (120 + 300 + 15): 870 s, and 435 s are still left
+# after the first call, over the 240 s below which no machine is started. The run tool's
+# timeout_s (330) leaves the steps' last kill (5 s) and the transfers room. A warm second call
+# finds the build and CuPy's compiled kernels in place and reaches further; GPU_CHECK_SKIP
+# names steps it need not repeat (e.g. GPU_CHECK_SKIP=gpu-tests-tc,bench-tc).
+#
+# The order: the most valuable results first, since the deadline ends the run where it is.
+# The prerequisites (a build that imports and a GPU that CuPy sees), then the tensor cores:
+# their GPU tests first (a figure of a wrong kernel is worth nothing) and their figures (what
+# no emulator can give: the TF32/BF16 products and attention against cuBLAS and torch), then
+# the model's step (train_tiny's and the GPT-2-shaped step's tokens/s, the bf16 target), then
+# the other GPU tests, then the three sanitizers (racecheck and synccheck have never run on a
+# GPU), and last the FP32 and memory-bound figures (estimated well; the first to give up).
+# The GPU tests and the sanitizers keep time for the steps after them (GPU_CHECK_KEEP_*): a
+# slow test run is cut rather than the sanitizers skipped. Estimates per step, and the sum, in
+# docs/performance.md ("The GPU check's time on the H200").
+#
+# Steps, in order; each runs under its own `timeout` (GPU_CHECK_LIMIT_<STEP> overrides its
+# limit), capped by what is left of the deadline less what it keeps for later. A failing step
+# is written into the report and the next one still runs; a step that would start with under
+# GPU_CHECK_MIN_STEP seconds left (default 5) is reported as skipped; the steps that need the
+# GPU are NOT RUN, saying why, once pytfm does not import or no GPU can be used.
 #   preflight        about a second: python3 and Python.h, cc, setuptools, cffi and cmake,
 #                    nvcc, libcudart_static.a under $CUDA_HOME, compute-sanitizer and the
 #                    options it has, pytest-timeout, and the GPU's clocks (nvidia-smi)
-#   wheels           cffi, pycparser and cmake from gpu_wheels/ (GPU_CHECK_WHEELS) into a
-#                    temporary folder with `pip install --no-index --no-deps --target`, put
-#                    on PYTHONPATH (and cmake on PATH); nothing when python3 has them already
+#   wheels           what python3 lacks (cffi and pycparser; cmake too, where it is missing)
+#                    from gpu_wheels/ (GPU_CHECK_WHEELS) into a temporary folder with `pip
+#                    install --no-index --no-deps --target`, put on PYTHONPATH (and cmake on
+#                    PATH); nothing when python3 has them already
 #   build            python3 setup.py build_ext --inplace, PYTFM_CUDA=1, PYTFM_CUDA_ARCH=90
 #                    (or as set), nvcc on every core (CMAKE_BUILD_PARALLEL_LEVEL); once, without
 #                    PYTFM_WERROR: warnings as errors are CI's, not this machine's
@@ -31,26 +51,40 @@
 #                    kernel: registers, static shared memory, stack, spills; a spill fails it
 #   import           import pytfm; its build_info must say CUDA
 #   gpu              CuPy sees a device: its name, SMs, L2, memory; cupy and torch versions
-#   bench            bench/cuda_ops.py --out $OUT/bench.txt --json $OUT/bench.json, given the
-#                    step's seconds as its budget
-#   gpu-tests        pytest tests/cuda/test_cuda_gpu.py tests/cuda/test_cuda_gpu_model.py (the
-#                    files that exist), --durations, a per-test timeout where pytest-timeout is
-#                    installed; a run where every test skipped fails
+#   gpu-tests-tc     the GPU tests of the tensor cores: pytest -k "$GPU_CHECK_TC_TESTS"
+#                    (default "tensor_core or bf16 or tf32": names and parameter ids)
+#   bench-tc         bench/cuda_ops.py --sections tensor-cores: TF32/BF16 products, BF16
+#                    operands, tensor-core attention
+#   bench-step       bench/cuda_ops.py --sections step: train_tiny's and the GPT-2-shaped step
+#   gpu-tests        the other GPU tests (tests/cuda/test_cuda_gpu.py, test_cuda_gpu_model.py,
+#                    the files that exist), --durations, a per-test timeout where
+#                    pytest-timeout is installed; a run where every test skipped fails
 #   sanitizer-memcheck, sanitizer-racecheck, sanitizer-synccheck
 #                    compute-sanitizer over scripts/cuda_small_run.py with CuPy's memory pool
 #                    off (PYTFM_SMALL_RUN_NO_POOL=1), so memcheck sees each array's end, on
 #                    pytfm's kernels only (CuPy's excluded, where the sanitizer has
 #                    --kernel-name-exclude) and a bounded print; a sanitizer that refuses the
-#                    device or runtime is reported REFUSED
-# Files in $OUT (at most 8, flat, as the run tool brings back): gpu_check.txt (everything),
-# summary.txt (the table printed last), bench.txt, bench.json, registers.txt, cuda_build.log.
+#                    device or runtime is reported REFUSED; one cut at its limit is TIMEOUT,
+#                    with the errors it found until then
+#   bench-rest       bench/cuda_ops.py --sections rest: the ceilings, FP32 attention and
+#                    products, the linear layer, the memory-bound kernels, until the deadline
+# Each bench step is given its step's seconds as its budget, appends its rows to bench.txt as
+# they are measured and rewrites bench.json (atomically) as each section starts and ends, so
+# a step killed at its limit loses only the section it was in.
+# Files in $OUT (at most 8, flat, as the run tool brings back): gpu_check.txt (everything, as
+# it runs), summary.txt (the table, rewritten after every step, so a run killed from outside
+# still leaves one; printed last), bench.txt, bench.json, registers.txt, cuda_build.log.
 #
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_CHECK_MIN_STEP, GPU_CHECK_WHEELS, PYTFM_CUDA_ARCH,
 # GPU_CHECK_LIMIT_<STEP> (a step's own limit in seconds, e.g. GPU_CHECK_LIMIT_GPU_TESTS=120),
-# GPU_CHECK_TEST_TIMEOUT (seconds a GPU test may take, default 90), GPU_CHECK_TAIL (lines of
-# each step's output echoed to stdout, default 12; the report keeps all), CUDA_HOME or
-# CUDA_PATH (the toolkit; else nvcc's, else GPU_CHECK_CUDA_FALLBACK, default /usr/local/cuda).
-# tests/cuda/test_gpu_check.py rehearses every failure path with stub commands on PATH.
+# GPU_CHECK_KEEP_<STEP> (seconds a step leaves for the steps after it), GPU_CHECK_SKIP (steps,
+# comma-separated, reported SKIPPED without running), GPU_CHECK_TC_TESTS, GPU_CHECK_BENCH_ARGS
+# (more arguments for each bench step), GPU_CHECK_TEST_TIMEOUT (seconds a GPU test may take,
+# default 60), GPU_CHECK_TAIL (lines of each step's output echoed to stdout, default 12; the
+# report keeps all), CUDA_HOME or CUDA_PATH (the toolkit; else nvcc's, else
+# GPU_CHECK_CUDA_FALLBACK, default /usr/local/cuda).
+# tests/cuda/test_gpu_check.py rehearses every failure path with stub commands on PATH;
+# tests/cuda/test_cuda_bench_rehearsal.py runs every bench section on the emulated GPU.
 # Exit status: 0 when every step passed (REFUSED sanitizers count as passed, and are listed),
 # 1 when a step failed, timed out, was skipped or not run, 2 for a usage error.
 
@@ -99,12 +133,15 @@ if [ $# -gt 0 ]; then
 fi
 
 OUT="${OUT:-$ROOT/gpu_check_out}"
-BUDGET="${GPU_CHECK_BUDGET:-400}"
+BUDGET="${GPU_CHECK_BUDGET:-300}"
 MIN_STEP="${GPU_CHECK_MIN_STEP:-5}"
 WHEELS="${GPU_CHECK_WHEELS:-$ROOT/gpu_wheels}"
 ARCH="${PYTFM_CUDA_ARCH:-90}"
 TAIL="${GPU_CHECK_TAIL:-12}"
-TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT:-90}"
+TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT:-60}"
+SKIP=",${GPU_CHECK_SKIP:-},"
+TC_TESTS="${GPU_CHECK_TC_TESTS:-tensor_core or bf16 or tf32}"
+read -r -a BENCH_ARGS <<<"${GPU_CHECK_BENCH_ARGS:-}"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # the checkout first: `python3 scripts/x.py` puts scripts/, not the root, on sys.path
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -118,7 +155,8 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # killed from outside (the run tool's own limit): keep what the running step printed so far
 trap 'say "gpu_check: stopped by a signal during step ${current:-?}"; \
-      [ -f "${current_log:-/nonexistent}" ] && cat "$current_log" >>"$report"; exit 1' TERM INT
+      [ -f "${current_log:-/nonexistent}" ] && cat "$current_log" >>"$report"; \
+      write_summary "stopped by a signal during step ${current:-?}"; exit 1' TERM INT
 
 now_us() { echo "${EPOCHREALTIME//[!0-9]/}"; }  # bash 5: microseconds, whatever the locale
 START_US="$(now_us)"
@@ -130,9 +168,32 @@ say() { printf '%s\n' "$*"; printf '%s\n' "$*" >>"$report"; }
 note() { printf '%s\n' "$*" >>"$report"; }  # the report only
 
 NAMES=() STATUSES=() TIMES=()
+# write_summary [NOTE]: $OUT/summary.txt rewritten (a temporary file renamed over it) from
+# the steps recorded so far, NOTE (what is still to come, or why it stopped) on its last line
+write_summary() {
+    local failed=0 refused=0 i s
+    for s in "${STATUSES[@]}"; do
+        case "$s" in
+            ok*) ;;
+            REFUSED*) refused=$((refused + 1)) ;;
+            *) failed=$((failed + 1)) ;;
+        esac
+    done
+    {
+        echo "gpu_check summary ($(seconds_since "$START_US") s of ${BUDGET} s)"
+        printf '%-20s %8s  %s\n' step seconds status
+        for i in "${!NAMES[@]}"; do
+            printf '%-20s %8s  %s\n' "${NAMES[$i]}" "${TIMES[$i]}" "${STATUSES[$i]}"
+        done
+        echo "gpu_check: ${#NAMES[@]} steps, $failed failed, skipped or not run, $refused" \
+            "refused by the sanitizer${1:+; $1}"
+    } >"$OUT/.summary.tmp" && mv -f "$OUT/.summary.tmp" "$OUT/summary.txt"
+    FAILED=$failed
+}
 record() { # name status seconds
     NAMES+=("$1") STATUSES+=("$2") TIMES+=("$3")
     say "==== $1: $2 (${3} s)"
+    write_summary "running: the steps after $1 are still to come"
 }
 
 # run_step NAME LIMIT COMMAND...: run COMMAND under timeout min(LIMIT, left), its output into
@@ -145,18 +206,31 @@ run_step() {
     local var="GPU_CHECK_LIMIT_${NAME^^}"
     var="${var//-/_}"
     limit="${!var:-$limit}"
+    local keep_var="GPU_CHECK_KEEP_${NAME^^}"
+    keep_var="${keep_var//-/_}"
+    local keep="${!keep_var:-${KEEP:-0}}"
+    KEEP=0
     local left; left="$(left_s)"
     LOG="$work/$NAME.log"
     : >"$LOG"
+    if [[ "$SKIP" == *",$NAME,"* ]]; then
+        RC=125 SECS=0.0 STATUS="SKIPPED (GPU_CHECK_SKIP)"
+        return
+    fi
+    # what the steps after this one are kept: never more than leaves this one MIN_STEP
+    [ $((left - keep)) -lt "$MIN_STEP" ] && keep=$((left - MIN_STEP))
+    [ "$keep" -lt 0 ] && keep=0
     if [ "$left" -lt "$MIN_STEP" ]; then
         RC=125 SECS=0.0 STATUS="SKIPPED (deadline: ${left} s left of ${BUDGET} s)"
         return
     fi
-    [ "$limit" -gt "$left" ] && limit="$left"
+    [ "$limit" -gt $((left - keep)) ] && limit=$((left - keep))
     local shown="$*"  # the command's first line (the -c probes run to several)
     [ "${shown%%$'\n'*}" = "$shown" ] || shown="${shown%%$'\n'*} ..."
     say ""
-    say "==== $NAME: $shown (limit ${limit} s; ${left} s left)"
+    local kept=""
+    [ "$keep" -gt 0 ] && kept=", ${keep} s kept for the steps after it"
+    say "==== $NAME: $shown (limit ${limit} s; ${left} s left$kept)"
     current="$NAME" current_log="$LOG"
     local t0; t0="$(now_us)"
     GPU_CHECK_STEP_SECONDS="$limit" timeout -k 5 "$limit" "$@" >"$LOG" 2>&1 </dev/null
@@ -261,7 +335,7 @@ cat "$work/preflight.log" >>"$report"
 cat "$work/preflight.log"
 record preflight "$status" "$(seconds_since "$t0")"
 
-# ---- wheels: cffi, pycparser and cmake (python3 there has no cffi, and no index) --------------
+# ---- wheels: cffi and pycparser (python3 there has none, and no index), cmake where missing ----
 need=()
 python3 -c "import cffi, pycparser" >/dev/null 2>&1 || need+=(cffi pycparser)
 # (the checkout's cmake/ folder is a namespace package: the wheel's has CMAKE_BIN_DIR)
@@ -279,10 +353,11 @@ else
     done
     if [ ${#absent[@]} -gt 0 ]; then
         cannot wheels "FAIL (no ${absent[*]} wheel in $WHEELS: python3 lacks ${need[*]}; run \
-scripts/fetch_gpu_wheels.sh where pip reaches PyPI, and name gpu_wheels in the run tool's carry)"
+scripts/fetch_gpu_wheels.sh (WITH_CMAKE=1 for cmake) where pip reaches PyPI, and name \
+gpu_wheels in the run tool's carry)"
     else
         site="$work/site"
-        run_step wheels 60 python3 -m pip install --no-index --no-deps --no-compile \
+        run_step wheels 30 python3 -m pip install --no-index --no-deps --no-compile \
             --disable-pip-version-check --target "$site" "${wheels[@]}"
         export PYTHONPATH="$site:$PYTHONPATH"
         [ -d "$site/cmake/data/bin" ] && export PATH="$PATH:$site/cmake/data/bin"
@@ -295,7 +370,7 @@ fi
 
 # ---- build: once, nvcc on every core, warnings as warnings --------------------------------------
 jobs="$(nproc 2>/dev/null || echo 4)"
-step build 240 env -u PYTFM_WERROR PYTFM_CUDA=1 PYTFM_CUDA_ARCH="$ARCH" \
+step build 150 env -u PYTFM_WERROR PYTFM_CUDA=1 PYTFM_CUDA_ARCH="$ARCH" \
     CMAKE_BUILD_PARALLEL_LEVEL="$jobs" python3 setup.py build_ext --inplace
 
 # ---- nvcc's register report ----------------------------------------------------------------------
@@ -344,33 +419,49 @@ gpu_step() {
     run_step "$@"
 }
 
-# ---- the benchmark: the figures first ----------------------------------------------------------
-gpu_step bench 150 python3 bench/cuda_ops.py --out "$OUT/bench.txt" --json "$OUT/bench.json" \
-    && record "$NAME" "$STATUS" "$SECS"
-
-# ---- the GPU tests -----------------------------------------------------------------------------
+# ---- the GPU tests: gpu_tests NAME LIMIT -k EXPRESSION ------------------------------------------
 tests=()
 for f in tests/cuda/test_cuda_gpu.py tests/cuda/test_cuda_gpu_model.py; do
     if [ -f "$f" ]; then tests+=("$f"); else say "gpu-tests: $f does not exist: not run"; fi
 done
 timeout_flag=()
 python3 -c "import pytest_timeout" >/dev/null 2>&1 && timeout_flag=(--timeout "$TEST_TIMEOUT")
-if [ ${#tests[@]} = 0 ]; then
-    cannot gpu-tests "FAIL (no GPU test file found)"
-elif gpu_step gpu-tests 150 python3 -m pytest -q -p no:cacheprovider -rs --durations=15 \
-        "${timeout_flag[@]}" "${tests[@]}"; then
-    if [ "$RC" = 0 ] && ! tail -n 3 "$LOG" | grep -q " passed"; then
-        STATUS="FAIL (no test ran: every test skipped, reasons above)"
-    elif [ "$RC" = 5 ]; then
-        STATUS="FAIL (pytest collected no test)"
+gpu_tests() {
+    local name="$1" limit="$2"; shift 2
+    if [ ${#tests[@]} = 0 ]; then
+        cannot "$name" "FAIL (no GPU test file found)"
+    elif gpu_step "$name" "$limit" python3 -m pytest -q -p no:cacheprovider -rs --durations=15 \
+            "${timeout_flag[@]}" "$@" "${tests[@]}"; then
+        if [ "$RC" = 0 ] && ! tail -n 3 "$LOG" | grep -q " passed"; then
+            STATUS="FAIL (no test ran: every test skipped, reasons above)"
+        elif [ "$RC" = 5 ]; then
+            STATUS="FAIL (pytest collected no test: $*)"
+        fi
+        record "$NAME" "$STATUS" "$SECS"
     fi
-    record "$NAME" "$STATUS" "$SECS"
-fi
+}
+
+# bench STEP LIMIT SECTIONS: bench/cuda_ops.py's sections into bench.txt and bench.json
+bench() {
+    gpu_step "$1" "$2" python3 bench/cuda_ops.py --sections "$3" --out "$OUT/bench.txt" \
+        --json "$OUT/bench.json" "${BENCH_ARGS[@]}" && record "$NAME" "$STATUS" "$SECS"
+}
+
+# ---- the tensor cores: their tests, then their figures; then the model's step ----------------------
+gpu_tests gpu-tests-tc 45 -k "$TC_TESTS"
+bench bench-tc 60 tensor-cores
+bench bench-step 60 step
+
+# ---- the other GPU tests, keeping the sanitizers' minimum -----------------------------------------
+KEEP=80
+gpu_tests gpu-tests 80 -k "not ($TC_TESTS)"
 
 # ---- compute-sanitizer over a small run, on pytfm's kernels ----------------------------------
 for tool in memcheck racecheck synccheck; do
-    case "$tool" in memcheck) limit=75 ;; racecheck) limit=90 ;; *) limit=60 ;; esac
+    # limit, and what each keeps for the sanitizers after it (their minimum)
+    case "$tool" in memcheck) limit=40 KEEP=50 ;; racecheck) limit=50 KEEP=20 ;; *) limit=30 KEEP=0 ;; esac
     if [ -z "$SANITIZER" ]; then
+        KEEP=0
         if [ -n "$UNUSABLE" ]; then cannot "sanitizer-$tool" "NOT RUN ($UNUSABLE)"
         else cannot "sanitizer-$tool" "FAIL (compute-sanitizer not found on PATH, in \$CUDA_HOME/bin or beside nvcc)"; fi
         continue
@@ -384,36 +475,27 @@ for tool in memcheck racecheck synccheck; do
         STATUS="REFUSED (${refusal#========= })"
     elif [ "$RC" = 99 ] || grep -qE '^========= ERROR SUMMARY: [1-9]' "$LOG"; then
         STATUS="FAIL ($(grep -m 1 -oE 'ERROR SUMMARY: [0-9]+ errors?' "$LOG" || echo "errors found"))"
+    elif [ "$RC" = 124 ] && grep -qE '^========= (Invalid|Race|Barrier|Error)' "$LOG"; then
+        STATUS="FAIL (errors found before it was cut at its limit: see the report)"
+    elif [ "$RC" = 124 ]; then
+        STATUS="$STATUS: no error in what ran"
     fi
     record "$NAME" "$STATUS" "$SECS"
 done
+KEEP=0
+
+# ---- the rest of the figures, until the deadline ---------------------------------------------------
+bench bench-rest 120 rest
 
 # ---- the summary ---------------------------------------------------------------------------------
-failed=0 refused=0
-{
-    echo "gpu_check summary ($(seconds_since "$START_US") s of ${BUDGET} s)"
-    printf '%-20s %8s  %s\n' step seconds status
-    for i in "${!NAMES[@]}"; do
-        printf '%-20s %8s  %s\n' "${NAMES[$i]}" "${TIMES[$i]}" "${STATUSES[$i]}"
-    done
-} >"$work/summary"
-for s in "${STATUSES[@]}"; do
-    case "$s" in
-        ok*) ;;
-        REFUSED*) refused=$((refused + 1)) ;;
-        *) failed=$((failed + 1)) ;;
-    esac
-done
-echo "gpu_check: ${#NAMES[@]} steps, $failed failed, skipped or not run, $refused refused by" \
-    "the sanitizer" >>"$work/summary"
-cp "$work/summary" "$OUT/summary.txt"
+write_summary ""
 say ""
 if [ -s "$OUT/bench.txt" ]; then
     say "==== bench table ($OUT/bench.txt)"
     cat "$OUT/bench.txt"
-    note "(the bench table is above, in the bench step's output)"
+    note "(the bench table is above, in the bench steps' output)"
 fi
 say ""
-cat "$work/summary"
-cat "$work/summary" >>"$report"
-[ "$failed" = 0 ]
+cat "$OUT/summary.txt"
+cat "$OUT/summary.txt" >>"$report"
+[ "$FAILED" = 0 ]
