@@ -114,7 +114,7 @@ SIZES = {
     "tiny": Sizes(ceiling_n=32, attention_shape=(1, 2, 16), attention_t=(8, 24),
                   attention_target_t=24, attention_tc_t=(8, 24), product_n=(16, 33),
                   linear_shape=(24, 16, 40),
-                  gpt2_shape=dict(vocab=40, d_model=16, n_layer=1, n_head=1, max_seq=8),
+                  gpt2_shape=dict(vocab=256, d_model=16, n_layer=1, n_head=1, max_seq=8),
                   gpt2_batch=2,
                   train_args=("--d-model", "16", "--n-layer", "1", "--n-head", "2",
                               "--context", "8", "--batch", "2"),
@@ -437,13 +437,22 @@ def pick_sections(spec):
     return [k for k, g, _ in SECTIONS if "all" in asked or k in asked or g in asked]
 
 
-class Stopped(BaseException):
-    """SIGTERM (timeout's first signal): the running section ends as STOPPED, the files are
-    written, and the run ends (BaseException: no section's `except Exception` keeps it)."""
+def stop_on_sigterm(table):
+    """SIGTERM (timeout's first signal, 5 s before its SIGKILL): the running section is marked
+    STOPPED, both files are written, and the process ends at once with status 1. Done in the
+    handler, not by an exception: one raised inside a callback or a destructor would be lost."""
+    def on_sigterm(signum, frame):
+        running = table.sections[-1] if table.sections else None
+        if running is not None and running["status"] == "running":
+            running["status"] = "STOPPED (a signal)"
+        table.line(f"bench/cuda_ops.py: stopped by signal {signum}"
+                   + (f" during {running['key']}: its rows so far are kept" if running else ""))
+        table.info["clocks_after"] = smi()
+        table.write_json()
+        sys.stdout.flush()
+        os._exit(1)
 
-
-def on_sigterm(signum, frame):
-    raise Stopped(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 # ---- the GPU part -------------------------------------------------------------------------------
@@ -472,14 +481,11 @@ def main(argv=None):
     except ValueError as e:
         ap.error(str(e))
     os.environ.setdefault("CUPY_TF32", "0")  # cupy.matmul in true FP32, as pytfm computes
-    signal.signal(signal.SIGTERM, on_sigterm)
     table = Table(args.out, args.json)
+    stop_on_sigterm(table)
     table.info = {"versions": versions(), "clocks_before": smi(), "sizes": args.sizes}
     try:
         return run_gpu(args, table)
-    except Stopped as e:
-        table.line(f"bench/cuda_ops.py: stopped by {e}")
-        return 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         table.info["clocks_after"] = smi()
@@ -559,10 +565,6 @@ def run_gpu(args, table):
         status = "ok"
         try:
             fn()
-        except Stopped:
-            table.line(f"   STOPPED after {time.monotonic() - t0:.1f} s: its rows so far are kept")
-            table.end("STOPPED (a signal)", time.monotonic() - t0)
-            raise
         except Exception as e:  # report and go on: the other sections still say something
             failed.append(title)
             status = f"FAILED ({type(e).__name__}: {e})"
