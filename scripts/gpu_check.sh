@@ -155,6 +155,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # killed from outside (the run tool's own limit): keep what the running step printed so far
 trap 'say "gpu_check: stopped by a signal during step ${current:-?}"; \
+      [ -n "${step_pid:-}" ] && kill -TERM "$step_pid" 2>/dev/null; \
       [ -f "${current_log:-/nonexistent}" ] && cat "$current_log" >>"$report"; \
       write_summary "stopped by a signal during step ${current:-?}"; exit 1' TERM INT
 
@@ -233,8 +234,13 @@ run_step() {
     say "==== $NAME: $shown (limit ${limit} s; ${left} s left$kept)"
     current="$NAME" current_log="$LOG"
     local t0; t0="$(now_us)"
-    GPU_CHECK_STEP_SECONDS="$limit" timeout -k 5 "$limit" "$@" >"$LOG" 2>&1 </dev/null
+    # in the background and waited for: a signal to this script is handled at once (bash
+    # runs a trap only after a foreground command ends), its trap ending the step too
+    GPU_CHECK_STEP_SECONDS="$limit" timeout -k 5 "$limit" "$@" >"$LOG" 2>&1 </dev/null &
+    step_pid=$!
+    wait "$step_pid"
     RC=$?
+    step_pid=""
     SECS="$(seconds_since "$t0")"
     current="" current_log=""
     cat "$LOG" >>"$report"

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -81,7 +82,9 @@ case "$1" in
         echo "Successfully installed ${wheels[*]##*/}"; exit 0 ;;
     pytest)
         echo "pytest args: ${*:3}"
-        case "${STUB_TESTS:-ok}" in
+        tests="${STUB_TESTS:-ok}"  # STUB_TESTS_ONLY: only the run whose arguments hold it
+        [ -n "${STUB_TESTS_ONLY:-}" ] && [[ "$*" != *"$STUB_TESTS_ONLY"* ]] && tests=ok
+        case "$tests" in
         ok) echo "12 passed in 3.1s" ;;
         skip) echo "SKIPPED [12] tests/cuda/test_cuda_gpu.py: no CUDA GPU here"
               echo "12 skipped in 0.2s" ;;
@@ -118,10 +121,15 @@ LOG
 scripts/cuda_small_run.py)
     echo "cuda_small_run: every kernel ran (pool off: ${PYTFM_SMALL_RUN_NO_POOL:-no})" ;;
 bench/cuda_ops.py)
+    shift
+    while [ $# -gt 0 ]; do
+        case "$1" in --sections) sections="$2" ;; --out) out="$2" ;; --json) json="$2" ;; esac
+        shift
+    done
+    echo "budget ${GPU_CHECK_STEP_SECONDS:-none} s, sections $sections"
     [ "${STUB_BENCH:-ok}" = hang ] && hang
-    echo "budget ${GPU_CHECK_STEP_SECONDS:-none} s"
-    printf 'kernel  time  rate\nsoftmax_forward  1.0 us  3000 GB/s\n' | tee "$3"
-    echo '{"rows": [{"name": "softmax_forward"}]}' >"$5" ;;
+    printf -- '-- %s\nsoftmax_forward  1.0 us  3000 GB/s\n' "$sections" | tee -a "$out"
+    echo "{\"rows\": [{\"name\": \"softmax_forward\", \"section\": \"$sections\"}]}" >"$json" ;;
 *) echo "stub python3: unexpected $*"; exit 3 ;;
 esac
 """
@@ -258,10 +266,12 @@ def summary(out_dir):
     return rows
 
 
-ALL_STEPS = ["preflight", "wheels", "build", "registers", "import", "gpu", "bench", "gpu-tests",
-             "sanitizer-memcheck", "sanitizer-racecheck", "sanitizer-synccheck"]
+ALL_STEPS = ["preflight", "wheels", "build", "registers", "import", "gpu", "gpu-tests-tc",
+             "bench-tc", "bench-step", "gpu-tests", "sanitizer-memcheck", "sanitizer-racecheck",
+             "sanitizer-synccheck", "bench-rest"]
 GPU_STEPS = ALL_STEPS[6:]
-SUMMARY = "gpu_check: 11 steps, {} failed, skipped or not run, {} refused by the sanitizer"
+SUMMARY = "gpu_check: 14 steps, {} failed, skipped or not run, {} refused by the sanitizer"
+TC = "tensor_core or bf16 or tf32"  # the tensor cores' GPU tests (pytest -k)
 
 
 def test_everything_passes(tmp_path):
@@ -282,22 +292,26 @@ def test_everything_passes(tmp_path):
     # one build, every core, warnings not errors
     assert re.search(r"built \(PYTFM_CUDA=1 PYTFM_WERROR=unset PYTFM_CUDA_ARCH=90 jobs=\d+\)",
                      r.report)
-    # the figures come before the checks
-    positions = [r.report.index(f"==== {s}:") for s in ("bench", "gpu-tests",
-                                                         "sanitizer-memcheck")]
+    # the order: the tensor cores' tests and figures, the model's step, the other tests, the
+    # sanitizers, the other figures
+    positions = [r.report.index(f"==== {s}:") for s in GPU_STEPS]
     assert positions == sorted(positions)
-    # both GPU test files, their durations, a per-test timeout
-    assert "pytest args: -q -p no:cacheprovider -rs --durations=15 --timeout 90 " + \
-        " ".join(PYTEST_FILES) in r.report
+    sections = re.findall(r"budget \d+ s, sections (\S+)", r.report)
+    assert sections == ["tensor-cores", "step", "rest"]
+    # both GPU test files, their durations, a per-test timeout: the tensor cores' first
+    for k in (TC, f"not ({TC})"):
+        assert "pytest args: -q -p no:cacheprovider -rs --durations=15 --timeout 60 -k " + \
+            k + " " + " ".join(PYTEST_FILES) in r.report
     # the three sanitizers over the small run with the pool off, on pytfm's kernels only
     for tool in ("memcheck", "racecheck", "synccheck"):
         assert f"compute-sanitizer --tool {tool} --error-exitcode 99 --kernel-name-exclude " \
                "kns=cupy --print-limit 20 python3 scripts/cuda_small_run.py" in r.calls
     assert r.report.count("every kernel ran (pool off: 1)") == 3
-    # the bench is given its step's seconds (150, or less when the deadline is nearer)
-    budget = int(re.search(r"budget (\d+) s", r.report).group(1))
-    assert 100 <= budget <= 150
-    assert "softmax_forward" in (r.out / "bench.txt").read_text()
+    # each bench step is given its step's seconds (60, 60, 120: less when the deadline is
+    # nearer), and appends to one table
+    budgets = [int(b) for b in re.findall(r"budget (\d+) s", r.report)]
+    assert 50 <= budgets[0] <= 60 and 50 <= budgets[1] <= 60 and 60 <= budgets[2] <= 120
+    assert (r.out / "bench.txt").read_text().count("softmax_forward") == 3
     assert json.loads((r.out / "bench.json").read_text())["rows"]
     # the register report: one row per kernel, demangled when c++filt exists, spills shown
     regs = (r.out / "registers.txt").read_text()
@@ -316,7 +330,7 @@ def test_everything_passes(tmp_path):
     # the summary table is the last thing printed, and in the report too
     assert r.stdout.rstrip().splitlines()[-1] == SUMMARY.format(0, 0)
     assert (r.out / "summary.txt").read_text() in r.report
-    assert re.match(r"gpu_check summary \(\d+\.\d s of 400 s\)",
+    assert re.match(r"gpu_check summary \(\d+\.\d s of 300 s\)",
                     (r.out / "summary.txt").read_text())
 
 
@@ -346,15 +360,15 @@ def test_no_gpu_each_gpu_step_says_so(tmp_path):
     assert r.rows["gpu"] == no_gpu
     for s in GPU_STEPS:
         assert r.rows[s] == f"NOT RUN (no usable GPU: {no_gpu})", (s, r.rows)
-    assert r.stdout.rstrip().splitlines()[-1] == SUMMARY.format(6, 0)
+    assert r.stdout.rstrip().splitlines()[-1] == SUMMARY.format(9, 0)
     assert r.rc == 1
 
 
 def test_an_undefined_twin_is_named_and_nothing_runs_on_the_gpu(tmp_path):
     r = run_check(tmp_path, STUB_IMPORT="undefined")
     assert r.rows["import"] == "FAIL (exit 1): undefined symbol: pytfm_x_cuda"
-    assert r.rows["bench"] == "NOT RUN (pytfm does not import: FAIL (exit 1): undefined symbol: " \
-                              "pytfm_x_cuda)"
+    assert r.rows["bench-tc"] == "NOT RUN (pytfm does not import: FAIL (exit 1): undefined " \
+                                 "symbol: pytfm_x_cuda)"
     assert r.rc == 1
 
 
@@ -363,15 +377,19 @@ def test_every_gpu_test_skipping_fails_the_step(tmp_path):
     assert r.rows["gpu-tests"] == "FAIL (no test ran: every test skipped, reasons above)"
     assert "no CUDA GPU here" in r.report
     # without pytest-timeout, no --timeout
-    assert "pytest args: -q -p no:cacheprovider -rs --durations=15 tests/" in r.report
+    assert f"pytest args: -q -p no:cacheprovider -rs --durations=15 -k not ({TC}) tests/" \
+        in r.report
+    assert r.rows["gpu-tests-tc"] == "FAIL (no test ran: every test skipped, reasons above)"
     assert r.rc == 1
 
 
 def test_hanging_step_is_killed_and_the_next_runs(tmp_path):
-    r = run_check(tmp_path, STUB_TESTS="hang", GPU_CHECK_LIMIT_GPU_TESTS=2)
+    r = run_check(tmp_path, STUB_TESTS="hang", STUB_TESTS_ONLY="not (",
+                  GPU_CHECK_LIMIT_GPU_TESTS=2)
     assert r.rows["gpu-tests"] == "TIMEOUT (killed after 2 s)"
     assert "collecting ..." in r.report  # its output up to the kill is kept
-    assert r.rows["sanitizer-memcheck"] == "ok" and r.rows["bench"] == "ok"
+    assert r.rows["sanitizer-memcheck"] == "ok" and r.rows["bench-rest"] == "ok"
+    assert r.rows["gpu-tests-tc"] == "ok"
     for pid in (tmp_path / "pids").read_text().split():
         assert not os.path.exists(f"/proc/{pid}"), "the hanging process outlived its step"
     assert r.rc == 1
@@ -385,17 +403,80 @@ def test_deadline_skips_the_remaining_steps(tmp_path):
     later = ALL_STEPS[3:]
     assert all(re.fullmatch(r"SKIPPED \(deadline: -?\d+ s left of 4 s\)", r.rows[s])
                for s in later), r.rows
-    assert SUMMARY.format(9, 0) in r.stdout
+    assert SUMMARY.format(12, 0) in r.stdout
     assert r.rc == 1
 
 
 def test_a_slow_bench_leaves_the_checks_what_is_left(tmp_path):
-    """The bench first: one that hangs is killed at its limit, and the tests and the
-    sanitizers still run in what is left of the deadline."""
-    r = run_check(tmp_path, expect_seconds=20, STUB_BENCH="hang", GPU_CHECK_LIMIT_BENCH=3,
+    """A bench step that hangs is killed at its limit, and the tests and the sanitizers still
+    run in what is left of the deadline."""
+    r = run_check(tmp_path, expect_seconds=20, STUB_BENCH="hang", GPU_CHECK_LIMIT_BENCH_TC=3,
+                  GPU_CHECK_LIMIT_BENCH_STEP=2, GPU_CHECK_LIMIT_BENCH_REST=2,
                   GPU_CHECK_BUDGET=30, GPU_CHECK_MIN_STEP=1)
-    assert r.rows["bench"] == "TIMEOUT (killed after 3 s)"
+    assert r.rows["bench-tc"] == "TIMEOUT (killed after 3 s)"
+    assert r.rows["bench-step"] == r.rows["bench-rest"] == "TIMEOUT (killed after 2 s)"
     assert r.rows["gpu-tests"] == "ok" and r.rows["sanitizer-synccheck"] == "ok"
+
+
+def test_the_gpu_tests_keep_the_sanitizers_time(tmp_path):
+    """Hanging GPU tests are cut where the sanitizers' kept time begins: all three still run."""
+    r = run_check(tmp_path, expect_seconds=25, STUB_TESTS="hang", STUB_TESTS_ONLY="not (",
+                  GPU_CHECK_BUDGET=14, GPU_CHECK_KEEP_GPU_TESTS=9, GPU_CHECK_MIN_STEP=1)
+    assert re.fullmatch(r"TIMEOUT \(killed after [1-4] s\)", r.rows["gpu-tests"]), r.rows
+    assert re.search(r"==== gpu-tests: .*, 9 s kept for the steps after it\)", r.report)
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        assert r.rows[f"sanitizer-{tool}"] == "ok", r.rows
+
+
+def test_steps_named_in_gpu_check_skip_are_skipped(tmp_path):
+    r = run_check(tmp_path, GPU_CHECK_SKIP="gpu-tests-tc,bench-tc")
+    assert r.rows["gpu-tests-tc"] == r.rows["bench-tc"] == "SKIPPED (GPU_CHECK_SKIP)"
+    assert r.rows["bench-step"] == "ok" and "sections tensor-cores" not in r.report
+    assert r.rc == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_run_killed_from_outside_leaves_the_summary_of_what_ran(tmp_path, sig):
+    """summary.txt is rewritten after every step: killed in bench-tc (SIGKILL: every process
+    at once; SIGTERM: the script alone, as the run tool's limit would), the steps before it
+    are there, and the last line says what was still to come or where it stopped."""
+    root, path, include = make_tree(tmp_path)
+    out = tmp_path / "out"
+    env = dict(os.environ, PATH=path, STUB_LOG=str(tmp_path / "calls.log"), OUT=str(out),
+               STUB_PIDS=str(tmp_path / "pids"), STUB_INCLUDE=str(include), PYTHONPATH="",
+               GPU_CHECK_CUDA_FALLBACK=str(tmp_path / "no-cuda"), STUB_BENCH="hang")
+    proc = subprocess.Popen(["bash", str(root / "scripts" / "gpu_check.sh")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while "==== bench-tc: python3" not in (out / "gpu_check.txt").read_text() \
+                if (out / "gpu_check.txt").exists() else True:
+            assert time.monotonic() - t0 < 30 and proc.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.3)  # (the stub is hanging in bench-tc now)
+        if sig == signal.SIGKILL:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in (tmp_path / "pids").read_text().split() if (tmp_path / "pids").exists() \
+                else ():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    rows = summary(out)
+    assert list(rows) == ALL_STEPS[:7] and all(v.startswith("ok") for v in rows.values()), rows
+    last = (out / "summary.txt").read_text().splitlines()[-1]
+    if sig == signal.SIGKILL:
+        assert last.endswith("; running: the steps after gpu-tests-tc are still to come")
+    else:
+        assert last.endswith("; stopped by a signal during step bench-tc")
+    assert not [n for n in os.listdir(out) if n.startswith(".")]  # no temporary file left
 
 
 def test_sanitizer_refusing_is_reported_and_not_a_failure(tmp_path):
@@ -403,7 +484,7 @@ def test_sanitizer_refusing_is_reported_and_not_a_failure(tmp_path):
     for tool in ("memcheck", "racecheck", "synccheck"):
         assert r.rows[f"sanitizer-{tool}"] == "REFUSED (Error: Device not supported. Please " \
                                             "refer to the documentation)"
-    assert r.rows["bench"] == "ok"
+    assert r.rows["bench-tc"] == "ok"
     assert SUMMARY.format(0, 3) in r.stdout
     assert r.rc == 0
 
@@ -428,7 +509,7 @@ def test_a_kernel_that_spills_fails_the_register_report(tmp_path):
     assert r.rows["registers"] == "FAIL (1 kernel(s) spill registers)"
     assert re.search(r"^\s+255\s+33280\s+16\s+8/8\s+attention\.cu",
                      (r.out / "registers.txt").read_text(), re.M)
-    assert r.rows["bench"] == "ok" and r.rc == 1
+    assert r.rows["bench-tc"] == "ok" and r.rc == 1
 
 
 def test_the_preflight_says_what_the_build_will_miss(tmp_path):
@@ -455,7 +536,7 @@ def test_cffi_and_cmake_already_there_and_a_missing_test_file(tmp_path):
     assert "pip install" not in r.calls
     assert "cmake version 4.4.3 (stub)" in r.report
     assert "gpu-tests: tests/cuda/test_cuda_gpu_model.py does not exist: not run" in r.report
-    assert "--timeout 90 tests/cuda/test_cuda_gpu.py\n" in r.report
+    assert f"--timeout 60 -k not ({TC}) tests/cuda/test_cuda_gpu.py\n" in r.report
     assert r.rows["gpu-tests"] == "ok" and r.rc == 0
 
 
