@@ -1,11 +1,17 @@
 """Time pytfm's CUDA kernels on the GPU against what bounds them, measured in the same run.
 
     python bench/cuda_ops.py [--out FILE] [--json FILE] [--budget SECONDS] [--cpu-threads N]
+                             [--sections KEYS|GROUPS] [--sizes full|tiny]
     python bench/cuda_ops.py --host-only     # no GPU: a step's host work, the kernels stubbed
 
-One table, each row printed as soon as it is measured (and appended to FILE; every row, the
-GPU's clocks before and after, and the versions of everything also go to the --json FILE), in
-this order:
+One table, each row printed as soon as it is measured and appended to FILE; the --json FILE
+(every row, each section's status, the GPU's clocks before and after, the versions of
+everything) is rewritten atomically when each section starts and ends, and added to when it
+exists: a run killed at any point keeps every finished section in both files, and SIGTERM marks
+the running section STOPPED before the process ends. The sections run in this order (SECTIONS;
+--sections picks keys or the groups tensor-cores, step and rest): the tensor-core products,
+attention and BF16 operands, then the training steps, then the ceilings, FP32 attention and
+products, the linear layer and the memory-bound kernels. What each measures:
   ceilings    a device-to-device copy of 64x the L2 (counting bytes read and written); the
               matrix product at n = 8192 in FP32 (cupy.matmul with TF32 off, and torch),
               TF32 (torch, allow_tf32) and BF16 (torch): what each precision's tensor cores or
