@@ -1,8 +1,9 @@
-"""The GPU check machine's Python, rebuilt here: a virtual environment without cffi, pycparser
-or cmake, the wheels scripts/fetch_gpu_wheels.sh fetches (for this machine's Python) installed
-with `pip install --no-index --no-deps --target` onto PYTHONPATH, as scripts/gpu_check.sh
-installs them there, and the checkout first on PYTHONPATH. In it pytfm imports, setup.py finds
-the wheel's cmake with none on PATH, and the GPU tests' subprocess paths run: a subprocess
+"""The GPU check machine's Python, rebuilt here: a virtual environment without cffi or
+pycparser (the device's image has CMake, as the cmake package: the device tool's KINDS.md),
+the wheels scripts/fetch_gpu_wheels.sh fetches (for this machine's Python) installed with
+`pip install --no-index --no-deps --target` onto PYTHONPATH, as scripts/gpu_check.sh installs
+them there, and the checkout first on PYTHONPATH. In it pytfm imports, setup.py finds the
+image's cmake package with none on PATH, and the GPU tests' subprocess paths run: a subprocess
 that replaced PYTHONPATH instead of extending it would lose cffi, so its pytfm would not import
 (shown here too). The GPU parts skip (no CuPy); the imports and the subprocesses run.
 """
@@ -19,7 +20,7 @@ import pytest
 from helpers import ROOT
 
 FETCH = os.path.join(ROOT, "scripts", "fetch_gpu_wheels.sh")
-PACKAGES = ("cffi", "_cffi_backend", "pycparser", "cmake", "pytfm")  # what the device lacks
+PACKAGES = ("cffi", "_cffi_backend", "pycparser", "pytfm")  # what the device lacks
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -40,8 +41,7 @@ def device_like(tmp_path_factory):
     if r.returncode:  # the pinned versions unreachable: those installed here, from the index
         from importlib.metadata import version  # (or the wheel cache) they came from
 
-        pins = {f"{name.upper()}_VERSION": version(name) for name in ("cffi", "pycparser",
-                                                                       "cmake")}
+        pins = {f"{name.upper()}_VERSION": version(name) for name in ("cffi", "pycparser")}
         r = subprocess.run(["bash", FETCH, str(wheels)], capture_output=True, text=True,
                            env=dict(os.environ, PYTHON_VERSION=VERSION, **pins), timeout=300)
     if r.returncode:
@@ -84,13 +84,14 @@ def run(python, env, *args, cwd=ROOT, timeout=300):
 def test_the_rebuilt_python_lacks_what_the_device_lacks(device_like):
     python, env, _ = device_like
     bare = dict(env, PYTHONPATH=ROOT)  # the checkout alone: no wheels
-    # (the checkout's cmake/ folder is a namespace package: the wheel's has CMAKE_BIN_DIR)
-    for probe in ("import cffi", "import _cffi_backend", "import pycparser",
-                  "from cmake import CMAKE_BIN_DIR"):
+    for probe in ("import cffi", "import _cffi_backend", "import pycparser"):
         r = run(python, bare, "-c", probe)
         assert r.returncode and "Error" in r.stderr, (probe, r.stderr)
-    r = run(python, bare, "-c", "import numpy, pytest, hypothesis")
-    assert r.returncode == 0, r.stderr  # what the device has
+    # what the device has (the checkout's cmake/ folder is a namespace package: the cmake
+    # package's module has CMAKE_BIN_DIR)
+    r = run(python, bare, "-c", "import numpy, pytest, hypothesis\n"
+            "from cmake import CMAKE_BIN_DIR")
+    assert r.returncode == 0, r.stderr
     r = run(python, bare, "-c", "import pytfm")  # the failure the wheels are there for
     assert r.returncode and "pytfm's compiled module is missing" in r.stderr, r.stderr
 
@@ -102,7 +103,7 @@ def test_with_the_wheels_pytfm_imports_and_setup_finds_cmake(device_like, tmp_pa
     here, backend = r.stdout.split()
     assert here == os.path.join(ROOT, "pytfm", "__init__.py")  # the checkout's build
     assert backend.startswith(str(target))  # cffi from the wheel
-    # setup.py's find_cmake, with no cmake on PATH: the wheel's, which runs
+    # setup.py's find_cmake, with no cmake on PATH: the image's package's, which runs
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
         tree = ast.parse(f.read())
     find = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "find_cmake")
@@ -116,7 +117,8 @@ def test_with_the_wheels_pytfm_imports_and_setup_finds_cmake(device_like, tmp_pa
     r = run(python, dict(env, PATH=str(lone)), "-c", code)
     assert r.returncode == 0, r.stderr
     found, version = r.stdout.splitlines()
-    assert found.startswith(str(target)) and version.startswith("cmake version"), r.stdout
+    assert not found.startswith(str(target)) and version.startswith("cmake version"), r.stdout
+    assert not list(target.glob("cmake*")), "a cmake wheel was carried: the device has CMake"
 
 
 def test_the_gpu_tests_subprocess_paths_run_there(device_like):
@@ -142,7 +144,7 @@ def test_a_subprocess_that_replaced_pythonpath_would_fail_there(device_like, tmp
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_fetch_gpu_wheels_gets_one_of_each(device_like):
+def test_fetch_gpu_wheels_gets_what_the_device_lacks_only(device_like):
     _, _, target = device_like
     names = {p.split("-")[0] for p in os.listdir(target) if p.endswith(".dist-info")}
-    assert {"cffi", "pycparser", "cmake"} <= names, names
+    assert names == {"cffi", "pycparser"}, names
