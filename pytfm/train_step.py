@@ -4,7 +4,10 @@ TrainStep(model, opt, max_norm) runs pytfm.nn.GPT's loop (zero_grad, forward, ba
 gradient clip, AdamW's step) with the loop's bits, on a stream of its own: the first call records
 the arrays every op makes (a Plan, pytfm._arrays) and the scratch the kernels ask for, later
 calls take them again from that plan and a workspace bound to the stream, and from the third on
-the whole step replays as one CUDA graph. docs/cuda.md tells the design and its figures.
+the whole step replays as one CUDA graph. The step's stream is ordered with the caller's (the
+stream current at the call) by two events: its work starts after what the caller queued before
+the call, and the caller's later work after the step. docs/cuda.md tells the design and its
+figures.
 """
 
 import math
@@ -40,6 +43,15 @@ class TrainStep:
     another shape starts over with a new plan. .mode says how the last call ran: "record",
     "replay" or "graph".
 
+    The step runs on a stream of its own (.stream, non-blocking: it does not synchronise with
+    the legacy default stream by itself), in order with the caller's stream, the one current
+    when the step is called: each call records an event on the caller's stream that the step's
+    stream waits on before its first copy (so a batch, or parameters, the caller made on the
+    GPU are complete), and at its end an event on the step's stream that the caller's stream
+    waits on (so the loss, .norm, the parameters and the moments may be read there, or by the
+    host through it, float(loss), with no synchronisation of the step's stream). Neither waits
+    on the host. Every array of the step is made on its stream.
+
     The ids are checked on the host when they come from there (numpy arrays); ids on the GPU are
     checked with one read of the device unless check_ids=False. Nothing else is read back: the
     loss returned is a 0-d float32 device array, one of `keep` slots the calls fill in turn
@@ -67,16 +79,20 @@ class TrainStep:
         self.graph_error = None if as_bool("graph", graph) else "graph=False"
         xp = self.xp = devices.array_module("cuda")
         self.stream = xp.cuda.Stream(non_blocking=True)
-        self.losses = xp.zeros(keep, np.float32)  # the loss of each call, in turn
+        # the caller's work before a call (the step's stream waits on it), the step's after
+        self._caller_done = xp.cuda.Event(disable_timing=True)
+        self._step_done = xp.cuda.Event(disable_timing=True)
         self.calls, self.mode, self.norm = 0, None, None
-        # AdamW's eight scalars for the matrices (weight decay) and the vectors (none)
         self._scalars_host = np.zeros(16, np.float32)
-        self._scalars = xp.zeros(16, np.float32)
-        # the clip's values: sqrt(Σ g²), max_norm / (norm + 1e-6), norm > max_norm, the scale
-        self._norm, self._quot = xp.zeros((), np.float64), xp.zeros((), np.float64)
-        self._over, self._scale64 = xp.zeros((), np.bool_), xp.zeros((), np.float64)
-        self._scale = xp.zeros((), np.float32)
         self._shape = None
+        with self.stream:  # made (zeroed) on the step's stream, which alone writes them
+            self.losses = xp.zeros(keep, np.float32)  # the loss of each call, in turn
+            # AdamW's eight scalars for the matrices (weight decay) and the vectors (none)
+            self._scalars = xp.zeros(16, np.float32)
+            # the clip's values: sqrt(Σ g²), max_norm / (norm + 1e-6), norm > max_norm, scale
+            self._norm, self._quot = xp.zeros((), np.float64), xp.zeros((), np.float64)
+            self._over, self._scale64 = xp.zeros((), np.bool_), xp.zeros((), np.float64)
+            self._scale = xp.zeros((), np.float32)
 
     def __del__(self):
         try:
@@ -89,7 +105,8 @@ class TrainStep:
     def _start(self, shape):
         self._release()
         xp = self.xp
-        self._x, self._y = xp.zeros(shape, np.int64), xp.zeros(shape, np.int64)
+        with self.stream:
+            self._x, self._y = xp.zeros(shape, np.int64), xp.zeros(shape, np.int64)
         self._plan, self._graph, self._workspace, self._runs = _arrays.Plan(), None, None, 0
         _core.check(_core.lib.pytfm_cuda_workspace_set(self._stream_ptr(), _core.ffi.NULL, 0))
         self._shape = shape
@@ -113,7 +130,8 @@ class TrainStep:
     def _bind_workspace(self):
         """A workspace of the most scratch the recorded run asked for, bound to the stream."""
         _, need, _ = self.workspace()
-        self._workspace = self.xp.empty(max(need, 256), np.uint8)
+        with self.stream:
+            self._workspace = self.xp.empty(max(need, 256), np.uint8)
         _core.check(_core.lib.pytfm_cuda_workspace_set(
             self._stream_ptr(), _core.ffi.cast("void *", self._workspace.data.ptr),
             self._workspace.size))
@@ -129,6 +147,18 @@ class TrainStep:
             raise RuntimeError("the model was moved (GPT.to) after this optimizer was made: make "
                                "the optimizer, and the TrainStep, after moving")
         shape = self._inputs(x, y)
+        caller = self.xp.cuda.get_current_stream()
+        self._caller_done.record(caller)
+        self.stream.wait_event(self._caller_done)
+        try:
+            loss = self._step(shape, x, y, lr)
+        finally:  # whatever the step queued, the caller's later work comes after it
+            self._step_done.record(self.stream)
+            caller.wait_event(self._step_done)
+        return loss
+
+    def _step(self, shape, x, y, lr):
+        opt = self.opt
         if shape != self._shape:
             self._start(shape)
         self._copy_in(self._x, x)
@@ -179,7 +209,8 @@ class TrainStep:
 
     def _copy_in(self, dst, src):
         """src into the step's input dst, queued on its stream: from the host by an
-        asynchronous copy (from pageable memory: staged before it returns), else on the GPU."""
+        asynchronous copy (from pageable memory: staged before it returns), else on the GPU
+        (after the caller's work: __call__ made the stream wait on it)."""
         if not is_cupy(src):
             dst.set(np.ascontiguousarray(src), stream=self.stream)
         else:

@@ -336,14 +336,17 @@ def check_layernorm(x, w, b, dy, dw0, db0, got):
 def guard_cupy(cp, g):
     """Make the stand-in cupy module cp (tests/fake_cupy.py) put every array it makes, copies
     and outputs alike, in g's guarded buffers: pytfm.ops on such arrays hands the CUDA kernels
-    nothing but guarded memory."""
+    nothing but guarded memory. Each is an allocation of its own to the stand-in's stream
+    checks."""
     import fake_cupy
 
     def put(a, dtype=None):
-        return g(a, np.asarray(a).dtype if dtype is None else dtype).view(fake_cupy.ndarray)
+        got = g(a, np.asarray(a).dtype if dtype is None else dtype).view(fake_cupy.ndarray)
+        return fake_cupy.made(got, "asarray (a copy from the host)")  # for the stream checks
 
     cp.asarray = lambda a, dtype=None: a if isinstance(a, fake_cupy.ndarray) else put(a, dtype)
-    cp.empty = lambda shape, dtype=np.float64: g.empty(shape, dtype).view(fake_cupy.ndarray)
+    cp.empty = lambda shape, dtype=np.float64: fake_cupy.made(
+        g.empty(shape, dtype).view(fake_cupy.ndarray))
     cp.zeros = lambda shape, dtype=np.float64: put(np.zeros(shape, dtype))
     cp.empty_like = lambda a: cp.empty(a.shape, a.dtype)
     cp.zeros_like = lambda a: cp.zeros(a.shape, a.dtype)

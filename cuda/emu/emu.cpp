@@ -916,7 +916,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     return cudaSuccess;
 }
 
-/* a stream: a distinct non-NULL handle (one byte of heap), which orders nothing here */
+/* a stream: a distinct non-NULL handle (one byte of heap); its work runs at once (emu.h) */
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned) {
     *stream = (cudaStream_t)malloc(1);
     return *stream ? cudaSuccess : cudaErrorMemoryAllocation;

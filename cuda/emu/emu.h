@@ -15,7 +15,14 @@
  *     that section and the dynamic shared memory are refilled with 0xff bytes (NaN, -1) before
  *     every block, so a kernel that reads shared memory before writing it sees garbage, as it
  *     could on a GPU. One launch runs at a time in a process (a mutex serialises them).
- * "Device pointers" are host pointers; streams are ignored. Launch configurations are checked
+ * "Device pointers" are host pointers. A launch runs at once, whatever its stream: in the order
+ * the host queues the work, one order a GPU could run it in. Whether a GPU would have to (two
+ * streams touching one buffer with an event or a synchronisation between) is checked where the
+ * streams and events are, by the stand-in CuPy's hazard detector (tests/fake_cupy.py), which
+ * sees each twin called through it run on its stream argument; the C code that calls the
+ * runtime here (the C model, device.cu) keeps to one stream of its own and synchronises it
+ * before the host reads, and uses no events, so the emulator keeps no clocks. Launch
+ * configurations are checked
  * as the GPU would: at most 1024 threads per block, no empty grid, and 48 KiB of dynamic shared
  * memory unless cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
  * bytes) raised that kernel's limit first (to at most 227 KiB, 232448 bytes: sm_90's opt-in
@@ -129,7 +136,7 @@ enum cudaMemcpyKind {
 };
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                             cudaStream_t stream);
-/* Streams are handles that order nothing (launches run at once) */
+/* Streams are distinct handles; the work queued on them runs at once (see the top) */
 enum { cudaStreamNonBlocking = 1 };
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
