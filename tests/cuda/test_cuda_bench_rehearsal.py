@@ -50,12 +50,10 @@ def stand_in_cupy(emu):
     cp.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None,
                                                                total_bytes=lambda: 0)
 
-    class Event:  # a host clock: the emulator runs each kernel as it is launched
-        def record(self, stream=None):
+    class Event(cp.cuda.Event):  # the stand-in's event (it orders streams), and a host clock:
+        def record(self, stream=None):  # the emulator runs each kernel as it is launched
+            super().record(stream)
             self.t = time.perf_counter()
-
-        def synchronize(self):
-            pass
 
         def elapsed_time(self, end):  # torch's: milliseconds to `end`
             return (end.t - self.t) * 1e3

@@ -662,7 +662,8 @@ def test_bench_tells_the_sdpa_backend_from_its_kernels(cuda_ops, names, backend)
 
 def test_bench_host_only_counts_a_steps_host_work_without_a_gpu():
     """--host-only: no GPU, CuPy or torch needed; the loop allocates and looks up the device
-    and the stream per op, TrainStep's replay neither."""
+    and the stream per op, TrainStep's replay allocates nothing and looks up one thing per
+    call: the caller's stream, which it orders itself after (pytfm/train_step.py)."""
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "cuda_ops.py"), "--host-only"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env=subprocess_env(ROOT))
@@ -671,7 +672,7 @@ def test_bench_host_only_counts_a_steps_host_work_without_a_gpu():
         r"^(loop|TrainStep replay) +(\d+) +(\d+) +(\d+) +(\d+) +([\d.]+)$", r.stdout, re.M)}
     assert set(rows) == {"loop", "TrainStep replay"}, r.stdout
     assert int(rows["loop"][2]) > 0 and int(rows["loop"][3]) == 2 * int(rows["loop"][0])
-    assert rows["TrainStep replay"][2:4] == ("0", "0")  # no array made, nothing looked up
+    assert rows["TrainStep replay"][2:4] == ("0", "1")  # no array made, one stream looked up
 
 
 def test_bench_tensor_core_attention_rows(cuda_ops):
