@@ -111,7 +111,7 @@ def linear_forward_q8w(x, q, scales, b=None):  # [..., in], int8 [out, in], [out
     x = np.asarray(x, dtype=np.float32)
     qx, dx = quantize_x_q8(x.reshape(-1, x.shape[-1]))
     dw = np.asarray(scales, dtype=np.uint16).view(np.float16).astype(np.float32)
-    out, inn = np.shape(q)
+    out = np.shape(q)[0]
     qw = np.asarray(q).astype(np.float64).reshape(out, -1, Q8_BLOCK)
     isum = np.einsum("rki,oki->rok", qx.reshape(len(qx), -1, Q8_BLOCK), qw)
     scale = (dw[None, :, :] * dx.astype(np.float32)[:, None, :]).astype(np.float64)
