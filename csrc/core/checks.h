@@ -843,4 +843,98 @@ pytfm__check_attention_decode(const char *func, const float *o, const float *lse
     return PYTFM_STATUS_OK;
 }
 
+/* ---- 8-bit weights (q8.c) -------------------------------------------------------------------
+ * q [out, in] int8 and scales [out, in / PYTFM_Q8_BLOCK] fp16 bits; cols (the size named
+ * `cols_name`: in, or the embedding's dim) >= 1 and a multiple of PYTFM_Q8_BLOCK */
+static inline pytfm_status pytfm__check_q8_sizes(const char *func, const char *cols_name,
+                                                 int64_t out, int64_t cols, int64_t *n_q,
+                                                 int64_t *n_scales) {
+    PYTFM_CHECK(cols >= 1 && cols % PYTFM_Q8_BLOCK == 0,
+                "%s: %s must be a positive multiple of PYTFM_Q8_BLOCK (%d), got %lld", func,
+                cols_name, (int)PYTFM_Q8_BLOCK, (long long)cols);
+    PYTFM_CHECK_COUNT(func, n_q, int8_t, out, cols);
+    PYTFM_CHECK_COUNT(func, n_scales, uint16_t, out, cols / PYTFM_Q8_BLOCK);
+    return PYTFM_STATUS_OK;
+}
+
+/* w [out, in] of elem_bytes-byte values (float32, or BF16's 2) into q and scales */
+static inline pytfm_status pytfm__check_quantize_q8(const char *func, const int8_t *q,
+                                                    const uint16_t *scales, const void *w,
+                                                    size_t elem_bytes, int64_t out, int64_t in) {
+    PYTFM_CHECK_MIN_IN(func, out, 0);
+    int64_t n_q = 0, n_scales = 0, n_w = 0;
+    PYTFM_TRY(pytfm__check_q8_sizes(func, "in", out, in, &n_q, &n_scales));
+    if (elem_bytes == sizeof(float))
+        PYTFM_CHECK_COUNT(func, &n_w, float, out, in);
+    else
+        PYTFM_CHECK_COUNT(func, &n_w, uint16_t, out, in);
+    PYTFM_CHECK_PTR_IN(func, q, n_q);
+    PYTFM_CHECK_PTR_IN(func, scales, n_scales);
+    PYTFM_CHECK(w != NULL || n_w == 0, "%s: %s must not be NULL", func,
+                elem_bytes == sizeof(float) ? "w" : "w16");
+    const pytfm__span w_span = {elem_bytes == sizeof(float) ? "w" : "w16", w,
+                                n_w * (int64_t)elem_bytes};
+    const pytfm__span spans[] = {PYTFM_SPAN(q, n_q, int8_t), PYTFM_SPAN(scales, n_scales, uint16_t),
+                                 w_span};
+    return pytfm__check_disjoint(func, spans, 3, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE);
+}
+
+static inline pytfm_status pytfm__check_dequantize_q8(const char *func, const float *w,
+                                                      const int8_t *q, const uint16_t *scales,
+                                                      int64_t out, int64_t in) {
+    PYTFM_CHECK_MIN_IN(func, out, 0);
+    int64_t n_q = 0, n_scales = 0, n_w = 0;
+    PYTFM_TRY(pytfm__check_q8_sizes(func, "in", out, in, &n_q, &n_scales));
+    PYTFM_CHECK_COUNT(func, &n_w, float, out, in);
+    PYTFM_CHECK_PTR_IN(func, w, n_w);
+    PYTFM_CHECK_PTR_IN(func, q, n_q);
+    PYTFM_CHECK_PTR_IN(func, scales, n_scales);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(w, n_w, float),
+                         PYTFM_SPAN(q, n_q, int8_t), PYTFM_SPAN(scales, n_scales, uint16_t));
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_linear_forward_q8w(const char *func, const float *y,
+                                                           const float *x, const int8_t *q,
+                                                           const uint16_t *scales,
+                                                           const float *b, int64_t rows,
+                                                           int64_t in, int64_t out) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
+    PYTFM_CHECK_MIN_IN(func, out, 1);
+    int64_t n_q = 0, n_scales = 0, n_x = 0, n_y = 0;
+    PYTFM_TRY(pytfm__check_q8_sizes(func, "in", out, in, &n_q, &n_scales));
+    PYTFM_CHECK_COUNT(func, &n_x, float, rows, in);
+    PYTFM_CHECK_COUNT(func, &n_y, float, rows, out);
+    PYTFM_CHECK_PTR_IN(func, y, n_y);
+    PYTFM_CHECK_PTR_IN(func, x, n_x);
+    PYTFM_CHECK_PTR_IN(func, q, n_q);
+    PYTFM_CHECK_PTR_IN(func, scales, n_scales);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n_y, float),
+                         PYTFM_SPAN(x, n_x, float), PYTFM_SPAN(q, n_q, int8_t),
+                         PYTFM_SPAN(scales, n_scales, uint16_t), PYTFM_SPAN(b, out, float));
+    return PYTFM_STATUS_OK;
+}
+
+static inline pytfm_status pytfm__check_embedding_forward_q8w(const char *func, const float *y,
+                                                              const int64_t *ids,
+                                                              const int8_t *q,
+                                                              const uint16_t *scales,
+                                                              int64_t rows, int64_t vocab,
+                                                              int64_t dim) {
+    PYTFM_CHECK_MIN_IN(func, rows, 0);
+    PYTFM_CHECK_MIN_IN(func, vocab, 1);
+    int64_t n_q = 0, n_scales = 0, n_y = 0, n_ids = 0;
+    PYTFM_TRY(pytfm__check_q8_sizes(func, "dim", vocab, dim, &n_q, &n_scales));
+    PYTFM_CHECK_COUNT(func, &n_y, float, rows, dim);
+    PYTFM_CHECK_COUNT(func, &n_ids, int64_t, rows);
+    PYTFM_CHECK_PTR_IN(func, y, n_y);
+    PYTFM_CHECK_PTR_IN(func, ids, rows);
+    PYTFM_CHECK_PTR_IN(func, q, n_q);
+    PYTFM_CHECK_PTR_IN(func, scales, n_scales);
+    PYTFM_CHECK_DISJOINT(func, 1, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(y, n_y, float),
+                         PYTFM_SPAN(ids, rows, int64_t), PYTFM_SPAN(q, n_q, int8_t),
+                         PYTFM_SPAN(scales, n_scales, uint16_t));
+    return PYTFM_STATUS_OK;
+}
+
 #endif /* PYTFM_CHECKS_H */

@@ -4,6 +4,7 @@
  * the thread count.
  */
 #include "internal.h"
+#include "kernels/q8.h"
 
 #if defined(__STDC_NO_ATOMICS__)
 static volatile int32_t max_isa = PYTFM_ISA_AUTO;
@@ -51,3 +52,56 @@ static int32_t best_up_to(int32_t top) {
 int32_t pytfm_get_isa(void) { return best_up_to(PYTFM_ISA_AVX512); }
 
 int32_t pytfm_get_bf16_isa(void) { return best_up_to(PYTFM_ISA_AVX512_BF16); }
+
+/* ---- VNNI, for the 8-bit weights' kernels (kernels/q8.h) ----------------------------------- */
+
+int32_t pytfm__isa_cap(void) {
+    pytfm__read_environment();
+    return LOAD(max_isa);
+}
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
+
+/* CPUID (Intel SDM vol. 2A): F16C is leaf 1 ECX bit 29; leaf 7 sub-leaf 0 has AVX512BW and
+ * AVX512VL in EBX bits 30 and 31 and AVX512_VNNI in ECX bit 11, sub-leaf 1 AVX-VNNI in EAX
+ * bit 4. Each counts only where the OS saves its registers, which __builtin_cpu_supports checks for AVX-512 (avx512f)
+ * and for the ymm registers (avx2). */
+static uint64_t read_q8_features(void) {
+    unsigned eax, ebx, ecx, edx;
+    uint64_t f = 0;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || __get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid(1, eax, ebx, ecx, edx);
+    if (ecx & (1u << 29)) f |= PYTFM__CPU_F16C;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    if (__builtin_cpu_supports("avx512f") && (ebx & (1u << 30)) && (ebx & (1u << 31)) &&
+        (ecx & (1u << 11)))
+        f |= PYTFM__CPU_AVX512_VNNI;
+    if (eax >= 1) { // sub-leaf 1 exists
+        __cpuid_count(7, 1, eax, ebx, ecx, edx);
+        if (eax & (1u << 4)) f |= PYTFM__CPU_AVX_VNNI;
+    }
+    return f;
+}
+#else
+static uint64_t read_q8_features(void) { return 0; }
+#endif
+
+/* read_q8_features(), asked once (CPUID may trap to a hypervisor; racing first calls agree) */
+uint64_t pytfm__cpu_q8_features(void) {
+    const uint64_t KNOWN = (uint64_t)1 << 63;
+#if defined(__STDC_NO_ATOMICS__)
+    static volatile uint64_t cached;
+    uint64_t f = cached;
+    if (!f) cached = f = read_q8_features() | KNOWN;
+#else
+    static _Atomic uint64_t cached;
+    uint64_t f = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (!f) {
+        f = read_q8_features() | KNOWN;
+        atomic_store_explicit(&cached, f, memory_order_relaxed);
+    }
+#endif
+    return f & ~KNOWN;
+}

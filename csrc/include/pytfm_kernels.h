@@ -152,6 +152,81 @@ PYTFM_API pytfm_status pytfm_linear_forward_bf16w(float *y, const float *x, cons
                                                   const float *b, int64_t rows, int64_t in,
                                                   int64_t out);
 
+/* ---- 8-bit weights (inference) --------------------------------------------------------- */
+/* W [out, in] held as blocks of PYTFM_Q8_BLOCK int8 values along each row with one fp16 scale
+ * a block (llama.cpp's Q8_0 in two arrays: a quarter of float32's bytes, and 2/32 more):
+ *   q      [out, in]        int8, in [−127, 127]
+ *   scales [out, in / 32]   the scale d of each block, as IEEE binary16 bits (host byte order;
+ *                           numpy's float16 views them)
+ * W[o, i] is represented by q[o, i]·d with d = scales[o, i / 32] widened to float (exactly).
+ * in must be a multiple of PYTFM_Q8_BLOCK, else PYTFM_STATUS_INVALID_ARGUMENT. */
+enum { PYTFM_Q8_BLOCK = 32 };
+
+/* Quantise w [out, in] (float32) into q [out, in] and scales [out, in / 32], block by block:
+ *   amax = max |w| over the block's 32 values
+ *   d    = fp16(amax / 127): the float32 quotient rounded to fp16 (nearest, ties to even)
+ *   q    = clamp(round_half_away(w / d), −127, 127), w / d the float32 quotient by d widened;
+ *          d = 0 (an all-zero block, or amax/127 under fp16's least subnormal) gives q = 0
+ * so q·d is the dequantised value: |w − q·d| <= d/2, except where the clamp binds (d rounded
+ * down, 127·d < amax), there amax − 127·d. A non-finite weight, or a block whose d overflows
+ * fp16 (amax >= 65520·127), is PYTFM_STATUS_INVALID_ARGUMENT naming the row and the block, and
+ * nothing is written. Scratch: none. */
+PYTFM_API pytfm_status pytfm_quantize_q8(int8_t *q, uint16_t *scales, const float *w,
+                                         int64_t out, int64_t in);
+
+/* pytfm_quantize_q8 of W given in BF16 (w16 [out, in]: the upper halves of float32s), exactly
+ * as of their float32 widening. */
+PYTFM_API pytfm_status pytfm_quantize_q8_bf16(int8_t *q, uint16_t *scales, const uint16_t *w16,
+                                              int64_t out, int64_t in);
+
+/* w [out, in] = q·d, float32 (exact: a 7-bit integer times an 11-bit fp16). A non-finite
+ * scale gives non-finite values (IEEE products). Scratch: none. */
+PYTFM_API pytfm_status pytfm_dequantize_q8(float *w, const int8_t *q, const uint16_t *scales,
+                                           int64_t out, int64_t in);
+
+/* y = x·Wᵀ + b with W in 8 bits, llama.cpp's way (integer dot products of 8-bit operands):
+ *   y [rows, out] written;  x [rows, in] float32;  q, scales: W as above;
+ *   b [out] float32, or NULL: no bias
+ * Each row of x is quantised per block of 32 with a float32 scale of its own: dx = amax/127
+ * (float32), qx = the nearest integer to x/dx (ties to even; float32 quotient; 0 where dx is 0).
+ * The products of a block are summed exactly in int32 in 8 lanes of 4 neighbours,
+ *   s[blk, j] = Σ_{k<4} qx[32 blk + 4j + k] · q[o, 32 blk + 4j + k]        (j < 8)
+ * and combined in float32 in 16 accumulators, lane 8·(blk mod 2) + j taking the blocks of its
+ * parity in order by one fused multiply-add each,
+ *   A[8 (blk mod 2) + j] = fma(dw[blk]·dx[blk], (float)s[blk, j], A[...])     (A starting at +0)
+ * then y = ((A[0..8) + A[8..16)) halved twice more, pairwise: A[j] + A[j + 4], A[j] + A[j + 2],
+ * A[0] + A[1]), and b[o] added last. Every path (PYTFM_ISA_PLAIN's loops, the AVX2, AVX-VNNI
+ * and AVX512-VNNI kernels) follows that order: the same bits on every path and at any thread
+ * count. A row of x holding inf or NaN is summed instead as Σ_i x[i]·(q[o, i]·dw) in float32,
+ * in order of i (IEEE propagation, the same on every path).
+ * Error against x·Wᵀ on W's dequantised values: per block at most Σ|q·dw|·dx/2 from x's
+ * rounding, plus float32 rounding of the combination (at most (blocks/2 + 6)·u·Σ_blk,j |dw·dx·s|
+ * and 2u·|b|, u = 2^-24).
+ * q outside [−127, 127] (−128) may give different results on different paths; scales must be
+ * finite (a non-finite one gives a non-finite result on every path).
+ * Why integers: the decode-shaped product (one row) reads every weight once; its cost is the
+ * weights' bytes, and the int8 dot products (vpdpbusd) take a quarter of the instructions
+ * of widening each weight to float (docs/performance.md, "8-bit weights").
+ * Paths by pytfm_set_max_isa's cap: PYTFM_ISA_AVX512_BF16 (or none: AVX-512 with its
+ * extensions) the AVX512-VNNI kernel where the CPU has AVX512-VNNI and AVX512-BW;
+ * PYTFM_ISA_AVX512 (AVX-512F without extensions) the AVX-VNNI kernel (256-bit vpdpbusd, VEX)
+ * where the CPU has AVX-VNNI; PYTFM_ISA_AVX2 the AVX2 one (vpmaddubsw + vpmaddwd); each falls
+ * to the next where the CPU lacks it; PYTFM_ISA_PORTABLE and PYTFM_ISA_PLAIN the plain loops.
+ * Scratch: x's quantised rows, about rows·(2·in + in/8) bytes; none (the stack) for one row
+ * with in <= 16384. */
+PYTFM_API pytfm_status pytfm_linear_forward_q8w(float *y, const float *x, const int8_t *q,
+                                                const uint16_t *scales, const float *b,
+                                                int64_t rows, int64_t in, int64_t out);
+
+/* pytfm_embedding_forward of a table held in 8 bits: y[i, :] = the dequantised row ids[i]
+ * (q·d, as pytfm_dequantize_q8)
+ *   y [rows, dim] written, float32;  ids [rows], each in [0, vocab) (else
+ *   PYTFM_STATUS_OUT_OF_RANGE, nothing written);  q [vocab, dim], scales [vocab, dim / 32];
+ *   dim a multiple of PYTFM_Q8_BLOCK. Scratch: none. */
+PYTFM_API pytfm_status pytfm_embedding_forward_q8w(float *y, const int64_t *ids, const int8_t *q,
+                                                   const uint16_t *scales, int64_t rows,
+                                                   int64_t vocab, int64_t dim);
+
 /* ---- SGEMM: C = β·C + op(A)·op(B) --------------------------------------------------- */
 /* Row-major float32 matrix product; the linear layer's products go through it.
  *   c [m, n]  written (β = 0: C is not read) or updated (β = 1 accumulates)
