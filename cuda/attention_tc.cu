@@ -69,16 +69,18 @@
  * wavefronts of storing the converted registers, 80 against 16 per warp and product tile, on
  * kernels bound by shared memory), and 64 KB more shared memory a block; its advantage, no
  * registers held, matters only where the registers run out, and there neither way fits:
- * where the accumulators leave no room for the staged tile (the forward and dQ passes at
- * D = 128, dK/dV's, with twice the accumulators, past D = 32 in BF16 and 16 in TF32), a pass
- * keeps one buffer and loads the next tile after its products (a barrier before the store),
- * and the SM's other block hides the loads. The forward keeps Q's fragments in registers
- * across the key tiles at D <= 64 (no A reads from shared memory); the dQ and dK/dV passes,
- * two score products a tile, read theirs a k step at a time (holding both would spill).
- * Registers and occupancy (the ptxas report in pytfm/lib/cuda_build.log): 184-255 registers
- * at D = 64, no spills on sm_80 and sm_90: two blocks (8 warps) an SM; shared memory at D = 64
- * BF16 40 / 32.5 / 48 KiB (forward / dK/dV / dQ), TF32 85 / 68.5 / 102 KiB (two blocks on
- * sm_90's 227 KiB; on sm_80's 163 one forward or dQ block). Nothing depends on T.
+ * where the accumulators leave no room for the staged tile within TC_REGS (the forward at
+ * D = 128, dQ's at D = 128 and, in TF32, at 64; dK/dV's, with twice the accumulators, past
+ * D = 32 in BF16 and 16 in TF32), a pass keeps one buffer and loads the next tile after its
+ * products (a barrier before the store), and the SM's other block hides the loads. The
+ * forward keeps Q's fragments in registers across the key tiles at D <= 64 (no A reads from
+ * shared memory); the dQ and dK/dV passes, two score products a tile, read theirs a k step at
+ * a time (holding both would spill).
+ * Registers and occupancy (the ptxas report in pytfm/lib/cuda_build.log): at most TC_REGS =
+ * 240 registers a thread, no spills on sm_80 and sm_90 (tests/cuda/test_cuda_build_log.py
+ * holds both): two blocks (8 warps) an SM; shared memory at D = 64 BF16 40 / 32.5 / 48 KiB
+ * (forward / dK/dV / dQ), TF32 85 / 68.5 / 68 KiB (two blocks on sm_90's 227 KiB; on sm_80's
+ * 163 one forward block). Nothing depends on T.
  *
  * Decode (pytfm_attention_decode_cuda) stays on attention.cu's FP32 kernel in every precision:
  * one or a few query rows read each cached key and value once for 4 FLOPs per 8 bytes (0.5
@@ -98,6 +100,11 @@ enum {
     TC_KEYS = 64,    // keys per tile (forward, dQ) and queries per tile (dK/dV)
     TC_THREADS = 128, // 4 warps, 16 rows each
     TC_FRAGS = TC_KEYS / 8,
+    // Registers a thread (PYTFM_MAX_REGS, cuda/mma.cuh): every pass at every head dim fits
+    // in 240 without a spill on sm_80 and sm_90 (tests/cuda/test_cuda_build_log.py holds
+    // both), two blocks an SM (2 · 128 threads · 240 <= 64 K), and 15 of the 255 a thread can
+    // have are left: a change that needs more spills here first, with room to raise this.
+    TC_REGS = 240,
 };
 static_assert(TC_ROWS == TC_KEYS, "one tile shape for the fixed and the streamed operands");
 
@@ -121,6 +128,10 @@ template <Prec P, int D> struct Tile {
     // the dK/dV pass: its dK and dV accumulators (D floats a thread) and two score blocks (64)
     // leave no room for two staged tiles (D floats more) past D = 32
     static constexpr bool PREFETCH_DKDV = P == BF16 ? D <= 32 : D <= 16;
+    // the dQ pass: its two score blocks (64), dQ (D / 2) and two staged tiles (D) fit in
+    // TC_REGS at D = 64 in BF16, whose fragment loads (ldmatrix) hold fewer registers than
+    // TF32's 32-bit ones; TF32 prefetches to D = 32
+    static constexpr bool PREFETCH_DQ = P == BF16 ? D <= 64 : D <= 32;
     static_assert(WORDS % 4 == 0, "16-byte aligned tiles");
 };
 
@@ -252,17 +263,50 @@ static __device__ __forceinline__ void tc_scores(float (&s)[TC_FRAGS][4],
     }
 }
 
+/* R's A fragments in BF16 (the a layout's pairs of k = 16c .. 16c + 15, the opening
+ * comment's order), rounded by cvt.rn.bf16x2.f32: half the registers of R in FP32 */
+static __device__ __forceinline__ void tc_pack_bf16(uint32_t (&pa)[TC_FRAGS / 2][4],
+                                                    const float (&s)[TC_FRAGS][4]) {
+    PYTFM_UNROLL
+    for (int c = 0; c < TC_FRAGS / 2; c++) {
+        pa[c][0] = pytfm__bf16x2(s[2 * c][0], s[2 * c][1]);
+        pa[c][1] = pytfm__bf16x2(s[2 * c][2], s[2 * c][3]);
+        pa[c][2] = pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]);
+        pa[c][3] = pytfm__bf16x2(s[2 * c + 1][2], s[2 * c + 1][3]);
+    }
+}
+
+/* acc[n] += R·X in BF16, R as tc_pack_bf16 packed it: tc_accumulate's BF16 way, whose B
+ * fragments run across X's rows, by ldmatrix.x4.trans, two column fragments a load (matrices:
+ * rows 16c .. 16c + 7 and 16c + 8 .. 16c + 15 at chunk 2p, then at chunk 2p + 1) */
+template <int D>
+static __device__ __forceinline__ void tc_accumulate_bf16(float (&acc)[D / 8][4],
+                                                          const uint32_t (&pa)[TC_FRAGS / 2][4],
+                                                          const uint32_t *X, int lane) {
+    const int q = lane / 8, i8 = lane % 8;
+    PYTFM_UNROLL
+    for (int c = 0; c < TC_FRAGS / 2; c++) {
+        PYTFM_UNROLL
+        for (int p = 0; p < D / 16; p++) {
+            uint32_t r4[4];
+            pytfm__ldmatrix<4, true>(r4, tc_chunk<D>(X, 16 * c + i8 + 8 * (q % 2), 2 * p + q / 2));
+            const uint32_t b0[2] = {r4[0], r4[1]};
+            pytfm__mma_bf16(acc[2 * p], pa[c], b0);
+            const uint32_t b1[2] = {r4[2], r4[3]};
+            pytfm__mma_bf16(acc[2 * p + 1], pa[c], b1);
+        }
+    }
+}
+
 /* acc[n] += R·X: R the 16 × 64 block held as s's fragments (columns 8j + 2t, 8j + 2t + 1 of
  * rows g and g + 8), X a tile of 64 rows, acc the m16n8 fragments of the 16 × D result
  * (columns 8n .. 8n + 7). R goes from the accumulator layout into the A layout in registers
- * (see the opening comment for the order of k). BF16's B fragments run across X's rows: by
- * ldmatrix.x4.trans, two column fragments a load (matrices: rows 16c .. 16c + 7 and
- * 16c + 8 .. 16c + 15 at chunk 2p, then at chunk 2p + 1). */
+ * (see the opening comment for the order of k); BF16 by tc_pack_bf16 and tc_accumulate_bf16. */
 template <Prec P, int D>
 static __device__ __forceinline__ void tc_accumulate(float (&acc)[D / 8][4],
                                                      const float (&s)[TC_FRAGS][4],
                                                      const uint32_t *X, int lane) {
-    const int g = lane / 4, t = lane % 4, q = lane / 8, i8 = lane % 8;
+    const int g = lane / 4, t = lane % 4;
     if (P == TF32) {
         constexpr int LD = Tile<P, D>::LD;
         PYTFM_UNROLL
@@ -278,23 +322,9 @@ static __device__ __forceinline__ void tc_accumulate(float (&acc)[D / 8][4],
             }
         }
     } else {
-        PYTFM_UNROLL
-        for (int c = 0; c < TC_FRAGS / 2; c++) {
-            const uint32_t a[4] = {pytfm__bf16x2(s[2 * c][0], s[2 * c][1]),
-                                   pytfm__bf16x2(s[2 * c][2], s[2 * c][3]),
-                                   pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),
-                                   pytfm__bf16x2(s[2 * c + 1][2], s[2 * c + 1][3])};
-            PYTFM_UNROLL
-            for (int p = 0; p < D / 16; p++) {
-                uint32_t r4[4];
-                pytfm__ldmatrix<4, true>(r4, tc_chunk<D>(X, 16 * c + i8 + 8 * (q % 2),
-                                                          2 * p + q / 2));
-                const uint32_t b0[2] = {r4[0], r4[1]};
-                pytfm__mma_bf16(acc[2 * p], a, b0);
-                const uint32_t b1[2] = {r4[2], r4[3]};
-                pytfm__mma_bf16(acc[2 * p + 1], a, b1);
-            }
-        }
+        uint32_t pa[TC_FRAGS / 2][4];
+        tc_pack_bf16(pa, s);
+        tc_accumulate_bf16<D>(acc, pa, X, lane);
     }
 }
 
@@ -364,7 +394,7 @@ template <Prec P, int D> constexpr size_t tc_forward_shared() {
 }
 
 template <Prec P, int D>
-static __global__ void __launch_bounds__(TC_THREADS, 1) tc_forward_kernel(tc_forward_args a) {
+static __global__ void PYTFM_MAX_REGS(TC_THREADS, TC_REGS) tc_forward_kernel(tc_forward_args a) {
     using TL = Tile<P, D>;
     constexpr bool PF = TL::PREFETCH;
     constexpr int W = TL::WORDS;
@@ -488,7 +518,7 @@ template <Prec P, int D> constexpr size_t tc_dkdv_shared() {
     return sizeof(uint32_t) * ((size_t)(2 + 2 * NB) * Tile<P, D>::WORDS + 2 * NB * TC_KEYS);
 }
 template <Prec P, int D> constexpr size_t tc_dq_shared() {
-    return sizeof(uint32_t) * (size_t)(2 + 2 * Buffers<Tile<P, D>::PREFETCH>::N) *
+    return sizeof(uint32_t) * (size_t)(2 + 2 * Buffers<Tile<P, D>::PREFETCH_DQ>::N) *
            Tile<P, D>::WORDS;
 }
 
@@ -500,7 +530,7 @@ template <Prec P, int D> constexpr size_t tc_dq_shared() {
  * the group's walk holds stay with the accumulators, which take all but a few of the 255 at
  * D = 128 (the launcher picks this instance for the plain case). */
 template <Prec P, int D, bool GROUPED>
-static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backward_args a) {
+static __global__ void PYTFM_MAX_REGS(TC_THREADS, TC_REGS) tc_dkdv_kernel(tc_backward_args a) {
     using TL = Tile<P, D>;
     constexpr bool PF = Tile<P, D>::PREFETCH_DKDV;
     constexpr int W = TL::WORDS, NB = Buffers<PF>::N;
@@ -559,7 +589,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backwa
     };
     fill(0, i_first);
     __syncthreads(); // K, V and the first query tile are whole
-    const int64_t key0 = j0 + 16 * warp + g; // this thread's keys: key0 and key0 + 8
+    const int key0 = (int)j0 + 16 * warp + g; // this thread's keys: key0 and key0 + 8 (T < 2^22)
     float dk[D / 8][4] = {}, dv[D / 8][4] = {};
     int buf = 0;
     // the walk: head hq's query tile at row i0; next this head's next tile, else the next
@@ -571,7 +601,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backwa
         if (PF && more) load(hn, in);
         const uint32_t *Q = Qs + buf * W, *dY = dYs + buf * W;
         const float *l2 = lse2 + buf * TC_KEYS, *dl = dlt + buf * TC_KEYS;
-        const int lag = (int)(key0 - i0); // causal: key0 + 8r is seen by columns c >= lag + 8r
+        const int lag = key0 - i0; // causal: key0 + 8r is seen by columns c >= lag + 8r
         float p[TC_FRAGS][4], ds[TC_FRAGS][4];
         uint32_t none[TL::KS][4]; // K's and V's fragments are read a k step at a time
         tc_scores<P, D, false>(p, none, Ks, 16 * warp, Q, lane);   // Sᵀ: keys × queries
@@ -602,8 +632,16 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backwa
                     ds[j][e] = 0.0f;
                 }
         }
-        tc_accumulate<P, D>(dv, p, dY, lane); // dV += Pᵀ·dY
-        tc_accumulate<P, D>(dk, ds, Q, lane); // dK += dSᵀ·Q
+        if (P == BF16) { // Pᵀ and dSᵀ packed before both products: 32 registers, not 64
+            uint32_t pp[TC_FRAGS / 2][4], pds[TC_FRAGS / 2][4];
+            tc_pack_bf16(pp, p);
+            tc_pack_bf16(pds, ds);
+            tc_accumulate_bf16<D>(dv, pp, dY, lane); // dV += Pᵀ·dY
+            tc_accumulate_bf16<D>(dk, pds, Q, lane); // dK += dSᵀ·Q
+        } else {
+            tc_accumulate<P, D>(dv, p, dY, lane);
+            tc_accumulate<P, D>(dk, ds, Q, lane);
+        }
         if (more && PF) {
             store(Buffers<PF>::next(buf));
         } else if (more) {
@@ -624,9 +662,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dkdv_kernel(tc_backwa
 /* dQ of a tile of 64 queries (a warp's 16 rows), walking the key tiles up to the diagonal when
  * causal: S = Q·Kᵀ, dP = dY·Vᵀ, dS in registers, dQ += dS·K. */
 template <Prec P, int D>
-static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dq_kernel(tc_backward_args a) {
+static __global__ void PYTFM_MAX_REGS(TC_THREADS, TC_REGS) tc_dq_kernel(tc_backward_args a) {
     using TL = Tile<P, D>;
-    constexpr bool PF = TL::PREFETCH;
+    constexpr bool PF = TL::PREFETCH_DQ;
     constexpr int W = TL::WORDS, NB = Buffers<PF>::N;
     PYTFM_DYNAMIC_SHARED(float4, smem);
     uint32_t *Qs = (uint32_t *)smem, *dYs = Qs + W, *Ks = dYs + W, *Vs = Ks + NB * W;
@@ -669,14 +707,16 @@ static __global__ void __launch_bounds__(TC_THREADS, 1) tc_dq_kernel(tc_backward
         float s[TC_FRAGS][4], ds[TC_FRAGS][4];
         tc_scores<P, D, false>(s, none, Qs, 16 * warp, K, lane);
         tc_scores<P, D, false>(ds, none, dYs, 16 * warp, V, lane); // dP
+        // key j0 + c is seen by row row0 + 8r when lo <= 8r − c < hi: the forward's 32-bit
+        // bounds, as 64-bit positions per element do not fit in TC_REGS at D = 64
+        const int lo = a.causal ? tc_clamp(j0 - row0) : -TC_FAR;
+        const int hi = a.window > 0 ? tc_clamp(j0 - row0 + a.window) : TC_FAR;
         PYTFM_UNROLL
         for (int j = 0; j < TC_FRAGS; j++)
             PYTFM_UNROLL
             for (int e = 0; e < 4; e++) {
-                const int c = 8 * j + 2 * t + (e & 1), r = e >> 1;
-                const int64_t row = row0 + 8 * r;
-                const bool seen = c < nk && (!a.causal || j0 + c <= row) &&
-                                  (a.window == 0 || j0 + c > row - a.window);
+                const int c = 8 * j + 2 * t + (e & 1), r = e >> 1, dc = 8 * r - c;
+                const bool seen = c < nk && lo <= dc && dc < hi;
                 const float pv = seen ? exp2f(s[j][e] * a.scale2 - lse2[r]) : 0.0f;
                 ds[j][e] = pv * (ds[j][e] - dlt[r]);
             }

@@ -25,6 +25,23 @@
 
 #include "pytfm_cuda.cuh"
 
+/* PYTFM_MAX_REGS(threads, regs): a kernel of at most `threads` threads a block that gets at most
+ * `regs` registers a thread (__maxnreg__, CUDA 12.4 and newer; __launch_bounds__(threads, 1)
+ * before that, which leaves ptxas all 255). ptxas fills what a kernel may have with cached
+ * addresses and hoisted loads, so a register count at the limit says what the kernel was
+ * given, not what it needs. A budget under 255 is a margin the build log shows: a kernel that
+ * needs more than its budget spills (tests/cuda/test_cuda_build_log.py fails on a spill), and
+ * the registers between the budget and 255 are still there to give it. The emulator has no
+ * registers. */
+#if defined(PYTFM_EMULATE)
+#define PYTFM_MAX_REGS(threads, regs)
+#elif defined(__CUDACC_VER_MAJOR__) &&                                                             \
+    (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4))
+#define PYTFM_MAX_REGS(threads, regs) __maxnreg__(regs)
+#else
+#define PYTFM_MAX_REGS(threads, regs) __launch_bounds__(threads, 1)
+#endif
+
 #if defined(PYTFM_EMULATE)
 
 static __device__ __forceinline__ uint32_t pytfm__tf32(float x) {

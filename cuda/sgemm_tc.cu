@@ -119,44 +119,52 @@ template <bool KROWS> static __device__ __forceinline__ int tf32_at(int row, int
 /* The 16-byte chunks of one operand's tiles that this thread copies: the global matrix g
  * [rows, cols] of T (W = 16 / sizeof(T) elements a chunk, row stride ld) whose tiles [R][L] at
  * (row0, col0) + slice·KD along k go into shared memory. KROWS: the tile's rows are its m or n
- * (L along k), else its k (R along k). What does not move with k is worked out once (each
- * chunk's source at slice 0, and how much of it the edge across k leaves), so a slice costs a
- * chunk a multiply-add and its copy where no edge is near, and a compare or two more where
- * one is. */
+ * (L along k), else its k (R along k). What does not move with k is worked out once, so a
+ * slice costs a chunk a multiply-add and its copy where no edge is near, and a compare or two
+ * more where one is.
+ * A thread's chunks share a column of the tile and lie RS rows apart (TTHREADS is a multiple
+ * of the L / W chunks of a row), so they are kept as one source (chunk 0's at slice 0) and
+ * one stride, not a pointer each: the register budget of the kernels (cuda_build.log, held
+ * by tests/cuda/test_cuda_build_log.py) has no room for CHUNKS 64-bit pointers per operand. */
 template <class T, bool KROWS, int R, int L, int KD> struct Chunks {
     static constexpr int W = 16 / (int)sizeof(T), CHUNKS = R * L / W / TTHREADS;
+    static constexpr int RS = TTHREADS / (L / W); // rows from one chunk of a thread to the next
     static_assert(R * L / W % TTHREADS == 0, "whole chunks per thread");
+    static_assert(TTHREADS % (L / W) == 0, "a thread's chunks share a column");
     const T *g;
-    const T *src[CHUNKS]; // chunk r's first element at slice 0
-    int kpos[CHUNKS];     // its k at slice 0
-    int across[CHUNKS];   // KROWS: 1 if its row is inside, else 0; else: elements inside, 0..W
-    int64_t kext, step;   // the operand's k; elements from one slice to the next
+    const T *src;   // chunk 0's first element at slice 0 (chunk r's: src + r·rstride)
+    int64_t rstride; // RS·ld
+    int kpos;       // chunk 0's k at slice 0 (chunk r's: kpos + r·RS where R is along k)
+    int across;     // KROWS: bit r set if chunk r's row is inside; else elements inside, 0..W
+    int64_t kext, step; // the operand's k; elements from one slice to the next
 
     __device__ __forceinline__ Chunks(const T *g_, int64_t ld, int64_t rows, int64_t cols,
                                       int64_t row0, int64_t col0)
-        : g(g_), kext(KROWS ? cols : rows), step(KROWS ? (int64_t)KD : KD * ld) {
-        PYTFM_UNROLL
-        for (int r = 0; r < CHUNKS; r++) {
-            const int e = threadIdx.x + r * TTHREADS, row = e / (L / W), col = e % (L / W) * W;
-            const int64_t gr = row0 + row, gc = col0 + col;
-            if (KROWS) {
-                across[r] = gr < rows;
-                kpos[r] = col;
-            } else {
-                const int64_t over = cols - gc;
-                across[r] = over <= 0 ? 0 : over < W ? (int)over : W;
-                kpos[r] = row;
-            }
-            src[r] = across[r] ? g + gr * ld + gc : g;
+        : g(g_), rstride(RS * ld), kext(KROWS ? cols : rows),
+          step(KROWS ? (int64_t)KD : KD * ld) {
+        const int row = threadIdx.x / (L / W), col = threadIdx.x % (L / W) * W;
+        const int64_t gr = row0 + row, gc = col0 + col;
+        if (KROWS) {
+            across = 0;
+            PYTFM_UNROLL
+            for (int r = 0; r < CHUNKS; r++) across |= (gr + r * RS < rows) << r;
+            kpos = col;
+        } else {
+            const int64_t over = cols - gc;
+            across = over <= 0 ? 0 : over < W ? (int)over : W;
+            kpos = row;
         }
+        src = g + gr * ld + gc;
+    }
+
+    /* whether chunk r's row (KROWS) or column (else) is inside the operand */
+    __device__ __forceinline__ bool inside_across(int r) const {
+        return KROWS ? (across >> r & 1) != 0 : across != 0;
     }
 
     /* whether every chunk of this thread is whole across k: only k's edge is left */
     __device__ __forceinline__ bool whole_across() const {
-        bool whole = true;
-        PYTFM_UNROLL
-        for (int r = 0; r < CHUNKS; r++) whole = whole && across[r] == (KROWS ? 1 : W);
-        return whole;
+        return KROWS ? across == (1 << CHUNKS) - 1 : across == W;
     }
 
     /* whether slice s is whole along k */
@@ -164,14 +172,21 @@ template <class T, bool KROWS, int R, int L, int KD> struct Chunks {
 
     /* the elements of chunk r inside the operand at slice s, 0..W */
     __device__ __forceinline__ int left(int r, int64_t s) const {
-        const int64_t kp = s * KD + kpos[r];
-        if (KROWS) return !across[r] || kp >= kext ? 0 : kext - kp < W ? (int)(kext - kp) : W;
-        return kp < kext ? across[r] : 0;
+        if (KROWS) {
+            const int64_t kp = s * KD + kpos;
+            return !inside_across(r) || kp >= kext ? 0 : kext - kp < W ? (int)(kext - kp) : W;
+        }
+        return s * KD + kpos + r * RS < kext ? across : 0;
+    }
+
+    /* chunk r's source at slice s, every chunk of the thread inside */
+    __device__ __forceinline__ const T *whole(int r, int64_t s) const {
+        return src + r * rstride + s * step;
     }
 
     /* chunk r's source at slice s (g where nothing of it is inside: a valid address, unread) */
     __device__ __forceinline__ const T *at(int r, int64_t s, int left) const {
-        return left ? src[r] + s * step : g;
+        return left ? whole(r, s) : g;
     }
 };
 
@@ -182,8 +197,6 @@ struct TileLoad : Chunks<float, KROWS, KROWS ? TBM : TBK, KROWS ? TBK : TBM, TBK
     using Base = Chunks<float, KROWS, KROWS ? TBM : TBK, KROWS ? TBK : TBM, TBK>;
     using Base::CHUNKS;
     using Base::g;
-    using Base::src;
-    using Base::step;
     static constexpr int L = KROWS ? TBK : TBM;
     bool vec;
     bool inside; // vec, and every chunk of this thread whole across k: only k's edge is left
@@ -204,7 +217,7 @@ struct TileLoad : Chunks<float, KROWS, KROWS ? TBM : TBK, KROWS ? TBK : TBM, TBK
         if (inside && Base::whole_along(s)) { // no edge: what nearly every slice takes
             PYTFM_UNROLL
             for (int r = 0; r < CHUNKS; r++)
-                pytfm__cp_async16(S + slot(threadIdx.x + r * TTHREADS), src[r] + s * step, 16);
+                pytfm__cp_async16(S + slot(threadIdx.x + r * TTHREADS), Base::whole(r, s), 16);
             return;
         }
         PYTFM_UNROLL
@@ -239,8 +252,6 @@ struct TileLoad16 : Chunks<uint16_t, KROWS, KROWS ? TBM : TBK16, KROWS ? TBK16 :
     using Base = Chunks<uint16_t, KROWS, KROWS ? TBM : TBK16, KROWS ? TBK16 : TBM, TBK16>;
     using Base::CHUNKS;
     using Base::g;
-    using Base::src;
-    using Base::step;
     static constexpr int L = KROWS ? TBK16 : TBM;
     int copy;    // a Copy16
     bool inside; // 16-byte copies, and every chunk of this thread whole across k
@@ -263,7 +274,7 @@ struct TileLoad16 : Chunks<uint16_t, KROWS, KROWS ? TBM : TBK16, KROWS ? TBK16 :
             PYTFM_UNROLL
             for (int r = 0; r < CHUNKS; r++)
                 pytfm__cp_async16((float *)(S + slot(threadIdx.x + r * TTHREADS)),
-                                  (const float *)(src[r] + s * step), 16);
+                                  (const float *)Base::whole(r, s), 16);
             return;
         }
         PYTFM_UNROLL
