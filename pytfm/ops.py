@@ -8,10 +8,11 @@ in pytfm.h: rows and cols, count (a flat array's elements), vocab, B, T, H, D, n
 Backends: NumPy arrays run the C kernels; CuPy arrays run their CUDA twins (pytfm_*_cuda) on
 CuPy's current stream and return CuPy arrays (cupy is imported only when one arrives). All the
 arrays of one call must be of one kind and, for CuPy, on the current device. Every op with array
-arguments has a CUDA twin, but for round_bf16 and the ops on BF16 weights, linear_forward_bf16w
-and embedding_forward_bf16w (NumPy arrays only: a CPU inference mode); gemm_bf16 (BF16 operands)
-and the linear layer's precision="tf32" run on CuPy arrays only (the GPU's tensor cores). A
-library without a twin (an older build) takes NumPy arrays only.
+arguments has a CUDA twin, but for round_bf16, the ops on BF16 weights (linear_forward_bf16w and
+embedding_forward_bf16w) and those on 8-bit weights (quantize_q8, dequantize_q8,
+linear_forward_q8w, embedding_forward_q8w): NumPy arrays only, CPU inference modes; gemm_bf16
+(BF16 operands) and the linear layer's precision="tf32" run on CuPy arrays only (the GPU's
+tensor cores). A library without a twin (an older build) takes NumPy arrays only.
 Results are of one kind on both backends: arrays of the inputs' kind, a reduction (the loss of
 cross_entropy_forward, sum_squares) a 0-d array, so that nothing is read back from a device
 unless the caller asks (float(loss)).
@@ -434,6 +435,110 @@ def embedding_forward_bf16w(ids, table16, *, check_ids=True):
     y = a.empty(ids.shape + (dim,))
     a.call(y, ids, table_ptr, ids.size, vocab, dim)
     return y
+
+# ---- 8-bit weights (inference, NumPy only) ------------------------------------------------
+
+_I8 = _np.dtype(_np.int8)
+Q8_BLOCK = _core.lib.PYTFM_Q8_BLOCK  # weights per block, each block with one fp16 scale
+
+
+def _numpy_only_q8(op, named):
+    """The ops on 8-bit weights have no CUDA twin: a CuPy argument is refused."""
+    for name, v in named.items():
+        if _is_cupy(v):
+            raise TypeError(f"{name} is a CuPy array, but {op} runs on NumPy arrays only "
+                            "(8-bit weights are a CPU inference mode): pass numpy.ndarrays, "
+                            "or on the GPU dequantise on the host (dequantize_q8) and call "
+                            "linear_forward / embedding_forward on the float32 weights")
+
+
+def _q8_weights(a, q_name, s_name, rows_name):
+    """The 8-bit weights `q_name` (int8 [rows, cols], cols a multiple of Q8_BLOCK) and their
+    scales `s_name` (fp16 bits, uint16 [rows, cols / Q8_BLOCK]; numpy float16 is taken as its
+    bits) -> q, scales, and their cffi pointers for the call."""
+    scales = a.named[s_name]
+    if isinstance(scales, _np.ndarray) and scales.dtype == _np.float16:
+        scales = a.named[s_name] = scales.view(_U16)
+    q = a.array(q_name, dtype=_I8, ndim=2)
+    rows, cols = q.shape
+    if rows < 1 or cols < 1 or cols % Q8_BLOCK:
+        raise ValueError(f"{q_name} must have shape ({rows_name}, cols) with {rows_name} >= 1 "
+                         f"and cols a positive multiple of {Q8_BLOCK}, got {q.shape}")
+    scales = a.array(s_name, dtype=_U16, shape=(rows, cols // Q8_BLOCK),
+                     because=f"one fp16 scale per block of {Q8_BLOCK} of {q_name}'s rows")
+    ffi = _core.ffi
+    return q, scales, ffi.from_buffer("int8_t[]", q), ffi.from_buffer("uint16_t[]", scales)
+
+
+def quantize_q8(w):
+    """W in 8 bits, blocks of Q8_BLOCK along each row with an fp16 scale each (llama.cpp's
+    Q8_0; the rounding is pytfm_quantize_q8's): w [out, in] float32, or uint16 BF16 bits
+    (to_bf16_bits), in a multiple of Q8_BLOCK -> (q int8 [out, in], scales uint16
+    [out, in / Q8_BLOCK], the scales' fp16 bits: scales.view(numpy.float16) reads them).
+    A non-finite weight, or a block whose scale overflows fp16, raises ValueError naming its
+    row and block. NumPy arrays only."""
+    _numpy_only_q8("quantize_q8", locals())
+    bf16 = isinstance(w, _np.ndarray) and w.dtype == _U16
+    a = _Args("pytfm_quantize_q8_bf16" if bf16 else "pytfm_quantize_q8", locals())
+    w = a.array("w", dtype=_U16 if bf16 else _np.dtype(_np.float32), ndim=2)
+    out, inn = w.shape
+    if inn < 1 or inn % Q8_BLOCK:
+        raise ValueError(f"w must have shape (out, in) with in a positive multiple of "
+                         f"{Q8_BLOCK} (the block), got {w.shape}")
+    q = _np.empty((out, inn), _I8)
+    scales = _np.empty((out, inn // Q8_BLOCK), _U16)
+    ffi = _core.ffi
+    w_ptr = ffi.from_buffer("uint16_t[]" if bf16 else "float[]", w)
+    a.call(ffi.from_buffer("int8_t[]", q), ffi.from_buffer("uint16_t[]", scales), w_ptr, out,
+           inn)
+    return q, scales
+
+
+def dequantize_q8(q, scales):
+    """W's values from its 8 bits: q int8 [out, in], scales uint16 (fp16 bits) or float16
+    [out, in / Q8_BLOCK] -> w float32 [out, in] = q·scale, exactly. NumPy arrays only."""
+    _numpy_only_q8("dequantize_q8", locals())
+    a = _Args("pytfm_dequantize_q8", locals())
+    q, scales, q_ptr, s_ptr = _q8_weights(a, "q", "scales", "out")
+    w = _np.empty(q.shape, _np.float32)
+    a.call(w, q_ptr, s_ptr, *q.shape)
+    return w
+
+
+def linear_forward_q8w(x, q, scales, b=None):
+    """y = x·Wᵀ + b with W in 8 bits (quantize_q8's q, scales) and x quantised per block of
+    Q8_BLOCK as llama.cpp's product does (integer dot products; pytfm_linear_forward_q8w says
+    in which order the blocks' sums are combined: the same bits on every path and thread
+    count). x [..., in] float32, b [out] float32 or None -> y [..., out]. NumPy arrays only."""
+    _numpy_only_q8("linear_forward_q8w", locals())
+    a = _Args("pytfm_linear_forward_q8w", locals())
+    q, scales, q_ptr, s_ptr = _q8_weights(a, "q", "scales", "out")
+    out, inn = q.shape
+    x = a.array("x")
+    if x.shape[-1] != inn:
+        raise ValueError(f"x.shape[-1] must equal q.shape[1] = {inn} (in features), got "
+                         f"x.shape {x.shape}")
+    b = a.array("b", shape=(out,), because="q.shape[0]", optional=True)
+    y = a.empty(x.shape[:-1] + (out,))
+    a.call(y, x, q_ptr, s_ptr, b, x.size // inn, inn, out)
+    return y
+
+
+def embedding_forward_q8w(ids, q, scales, *, check_ids=True):
+    """The rows of a table held in 8 bits, dequantised: ids int64 [...] in [0, vocab),
+    q int8 [vocab, dim], scales [vocab, dim / Q8_BLOCK] -> y [..., dim] float32, exactly
+    embedding_forward(ids, dequantize_q8(q, scales)). NumPy arrays only; the C kernel checks
+    the ids (check_ids is for CuPy arrays, which this op does not take)."""
+    _numpy_only_q8("embedding_forward_q8w", locals())
+    a = _Args("pytfm_embedding_forward_q8w", locals())
+    ids = a.array("ids", dtype=_I64, min_ndim=0)
+    q, scales, q_ptr, s_ptr = _q8_weights(a, "q", "scales", "vocab")
+    vocab, dim = q.shape
+    a.ids("ids", vocab)
+    y = a.empty(ids.shape + (dim,))
+    a.call(y, ids, q_ptr, s_ptr, ids.size, vocab, dim)
+    return y
+
 
 
 def embedding_backward(dy, ids, vocab, *, dtable=None, check_ids=True):

@@ -63,8 +63,8 @@ int32_t pytfm__isa_cap(void) {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <cpuid.h>
 
-/* CPUID (Intel SDM vol. 2A): F16C is leaf 1 ECX bit 29; leaf 7 sub-leaf 0 has AVX512BW in EBX
- * bit 30 and AVX512_VNNI in ECX bit 11, sub-leaf 1 AVX-VNNI in EAX bit 4. Each counts only
+/* CPUID (Intel SDM vol. 2A): F16C is leaf 1 ECX bit 29; leaf 7 sub-leaf 0 has AVX512BW and
+ * AVX512VL in EBX bits 30 and 31 and AVX512_VNNI in ECX bit 11, sub-leaf 1 AVX-VNNI in EAX bit 4. Each counts only
  * where the OS saves its registers, which __builtin_cpu_supports checks for AVX-512 (avx512f)
  * and for the ymm registers (avx2). */
 static uint64_t read_q8_features(void) {
@@ -75,7 +75,8 @@ static uint64_t read_q8_features(void) {
     __cpuid(1, eax, ebx, ecx, edx);
     if (ecx & (1u << 29)) f |= PYTFM__CPU_F16C;
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
-    if (__builtin_cpu_supports("avx512f") && (ebx & (1u << 30)) && (ecx & (1u << 11)))
+    if (__builtin_cpu_supports("avx512f") && (ebx & (1u << 30)) && (ebx & (1u << 31)) &&
+        (ecx & (1u << 11)))
         f |= PYTFM__CPU_AVX512_VNNI;
     if (eax >= 1) { // sub-leaf 1 exists
         __cpuid_count(7, 1, eax, ebx, ecx, edx);

@@ -55,7 +55,7 @@ const pytfm__q8_kernels *pytfm__q8(void);
  * kernels here need beyond pytfm_cpu_feature's (each with the registers' state saved by the
  * OS) */
 int32_t pytfm__isa_cap(void);
-enum { PYTFM__CPU_F16C = 1, PYTFM__CPU_AVX_VNNI = 2, PYTFM__CPU_AVX512_VNNI = 4 /* and BW */ };
+enum { PYTFM__CPU_F16C = 1, PYTFM__CPU_AVX_VNNI = 2, PYTFM__CPU_AVX512_VNNI = 4 /* with BW, VL */ };
 uint64_t pytfm__cpu_q8_features(void);
 
 /* ---- fp16 ----------------------------------------------------------------------------------- */
