@@ -969,10 +969,8 @@ class GPT:
             a = current[name]
             rows = max(1, _KEEP_CHUNK // a.shape[1])
             for r in range(0, a.shape[0], rows):  # a piece at a time: no float32 copy
-                piece = a[r:r + rows]
-                if piece.dtype == np.uint16:  # BF16 bits: their float32 widening, exact
-                    piece = ops.from_bf16_bits(piece)
-                q, scales = ops.quantize_q8(np.ascontiguousarray(piece))
+                # float32, or BF16 bits (quantised as their float32 widening, exactly)
+                q, scales = ops.quantize_q8(np.ascontiguousarray(a[r:r + rows]))
                 lo = at + r * a.shape[1]
                 q_all[lo:lo + q.size] = q.reshape(-1)
                 s_all[lo // Q8_BLOCK:(lo + q.size) // Q8_BLOCK] = scales.reshape(-1)

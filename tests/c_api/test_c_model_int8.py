@@ -119,7 +119,7 @@ def test_int8_is_one_way_and_bad_precisions_are_refused(tmp_path):
 
 @pytest.mark.parametrize("cfg, message", [
     (GPTConfig(vocab=64, d_model=48, n_layer=1, n_head=4, max_seq=16),
-     "transformer.h.0.attn.c_attn.weight is [144, 48]: 48 is not a multiple of 32"),
+     "transformer.wte.weight is [64, 48]: 48 is not a multiple of 32"),
     (GPTConfig(vocab=64, d_model=32, n_layer=1, n_head=4, max_seq=16, tie_embeddings=False),
      None)], ids=["d48", "d32"])
 def test_a_matrix_not_in_whole_blocks_is_refused_naming_it(tmp_path, cfg, message):

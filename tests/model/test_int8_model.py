@@ -55,14 +55,16 @@ def product_bound(x, wq, scales, w):
     """The most |x·Wqᵀ − x·Wᵀ| (per output, float64) that the int8 product may differ from the
     float32 model's, for x [rows, in], W [out, in] the float32 weights, Wq = q·d their blocks:
       Σ_i |x_i|·|Wq_i − W_i|, each weight within d_w/2 of its block (asserted here too),
-    + Σ_i |x_i − x̃_i|·|Wq_i|, x̃ x's own blocks (scale dx = amax/127: within dx/2),
-    + float32 rounding of the sum, (in/16 + 16)·u·Σ|x||Wq| (the kernel's combination order)."""
+    + Σ_i |x_i − x̃_i|·|Wq_i|, x̃ x's own blocks (scale dx = amax/127: within dx/2, and 2^-15
+      of dx more where the float32 quotient x/dx rounds across a half),
+    + float32 rounding of the sum, (in/16 + 16)·u·Σ|x||Wq| (the kernel's combination order),
+      and of the bias added last, 2u·|b|."""
     x, wq, w = (a.astype(np.float64) for a in (x, wq, w))
     dw = np.repeat(scales.view(np.float16).astype(np.float64), 32, axis=-1)  # [out, in]
     assert (np.abs(wq - w) <= dw / 2).all(), "a weight off by more than half its block's step"
     dx = np.repeat(np.abs(blocks(x)).max(-1) / 127, 32, axis=-1)  # [rows, in]
     n_in = x.shape[-1]
-    return (np.abs(x) @ (dw / 2).T + (dx / 2) @ np.abs(wq).T
+    return (np.abs(x) @ (dw / 2).T + (dx / 2 * (1 + 2.0**-15)) @ np.abs(wq).T
             + (n_in / 16 + 16) * U * (np.abs(x) @ np.abs(wq).T))
 
 
@@ -109,7 +111,8 @@ def test_every_product_is_within_its_rounding_bound(cfg):
                                       twin.params["transformer.wpe.weight"])
     assert model.num_params() == twin.num_params()
     if cfg.tie_embeddings:  # one set of blocks for the embedding and the head
-        assert model.lm_head.w is model.wte.w and model.lm_head.scales is model.wte.scales
+        assert np.shares_memory(model.lm_head.w, model.wte.w)
+        assert np.shares_memory(model.lm_head.scales, model.wte.scales)
     # every product of a forward against the float32 weights, on the inputs it was given
     records = recording(model)
     idx = np.random.default_rng(0).integers(0, cfg.vocab, (2, 13))
@@ -123,6 +126,8 @@ def test_every_product_is_within_its_rounding_bound(cfg):
             if layer32.b is not None:
                 ref += layer32.b
             bound = product_bound(x, wq, layer8.scales, layer32.w)
+            if layer32.b is not None:
+                bound += 2 * U * np.abs(layer32.b)
             excess = np.abs(y - ref) - bound
             assert (excess <= 0).all(), f"{excess.max():.3g} past the bound"
             checked += 1
@@ -138,7 +143,7 @@ def test_every_product_is_within_its_rounding_bound(cfg):
 # about the RMS of a weight's rounding (uniform in ±d/2, d = amax/127 of 32 normal values:
 # d/sqrt(12) ≈ 0.0048 of the weights' RMS) and of its input's, together ≈ 0.7 %; a path holds
 # 2·n_layer + 1 products in series (n_layer = 2 here) whose errors add about in quadrature.
-# Measured: 0.5-1 % on these random models; the bound is 3 times sqrt(5)·0.7 %.
+# Measured: 1.0-1.3 % on these random models; the bound is 3 times sqrt(5)·0.7 %.
 LOGITS_RTOL = 0.047
 
 
@@ -244,7 +249,7 @@ def test_what_would_train_or_unquantise_it_is_refused_by_name(tmp_path):
 
 @pytest.mark.parametrize("cfg, name, shape", [
     (GPTConfig(vocab=64, d_model=48, n_layer=1, n_head=4, max_seq=16),
-     "transformer.h.0.attn.c_attn.weight", "[144, 48]"),
+     "transformer.wte.weight", "[64, 48]"),
     (GPTConfig(arch="llama", vocab=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=48,
                max_seq=16), "model.layers.0.mlp.down_proj.weight", "[32, 48]")],
     ids=["gpt-d48", "llama-ff48"])
@@ -269,7 +274,7 @@ TEXT = b"def f(x):\n    return x + 1\n\nclass A:\n    pass\n" * 100
 def trained(tmp_path_factory):
     """A byte-level model trained 60 steps on a little Python (a few seconds), so that its
     logits are far from uniform; its checkpoint and the text's path."""
-    text = data.encode(TEXT)
+    text = data.encode(TEXT.decode())
     model = GPT(GPTConfig(vocab=256, d_model=64, n_layer=2, n_head=2, max_seq=64, seed=5))
     opt = AdamW(model.params, model.grads, lr=1e-2, weight_decay=0.0)
     batches = data.Batches(text, 32, 8, seed=5)
@@ -300,7 +305,7 @@ def test_greedy_choices_mostly_agree_with_float32s(trained):
     prompt = np.array([list(b"class ")])
     ref = generate(model, prompt, 32, temperature=0.0)
     int8 = int8_of(path)
-    logits = int8.forward(ref[:, :-1])[0]
+    logits = int8.forward(ref[:, :-1])[0][0]
     agree = int((logits[prompt.shape[1] - 1:].argmax(-1) == ref[0, prompt.shape[1]:]).sum())
     assert agree >= 30, f"{agree} of 32 greedy choices agree"
     out = generate(int8, prompt, 32, temperature=0.0)  # deterministic
@@ -311,7 +316,7 @@ def test_the_perplexity_moves_within_its_logits_bound(trained):
     # log-softmax is 2-Lipschitz in the max norm, so each token's log-probability moves by at
     # most 2·max_j |Δlogit_j| of its row, and ln(perplexity) by at most their mean: that bound,
     # computed from the two models' logits, is asserted, and with it a relative change of at
-    # most 2 % (measured: under 0.5 %).
+    # most 2 % (measured: 0.18 %).
     model, path, text = trained
     ids = np.frombuffer(open(text, "rb").read(), np.uint8).astype(np.int64)
     int8 = int8_of(path)
@@ -320,7 +325,7 @@ def test_the_perplexity_moves_within_its_logits_bound(trained):
     windows = [ids[s:s + 64] for s in range(0, len(ids) - 1, 64) if len(ids[s:s + 64]) > 1]
     moved = 0.0
     for w in windows:
-        a, b = model.forward(w[None])[0][:-1], int8.forward(w[None])[0][:-1]
+        a, b = model.forward(w[None])[0][0, :-1], int8.forward(w[None])[0][0, :-1]
         moved += 2 * np.abs(a.astype(np.float64) - b).max(-1).sum()
     bound = moved / r32["tokens"]
     delta = abs(math.log(r8["perplexity"]) - math.log(r32["perplexity"]))
