@@ -12,7 +12,7 @@ import pytest
 from test_c_llama_model import same_as_python
 from test_c_model import CModel, assert_same_logits, last_error, run_exe, saved, small, trained
 
-from helpers import TESTS
+from helpers import PEAK_MARGIN, TESTS, big_bf16_folder, peak_growth
 from pytfm import checkpoint, llama
 from pytfm._core import ffi, lib
 from pytfm.generate import generate
@@ -175,3 +175,31 @@ def test_the_generate_example_in_int8_is_pythons_greedy(trained, generate_exe):
     assert r.returncode == 2
     assert b"argument --precision: invalid choice: 'int4' (choose from 'fp32', 'bf16', " \
         b"'int8')" in r.stderr
+
+
+MEASURE = r"""
+import sys
+from pytfm._core import ffi, lib
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+before, base = hwm(), rss()
+h = ffi.new("pytfm_model **")
+assert lib.pytfm_model_open(h, sys.argv[1].encode(), lib.PYTFM_DEVICE_CPU) == 0
+assert lib.pytfm_model_set_precision(h[0], lib.PYTFM_PRECISION_INT8) == 0, \
+    ffi.string(lib.pytfm_last_error()).decode()
+print(hwm() - before, rss() - base)
+"""
+
+
+def test_a_bfloat16_folder_in_int8_holds_its_blocks_only(tmp_path):
+    # opened as BF16 (the file's size S), then quantised beside it (S/2 values of int8, S/32
+    # of scales): the peak; then the BF16 matrices freed: what stays is about 0.53 S
+    size = big_bf16_folder(tmp_path / "big")
+    peak, resident = peak_growth(MEASURE, tmp_path / "big")
+    int8 = size // 2 + size // 32
+    assert peak <= size + int8 + PEAK_MARGIN, f"peak {peak >> 20} MiB, file {size >> 20} MiB"
+    assert resident <= int8 + PEAK_MARGIN, f"resident {resident >> 20} MiB, the blocks " \
+                                           f"{int8 >> 20} MiB"

@@ -20,7 +20,7 @@ from contextlib import redirect_stdout
 import numpy as np
 import pytest
 
-from helpers import ROOT, TESTS
+from helpers import PEAK_MARGIN, ROOT, TESTS, big_bf16_folder, peak_growth
 from pytfm import checkpoint, data, folders, gpt2, llama, ops
 from pytfm import perplexity as ppl
 from pytfm.__main__ import main as pytfm_main
@@ -29,6 +29,7 @@ from pytfm.nn import GPT, GPTConfig, Linear, param_shapes
 from pytfm.optim import AdamW, clip_grad_norm
 
 sys.path.insert(0, os.path.join(TESTS, "model"))
+from test_keep_bf16 import MEASURE  # noqa: E402
 from test_llama_folders import hf_model, saved  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -207,6 +208,16 @@ def test_a_gpt2_folder_loads_in_int8_as_its_load_quantised(tmp_path):
         np.float32
     idx = np.random.default_rng(4).integers(0, 300, (2, 11))
     np.testing.assert_array_equal(model.forward(idx)[0], twin.forward(idx)[0])
+
+
+def test_loading_a_bfloat16_folder_in_int8_holds_no_float32_copy(tmp_path):
+    # the file's BF16 kept as it lies (its size S), then quantised beside it (S/2 of int8 and
+    # S/32 of scales, a piece at a time): the peak; a float32 model would take 2 S alone
+    size = big_bf16_folder(tmp_path / "big")
+    grown, finite = peak_growth(MEASURE, tmp_path / "big", "int8")
+    assert finite
+    assert grown <= size + size // 2 + size // 32 + PEAK_MARGIN, \
+        f"loading in int8 grew the peak by {grown >> 20} MiB, the file is {size >> 20}"
 
 
 def test_what_would_train_or_unquantise_it_is_refused_by_name(tmp_path):
