@@ -65,6 +65,66 @@ def linear_forward_bf16w(x, w16, b=None):  # [..., in], uint16 [out, in], [out] 
     w = np.where(np.abs(w) < 2.0**-126, np.copysign(0.0, w), w)
     return linear_forward(round_bf16(x), w, b)
 
+Q8_BLOCK = 32  # 8-bit weights: values per block, each block with one fp16 scale
+
+
+def quantize_q8(w):  # float32 [out, in] -> int8 [out, in], uint16 [out, in / 32] (fp16 bits)
+    """pytfm_quantize_q8's rounding, step by step: per block of 32, d = fp16(float32(amax /
+    127)) (numpy's float16 cast rounds to nearest even), q = the float32 quotient w / d rounded
+    half away from zero, clamped to ±127; d = 0 gives q = 0."""
+    w = np.asarray(w, dtype=np.float32)
+    out, inn = w.shape
+    blocks = w.reshape(out, inn // Q8_BLOCK, Q8_BLOCK)
+    amax = np.abs(blocks).max(axis=-1)
+    with np.errstate(over="ignore"):
+        d16 = (amax / np.float32(127)).astype(np.float16)
+    d = d16.astype(np.float32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = (blocks / np.where(d > 0, d, np.float32(1))).astype(np.float64)  # float32 quotient
+    q = np.sign(v) * np.floor(np.abs(v) + 0.5)  # half away from zero (exact in float64)
+    q = np.where(d > 0, np.clip(q, -127, 127), 0)
+    return q.astype(np.int8).reshape(out, inn), d16.view(np.uint16)
+
+
+def dequantize_q8(q, scales):  # int8 [out, in], uint16 [out, in / 32] -> [out, in]
+    d = np.asarray(scales, dtype=np.uint16).view(np.float16).astype(np.float64)
+    q = np.asarray(q).astype(np.float64)
+    return (q.reshape(*d.shape, Q8_BLOCK) * d[..., None]).reshape(q.shape)
+
+
+def quantize_x_q8(x):  # float32 [rows, in] -> qx float64 [rows, in], dx float64 [rows, in / 32]
+    """x's rows as the 8-bit product quantises them: dx = float32(amax / 127), qx = the float32
+    quotient x / dx rounded to nearest, ties to even (np.rint), 0 where dx is 0."""
+    x = np.asarray(x, dtype=np.float32)
+    blocks = x.reshape(*x.shape[:-1], -1, Q8_BLOCK)
+    dx = np.abs(blocks).max(axis=-1) / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        qx = np.rint(blocks / np.where(dx > 0, dx, np.float32(1))[..., None])
+    qx = np.where(dx[..., None] > 0, np.clip(qx, -127, 127), 0.0)
+    return qx.reshape(x.shape).astype(np.float64), dx.astype(np.float64)
+
+
+def linear_forward_q8w(x, q, scales, b=None):  # [..., in], int8 [out, in], [out, in / 32]
+    """What the 8-bit product computes, exactly: x quantised per block (quantize_x_q8), each
+    block's integer dot product scaled by dw·dx (the float32 product of the two scales), summed
+    in float64; + b."""
+    x = np.asarray(x, dtype=np.float32)
+    qx, dx = quantize_x_q8(x.reshape(-1, x.shape[-1]))
+    dw = np.asarray(scales, dtype=np.uint16).view(np.float16).astype(np.float32)
+    out = np.shape(q)[0]
+    qw = np.asarray(q).astype(np.float64).reshape(out, -1, Q8_BLOCK)
+    isum = np.einsum("rki,oki->rok", qx.reshape(len(qx), -1, Q8_BLOCK), qw)
+    scale = (dw[None, :, :] * dx.astype(np.float32)[:, None, :]).astype(np.float64)
+    y = (isum * scale).sum(axis=-1)
+    if b is not None:
+        y = y + np.asarray(b, dtype=np.float64)
+    return y.reshape(*x.shape[:-1], out)
+
+
+def embedding_forward_q8w(ids, q, scales):  # int [...], int8 [vocab, dim], [vocab, dim/32]
+    return dequantize_q8(q, scales)[np.asarray(ids)]
+
+
 
 def linear_backward(dy, x, w):  # [..., out], [..., in], [out, in] -> dx, dw, db
     dy, x, w = _f64(dy, x, w)

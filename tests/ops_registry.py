@@ -22,9 +22,9 @@ that is neither an op here nor in NON_OPS fails there, as does a call template w
 do not match the declaration. CONTRIBUTING.md says how to add an op.
 
 Call templates (limits, exact) are C argument lists, one token per argument:
-  F D I H    a float, double, int64_t or uint16_t (BF16 bits) buffer: tiny (one element in C,
-             64 in Python) in a limits call; N: NULL
-  F:e D:e H:e  exactly e elements (a C expression of the sizes r, a, b), random values (H:
+  F D I H B  a float, double, int64_t, uint16_t (BF16 or fp16 bits) or int8_t (8-bit weights)
+             buffer: tiny (one element in C, 64 in Python) in a limits call; N: NULL
+  F:e D:e H:e B:e  exactly e elements (a C expression of the sizes r, a, b), random values (H:
              the BF16 bits of finite ones)
   I:e:l      e int64 indices in [0, l)
   {i}        the i-th size of a limits case; anything else a C literal or expression
@@ -2476,9 +2476,152 @@ scratch_bytes = 4 * threads * (D * (start + n_new) + {TQ_TK} + 2 * 64)  # as the
 
 # ---- the list ---------------------------------------------------------------------------------
 
+# ---- 8-bit weights (pytfm_quantize_q8 ... pytfm_embedding_forward_q8w) ------------------------
+# in (or dim) a multiple of the block, 32: the sizes overflow in their counts, not the block
+Q8 = ((P32, P32), (1, P62), (P62, 32), (P61, 32), (I64_MAX - 31, 32))
+Q8LIN = ((P32, P32, 1), (1, P62, 1), (P32, 32, P32), (1, 32, P62), (P61, 32, 1), (1, P61, 32))
+Q8EMB = ((P62, 1, 32), (1, P62, 32), (P32, 2, P32), (2, 1, P62))
+Q8_DRAW = drawn(rows=st.sampled_from([1, 2, 3, 8, 20]), blocks=st.integers(1, 9),
+                out=awkward, bias=st.booleans())
+q80, s80 = np.zeros((4, 32), np.int8), np.zeros((4, 1), np.uint16)
+
+
+def q8_make(seed, rows, blocks, out, bias=True):
+    rng = np.random.default_rng(seed)
+    inn = 32 * blocks
+    q, s = ops.quantize_q8(f32(rng, (out, inn)))
+    b = f32(rng, (out,)) if bias else None
+    return dict(seed=seed, x=f32(rng, (rows, inn)), q=q, scales=s, b=b)
+
+
+def q8_tol(a):
+    """the float32 combination of pytfm_linear_forward_q8w: 16 accumulators of nb/2 fused
+    multiply-adds, 4 additions and the bias, each off by u times the magnitudes combined, and
+    each block's scale dw·dx by u"""
+    nb = a["q"].shape[1] // 32
+    mag = ref.linear_forward_q8w(abs(a["x"]), abs(a["q"]), a["scales"])
+    bias = 0.0 if a["b"] is None else 2 * EPS32 * abs(a["b"]).astype(np.float64)
+    return Tol((nb / 2 + 6) * EPS32 * mag + bias, 0.0)
+
+
+Q8_FAST = ("tests/kernels/test_q8.py: every path (AVX512-VNNI, AVX-VNNI, AVX2, the plain "
+           "loops) and 1 and 2 threads give the plain loops' bits")
+
+LINEAR_FORWARD_Q8W = Op(
+    "linear_forward_q8w",
+    limits=Limits(("F F B H N {0} {1} {2}",), Q8LIN),
+    exact=("F:r*b F:r*32*a B:b*32*a H:b*a F:b r 32*a b",
+           "F:r*b F:r*32*a B:b*32*a H:b*a N r 32*a b"),
+    check=Check(
+        Q8_DRAW, q8_make,
+        run=lambda a: [ops.linear_forward_q8w(a["x"], a["q"], a["scales"], a["b"])],
+        want=lambda a: [ref.linear_forward_q8w(a["x"], a["q"], a["scales"], a["b"])],
+        tol=lambda a, want: [q8_tol(a)], outputs=("y",),
+        threads=(dict(rows=1, blocks=9, out=1000, bias=True, seed=3),
+                 dict(rows=8, blocks=4, out=700, bias=False, seed=4))),
+    fast=Q8_FAST,
+    bad=(
+        Bad(lambda: ops.linear_forward_q8w(z(2, 32), q80.astype(np.uint8), s80), TypeError,
+            r"q must have dtype int8, got uint8"),
+        Bad(lambda: ops.linear_forward_q8w(z(2, 40), np.zeros((4, 40), np.int8), s80),
+            ValueError, r"q must have shape \(out, cols\) with out >= 1 and cols a positive "
+            r"multiple of 32, got \(4, 40\)"),
+        Bad(lambda: ops.linear_forward_q8w(z(2, 32), q80, np.zeros((4, 2), np.uint16)),
+            ValueError, r"scales must have shape \(4, 1\)"),
+        Bad(lambda: ops.linear_forward_q8w(z(2, 64), q80, s80), ValueError,
+            r"x.shape\[-1\] must equal q.shape\[1\] = 32"),
+        Bad(lambda: ops.linear_forward_q8w(z(2, 32), q80, s80, z(3)), ValueError,
+            r"b must have shape \(4,\)"),
+        Bad(lambda: ops.linear_forward_q8w(FakeCupyArray(), q80, s80), TypeError,
+            r"x is a CuPy array, but linear_forward_q8w runs on NumPy arrays only"),
+    ),
+    scratch=("x's quantised rows, one allocation before anything is written; its failure "
+             "path is pytfm__scratch's, as every kernel's (not forced here)"),
+    cuda=False,  # 8-bit weights are a CPU inference mode
+    tested_in=(
+        "tests/kernels/test_q8.py::test_every_path_gives_the_plain_bits_within_the_bound",
+        "tests/kernels/test_q8.py::test_the_product_is_x_times_w_within_the_quantisation_bounds",
+        "tests/kernels/test_q8.py::"
+        "test_a_row_of_x_with_inf_or_nan_propagates_the_same_on_every_path",
+        "tests/kernels/test_q8.py::test_in_not_a_multiple_of_the_block_and_null_pointers_are_refused",
+    ),
+)
+
+QUANTIZE_Q8 = Op(
+    "quantize_q8",
+    limits=Limits(("B H F {0} {1}",), Q8),
+    exact=("B:r*32*a H:r*a F:r*32*a r 32*a",),
+    fast="one version: the plain loops (quantising is done once, when a model is converted)",
+    bad=(
+        Bad(lambda: ops.quantize_q8(z(3, 40)), ValueError,
+            r"w must have shape \(out, in\) with in a positive multiple of 32"),
+        Bad(lambda: ops.quantize_q8(np.full((1, 32), np.inf, np.float32)), ValueError,
+            r"pytfm_quantize_q8: row 0, block 0 \(columns 0..31\) of w cannot be quantised"),
+        Bad(lambda: ops.quantize_q8(z(3, 32, dtype=np.float64)), TypeError,
+            r"w must have dtype float32, got float64"),
+        Bad(lambda: ops.quantize_q8(FakeCupyArray()), TypeError,
+            r"w is a CuPy array, but quantize_q8 runs on NumPy arrays only"),
+    ),
+    scratch="none: the header's entry says so",
+    cuda=False,
+    tested_in=("tests/kernels/test_q8.py::test_quantize_matches_the_numpy_contract_bit_for_bit",
+               "tests/kernels/test_q8.py::test_ties_round_half_away_from_zero",
+               "tests/kernels/test_q8.py::"
+               "test_non_finite_weights_and_overflowing_scales_are_refused_naming_row_and_block"),
+)
+
+QUANTIZE_Q8_BF16 = Op(
+    "quantize_q8_bf16",
+    limits=Limits(("B H H {0} {1}",), Q8),
+    exact=("B:r*32*a H:r*a H:r*32*a r 32*a",),
+    fast="one version: the plain loops",
+    scratch="none: the header's entry says so",
+    cuda=False, wrapper=False, reference=False,  # ops.quantize_q8 takes BF16 bits (uint16)
+    tested_in=("tests/kernels/test_q8.py::test_quantize_matches_the_numpy_contract_bit_for_bit",),
+)
+
+DEQUANTIZE_Q8 = Op(
+    "dequantize_q8",
+    limits=Limits(("F B H {0} {1}",), Q8),
+    exact=("F:r*32*a B:r*32*a H:r*a r 32*a",),
+    fast="one version: a product per weight",
+    bad=(
+        Bad(lambda: ops.dequantize_q8(q80, np.zeros((4, 2), np.uint16)), ValueError,
+            r"scales must have shape \(4, 1\)"),
+        Bad(lambda: ops.dequantize_q8(q80, s80.astype(np.int16)), TypeError,
+            r"scales must have dtype uint16, got int16"),
+    ),
+    scratch="none: the header's entry says so",
+    cuda=False,
+    tested_in=("tests/kernels/test_q8.py::"
+               "test_dequantize_and_the_embedding_are_q_times_d_exactly",),
+)
+
+EMBEDDING_FORWARD_Q8W = Op(
+    "embedding_forward_q8w",
+    limits=Limits(("F I B H {0} {1} {2}",), Q8EMB),
+    exact=("F:r*32*a I:r:b B:b*32*a H:b*a r b 32*a",),
+    fast="one version: a row dequantised",
+    bad=(
+        Bad(lambda: ops.embedding_forward_q8w(i64(0, 4), q80, s80), ValueError,
+            r"pytfm_embedding_forward_q8w: ids\[1\] = 4 is outside \[0, 4\)"),
+        Bad(lambda: ops.embedding_forward_q8w(np.array([0], np.int32), q80, s80), TypeError,
+            r"ids must have dtype int64, got int32"),
+        Bad(lambda: ops.embedding_forward_q8w(FakeCupyArray(), q80, s80), TypeError,
+            r"ids is a CuPy array, but embedding_forward_q8w runs on NumPy arrays only"),
+    ),
+    scratch="none: the header's entry says so",
+    cuda=False,
+    tested_in=("tests/kernels/test_q8.py::"
+               "test_dequantize_and_the_embedding_are_q_times_d_exactly",
+               "tests/kernels/test_q8.py::test_bad_ids_are_refused_and_nothing_written"),
+)
+
+
 OPS = (LINEAR_FORWARD, LINEAR_GELU_FORWARD, LINEAR_BACKWARD, LINEAR_FORWARD_EX,
        LINEAR_GELU_FORWARD_EX, LINEAR_BACKWARD_EX, SGEMM, SGEMM_PLAIN, SGEMM_EX, ROUND_BF16,
-       LINEAR_FORWARD_BF16W,
+       LINEAR_FORWARD_BF16W, LINEAR_FORWARD_Q8W, QUANTIZE_Q8, QUANTIZE_Q8_BF16, DEQUANTIZE_Q8,
+       EMBEDDING_FORWARD_Q8W,
        SOFTMAX_FORWARD, SOFTMAX_BACKWARD, LAYERNORM_FORWARD, LAYERNORM_BACKWARD, ROPE_FORWARD,
        ROPE_BACKWARD,
        RMSNORM_FORWARD, RMSNORM_BACKWARD, SWIGLU_FORWARD, SWIGLU_BACKWARD,
@@ -2607,8 +2750,8 @@ def hostile_calls():
                         args.append(f"f[{floats}]")
                         floats += 1
                     else:
-                        args.append({"D": "d", "I": "ids", "H": "h", "N": "NULL"}.get(token) or
-                                    _c_literal(token))
+                        c_names = {"D": "d", "I": "ids", "H": "h", "B": "i8", "N": "NULL"}
+                        args.append(c_names.get(token) or _c_literal(token))
                 lines.append(f"    REJECT({count}, {op.c}({', '.join(args)}));")
                 count += 1
     body = "\n".join(lines)
@@ -2621,7 +2764,7 @@ def exact_buffers(template):
     out = []
     for i, token in enumerate(tokens(template)):
         kind, _, rest = token.partition(":")
-        if kind in ("F", "D", "I", "H") and rest:
+        if kind in ("F", "D", "I", "H", "B") and rest:
             count, _, limit = rest.partition(":")
             out.append((i, kind, count, limit or None))
     return out
@@ -2640,7 +2783,8 @@ def exact_calls():
                 ctype, make = {"F": ("float", f"floats({count})"),
                                "D": ("double", f"doubles({count})"),
                                "I": ("int64_t", f"indices({count}, {limit})"),
-                               "H": ("uint16_t", f"halves({count})")}[kind]
+                               "H": ("uint16_t", f"halves({count})"),
+                               "B": ("int8_t", f"bytes8({count})")}[kind]
                 decls.append(f"        {ctype} *p{i} = {make};")
                 frees.append(f"p{i}")
                 toks[i] = f"p{i}"
@@ -2659,7 +2803,7 @@ def exact_null_args(template, ffi, r=2, a=2, b=2):
     args = []
     for token in tokens(template):
         kind = token.partition(":")[0]
-        if kind in ("F", "D", "I", "H", "N"):
+        if kind in ("F", "D", "I", "H", "B", "N"):
             args.append(ffi.NULL)
         else:
             args.append(eval(token, {"__builtins__": {}}, dict(r=r, a=a, b=b)))

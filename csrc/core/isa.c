@@ -64,8 +64,8 @@ int32_t pytfm__isa_cap(void) {
 #include <cpuid.h>
 
 /* CPUID (Intel SDM vol. 2A): F16C is leaf 1 ECX bit 29; leaf 7 sub-leaf 0 has AVX512BW and
- * AVX512VL in EBX bits 30 and 31 and AVX512_VNNI in ECX bit 11, sub-leaf 1 AVX-VNNI in EAX bit 4. Each counts only
- * where the OS saves its registers, which __builtin_cpu_supports checks for AVX-512 (avx512f)
+ * AVX512VL in EBX bits 30 and 31 and AVX512_VNNI in ECX bit 11, sub-leaf 1 AVX-VNNI in EAX
+ * bit 4. Each counts only where the OS saves its registers, which __builtin_cpu_supports checks for AVX-512 (avx512f)
  * and for the ymm registers (avx2). */
 static uint64_t read_q8_features(void) {
     unsigned eax, ebx, ecx, edx;

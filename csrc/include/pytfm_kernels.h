@@ -200,7 +200,8 @@ PYTFM_API pytfm_status pytfm_dequantize_q8(float *w, const int8_t *q, const uint
  * count. A row of x holding inf or NaN is summed instead as Σ_i x[i]·(q[o, i]·dw) in float32,
  * in order of i (IEEE propagation, the same on every path).
  * Error against x·Wᵀ on W's dequantised values: per block at most Σ|q·dw|·dx/2 from x's
- * rounding, plus float32 rounding of the combination (about (blocks/2 + 5)·u·Σ_blk |dw·dx·s|).
+ * rounding, plus float32 rounding of the combination (at most (blocks/2 + 6)·u·Σ_blk,j |dw·dx·s|
+ * and 2u·|b|, u = 2^-24).
  * q outside [−127, 127] (−128) may give different results on different paths; scales must be
  * finite (a non-finite one gives a non-finite result on every path).
  * Why integers: the decode-shaped product (one row) reads every weight once; its cost is the
@@ -211,8 +212,8 @@ PYTFM_API pytfm_status pytfm_dequantize_q8(float *w, const int8_t *q, const uint
  * PYTFM_ISA_AVX512 (AVX-512F without extensions) the AVX-VNNI kernel (256-bit vpdpbusd, VEX)
  * where the CPU has AVX-VNNI; PYTFM_ISA_AVX2 the AVX2 one (vpmaddubsw + vpmaddwd); each falls
  * to the next where the CPU lacks it; PYTFM_ISA_PORTABLE and PYTFM_ISA_PLAIN the plain loops.
- * Scratch: x's quantised rows, rows·(in + in/8) bytes: none (the stack) for one row with
- * in <= 16384. */
+ * Scratch: x's quantised rows, about rows·(2·in + in/8) bytes; none (the stack) for one row
+ * with in <= 16384. */
 PYTFM_API pytfm_status pytfm_linear_forward_q8w(float *y, const float *x, const int8_t *q,
                                                 const uint16_t *scales, const float *b,
                                                 int64_t rows, int64_t in, int64_t out);

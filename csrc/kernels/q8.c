@@ -178,7 +178,7 @@ static void gemv_float(float *y, const float *x, const int8_t *q, const uint16_t
     }
 }
 
-/* ---- the product ------------------------------------------------------------------------------ */
+/* ---- the product ----------------------------------------------------------------------------- */
 
 static int allowed(int32_t cap, int32_t isa) { return cap == PYTFM_ISA_AUTO || isa <= cap; }
 
@@ -255,7 +255,7 @@ pytfm_status pytfm_linear_forward_q8w(float *y, const float *x, const int8_t *q,
     return PYTFM_STATUS_OK;
 }
 
-/* ---- the embedding ---------------------------------------------------------------------------- */
+/* ---- the embedding --------------------------------------------------------------------------- */
 
 pytfm_status pytfm_embedding_forward_q8w(float *y, const int64_t *ids, const int8_t *q,
                                          const uint16_t *scales, int64_t rows, int64_t vocab,

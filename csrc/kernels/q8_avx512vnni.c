@@ -1,5 +1,6 @@
-/* q8_avx512vnni.c — the 8-bit weights' product on AVX512-VNNI (vpdpbusd on 512 bits, AVX512-BW and
- * AVX512-VL for the byte masks and 256-bit forms). pytfm__q8() takes this table only on a CPU with both (isa.c).
+/* q8_avx512vnni.c — the 8-bit weights' product on AVX512-VNNI (vpdpbusd on 512 bits; AVX512-BW
+ * and AVX512-VL for the byte masks and 256-bit forms). pytfm__q8() takes this table only on a
+ * CPU with all three (isa.c).
  *
  * vpdpbusd multiplies unsigned bytes by signed ones. W's bytes are made unsigned by adding 128
  * (an xor of the sign bit) and x's stay signed: Σ (q + 128)·qx = Σ q·qx + 128·Σ qx, and the
@@ -53,7 +54,8 @@ static void quantize_x(pytfm__q8x *xq, const float *x, int64_t in) {
 
 /* the contract's last steps on the 16 accumulators: halves added, three times */
 static float combine16(__m512 a) {
-    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), hi);
     const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
     const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));

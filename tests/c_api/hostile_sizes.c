@@ -21,6 +21,7 @@ static float *f[BUFFERS]; /* one float each, 7.0f */
 static double *d;         /* one double, 5.0 */
 static int64_t *ids;      /* one int64, 3 */
 static uint16_t *h;       /* one BF16 value's bits, 0x3F80 (1.0) */
+static int8_t *i8;        /* one int8 (8-bit weights), 5 */
 static int calls;
 
 /* call number i: rejected as too large, or the program reports it and fails */
@@ -49,20 +50,23 @@ int main(void) {
     *ids = 3;
     h = malloc(sizeof(uint16_t));
     *h = 0x3F80;
+    i8 = malloc(sizeof(int8_t));
+    *i8 = 5;
     int failed = hostile_calls();
     for (int b = 0; b < BUFFERS && !failed; b++)
         if (*f[b] != 7.0f) {
             fprintf(stderr, "buffer %d was written\n", b);
             failed = 1;
         }
-    if (!failed && (*d != 5.0 || *ids != 3 || *h != 0x3F80)) {
-        fprintf(stderr, "the double, the ids or the BF16 bits were written\n");
+    if (!failed && (*d != 5.0 || *ids != 3 || *h != 0x3F80 || *i8 != 5)) {
+        fprintf(stderr, "the double, the ids, the BF16 bits or the int8 were written\n");
         failed = 1;
     }
     for (int b = 0; b < BUFFERS; b++) free(f[b]);
     free(d);
     free(ids);
     free(h);
+    free(i8);
     if (failed) return 1;
     printf("%d hostile calls rejected\n", calls);
     return 0;

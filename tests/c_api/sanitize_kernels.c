@@ -40,6 +40,12 @@ static uint16_t *halves(int64_t count) { // the BF16 bits of finite values (the 
     return p;
 }
 
+static int8_t *bytes8(int64_t count) { // 8-bit weights, in [-127, 127]
+    int8_t *p = malloc((size_t)(count ? count : 1));
+    for (int64_t i = 0; i < count; i++) p[i] = (int8_t)((int)(next() % 255u) - 127);
+    return p;
+}
+
 /* static int run(int64_t r, int64_t a, int64_t b): every exact call at rows (or T) r and the
  * other sizes a and b */
 #include "exact_calls.h"

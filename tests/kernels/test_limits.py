@@ -23,8 +23,8 @@ from ops_registry import BY_NAME, OPS
 
 MARK = 1234.5  # what the tiny buffers hold before the call
 # ... by their C type: the ids a valid index, the BF16 bits those of 1.0
-MARKS = {"float": MARK, "double": MARK, "int64_t": 7, "uint16_t": 0x3F80}
-CTYPES = {"F": "float", "D": "double", "I": "int64_t", "H": "uint16_t"}
+MARKS = {"float": MARK, "double": MARK, "int64_t": 7, "uint16_t": 0x3F80, "int8_t": 5}
+CTYPES = {"F": "float", "D": "double", "I": "int64_t", "H": "uint16_t", "B": "int8_t"}
 
 
 def run_cases(name, emu_path):

@@ -72,22 +72,23 @@ def test_the_op_has_its_wrapper_reference_and_twin(op):
 
 
 def _kind(param):
-    """F, D, I, H (a float, double, int64_t or uint16_t buffer), "p" another pointer, or the
-    scalar type"""
+    """F, D, I, H, B (a float, double, int64_t, uint16_t or int8_t buffer), "p" another
+    pointer, or the scalar type"""
     if "*" in param:
         base = param.replace("const", "").split("*")[0].strip()
-        return {"float": "F", "double": "D", "int64_t": "I", "uint16_t": "H"}.get(base, "p")
+        return {"float": "F", "double": "D", "int64_t": "I", "uint16_t": "H",
+                "int8_t": "B"}.get(base, "p")
     return param.split()[0]
 
 
 def _matches(token, kind):
     """A template token (a limits or an exact one) fits a parameter of this kind."""
     buffer = token.partition(":")[0]
-    if kind in ("F", "D", "I", "H"):
+    if kind in ("F", "D", "I", "H", "B"):
         return buffer in (kind, "N")
     if kind == "p":
         return buffer == "N"
-    if buffer in ("F", "D", "I", "H", "N"):
+    if buffer in ("F", "D", "I", "H", "B", "N"):
         return False
     is_float = re.fullmatch(r"-?(\d+\.\d*|\d+(\.\d*)?e-?\d+)", token) is not None
     return is_float == (kind in ("float", "double"))
