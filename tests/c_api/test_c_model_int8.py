@@ -12,7 +12,7 @@ import pytest
 from test_c_llama_model import same_as_python
 from test_c_model import CModel, assert_same_logits, last_error, run_exe, saved, small, trained
 
-from helpers import PEAK_MARGIN, TESTS, big_bf16_folder, peak_growth
+from helpers import PEAK_MARGIN, TESTS, big_bf16_folder, max_isa, peak_growth
 from pytfm import checkpoint, llama
 from pytfm._core import ffi, lib
 from pytfm.generate import generate
@@ -62,6 +62,18 @@ def test_the_c_model_in_int8_is_pythons(pos, tie, tmp_path):
         assert_same_logits(c.forward(tokens), model.forward(tokens)[0])
         same_in_sessions(c, model, tokens)
         set_precision(c, INT8)  # again: nothing to do
+
+
+@pytest.mark.parametrize("isa", ["plain", "avx2", "avx512"])
+def test_the_c_model_in_int8_is_pythons_at_each_isa_cap(isa, tmp_path):
+    model = small("learned", False, d_model=64, max_seq=40, vocab=300)
+    file = saved(model, tmp_path / "m.safetensors")
+    tokens = np.random.default_rng(4).integers(0, 300, (2, 12))
+    with max_isa(isa), CModel(file) as c:
+        model.set_precision("int8")
+        set_precision(c, INT8)
+        assert_same_logits(c.forward(tokens), model.forward(tokens)[0])
+        same_in_sessions(c, model, tokens)
 
 
 def test_a_model_in_bf16_quantises_its_float32_weights(tmp_path):
