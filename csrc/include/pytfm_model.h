@@ -529,7 +529,9 @@ PYTFM_API pytfm_status pytfm_model_get_config(const pytfm_model *model,
  * (open the model again). A matrix whose input dimension is not a multiple of 32 is refused
  * (PYTFM_STATUS_INVALID_ARGUMENT naming it and its shape; such a model runs in FP32 or BF16),
  * as is a weight that is not finite (pytfm_quantize_q8's error, with the matrix's name); any
- * refusal leaves the model as it was. Scratch: none beyond the int8 allocation itself.
+ * refusal leaves the model as it was. Memory: the blocks (1 + 1/16 bytes per quantised
+ * value) and a float32 allocation of the other parameters are made beside the float32 (or
+ * BF16) ones, which are freed once every matrix is quantised: the peak is their sum.
  * Not while another thread uses the model or one of its sessions.
  * PYTFM_STATUS_OUT_OF_MEMORY leaves the model as it was. A model opened on PYTFM_DEVICE_CUDA
  * computes in FP32 only: BF16 and INT8 are PYTFM_STATUS_NOT_SUPPORTED. */
