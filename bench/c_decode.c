@@ -6,8 +6,8 @@
  *   c_decode CHECKPOINT REPS THREADS [PRECISION [TOKENS]]
  *       Each rep resets one session and feeds TOKENS tokens (default and at most max_seq) one
  *       at a time (fixed pseudo-random ids), timing each pytfm_session_feed (which writes the
- *       logits, as a generator needs them), with the model in PRECISION (fp32, the default, or
- *       bf16: pytfm_model_set_precision). Prints one line per position t: "t median_ns min_ns"
+ *       logits, as a generator needs them), with the model in PRECISION (fp32, the default,
+ *       bf16 or int8: pytfm_model_set_precision). Prints one line per position t: "t median_ns min_ns"
  *       over the reps.
  *   c_decode --generate MODEL REPS THREADS PRECISION PROMPT TOKENS
  *       MODEL: whatever pytfm_model_open opens (a pytfm checkpoint, a GPT-2 folder). Each rep
@@ -121,17 +121,18 @@ static int bandwidth(int64_t mib, int threads, int reps, int huge) {
 
 /* ---- decoding ----------------------------------------------------------------------------- */
 
-/* the model at checkpoint path on `threads` threads in precision "fp32" or "bf16" */
+/* the model at checkpoint path on `threads` threads in precision "fp32", "bf16" or "int8" */
 static int open_model(pytfm_model **model, const char *path, const char *threads,
                       const char *precision) {
-    const int bf16 = strcmp(precision, "bf16") == 0;
-    if (!bf16 && strcmp(precision, "fp32") != 0) return 2;
+    const int32_t code = !strcmp(precision, "fp32")   ? PYTFM_PRECISION_FP32
+                         : !strcmp(precision, "bf16") ? PYTFM_PRECISION_BF16
+                         : !strcmp(precision, "int8") ? PYTFM_PRECISION_INT8
+                                                      : -1;
+    if (code < 0) return 2;
     if (pytfm_set_num_threads(atoi(threads)) != PYTFM_STATUS_OK) return fail("threads");
     if (pytfm_model_open(model, path, PYTFM_DEVICE_CPU) != PYTFM_STATUS_OK) return fail("open");
     // always set: a bfloat16 Llama folder opens in BF16
-    if (pytfm_model_set_precision(*model, bf16 ? PYTFM_PRECISION_BF16 : PYTFM_PRECISION_FP32) !=
-        PYTFM_STATUS_OK)
-        return fail("precision");
+    if (pytfm_model_set_precision(*model, code) != PYTFM_STATUS_OK) return fail("precision");
     return 0;
 }
 
@@ -235,8 +236,8 @@ int main(int argc, char **argv) {
     else
         rc = positions(argc, argv);
     if (rc == 2)
-        fprintf(stderr, "usage: c_decode CHECKPOINT REPS THREADS [fp32|bf16 [TOKENS]]\n"
-                        "       c_decode --generate MODEL REPS THREADS fp32|bf16 PROMPT "
+        fprintf(stderr, "usage: c_decode CHECKPOINT REPS THREADS [fp32|bf16|int8 [TOKENS]]\n"
+                        "       c_decode --generate MODEL REPS THREADS fp32|bf16|int8 PROMPT "
                         "TOKENS\n"
                         "       c_decode --bandwidth MIB THREADS REPS [small|huge]\n");
     return rc;

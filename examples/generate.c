@@ -35,7 +35,7 @@
 #define FFFD "\xEF\xBF\xBD" /* U+FFFD, what transformers' decode makes of bytes not UTF-8 */
 #define USAGE                                                                                  \
     "usage: generate CHECKPOINT|FOLDER [--prompt TEXT] [--tokens N] [--temperature T] "         \
-    "[--top-k K] [--seed S] [--threads N] [--precision {fp32,bf16}]\n"
+    "[--top-k K] [--seed S] [--threads N] [--precision {fp32,bf16,int8}]\n"
 #define HELP "\nsample.py's flags, in C, plus --threads (0: the library's default): docs/c-api.md"
 
 /* the usage and "generate: error: <message>" on stderr; exit status 2, as argparse */
@@ -88,10 +88,12 @@ static int parse(int argc, char **argv, options *o) {
             if (!(o->temperature >= 0.0 && o->temperature < INFINITY))
                 return fail("--temperature must be finite and >= 0 (0: greedy), got %s", value);
         } else if (f == 2) {
-            if (strcmp(value, "fp32") && strcmp(value, "bf16"))
+            if (strcmp(value, "fp32") && strcmp(value, "bf16") && strcmp(value, "int8"))
                 return fail("argument --precision: invalid choice: '%s' (choose from 'fp32', "
-                            "'bf16')", value);
-            o->precision = strcmp(value, "bf16") ? PYTFM_PRECISION_FP32 : PYTFM_PRECISION_BF16;
+                            "'bf16', 'int8')", value);
+            o->precision = !strcmp(value, "bf16")   ? PYTFM_PRECISION_BF16
+                           : !strcmp(value, "int8") ? PYTFM_PRECISION_INT8
+                                                    : PYTFM_PRECISION_FP32;
         } else if (!integer && f < 5) {
             return fail("argument %s: invalid int value: '%s'", flags[f].name, value);
         } else if (!integer || v < 0 || v > flags[f].max) {
@@ -417,8 +419,10 @@ static int run(const options *o, pytfm_model *model, const pytfm_tokenizer *tok,
             "in %.2f ms: %.0f tokens/s, threads: %d, precision: %s\n", (long long)n[0],
             1e3 * t[0], t[0] > 0 ? n[0] / t[0] : 0.0, (long long)n[1], 1e3 * t[1],
             t[1] > 0 ? n[1] / t[1] : 0.0, (int)pytfm_get_num_threads(),
-            o->precision == PYTFM_PRECISION_FP32 ? "fp32" : pytfm_get_bf16_isa() ==
-            PYTFM_ISA_AVX512_BF16 ? "bf16 (AVX512-BF16: vdpbf16ps)" : "bf16 (rounded inputs)");
+            o->precision == PYTFM_PRECISION_FP32   ? "fp32"
+            : o->precision == PYTFM_PRECISION_INT8 ? "int8 (int8 blocks of 32, fp16 scales)"
+            : pytfm_get_bf16_isa() == PYTFM_ISA_AVX512_BF16 ? "bf16 (AVX512-BF16: vdpbf16ps)"
+                                                            : "bf16 (rounded inputs)");
     if (stop >= 0)
         fprintf(stderr, "generate: stopped at the end-of-sequence token %lld\n", (long long)stop);
     return failed;

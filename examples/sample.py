@@ -3,6 +3,7 @@
     python examples/sample.py out/model.safetensors --prompt "def " --tokens 100
     python examples/sample.py gpt2 --prompt "Hello, my name is"   # a folder: greedy
     python examples/sample.py out/model.safetensors --precision bf16
+    python examples/sample.py out/model.safetensors --precision int8   # int8 weights
 
 The prompt is taken as the bytes the shell passed: one token per byte for a byte-level model;
 a checkpoint of another vocabulary (train_tiny.py --tokenizer bpe:N) is read with the tokenizer
@@ -37,9 +38,10 @@ def parser():
                    "transformers' generate has it)")
     p.add_argument("--top-k", type=int, default=40, help="sample among the k likeliest; 0: all")
     p.add_argument("--seed", type=int, default=0, help=f"0 .. {SEED_MAX}")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
                    help="of the linear layers' products (bf16: BF16-rounded inputs, float32 "
-                   "sums; a bfloat16 Llama-family folder is then held as it lies, in BF16)")
+                   "sums; a bfloat16 Llama-family folder is then held as it lies, in BF16; "
+                   "int8: every matrix quantised to int8 blocks, for inference on the CPU)")
     return p
 
 

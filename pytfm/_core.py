@@ -126,19 +126,23 @@ def bf16_path():
     return _BF16_PATHS[name] + (" (capped: the CPU has AVX512-BF16)" if capped else "")
 
 
-PRECISIONS = ("fp32", "bf16", "tf32")  # pytfm_precision, in order
+PRECISIONS = ("fp32", "bf16", "tf32")  # a product's pytfm_precision, in order
+# a model's: also "int8" (PYTFM_PRECISION_INT8, 3), its matrices held in int8 blocks for
+# inference (pytfm.nn.GPT.set_precision), which no single product takes as an argument
+MODEL_PRECISIONS = PRECISIONS + ("int8",)
 
 
-def precision_code(precision, name="precision"):
+def precision_code(precision, name="precision", choices=PRECISIONS):
     """The pytfm_precision of a precision's name: "fp32" (float32 products, the default),
     "bf16" (products of BF16-rounded inputs, summed in float32) or "tf32" (of TF32-rounded
-    inputs, on the GPU's tensor cores only)."""
+    inputs, on the GPU's tensor cores only); with choices=MODEL_PRECISIONS (a model's), also
+    "int8" (int8 weights, for inference on the CPU)."""
     if not isinstance(precision, str):
-        raise TypeError(f"{name} must be a str, one of {', '.join(PRECISIONS)}; got "
+        raise TypeError(f"{name} must be a str, one of {', '.join(choices)}; got "
                         f"{type(precision).__name__}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"{name} must be one of {', '.join(PRECISIONS)}; got {precision!r}")
-    return PRECISIONS.index(precision)
+    if precision not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {precision!r}")
+    return MODEL_PRECISIONS.index(precision)
 
 
 def _settings_from_environment():

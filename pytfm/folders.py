@@ -38,7 +38,8 @@ def read_config(folder):
 
 def load(folder, device="cpu", precision="fp32"):
     """The folder's model, a pytfm.nn.GPT on device, in precision (a bfloat16 Llama-family
-    folder on the CPU in "bf16": its matrices in BF16 only, for inference; pytfm.llama.load)."""
+    folder on the CPU in "bf16": its matrices in BF16 only, for inference; pytfm.llama.load;
+    "int8", the CPU only: every matrix quantised to int8 blocks, for inference)."""
     return family(folder).load(folder, device, precision)
 
 

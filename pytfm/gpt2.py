@@ -51,7 +51,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import _atomic
-from ._core import check, ffi, lib, precision_code
+from ._core import MODEL_PRECISIONS, check, ffi, lib, precision_code
 from .checkpoint import CheckpointError, safetensors_chunks
 from .device import available_memory  # memory_plan's default; tests patch it here
 from .nn import GPT, GPTConfig
@@ -256,17 +256,29 @@ def check_memory(plan, what, available=None):
 # ---- load and save -----------------------------------------------------------------------------
 
 
+def _cpu_only(precision, device):
+    """A load in precision "int8" is refused on the GPU before anything is read."""
+    if precision == "int8" and device != "cpu":
+        raise ValueError(f"precision 'int8' runs on the CPU only (int8 weights), not on "
+                         f"{device}: load it with device='cpu', or in 'fp32' or 'bf16'")
+
+
 def load(folder, device="cpu", precision="fp32"):
     """The GPT-2 in a Hugging Face folder (config.json + model.safetensors) as a pytfm GPT
     (pos="learned") on device, in precision. Everything is checked, and the memory the model
-    needs compared with what is available, before the model is allocated."""
+    needs compared with what is available, before the model is allocated. "int8" (the CPU
+    only) quantises the float32 values read as they lie (GPT.set_precision("int8")), never
+    writing the float32 model's own pages."""
     from . import device as devices
 
+    precision_code(precision, choices=MODEL_PRECISIONS)  # a bad name fails here
+    _cpu_only(precision, device)
     devices.array_module(device)
-    precision_code(precision)  # a bad name fails here, naming the argument
     with _Folder(folder) as f:
         check_memory(memory_plan(f.cfg, optimizer=False), f"the GPT-2 in {folder}")
         model = GPT(f.cfg, device, init=False)
+        if precision == "int8":
+            return model._quantise(f.read())
         model.params.copy_from(f.read())
     return model.set_precision(precision)
 

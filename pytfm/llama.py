@@ -30,10 +30,10 @@ import os
 import numpy as np
 
 from . import _atomic
-from ._core import check, ffi, lib, precision_code
+from ._core import MODEL_PRECISIONS, check, ffi, lib, precision_code
 from .checkpoint import CheckpointError
+from .gpt2 import _cpu_only, _json_text, check_memory, memory_plan
 from .gpt2 import _Folder as gpt2_folder
-from .gpt2 import _json_text, check_memory, memory_plan
 from .nn import GPT, GPTConfig, config_from_c, param_shapes
 
 CONFIG = "config.json"
@@ -100,17 +100,26 @@ def load(folder, device="cpu", precision="fp32"):
     C model opens such a folder. Any other load has float32 parameters (in "bf16", the products
     round them); so does fine-tuning, which loads in "fp32" and calls set_precision("bf16")
     (what `python -m pytfm train --precision bf16` does). Everything is checked, and the memory
-    the model needs compared with what is available, before the model is allocated."""
+    the model needs compared with what is available, before the model is allocated.
+
+    "int8" (the CPU only): every matrix quantised (GPT.set_precision("int8")), from the BF16
+    values a bfloat16 folder holds (kept as above first, no float32 copy), else from the
+    float32 values read, which are quantised as they lie (the model's own float32 pages never
+    written), as the C model quantises the same folder."""
     from . import device as devices
 
+    precision_code(precision, choices=MODEL_PRECISIONS)  # a bad name fails here
+    _cpu_only(precision, device)
     devices.array_module(device)
-    precision_code(precision)  # a bad name fails here, naming the argument
     with _Folder(folder) as f:
         all16, n16 = ffi.new("int32_t *"), ffi.new("int64_t *")
         _check(lib.pytfm_llama_bf16_matrices(f._g, all16, n16))
-        keep = device == "cpu" and precision == "bf16" and bool(all16[0])
+        keep = device == "cpu" and precision in ("bf16", "int8") and bool(all16[0])
         check_memory(memory_plan(f.cfg, optimizer=False, bf16=keep), f"the model in {folder}")
-        model = GPT(f.cfg, device, "fp32" if keep else precision, init=False)
+        model = GPT(f.cfg, device, "fp32" if keep or precision == "int8" else precision,
+                    init=False)
+        if not keep and precision == "int8":
+            return model._quantise(f.read())
         if not keep:
             model.params.copy_from(f.read())
             return model
@@ -120,7 +129,7 @@ def load(folder, device="cpu", precision="fp32"):
                                          bits.size, ffi.from_buffer("float[]", vectors, True),
                                          vectors.size))
         model._keep(bits, vectors)
-    return model
+    return model.set_precision(precision)  # "int8": quantised from the BF16 bits
 
 
 # ---- save --------------------------------------------------------------------------------------

@@ -29,6 +29,12 @@ BF16 weights, for inference: model.keep_bf16() (and pytfm.llama.load(folder, pre
 holds every matrix as its BF16 bits only (model.params16, uint16; the vectors stay float32 in
 model.vectors), with no float32 copy and no gradients: 2 bytes per matrix value instead of 8.
 Such a model forwards, decodes and generates, in precision "bf16"; it does not train.
+Int8 weights, for inference: model.set_precision("int8") (and a load in precision "int8")
+holds every matrix but GPT-2's learned positions as blocks of 32 int8 values with an fp16
+scale each (Q8_0: model.params8, {name: (q int8, scales uint16)}), the rest float32 in
+model.vectors: about 1.06 bytes per matrix value. It forwards, decodes and generates on
+ops.linear_forward_q8w and ops.embedding_forward_q8w, as the C model in PYTFM_PRECISION_INT8
+does (the same bits); it does not train, and it stays int8.
 
 Devices: GPT(cfg, device="cuda") (or model.to("cuda")) keeps every array on the GPU as a CuPy
 array, and each op runs its CUDA twin (pytfm.ops picks the backend from the arrays); model.device
@@ -57,7 +63,7 @@ import numpy as np
 from . import _arrays, _core, ops
 from . import device as devices
 from ._arrays import arange, as_bool, check_index_arrays, is_array, is_cupy
-from ._core import precision_code
+from ._core import MODEL_PRECISIONS, precision_code
 from .kvcache import KVCache
 
 POSITIONS = ("rope", "sinusoidal", "none", "learned")
@@ -350,6 +356,7 @@ class Linear:
         else:
             self.w, self.dw = tied.w, tied.dw
         self.b, self.db = P.add(f"{name}.bias", (n_out,)) if bias else (None, None)
+        self.scales = None  # int8 weights' (GPT.set_precision("int8")): w holds their blocks
         self.saved = None
         self.precision = "fp32"
 
@@ -358,6 +365,8 @@ class Linear:
             self.saved = x
         if self.w.dtype == np.uint16:  # BF16 bits (GPT.keep_bf16): precision "bf16"'s product
             return ops.linear_forward_bf16w(x, self.w, self.b)
+        if self.w.dtype == np.int8:  # int8 blocks and their scales (precision "int8")
+            return ops.linear_forward_q8w(x, self.w, self.scales, self.b)
         return ops.linear_forward(x, self.w, self.b, precision=self.precision)
 
     def forward_gelu(self, x, save=True):  # (..., in) -> gelu(h), h = x·wᵀ + b: (..., out) each
@@ -366,8 +375,8 @@ class Linear:
         product then GELU's own pass, which gives the fused epilogue's bits."""
         if save:
             self.saved = x
-        if self.w.dtype == np.uint16:
-            h = ops.linear_forward_bf16w(x, self.w, self.b)
+        if self.w.dtype in (np.uint16, np.int8):
+            h = self.forward(x, save=False)
             return ops.gelu_forward(h), h
         return ops.linear_gelu_forward(x, self.w, self.b, precision=self.precision)
 
@@ -394,6 +403,7 @@ class JoinedLinear(Linear):
             for name, n_out in zip(names, n_outs):
                 P.add(f"{name}.bias", (n_out,))
         self.b, self.db = P.joined([f"{name}.bias" for name in names]) if bias else (None, None)
+        self.scales = None  # as Linear's
         self.saved = None
         self.precision = "fp32"
 
@@ -401,6 +411,7 @@ class JoinedLinear(Linear):
 class Embedding:
     def __init__(self, P, name, vocab, dim):
         self.w, self.dw = P.add(f"{name}.weight", (vocab, dim), 0.02)
+        self.scales = None  # as Linear's
         self.saved = None
 
     def forward(self, ids, save=True):  # int64 (B, T) -> (B, T, dim)
@@ -408,6 +419,8 @@ class Embedding:
             self.saved = ids
         if self.w.dtype == np.uint16:  # BF16 bits (GPT.keep_bf16)
             return ops.embedding_forward_bf16w(ids, self.w, check_ids=False)
+        if self.w.dtype == np.int8:  # int8 blocks (precision "int8")
+            return ops.embedding_forward_q8w(ids, self.w, self.scales, check_ids=False)
         return ops.embedding_forward(ids, self.w, check_ids=False)  # GPT._inputs did
 
     def backward(self, dy):  # (B, T, dim) -> None (the ids have no gradient)
@@ -726,10 +739,20 @@ def _moved(a, flats, device):
     return devices.to_device(a, device)
 
 
-_KEPT = ("{what}: this model holds its matrices in BF16 only (keep_bf16, or a load in "
-         "precision 'bf16'), for inference, with no float32 parameters or gradients; load or "
-         "build it in float32 to train it, save it or hand it to an optimizer")
-_KEEP_CHUNK = 1 << 20  # matrix values rounded at once by keep_bf16
+_KEPT = ("{what}: this model holds its matrices in {form} only ({how}), for inference, with "
+         "no float32 parameters or gradients; load or build it in float32 to train it, save it "
+         "or hand it to an optimizer")
+_FORMS = {"bf16": ("BF16", "keep_bf16, or a load in precision 'bf16'"),
+          "int8": ("int8 blocks", "set_precision('int8'), or a load in precision 'int8'")}
+_KEEP_CHUNK = 1 << 20  # matrix values rounded (keep_bf16) or quantised (int8) at once
+Q8_BLOCK = 32  # the values of one int8 block (PYTFM_Q8_BLOCK), along a matrix's input
+
+
+def _quantised(name, a):
+    """Whether parameter name (array a) is held in int8 blocks in precision "int8": every
+    matrix but GPT-2's learned positions, which are added to the embeddings, never multiplied
+    (the C model's rule, csrc/model/model.c)."""
+    return a.ndim >= 2 and name != "transformer.wpe.weight"
 
 
 def _split(params):
@@ -795,7 +818,8 @@ class GPT:
             self.lm_head = Linear(P, "lm_head", cfg.d_model, cfg.vocab, bias=False,
                                   tied=self.wte if cfg.tie_embeddings else None)
         self._params, self._grads = P.params, P.grads
-        self.params16 = self.vectors = None  # keep_bf16's
+        self.params16 = self.vectors = None  # keep_bf16's (vectors: and int8's)
+        self.params8 = None  # precision "int8"'s: {name: (q, scales)}
         self.saved, self.device, self.xp, self.precision = None, "cpu", np, "fp32"
         self.to(device)
         self.set_precision(precision)
@@ -818,18 +842,23 @@ class GPT:
         self.lm_head = Linear(P, "lm_head", cfg.d_model, cfg.vocab, bias=False,
                               tied=self.wte if cfg.tie_embeddings else None)
 
+    def _kept_error(self, what):
+        """The RuntimeError of a model that keeps BF16 or int8 weights, for what it refuses."""
+        form, how = _FORMS[self.precision]
+        return RuntimeError(_KEPT.format(what=what, form=form, how=how))
+
     @property
     def params(self):
         """The parameters: a FlatDict of float32 arrays (see the module's docstring)."""
         if self.kept:
-            raise RuntimeError(_KEPT.format(what="model.params"))
+            raise self._kept_error("model.params")
         return self._params
 
     @property
     def grads(self):
         """The parameters' gradients: a FlatDict of model.params's layout."""
         if self.kept:
-            raise RuntimeError(_KEPT.format(what="model.grads"))
+            raise self._kept_error("model.grads")
         return self._grads
 
     def keep_bf16(self):
@@ -849,6 +878,9 @@ class GPT:
         model.params and model.grads, which an optimizer, a checkpoint or a save would take),
         and so are set_precision to another precision and to("cuda"): build or load the model
         in float32 to train it or move it. The CPU only."""
+        if self.precision == "int8":
+            raise ValueError("keep_bf16: this model holds its matrices in int8 blocks only "
+                             "(set_precision('int8')); load or build it in float32 to keep BF16")
         if self.kept:
             return self
         if self.device != "cpu":
@@ -909,10 +941,100 @@ class GPT:
         params.stale = grads.stale = True
         self.kept = True
 
+    def _quantise(self, values=None):
+        """set_precision("int8"): see there. values: {name: float32 array} of every parameter,
+        quantised instead of the model's own (a load quantises what it read, never touching
+        the float32 model's pages)."""
+        if self.device != "cpu":
+            raise ValueError(f"set_precision('int8'): the model is on {self.device}; int8 "
+                             "weights run on the CPU only (model.to('cpu') first)")
+        # what the layers hold now, by name: model.params's, or a kept model's BF16 bits
+        now = dict(self._params) if not self.kept else {**self.params16, **self.vectors}
+        current = now if values is None else values
+        order = [name for name, _ in param_shapes(self.cfg)]
+        quantised = [n for n in order if _quantised(n, current[n])]
+        for name in quantised:
+            out, n_in = current[name].shape
+            if n_in % Q8_BLOCK:
+                raise ValueError(f"set_precision('int8'): int8 weights are blocks of {Q8_BLOCK} "
+                                 f"values along a matrix's input dimension, and {name} is "
+                                 f"[{out}, {n_in}]: {n_in} is not a multiple of {Q8_BLOCK} "
+                                 "(run this model in 'fp32' or 'bf16')")
+        self._claim("set_precision")
+        q_all = np.empty(sum(current[n].size for n in quantised), np.int8)
+        s_all = np.empty(q_all.size // Q8_BLOCK, np.uint16)
+        starts, at = {}, 0  # the address of each array held now -> its place in the new ones
+        params8 = {}
+        for name in quantised:
+            a = current[name]
+            rows = max(1, _KEEP_CHUNK // a.shape[1])
+            for r in range(0, a.shape[0], rows):  # a piece at a time: no float32 copy
+                # float32, or BF16 bits (quantised as their float32 widening, exactly)
+                q, scales = ops.quantize_q8(np.ascontiguousarray(a[r:r + rows]))
+                lo = at + r * a.shape[1]
+                q_all[lo:lo + q.size] = q.reshape(-1)
+                s_all[lo // Q8_BLOCK:(lo + q.size) // Q8_BLOCK] = scales.reshape(-1)
+            params8[name] = (q_all[at:at + a.size].reshape(a.shape),
+                             s_all[at // Q8_BLOCK:(at + a.size) // Q8_BLOCK].reshape(
+                                 a.shape[0], -1))
+            starts[_address(now[name])] = ("q8", at)
+            at += a.size
+        rest = [(n, current[n].shape) for n in order if n not in params8]
+        layout, size = flat_layout(rest)
+        flat = FlatDict(layout, size)
+        for name, _ in rest:
+            a = current[name]
+            flat[name] = ops.from_bf16_bits(a) if a.dtype == np.uint16 else a
+            starts[_address(now[name])] = ("vector", layout[name][0])
+        grads = self._grads
+
+        def held(a):  # the new arrays of a layer's array a (a span of one or more parameters)
+            kind, at = starts[_address(a)]
+            if kind == "vector":
+                return flat.buffer[at:at + a.size].reshape(a.shape), None
+            return (q_all[at:at + a.size].reshape(a.shape),
+                    s_all[at // Q8_BLOCK:(at + a.size) // Q8_BLOCK].reshape(a.shape[0], -1))
+
+        for layer in self._layers():
+            for attr, value in list(vars(layer).items()):
+                if grads is not None and _within(value, grads.buffer):
+                    setattr(layer, attr, None)  # no gradients: the model does not train
+                elif isinstance(value, np.ndarray) and _address(value) in starts:
+                    new, scales = held(value)
+                    setattr(layer, attr, new)
+                    if scales is not None:  # a weight's blocks: the layer's scales beside
+                        layer.scales = scales
+            layer.saved = None
+        if self._params is not None:
+            self._params.stale = self._grads.stale = True
+        self.vectors, self.params16, self.params8, self.saved = flat, None, params8, None
+        self._params = self._grads = None
+        self.kept, self.precision = True, "int8"
+        return self
+
     def set_precision(self, precision):
         """The precision of the linear layers' products from now on ("fp32" or "bf16", see
-        GPT); returns the model. A forward and its backward should run in one precision."""
-        precision_code(precision)  # a bad name fails here, naming the argument
+        GPT); returns the model. A forward and its backward should run in one precision.
+
+        "int8", for inference on the CPU: every matrix but GPT-2's learned positions (which
+        are added, not multiplied) is quantised once, here, into blocks of 32 values along its
+        input dimension, each block int8 values q and one fp16 scale d = amax/127 (Q8_0:
+        ops.quantize_q8; from its BF16 values for a model that keeps BF16), held in
+        model.params8 ({name: (q, scales)}; a tied LM head is the embedding's), the rest in
+        float32 in model.vectors; the float32 matrices and the gradients are freed. Each
+        product is then ops.linear_forward_q8w's, the embedding ops.embedding_forward_q8w's:
+        forward, decode and pytfm.generate give the bits of the C model in
+        PYTFM_PRECISION_INT8. It is one way: what would train the model is refused as for
+        keep_bf16, and so are set_precision to another precision, keep_bf16 and to("cuda").
+        A matrix whose input dimension is not a multiple of 32 is refused (ValueError naming
+        it) before anything changes."""
+        precision_code(precision, choices=MODEL_PRECISIONS)  # a bad name fails here
+        if self.precision == "int8" and precision != "int8":
+            raise ValueError(f"set_precision({precision!r}): this model holds its matrices in "
+                             "int8 blocks only (set_precision('int8')), so it runs in 'int8'; "
+                             "load or build it in float32 for another precision")
+        if precision == "int8":
+            return self._quantise() if self.precision != "int8" else self
         if self.kept and precision != "bf16":
             raise ValueError(f"set_precision({precision!r}): this model holds its matrices in "
                              "BF16 only (keep_bf16), so it runs in 'bf16'; load or build it in "
@@ -934,13 +1056,14 @@ class GPT:
         layers then hold; what a forward saved for its backward is dropped. Make the optimizer
         AFTER moving the model, as in torch: one made before still holds the old arrays (its
         step() refuses them: they are marked stale)."""
+        if self.kept and device != self.device:  # before the GPU is looked for
+            form, how = _FORMS[self.precision]
+            raise ValueError(f"to({device!r}): this model holds its matrices in {form} only "
+                             f"({how.split(',')[0]}), which runs on the CPU; load or build it "
+                             "in float32 to move it")
         xp = devices.array_module(device)
         if device == self.device:
             return self
-        if self.kept:
-            raise ValueError(f"to({device!r}): this model holds its matrices in BF16 only "
-                             "(keep_bf16), which runs on the CPU; load or build it in float32 "
-                             "to move it")
         if self.precision == "tf32" and device == "cpu":
             raise ValueError("precision 'tf32' runs on the GPU only: set_precision('fp32') or "
                              "'bf16' before moving the model to the CPU")
@@ -1038,12 +1161,14 @@ class GPT:
 
     def num_params(self):
         if self.kept:
-            return sum(p.size for p in (*self.params16.values(), *self.vectors.values()))
+            held = self.params16.values() if self.params8 is None else \
+                (q for q, _ in self.params8.values())
+            return sum(p.size for p in (*held, *self.vectors.values()))
         return sum(p.size for p in self.params.values())
 
     def zero_grad(self):
         if self.kept:
-            raise RuntimeError(_KEPT.format(what="zero_grad()"))
+            raise self._kept_error("zero_grad()")
         self._claim("zero_grad")
         self.grads.buffer.fill(0.0)
 
@@ -1071,14 +1196,14 @@ class GPT:
         either device: float(loss) reads it back).
 
         save: keep what backward() needs (the default when targets are given, but for a model
-        that keeps BF16, which does not train: keep_bf16); pass
+        that keeps BF16 or int8 weights, which does not train: keep_bf16); pass
         save=False to evaluate a loss without touching the state of a pending backward().
         check_ids=False skips the GPU's check of the ids' values (one read of the device, the
         only one in a training step) when the caller knows them to be in [0, vocab) (-1 for a
         target); an id outside would then make the loss NaN. The CPU always checks."""
         save = targets is not None and not self.kept if save is None else as_bool("save", save)
         if save and self.kept:
-            raise RuntimeError(_KEPT.format(what="forward(save=True)"))
+            raise self._kept_error("forward(save=True)")
         if save and targets is None:
             raise ValueError("forward(save=True) needs targets: backward() starts at the loss")
         self._check_inputs(idx, targets, check_ids)
@@ -1096,7 +1221,7 @@ class GPT:
         """Accumulate d(loss)/d(parameter) into self.grads, for the loss of the last
         forward() that saved."""
         if self.kept:
-            raise RuntimeError(_KEPT.format(what="backward()"))
+            raise self._kept_error("backward()")
         if self.saved is None:
             raise RuntimeError("backward() needs a preceding forward(idx, targets) with targets")
         self._claim("backward")

@@ -97,14 +97,24 @@ enum { PYTFM_NO_INPLACE = -1 };
 
 /* a scalar option of the functions with a precision argument (the _ex ones) */
 static inline pytfm_status pytfm__check_precision(const char *func, int32_t precision) {
+    PYTFM_CHECK(precision != PYTFM_PRECISION_INT8,
+                "%s: precision PYTFM_PRECISION_INT8 (3) is a model's (pytfm_model_set_precision), "
+                "not a product's: a product on int8 weights is pytfm_linear_forward_q8w, on "
+                "weights pytfm_quantize_q8 made; use 0: FP32 or 1: BF16 here",
+                func);
     PYTFM_CHECK(precision == PYTFM_PRECISION_FP32 || precision == PYTFM_PRECISION_BF16,
                 "%s: precision must be a pytfm_precision (0: FP32, 1: BF16), got %d", func,
                 (int)precision);
     return PYTFM_STATUS_OK;
 }
 
-/* the same for the CUDA twins (cuda/), which also compute in TF32 on the tensor cores */
+/* the same for the CUDA twins (cuda/), which also compute in TF32 on the tensor cores (and
+ * have no int8 products) */
 static inline pytfm_status pytfm__check_precision_cuda(const char *func, int32_t precision) {
+    PYTFM_CHECK(precision != PYTFM_PRECISION_INT8,
+                "%s: precision PYTFM_PRECISION_INT8 (3) runs on the CPU only (int8 weights, "
+                "pytfm_linear_forward_q8w); use 0: FP32, 1: BF16 or 2: TF32 on the GPU",
+                func);
     PYTFM_CHECK(precision == PYTFM_PRECISION_FP32 || precision == PYTFM_PRECISION_BF16 ||
                     precision == PYTFM_PRECISION_TF32,
                 "%s: precision must be a pytfm_precision (0: FP32, 1: BF16, 2: TF32), got %d",

@@ -152,11 +152,17 @@ PYTFM_API int32_t pytfm_get_bf16_isa(void);
  *         rounded to TF32 (11 significant bits, to nearest, ties away from zero: the GPU's
  *         cvt.rna.tf32.f32) as it is read, the products (exact in float32) summed in float32.
  *         The CPU functions refuse it (PYTFM_STATUS_INVALID_ARGUMENT): its CPU twin would be
- *         the FP32 kernels on rounded inputs, which no caller needs yet. */
+ *         the FP32 kernels on rounded inputs, which no caller needs yet.
+ *   INT8  a model's precision, for inference on the CPU (pytfm_model_set_precision): every
+ *         weight matrix held as blocks of 32 int8 values with an fp16 scale each (Q8_0), its
+ *         products pytfm_linear_forward_q8w's. It is no precision of a single product: the
+ *         functions with a precision argument refuse it (PYTFM_STATUS_INVALID_ARGUMENT), as
+ *         the _cuda twins do; the weights must be quantised first (pytfm_quantize_q8). */
 typedef enum pytfm_precision {
     PYTFM_PRECISION_FP32 = 0,
     PYTFM_PRECISION_BF16 = 1,
-    PYTFM_PRECISION_TF32 = 2
+    PYTFM_PRECISION_TF32 = 2,
+    PYTFM_PRECISION_INT8 = 3
 } pytfm_precision;
 
 typedef struct pytfm_build_info {

@@ -514,9 +514,27 @@ PYTFM_API pytfm_status pytfm_model_get_config(const pytfm_model *model,
  * the products of several rows read them); FP32 frees it. A model of a bfloat16 folder has no
  * float32 matrices to copy: its FP32 widens them into a float32 allocation of 4 bytes per
  * weight (then the logits are pytfm.llama.load(folder)'s, FP32's bits), which BF16 frees
- * again. Not while another thread uses the
- * model or one of its sessions. PYTFM_STATUS_OUT_OF_MEMORY leaves the model as it was. A
- * model opened on PYTFM_DEVICE_CUDA computes in FP32 only: BF16 is PYTFM_STATUS_NOT_SUPPORTED. */
+ * again.
+ * PYTFM_PRECISION_INT8, for inference: every weight matrix (each block's q/k/v or GPT's fused
+ * c_attn, the output projection, the MLP's (GPT's c_fc and c_proj, Llama's gate, up and
+ * down), the embedding and the LM head, tied or not) is quantised once, here, into blocks of
+ * 32 int8 values along its input dimension with an fp16 scale each (pytfm_quantize_q8; from
+ * the BF16 matrices of a model that keeps BF16, pytfm_quantize_q8_bf16), and every product is
+ * then pytfm_linear_forward_q8w's, the embedding lookup pytfm_embedding_forward_q8w's, as
+ * pytfm.nn.GPT.set_precision("int8") runs them, so the logits are its bits (at the same thread
+ * count and instruction-set cap). GPT-2's learned positions stay float32: they are added, not
+ * multiplied. The float32 (and BF16) matrices are freed, so that the model takes about 1.06
+ * bytes per matrix value (a quarter of FP32's, plus 2 bytes of scale per 32 values): INT8 is
+ * one way, and set_precision to another precision afterwards is PYTFM_STATUS_INVALID_ARGUMENT
+ * (open the model again). A matrix whose input dimension is not a multiple of 32 is refused
+ * (PYTFM_STATUS_INVALID_ARGUMENT naming it and its shape; such a model runs in FP32 or BF16),
+ * as is a weight that is not finite (pytfm_quantize_q8's error, with the matrix's name); any
+ * refusal leaves the model as it was. Memory: the blocks (1 + 1/16 bytes per quantised
+ * value) and a float32 allocation of the other parameters are made beside the float32 (or
+ * BF16) ones, which are freed once every matrix is quantised: the peak is their sum.
+ * Not while another thread uses the model or one of its sessions.
+ * PYTFM_STATUS_OUT_OF_MEMORY leaves the model as it was. A model opened on PYTFM_DEVICE_CUDA
+ * computes in FP32 only: BF16 and INT8 are PYTFM_STATUS_NOT_SUPPORTED. */
 PYTFM_API pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision);
 
 /* *precision = the model's pytfm_precision. */

@@ -46,6 +46,15 @@
  * a float32 allocation of their own (freed again by BF16); on the GPU they are widened as they
  * are copied there, and the model is an FP32 one.
  *
+ * In PYTFM_PRECISION_INT8 (the CPU only) every weight matrix (the blocks', the embedding and
+ * the LM head, tied or not) is held as blocks of 32 int8 values with an fp16 scale each,
+ * quantised once by set_precision (pytfm_quantize_q8, or _bf16 from a model that keeps BF16),
+ * and every product is pytfm_linear_forward_q8w's, the embedding pytfm_embedding_forward_q8w's,
+ * as pytfm.nn.GPT.set_precision("int8") runs them: the logits are its bits again. The float32
+ * and BF16 matrices are freed (the vectors and GPT-2's learned positions move into a float32
+ * allocation of their own), so INT8 is one way: a model keeps a quarter of FP32's bytes per
+ * matrix value and a little more (the scales), and going back is refused.
+ *
  * The model is read-only once opened (the parameters, per-layer pointers into them, the
  * position table, the precision and the BF16 copies): any number of threads may share it,
  * as long as none changes its precision meanwhile. Each call allocates its own activations
@@ -54,6 +63,7 @@
 #define _POSIX_C_SOURCE 200809L /* stat */
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -69,6 +79,12 @@
  * projections, the MLP's (GPT: c_fc; Llama: gate_proj, with up_proj beside it) and its output
  * projection (c_proj; down_proj). */
 enum { ATTN_IN, ATTN_OUT, MLP_IN, MLP_UP, MLP_OUT, MATRICES };
+
+/* the parts of a block in either family's layout (GPT's 12, the Llama family's enum) */
+enum {
+    PARTS = (int)PYTFM__LAYER_PARTS > (int)PYTFM__LLAMA_PARTS ? (int)PYTFM__LAYER_PARTS
+                                                            : (int)PYTFM__LLAMA_PARTS
+};
 
 /* one block's parameters: pointers into the model's one allocation, on its device */
 typedef struct layer {
@@ -87,11 +103,18 @@ typedef struct layer {
     const float *llama[PYTFM__LLAMA_PARTS];
     /* the Llama family's matrices in BF16 (a model that keeps BF16), else NULL */
     const uint16_t *llama16[PYTFM__LLAMA_PARTS];
+    /* in PYTFM_PRECISION_INT8, each matrix part's int8 values and fp16 scales (indexed by
+     * part: GPT's layout order, or enum pytfm__llama_part), else NULL */
+    const int8_t *q8part[PARTS];
+    const uint16_t *s8part[PARTS];
     /* each matrix of the roles above [out, in] (Llama's ATTN_IN: q, k and v as one) in float32
-     * (NULL: none, or a model that keeps BF16 in BF16), in BF16 (the copy set_precision makes,
-     * or the kept matrix; NULL: none), and its bias (NULL: none) */
+     * (NULL: none, or a model that keeps BF16 in BF16, or one in INT8), in BF16 (the copy
+     * set_precision makes, or the kept matrix; NULL: none), in int8 blocks with their scales
+     * (INT8; else NULL), and its bias (NULL: none) */
     const float *w[MATRICES];
     const uint16_t *w16[MATRICES];
+    const int8_t *q8[MATRICES];
+    const uint16_t *s8[MATRICES];
     const float *b[MATRICES];
     int64_t rows[MATRICES], cols[MATRICES];
 } layer;
@@ -125,6 +148,13 @@ struct pytfm_model {
     float *w32;                 /* owned: the kept matrices widened (keeps_bf16 in FP32), or NULL */
     const uint16_t *lm_head16;  /* the LM head in BF16: its copy (BF16) or kept, or NULL */
     const uint16_t *wte16;      /* the embedding, kept (keeps_bf16), or NULL */
+    /* owned (PYTFM_PRECISION_INT8, else NULL): every quantised matrix's int8 values, and their
+     * fp16 scales, one per block of 32, each in the layout's order; params then holds the
+     * other parameters only (the vectors, and GPT-2's learned positions), in that order */
+    int8_t *q8;
+    uint16_t *s8;
+    const int8_t *wte_q8, *lm_head_q8; /* INT8: the embedding's and the LM head's (tied: the */
+    const uint16_t *wte_s8, *lm_head_s8; /* same), else NULL */
 };
 
 /* Each block's matrices by role (layer.w, .b, .rows, .cols), from its parts. */
@@ -141,59 +171,86 @@ static void roles(pytfm_model *m, layer *l) {
         const uint16_t *w16[MATRICES] = {k[PYTFM__LLAMA_Q_W], k[PYTFM__LLAMA_O_W],
                                          k[PYTFM__LLAMA_GATE], k[PYTFM__LLAMA_UP],
                                          k[PYTFM__LLAMA_DOWN]};
+        const int part[MATRICES] = {PYTFM__LLAMA_Q_W, PYTFM__LLAMA_O_W, PYTFM__LLAMA_GATE,
+                                    PYTFM__LLAMA_UP, PYTFM__LLAMA_DOWN};
         for (int r = 0; r < MATRICES; r++)
             l->w[r] = w[r], l->w16[r] = w16[r], l->b[r] = NULL, l->rows[r] = rows[r],
-            l->cols[r] = cols[r];
+            l->cols[r] = cols[r], l->q8[r] = l->q8part[part[r]], l->s8[r] = l->s8part[part[r]];
         l->b[ATTN_IN] = p[PYTFM__LLAMA_Q_B]; /* q, k and v's, adjacent; NULL without qkv_bias */
         return;
     }
     const float *w[MATRICES] = {l->attn_w, l->aproj_w, l->fc_w, NULL, l->mproj_w};
     const float *b[MATRICES] = {l->attn_b, l->aproj_b, l->fc_b, NULL, l->mproj_b};
     const int64_t rows[MATRICES] = {3 * C, C, 4 * C, 0, C}, cols[MATRICES] = {C, C, C, 0, 4 * C};
-    for (int r = 0; r < MATRICES; r++)
+    const int part[MATRICES] = {2, 4, 8, -1, 10}; /* c_attn, attn.c_proj, c_fc, mlp.c_proj */
+    for (int r = 0; r < MATRICES; r++) {
         l->w[r] = w[r], l->b[r] = b[r], l->rows[r] = rows[r], l->cols[r] = cols[r];
+        l->q8[r] = part[r] < 0 ? NULL : l->q8part[part[r]];
+        l->s8[r] = part[r] < 0 ? NULL : l->s8part[part[r]];
+    }
+}
+
+/* Whether parameter x is held in int8 blocks in PYTFM_PRECISION_INT8: every matrix but GPT-2's
+ * learned positions, which are added to the embeddings, never multiplied (quantising them
+ * would only add error; they are max_seq·C values, 0.6 % of GPT-2-124M's, 2.4 % of its bytes
+ * in INT8 when kept in float32) */
+static int quantised(const pytfm_model *m, const pytfm_param_info *x) {
+    return x->ndim == 2 && !(!m->llama && x->layer < 0 && x->part == 1);
 }
 
 /* The parameters' pointers, walking the layout (pytfm_model_param) from p, its first float, and
  * table, the model's table (or NULL), both on the model's device; p16: NULL, or a model that
  * keeps BF16 (Llama, host memory): its matrices are in p16 instead, in the layout's order, p
- * holding the rest. -> the values walked. */
-static int64_t walk(pytfm_model *m, const float *p, const uint16_t *p16, const float *table) {
+ * holding the rest; q8: NULL, or a model in INT8 (host memory): the quantised matrices
+ * (quantised()) are in q8 and their scales in s8 instead, in the layout's order, p holding the
+ * rest. -> the values walked. */
+static int64_t walk(pytfm_model *m, const float *p, const uint16_t *p16, const int8_t *q8,
+                    const uint16_t *s8, const float *table) {
     const pytfm_model_config *c = &m->config;
     const float *start = p;
     const uint16_t *start16 = p16;
+    const int8_t *start8 = q8;
     m->positions = m->llama ? NULL : table;
     m->inv_freq = m->llama ? table : NULL;
     m->wte = m->lm_head = m->ln_f_b = NULL;
     m->wte16 = m->lm_head16 = NULL;
+    m->wte_q8 = m->lm_head_q8 = NULL, m->wte_s8 = m->lm_head_s8 = NULL;
     int64_t shape[2];
     for (pytfm_param_info x = {.layer = -1, .part = -1}; pytfm__param_next(c, &x);) {
         pytfm__param_shape(&x, shape); /* the checked config's: within int64 */
-        const uint16_t *q16 = p16 && x.ndim == 2 ? p16 : NULL; /* this one's in BF16 */
-        const float *q = q16 ? NULL : p;
-        if (q16) p16 += shape[0] * shape[1];
-        else p += shape[0] * shape[1];
+        const int64_t n = shape[0] * shape[1];
+        const int8_t *x8 = q8 && quantised(m, &x) ? q8 : NULL; /* this one's in int8 */
+        const uint16_t *xs = x8 ? s8 : NULL;
+        const uint16_t *q16 = !x8 && p16 && x.ndim == 2 ? p16 : NULL; /* this one's in BF16 */
+        const float *q = q16 || x8 ? NULL : p;
+        if (x8) q8 += n, s8 += n / PYTFM_Q8_BLOCK;
+        else if (q16) p16 += n;
+        else p += n;
         if (x.layer >= 0 && x.layer < c->n_layer && m->llama) {
             const int part = pytfm__llama_part(c, x.part);
             m->layers[x.layer].llama[part] = q;
             m->layers[x.layer].llama16[part] = q16;
+            m->layers[x.layer].q8part[part] = x8, m->layers[x.layer].s8part[part] = xs;
         } else if (x.layer >= 0 && x.layer < c->n_layer) {
             m->layers[x.layer].part[x.part] = q;
+            m->layers[x.layer].q8part[x.part] = x8, m->layers[x.layer].s8part[x.part] = xs;
         } else if (x.layer < 0 && x.part == 0) {
-            m->wte = q, m->wte16 = q16;
+            m->wte = q, m->wte16 = q16, m->wte_q8 = x8, m->wte_s8 = xs;
         } else if (x.layer < 0) {
             m->positions = q; /* learned */
         } else if (x.part == 0) {
             m->ln_f_w = q;
         } else if (x.part == 1 && !m->llama) {
             m->ln_f_b = q;
-        } else {
-            m->lm_head = q, m->lm_head16 = q16; /* untied */
+        } else { /* untied */
+            m->lm_head = q, m->lm_head16 = q16, m->lm_head_q8 = x8, m->lm_head_s8 = xs;
         }
     }
-    if (c->tie_embeddings) m->lm_head = m->wte, m->lm_head16 = m->wte16;
+    if (c->tie_embeddings)
+        m->lm_head = m->wte, m->lm_head16 = m->wte16, m->lm_head_q8 = m->wte_q8,
+        m->lm_head_s8 = m->wte_s8;
     for (int64_t i = 0; i < c->n_layer; i++) roles(m, &m->layers[i]);
-    return (p - start) + (p16 - start16);
+    return (p - start) + (p16 - start16) + (q8 - start8);
 }
 
 /* pytfm.nn.sinusoidal_positions(max_seq, C), by the same function (pytfm_sinusoidal_positions,
@@ -263,7 +320,7 @@ static pytfm_status build(pytfm_model **model, pytfm__weights *w, const char *fu
         st = sinusoidal_table(&m->table, func, c->max_seq, m->C);
         m->n_table = c->max_seq * m->C;
     }
-    const int64_t walked = walk(m, m->params, m->w16, m->table);
+    const int64_t walked = walk(m, m->params, m->w16, NULL, NULL, m->table);
     if (st == PYTFM_STATUS_OK && walked != c->n_params) // the reader's promise, checked once
         st = pytfm__fail(PYTFM_STATUS_INTERNAL,
                          "%s: the checkpoint reader returned %lld floats of parameters where "
@@ -337,7 +394,7 @@ static pytfm_status to_device(pytfm_model *m, const pytfm__model_device *dev,
         dev->release(p);
         return st;
     }
-    walk(m, p, NULL, m->table ? p + n : NULL);
+    walk(m, p, NULL, NULL, NULL, m->table ? p + n : NULL);
     free(m->params), free(m->table), free(m->w16);
     m->params = m->table = NULL;
     m->w16 = NULL, m->keeps_bf16 = 0, m->n_w16 = 0;
@@ -419,6 +476,8 @@ pytfm_status pytfm_model_close(pytfm_model *model) {
     if (model->on_device) model->dev->release(model->on_device);
     free(model->w16);
     free(model->w32);
+    free(model->q8);
+    free(model->s8);
     free(model->table);
     free(model->layers);
     free(model->params);
@@ -483,14 +542,104 @@ static pytfm_status keeper_precision(pytfm_model *m, int32_t precision, const ch
     return PYTFM_STATUS_OK;
 }
 
+/* The model into PYTFM_PRECISION_INT8: every matrix quantised() (pytfm_quantize_q8, or
+ * pytfm_quantize_q8_bf16 from the matrices a model that keeps BF16 holds) into one allocation
+ * of int8 values and one of scales, the other parameters copied into a float32 allocation of
+ * their own, then every float32 and BF16 copy of the matrices freed and the model walked anew.
+ * A matrix whose input dimension is not a multiple of the block is refused, naming it, before
+ * anything is allocated; on any failure the model is left as it was. */
+static pytfm_status to_int8(pytfm_model *m, const char *func) {
+    const pytfm_model_config *c = &m->config;
+    int64_t n8 = 0, shape[2];
+    for (pytfm_param_info x = {.layer = -1, .part = -1}; pytfm__param_next(c, &x);) {
+        pytfm__param_shape(&x, shape);
+        if (!quantised(m, &x)) continue;
+        if (shape[1] % PYTFM_Q8_BLOCK != 0)
+            return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
+                               "%s: PYTFM_PRECISION_INT8 quantises each weight matrix [out, in] in "
+                               "blocks of %d along in, and %s is [%lld, %lld]: %lld is not a "
+                               "multiple of %d (run this model in FP32 or BF16)",
+                               func, PYTFM_Q8_BLOCK, x.name, (long long)shape[0],
+                               (long long)shape[1], (long long)shape[1], PYTFM_Q8_BLOCK);
+        n8 += shape[0] * shape[1];
+    }
+    const int64_t n32 = c->n_params - n8;
+    int8_t *q8 = pytfm__weights_alloc((size_t)n8);
+    uint16_t *s8 = pytfm__weights_alloc((size_t)(n8 / PYTFM_Q8_BLOCK) * sizeof(uint16_t));
+    float *vectors = pytfm__weights_alloc((size_t)(n32 > 0 ? n32 : 1) * sizeof(float));
+    if (!q8 || !s8 || !vectors) {
+        free(q8), free(s8), free(vectors);
+        return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY,
+                           "%s: cannot allocate %lld bytes of int8 weights and their scales", func,
+                           (long long)(n8 + n8 / PYTFM_Q8_BLOCK * 2 + n32 * 4));
+    }
+    // walk the parameters where they are now: the matrices of a model that keeps BF16 in w16
+    const float *p = m->params;
+    const uint16_t *p16 = m->keeps_bf16 ? m->w16 : NULL;
+    int8_t *q = q8;
+    uint16_t *sc = s8;
+    float *v = vectors;
+    pytfm_status st = PYTFM_STATUS_OK;
+    for (pytfm_param_info x = {.layer = -1, .part = -1};
+         st == PYTFM_STATUS_OK && pytfm__param_next(c, &x);) {
+        pytfm__param_shape(&x, shape);
+        const int64_t n = shape[0] * shape[1];
+        const uint16_t *src16 = p16 && x.ndim == 2 ? p16 : NULL;
+        const float *src = src16 ? NULL : p;
+        if (src16) p16 += n;
+        else p += n;
+        if (!quantised(m, &x)) { // a kept model's matrices are all quantised: src is float32
+            memcpy(v, src, (size_t)n * sizeof(float));
+            v += n;
+            continue;
+        }
+        st = src16 ? pytfm_quantize_q8_bf16(q, sc, src16, shape[0], shape[1])
+                   : pytfm_quantize_q8(q, sc, src, shape[0], shape[1]);
+        if (st != PYTFM_STATUS_OK) { // the kernel's words, with the matrix's name
+            char why[512];
+            snprintf(why, sizeof why, "%s", pytfm_last_error());
+            st = pytfm__fail(st, "%s: quantising %s: %s", func, x.name, why);
+        }
+        q += n, sc += n / PYTFM_Q8_BLOCK;
+    }
+    if (st != PYTFM_STATUS_OK) {
+        free(q8), free(s8), free(vectors);
+        return st;
+    }
+    free(m->params), free(m->w16), free(m->w32);
+    m->params = vectors, m->w16 = NULL, m->w32 = NULL;
+    m->keeps_bf16 = 0, m->n_w16 = 0;
+    m->q8 = q8, m->s8 = s8;
+    for (int64_t i = 0; i < c->n_layer; i++)
+        for (int r = 0; r < MATRICES; r++) m->layers[i].w16[r] = NULL; /* GPT's BF16 copies */
+    walk(m, vectors, NULL, q8, s8, m->table); // n32 + n8 values: the layout's, counted above
+    m->precision = PYTFM_PRECISION_INT8;
+    return PYTFM_STATUS_OK;
+}
+
 pytfm_status pytfm_model_set_precision(pytfm_model *model, int32_t precision) {
     PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
-    PYTFM_TRY(pytfm__check_precision(__func__, precision));
+    PYTFM_CHECK(precision == PYTFM_PRECISION_FP32 || precision == PYTFM_PRECISION_BF16 ||
+                    precision == PYTFM_PRECISION_INT8,
+                "%s: precision must be a pytfm_precision (0: FP32, 1: BF16) or "
+                "PYTFM_PRECISION_INT8 (3), got %d",
+                __func__, (int)precision);
     if (precision == model->precision) return PYTFM_STATUS_OK;
     if (!model->dev->host) // the GPU: the CUDA twins compute in float32 only
         return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
-                           "%s: a model on PYTFM_DEVICE_CUDA computes in PYTFM_PRECISION_FP32 only",
-                           __func__);
+                           "%s: a model on PYTFM_DEVICE_CUDA computes in PYTFM_PRECISION_FP32 only%s",
+                           __func__,
+                           precision == PYTFM_PRECISION_INT8
+                               ? " (PYTFM_PRECISION_INT8 runs on the CPU: open the model on "
+                                 "PYTFM_DEVICE_CPU)"
+                               : "");
+    if (model->precision == PYTFM_PRECISION_INT8)
+        return pytfm__fail(PYTFM_STATUS_INVALID_ARGUMENT,
+                           "%s: the model is in PYTFM_PRECISION_INT8, which holds its weight "
+                           "matrices as int8 blocks only (their float32 and BF16 values were freed "
+                           "when it was quantised): open the model again for precision %d",
+                           __func__, (int)precision);
+    if (precision == PYTFM_PRECISION_INT8) return to_int8(model, __func__);
     if (model->keeps_bf16) return keeper_precision(model, precision, __func__);
     const int64_t C = model->C, L = model->config.n_layer;
     if (precision == PYTFM_PRECISION_FP32) {
@@ -594,6 +743,9 @@ static acts acts_carve(const pytfm_model *m, float *buf, int64_t N, int64_t T, i
 /* a linear layer of role r of block L: y [N, rows] = x [N, cols]·wᵀ + b */
 static pytfm_status matmul(const pytfm_model *m, const layer *L, int r, float *y, const float *x,
                            int64_t N, void *stream) {
+    if (m->precision == PYTFM_PRECISION_INT8)
+        return m->dev->linear_q8(y, x, L->q8[r], L->s8[r], L->b[r], N, L->cols[r], L->rows[r],
+                                 stream);
     const uint16_t *w16 = m->precision == PYTFM_PRECISION_BF16 ? L->w16[r] : NULL;
     return m->dev->linear(y, x, L->w[r], w16, L->b[r], N, L->cols[r], L->rows[r], stream);
 }
@@ -691,6 +843,8 @@ static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *out,
     const int64_t C = m->C, V = m->V, N = B * T;
     if (m->wte)
         PYTFM_TRY(dev->embedding(s->x, tokens, m->wte, N, V, C, stream));
+    else if (m->wte_q8) // INT8 (host memory)
+        PYTFM_TRY(dev->embedding_q8(s->x, tokens, m->wte_q8, m->wte_s8, N, V, C, stream));
     else // a model that keeps BF16, in BF16 (host memory)
         PYTFM_TRY(pytfm__embedding_forward_bf16(s->x, tokens, m->wte16, N, V, C));
     if (m->positions) // x += positions[start : start + T], broadcast over the batch
@@ -709,6 +863,8 @@ static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *out,
     else
         PYTFM_TRY(dev->layernorm(s->a, s->mean, s->rstd, s->x, m->ln_f_w, m->ln_f_b, N, C,
                                  PYTFM_LAYERNORM_EPS, stream));
+    if (m->precision == PYTFM_PRECISION_INT8)
+        return dev->linear_q8(out, s->a, m->lm_head_q8, m->lm_head_s8, NULL, N, C, V, stream);
     const uint16_t *head16 = m->precision == PYTFM_PRECISION_BF16 ? m->lm_head16 : NULL;
     return dev->linear(out, s->a, m->lm_head, head16, NULL, N, C, V, stream);
 }

@@ -61,6 +61,13 @@ static pytfm_status linear(float *y, const float *x, const float *w, const uint1
     return pytfm__linear_forward_bf16("pytfm_linear_forward_ex", y, x, w, w16, b, rows, in, out);
 }
 
+static pytfm_status linear_q8(float *y, const float *x, const int8_t *q, const uint16_t *scales,
+                              const float *b, int64_t rows, int64_t in, int64_t out,
+                              void *stream) {
+    (void)stream;
+    return pytfm_linear_forward_q8w(y, x, q, scales, b, rows, in, out);
+}
+
 static pytfm_status qkv_split(float *q, float *k, float *v, const float *qkv,
                               const int64_t *pos, int64_t B, int64_t T, int64_t H, int64_t D,
                               int64_t pos_stride, double base, int32_t rope, void *stream) {
@@ -106,6 +113,13 @@ static pytfm_status embedding(float *y, const int64_t *ids, const float *table,
                               int64_t rows, int64_t vocab, int64_t dim, void *stream) {
     (void)stream;
     return pytfm_embedding_forward(y, ids, table, rows, vocab, dim);
+}
+
+static pytfm_status embedding_q8(float *y, const int64_t *ids, const int8_t *q,
+                                 const uint16_t *scales, int64_t rows, int64_t vocab, int64_t dim,
+                                 void *stream) {
+    (void)stream;
+    return pytfm_embedding_forward_q8w(y, ids, q, scales, rows, vocab, dim);
 }
 
 static pytfm_status rmsnorm(float *y, float *rstd, const float *x, const float *w, int64_t rows,
@@ -158,12 +172,14 @@ const pytfm__model_device pytfm__cpu_model_device = {
     .sync = stream_done,
     .layernorm = layernorm,
     .linear = linear,
+    .linear_q8 = linear_q8,
     .qkv_split = qkv_split,
     .attention = attention,
     .cache_append = cache_append,
     .decode = decode,
     .gelu = gelu,
     .embedding = embedding,
+    .embedding_q8 = embedding_q8,
     .rmsnorm = rmsnorm,
     .swiglu = swiglu,
     .rope_freq = rope_freq,

@@ -37,6 +37,11 @@ typedef struct pytfm__model_device {
      * NULL with w16 set: the weights in BF16 only (the CPU: a model that keeps BF16) */
     pytfm_status (*linear)(float *y, const float *x, const float *w, const uint16_t *w16,
                            const float *b, int64_t rows, int64_t in, int64_t out, void *stream);
+    /* pytfm_linear_forward_q8w: W given as int8 blocks q [out, in] and their fp16 scales (a
+     * model in PYTFM_PRECISION_INT8; the CPU only: NULL on the GPU, whose model refuses INT8) */
+    pytfm_status (*linear_q8)(float *y, const float *x, const int8_t *q, const uint16_t *scales,
+                              const float *b, int64_t rows, int64_t in, int64_t out,
+                              void *stream);
     pytfm_status (*qkv_split)(float *q, float *k, float *v, const float *qkv,
                               const int64_t *pos, int64_t B, int64_t T, int64_t H, int64_t D,
                               int64_t pos_stride, double base, int32_t rope, void *stream);
@@ -57,6 +62,10 @@ typedef struct pytfm__model_device {
     pytfm_status (*gelu)(float *y, const float *x, int64_t count, void *stream);
     pytfm_status (*embedding)(float *y, const int64_t *ids, const float *table, int64_t rows,
                               int64_t vocab, int64_t dim, void *stream);
+    /* pytfm_embedding_forward_q8w: the table in int8 blocks (INT8; the CPU only, as linear_q8) */
+    pytfm_status (*embedding_q8)(float *y, const int64_t *ids, const int8_t *q,
+                                 const uint16_t *scales, int64_t rows, int64_t vocab, int64_t dim,
+                                 void *stream);
     pytfm_status (*rmsnorm)(float *y, float *rstd, const float *x, const float *w, int64_t rows,
                             int64_t cols, float eps, void *stream);
     pytfm_status (*swiglu)(float *h, const float *g, const float *u, int64_t count,

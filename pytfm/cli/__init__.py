@@ -51,7 +51,9 @@ def load_model(p, path, tokenizer=True, precision="fp32"):
     """The model in the checkpoint at path (a pytfm checkpoint file, or a Hugging Face folder
     of GPT-2 or the Llama family: pytfm.folders) and, when tokenizer, its tokenizer (None for
     bytes), a problem reported in one line, in precision (a bfloat16 Llama-family folder in
-    "bf16": held as the file holds it, for inference; pytfm.llama.load)."""
+    "bf16": held as the file holds it, for inference; pytfm.llama.load; "int8": every matrix
+    quantised, for inference, GPT.set_precision("int8"), a matrix it refuses reported as
+    --precision's problem)."""
     if not os.path.exists(path):
         p.error(f"checkpoint: there is no file {path}")
     folder = os.path.isdir(path)
@@ -73,6 +75,10 @@ def load_model(p, path, tokenizer=True, precision="fp32"):
         p.error(f"checkpoint: {e}")
     except MemoryError as e:
         p.error(f"checkpoint: {e}")
+    except ValueError as e:  # what int8 refuses (a matrix not in whole blocks); else a bug
+        if precision != "int8":
+            raise
+        p.error(f"--precision int8: {e}")
     except OSError as e:
         p.error(f"checkpoint: cannot read {e.filename or path}: {e.strerror or e}")
     if tok is not None and len(tok) > model.cfg.vocab:

@@ -3,6 +3,7 @@
     python -m pytfm perplexity out/model.safetensors README.md
     python -m pytfm perplexity Qwen3-0.6B wiki.test.raw --context 512 --batch 4
     python -m pytfm perplexity Qwen3-0.6B wiki.test.raw --precision bf16 --json
+    python -m pytfm perplexity Qwen3-0.6B wiki.test.raw --precision int8
 
 PATH is a pytfm checkpoint (model.safetensors, written by `python -m pytfm train`) or a Hugging
 Face folder of GPT-2 or the Llama family (pytfm.folders). TEXT_FILE is read as bytes and
@@ -40,9 +41,10 @@ def parser(prog=None):
     p.add_argument("--context", type=int, default=None,
                    help="tokens per window, 2 .. the model's max_seq (default: max_seq)")
     p.add_argument("--batch", type=int, default=1, help="windows per forward, >= 1")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
                    help="of the linear layers' products (bf16: BF16-rounded inputs, float32 "
-                   "sums; a bfloat16 Llama-family folder is then held as it lies, in BF16)")
+                   "sums; a bfloat16 Llama-family folder is then held as it lies, in BF16; "
+                   "int8: every matrix quantised to int8 blocks, for inference on the CPU)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     return p
@@ -73,6 +75,9 @@ def main(argv=None, prog=None):
     if args.context is not None and args.context < 2:
         p.error(f"--context must be >= 2 (a window of one token predicts nothing), got "
                 f"{args.context}")
+    if args.device == "cuda" and args.precision == "int8":
+        p.error("--precision int8 runs on the CPU only (int8 weights): --device cpu, or "
+                "--precision fp32 or bf16 on the GPU")
     if args.device == "cuda":
         problem = devices.cuda_problem()
         if problem is not None:

@@ -193,6 +193,10 @@ def test_a_model_on_the_gpu_computes_in_fp32_only(full, tmp_path):
         assert lib.lib.pytfm_model_set_precision(m, lib.lib.PYTFM_PRECISION_BF16) == \
             lib.lib.PYTFM_STATUS_NOT_SUPPORTED
         assert "FP32 only" in lib.error()
+        assert lib.lib.pytfm_model_set_precision(m, lib.lib.PYTFM_PRECISION_INT8) == \
+            lib.lib.PYTFM_STATUS_NOT_SUPPORTED
+        assert "FP32 only (PYTFM_PRECISION_INT8 runs on the CPU: open the model on " \
+            "PYTFM_DEVICE_CPU)" in lib.error()
         precision = lib.ffi.new("int32_t *")
         lib.ok(lib.lib.pytfm_model_get_precision(m, precision))
         assert precision[0] == lib.lib.PYTFM_PRECISION_FP32
