@@ -1,6 +1,7 @@
 /*
  * free_cores.c — the default thread count: OpenMP's (OMP_NUM_THREADS, else this process's
- * cores), but no more than the cores that other processes leave free.
+ * cores), but no more than the cores that other processes leave free; and the team a parallel
+ * loop runs under an explicit count within this process's cores, capped the same way.
  *
  * Why: every parallel region ends at a barrier, so a team runs at the pace of its slowest
  * thread. When another process keeps a core busy, the thread that shares that core gets a
@@ -41,6 +42,7 @@ static atomic_llong next_sample_ns; /* monotonic time of the next sample */
 static atomic_int last_others = -1; /* other processes' runnable tasks at the last sample;
                                      * -1 before the first */
 static atomic_int free_cores = 1;   /* this process's cores less the others' tasks, at least 1 */
+static atomic_int own_cores = 1;    /* this process's cores (its affinity), at the last sample */
 
 static long long monotonic_ns(void) {
     struct timespec ts;
@@ -104,22 +106,45 @@ static void sample(void) {
     const int cores = omp_get_num_procs();
     const int free = cores < sysconf(_SC_NPROCESSORS_ONLN) ? cores : cores - others;
     atomic_store(&free_cores, free > 1 ? free : 1);
+    atomic_store(&own_cores, cores > 1 ? cores : 1);
 }
 
-int pytfm__default_threads(void) {
+/* the free cores, sampled at most every SAMPLE_NS */
+static int sampled_free_cores(void) {
     const long long now = monotonic_ns();
     long long next = atomic_load(&next_sample_ns);
     if (now >= next && atomic_compare_exchange_strong(&next_sample_ns, &next, now + SAMPLE_NS))
         sample();
-    return PYTFM_MIN(omp_get_max_threads(), atomic_load(&free_cores));
+    return atomic_load(&free_cores);
+}
+
+int pytfm__default_threads(void) {
+    return PYTFM_MIN(omp_get_max_threads(), sampled_free_cores());
+}
+
+/* An explicit count gets the default's rule too, within this process's cores: every parallel
+ * region ends at a barrier, and a team member on a core another process keeps busy makes the
+ * whole team wait for the scheduler to give it that core back (with libgomp's default wait,
+ * its teammates spin meanwhile, holding theirs): two threads beside one busy core decoded at a
+ * fraction of one thread's speed. Above this process's cores the count was asked for as it is
+ * (the tests' oversubscribed teams). */
+int pytfm__team_threads(void) {
+    const int threads = pytfm_get_num_threads();
+    if (threads <= 1) return threads;
+    const int free = sampled_free_cores();
+    return threads > atomic_load(&own_cores) ? threads : PYTFM_MIN(threads, free);
 }
 
 #elif defined(_OPENMP)
 
 int pytfm__default_threads(void) { return omp_get_max_threads(); }
 
+int pytfm__team_threads(void) { return pytfm_get_num_threads(); }
+
 #else
 
 int pytfm__default_threads(void) { return 1; }
+
+int pytfm__team_threads(void) { return 1; }
 
 #endif
