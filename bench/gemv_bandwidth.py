@@ -12,8 +12,10 @@ What it measures, per weight matrix W [out, in] of a decode (GPT-2-124M: 768x230
   bf16       ops.linear_forward(..., precision="bf16")            4 bytes (rounded as read)
   bf16w      ops.linear_forward_bf16w(x, W's BF16 bits)            2 bytes
   q8w        ops.linear_forward_q8w, where pytfm has it            its own bytes
-  read       a plain read of the bf16w product's bytes (NumPy's float32 sum of the same buffer,
-             each thread half of it): the rate that bounds the products
+  read       a plain read of the bf16w product's bytes (NumPy's maximum of the same buffer as
+             int32, each thread its share: of NumPy's reductions the fastest read here, 32 GB/s
+             on one Zen 5 core from memory, where its float32 sum made 9): the rate that
+             bounds the products
 and, with --decode, tokens/s of bench/c_decode.c --generate on a random GPT-2-124M-shaped
 folder in FP32 and BF16 (the target: BF16 faster than FP32 on every path).
 Each (path, threads) runs in a process of its own (PYTFM_MAX_ISA: avx512_bf16 is the
@@ -63,9 +65,9 @@ def timed(f, nbytes):
         times.append(time.perf_counter() - t0)
     return nbytes / statistics.median(times) / 1e9
 
-def read(buf):  # each thread sums its half of buf's bytes, as float32
-    parts = np.array_split(buf.view(np.float32), threads)
-    return lambda: list(pool.map(np.add.reduce, parts))
+def read(buf):  # each thread the maximum of its share of buf's bytes, as int32
+    parts = np.array_split(buf.view(np.int32), threads)
+    return lambda: list(pool.map(np.maximum.reduce, parts))
 
 out = {}
 rng = np.random.default_rng(0)
@@ -162,7 +164,7 @@ def main():
             load.append(os.getloadavg()[0])
     med = {k: statistics.median(v) for k, v in got.items()}
     print("the one-row products y = x[1, in]·Wᵀ, GB/s of W's bytes; read: a plain read of the "
-          "BF16 bytes")
+          "BF16 bytes; bf16w/fp32: FP32's time over BF16 weights' (above 1: BF16 is faster)")
     print(cpu_line())
     print(f"load average {load[0]:.2f} at the start, {min(load[1:]):.2f}-{max(load[1:]):.2f} "
           f"after each round; medians of {args.rounds} rounds")

@@ -445,47 +445,58 @@ static inline void bf16w_lanes4_(float *s0, float *s1, float *s2, float *s3, con
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-/* 8 weights widened, as widen16_ above */
-static inline __m256 widen8_(const uint16_t *p) {
-    const __m256i u = _mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16);
-    const __m256i tiny = _mm256_cmpeq_epi32(
-        _mm256_and_si256(u, _mm256_set1_epi32(0x7F800000)), _mm256_setzero_si256());
-    return _mm256_castsi256_ps(_mm256_andnot_si256(tiny, u));
+/* 16 weights: the subnormals masked to +0 in their 16-bit words (one vector for 16 weights),
+ * then widened by unpacking with zero words, which puts them in the order [0..3, 8..11] (*lo)
+ * and [4..7, 12..15] (*hi): x is taken in the same order, and the sums put back in order */
+static inline void widen16_(__m256 *lo, __m256 *hi, const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i tiny = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7F80)), z);
+    const __m256i f = _mm256_andnot_si256(tiny, h);
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, f));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, f));
+}
+
+/* the lanes in order from the unpacked halves: [a0..a3, b0..b3], [a4..a7, b4..b7] */
+static inline void store_lanes_(float *s, __m256 a, __m256 b) {
+    _mm256_storeu_ps(s, _mm256_permute2f128_ps(a, b, 0x20));
+    _mm256_storeu_ps(s + 8, _mm256_permute2f128_ps(a, b, 0x31));
 }
 
 static inline void bf16w_lanes4_(float *s0, float *s1, float *s2, float *s3, const float *xr,
                                  const uint16_t *w0, const uint16_t *w1, const uint16_t *w2,
                                  const uint16_t *w3, const uint16_t *next, int64_t ldw,
                                  int64_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0; // lanes 0-7
-    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                   // lanes 8-15
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0; // lanes 0-3, 8-11
+    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                   // lanes 4-7, 12-15
     for (int64_t j = 0; j < n; j += LANES) {
         if (j % 32 == 0)
             for (int r = 0; r < 4; r++) PYTFM_PREFETCH(next + r * ldw + j);
-        const __m256 xa = _mm256_loadu_ps(xr + j), xb = _mm256_loadu_ps(xr + j + 8);
-        a0 = _mm256_fmadd_ps(xa, widen8_(w0 + j), a0);
-        b0 = _mm256_fmadd_ps(xb, widen8_(w0 + j + 8), b0);
-        a1 = _mm256_fmadd_ps(xa, widen8_(w1 + j), a1);
-        b1 = _mm256_fmadd_ps(xb, widen8_(w1 + j + 8), b1);
-        a2 = _mm256_fmadd_ps(xa, widen8_(w2 + j), a2);
-        b2 = _mm256_fmadd_ps(xb, widen8_(w2 + j + 8), b2);
-        a3 = _mm256_fmadd_ps(xa, widen8_(w3 + j), a3);
-        b3 = _mm256_fmadd_ps(xb, widen8_(w3 + j + 8), b3);
+        const __m256 x0 = _mm256_loadu_ps(xr + j), x1 = _mm256_loadu_ps(xr + j + 8);
+        const __m256 xa = _mm256_permute2f128_ps(x0, x1, 0x20); // x[0..3], x[8..11]
+        const __m256 xb = _mm256_permute2f128_ps(x0, x1, 0x31); // x[4..7], x[12..15]
+        __m256 lo, hi;
+        widen16_(&lo, &hi, w0 + j);
+        a0 = _mm256_fmadd_ps(xa, lo, a0), b0 = _mm256_fmadd_ps(xb, hi, b0);
+        widen16_(&lo, &hi, w1 + j);
+        a1 = _mm256_fmadd_ps(xa, lo, a1), b1 = _mm256_fmadd_ps(xb, hi, b1);
+        widen16_(&lo, &hi, w2 + j);
+        a2 = _mm256_fmadd_ps(xa, lo, a2), b2 = _mm256_fmadd_ps(xb, hi, b2);
+        widen16_(&lo, &hi, w3 + j);
+        a3 = _mm256_fmadd_ps(xa, lo, a3), b3 = _mm256_fmadd_ps(xb, hi, b3);
     }
-    _mm256_storeu_ps(s0, a0), _mm256_storeu_ps(s0 + 8, b0);
-    _mm256_storeu_ps(s1, a1), _mm256_storeu_ps(s1 + 8, b1);
-    _mm256_storeu_ps(s2, a2), _mm256_storeu_ps(s2 + 8, b2);
-    _mm256_storeu_ps(s3, a3), _mm256_storeu_ps(s3 + 8, b3);
+    store_lanes_(s0, a0, b0), store_lanes_(s1, a1, b1);
+    store_lanes_(s2, a2, b2), store_lanes_(s3, a3, b3);
 }
 #elif defined(__SSE2__)
 #include <emmintrin.h>
-/* 8 weights widened into two vectors of 4 (unpacking with zero words is the shift, in
- * order), the subnormals masked to +0 as widen16_ does */
-static inline __m128 flush_tiny_(__m128i u) {
-    const __m128i tiny = _mm_cmpeq_epi32(_mm_and_si128(u, _mm_set1_epi32(0x7F800000)),
+/* 8 weights with the subnormals masked to +0 in their 16-bit words, then widened into two
+ * vectors of 4 by unpacking with zero words (in order) */
+static inline __m128i flush_tiny_(const uint16_t *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    const __m128i tiny = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7F80)),
                                          _mm_setzero_si128());
-    return _mm_castsi128_ps(_mm_andnot_si128(tiny, u));
+    return _mm_andnot_si128(tiny, h);
 }
 
 /* two rows at a time: their 8 vectors of sums, x's 4 and the temporaries fill SSE2's 16
@@ -495,20 +506,21 @@ static inline void bf16w_lanes2_(float *s0, float *s1, const float *xr, const ui
                                  int64_t n) {
     __m128 a[4], b[4];
     for (int q = 0; q < 4; q++) a[q] = b[q] = _mm_setzero_ps();
+    const __m128i z = _mm_setzero_si128();
     for (int64_t j = 0; j < n; j += LANES) {
         if (j % 32 == 0)
             for (int r = 0; r < 2; r++) PYTFM_PREFETCH(next + r * ldw + j);
         for (int h = 0; h < 2; h++) { // the lanes 8h .. 8h + 7
-            const __m128i u0 = _mm_loadu_si128((const __m128i *)(const void *)(w0 + j + 8 * h));
-            const __m128i u1 = _mm_loadu_si128((const __m128i *)(const void *)(w1 + j + 8 * h));
+            const __m128i u0 = flush_tiny_(w0 + j + 8 * h), u1 = flush_tiny_(w1 + j + 8 * h);
             const __m128 xl = _mm_loadu_ps(xr + j + 8 * h), xh = _mm_loadu_ps(xr + j + 8 * h + 4);
-            const __m128i z = _mm_setzero_si128();
-            a[2 * h] = _mm_add_ps(a[2 * h], _mm_mul_ps(xl, flush_tiny_(_mm_unpacklo_epi16(z, u0))));
-            a[2 * h + 1] =
-                _mm_add_ps(a[2 * h + 1], _mm_mul_ps(xh, flush_tiny_(_mm_unpackhi_epi16(z, u0))));
-            b[2 * h] = _mm_add_ps(b[2 * h], _mm_mul_ps(xl, flush_tiny_(_mm_unpacklo_epi16(z, u1))));
-            b[2 * h + 1] =
-                _mm_add_ps(b[2 * h + 1], _mm_mul_ps(xh, flush_tiny_(_mm_unpackhi_epi16(z, u1))));
+            const __m128 l0 = _mm_castsi128_ps(_mm_unpacklo_epi16(z, u0));
+            const __m128 h0 = _mm_castsi128_ps(_mm_unpackhi_epi16(z, u0));
+            const __m128 l1 = _mm_castsi128_ps(_mm_unpacklo_epi16(z, u1));
+            const __m128 h1 = _mm_castsi128_ps(_mm_unpackhi_epi16(z, u1));
+            a[2 * h] = _mm_add_ps(a[2 * h], _mm_mul_ps(xl, l0));
+            a[2 * h + 1] = _mm_add_ps(a[2 * h + 1], _mm_mul_ps(xh, h0));
+            b[2 * h] = _mm_add_ps(b[2 * h], _mm_mul_ps(xl, l1));
+            b[2 * h + 1] = _mm_add_ps(b[2 * h + 1], _mm_mul_ps(xh, h1));
         }
     }
     for (int q = 0; q < 4; q++) _mm_storeu_ps(s0 + 4 * q, a[q]), _mm_storeu_ps(s1 + 4 * q, b[q]);
