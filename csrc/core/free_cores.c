@@ -1,6 +1,7 @@
 /*
  * free_cores.c — the default thread count: OpenMP's (OMP_NUM_THREADS, else this process's
- * cores), but no more than the cores that other processes leave free.
+ * cores), but no more than the cores that other processes leave free; and the team a parallel
+ * loop runs under an explicit count within this process's cores, capped the same way.
  *
  * Why: every parallel region ends at a barrier, so a team runs at the pace of its slowest
  * thread. When another process keeps a core busy, the thread that shares that core gets a
@@ -41,6 +42,8 @@ static atomic_llong next_sample_ns; /* monotonic time of the next sample */
 static atomic_int last_others = -1; /* other processes' runnable tasks at the last sample;
                                      * -1 before the first */
 static atomic_int free_cores = 1;   /* this process's cores less the others' tasks, at least 1 */
+static atomic_int own_cores = 1;    /* this process's cores (its affinity), at the last sample */
+static atomic_int free_cores_sure = 1; /* free_cores, but free in the last two samples */
 
 static long long monotonic_ns(void) {
     struct timespec ts;
@@ -95,31 +98,63 @@ static void sample(void) {
     int others = machine < 0 || own < 0 ? 0 : machine - own;
     others = others > 0 ? others : 0;
     const int last = atomic_exchange(&last_others, others);
-    /* seen twice in a row: a blip is not a neighbour. The first sample is taken as it is: a
-     * program's first kernels would otherwise run a full team beside a busy neighbour for the
-     * first 100 ms, longer than a short C program's whole prompt takes */
+    /* the default: seen twice in a row, a blip is not a neighbour. The first sample is taken
+     * as it is: a program's first kernels would otherwise run a full team beside a busy
+     * neighbour for the first 100 ms, longer than a short C program's whole prompt takes. An
+     * explicit count's cap is the other way round: a core counts as free once two samples in a
+     * row have seen it free, so that on a machine whose load comes and goes a team of the
+     * count runs only while it stays away (the count's promise is never to be slower than one
+     * thread there; a fixed team beside a busy core runs at a tenth of one) */
+    const int sure = last > others ? last : others; // (last is -1 before the first sample)
     if (last >= 0) others = PYTFM_MIN(others, last);
     /* this process's cores (its affinity), read here because reading them is a system call;
      * with fewer than all online CPUs the others' tasks may be on cores that are not ours */
     const int cores = omp_get_num_procs();
-    const int free = cores < sysconf(_SC_NPROCESSORS_ONLN) ? cores : cores - others;
+    const int narrow = cores < sysconf(_SC_NPROCESSORS_ONLN);
+    const int free = narrow ? cores : cores - others, free_sure = narrow ? cores : cores - sure;
     atomic_store(&free_cores, free > 1 ? free : 1);
+    atomic_store(&free_cores_sure, free_sure > 1 ? free_sure : 1);
+    atomic_store(&own_cores, cores > 1 ? cores : 1);
 }
 
-int pytfm__default_threads(void) {
+/* a new sample when the last is SAMPLE_NS old */
+static void resample(void) {
     const long long now = monotonic_ns();
     long long next = atomic_load(&next_sample_ns);
     if (now >= next && atomic_compare_exchange_strong(&next_sample_ns, &next, now + SAMPLE_NS))
         sample();
+}
+
+int pytfm__default_threads(void) {
+    resample();
     return PYTFM_MIN(omp_get_max_threads(), atomic_load(&free_cores));
+}
+
+/* An explicit count gets the default's rule too, within this process's cores: every parallel
+ * region ends at a barrier, and a team member on a core another process keeps busy makes the
+ * whole team wait for the scheduler to give it that core back (with libgomp's default wait,
+ * its teammates spin meanwhile, holding theirs): two threads beside one busy core decoded at a
+ * fraction of one thread's speed. The team takes the cores free in the last two samples (for
+ * the default count too: a team of it runs once they have stayed free). Above this process's
+ * cores the count was asked for as it is (the tests' oversubscribed teams). */
+int pytfm__team_threads(void) {
+    const int threads = pytfm_get_num_threads();
+    if (threads <= 1) return threads;
+    resample();
+    const int free = atomic_load(&free_cores_sure);
+    return threads > atomic_load(&own_cores) ? threads : PYTFM_MIN(threads, free);
 }
 
 #elif defined(_OPENMP)
 
 int pytfm__default_threads(void) { return omp_get_max_threads(); }
 
+int pytfm__team_threads(void) { return pytfm_get_num_threads(); }
+
 #else
 
 int pytfm__default_threads(void) { return 1; }
+
+int pytfm__team_threads(void) { return 1; }
 
 #endif

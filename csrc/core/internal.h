@@ -137,6 +137,12 @@ void pytfm__store_max_isa(int32_t isa);
  * leave free (free_cores.c), so that a busy neighbour does not slow the kernels down */
 int pytfm__default_threads(void);
 
+/* the team a parallel loop runs: pytfm_get_num_threads(), and for a count set within this
+ * process's cores, no more than the cores other processes leave free (free_cores.c): an
+ * explicit count is then the most threads, never a team on a core another process keeps
+ * busy. A count above the cores (asked for on purpose) is the team as it is. */
+int pytfm__team_threads(void);
+
 /* Parallel loops. Each macro is only an OpenMP pragma, written on the line above an ordinary
  * `for` that it hands to pytfm_get_num_threads() threads; without OpenMP it is nothing and the
  * loop runs on the calling thread. Only loops whose iterations write disjoint memory use them,
@@ -145,27 +151,35 @@ int pytfm__default_threads(void);
 #if defined(_OPENMP)
 /* one iteration at a time to each free thread */
 #define PYTFM_PARALLEL_FOR                                                                     \
-    PYTFM_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(pytfm_get_num_threads()))
+    PYTFM_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(pytfm__team_threads()))
 /* the same, on the calling thread alone unless cond: small inputs skip waking the others */
 #define PYTFM_PARALLEL_FOR_IF(cond)                                                            \
-    PYTFM_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(pytfm_get_num_threads())   \
+    PYTFM_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(pytfm__team_threads())     \
                      if (cond))
 /* the same, on at most `threads` threads: for loops whose per-thread workspaces were sized
  * for that many (read pytfm_get_num_threads() once: another thread may change it meanwhile) */
 #define PYTFM_PARALLEL_FOR_THREADS(threads)                                                    \
-    PYTFM_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(threads))
+    PYTFM_PRAGMA(omp parallel for schedule(dynamic, 1)                                         \
+                     num_threads(pytfm__team_within(threads)))
 /* above `for (int64_t r = 0; r < rows; r++)` over rows of cols floats each: blocks of
  * pytfm__rows_per_task(cols) rows go to the threads; a single block runs on the calling
  * thread alone */
 #define PYTFM_PARALLEL_ROWS(rows, cols)                                                        \
     PYTFM_PRAGMA(omp parallel for schedule(dynamic, pytfm__rows_per_task(cols))                \
-                     num_threads(pytfm_get_num_threads()) if ((rows) > pytfm__rows_per_task(cols)))
+                     num_threads(pytfm__team_threads()) if ((rows) > pytfm__rows_per_task(cols)))
 #else
 #define PYTFM_PARALLEL_FOR
 #define PYTFM_PARALLEL_FOR_IF(cond)
 #define PYTFM_PARALLEL_FOR_THREADS(threads)
 #define PYTFM_PARALLEL_ROWS(rows, cols)
 #endif
+
+/* pytfm__team_threads(), but at most threads (a count read once, that workspaces were sized
+ * for) */
+static inline int pytfm__team_within(int64_t threads) {
+    const int team = pytfm__team_threads();
+    return threads < team ? (int)threads : team;
+}
 
 /* The calling thread's index in the current parallel loop (0 outside one): per-thread
  * workspaces are indexed by it, in loops under PYTFM_PARALLEL_FOR_THREADS(threads), whose

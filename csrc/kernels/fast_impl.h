@@ -390,76 +390,251 @@ static void gemv_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
     }
 }
 
-/* w[i] as the BF16 one-row product multiplies it: rounded to BF16, or, from the BF16 weights
- * w16 (the top halves), widened and rounded: the same value (the rounding keeps a BF16 value
- * but a subnormal, which it makes a zero, and a NaN, made quiet) */
-static inline float bf16_weight_(const float *w, const uint16_t *w16, int64_t i) {
-    if (!w16) return pytfm__bf16_round(w[i]);
-    const uint32_t u = (uint32_t)w16[i] << 16;
+/* A BF16 weight h as the BF16 one-row product multiplies it: widened to float32 (exactly: h is
+ * the float's top half) and rounded as pytfm__bf16_round_bits rounds, which keeps every value
+ * but a subnormal (made a zero of its sign) and a NaN (made quiet). A shift and two selects,
+ * which vectorise (vpmovzxwd, vpslld and masks) inside the product loop. */
+static inline float bf16_widen_(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    u = (u & 0x7FFFFFFFu) > 0x7F800000u ? u | 0x00400000u : u;
+    u = (u & 0x7F800000u) == 0 ? u & 0x80000000u : u;
     float f;
     memcpy(&f, &u, sizeof f);
-    return pytfm__bf16_round(f);
+    return f;
 }
 
-/* n weights of w (or of w16, when not NULL) from element at, as the BF16 product multiplies
- * them (bf16_weight_), into dst: a loop of integer selects, which vectorises */
-static inline void bf16_weights_(float *dst, const float *w, const uint16_t *w16, int64_t at,
+/* w[i] as the BF16 one-row product multiplies it: rounded to BF16 (w16 NULL), or the BF16
+ * weight w16[i] widened (bf16_widen_): the same value for the same weight */
+static inline float bf16_weight_(const float *w, const uint16_t *w16, int64_t i) {
+    return w16 ? bf16_widen_(w16[i]) : pytfm__bf16_round(w[i]);
+}
+
+/* 16 lanes of four rows' sums from BF16 weights, x's rounding xr: w0..w3 the rows, j0 the
+ * first of the n values (a multiple of LANES) summed into s0..s3 (lane l takes the values
+ * j ≡ l mod LANES, as gemv). Each weight widened as bf16_widen_ widens it, but for a NaN, left
+ * as it is: every product quiets it, as the rounding would, so the sums are the same bits.
+ * next: the rows four ahead, prefetched. Written with intrinsics on AVX-512, AVX2 and SSE2:
+ * the vectoriser does the widening in 256-bit halves and keeps the sums on the stack. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* 16 weights widened: the 16-bit words zero-extended and shifted into the top halves, the
+ * subnormals (a zero exponent) masked to +0 (a zero's sign changes no sum that starts at +0) */
+static inline __m512 widen16_(const uint16_t *p) {
+    const __m512i u = _mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p)), 16);
+    const __mmask16 normal = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7F800000));
+    return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(normal, u));
+}
+
+static inline void bf16w_lanes4_(float *s0, float *s1, float *s2, float *s3, const float *xr,
+                                 const uint16_t *w0, const uint16_t *w1, const uint16_t *w2,
+                                 const uint16_t *w3, const uint16_t *next, int64_t ldw,
                                  int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        if (w16)
-            u = (uint32_t)w16[at + i] << 16;
-        else
-            memcpy(&u, w + at + i, sizeof u);
-        u = pytfm__bf16_round_bits(u);
-        memcpy(dst + i, &u, sizeof u);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t j = 0; j < n; j += LANES) {
+        if (j % 32 == 0) // a 64-byte line holds 32 weights
+            for (int r = 0; r < 4; r++) PYTFM_PREFETCH(next + r * ldw + j);
+        const __m512 xj = _mm512_loadu_ps(xr + j);
+        a0 = _mm512_fmadd_ps(xj, widen16_(w0 + j), a0);
+        a1 = _mm512_fmadd_ps(xj, widen16_(w1 + j), a1);
+        a2 = _mm512_fmadd_ps(xj, widen16_(w2 + j), a2);
+        a3 = _mm512_fmadd_ps(xj, widen16_(w3 + j), a3);
     }
+    _mm512_storeu_ps(s0, a0), _mm512_storeu_ps(s1, a1);
+    _mm512_storeu_ps(s2, a2), _mm512_storeu_ps(s3, a3);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+/* 16 weights: the subnormals masked to +0 in their 16-bit words (one vector for 16 weights),
+ * then widened by unpacking with zero words, which puts them in the order [0..3, 8..11] (*lo)
+ * and [4..7, 12..15] (*hi): x is taken in the same order, and the sums put back in order */
+static inline void widen16_(__m256 *lo, __m256 *hi, const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i tiny = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7F80)), z);
+    const __m256i f = _mm256_andnot_si256(tiny, h);
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, f));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, f));
+}
+
+/* the lanes in order from the unpacked halves: [a0..a3, b0..b3], [a4..a7, b4..b7] */
+static inline void store_lanes_(float *s, __m256 a, __m256 b) {
+    _mm256_storeu_ps(s, _mm256_permute2f128_ps(a, b, 0x20));
+    _mm256_storeu_ps(s + 8, _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+static inline void bf16w_lanes4_(float *s0, float *s1, float *s2, float *s3, const float *xr,
+                                 const uint16_t *w0, const uint16_t *w1, const uint16_t *w2,
+                                 const uint16_t *w3, const uint16_t *next, int64_t ldw,
+                                 int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0; // lanes 0-3, 8-11
+    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                   // lanes 4-7, 12-15
+    for (int64_t j = 0; j < n; j += LANES) {
+        if (j % 32 == 0)
+            for (int r = 0; r < 4; r++) PYTFM_PREFETCH(next + r * ldw + j);
+        const __m256 x0 = _mm256_loadu_ps(xr + j), x1 = _mm256_loadu_ps(xr + j + 8);
+        const __m256 xa = _mm256_permute2f128_ps(x0, x1, 0x20); // x[0..3], x[8..11]
+        const __m256 xb = _mm256_permute2f128_ps(x0, x1, 0x31); // x[4..7], x[12..15]
+        __m256 lo, hi;
+        widen16_(&lo, &hi, w0 + j);
+        a0 = _mm256_fmadd_ps(xa, lo, a0), b0 = _mm256_fmadd_ps(xb, hi, b0);
+        widen16_(&lo, &hi, w1 + j);
+        a1 = _mm256_fmadd_ps(xa, lo, a1), b1 = _mm256_fmadd_ps(xb, hi, b1);
+        widen16_(&lo, &hi, w2 + j);
+        a2 = _mm256_fmadd_ps(xa, lo, a2), b2 = _mm256_fmadd_ps(xb, hi, b2);
+        widen16_(&lo, &hi, w3 + j);
+        a3 = _mm256_fmadd_ps(xa, lo, a3), b3 = _mm256_fmadd_ps(xb, hi, b3);
+    }
+    store_lanes_(s0, a0, b0), store_lanes_(s1, a1, b1);
+    store_lanes_(s2, a2, b2), store_lanes_(s3, a3, b3);
+}
+#elif defined(__SSE2__)
+#include <emmintrin.h>
+/* 8 weights with the subnormals masked to +0 in their 16-bit words, then widened into two
+ * vectors of 4 by unpacking with zero words (in order) */
+static inline __m128i flush_tiny_(const uint16_t *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    const __m128i tiny = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7F80)),
+                                         _mm_setzero_si128());
+    return _mm_andnot_si128(tiny, h);
+}
+
+/* two rows at a time: their 8 vectors of sums, x's 4 and the temporaries fill SSE2's 16
+ * registers; no FMA here, a product and an add as PYTFM_FMA is in this build */
+static inline void bf16w_lanes2_(float *s0, float *s1, const float *xr, const uint16_t *w0,
+                                 const uint16_t *w1, const uint16_t *next, int64_t ldw,
+                                 int64_t n) {
+    __m128 a[4], b[4];
+    for (int q = 0; q < 4; q++) a[q] = b[q] = _mm_setzero_ps();
+    const __m128i z = _mm_setzero_si128();
+    for (int64_t j = 0; j < n; j += LANES) {
+        if (j % 32 == 0)
+            for (int r = 0; r < 2; r++) PYTFM_PREFETCH(next + r * ldw + j);
+        for (int h = 0; h < 2; h++) { // the lanes 8h .. 8h + 7
+            const __m128i u0 = flush_tiny_(w0 + j + 8 * h), u1 = flush_tiny_(w1 + j + 8 * h);
+            const __m128 xl = _mm_loadu_ps(xr + j + 8 * h), xh = _mm_loadu_ps(xr + j + 8 * h + 4);
+            const __m128 l0 = _mm_castsi128_ps(_mm_unpacklo_epi16(z, u0));
+            const __m128 h0 = _mm_castsi128_ps(_mm_unpackhi_epi16(z, u0));
+            const __m128 l1 = _mm_castsi128_ps(_mm_unpacklo_epi16(z, u1));
+            const __m128 h1 = _mm_castsi128_ps(_mm_unpackhi_epi16(z, u1));
+            a[2 * h] = _mm_add_ps(a[2 * h], _mm_mul_ps(xl, l0));
+            a[2 * h + 1] = _mm_add_ps(a[2 * h + 1], _mm_mul_ps(xh, h0));
+            b[2 * h] = _mm_add_ps(b[2 * h], _mm_mul_ps(xl, l1));
+            b[2 * h + 1] = _mm_add_ps(b[2 * h + 1], _mm_mul_ps(xh, h1));
+        }
+    }
+    for (int q = 0; q < 4; q++) _mm_storeu_ps(s0 + 4 * q, a[q]), _mm_storeu_ps(s1 + 4 * q, b[q]);
+}
+
+static inline void bf16w_lanes4_(float *s0, float *s1, float *s2, float *s3, const float *xr,
+                                 const uint16_t *w0, const uint16_t *w1, const uint16_t *w2,
+                                 const uint16_t *w3, const uint16_t *next, int64_t ldw,
+                                 int64_t n) {
+    bf16w_lanes2_(s0, s1, xr, w0, w1, next, ldw, n);
+    bf16w_lanes2_(s2, s3, xr, w2, w3, next + 2 * ldw, ldw, n);
+}
+#else
+static inline void bf16w_lanes4_(float *s0, float *s1, float *s2, float *s3, const float *xr,
+                                 const uint16_t *w0, const uint16_t *w1, const uint16_t *w2,
+                                 const uint16_t *w3, const uint16_t *next, int64_t ldw,
+                                 int64_t n) {
+    float a0[LANES] = {0}, a1[LANES] = {0}, a2[LANES] = {0}, a3[LANES] = {0};
+    for (int64_t j = 0; j < n; j += LANES) {
+        if (j % 32 == 0)
+            for (int r = 0; r < 4; r++) PYTFM_PREFETCH(next + r * ldw + j);
+        for (int l = 0; l < LANES; l++) {
+            const float xj = xr[j + l];
+            a0[l] = PYTFM_FMA(xj, bf16_widen_(w0[j + l]), a0[l]);
+            a1[l] = PYTFM_FMA(xj, bf16_widen_(w1[j + l]), a1[l]);
+            a2[l] = PYTFM_FMA(xj, bf16_widen_(w2[j + l]), a2[l]);
+            a3[l] = PYTFM_FMA(xj, bf16_widen_(w3[j + l]), a3[l]);
+        }
+    }
+    memcpy(s0, a0, sizeof a0), memcpy(s1, a1, sizeof a1);
+    memcpy(s2, a2, sizeof a2), memcpy(s3, a3, sizeof a3);
+}
+#endif
+
+/* Rows [0, out) of gemv_bf16 four at a time from the BF16 weights w16, x's rounding xr: each
+ * weight widened in the product loop, so that W is read once, at two bytes a weight, and
+ * nothing is written but y. The sums are gemv's (LANES lanes per row, then sums4_'s tree), the
+ * next four rows prefetched as gemv does. Returns the rows done (out less out % 4). */
+static int64_t gemv_bf16w4_(float *y, const float *xr, const uint16_t *w16, int64_t ldw,
+                            const float *b, int64_t in, int64_t out) {
+    const int64_t whole = in / LANES * LANES; // the lanes' part of a row; then the tail
+    int64_t o = 0;
+    for (; o + 4 <= out; o += 4) {
+        const uint16_t *w0 = w16 + o * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        const uint16_t *next = o + 8 <= out ? w0 + 4 * ldw : w0; // the last block: itself
+        float s0[LANES], s1[LANES], s2[LANES], s3[LANES];
+        bf16w_lanes4_(s0, s1, s2, s3, xr, w0, w1, w2, w3, next, ldw, whole);
+        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+        for (int64_t j = whole; j < in; j++) {
+            t0 = PYTFM_FMA(xr[j], bf16_widen_(w0[j]), t0);
+            t1 = PYTFM_FMA(xr[j], bf16_widen_(w1[j]), t1);
+            t2 = PYTFM_FMA(xr[j], bf16_widen_(w2[j]), t2);
+            t3 = PYTFM_FMA(xr[j], bf16_widen_(w3[j]), t3);
+        }
+        float d[4];
+        sums4_(d, s0, s1, s2, s3, t0, t1, t2, t3);
+        for (int r = 0; r < 4; r++) y[o + r] = b ? d[r] + b[o + r] : d[r];
+    }
+    return o;
+}
+
+/* The same from float32 weights w, each rounded to BF16 in the product loop */
+static int64_t gemv_bf16f4_(float *y, const float *xr, const float *w, int64_t ldw,
+                            const float *b, int64_t in, int64_t out) {
+    int64_t o = 0;
+    for (; o + 4 <= out; o += 4) {
+        const float *w0 = w + o * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        const float *next = o + 8 <= out ? w0 + 4 * ldw : w0;
+        float s0[LANES] = {0}, s1[LANES] = {0}, s2[LANES] = {0}, s3[LANES] = {0};
+        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+        int64_t j = 0;
+        for (; j + LANES <= in; j += LANES) {
+            for (int r = 0; r < 4; r++) PYTFM_PREFETCH(next + r * ldw + j);
+            for (int l = 0; l < LANES; l++) {
+                const float xj = xr[j + l];
+                s0[l] = PYTFM_FMA(xj, pytfm__bf16_round(w0[j + l]), s0[l]);
+                s1[l] = PYTFM_FMA(xj, pytfm__bf16_round(w1[j + l]), s1[l]);
+                s2[l] = PYTFM_FMA(xj, pytfm__bf16_round(w2[j + l]), s2[l]);
+                s3[l] = PYTFM_FMA(xj, pytfm__bf16_round(w3[j + l]), s3[l]);
+            }
+        }
+        for (; j < in; j++) {
+            t0 = PYTFM_FMA(xr[j], pytfm__bf16_round(w0[j]), t0);
+            t1 = PYTFM_FMA(xr[j], pytfm__bf16_round(w1[j]), t1);
+            t2 = PYTFM_FMA(xr[j], pytfm__bf16_round(w2[j]), t2);
+            t3 = PYTFM_FMA(xr[j], pytfm__bf16_round(w3[j]), t3);
+        }
+        float d[4];
+        sums4_(d, s0, s1, s2, s3, t0, t1, t2, t3);
+        for (int r = 0; r < 4; r++) y[o + r] = b ? d[r] + b[o + r] : d[r];
+    }
+    return o;
 }
 
 /* gemv on BF16-rounded x and w (w16, when not NULL, the BF16 copy of w, read instead): the
- * BF16 linear layer on one row where the CPU has no AVX512-BF16. Each product of two BF16
- * values is exact, so this sums the same products as the AVX512-BF16 kernel, in gemv's order
- * and with gemv's bits on the rounded values. x is rounded once (rows of up to XR values;
- * longer ones per row of w), then w four rows at a time, the next four prefetched, as gemv;
- * each row's weights rounded WR at a time into a buffer, so that the rounding and the
- * products are both vector loops. */
-enum { XR = 8192, WR = 256 };
+ * BF16 linear layer on one row where the CPU has no AVX512-BF16. A product of two BF16 values
+ * is exact in float32, so the FMA of the rounded x with the widened weight is the product
+ * vdpbf16ps makes; the sums are gemv's, in gemv's order (gemv's bits on the rounded values).
+ * x is rounded once (rows of up to XR values; longer ones per weight), W read four rows at a
+ * time with each weight widened (or rounded) in the product loop: from w16 that is half the
+ * bytes of the FP32 product, with no pass over a buffer. */
+enum { XR = 8192 };
 static void gemv_bf16(float *y, const float *x, const float *w, const uint16_t *w16,
                       int64_t ldw, const float *b, int64_t in, int64_t out) {
-    float xr[XR], wb[4][WR];
+    float xr[XR];
     const int rounded = in <= XR;
     for (int64_t j = 0; rounded && j < in; j++) xr[j] = pytfm__bf16_round(x[j]);
-    const int64_t whole = in / LANES * LANES; // the lanes' part of a row; then the tail
-    const size_t bytes = w16 ? 2 : 4;         // of a weight as read
-    const char *base = w16 ? (const char *)(const void *)w16 : (const char *)(const void *)w;
     int64_t o = 0;
-    for (; rounded && o + 4 <= out; o += 4) {
-        float s[4][LANES] = {{0}}, t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const char *next = base + (size_t)(o + 8 <= out ? o + 4 : o) * (size_t)ldw * bytes;
-        for (int64_t j0 = 0; j0 < whole; j0 += WR) {
-            const int64_t n = PYTFM_MIN(WR, whole - j0);
-            for (int r = 0; r < 4; r++) {
-                for (int64_t j = 0; j < n; j += LANES)
-                    PYTFM_PREFETCH(next + (size_t)(r * ldw + j0 + j) * bytes);
-                bf16_weights_(wb[r], w, w16, (o + r) * ldw + j0, n);
-            }
-            for (int64_t j = 0; j < n; j += LANES)
-                for (int r = 0; r < 4; r++)
-                    for (int l = 0; l < LANES; l++)
-                        s[r][l] = PYTFM_FMA(xr[j0 + j + l], wb[r][j + l], s[r][l]);
-        }
-        for (int r = 0; r < 4; r++)
-            for (int64_t j = whole; j < in; j++)
-                t[r] = PYTFM_FMA(xr[j], bf16_weight_(w, w16, (o + r) * ldw + j), t[r]);
-        float d[4];
-        sums4_(d, s[0], s[1], s[2], s[3], t[0], t[1], t[2], t[3]);
-        for (int r = 0; r < 4; r++) y[o + r] = b ? d[r] + b[o + r] : d[r];
-    }
+    if (rounded)
+        o = w16 ? gemv_bf16w4_(y, xr, w16, ldw, b, in, out)
+                : gemv_bf16f4_(y, xr, w, ldw, b, in, out);
     for (; o < out; o++) {
         const float *wo = w16 ? NULL : w + o * ldw; // w is NULL where w16 holds the weights
         const uint16_t *w16o = w16 ? w16 + o * ldw : NULL;
-        if (o + 4 < out) PYTFM_PREFETCH(w16 ? (const void *)(w16o + 4 * ldw)
-                                            : (const void *)(wo + 4 * ldw));
         float s[LANES] = {0}, t = 0.0f;
         int64_t j = 0;
         for (; j + LANES <= in; j += LANES)

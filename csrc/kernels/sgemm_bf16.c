@@ -269,7 +269,7 @@ void pytfm__gemm_bf16(const pytfm__product *g, int64_t threads, uint32_t *buf) {
     const blocking bl = plan(g, threads);
     const int64_t row_tiles = (g->m + MR - 1) / MR, col_tiles = (g->n + NR - 1) / NR;
 #if defined(_OPENMP)
-#pragma omp parallel num_threads((int)bl.threads) if (bl.threads > 1)
+#pragma omp parallel num_threads(pytfm__team_within(bl.threads)) if (bl.threads > 1)
 #endif
     {
 #if defined(_OPENMP)
@@ -280,7 +280,8 @@ void pytfm__gemm_bf16(const pytfm__product *g, int64_t threads, uint32_t *buf) {
         uint32_t *pa = buf + t * (bl.a_words + bl.b_words), *pb = pa + bl.a_words;
         const int64_t tiles = bl.by_rows ? row_tiles : col_tiles;
         // the blocks of C are those of bl.threads threads, whatever the team's size (the
-        // buffers are sized for them): a smaller team takes several each
+        // buffers are sized for them): a smaller team (beside a busy neighbour:
+        // pytfm__team_threads) takes several each
         for (int64_t part = t; part < bl.threads; part += team) {
             const int64_t lo = tiles * part / bl.threads, hi = tiles * (part + 1) / bl.threads;
             int64_t i0 = 0, i1 = g->m, j0 = 0, j1 = g->n; // this part's block of C

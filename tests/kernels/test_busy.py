@@ -99,3 +99,37 @@ def test_the_first_call_already_leaves_the_busy_cores(tmp_path):
     out = run_python(code, PYTFM_PROC_ROOT=root)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == 1
+
+
+# runs one parallel kernel (a one-row product of a 1024 x 512 W: 64-output tasks) and prints the
+# threads this process gained: the team's workers, which libgomp starts at a team's first use
+TEAM = """
+import os
+import numpy as np
+import pytfm
+from pytfm import ops
+before = len(os.listdir("/proc/self/task"))
+x = np.ones((1, 512), np.float32)
+w = np.ones((1024, 512), np.float32)
+for _ in range(3):
+    ops.linear_forward(x, w)
+print(len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or CORES < 2,
+                    reason="the neighbour count is read from Linux's /proc; needs 2 cores")
+@pytest.mark.parametrize("machine, workers", [(CORES + 5, 0), (1, CORES - 1)])
+def test_an_explicit_count_runs_no_team_member_on_a_busy_core(tmp_path, machine, workers):
+    """PYTFM_NUM_THREADS=cores beside neighbours on every core: the parallel loops run on the
+    calling thread alone (a team member on a busy core would hold every region's end); on an
+    idle machine the whole team runs. get_num_threads() still reports the count set."""
+    if len(os.sched_getaffinity(0)) < os.cpu_count():
+        pytest.skip("this process may not run on every CPU: the team does not adapt")
+    root = fake_proc(tmp_path, machine, "R")
+    env = dict(PYTFM_PROC_ROOT=root, PYTFM_NUM_THREADS=str(CORES), OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS=str(CORES))
+    out = run_python(TEAM, **env)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == workers
+    assert probe(seconds=0.2, **env) == CORES
