@@ -4,7 +4,8 @@ the cases interleaved over rounds, and the table's rows.
 
 A case is a tuple whose first item says how it runs:
   ("bandwidth", "huge" | "small")   c_decode --bandwidth: GB/s of a 500 MiB read
-  ("pytfm", path, "fp32" | "bf16")  c_decode --generate on what pytfm_model_open opens
+  ("pytfm", path, "fp32" | "bf16" | "int8")  c_decode --generate on what pytfm_model_open
+                                    opens, in that precision
   (kind, path)                      any other kind: `python SCRIPT --worker kind path threads
                                     reps prompt tokens`, whose last stdout line is a JSON list of
                                     decode seconds (llama_worker below for kind "llama")
@@ -24,8 +25,12 @@ from bench.c_generate import tokens_of  # c_decode.c's prompt ids: every library
 
 PROMPT, TOKENS, BANDWIDTH_MIB = 16, 128, 500
 BW, BW_SMALL = "bandwidth GB/s", "(in 4 KiB pages) GB/s"  # the limit is the first's
-PYTFM = [("pytfm fp32", "fp32"), ("pytfm bf16", "bf16")]
-LLAMA = [("llama.cpp f32", "f32"), ("llama.cpp f16", "f16")]
+PYTFM = [("pytfm fp32", "fp32"), ("pytfm bf16", "bf16"), ("pytfm int8", "int8")]
+LLAMA = [("llama.cpp f32", "f32"), ("llama.cpp f16", "f16"), ("llama.cpp q8_0", "q8_0")]
+PEER = {"fp32": "llama.cpp f32", "bf16": "llama.cpp f16", "int8": "llama.cpp q8_0"}
+# bytes a weight takes in each precision: int8 (pytfm's and Q8_0) 32 values and an fp16 scale
+WIDTH = {"fp32": 4, "f32": 4, "bf16": 2, "f16": 2, "int8": 34 / 32, "q8_0": 34 / 32}
+LIMIT = {"f32": "fp32", "f16": "bf16", "q8_0": "int8"}  # a llama.cpp type's limit row
 
 
 # ---- llama.cpp -------------------------------------------------------------------------------
@@ -46,18 +51,28 @@ def gguf_converter(llama_src):
 
 
 def convert_ggufs(script, src, llama_src, paths):
-    """Converts the Hugging Face folder src into GGUFs with convert_hf_to_gguf.py, one per
-    {outtype: path} of paths (a path already there is kept: a cache). Returns paths, or a string
-    saying what failed."""
+    """Converts the Hugging Face folder src into GGUFs, one per {type: path} of paths (a path
+    already there is kept: a cache): "f32" and "f16" by convert_hf_to_gguf.py, "q8_0" by
+    llama.cpp's quantizer (llama_model_quantize, what its llama-quantize tool runs) from the
+    "f32" one, which paths must then name too. Returns paths, or a string saying what
+    failed."""
     env = dict(os.environ, PYTHONPATH=os.path.join(llama_src, "gguf-py"), HF_HUB_OFFLINE="1")
-    for kind, path in paths.items():
+    for kind, path in sorted(paths.items(), key=lambda kv: kv[0] == "q8_0"):  # f32 first
         if os.path.isfile(path):
             continue
         part = path + ".part"  # renamed when whole, so an interrupted run is never reused
-        r = subprocess.run([sys.executable, script, src, "--outtype", kind, "--outfile", part],
-                           capture_output=True, text=True, env=env)
-        if r.returncode:
-            return f"convert_hf_to_gguf.py --outtype {kind} failed: {r.stderr[-500:]}"
+        if kind == "q8_0":
+            import llama_cpp
+
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+            if llama_cpp.llama_model_quantize(paths["f32"].encode(), part.encode(), params):
+                return f"llama_model_quantize to Q8_0 of {paths['f32']} failed"
+        else:
+            r = subprocess.run([sys.executable, script, src, "--outtype", kind, "--outfile",
+                                part], capture_output=True, text=True, env=env)
+            if r.returncode:
+                return f"convert_hf_to_gguf.py --outtype {kind} failed: {r.stderr[-500:]}"
         os.replace(part, path)
     return paths
 
@@ -154,15 +169,15 @@ def add_decode_args(ap, rounds, reps):
 
 def print_rates(names, med, threads, limit):
     """The tokens/s table: a row per case of names (med[(name, threads)]), then the limits
-    the read bandwidth sets (limit: {"fp32": bytes a token reads, "bf16": ...})."""
+    the read bandwidth sets (limit: {"fp32": bytes a token reads, "bf16": ..., "int8": ...})."""
     print(f"{'tokens/s':<22s}" + "".join(f"{t:>3d} thread(s)" for t in threads))
     for name in names:
         print(f"{name:<22s}" + "".join(f"{med[(name, t)]:13.1f}" for t in threads))
-    for prec in ("fp32", "bf16"):
+    for prec in limit:
         print(f"{'limit ' + prec:<22s}" + "".join(
             f"{med[(BW, t)] * 1e9 / limit[prec]:13.1f}" for t in threads))
-    print(f"(limit = bandwidth / bytes a token reads: {limit['fp32'] / 1e6:.0f} MB fp32, "
-          f"{limit['bf16'] / 1e6:.0f} MB bf16)")
+    print("(limit = bandwidth / bytes a token reads: " + ", ".join(
+        f"{b / 1e6:.0f} MB {p}" for p, b in limit.items()) + ")")
 
 
 def machine_line(load):

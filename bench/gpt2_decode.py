@@ -10,14 +10,16 @@ The model: a random GPT-2 of 124M's shape (vocab 50257, 12 layers, d 768, 12 hea
 make_folder). Each case decodes a prompt of PROMPT (16) tokens fed at once, then TOKENS tokens
 greedily, one at a time through its KV cache, and the figure is TOKENS over the time of those
 steps (the prompt's time apart):
-  pytfm fp32/bf16  the C model API on the folder (bench/c_decode.c --generate; bf16 is
-                   pytfm_model_set_precision(PYTFM_PRECISION_BF16)), no Python in the loop
-  llama.cpp f32/f16  llama-cpp-python's Llama.eval on GGUFs converted from the same folder by
-                   llama.cpp's convert_hf_to_gguf.py (--llama-src: a llama.cpp tree holding it
-                   and gguf-py; llama-cpp-python's sdist carries one under vendor/llama.cpp);
-                   absent, with the reason, when llama_cpp cannot be imported or converted
+  pytfm fp32/bf16/int8  the C model API on the folder (bench/c_decode.c --generate; bf16 and
+                   int8 are pytfm_model_set_precision(PYTFM_PRECISION_BF16 / _INT8)), no
+                   Python in the loop
+  llama.cpp f32/f16/q8_0  llama-cpp-python's Llama.eval on GGUFs converted from the same folder
+                   by llama.cpp's convert_hf_to_gguf.py (--llama-src: a llama.cpp tree holding
+                   it and gguf-py; llama-cpp-python's sdist carries one under vendor/llama.cpp),
+                   Q8_0 quantized from the F32 one by llama.cpp's quantizer; absent, with the
+                   reason, when llama_cpp cannot be imported or converted
   transformers     GPT2LMHeadModel, torch eager, FP32, use_cache, no_grad
-  limit fp32/bf16  the read bandwidth (c_decode --bandwidth: a STREAM-like sum of 500 MiB of
+  limit fp32/bf16/int8  the read bandwidth (c_decode --bandwidth: a STREAM-like sum of 500 MiB of
                    floats at that thread count, in transparent huge pages as pytfm's weights;
                    the same in 4 KiB pages is printed beside it) over the bytes a token must
                    read: every weight matrix once (the LM head included), in the precision's
@@ -26,7 +28,8 @@ Every case runs in a process of its own at the given thread count, the cases alt
 rounds (the order reversed every other round), each process times REPS decodes and reports
 their median, and the figure is the median over rounds. The header names the CPU and the load
 average before and after: other work on the machine skews every figure. Targets (ok / MISS):
-pytfm fp32 >= 1.0x llama.cpp f32 and >= 0.8x the fp32 limit, pytfm bf16 >= 1.0x llama.cpp f16.
+each pytfm precision >= 1.0x its llama.cpp peer (fp32: f32, bf16: f16, int8: q8_0) and >= 0.8x
+its limit, and bf16 faster than fp32, int8 than bf16.
 Needs torch, transformers (pip install ".[gpt2-test]"), GPT-2's vocabulary for the conversion
 (scripts/fetch_gpt2_vocab.sh), and, for its rows, llama-cpp-python and gguf.
 """
@@ -45,7 +48,9 @@ from decoding import (  # noqa: E402
     BW,
     BW_SMALL,
     LLAMA,
+    PEER,
     PYTFM,
+    WIDTH,
     add_decode_args,
     convert_ggufs,
     gguf_converter,
@@ -91,8 +96,8 @@ def gguf_paths(folder, tmp, llama_src):
     os.symlink(os.path.join(folder, "model.safetensors"), os.path.join(src, "model.safetensors"))
     for name in ("vocab.json", "merges.txt"):
         os.symlink(os.path.join(vocab, name), os.path.join(src, name))
-    return convert_ggufs(script, src, llama_src,
-                         {k: os.path.join(tmp, f"gpt2-124m-{k}.gguf") for k in ("f32", "f16")})
+    return convert_ggufs(script, src, llama_src, {k: os.path.join(tmp, f"gpt2-124m-{k}.gguf")
+                                                  for _, k in LLAMA})
 
 
 def gpt2_bench():
@@ -181,21 +186,21 @@ def main():
           f"{args.tokens}; medians over rounds of each process's median\n")
     if not isinstance(ggufs, dict):
         print(f"llama.cpp: absent: {ggufs}\n")
-    limit = {"fp32": bytes_per_token(cfg, 4), "bf16": bytes_per_token(cfg, 2)}
+    limit = {p: bytes_per_token(cfg, WIDTH[p]) for _, p in PYTFM}
     print_rates(names, med, args.threads, limit)
     print()
     rows = []
     for t in args.threads:
         bw = med[(BW, t)] * 1e9
-        if isinstance(ggufs, dict):
-            rows.append(ratio_row(f"{t} thr: pytfm fp32 / llama.cpp f32",
-                                  med[("pytfm fp32", t)], med[("llama.cpp f32", t)], 1.0))
-            rows.append(ratio_row(f"{t} thr: pytfm bf16 / llama.cpp f16",
-                                  med[("pytfm bf16", t)], med[("llama.cpp f16", t)], 1.0))
-        rows.append(ratio_row(f"{t} thr: pytfm fp32 / fp32 limit",
-                              med[("pytfm fp32", t)], bw / limit["fp32"], 0.8))
-        rows.append(ratio_row(f"{t} thr: pytfm bf16 / bf16 limit",
-                              med[("pytfm bf16", t)], bw / limit["bf16"], 0.8))
+        for name, p in PYTFM:
+            if isinstance(ggufs, dict):
+                rows.append(ratio_row(f"{t} thr: {name} / {PEER[p]}", med[(name, t)],
+                                      med[(PEER[p], t)], 1.0))
+        for name, p in PYTFM:
+            rows.append(ratio_row(f"{t} thr: {name} / {p} limit", med[(name, t)],
+                                  bw / limit[p], 0.8))
+        for (a, _), (b, _) in zip(PYTFM[1:], PYTFM):  # each precision faster than the wider
+            rows.append(ratio_row(f"{t} thr: {a} / {b}", med[(a, t)], med[(b, t)], 1.0))
         rows.append(ratio_row(f"{t} thr: pytfm fp32 / transformers",
                               med[("pytfm fp32", t)], med[("transformers", t)], 1.0))
     print("\n".join(rows))

@@ -17,10 +17,12 @@ cache, and the figure is TOKENS over the time of those steps (the prompt's time 
                    Python in the loop
   pytfm bf16       the same on the bfloat16 folder, which opens in BF16 (its matrices as the
                    file has them; c_decode's pytfm_model_set_precision(BF16) keeps it so)
-  llama.cpp f32/f16  llama-cpp-python's Llama.eval on GGUFs converted from the float32 folder by
-                   llama.cpp's convert_hf_to_gguf.py --outtype f32 / f16 (--llama-src: a
-                   llama.cpp tree holding it and gguf-py), with Qwen3's tokenizer.json beside it
-  limit fp32/bf16  the read bandwidth (c_decode --bandwidth, as in bench/gpt2_decode.py) over
+  pytfm int8       the float32 folder, quantized when opened (pytfm_model_set_precision(INT8))
+  llama.cpp f32/f16/q8_0  llama-cpp-python's Llama.eval on GGUFs converted from the float32
+                   folder by llama.cpp's convert_hf_to_gguf.py --outtype f32 / f16 (--llama-src:
+                   a llama.cpp tree holding it and gguf-py), with Qwen3's tokenizer.json beside
+                   it; Q8_0 quantized from the F32 one by llama.cpp's quantizer
+  limit fp32/bf16/int8  the read bandwidth (c_decode --bandwidth, as in bench/gpt2_decode.py) over
                    the bytes a token must read: the q, k, v, o, gate, up and down matrices of
                    every layer and the tied LM head in the precision's width; in float32 the
                    RMSNorm weights (QK-norms included), the embedding's row and the KV cache
@@ -35,8 +37,8 @@ Every case runs in a process of its own at the given thread count, the cases alt
 rounds (the order reversed every other round), each process times REPS decodes and reports
 their median, and the figure is the median over rounds. The header names the CPU and the load
 average before and after: other work on the machine skews every figure. Targets (ok / MISS):
-pytfm fp32 >= 1.0x llama.cpp f32, pytfm bf16 >= 1.0x llama.cpp f16, opening the bfloat16 folder
-<= 1 s.
+each pytfm precision >= 1.0x its llama.cpp peer (fp32: f32, bf16: f16, int8: q8_0), bf16
+faster than fp32 and int8 than bf16, opening the bfloat16 folder <= 1 s.
 
 Needs torch and transformers (pip install ".[gpt2-test]"). llama.cpp is a peer, never a
 dependency of pytfm; for its rows (compiles llama.cpp, about 10 minutes on 2 cores):
@@ -61,8 +63,11 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]  # bench/'s modules, and this check
 from decoding import (  # noqa: E402
     BW,
     BW_SMALL,
+    LIMIT,
     LLAMA,
+    PEER,
     PYTFM,
+    WIDTH,
     add_decode_args,
     convert_ggufs,
     gguf_converter,
@@ -139,7 +144,7 @@ def gguf_paths(folder, cache, llama_src):
     with open(os.path.join(src, "tokenizer_config.json"), "w") as f:
         json.dump(TOKENIZER_CONFIG, f)
     return convert_ggufs(script, src, llama_src,
-                         {k: os.path.join(cache, f"qwen3-{k}.gguf") for k in ("f32", "f16")})
+                         {k: os.path.join(cache, f"qwen3-{k}.gguf") for _, k in LLAMA})
 
 
 # ---- the workers: one case, in a process of its own -------------------------------------------
@@ -226,7 +231,7 @@ def main():
         exe = build_driver(tmp)
         absent = {}
         cases = [(BW, ("bandwidth", "huge")), (BW_SMALL, ("bandwidth", "small"))]
-        for (name, prec), folder in zip(PYTFM, (fp32, bf16)):
+        for (name, prec), folder in zip(PYTFM, (fp32, bf16, fp32)):  # int8: quantized on open
             why = pytfm_refusal(exe, folder, prec)
             if why:
                 absent[name] = why
@@ -268,7 +273,7 @@ def main():
           f"rounds of each process's median\n")
     names = [name for name, _ in cases if name != OPEN]
     position = args.prompt + args.tokens / 2  # the decode's mean position
-    limit = {p: bytes_per_token(cfg, w, position) for p, w in (("fp32", 4), ("bf16", 2))}
+    limit = {p: bytes_per_token(cfg, WIDTH[p], position) for _, p in PYTFM}
     print_rates(names, med, args.threads, limit)
     if OPEN not in absent:
         print(f"{OPEN:<22s}" + "".join(f"{med[(OPEN, t)]:13.2f}" for t in args.threads))
@@ -287,10 +292,12 @@ def main():
             rows.append(ratio_row(label, med[(num, t)], med[(den, t)], target))
 
     for t in args.threads:
-        ratio(f"{t} thr: pytfm fp32 / llama.cpp f32", "pytfm fp32", "llama.cpp f32", 1.0)
-        ratio(f"{t} thr: pytfm bf16 / llama.cpp f16", "pytfm bf16", "llama.cpp f16", 1.0)
+        for name, p in PYTFM:
+            ratio(f"{t} thr: {name} / {PEER[p]}", name, PEER[p], 1.0)
+        for (a, _), (b, _) in zip(PYTFM[1:], PYTFM):  # each precision faster than the wider
+            ratio(f"{t} thr: {a} / {b}", a, b, 1.0)
         for name, prec in PYTFM + LLAMA:
-            p = "fp32" if prec in ("fp32", "f32") else "bf16"
+            p = LIMIT.get(prec, prec)
             if name in absent:
                 rows.append(f"{f'{t} thr: {name} / {p} limit':<40s} absent ({name})")
             else:

@@ -94,22 +94,7 @@ def ggufs(folder, cache, llama_src):
     if why:
         return why
     stem = os.path.join(cache, os.path.basename(os.path.normpath(folder)))
-    paths = convert_ggufs(script, folder, llama_src, {k: f"{stem}-{k}.gguf" for k in
-                                                      ("f32", "f16")})
-    if isinstance(paths, str):
-        return paths
-    q8 = f"{stem}-q8_0.gguf"
-    if not os.path.isfile(q8):
-        import llama_cpp
-
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
-        params.nthread = 2
-        part = q8 + ".part"
-        if llama_cpp.llama_model_quantize(paths["f32"].encode(), part.encode(), params):
-            return "llama_model_quantize to Q8_0 failed"
-        os.replace(part, q8)
-    return {**paths, "q8_0": q8}
+    return convert_ggufs(script, folder, llama_src, {k: f"{stem}-{k}.gguf" for k in LLAMA})
 
 
 # ---- the workers: one case, in a process of its own ------------------------------------------

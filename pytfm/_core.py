@@ -54,8 +54,10 @@ _CPU_FEATURES = {
 def set_num_threads(threads):
     """Threads for pytfm's kernels from now on. 0, the default: OpenMP's (OMP_NUM_THREADS or
     all available cores), but no more than the cores other processes leave free (on Linux,
-    sampled every 100 ms), so that a busy neighbour does not slow the kernels down; a count
-    set here is kept. Results are the same at any thread count; only speed changes.
+    sampled every 100 ms), so that a busy neighbour does not slow the kernels down. A count
+    set here (up to the process's cores) is the most threads a parallel region takes: its team
+    is lowered to the cores the last two samples saw free; a count above the cores is taken as
+    it is. get_num_threads() reports the count set. Results are the same at any thread count; only speed changes.
     Whatever sets it (this, PYTFM_NUM_THREADS, OMP_NUM_THREADS), the kernels use at most 4
     threads per available core: a larger value is accepted and clamped, and get_num_threads()
     reports the clamped count. Safe to call while another thread runs a kernel (it takes

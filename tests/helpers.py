@@ -308,7 +308,8 @@ print(_pytfm.get_num_threads(), _hashlib.sha256(b"".join(_np.asarray(a).tobytes(
 
 def assert_same_bits_at_any_thread_count(code, threads=(1, 2, 3)):
     """Run `code`, a snippet that leaves its results in a list of arrays `out`, at each thread
-    count (a process each, with exactly that many threads) and assert that `out` holds the same
+    count (a process each, PYTFM_NUM_THREADS set to it: its teams are that many threads, or
+    fewer while another process keeps a core busy; 3 on a 2-core machine is 3) and assert that `out` holds the same
     bytes every time."""
     digests = {}
     for t in threads:

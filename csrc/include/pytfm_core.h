@@ -65,7 +65,9 @@ PYTFM_API int32_t pytfm_abi_version(void);
  * BLAS's thread setting: it changes speed only, the results are the same bits at any count.
  *   0, the default: OpenMP's count (OMP_NUM_THREADS, else the available cores), lowered to the
  *      cores that other processes leave free (on Linux; csrc/core/free_cores.c says how).
- *   n: n threads, never lowered for neighbours.
+ *   n: at most n threads: up to the process's cores, each parallel region's team is n lowered to
+ *      the cores the last two samples both saw free (a team member on a core another process
+ *      keeps busy holds the whole team at every barrier); above them, n as it is.
  * The environment variable PYTFM_NUM_THREADS sets it (read once, at the first get or set of the
  * thread count or the ISA cap, or at pytfm_read_environment; a set call wins; a bad value is
  * ignored: csrc/core/environment.c).

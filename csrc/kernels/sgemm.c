@@ -315,13 +315,15 @@ static int64_t scratch_floats(const blocking *bl) {
 }
 
 /* the product, split among threads as bl says, with buf (scratch_floats(bl) floats) holding
- * the packing buffers */
+ * the packing buffers; the team may be smaller than bl->threads (pytfm__team_within: no
+ * member on a core another process keeps busy), and the split follows the team it gets, each
+ * element of C summed in one order whatever the split */
 static void gemm_blocked(const pytfm__product *g, const pytfm__micro *uk, const blocking *bl,
                          float *buf) {
     const int64_t mr = uk->mr, nr = uk->nr;
     const int64_t row_tiles = (g->m + mr - 1) / mr, col_tiles = (g->n + nr - 1) / nr;
 #if defined(_OPENMP)
-#pragma omp parallel num_threads((int)bl->threads) if (bl->threads > 1)
+#pragma omp parallel num_threads(pytfm__team_within(bl->threads)) if (bl->threads > 1)
 #endif
     {
 #if defined(_OPENMP)
