@@ -13,7 +13,8 @@ llama.cpp tree, as llama-cpp-python's sdist's vendor/llama.cpp) and Q8_0 by llam
 quantizer (llama_model_quantize, what the llama-quantize tool runs) from the F32 one.
 
 Rows:
-  pytfm fp32 / bf16 / int8   `python -m pytfm perplexity FOLDER TEXT --precision P --json`
+  pytfm fp32 / bf16 / int8   `python -m pytfm perplexity FOLDER TEXT --precision P --json` for
+                             the perplexity; the per-token figures from GPT.forward's logits
   llama.cpp F32 / F16 / Q8_0  llama-cpp-python's Llama.eval over the same token ids
 Perplexity is measured one way for both libraries (docs/perplexity.md): the text's ids from
 the folder's tokenizer (no BOS), cut into consecutive windows of --context tokens, each window
@@ -27,7 +28,11 @@ Greedy agreement: from the prompt of the decode benches (bench/c_generate.py's t
 ids), --steps tokens decoded greedily in each precision; "agree" is how many of the first new
 tokens equal those of the same library's full-precision run (pytfm fp32, llama.cpp F32).
 
-The relative distances printed: |ppl - ppl(fp32)| / ppl(fp32) within each library. The target
+The distances printed, each within one library against its full-precision run: |ppl -
+ppl(fp32)| / ppl(fp32), a signed sum's (per-token errors of both signs cancel in it, so on a
+random model, whose perplexity is near its vocabulary's size, it is a noisy figure); the mean
+|ΔNLL| over the scored tokens (nats: how far each token's log-likelihood moved); and top-1,
+how many scored positions keep the full-precision run's most likely next token. The target
 (issue "Decoding at the speed of the bytes"): pytfm int8's distance from fp32 at most
 llama.cpp Q8_0's from F32, and int8's greedy agreement at least Q8_0's. The CPU and load are
 printed (the figures do not depend on them: this is accuracy, not speed).
@@ -124,16 +129,14 @@ def llama_worker(path, ids_file, context, steps, threads):
     n_ctx = max(context, PROMPT + steps)
     llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
                 n_threads_batch=threads, logits_all=True, verbose=False)
-    terms = []
+    terms, best = [], []
     for start, length in windows_of(len(ids), context):
         window = ids[start:start + length]
         llm.reset()
         llm.eval(window)
-        logits = np.asarray(llm.scores[:length], np.float64)
-        top = logits.max(axis=1, keepdims=True)
-        lse = (top[:, 0] + np.log(np.exp(logits - top).sum(axis=1)))
-        rows = np.arange(length - 1)
-        terms.extend((lse[rows] - logits[rows, window[1:]]).tolist())
+        t, b = token_figures(np.asarray(llm.scores[:length]), window)
+        terms += t
+        best += b
     nll = math.fsum(terms)
     prompt = tokens_of(llm.n_vocab(), PROMPT)
     llm.reset()
@@ -143,22 +146,42 @@ def llama_worker(path, ids_file, context, steps, threads):
         greedy.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         llm.eval([greedy[-1]])
     return {"nll": nll, "tokens": len(terms), "perplexity": math.exp(nll / len(terms)),
-            "greedy": greedy}
+            "greedy": greedy, "terms": terms, "best": best}
 
 
-def pytfm_greedy_worker(folder, precision, steps):
-    """pytfm's greedy continuation of the prompt in precision."""
+def token_figures(logits, window):
+    """([NLL of each token of window after the first], [the most likely id at each position
+    but the last]) from a window's float32 logits, in float64."""
+    import numpy as np
+
+    logits = np.asarray(logits, np.float64)[:len(window) - 1]
+    top = logits.max(axis=1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
+    rows = np.arange(len(window) - 1)
+    return (lse - logits[rows, window[1:]]).tolist(), logits.argmax(axis=1).tolist()
+
+
+def pytfm_worker(folder, precision, ids_file, context, steps):
+    """pytfm's per-token figures on the ids in ids_file, and its greedy continuation of the
+    prompt, in precision."""
     import numpy as np
 
     from pytfm import folders
     from pytfm.generate import generate
 
+    with open(ids_file) as f:
+        ids = json.load(f)
     model = folders.load(folder, precision=precision)
-    if precision != "fp32" and getattr(model, "precision", precision) != precision:
-        model.set_precision(precision)
+    terms, best = [], []
+    for start, length in windows_of(len(ids), context):
+        window = ids[start:start + length]
+        logits, _ = model.forward(np.array([window], np.int64), save=False)
+        t, b = token_figures(logits[0], window)
+        terms += t
+        best += b
     prompt = np.array([tokens_of(model.cfg.vocab, PROMPT)], np.int64)
     out = generate(model, prompt, steps, temperature=0.0)
-    return {"greedy": [int(t) for t in out[0, PROMPT:]]}
+    return {"greedy": [int(t) for t in out[0, PROMPT:]], "terms": terms, "best": best}
 
 
 def worker(argv):
@@ -166,8 +189,8 @@ def worker(argv):
         _, path, ids_file, context, steps, threads = argv
         r = llama_worker(path, ids_file, int(context), int(steps), int(threads))
     else:
-        _, folder, precision, steps = argv
-        r = pytfm_greedy_worker(folder, precision, int(steps))
+        _, folder, precision, ids_file, context, steps = argv
+        r = pytfm_worker(folder, precision, ids_file, int(context), int(steps))
     print(json.dumps(r))
 
 
@@ -213,37 +236,42 @@ def main():
     print(f"# {cpu_name()} | load {load()} | {folder} | {args.text} | context {args.context} | "
           f"{args.steps} greedy steps after {PROMPT} prompt tokens")
     rows = {}
+    ids_file = os.path.join(args.cache, "ids.json")
+    with open(ids_file, "w") as f:
+        json.dump(ids_of(folder, args.text), f)
     for p in PYTFM:
         r = run([sys.executable, "-m", "pytfm", "perplexity", folder, args.text, "--context",
                  str(args.context), "--precision", p, "--json"], args.threads)
-        g = run([sys.executable, __file__, "--worker", "pytfm", folder, p, str(args.steps)],
-                args.threads)
+        g = run([sys.executable, __file__, "--worker", "pytfm", folder, p, ids_file,
+                 str(args.context), str(args.steps)], args.threads)
         rows[f"pytfm {p}"] = {**r, **g}
     paths = ggufs(folder, args.cache, args.llama_src)
     if isinstance(paths, str):
         print(f"# llama.cpp rows absent: {paths}")
     else:
-        ids_file = os.path.join(args.cache, "ids.json")
-        with open(ids_file, "w") as f:
-            json.dump(ids_of(folder, args.text), f)
         for k in LLAMA:
             rows[f"llama.cpp {k.upper()}"] = run(
                 [sys.executable, __file__, "--worker", "llama", paths[k], ids_file,
                  str(args.context), str(args.steps), str(args.threads)], args.threads)
     refs = {"pytfm": rows.get("pytfm fp32", {}), "llama.cpp": rows.get("llama.cpp F32", {})}
-    print("| case | perplexity | tokens scored | distance from its fp32 | greedy tokens agreeing "
-          "with its fp32 |")
-    print("|---|---|---|---|---|")
+    print("| case | perplexity | tokens scored | distance from its fp32 | mean \\|ΔNLL\\| (nats) "
+          "| top-1 as its fp32 | greedy tokens agreeing with its fp32 |")
+    print("|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         if "error" in r:
-            print(f"| {name} | {r['error']} | | | |")
+            print(f"| {name} | {r['error']} | | | | | |")
             continue
         ref = refs[name.split()[0]]
-        dist = abs(r["perplexity"] - ref["perplexity"]) / ref["perplexity"] \
-            if "perplexity" in ref else math.nan
-        same = agree(r.get("greedy", []), ref.get("greedy", []))
-        print(f"| {name} | {r['perplexity']:.6f} | {r['tokens']} | {dist:.2e} | "
-              f"{same} of {args.steps} |")
+        if "error" in ref or not ref:
+            print(f"| {name} | {r['perplexity']:.6f} | {r['tokens']} | (no full-precision "
+                  "run) | | | |")
+            continue
+        dist = abs(r["perplexity"] - ref["perplexity"]) / ref["perplexity"]
+        dnll = math.fsum(abs(a - b) for a, b in zip(r["terms"], ref["terms"])) / len(r["terms"])
+        top1 = sum(a == b for a, b in zip(r["best"], ref["best"]))
+        same = agree(r["greedy"], ref["greedy"])
+        print(f"| {name} | {r['perplexity']:.6f} | {r['tokens']} | {dist:.2e} | {dnll:.2e} | "
+              f"{top1} of {len(r['best'])} | {same} of {args.steps} |")
     print(f"# load after: {load()}")
 
 
