@@ -121,8 +121,8 @@ MUTATIONS = {
     "cuda_sgemm_tc_truncates_tf32": ("cuda/mma.cuh", "pytfm__tf32",
                                      "return pytfm_emu::cvt_rna_tf32(x); }", "uint32_t u;\nmemcpy(&u, &x, 4);\nreturn u;\n}", TC),
     # (a row read past the edge lands in C's masked rows: the off-by-one that shows drops one)
-    "cuda_sgemm_tc_row_edge_off_by_one": ("cuda/sgemm_tc.cu", "step", "across[r] = gr <", "across[r] = gr + 1 <", TC),
-    "cuda_sgemm_tc_k_edge_off_by_one": ("cuda/sgemm_tc.cu", "left", "return kp < kext", "return kp <= kext", TC),
+    "cuda_sgemm_tc_row_edge_off_by_one": ("cuda/sgemm_tc.cu", "Chunks::Chunks", "across |= (gr + r * RS < rows)", "across |= (gr + r * RS + 1 < rows)", TC),
+    "cuda_sgemm_tc_k_edge_off_by_one": ("cuda/sgemm_tc.cu", "left", "kp >= kext ? 0 :", "kp > kext ? 0 :", TC),
     "cuda_sgemm_tc_fast_path_past_k": ("cuda/sgemm_tc.cu", "whole_along", "- s * KD >= KD;", "- s * KD >= KD - 4;", TC),
     "cuda_sgemm_tc_tf32_swizzle_write_only": ("cuda/sgemm_tc.cu", "tf32_at", "pytfm__swz<4>(row, col / 4) * 4 + col % 4", "col", TC),
     "cuda_sgemm_tc_bf16_swizzle_write_only": ("cuda/sgemm_tc.cu", "round_slice", "pytfm__swz<L / 8>(row, col / 8) * 8 + col % 8;", "col;", TC),
@@ -146,7 +146,7 @@ MUTATIONS = {
     # conversion flushing subnormals (the CPU's BF16, not cvt.rn's), 16-byte copies where rows
     # are not a multiple of 8 elements, the 2-byte loads dropping an edge's last element
     "cuda_gemm_bf16_copy_swizzle_write_only": ("cuda/sgemm_tc.cu", "TileLoad16::slot", "pytfm__swz<L / 8>(row, e % (L / 8))", "e % (L / 8)", TC16),
-    "cuda_gemm_bf16_chunk_offset": ("cuda/sgemm_tc.cu", "step", "e % (L / W) * W;", "e % (L / W) * (W / 2);", TC16),
+    "cuda_gemm_bf16_chunk_offset": ("cuda/sgemm_tc.cu", "Chunks::Chunks", "threadIdx.x % (L / W) * W;", "threadIdx.x % (L / W) * (W / 2);", TC16),
     "cuda_gemm_bf16_trans_a_k_step": ("cuda/sgemm_tc.cu", "load_a", "const int p = kk +", "const int p =", TC16),
     "cuda_gemm_bf16_conversion_flushes": ("cuda/sgemm_tc.cu", "to_bf16_kernel",
                                           "pytfm__bf16x2(x[2 * q],",
@@ -253,7 +253,7 @@ MUTATIONS = {
     "attn_workspace_count_reread": ("csrc/kernels/attention.c", "forward_fast",
                                     "PYTFM_PARALLEL_FOR_THREADS(threads) for (int64_t bh", "PYTFM_PARALLEL_FOR\nfor (int64_t bh", THREADS),
     "sgemm_team_count_reread": ("csrc/kernels/sgemm.c", "gemm_blocked",
-                                "num_threads((int)bl->threads) if (bl->threads > 1)", "num_threads(pytfm_get_num_threads())", THREADS),
+                                "num_threads(pytfm__team_within(bl->threads)) if (bl->threads > 1)", "num_threads(pytfm_get_num_threads())", THREADS),
     # float extremes
     "fast_exp_saturates": ("csrc/kernels/vecmath.h", "pytfm__expf", "-86.98f, hi = 89.0f;", "-86.98f, hi = 88.37f;", EXTREMES),
     # 2^n directly instead of 2^(n-1)·2: overflows to inf for x just below log(FLT_MAX)
@@ -334,9 +334,9 @@ MUTATIONS = {
     "cuda_tc_attn_window_bound": ("cuda/attention_tc.cu", "tc_dkdv_kernel", "- 8 * (e >> 1) < hi) continue;", "- 8 * (e >> 1) <= hi) continue;", TC_ATT),
     "cuda_tc_attn_tf32_p_repack": ("cuda/attention_tc.cu", "tc_accumulate",
                                    "pytfm__tf32(s[j][2]), pytfm__tf32(s[j][1]),", "pytfm__tf32(s[j][1]), pytfm__tf32(s[j][2]),", TC_ATT),
-    "cuda_tc_attn_bf16_p_repack": ("cuda/attention_tc.cu", "tc_accumulate",
-                                   "pytfm__bf16x2(s[2 * c][2], s[2 * c][3]), pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),",
-                                   "pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]), pytfm__bf16x2(s[2 * c][2], s[2 * c][3]),", TC_ATT),
+    "cuda_tc_attn_bf16_p_repack": ("cuda/attention_tc.cu", "tc_pack_bf16",
+                                   "pa[c][1] = pytfm__bf16x2(s[2 * c][2], s[2 * c][3]); pa[c][2] = pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]);",
+                                   "pa[c][1] = pytfm__bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]); pa[c][2] = pytfm__bf16x2(s[2 * c][2], s[2 * c][3]);", TC_ATT),
     "cuda_tc_attn_no_rescale": ("cuda/attention_tc.cu", "tc_forward_kernel",
                                 "acc[n][0] *= alpha[0]; acc[n][1] *= alpha[0]; acc[n][2] *= alpha[1]; acc[n][3] *= alpha[1];", "", TC_ATT),
     "cuda_tc_attn_causal_tile_off_by_one": ("cuda/attention_tc.cu", "tc_forward_kernel", "+ TC_KEYS - 1", "", TC_ATT),
@@ -360,7 +360,7 @@ MUTATIONS = {
                                                "buf * W);\nvx.store(Vs + buf", TC_ATT),
     "cuda_tc_attn_swizzle_on_store_only": ("cuda/attention_tc.cu", "put", "pytfm__swz<D / 8>(r, d / 8)", "d / 8", TC_ATT),
     "cuda_tc_attn_swizzle_on_read_only": ("cuda/attention_tc.cu", "tc_chunk", "pytfm__swz<D / 8>(r, c)", "c", TC_ATT),
-    "cuda_tc_attn_v_without_trans": ("cuda/attention_tc.cu", "tc_accumulate",
+    "cuda_tc_attn_v_without_trans": ("cuda/attention_tc.cu", "tc_accumulate_bf16",
                                      "pytfm__ldmatrix<4, true>(r4, tc_chunk<D>(X,", "pytfm__ldmatrix<4, false>(r4, tc_chunk<D>(X,", TC_ATT),
     # the delta pass both backward passes share (cuda/attention.cu), its dy not rounded to the
     # tensor-core precision: delta then is not Σ_s P_ts dP_ts of the rounded products

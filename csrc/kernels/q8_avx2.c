@@ -7,7 +7,15 @@
 #include "q8.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+/* the instruction set of every function below: GCC's target pragma; Clang ignores that
+ * pragma and takes the same as an attribute pushed onto each function (the intrinsics'
+ * header first, so that its own functions keep their attributes) */
+#include <immintrin.h>
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #define Q8_AUX(x) _mm256_abs_epi8(x)
 #define Q8_DOT(w, x, aux)                                                                      \
     _mm256_madd_epi16(_mm256_maddubs_epi16((aux), _mm256_sign_epi8((w), (x))),                 \
@@ -15,6 +23,9 @@
 #define Q8_TABLE pytfm__q8_avx2
 #define Q8_NAME "avx2"
 #include "q8_avx_impl.h"
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
 #else
 const pytfm__q8_kernels pytfm__q8_avx2 = {0};
 #endif

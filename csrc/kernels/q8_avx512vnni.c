@@ -13,8 +13,15 @@
 #include "q8.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")
+/* the instruction set of every function below: GCC's target pragma; Clang ignores that
+ * pragma and takes the same as an attribute pushed onto each function (the intrinsics'
+ * header first, so that its own functions keep their attributes) */
 #include <immintrin.h>
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")
+#endif
 
 /* 1 where any lane of v is inf or NaN */
 static int any_nonfinite(__m512 v) {
@@ -116,6 +123,9 @@ static void gemv(float *y, const pytfm__q8x *xq, const int8_t *q, const uint16_t
 }
 
 const pytfm__q8_kernels pytfm__q8_avx512vnni = {"avx512vnni", quantize_x, gemv};
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
 #else
 const pytfm__q8_kernels pytfm__q8_avx512vnni = {0};
 #endif

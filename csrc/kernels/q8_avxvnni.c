@@ -9,7 +9,15 @@
 #if (defined(__x86_64__) || defined(__i386__)) &&                                              \
     ((defined(__clang__) && __clang_major__ >= 12) ||                                          \
      (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+/* the instruction set of every function below: GCC's target pragma; Clang ignores that
+ * pragma and takes the same as an attribute pushed onto each function (the intrinsics'
+ * header first, so that its own functions keep their attributes) */
+#include <immintrin.h>
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
+#else
 #pragma GCC target("avx2,fma,f16c,avxvnni")
+#endif
 #define Q8_AUX(x)                                                                              \
     _mm256_sub_epi32(_mm256_setzero_si256(),                                                   \
                      _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(),                           \
@@ -19,6 +27,9 @@
 #define Q8_TABLE pytfm__q8_avxvnni
 #define Q8_NAME "avxvnni"
 #include "q8_avx_impl.h"
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
 #else
 const pytfm__q8_kernels pytfm__q8_avxvnni = {0};
 #endif

@@ -6,7 +6,8 @@ and what they called is held to what the library has, derived, not listed by han
   - every CUDA function of csrc/include/pytfm_cuda.h (a name ending in _cuda: each op's twin
     and the functions of no C op), and every twin the op registry (tests/ops_registry.py)
     names, called at least once;
-  - each function that takes a precision, in every pytfm_precision (PYTFM_PRECISION_*);
+  - each function that takes a precision, in every pytfm_precision (PYTFM_PRECISION_*) but
+    INT8 (8-bit weights: a model's precision, on the CPU only; the twins refuse it);
   - the tensor-core attention (_ex, in BF16 and TF32) at each head dim cuda/attention_tc.cu's
     launchers take (their `case D:`), the grouped-query functions with a group or a window
     (the dK/dV pass's grouped instance);
@@ -112,7 +113,9 @@ def run_kernels(monkeypatch, emu, path=SCRIPT):
 
 def missing(calls, lib):
     """what the library has and calls left out, one line each"""
-    precisions = {getattr(lib, n) for n in dir(lib) if n.startswith("PYTFM_PRECISION_")}
+    # every precision a product takes (INT8 is a model's, on the CPU: the twins refuse it)
+    precisions = {getattr(lib, n) for n in dir(lib) if n.startswith("PYTFM_PRECISION_")} - {
+        lib.PYTFM_PRECISION_INT8}
     tensor = precisions - {lib.PYTFM_PRECISION_FP32}
     dims = tensor_core_head_dims()
     out = []

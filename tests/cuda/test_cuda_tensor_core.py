@@ -464,8 +464,11 @@ def test_the_precision_is_checked(emu):
                        ("pytfm_linear_backward_ex_cuda", (t[0], t[1], None, *t[3:], 2, 2, 2))):
         with pytest.raises(EmuError, match=rf"status 1: {name}: precision must be a "
                                            r"pytfm_precision \(0: FP32, 1: BF16, 2: TF32\), "
-                                           r"got 3"):
-            emu.call(name, *args, 3)
+                                           r"got 4"):
+            emu.call(name, *args, 4)
+        with pytest.raises(EmuError, match=rf"status 1: {name}: precision "
+                                           r"PYTFM_PRECISION_INT8 \(3\) runs on the CPU only"):
+            emu.call(name, *args, 3)  # a model's precision (8-bit weights), not the GPU's
     c = x.copy()
     emu.call("pytfm_sgemm_ex_cuda", c, None, None, 2, 2, 0, 0, 0, 0.5, TF32)  # k = 0: C = β·C
     np.testing.assert_array_equal(c, 0.5)
