@@ -382,7 +382,7 @@ def attention_cache_append_bf16(k_cache, v_cache, k, v, start):  # uint16 [B, Tm
     return k_cache, v_cache
 
 
-def attention_decode_bf16kv(q, k_cache, v_cache, start, scale=None, window=0):  # q [B,n,H,D],
+def attention_gqa_decode_bf16kv(q, k_cache, v_cache, start, scale=None, window=0):  # q [B,n,H,D],
     # caches uint16 [B, Tmax, Hkv, D] -> o [B, n, H, D], lse [B, H, n]: query i at position
     # start + i attends to the widened keys and values [0, start + i] (with a window, after
     # start + i − window)

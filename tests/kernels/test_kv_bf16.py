@@ -83,7 +83,7 @@ def test_decode_on_a_bf16_cache_is_the_float32_decode_on_rounded_keys(isa, threa
         o32, lse32 = ops.attention_decode(q, *c32, start, window=window)
     np.testing.assert_array_equal(bits(o), bits(o32))
     np.testing.assert_array_equal(bits(lse), bits(lse32))
-    want_o, want_lse = ref.attention_decode_bf16kv(q, *c16, start, window=window)
+    want_o, want_lse = ref.attention_gqa_decode_bf16kv(q, *c16, start, window=window)
     np.testing.assert_allclose(o, want_o, atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(lse, want_lse, atol=1e-5, rtol=1e-5)
 
