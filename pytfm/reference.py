@@ -389,8 +389,7 @@ def attention_gqa_decode_bf16kv(q, k_cache, v_cache, start, scale=None, window=0
     n_new, Tk = q.shape[1], start + q.shape[1]
     k, v = (widen_bf16(np.asarray(c)[:, :Tk]).astype(np.float64) for c in (k_cache, v_cache))
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    B, _, H, _ = q.shape
-    G = H // k.shape[2]
+    G = q.shape[2] // k.shape[2]
     k, v = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
     S = np.einsum("bthd,bshd->bhts", np.asarray(q, np.float64), k) * scale
     S = np.where(attention_mask(n_new, True, window, start, Tk), S, -np.inf)

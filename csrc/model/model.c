@@ -967,53 +967,60 @@ struct pytfm_session {
     void *stream;   /* the session's own, on the model's device */
 };
 
-pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *model,
-                                int64_t max_len) {
-    return pytfm_session_open_ex(session, model, max_len, PYTFM_PRECISION_FP32);
-}
-
-pytfm_status pytfm_session_open_ex(pytfm_session **session, const pytfm_model *model,
-                                   int64_t max_len, int32_t kv_precision) {
-    PYTFM_CHECK(session != NULL, "%s: session must not be NULL", __func__);
+/* pytfm_session_open_ex, its messages named after func (the function the user called) */
+static pytfm_status session_open(const char *func, pytfm_session **session,
+                                 const pytfm_model *model, int64_t max_len,
+                                 int32_t kv_precision) {
+    PYTFM_CHECK(session != NULL, "%s: session must not be NULL", func);
     *session = NULL;
-    PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
+    PYTFM_CHECK(model != NULL, "%s: model must not be NULL", func);
     PYTFM_CHECK(kv_precision == PYTFM_PRECISION_FP32 || kv_precision == PYTFM_PRECISION_BF16,
                 "%s: kv_precision must be PYTFM_PRECISION_FP32 or PYTFM_PRECISION_BF16, got %d",
-                __func__, (int)kv_precision);
+                func, (int)kv_precision);
     if (kv_precision == PYTFM_PRECISION_BF16 && !model->dev->decode_bf16)
         return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
                            "%s: kv_precision PYTFM_PRECISION_BF16 (a BF16 KV cache) runs on the "
                            "CPU only; this model's device has no BF16 cache: use "
-                           "PYTFM_PRECISION_FP32", __func__);
+                           "PYTFM_PRECISION_FP32", func);
     const int64_t max_seq = model->config.max_seq;
     PYTFM_CHECK(max_len >= 0 && max_len <= max_seq,
                 "%s: max_len must be in [1, max_seq = %lld], or 0 for max_seq; got %lld",
-                __func__, (long long)max_seq, (long long)max_len);
+                func, (long long)max_seq, (long long)max_len);
     if (max_len == 0) max_len = max_seq;
     const int64_t n_layer = model->config.n_layer, kvw = model->kvw;
     int64_t count = 0;
     if (kv_precision == PYTFM_PRECISION_BF16)
-        PYTFM_CHECK_COUNT(__func__, &count, uint16_t, n_layer, 2, max_len, kvw);
+        PYTFM_CHECK_COUNT(func, &count, uint16_t, n_layer, 2, max_len, kvw);
     else
-        PYTFM_CHECK_COUNT(__func__, &count, float, n_layer, 2, max_len, kvw);
+        PYTFM_CHECK_COUNT(func, &count, float, n_layer, 2, max_len, kvw);
     pytfm_session *s = calloc(1, sizeof *s);
     if (!s) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate a session",
-                               __func__);
+                               func);
     s->model = model;
     s->max_len = max_len;
     s->kv_precision = kv_precision;
     const pytfm__model_device *dev = model->dev;
-    pytfm_status st = dev->alloc(__func__, &s->caches, count * kv_bytes(kv_precision));
+    pytfm_status st = dev->alloc(func, &s->caches, count * kv_bytes(kv_precision));
     if (st == PYTFM_STATUS_OUT_OF_MEMORY)
         st = pytfm__fail(st, "%s: cannot allocate KV caches of %lld positions (%lld values)",
-                         __func__, (long long)max_len, (long long)count);
-    if (st == PYTFM_STATUS_OK) st = dev->stream_open(__func__, &s->stream);
+                         func, (long long)max_len, (long long)count);
+    if (st == PYTFM_STATUS_OK) st = dev->stream_open(func, &s->stream);
     if (st != PYTFM_STATUS_OK) {
         pytfm_session_close(s);
         return st;
     }
     *session = s;
     return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *model,
+                                int64_t max_len) {
+    return session_open(__func__, session, model, max_len, PYTFM_PRECISION_FP32);
+}
+
+pytfm_status pytfm_session_open_ex(pytfm_session **session, const pytfm_model *model,
+                                   int64_t max_len, int32_t kv_precision) {
+    return session_open(__func__, session, model, max_len, kv_precision);
 }
 
 pytfm_status pytfm_session_close(pytfm_session *session) {
