@@ -2564,12 +2564,12 @@ ATTENTION_GQA_DECODE_BF16KV = Op(
             TypeError, r"q is a CuPy array, but attention_gqa_decode_bf16kv runs on NumPy"),
     ),
     scratch=Scratch(setup="""
-B, Tmax, H, D, start, n_new = 1, 512, 1, 4096, 448, 20  # n_new > 1: a batch row widened
+B, Tmax, H, D, start, n_new = 1, 512, 1, 4096, 448, 20  # n_new > 1: a head widened
 q = randn(B, n_new, H, D)
 k_cache, v_cache = (ops.to_bf16_bits(randn(B, Tmax, H, D)) for _ in range(2))
 call = lambda: list(ops.attention_gqa_decode_bf16kv(q, k_cache, v_cache, start))
 out_bytes = 4 * (B * n_new * H * D + B * H * n_new)  # o, lse
-scratch_bytes = 4 * 2 * (start + n_new) * H * D  # the widened keys and values
+scratch_bytes = 4 * 2 * (start + n_new) * H * D  # the widened keys and values (c = 1)
 """),
     cuda=False,
     tested_in=("tests/kernels/test_kv_bf16.py::"

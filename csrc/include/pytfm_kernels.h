@@ -669,9 +669,11 @@ PYTFM_API pytfm_status pytfm_attention_cache_append_bf16(uint16_t *k_cache, uint
 /* Decoding on the BF16 cache: pytfm_attention_gqa_decode's bits on its widening.
  * Scratch: one token (n_new = 1, above PYTFM_ISA_PLAIN) widens a tile of 64 keys and 64
  * values at a time, 2·64·D + 2·(H / Hkv) floats per thread; otherwise (a prompt, a few tokens,
- * the plain path) each batch row's keys and values [first, start + n_new) are widened into
- * 2·Tk·Hkv·D floats (first: the first key a query sees, 0 without a window; Tk = start +
- * n_new − first) and pytfm_attention_gqa_decode runs on them (its own scratch too). */
+ * the plain path) the keys and values [first, start + n_new) of a block of c key/value heads
+ * at a time are widened, and their queries gathered, into 2·Tk·c·D + (2·D + 1)·n_new·c·G
+ * floats (G = H / Hkv; c the fewest heads whose c·G query heads give each thread one, at most
+ * Hkv; first: the first key a query sees, 0 without a window; Tk = start + n_new − first),
+ * and pytfm_attention_gqa_decode runs on them (its own scratch too). */
 PYTFM_API pytfm_status pytfm_attention_gqa_decode_bf16kv(float *o, float *lse, const float *q,
                                                          const uint16_t *k_cache,
                                                          const uint16_t *v_cache, int64_t B,

@@ -12,11 +12,12 @@
  * (attention.c): a token (n_new = 1, a row kernel available) runs decode_head_rows' loop here,
  * the same fast.h row kernels on the same tiles of RK keys, each tile of the key/value head
  * widened once into a per-thread buffer and read by every query head of its group; anything
- * else (a prompt, a few tokens, PYTFM_ISA_PLAIN) widens each batch row's keys and values that
- * the queries see into float scratch and calls pytfm_attention_gqa_decode on it, so that the
- * tiled fast path and the plain loop are attention.c's own. The widened range starts at the
- * first key the first query sees: attention.c's tiles count from each row's first key, so a
- * shift of every position by that much changes no tile.
+ * else (a prompt, a few tokens, PYTFM_ISA_PLAIN) widens the keys and values the queries see,
+ * a block of key/value heads at a time, into float scratch and calls
+ * pytfm_attention_gqa_decode on it, so that the tiled fast path and the plain loop are
+ * attention.c's own. The widened range starts at the first key the first query sees:
+ * attention.c's tiles count from each row's first key, so a shift of every position by that
+ * much changes no tile.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -128,26 +129,47 @@ static pytfm_status decode_token(const char *func, const token *p,
     return PYTFM_STATUS_OK;
 }
 
-/* Batch row by batch row: its keys and values [k0, start + n_new) widened into kw, vw
- * [Tk, Hkv, D], then pytfm_attention_gqa_decode at position start − k0 (k0: the first key of
- * the first query; the window, counted from each query's position, keeps every row's keys) */
+/* Batch row by batch row, a block of c key/value heads at a time (c·G query heads, G = H /
+ * Hkv; c the fewest that give every thread a query head, up to Hkv): their keys and values
+ * [k0, start + n_new) widened into kw, vw [Tk, c, D], their queries gathered into qc
+ * [n_new, c·G, D], then pytfm_attention_gqa_decode at position start − k0 (k0: the first key
+ * of the first query; the window, counted from each query's position, keeps every row's
+ * keys), its o and lse scattered back. Each query head's arithmetic is the one it gets in a
+ * single call over all heads (attention.c computes head by head; the strides only address),
+ * and the widened block stays small: 2·Tk·c·D floats, not the batch row's 2·Tk·Hkv·D. */
 static pytfm_status decode_widened(const char *func, float *o, float *lse, const float *q,
                                    const uint16_t *k_cache, const uint16_t *v_cache, int64_t B,
                                    int64_t n_new, int64_t H, int64_t Hkv, int64_t D,
                                    int64_t Tmax, int64_t start, float scale, int64_t window) {
     const int64_t k0 = window > 0 && start - window + 1 > 0 ? start - window + 1 : 0;
-    const int64_t Tk = start + n_new - k0, KD = Hkv * D;
-    float *kw = pytfm__scratch(func, 2 * Tk * KD, sizeof(float)); // fits: the cache does
+    const int64_t Tk = start + n_new - k0, KD = Hkv * D, G = H / Hkv;
+    const int64_t threads = pytfm_get_num_threads();
+    const int64_t c = PYTFM_MIN(Hkv, (threads + G - 1) / G), cD = c * D, qD = c * G * D;
+    // kw, vw [Tk, c, D], qc, oc [n_new, c·G, D], lc [c·G, n_new]: within the cache's and q's
+    // counts (checked), so no overflow
+    float *kw = pytfm__scratch(func, 2 * Tk * cD + 2 * n_new * qD + c * G * n_new,
+                               sizeof(float));
     if (!kw) return PYTFM_STATUS_OUT_OF_MEMORY;
-    float *vw = kw + Tk * KD;
+    float *vw = kw + Tk * cD, *qc = vw + Tk * cD, *oc = qc + n_new * qD, *lc = oc + n_new * qD;
     pytfm_status st = PYTFM_STATUS_OK;
     for (int64_t b = 0; b < B && st == PYTFM_STATUS_OK; b++) {
-        const int64_t off = (b * Tmax + k0) * KD;
-        widen_rows(kw, k_cache + off, Tk * Hkv, D, D);
-        widen_rows(vw, v_cache + off, Tk * Hkv, D, D);
-        st = pytfm_attention_gqa_decode(o + b * n_new * H * D, lse + b * H * n_new,
-                                        q + b * n_new * H * D, kw, vw, 1, n_new, H, Hkv, D, Tk,
-                                        start - k0, scale, window);
+        for (int64_t g0 = 0; g0 < Hkv && st == PYTFM_STATUS_OK; g0 += c) {
+            const int64_t nc = PYTFM_MIN(c, Hkv - g0), nq = nc * G * D; // this block's
+            const int64_t off = (b * Tmax + k0) * KD + g0 * D;
+            widen_rows(kw, k_cache + off, Tk, nc * D, KD);
+            widen_rows(vw, v_cache + off, Tk, nc * D, KD);
+            for (int64_t t = 0; t < n_new; t++) // the block's query heads are adjacent in q
+                memcpy(qc + t * nq, q + (b * n_new + t) * H * D + g0 * G * D,
+                       (size_t)nq * sizeof(float));
+            st = pytfm_attention_gqa_decode(oc, lc, qc, kw, vw, 1, n_new, nc * G, nc, D, Tk,
+                                            start - k0, scale, window);
+            for (int64_t t = 0; t < n_new && st == PYTFM_STATUS_OK; t++)
+                memcpy(o + (b * n_new + t) * H * D + g0 * G * D, oc + t * nq,
+                       (size_t)nq * sizeof(float));
+            if (st == PYTFM_STATUS_OK) // lse [B, H, n_new]: the block's heads are adjacent
+                memcpy(lse + (b * H + g0 * G) * n_new, lc,
+                       (size_t)(nc * G * n_new) * sizeof(float));
+        }
     }
     free(kw);
     return st;
