@@ -124,12 +124,13 @@ def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None, precision="fp3
     return dx, dw, db
 
 
-def _numpy_only(op, named, instead):
-    """The _bf16w ops have no CUDA twin: a CuPy argument is refused, saying what to call."""
+def _numpy_only(op, named, instead, what="BF16-only weights are"):
+    """The _bf16w ops (and a BF16 KV cache's) have no CUDA twin: a CuPy argument is refused,
+    saying what to call."""
     for name, v in named.items():
         if _is_cupy(v):
             raise TypeError(f"{name} is a CuPy array, but {op} runs on NumPy arrays only "
-                            "(BF16-only weights are a CPU inference mode): pass numpy.ndarrays, "
+                            f"({what} a CPU inference mode): pass numpy.ndarrays, "
                             f"or on the GPU widen the bits (from_bf16_bits) and call {instead}")
 
 
@@ -912,7 +913,8 @@ def attention_cache_append_bf16(k_cache, v_cache, k, v, start):
     """attention_cache_append into a BF16 KV cache: k, v [B, n_new, Hkv, D] float32 rounded to
     BF16 (to nearest even, as round_bf16) and their bits written into k_cache, v_cache
     [B, Tmax, Hkv, D] uint16 at positions [start, start + n_new). NumPy arrays only."""
-    _numpy_only("attention_cache_append_bf16", locals(), "attention_cache_append")
+    _numpy_only("attention_cache_append_bf16", locals(), "attention_cache_append",
+                "a BF16 KV cache is")
     a = _Args("pytfm_attention_cache_append_bf16", locals())
     k, k_cache, v_cache, dims = _cache_dims(a, "k", writable=True, bits=True)
     B, n_new, H, _, D, Tmax, start = dims
@@ -925,7 +927,8 @@ def attention_gqa_decode_bf16kv(q, k_cache, v_cache, start, scale=None, window=0
     (attention_cache_append_bf16), read as their float32 widening; q [B, n_new, H, D] float32.
     The bits of attention_decode(q, from_bf16_bits(k_cache), from_bf16_bits(v_cache), ...).
     -> (o [B, n_new, H, D], lse [B, H, n_new]). NumPy arrays only."""
-    _numpy_only("attention_gqa_decode_bf16kv", locals(), "attention_decode")
+    _numpy_only("attention_gqa_decode_bf16kv", locals(), "attention_decode",
+                "a BF16 KV cache is")
     a = _Args("pytfm_attention_gqa_decode_bf16kv", locals())
     q, k_cache, v_cache, dims = _cache_dims(a, "q", grouped=True, bits=True)
     window = a.int("window")
