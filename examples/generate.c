@@ -35,7 +35,8 @@
 #define FFFD "\xEF\xBF\xBD" /* U+FFFD, what transformers' decode makes of bytes not UTF-8 */
 #define USAGE                                                                                  \
     "usage: generate CHECKPOINT|FOLDER [--prompt TEXT] [--tokens N] [--temperature T] "         \
-    "[--top-k K] [--seed S] [--threads N] [--precision {fp32,bf16,int8}]\n"
+    "[--top-k K] [--seed S] [--threads N] [--precision {fp32,bf16,int8}] "                     \
+    "[--kv-cache {fp32,bf16}]\n"
 #define HELP "\nsample.py's flags, in C, plus --threads (0: the library's default): docs/c-api.md"
 
 /* the usage and "generate: error: <message>" on stderr; exit status 2, as argparse */
@@ -52,17 +53,20 @@ typedef struct options {
     const char *checkpoint, *prompt;
     double temperature; /* < 0: not given, the model's kind decides */
     long long tokens, top_k, seed, threads, precision; /* precision: a pytfm_precision */
+    int32_t kv_cache; /* the KV cache's pytfm_precision: FP32 or BF16 (half its bytes) */
 } options;
 
 /* argv into *o: 0, or the exit status of a bad command line (-1: --help was printed) */
 static int parse(int argc, char **argv, options *o) {
     static const struct { const char *name, *range; long long max; } flags[] = {
         {"--prompt", "", 0}, {"--temperature", "", 0}, {"--precision", "", 0},
+        {"--kv-cache", "", 0},
         {"--tokens", "must be >= 0", INT64_MAX},
         {"--top-k", "must be >= 0 (0: no top-k cut)", INT64_MAX},
         {"--seed", "must be an integer in [0, 4294967295]", 4294967295LL}, /* sample.py's */
         {"--threads", "must be an integer in [0, 2147483647] (0: the default)", INT32_MAX}};
-    *o = (options){NULL, "def ", -1.0, 100, 40, 0, 0, PYTFM_PRECISION_FP32};
+    *o = (options){NULL, "def ", -1.0, 100, 40, 0, 0, PYTFM_PRECISION_FP32,
+                   PYTFM_PRECISION_FP32};
     for (int i = 1; i < argc; i++) {
         char *arg = argv[i], *eq = strchr(arg, '='), *value, *end;
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) return puts(USAGE HELP), -1;
@@ -72,9 +76,9 @@ static int parse(int argc, char **argv, options *o) {
             continue;
         }
         int f = 0, len = eq ? (int)(eq - arg) : (int)strlen(arg); /* --flag VALUE, --flag=VALUE */
-        while (f < 7 && (strlen(flags[f].name) != (size_t)len || strncmp(arg, flags[f].name, len)))
+        while (f < 8 && (strlen(flags[f].name) != (size_t)len || strncmp(arg, flags[f].name, len)))
             f++;
-        if (f == 7) return fail("unrecognized argument: %.*s", len, arg);
+        if (f == 8) return fail("unrecognized argument: %.*s", len, arg);
         if (!eq && i + 1 == argc) return fail("argument %s: expected one argument", flags[f].name);
         value = eq ? eq + 1 : argv[++i];
         errno = 0;
@@ -94,12 +98,17 @@ static int parse(int argc, char **argv, options *o) {
             o->precision = !strcmp(value, "bf16")   ? PYTFM_PRECISION_BF16
                            : !strcmp(value, "int8") ? PYTFM_PRECISION_INT8
                                                     : PYTFM_PRECISION_FP32;
-        } else if (!integer && f < 5) {
+        } else if (f == 3) {
+            if (strcmp(value, "fp32") && strcmp(value, "bf16"))
+                return fail("argument --kv-cache: invalid choice: '%s' (choose from 'fp32', "
+                            "'bf16')", value);
+            o->kv_cache = !strcmp(value, "bf16") ? PYTFM_PRECISION_BF16 : PYTFM_PRECISION_FP32;
+        } else if (!integer && f < 6) {
             return fail("argument %s: invalid int value: '%s'", flags[f].name, value);
         } else if (!integer || v < 0 || v > flags[f].max) {
             return fail("%s %s, got %s", flags[f].name, flags[f].range, value);
         } else {
-            *(f == 3 ? &o->tokens : f == 4 ? &o->top_k : f == 5 ? &o->seed : &o->threads) = v;
+            *(f == 4 ? &o->tokens : f == 5 ? &o->top_k : f == 6 ? &o->seed : &o->threads) = v;
         }
     }
     if (!o->checkpoint) return fail("the following arguments are required: checkpoint");
@@ -402,7 +411,8 @@ static int run(const options *o, pytfm_model *model, const pytfm_tokenizer *tok,
     double t[2] = {0.0, 0.0};
     int64_t stop = -1;
     if (st == PYTFM_STATUS_OK) st = pytfm_model_set_precision(model, (int32_t)o->precision);
-    if (st == PYTFM_STATUS_OK) st = pytfm_session_open(&session, model, n[0] + n[1]);
+    if (st == PYTFM_STATUS_OK)
+        st = pytfm_session_open_ex(&session, model, n[0] + n[1], o->kv_cache);
     if (st == PYTFM_STATUS_OK && fputs(o->prompt, stdout) >= 0)
         st = generate(session, prompt, n, o, cfg.vocab, n_tok, &w, eos, n_eos, &stop, t);
     pytfm_session_close(session);

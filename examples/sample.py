@@ -42,6 +42,9 @@ def parser():
                    help="of the linear layers' products (bf16: BF16-rounded inputs, float32 "
                    "sums; a bfloat16 Llama-family folder is then held as it lies, in BF16; "
                    "int8: every matrix quantised to int8 blocks, for inference on the CPU)")
+    p.add_argument("--kv-cache", choices=["fp32", "bf16"], default="fp32",
+                   help="the KV cache's precision (bf16: keys and values rounded to BF16 as "
+                   "they are cached, half the cache's memory; CPU only)")
     return p
 
 
@@ -76,7 +79,8 @@ def main(argv=None):
     # ids past the tokenizer's (a vocabulary padded to a multiple of 64) are never drawn
     vocab = model.cfg.vocab if tok is None else len(tok)
     top_k = args.top_k if 0 < args.top_k < vocab else None
-    out = generate(model, ids[None, :], n_new, args.temperature, top_k, args.seed, vocab)
+    out = generate(model, ids[None, :], n_new, args.temperature, top_k, args.seed, vocab,
+                   kv_cache=args.kv_cache)
     print(data.decode(out[0]) if tok is None else tok.decode(out[0]))
     return 0
 

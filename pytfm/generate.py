@@ -72,7 +72,7 @@ def sample_next(logits, rng, temperature=1.0, top_k=None):
 
 
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0,
-             sample_vocab=None):
+             sample_vocab=None, kv_cache="fp32"):
     """Continue prompt (int64 (B, T0), T0 >= 1) by max_new_tokens (>= 0) tokens
     -> (B, T0 + max_new_tokens).
     sample_vocab (1 <= it <= model.cfg.vocab; None: model.cfg.vocab): new tokens are drawn
@@ -83,7 +83,9 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0,
     The total length may not exceed model.cfg.max_seq. Same seed (an integer >= 0), same
     tokens; seed None draws fresh randomness. The prompt may be a NumPy or a CuPy array; the
     result is a NumPy array, whatever model.device is. Logits that are not finite (a model
-    whose parameters hold NaN or inf) are a ValueError, as in the C pytfm_sample."""
+    whose parameters hold NaN or inf) are a ValueError, as in the C pytfm_sample.
+    kv_cache: the KV cache's precision, "fp32" or "bf16" (half its memory; CPU only; the keys
+    and values rounded to BF16 as they are cached, pytfm.kvcache.KVCache)."""
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a pytfm.nn.GPT, got {type(model).__name__}")
     prompt = devices.to_host(prompt)
@@ -114,9 +116,13 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, seed=0,
     if prompt.shape[1] + max_new_tokens > model.cfg.max_seq:
         raise ValueError(f"prompt of {prompt.shape[1]} tokens + {max_new_tokens} new ones exceeds "
                          f"max_seq = {model.cfg.max_seq}")
+    if kv_cache not in ("fp32", "bf16"):
+        raise ValueError(f"kv_cache must be 'fp32' or 'bf16' (the KV cache's precision), got "
+                         f"{kv_cache!r}")
     rng = np.random.default_rng(seed)
     device = getattr(model, "device", "cpu")
-    caches = model.new_caches(prompt.shape[0], prompt.shape[1] + max_new_tokens)
+    caches = model.new_caches(prompt.shape[0], prompt.shape[1] + max_new_tokens,
+                              precision=kv_cache)
     # the prompt was checked above, and sampled tokens are below vocab: no check on the GPU
     logits = model.decode(devices.to_device(prompt, device), caches, check_ids=False)[:, -1]
     out = [prompt]

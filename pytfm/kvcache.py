@@ -29,10 +29,18 @@ class KVCache:
     [B, max_len, n_kv_head, head_dim] each, and attend() takes k, v of n_kv_head heads beside
     q of n_head. window (0: none): the sliding window of ops.attention_forward; the cache still
     keeps every position (max_len of them).
+
+    precision: "fp32" (default) keeps float32 keys and values; "bf16" keeps their BF16 bits
+    (uint16 arrays, half the bytes: what grows with a long context), each rounded to nearest
+    even as it is appended, attention reading their float32 widening. Its results are exactly
+    those of an "fp32" cache to which k and v are appended rounded (ops.round_bf16): the
+    rounding is the only difference. CPU only.
     """
 
+    PRECISIONS = ("fp32", "bf16")
+
     def __init__(self, batch, max_len, n_head, head_dim, device="cpu", n_kv_head=None,
-                 window=0):
+                 window=0, precision="fp32"):
         n_head = as_int("n_head", n_head)
         n_kv_head = n_head if n_kv_head is None else as_int("n_kv_head", n_kv_head)
         shape = (as_int("batch", batch), as_int("max_len", max_len), n_kv_head,
@@ -44,9 +52,16 @@ class KVCache:
         self.window = as_int("window", window)
         if self.window < 0:
             raise ValueError(f"window must be >= 0 (0: no sliding window), got {self.window}")
+        if not isinstance(precision, str) or precision not in self.PRECISIONS:
+            raise ValueError(f"precision must be one of {self.PRECISIONS}, got {precision!r}")
+        if precision == "bf16" and device != "cpu":
+            raise ValueError(f"precision='bf16' (a BF16 KV cache) runs on the CPU only, got "
+                             f"device={device!r}: use precision='fp32' there")
+        self.precision = precision
         xp = devices.array_module(device)
-        self.k = xp.zeros(shape, np.float32)  # (B, Tmax, Hkv, D)
-        self.v = xp.zeros(shape, np.float32)
+        kind = np.uint16 if precision == "bf16" else np.float32  # BF16 bits, or float32
+        self.k = xp.zeros(shape, kind)  # (B, Tmax, Hkv, D)
+        self.v = xp.zeros(shape, kind)
         self.n_head = n_head
         self.device = device
         self.length = 0  # positions [0, length) hold keys and values
@@ -66,8 +81,13 @@ class KVCache:
         k, v = a.array("k", **like), a.array("v", **like)
         scale = a.float("scale", default=1.0 / math.sqrt(D))
         start = self.length
-        ops.attention_cache_append(self.k, self.v, k, v, start)
-        o, _ = ops.attention_decode(q, self.k, self.v, start, scale, window=self.window)
+        if self.precision == "bf16":
+            ops.attention_cache_append_bf16(self.k, self.v, k, v, start)
+            o, _ = ops.attention_gqa_decode_bf16kv(q, self.k, self.v, start, scale,
+                                                   window=self.window)
+        else:
+            ops.attention_cache_append(self.k, self.v, k, v, start)
+            o, _ = ops.attention_decode(q, self.k, self.v, start, scale, window=self.window)
         self.length = start + n_new
         return o
 

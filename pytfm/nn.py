@@ -1276,17 +1276,18 @@ class GPT:
                     rest = {t: got for t, got in (attn.probe or {}).items() if t != me}
                     attn.probe = rest or None
 
-    def new_caches(self, batch, max_len=None):
+    def new_caches(self, batch, max_len=None, precision="fp32"):
         """One KV cache per block, for decode(), of max_len positions (default and at most
         cfg.max_seq: a generation sizes them to what it will decode, not to the context), on
-        the model's device."""
+        the model's device; precision "fp32" or "bf16" (half the bytes, CPU only: KVCache)."""
         c = self.cfg
+        kw = dict(device=self.device, precision=precision)
         max_len = c.max_seq if max_len is None else min(max_len, c.max_seq)
         if c.arch == "llama":  # n_kv_head heads of head_dim, the sliding window
-            return [KVCache(batch, max_len, c.n_head, c.head_dim, device=self.device,
-                            n_kv_head=c.n_kv_head, window=c.sliding_window)
+            return [KVCache(batch, max_len, c.n_head, c.head_dim, n_kv_head=c.n_kv_head,
+                            window=c.sliding_window, **kw)
                     for _ in range(c.n_layer)]
-        return [KVCache(batch, max_len, c.n_head, c.d_model // c.n_head, device=self.device)
+        return [KVCache(batch, max_len, c.n_head, c.d_model // c.n_head, **kw)
                 for _ in range(c.n_layer)]
 
     def decode(self, idx, caches, *, check_ids=True):

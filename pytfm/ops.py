@@ -124,12 +124,13 @@ def linear_backward(dy, x, w, has_bias=True, *, dw=None, db=None, precision="fp3
     return dx, dw, db
 
 
-def _numpy_only(op, named, instead):
-    """The _bf16w ops have no CUDA twin: a CuPy argument is refused, saying what to call."""
+def _numpy_only(op, named, instead, what="BF16-only weights are"):
+    """The _bf16w ops (and a BF16 KV cache's) have no CUDA twin: a CuPy argument is refused,
+    saying what to call."""
     for name, v in named.items():
         if _is_cupy(v):
             raise TypeError(f"{name} is a CuPy array, but {op} runs on NumPy arrays only "
-                            "(BF16-only weights are a CPU inference mode): pass numpy.ndarrays, "
+                            f"({what} a CPU inference mode): pass numpy.ndarrays, "
                             f"or on the GPU widen the bits (from_bf16_bits) and call {instead}")
 
 
@@ -832,12 +833,15 @@ def attention_backward(dy, q, k, v, o, lse, causal=True, scale=None, precision="
     return dq, dk, dv
 
 
-def _cache_dims(a, new, writable=False, grouped=False):
+def _cache_dims(a, new, writable=False, grouped=False, bits=False):
     """The new tokens' [B, n_new, H, D] array `new` and the caches [B, Tmax, Hkv, D] they go
-    with (writable: for an append; grouped: Hkv divides H, else Hkv = H)
-    -> new, k_cache, v_cache, (B, n_new, H, Hkv, D, Tmax, start)"""
+    with (writable: for an append; grouped: Hkv divides H, else Hkv = H; bits: the caches are
+    uint16 BF16 bits, else float32) -> new, k_cache, v_cache, (B, n_new, H, Hkv, D, Tmax, start)"""
     x = a.array(new, ndim=4, last="head dim D")
-    k_cache, v_cache = a.heads("k_cache", "v_cache", writable=writable)
+    if bits:
+        k_cache, v_cache = _bf16_caches(a, writable)
+    else:
+        k_cache, v_cache = a.heads("k_cache", "v_cache", writable=writable)
     B, n_new, H, D = x.shape
     Bc, Tmax, Hc, Dc = k_cache.shape
     if (Bc, Dc) != (B, D) or (Hc != H and not (grouped and Hc >= 1 and H % Hc == 0)):
@@ -883,4 +887,54 @@ def attention_decode(q, k_cache, v_cache, start, scale=None, window=0):
     else:
         a.kernel = "pytfm_attention_gqa_decode"
         a.call(o, lse, q, k_cache, v_cache, *dims, scale, window)
+    return o, lse
+
+
+def _bf16_caches(a, writable):
+    """k_cache and v_cache of a BF16 KV cache: NumPy uint16 arrays [B, Tmax, Hkv, D] of one
+    shape (a float32 cache is refused: it has its own ops)"""
+    for name in ("k_cache", "v_cache"):
+        v = a.named[name]
+        if isinstance(v, _np.ndarray) and v.dtype != _U16:
+            raise TypeError(f"{name} must be a uint16 array of BF16 bits (a BF16 KV cache, as "
+                            f"KVCache(..., dtype='bf16') holds), got dtype {v.dtype}; a float32 "
+                            "cache goes to attention_cache_append / attention_decode")
+    k_cache = a.array("k_cache", dtype=_U16, ndim=4, last="head dim D", writable=writable)
+    v_cache = a.array("v_cache", dtype=_U16, ndim=4, shape=k_cache.shape,
+                      because="k_cache.shape", writable=writable)
+    return k_cache, v_cache
+
+
+def _u16(x):
+    return _core.ffi.from_buffer("uint16_t[]", x)
+
+
+def attention_cache_append_bf16(k_cache, v_cache, k, v, start):
+    """attention_cache_append into a BF16 KV cache: k, v [B, n_new, Hkv, D] float32 rounded to
+    BF16 (to nearest even, as round_bf16) and their bits written into k_cache, v_cache
+    [B, Tmax, Hkv, D] uint16 at positions [start, start + n_new). NumPy arrays only."""
+    _numpy_only("attention_cache_append_bf16", locals(), "attention_cache_append",
+                "a BF16 KV cache is")
+    a = _Args("pytfm_attention_cache_append_bf16", locals())
+    k, k_cache, v_cache, dims = _cache_dims(a, "k", writable=True, bits=True)
+    B, n_new, H, _, D, Tmax, start = dims
+    v = a.array("v", ndim=4, shape=k.shape, because="k.shape")
+    a.call(_u16(k_cache), _u16(v_cache), k, v, B, n_new, H, D, Tmax, start)
+
+
+def attention_gqa_decode_bf16kv(q, k_cache, v_cache, start, scale=None, window=0):
+    """attention_decode on a BF16 KV cache: k_cache, v_cache [B, Tmax, Hkv, D] uint16 BF16 bits
+    (attention_cache_append_bf16), read as their float32 widening; q [B, n_new, H, D] float32.
+    The bits of attention_decode(q, from_bf16_bits(k_cache), from_bf16_bits(v_cache), ...).
+    -> (o [B, n_new, H, D], lse [B, H, n_new]). NumPy arrays only."""
+    _numpy_only("attention_gqa_decode_bf16kv", locals(), "attention_decode",
+                "a BF16 KV cache is")
+    a = _Args("pytfm_attention_gqa_decode_bf16kv", locals())
+    q, k_cache, v_cache, dims = _cache_dims(a, "q", grouped=True, bits=True)
+    window = a.int("window")
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0: no sliding window), got {window}")
+    scale = a.float("scale", default=1.0 / math.sqrt(dims[4]))
+    o, lse = a.empty_like(q), a.empty((dims[0], dims[2], dims[1]))
+    a.call(o, lse, q, _u16(k_cache), _u16(v_cache), *dims, scale, window)
     return o, lse

@@ -372,6 +372,32 @@ def attention_forward(q, k, v, causal=True, scale=None, window=0):  # q [B,T,H,D
     return o.reshape(q.shape), lse
 
 
+def attention_cache_append_bf16(k_cache, v_cache, k, v, start):  # uint16 [B, Tmax, Hkv, D],
+    # k, v [B, n_new, Hkv, D] -> the caches with positions [start, start + n_new) the BF16 bits
+    # of k and v (round_bf16's upper halves); new arrays
+    k_cache, v_cache = np.array(k_cache, np.uint16), np.array(v_cache, np.uint16)
+    at = slice(start, start + np.shape(k)[1])
+    for cache, x in ((k_cache, k), (v_cache, v)):
+        cache[:, at] = (round_bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+    return k_cache, v_cache
+
+
+def attention_gqa_decode_bf16kv(q, k_cache, v_cache, start, scale=None, window=0):  # q [B,n,H,D],
+    # caches uint16 [B, Tmax, Hkv, D] -> o [B, n, H, D], lse [B, H, n]: query i at position
+    # start + i attends to the widened keys and values [0, start + i] (with a window, after
+    # start + i − window)
+    n_new, Tk = q.shape[1], start + q.shape[1]
+    k, v = (widen_bf16(np.asarray(c)[:, :Tk]).astype(np.float64) for c in (k_cache, v_cache))
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    G = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
+    S = np.einsum("bthd,bshd->bhts", np.asarray(q, np.float64), k) * scale
+    S = np.where(attention_mask(n_new, True, window, start, Tk), S, -np.inf)
+    m = S.max(axis=-1, keepdims=True)
+    lse = m[..., 0] + np.log(np.exp(S - m).sum(axis=-1))
+    return np.einsum("bhts,bshd->bthd", np.exp(S - lse[..., None]), v), lse
+
+
 def attention_backward(dy, q, k, v, causal=True, scale=None, window=0):  # -> dq, dk, dv
     # dy, q [B, T, H, D], k, v [B, T, Hkv, D]; dk, dv sum over the heads of a group
     dy, q, k, v = _f64(dy, q, k, v)

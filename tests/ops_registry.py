@@ -2474,6 +2474,108 @@ scratch_bytes = 4 * threads * (D * (start + n_new) + {TQ_TK} + 2 * 64)  # as the
     tested_in=("tests/kernels/test_attention.py::test_gqa_window_decoding_equals_the_forward",),
 )
 
+# ---- a BF16 KV cache (attention_bf16kv.c) -----------------------------------------------------
+
+def bf16kv_make(seed, B, n_new, H, D, start, spare=0, scale=None, group=1, window=0):
+    """decode_make's, the caches as BF16 bits"""
+    a = decode_make(seed, B, n_new, H, D, start, spare, scale, group, window)
+    a["k_cache"], a["v_cache"] = (ops.to_bf16_bits(a[n]) for n in ("k_cache", "v_cache"))
+    return a
+
+
+def bf16kv_run(a):
+    return list(ops.attention_gqa_decode_bf16kv(a["q"], a["k_cache"], a["v_cache"], a["start"],
+                                                a["scale"], window=a["window"]))
+
+
+def bf16kv_tol(a, want):
+    wide = {**a, **{n: ops.from_bf16_bits(a[n]) for n in ("k_cache", "v_cache")}}
+    return decode_tol(wide, want)
+
+
+def bf16_append_run(a):
+    ops.attention_cache_append_bf16(a["k_cache"], a["v_cache"], a["k"], a["v"], a["start"])
+    return [a["k_cache"], a["v_cache"]]
+
+
+h16 = np.zeros((1, 8, 2, 4), np.uint16)
+
+ATTENTION_CACHE_APPEND_BF16 = Op(
+    "attention_cache_append_bf16",
+    limits=Limits(("H H F F {0} {1} {2} {3} {4} {5}",), CACHE),
+    exact=("H:2*(r+1)*b*a H:2*(r+1)*b*a F:2*r*b*a F:2*r*b*a 2 r b a r+1 1",),
+    check=Check(
+        drawn(B=st.sampled_from([1, 2]), n_new=st.integers(1, 9), H=st.sampled_from([1, 3]),
+              D=st.sampled_from([1, 5, 8]), start=st.integers(0, 20),
+              spare=st.sampled_from([0, 2])),
+        bf16kv_make, run=bf16_append_run,
+        want=lambda a: list(ref.attention_cache_append_bf16(a["k_cache"], a["v_cache"], a["k"],
+                                                             a["v"], a["start"])),
+        tol=lambda a, want: [EXACT, EXACT], outputs=("k_cache", "v_cache")),
+    fast="a rounding, element by element: one version",
+    bad=(
+        Bad(lambda: ops.attention_cache_append_bf16(h16, h16.copy(), q4, q4, start=7),
+            ValueError, r"cache overflow"),
+        Bad(lambda: ops.attention_cache_append_bf16(z(1, 8, 2, 4), h16, q4, q4, start=0),
+            TypeError, r"k_cache must be a uint16 array of BF16 bits"),
+        Bad(lambda: ops.attention_cache_append_bf16(h16, np.zeros((1, 9, 2, 4), np.uint16), q4,
+                                                    q4, start=0),
+            ValueError, r"v_cache must have shape \(1, 8, 2, 4\)"),
+        Bad(lambda: ops.attention_cache_append_bf16(h16, h16.copy(), FakeCupyArray(), q4, 0),
+            TypeError, r"k is a CuPy array, but attention_cache_append_bf16 runs on NumPy"),
+    ),
+    cuda=False,
+    tested_in=("tests/kernels/test_kv_bf16.py::"
+               "test_append_rounds_to_nearest_even_as_the_reference",),
+)
+
+ATTENTION_GQA_DECODE_BF16KV = Op(
+    "attention_gqa_decode_bf16kv",
+    limits=Limits(("F F F H H {0} {1} {2} {3} {4} {5} {6} 0.5 0",
+                   "F F F H H {0} {1} {2} {3} {4} {5} {6} 0.5 9"), GQA_CACHE),
+    exact=("F:2*r*b*a F:2*b*r F:2*r*b*a H:2*(r+1)*a H:2*(r+1)*a 2 r b 1 a r+1 1 0.5 2",),
+    check=Check(
+        drawn(B=st.sampled_from([1, 2]), n_new=st.integers(1, 12), H=st.sampled_from([1, 2]),
+              group=st.sampled_from([1, 2, 3]), D=st.sampled_from([1, 8, 16, 64, 160]),
+              start=st.integers(0, 70), spare=st.sampled_from([0, 3]),
+              scale=st.sampled_from([None, 0.5]), window=st.sampled_from([0, 1, 4, 30, 64])),
+        bf16kv_make, run=bf16kv_run,
+        want=lambda a: list(ref.attention_gqa_decode_bf16kv(a["q"], a["k_cache"], a["v_cache"],
+                                                        a["start"], _scale(a), a["window"])),
+        tol=bf16kv_tol, outputs=("o", "lse"),
+        threads=(dict(B=2, n_new=1, H=3, D=16, start=250, spare=49, group=2, window=100,
+                      seed=3),
+                 dict(B=2, n_new=20, H=3, D=16, start=250, spare=9, group=2, seed=4))),
+    fast=("tests/kernels/test_kv_bf16.py: the bits of attention_gqa_decode on the widened "
+          "cache on every ISA path, whose fast kernels this registry holds to the plain ones"),
+    bad=(
+        Bad(lambda: ops.attention_gqa_decode_bf16kv(gq, z(1, 8, 2, 4), h16, start=0), TypeError,
+            r"k_cache must be a uint16 array of BF16 bits"),
+        Bad(lambda: ops.attention_gqa_decode_bf16kv(gq, np.zeros((1, 8, 3, 4), np.uint16),
+                                                    np.zeros((1, 8, 3, 4), np.uint16), start=0),
+            ValueError, r"k_cache must have shape \(B, Tmax, Hkv dividing H, D\)"),
+        Bad(lambda: ops.attention_gqa_decode_bf16kv(gq, h16, h16.copy(), start=7), ValueError,
+            r"cache overflow"),
+        Bad(lambda: ops.attention_gqa_decode_bf16kv(gq, h16, h16.copy(), start=0, window=-1),
+            ValueError, r"window must be >= 0"),
+        Bad(lambda: ops.attention_gqa_decode_bf16kv(gq, h16, h16.copy(), 0, scale=float("nan")),
+            ValueError, r"scale must be finite"),
+        Bad(lambda: ops.attention_gqa_decode_bf16kv(FakeCupyArray(), h16, h16.copy(), 0),
+            TypeError, r"q is a CuPy array, but attention_gqa_decode_bf16kv runs on NumPy"),
+    ),
+    scratch=Scratch(setup="""
+B, Tmax, H, D, start, n_new = 1, 512, 1, 4096, 448, 20  # n_new > 1: a head widened
+q = randn(B, n_new, H, D)
+k_cache, v_cache = (ops.to_bf16_bits(randn(B, Tmax, H, D)) for _ in range(2))
+call = lambda: list(ops.attention_gqa_decode_bf16kv(q, k_cache, v_cache, start))
+out_bytes = 4 * (B * n_new * H * D + B * H * n_new)  # o, lse
+scratch_bytes = 4 * 2 * (start + n_new) * H * D  # the widened keys and values (c = 1)
+"""),
+    cuda=False,
+    tested_in=("tests/kernels/test_kv_bf16.py::"
+               "test_decode_on_a_bf16_cache_is_the_float32_decode_on_rounded_keys",),
+)
+
 # ---- the list ---------------------------------------------------------------------------------
 
 # ---- 8-bit weights (pytfm_quantize_q8 ... pytfm_embedding_forward_q8w) ------------------------
@@ -2631,7 +2733,8 @@ OPS = (LINEAR_FORWARD, LINEAR_GELU_FORWARD, LINEAR_BACKWARD, LINEAR_FORWARD_EX,
        CROSS_ENTROPY_BACKWARD,
        ADAMW_STEP, SUM_SQUARES, ATTENTION_FORWARD, ATTENTION_BACKWARD, ATTENTION_CACHE_APPEND,
        ATTENTION_DECODE,
-       ATTENTION_GQA_FORWARD, ATTENTION_GQA_BACKWARD, ATTENTION_GQA_DECODE)
+       ATTENTION_GQA_FORWARD, ATTENTION_GQA_BACKWARD, ATTENTION_GQA_DECODE,
+       ATTENTION_CACHE_APPEND_BF16, ATTENTION_GQA_DECODE_BF16KV)
 BY_NAME = {op.name: op for op in OPS}
 
 # The public functions that are not ops, by header: no kernel, nothing for the iterating tests.
@@ -2656,6 +2759,7 @@ NON_OPS = {
                       "pytfm_model_open", "pytfm_model_open_memory", "pytfm_model_close",
                       "pytfm_model_get_config", "pytfm_model_set_precision",
                       "pytfm_model_get_precision", "pytfm_model_forward", "pytfm_session_open",
+                      "pytfm_session_open_ex",
                       "pytfm_session_close", "pytfm_session_feed", "pytfm_session_length",
                       "pytfm_session_reset", "pytfm_rng_seed", "pytfm_rng_next", "pytfm_sample",
                       "pytfm_model_config_check", "pytfm_model_param",

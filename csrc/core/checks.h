@@ -853,6 +853,49 @@ pytfm__check_attention_decode(const char *func, const float *o, const float *lse
     return PYTFM_STATUS_OK;
 }
 
+/* ---- a BF16 KV cache (attention_bf16kv.c): the checks above, the caches uint16_t ---------- */
+static inline pytfm_status pytfm__check_attention_cache_append_bf16(
+    const char *func, const uint16_t *k_cache, const uint16_t *v_cache, const float *k,
+    const float *v, int64_t B, int64_t n_new, int64_t H, int64_t D, int64_t Tmax, int64_t start) {
+    PYTFM_TRY(pytfm__check_attention_signs(func, "n_new", B, n_new, H, D));
+    int64_t n_cache = 0, n = 0;
+    PYTFM_TRY(pytfm__check_cache_positions(func, B, n_new, H, D, Tmax, start, &n_cache));
+    PYTFM_CHECK_COUNT(func, &n, float, B, n_new, H, D);
+    PYTFM_CHECK_PTR_IN(func, k_cache, n_cache);
+    PYTFM_CHECK_PTR_IN(func, v_cache, n_cache);
+    PYTFM_CHECK_PTR_IN(func, k, n);
+    PYTFM_CHECK_PTR_IN(func, v, n);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE,
+                         PYTFM_SPAN(k_cache, n_cache, uint16_t),
+                         PYTFM_SPAN(v_cache, n_cache, uint16_t), PYTFM_SPAN(k, n, float),
+                         PYTFM_SPAN(v, n, float));
+    return PYTFM_STATUS_OK;
+}
+
+/* q, o [B, n_new, H, D], the caches [B, Tmax, Hkv, D] of BF16 bits, lse [B, H, n_new] */
+static inline pytfm_status pytfm__check_attention_decode_bf16kv(
+    const char *func, const float *o, const float *lse, const float *q, const uint16_t *k_cache,
+    const uint16_t *v_cache, int64_t B, int64_t n_new, int64_t H, int64_t Hkv, int64_t D,
+    int64_t Tmax, int64_t start, float scale, int64_t window) {
+    PYTFM_TRY(pytfm__check_attention_signs(func, "n_new", B, n_new, H, D));
+    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, 1));
+    int64_t n_cache = 0, n = 0, n_lse = 0;
+    PYTFM_TRY(pytfm__check_cache_positions(func, B, n_new, Hkv, D, Tmax, start, &n_cache));
+    PYTFM_CHECK_FINITE_IN(func, scale);
+    PYTFM_CHECK_COUNT(func, &n, float, B, n_new, H, D);
+    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, n_new);
+    PYTFM_CHECK_PTR_IN(func, o, n);
+    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
+    PYTFM_CHECK_PTR_IN(func, q, n);
+    PYTFM_CHECK_PTR_IN(func, k_cache, n_cache);
+    PYTFM_CHECK_PTR_IN(func, v_cache, n_cache);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(o, n, float),
+                         PYTFM_SPAN(lse, n_lse, float), PYTFM_SPAN(q, n, float),
+                         PYTFM_SPAN(k_cache, n_cache, uint16_t),
+                         PYTFM_SPAN(v_cache, n_cache, uint16_t));
+    return PYTFM_STATUS_OK;
+}
+
 /* ---- 8-bit weights (q8.c) -------------------------------------------------------------------
  * q [out, in] int8 and scales [out, in / PYTFM_Q8_BLOCK] fp16 bits; cols (the size named
  * `cols_name`: in, or the embedding's dim) >= 1 and a multiple of PYTFM_Q8_BLOCK */

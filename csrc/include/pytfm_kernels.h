@@ -653,6 +653,34 @@ PYTFM_API pytfm_status pytfm_attention_decode(float *o, float *lse, const float 
                                               int64_t B, int64_t n_new, int64_t H, int64_t D,
                                               int64_t Tmax, int64_t start, float scale);
 
+/* ---- A BF16 KV cache: half the bytes of the float32 one ---- */
+/* The cache holds each key and value as BF16 bits (the upper 16 bits of the float32 rounded to
+ * nearest even, as pytfm_round_bf16), and decoding reads their float32 widening: the results
+ * are the bits pytfm_attention_cache_append + pytfm_attention_gqa_decode give when k and v are
+ * rounded with pytfm_round_bf16 before they are appended, on every ISA path and thread count.
+ *   k_cache, v_cache [B, Tmax, Hkv, D] uint16_t;  everything else, every rule and every status
+ *   as the float32 functions (cache overflow, Hkv dividing H, window >= 0, ...).
+ * The append rounds as it writes, element by element. */
+PYTFM_API pytfm_status pytfm_attention_cache_append_bf16(uint16_t *k_cache, uint16_t *v_cache,
+                                                         const float *k, const float *v,
+                                                         int64_t B, int64_t n_new, int64_t H,
+                                                         int64_t D, int64_t Tmax, int64_t start);
+
+/* Decoding on the BF16 cache: pytfm_attention_gqa_decode's bits on its widening.
+ * Scratch: one token (n_new = 1, above PYTFM_ISA_PLAIN) widens a tile of 64 keys and 64
+ * values at a time, 2·64·D + 2·(H / Hkv) floats per thread; otherwise (a prompt, a few tokens,
+ * the plain path) the keys and values [first, start + n_new) of a block of c key/value heads
+ * at a time are widened, and their queries gathered, into 2·Tk·c·D + (2·D + 1)·n_new·c·G
+ * floats (G = H / Hkv; c the fewest heads whose c·G query heads give each thread one, at most
+ * Hkv; first: the first key a query sees, 0 without a window; Tk = start + n_new − first),
+ * and pytfm_attention_gqa_decode runs on them (its own scratch too). */
+PYTFM_API pytfm_status pytfm_attention_gqa_decode_bf16kv(float *o, float *lse, const float *q,
+                                                         const uint16_t *k_cache,
+                                                         const uint16_t *v_cache, int64_t B,
+                                                         int64_t n_new, int64_t H, int64_t Hkv,
+                                                         int64_t D, int64_t Tmax, int64_t start,
+                                                         float scale, int64_t window);
+
 /* PYTFM_CDEF_END */
 
 #ifdef __cplusplus

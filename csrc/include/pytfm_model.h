@@ -556,6 +556,17 @@ PYTFM_API pytfm_status pytfm_model_forward(const pytfm_model *model, float *logi
 PYTFM_API pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *model,
                                           int64_t max_len);
 
+/* pytfm_session_open with the KV caches in kv_precision: PYTFM_PRECISION_FP32 (what
+ * pytfm_session_open does) or PYTFM_PRECISION_BF16, anything else
+ * PYTFM_STATUS_INVALID_ARGUMENT. BF16 keeps each key and value as its BF16 bits (rounded to
+ * nearest even as it is cached): 2·n_layer·max_len·(n_kv_head·head_dim) uint16_t, half the
+ * FP32 caches' bytes, and the logits are exactly those of FP32 caches holding the rounded keys
+ * and values (pytfm_attention_gqa_decode_bf16kv), as pytfm.nn.GPT.decode on
+ * new_caches(1, precision="bf16"). The CPU only: a model on PYTFM_DEVICE_CUDA is
+ * PYTFM_STATUS_NOT_SUPPORTED for BF16. Independent of the model's weight precision. */
+PYTFM_API pytfm_status pytfm_session_open_ex(pytfm_session **session, const pytfm_model *model,
+                                             int64_t max_len, int32_t kv_precision);
+
 /* Free a session (NULL: nothing to do). */
 PYTFM_API pytfm_status pytfm_session_close(pytfm_session *session);
 

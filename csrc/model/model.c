@@ -682,6 +682,12 @@ pytfm_status pytfm_model_get_precision(const pytfm_model *model, int32_t *precis
 
 /* ---- the forward pass, shared by pytfm_model_forward and pytfm_session_feed ----------------- */
 
+/* the bytes of one cached key or value: a float, or its BF16 bits */
+static int64_t kv_bytes(int32_t kv_precision) {
+    return kv_precision == PYTFM_PRECISION_BF16 ? (int64_t)sizeof(uint16_t)
+                                                : (int64_t)sizeof(float);
+}
+
 /*
  * The activations of one call, N = B·T tokens at T positions, carved from one scratch buffer
  * of floats on the model's device (widths: C the model's, qw = H·D and kvw = Hkv·D those of q
@@ -701,6 +707,7 @@ pytfm_status pytfm_model_get_precision(const pytfm_model *model, int32_t *precis
 typedef struct acts {
     int64_t *pos, *tokens;
     float *x, *a, *qkv, *q, *k, *v, *h, *u, *s, *proj, *mean, *rstd, *lse, *rstd_h, *head;
+    int32_t kv_precision; /* a session's caches: float (PYTFM_PRECISION_FP32) or BF16 bits */
 } acts;
 
 /* The floats of the buffer (tokens, head_vocab: room for the token ids, for every row's logits
@@ -754,7 +761,7 @@ static pytfm_status matmul(const pytfm_model *m, const layer *L, int r, float *y
  * CausalSelfAttention's) forward: through a session's caches (this layer's [max_len, Hkv·D]
  * pair, the new keys appended at start) or over the whole sequence (k_cache NULL) */
 static pytfm_status attend(const pytfm_model *m, const acts *s, float *o, int64_t B, int64_t T,
-                           int64_t start, float *k_cache, float *v_cache, int64_t max_len,
+                           int64_t start, void *k_cache, void *v_cache, int64_t max_len,
                            void *stream) {
     const pytfm__model_device *dev = m->dev;
     const int64_t window = m->llama ? m->config.sliding_window : 0;
@@ -762,6 +769,12 @@ static pytfm_status attend(const pytfm_model *m, const acts *s, float *o, int64_
         return dev->attention(o, s->lse, s->q, s->k, s->v, B, T, m->H, m->Hkv, m->D, m->scale,
                               1, window, stream);
     // KVCache.attend: append, then attend to everything cached
+    if (s->kv_precision == PYTFM_PRECISION_BF16) { // the CPU's only (session_open_ex refuses)
+        PYTFM_TRY(dev->cache_append_bf16(k_cache, v_cache, s->k, s->v, 1, T, m->Hkv, m->D,
+                                         max_len, start, stream));
+        return dev->decode_bf16(o, s->lse, s->q, k_cache, v_cache, 1, T, m->H, m->Hkv, m->D,
+                                max_len, start, m->scale, window, stream);
+    }
     PYTFM_TRY(dev->cache_append(k_cache, v_cache, s->k, s->v, 1, T, m->Hkv, m->D, max_len,
                                 start, stream));
     return dev->decode(o, s->lse, s->q, k_cache, v_cache, 1, T, m->H, m->Hkv, m->D, max_len,
@@ -770,7 +783,7 @@ static pytfm_status attend(const pytfm_model *m, const acts *s, float *o, int64_
 
 /* one GPT block, as pytfm.nn.Block.forward; caches as attend's */
 static pytfm_status block(const pytfm_model *m, const layer *L, const acts *s, int64_t B,
-                          int64_t T, int64_t start, float *k_cache, float *v_cache,
+                          int64_t T, int64_t start, void *k_cache, void *v_cache,
                           int64_t max_len, void *stream, const char *func) {
     const pytfm__model_device *dev = m->dev;
     const int64_t C = m->C, H = m->H, D = m->D, N = B * T;
@@ -796,7 +809,7 @@ static pytfm_status block(const pytfm_model *m, const layer *L, const acts *s, i
 /* one Llama-family block, as pytfm.nn.Block.forward of GroupedQueryAttention and SwiGLU;
  * caches as attend's */
 static pytfm_status llama_block(const pytfm_model *m, const layer *L, const acts *s, int64_t B,
-                                int64_t T, int64_t start, float *k_cache, float *v_cache,
+                                int64_t T, int64_t start, void *k_cache, void *v_cache,
                                 int64_t max_len, void *stream, const char *func) {
     const pytfm__model_device *dev = m->dev;
     const int64_t C = m->C, D = m->D, N = B * T, qw = m->qw, kvw = m->kvw, F = m->F;
@@ -838,7 +851,7 @@ static pytfm_status llama_block(const pytfm_model *m, const layer *L, const acts
  * n_layer pairs of [max_len, Hkv·D] caches (B = 1), or NULL. */
 static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *out,
                               const int64_t *tokens, int64_t B, int64_t T, int64_t start,
-                              float *caches, int64_t max_len, void *stream, const char *func) {
+                              void *caches, int64_t max_len, void *stream, const char *func) {
     const pytfm__model_device *dev = m->dev;
     const int64_t C = m->C, V = m->V, N = B * T;
     if (m->wte)
@@ -850,8 +863,9 @@ static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *out,
     if (m->positions) // x += positions[start : start + T], broadcast over the batch
         PYTFM_TRY(dev->add_rows(func, s->x, m->positions, N, C, T, start, stream));
     for (int64_t i = 0; i < m->config.n_layer; i++) {
-        float *k_cache = caches ? caches + 2 * i * max_len * m->kvw : NULL;
-        float *v_cache = caches ? k_cache + max_len * m->kvw : NULL;
+        const int64_t bytes = max_len * m->kvw * kv_bytes(s->kv_precision); // one cache
+        void *k_cache = caches ? (char *)caches + 2 * i * bytes : NULL;
+        void *v_cache = caches ? (char *)k_cache + bytes : NULL;
         PYTFM_TRY((m->llama ? llama_block : block)(m, &m->layers[i], s, B, T, start, k_cache,
                                                    v_cache, max_len, stream, func));
     }
@@ -876,7 +890,7 @@ static pytfm_status logits_of(const pytfm_model *m, const acts *s, float *out,
  * work is done. */
 static pytfm_status run(const char *func, const pytfm_model *m, float *logits,
                         const int64_t *tokens, int64_t B, int64_t T, int64_t start,
-                        float *caches, int64_t max_len, void *stream) {
+                        void *caches, int32_t kv_precision, int64_t max_len, void *stream) {
     const pytfm__model_device *dev = m->dev;
     const int64_t N = B * T, V = m->V;
     // the LM head writes into logits where it can (host memory, and every row wanted), else
@@ -894,7 +908,8 @@ static pytfm_status run(const char *func, const pytfm_model *m, float *logits,
     float *buf = NULL;
     pytfm_status st = dev->scratch(func, (void **)&buf, floats * (int64_t)sizeof(float), stream);
     if (st == PYTFM_STATUS_OK) {
-        const acts s = acts_carve(m, buf, N, T, !dev->host, head);
+        acts s = acts_carve(m, buf, N, T, !dev->host, head);
+        s.kv_precision = kv_precision;
         st = dev->to_device(func, s.pos, pos, T * (int64_t)sizeof *pos, stream);
         if (st == PYTFM_STATUS_OK && s.tokens)
             st = dev->to_device(func, s.tokens, tokens, N * (int64_t)sizeof *tokens, stream);
@@ -933,7 +948,8 @@ pytfm_status pytfm_model_forward(const pytfm_model *model, float *logits,
     const pytfm__model_device *dev = model->dev;
     void *stream = NULL; // one of the call's own: threads may share the model
     PYTFM_TRY(dev->stream_open(__func__, &stream));
-    const pytfm_status st = run(__func__, model, logits, tokens, B, T, 0, NULL, 0, stream);
+    const pytfm_status st =
+        run(__func__, model, logits, tokens, B, T, 0, NULL, PYTFM_PRECISION_FP32, 0, stream);
     const pytfm_status closed = dev->stream_close(__func__, stream);
     return st != PYTFM_STATUS_OK ? st : closed;
 }
@@ -944,41 +960,67 @@ struct pytfm_session {
     const pytfm_model *model;
     int64_t max_len;
     int64_t length; /* positions [0, length) of the caches hold the tokens fed */
-    float *caches;  /* on the model's device: n_layer × (k, v), each [max_len, Hkv·D] =
-                       [1, max_len, Hkv, D]: grouped-query heads store Hkv heads only */
+    void *caches;   /* on the model's device: n_layer × (k, v), each [max_len, Hkv·D] =
+                       [1, max_len, Hkv, D] floats, or BF16 bits (kv_precision BF16):
+                       grouped-query heads store Hkv heads only */
+    int32_t kv_precision;
     void *stream;   /* the session's own, on the model's device */
 };
 
-pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *model,
-                                int64_t max_len) {
-    PYTFM_CHECK(session != NULL, "%s: session must not be NULL", __func__);
+/* pytfm_session_open_ex, its messages named after func (the function the user called) */
+static pytfm_status session_open(const char *func, pytfm_session **session,
+                                 const pytfm_model *model, int64_t max_len,
+                                 int32_t kv_precision) {
+    PYTFM_CHECK(session != NULL, "%s: session must not be NULL", func);
     *session = NULL;
-    PYTFM_CHECK(model != NULL, "%s: model must not be NULL", __func__);
+    PYTFM_CHECK(model != NULL, "%s: model must not be NULL", func);
+    PYTFM_CHECK(kv_precision == PYTFM_PRECISION_FP32 || kv_precision == PYTFM_PRECISION_BF16,
+                "%s: kv_precision must be PYTFM_PRECISION_FP32 or PYTFM_PRECISION_BF16, got %d",
+                func, (int)kv_precision);
+    if (kv_precision == PYTFM_PRECISION_BF16 && !model->dev->decode_bf16)
+        return pytfm__fail(PYTFM_STATUS_NOT_SUPPORTED,
+                           "%s: kv_precision PYTFM_PRECISION_BF16 (a BF16 KV cache) runs on the "
+                           "CPU only; this model's device has no BF16 cache: use "
+                           "PYTFM_PRECISION_FP32", func);
     const int64_t max_seq = model->config.max_seq;
     PYTFM_CHECK(max_len >= 0 && max_len <= max_seq,
                 "%s: max_len must be in [1, max_seq = %lld], or 0 for max_seq; got %lld",
-                __func__, (long long)max_seq, (long long)max_len);
+                func, (long long)max_seq, (long long)max_len);
     if (max_len == 0) max_len = max_seq;
     const int64_t n_layer = model->config.n_layer, kvw = model->kvw;
     int64_t count = 0;
-    PYTFM_CHECK_COUNT(__func__, &count, float, n_layer, 2, max_len, kvw);
+    if (kv_precision == PYTFM_PRECISION_BF16)
+        PYTFM_CHECK_COUNT(func, &count, uint16_t, n_layer, 2, max_len, kvw);
+    else
+        PYTFM_CHECK_COUNT(func, &count, float, n_layer, 2, max_len, kvw);
     pytfm_session *s = calloc(1, sizeof *s);
     if (!s) return pytfm__fail(PYTFM_STATUS_OUT_OF_MEMORY, "%s: cannot allocate a session",
-                               __func__);
+                               func);
     s->model = model;
     s->max_len = max_len;
+    s->kv_precision = kv_precision;
     const pytfm__model_device *dev = model->dev;
-    pytfm_status st = dev->alloc(__func__, (void **)&s->caches, count * (int64_t)sizeof(float));
+    pytfm_status st = dev->alloc(func, &s->caches, count * kv_bytes(kv_precision));
     if (st == PYTFM_STATUS_OUT_OF_MEMORY)
-        st = pytfm__fail(st, "%s: cannot allocate KV caches of %lld positions (%lld floats)",
-                         __func__, (long long)max_len, (long long)count);
-    if (st == PYTFM_STATUS_OK) st = dev->stream_open(__func__, &s->stream);
+        st = pytfm__fail(st, "%s: cannot allocate KV caches of %lld positions (%lld values)",
+                         func, (long long)max_len, (long long)count);
+    if (st == PYTFM_STATUS_OK) st = dev->stream_open(func, &s->stream);
     if (st != PYTFM_STATUS_OK) {
         pytfm_session_close(s);
         return st;
     }
     *session = s;
     return PYTFM_STATUS_OK;
+}
+
+pytfm_status pytfm_session_open(pytfm_session **session, const pytfm_model *model,
+                                int64_t max_len) {
+    return session_open(__func__, session, model, max_len, PYTFM_PRECISION_FP32);
+}
+
+pytfm_status pytfm_session_open_ex(pytfm_session **session, const pytfm_model *model,
+                                   int64_t max_len, int32_t kv_precision) {
+    return session_open(__func__, session, model, max_len, kv_precision);
 }
 
 pytfm_status pytfm_session_close(pytfm_session *session) {
@@ -1005,8 +1047,8 @@ pytfm_status pytfm_session_feed(pytfm_session *session, float *logits, const int
                          PYTFM_SPAN(logits, logits ? vocab : 0, float),
                          PYTFM_SPAN(tokens, n, int64_t));
     PYTFM_TRY(pytfm__check_indices(__func__, "tokens", tokens, n, vocab, 0, 0));
-    PYTFM_TRY(run(__func__, m, logits, tokens, 1, n, length, session->caches, max_len,
-                  session->stream));
+    PYTFM_TRY(run(__func__, m, logits, tokens, 1, n, length, session->caches,
+                  session->kv_precision, max_len, session->stream));
     session->length = length + n;
     return PYTFM_STATUS_OK;
 }

@@ -104,6 +104,23 @@ static pytfm_status decode(float *o, float *lse, const float *q, const float *k_
                                       start, scale, window);
 }
 
+static pytfm_status cache_append_bf16(uint16_t *k_cache, uint16_t *v_cache, const float *k,
+                                      const float *v, int64_t B, int64_t n_new, int64_t H,
+                                      int64_t D, int64_t Tmax, int64_t start, void *stream) {
+    (void)stream;
+    return pytfm_attention_cache_append_bf16(k_cache, v_cache, k, v, B, n_new, H, D, Tmax,
+                                             start);
+}
+
+static pytfm_status decode_bf16(float *o, float *lse, const float *q, const uint16_t *k_cache,
+                                const uint16_t *v_cache, int64_t B, int64_t n_new, int64_t H,
+                                int64_t Hkv, int64_t D, int64_t Tmax, int64_t start, float scale,
+                                int64_t window, void *stream) {
+    (void)stream;
+    return pytfm_attention_gqa_decode_bf16kv(o, lse, q, k_cache, v_cache, B, n_new, H, Hkv, D,
+                                             Tmax, start, scale, window);
+}
+
 static pytfm_status gelu(float *y, const float *x, int64_t count, void *stream) {
     (void)stream;
     return pytfm_gelu_forward(y, x, count);
@@ -177,6 +194,8 @@ const pytfm__model_device pytfm__cpu_model_device = {
     .attention = attention,
     .cache_append = cache_append,
     .decode = decode,
+    .cache_append_bf16 = cache_append_bf16,
+    .decode_bf16 = decode_bf16,
     .gelu = gelu,
     .embedding = embedding,
     .embedding_q8 = embedding_q8,

@@ -59,6 +59,15 @@ typedef struct pytfm__model_device {
                            const float *v_cache, int64_t B, int64_t n_new, int64_t H,
                            int64_t Hkv, int64_t D, int64_t Tmax, int64_t start, float scale,
                            int64_t window, void *stream);
+    /* pytfm_attention_cache_append_bf16 and pytfm_attention_gqa_decode_bf16kv: a session's
+     * BF16 KV cache (the CPU only: NULL on the GPU, whose sessions refuse it) */
+    pytfm_status (*cache_append_bf16)(uint16_t *k_cache, uint16_t *v_cache, const float *k,
+                                      const float *v, int64_t B, int64_t n_new, int64_t H,
+                                      int64_t D, int64_t Tmax, int64_t start, void *stream);
+    pytfm_status (*decode_bf16)(float *o, float *lse, const float *q, const uint16_t *k_cache,
+                                const uint16_t *v_cache, int64_t B, int64_t n_new, int64_t H,
+                                int64_t Hkv, int64_t D, int64_t Tmax, int64_t start, float scale,
+                                int64_t window, void *stream);
     pytfm_status (*gelu)(float *y, const float *x, int64_t count, void *stream);
     pytfm_status (*embedding)(float *y, const int64_t *ids, const float *table, int64_t rows,
                               int64_t vocab, int64_t dim, void *stream);
