@@ -142,7 +142,9 @@ def rows_of(doc, title):
     return [r for r in doc["rows"] if r["section"] == title]
 
 
-def test_every_section_runs_and_writes_its_rows_as_it_finishes(emu_library, tmp_path):
+def test_every_section_runs_and_writes_its_rows_as_it_finishes(emu_library, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.syspath_prepend(ROOT)  # bench/ is in the checkout, not the installed package
     from bench import cuda_ops
 
     t0 = time.monotonic()
