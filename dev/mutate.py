@@ -122,7 +122,7 @@ MUTATIONS = {
                                      "return pytfm_emu::cvt_rna_tf32(x); }", "uint32_t u;\nmemcpy(&u, &x, 4);\nreturn u;\n}", TC),
     # (a row read past the edge lands in C's masked rows: the off-by-one that shows drops one)
     "cuda_sgemm_tc_row_edge_off_by_one": ("cuda/sgemm_tc.cu", "Chunks::Chunks", "across |= (gr + r * RS < rows)", "across |= (gr + r * RS + 1 < rows)", TC),
-    "cuda_sgemm_tc_k_edge_off_by_one": ("cuda/sgemm_tc.cu", "left", "kp >= kext ? 0 :", "kp > kext ? 0 :", TC),
+    "cuda_sgemm_tc_k_edge_off_by_one": ("cuda/sgemm_tc.cu", "left", "kext - kp < W ? (int)(kext - kp) : W;", "kext - kp < W ? (int)(kext - kp) - 1 : W;", TC),
     "cuda_sgemm_tc_fast_path_past_k": ("cuda/sgemm_tc.cu", "whole_along", "- s * KD >= KD;", "- s * KD >= KD - 4;", TC),
     "cuda_sgemm_tc_tf32_swizzle_write_only": ("cuda/sgemm_tc.cu", "tf32_at", "pytfm__swz<4>(row, col / 4) * 4 + col % 4", "col", TC),
     "cuda_sgemm_tc_bf16_swizzle_write_only": ("cuda/sgemm_tc.cu", "round_slice", "pytfm__swz<L / 8>(row, col / 8) * 8 + col % 8;", "col;", TC),
