@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pytfm
-from helpers import assert_close, bits, f32, last_error, max_isa, seeds
+from helpers import assert_close, bits, f32, last_error, max_isa, numerical_grad, seeds
 from ops_registry import (
     ATTENTION_PADDED_BACKWARD,
     ATTENTION_PADDED_FORWARD,
@@ -84,6 +84,28 @@ def test_padded_attention_matches_the_reference(isa, B, Tq, Tk, H, group, D, cau
     empty = np.isneginf(want)  # [B, H, Tq]: rows that see no key
     assert np.array_equal(np.isneginf(lse), empty)
     assert not o.transpose(0, 2, 1, 3)[empty].any()
+
+
+@settings(max_examples=15)
+@given(B=st.integers(1, 2), Tq=st.integers(1, 5), Tk=st.integers(1, 5),
+       group=st.sampled_from([1, 2]), causal=st.booleans(), window=st.sampled_from([0, 2]),
+       seed=seeds)
+def test_the_padded_reference_backward_is_its_forward_s_derivative(B, Tq, Tk, group, causal,
+                                                                  window, seed):
+    """pytfm.reference's float64 backward with lengths against central differences of its
+    forward (the oracle's own check), padded rows and keys included (their gradient: 0)"""
+    a = padded_make(seed, B, Tq, Tk, 1, 2, causal, group=group, window=window)
+    x = {name: a[name].astype(np.float64) for name in ("q", "k", "v")}
+    G = a["dy"].astype(np.float64)
+    kw = dict(causal=causal, scale=0.7, **lens_of(a))
+    grads = ref.attention_backward(G, x["q"], x["k"], x["v"], **kw)
+
+    def loss():
+        return np.sum(ref.attention_forward(x["q"], x["k"], x["v"], **kw)[0] * G)
+
+    for name, g in zip(("q", "k", "v"), grads):
+        assert_close(f"reference.fd.padded.{name}", g, numerical_grad(loss, x[name]),
+                     atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("isa", ISAS)
