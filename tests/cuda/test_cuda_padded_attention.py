@@ -278,8 +278,8 @@ def test_bad_arguments_are_clear_errors(emu):
                                        r"H"):
         emu.call("pytfm_attention_padded_backward_cuda", *x, lse, None, None, 1, 2, 3, 3, 2, 4,
                  0.1, 1, 0)
-    with pytest.raises(EmuError, match=r"pytfm_attention_padded_forward_cuda: Tk must be >= 0, "
-                                       r"got -1"):
+    with pytest.raises(EmuError, match=r"pytfm_attention_padded_forward_cuda: .*Tk.* must be "
+                                       r">= 0, got .*-1"):
         emu.call("pytfm_attention_padded_forward_cuda", x[0], lse, *x[1:4], None, None, 1, 2, -1,
                  2, 1, 4, 0.1, 1, 0)
     with pytest.raises(EmuError, match=r"window = 5 needs causal attention"):
