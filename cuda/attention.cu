@@ -624,34 +624,6 @@ static pytfm_status forward_any(const char *func, const forward_args &a, int64_t
     }
 }
 
-/* q, o [B, Tq, H, D], k, v [B, Tk, Hkv, D], lse [B, H, Tq]; q_len, k_len [B] or NULL (device
- * memory: their values are the caller's to check, the kernels clamp them) */
-static pytfm_status check_padded_forward(const char *func, const float *o, const float *lse,
-                                         const float *q, const float *k, const float *v,
-                                         const int64_t *q_len, const int64_t *k_len, int64_t B,
-                                         int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv,
-                                         int64_t D, float scale, int32_t causal,
-                                         int64_t window) {
-    PYTFM_TRY(pytfm__check_attention_signs(func, "Tq", B, Tq, H, D));
-    PYTFM_CHECK(Tk >= 0, "%s: Tk must be >= 0, got %lld", func, (long long)Tk);
-    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, causal));
-    PYTFM_CHECK_FINITE_IN(func, scale);
-    int64_t n = 0, n_kv = 0, n_lse = 0;
-    PYTFM_CHECK_COUNT(func, &n, float, B, Tq, H, D);
-    PYTFM_CHECK_COUNT(func, &n_kv, float, B, Tk, Hkv, D);
-    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, Tq);
-    PYTFM_CHECK_PTR_IN(func, o, n);
-    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
-    PYTFM_CHECK_PTR_IN(func, q, n);
-    PYTFM_CHECK_PTR_IN(func, k, n_kv);
-    PYTFM_CHECK_PTR_IN(func, v, n_kv);
-    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(o, n, float),
-                         PYTFM_SPAN(lse, n_lse, float), PYTFM_SPAN(q, n, float),
-                         PYTFM_SPAN(k, n_kv, float), PYTFM_SPAN(v, n_kv, float),
-                         PYTFM_SPAN(q_len, B, int64_t), PYTFM_SPAN(k_len, B, int64_t));
-    return PYTFM_STATUS_OK;
-}
-
 /* the padded forward once its arguments are checked (func: the public function, for errors);
  * t_name names Tq in the grid's error ("T" where Tq = Tk) */
 static pytfm_status padded_forward(const char *func, const char *t_name, float *o, float *lse,
@@ -675,8 +647,8 @@ extern "C" pytfm_status pytfm_attention_padded_forward_cuda(
     float *o, float *lse, const float *q, const float *k, const float *v, const int64_t *q_len,
     const int64_t *k_len, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
     float scale, int32_t causal, int64_t window, void *stream) {
-    PYTFM_TRY(check_padded_forward(__func__, o, lse, q, k, v, q_len, k_len, B, Tq, Tk, H, Hkv, D,
-                                   scale, causal, window));
+    PYTFM_TRY(pytfm__check_attention_padded_forward(__func__, o, lse, q, k, v, q_len, k_len, B,
+                                                    Tq, Tk, H, Hkv, D, scale, causal, window));
     return padded_forward(__func__, "Tq", o, lse, q, k, v, q_len, k_len, B, Tq, Tk, H, Hkv, D,
                           scale, causal, window, stream);
 }
@@ -701,41 +673,6 @@ extern "C" pytfm_status pytfm_attention_forward_cuda(float *o, float *lse, const
                                              causal, 0));
     return padded_forward(__func__, "T", o, lse, q, k, v, nullptr, nullptr, B, T, T, H, H, D,
                           scale, causal, 0, stream);
-}
-
-/* dq, dy, q, o [B, Tq, H, D], dk, dv, k, v [B, Tk, Hkv, D], lse [B, H, Tq]; q_len, k_len as
- * check_padded_forward's */
-static pytfm_status check_padded_backward(const char *func, const float *dq, const float *dk,
-                                          const float *dv, const float *dy, const float *q,
-                                          const float *k, const float *v, const float *o,
-                                          const float *lse, const int64_t *q_len,
-                                          const int64_t *k_len, int64_t B, int64_t Tq,
-                                          int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
-                                          float scale, int32_t causal, int64_t window) {
-    PYTFM_TRY(pytfm__check_attention_signs(func, "Tq", B, Tq, H, D));
-    PYTFM_CHECK(Tk >= 0, "%s: Tk must be >= 0, got %lld", func, (long long)Tk);
-    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, causal));
-    PYTFM_CHECK_FINITE_IN(func, scale);
-    int64_t n = 0, n_kv = 0, n_lse = 0;
-    PYTFM_CHECK_COUNT(func, &n, float, B, Tq, H, D);
-    PYTFM_CHECK_COUNT(func, &n_kv, float, B, Tk, Hkv, D);
-    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, Tq);
-    PYTFM_CHECK_PTR_IN(func, dq, n);
-    PYTFM_CHECK_PTR_IN(func, dk, n_kv);
-    PYTFM_CHECK_PTR_IN(func, dv, n_kv);
-    PYTFM_CHECK_PTR_IN(func, dy, n);
-    PYTFM_CHECK_PTR_IN(func, q, n);
-    PYTFM_CHECK_PTR_IN(func, k, n_kv);
-    PYTFM_CHECK_PTR_IN(func, v, n_kv);
-    PYTFM_CHECK_PTR_IN(func, o, n);
-    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
-    PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dq, n, float),
-                         PYTFM_SPAN(dk, n_kv, float), PYTFM_SPAN(dv, n_kv, float),
-                         PYTFM_SPAN(dy, n, float), PYTFM_SPAN(q, n, float),
-                         PYTFM_SPAN(k, n_kv, float), PYTFM_SPAN(v, n_kv, float),
-                         PYTFM_SPAN(o, n, float), PYTFM_SPAN(lse, n_lse, float),
-                         PYTFM_SPAN(q_len, B, int64_t), PYTFM_SPAN(k_len, B, int64_t));
-    return PYTFM_STATUS_OK;
 }
 
 template <int DP>
@@ -797,8 +734,9 @@ extern "C" pytfm_status pytfm_attention_padded_backward_cuda(
     const float *v, const float *o, const float *lse, const int64_t *q_len, const int64_t *k_len,
     int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D, float scale,
     int32_t causal, int64_t window, void *stream) {
-    PYTFM_TRY(check_padded_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, q_len, k_len, B,
-                                    Tq, Tk, H, Hkv, D, scale, causal, window));
+    PYTFM_TRY(pytfm__check_attention_padded_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse,
+                                                     q_len, k_len, B, Tq, Tk, H, Hkv, D, scale,
+                                                     causal, window));
     return padded_backward(__func__, "Tq", dq, dk, dv, dy, q, k, v, o, lse, q_len, k_len, B, Tq,
                            Tk, H, Hkv, D, scale, causal, window, stream);
 }
