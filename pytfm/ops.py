@@ -791,8 +791,10 @@ def _lengths(a, name, value, B, T, what):
     if bool(bad.any()):  # (CuPy: one read of the device)
         i = int(bad.argmax())
         raise ValueError(f"{name}[{i}] = {int(value[i])} is outside [0, {T}] ({what})")
-    value = xp.ascontiguousarray(value, dtype=_I64)
-    return a.xp.asarray(value) if a.gpu and xp is _np else value
+    if xp is not _np:
+        return value.astype(_I64)  # (a copy, contiguous)
+    value = _np.ascontiguousarray(value, dtype=_I64)
+    return a.xp.asarray(value) if a.gpu else value
 
 
 def _attention_kernel(direction, precision, H, Hkv, window, padded):

@@ -1,13 +1,18 @@
 /*
  * attention.c — multi-head scaled dot-product attention, flash-style, in linear memory, with
- * grouped-query heads and a sliding window.
+ * grouped-query heads, a sliding window, Tq queries on Tk keys and padded sequences.
  *
- *   q, o [B, T, H, D], k, v [B, T, Hkv, D] (row (b, t, h) holds D floats; the next t is H·D
+ *   q, o [B, Tq, H, D], k, v [B, Tk, Hkv, D] (row (b, t, h) holds D floats; the next t is H·D
  *   further on in q and o, Hkv·D in k and v); query head h reads key/value head h / (H / Hkv)
  *   (Hkv = H: multi-head; Hkv = 1: multi-query; transformers' repeat_kv)
- *   S = scale · q kᵀ (per batch and head, [T, T]),  P = softmax(S) row-wise (causal: keys ≤ t;
- *   with a window w > 0 too, keys s with t − w < s ≤ t: transformers' sliding window),
- *   O = P v,  lse_t = log Σ_s exp(S_ts)  ([B, H, T], saved for the backward)
+ *   S = scale · q kᵀ (per batch and head, [Tq, Tk]),  P = softmax(S) row-wise (causal: keys
+ *   ≤ t, top-left aligned; with a window w > 0 too, keys s with t − w < s ≤ t: transformers'
+ *   sliding window), O = P v,  lse_t = log Σ_s exp(S_ts)  ([B, H, Tq], saved for the backward)
+ * Sequence b has its first q_len[b] queries and k_len[b] keys (padding masks; all without
+ * lengths): every loop below runs to those counts, so nothing past them is read; the rows
+ * past q_len[b], and a row that sees no key at all, get o = 0 and lse = −inf (finish_row),
+ * dq = 0, and add nothing to dk, dv. With Tq = Tk and no lengths the loops are those of
+ * self-attention exactly: the plain and gqa functions are the padded ones, called so.
  * D is whatever q's last axis holds (any D >= 1: nothing here assumes D = C / H).
  *
  * The T×T matrices S and P are never stored. The forward walks the keys in tiles of BK and
@@ -46,10 +51,10 @@
  * row of the micro-tile sees (scores_gemm, rows_gemm, cols_gemm): at the model's T = 128 the
  * diagonal is most of the work, and half of a full diagonal tile is masked away. Only
  * Kᵀ (and Vᵀ for the backward) are copied, once per head, so that the micro-kernel reads them
- * along contiguous rows. Its scratch, one workspace per thread, allocated once per call, is
- * linear in T (Tk = T, or start + n_new when decoding):
+ * along contiguous rows (a sequence's k_len[b] of them). Its scratch, one workspace per thread,
+ * allocated once per call, is linear in Tq and Tk (Tk = start + n_new when decoding):
  *   forward:  Kᵀ, the TQ×TK scores, m and l:        D·Tk + TQ·LDS + 2·TQ floats
- *   backward: Kᵀ, Vᵀ, the scores, dP and delta:     2·D·T + 2·TQB·LDSB + T floats
+ *   backward: Kᵀ, Vᵀ, the scores, dP and delta:     2·D·Tk + 2·TQB·LDSB + Tq floats
  * (LDS = TK + 16, LDSB = TKB + 16: a row of scores has room for a window's row kernel call
  * that starts mid-row and writes whole vectors of 16.)
  */
@@ -75,8 +80,12 @@ typedef struct {
 } problem;
 
 /* sequence b's query rows and keys */
-static inline int64_t rows_of(const problem *p, int64_t b) { return p->q_len ? p->q_len[b] : p->Tq; }
-static inline int64_t keys_of(const problem *p, int64_t b) { return p->k_len ? p->k_len[b] : p->Tk; }
+static inline int64_t rows_of(const problem *p, int64_t b) {
+    return p->q_len ? p->q_len[b] : p->Tq;
+}
+static inline int64_t keys_of(const problem *p, int64_t b) {
+    return p->k_len ? p->k_len[b] : p->Tk;
+}
 
 /* rows [from, to) of a head's o (row stride HD) and lse: no key seen, o = 0, lse = −inf */
 static void clear_rows(float *o, float *lse, int64_t from, int64_t to, int64_t HD, int64_t D) {
@@ -168,7 +177,8 @@ static void forward_head(const problem *p, int64_t b, int64_t h) {
                 m[r] = mx;
             }
         }
-        for (int64_t r = 0; r < nq; r++) finish_row(ob + (i0 + r) * HD, lse + i0 + r, m[r], l[r], D);
+        for (int64_t r = 0; r < nq; r++)
+            finish_row(ob + (i0 + r) * HD, lse + i0 + r, m[r], l[r], D);
     }
 }
 
@@ -373,7 +383,8 @@ static void forward_head_fast(const problem *p, const fast_path *f, float *ws, i
             rows_gemm(f->uk, ob + i0 * HD, HD, s, LDS, vb + j0 * KD, KD, nq, D, nk,
                       j0 == jbeg ? 0.0f : 1.0f, diag);
         }
-        for (int64_t r = 0; r < nq; r++) finish_row(ob + (i0 + r) * HD, lse + i0 + r, m[r], l[r], D);
+        for (int64_t r = 0; r < nq; r++)
+            finish_row(ob + (i0 + r) * HD, lse + i0 + r, m[r], l[r], D);
     }
 }
 
@@ -716,9 +727,8 @@ pytfm_status pytfm_attention_gqa_decode(float *o, float *lse, const float *q,
                                         int64_t window) {
     PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H,
                                             Hkv, D, Tmax, start, scale, window));
-    const problem p = {.o = o, .lse = lse, .q = q, .k = k_cache, .v = v_cache, .B = B,
-                       .Tq = n_new, .Tk = start + n_new, .Ts = Tmax, .H = H, .Hkv = Hkv, .D = D,
-                       .start = start, .window = window, .scale = scale, .causal = 1};
+    const problem p = {o, lse, q, k_cache, v_cache, NULL,   NULL,   B,     n_new,
+                       start + n_new, Tmax, H, Hkv, D, start, window, scale, 1};
     return run_forward(__func__, &p);
 }
 
@@ -727,8 +737,7 @@ pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const 
                                     int64_t D, int64_t Tmax, int64_t start, float scale) {
     PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, H,
                                             D, Tmax, start, scale, 0));
-    const problem p = {.o = o, .lse = lse, .q = q, .k = k_cache, .v = v_cache, .B = B,
-                       .Tq = n_new, .Tk = start + n_new, .Ts = Tmax, .H = H, .Hkv = H, .D = D,
-                       .start = start, .window = 0, .scale = scale, .causal = 1};
+    const problem p = {o, lse, q, k_cache, v_cache, NULL, NULL, B,     n_new,
+                       start + n_new, Tmax, H, H, D, start, 0, scale, 1};
     return run_forward(__func__, &p);
 }

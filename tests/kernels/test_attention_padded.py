@@ -235,6 +235,29 @@ def test_fp32_only_with_lengths_or_cross_attention():
             ops.attention_forward(q, q, q, precision=precision, q_lens=[1])
 
 
+def test_lengths_with_cupy_arrays(cp):
+    """On CuPy arrays (the stand-in, the CUDA kernels under the emulator) the lengths may be a
+    list, a NumPy array or a CuPy array of any integer type: the same bits each way, and the
+    C kernel's results to float32 rounding; bad device lengths are a ValueError naming them,
+    read once from the device; the tensor-core precisions with lengths ask for fp32"""
+    a = padded_make(3, 2, 5, 9, 2, 8, False, group=2)
+    host = forward_backward(a)
+    dev = {name: cp.asarray(a[name]) for name in ("q", "k", "v", "dy")}
+    k_lens = cp.asarray(np.array(a["k_lens"], np.int32))
+    runs = [forward_backward({**a, **dev, "q_lens": q_lens, "k_lens": k_lens})
+            for q_lens in (a["q_lens"], np.array(a["q_lens"]), cp.asarray(a["q_lens"]))]
+    for got in runs:
+        for i, (g, first, h) in enumerate(zip(got, runs[0], host)):
+            np.testing.assert_array_equal(bits(cp.asnumpy(g)), bits(cp.asnumpy(first)))
+            assert_close(f"padded.cupy_lengths[{i}]", cp.asnumpy(g), h, atol=1e-5)
+    with pytest.raises(ValueError, match=r"k_lens\[1\] = 99 is outside \[0, 9\]"):
+        ops.attention_forward(dev["q"], dev["k"], dev["v"], k_lens=cp.asarray([1, 99]))
+    with pytest.raises(ValueError, match=r"use precision='fp32'"):
+        ops.attention_forward(dev["q"], dev["k"], dev["v"], precision="tf32", k_lens=[1, 2])
+    with pytest.raises(ValueError, match=r"use precision='fp32'"):
+        ops.attention_forward(dev["q"], dev["q"], dev["q"], precision="bf16", q_lens=[1, 2])
+
+
 def torch_padded(a, scale):
     """torch's scaled_dot_product_attention in float64 with the boolean attn_mask of the
     lengths (and causal, top-left: tril(ones(Tq, Tk))) -> o, dq, dk, dv, and which rows see a
