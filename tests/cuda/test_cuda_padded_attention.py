@@ -272,10 +272,6 @@ def test_pytfm_ops_on_cupy_arrays_calls_the_padded_twins(cp):
     call; a CuPy length out of range is ops' ValueError, before any launch."""
     import pytfm
 
-    if not hasattr(cp, "ascontiguousarray"):
-        # ops makes a CuPy length array contiguous int64 with cupy.ascontiguousarray, which the
-        # stand-in lacks: CuPy's, for the contiguous arrays made here
-        cp.ascontiguousarray = lambda a, dtype=None: cp.asarray(a, dtype)
     lib, calls = pytfm._core.lib, []
 
     def counted(name):
