@@ -3,10 +3,17 @@
  * structure in float32 on the CUDA cores, with grouped-query heads and a sliding window; the
  * twin of csrc/kernels/attention.c.
  *
- *   q, o [B, T, H, D] (row (b, t, h) at ((b·T + t)·H + h)·D; the next t is H·D on), k, v
- *   [B, T, Hkv, D] (the next t Hkv·D on); query head h reads key/value head h / (H / Hkv)
- *   S = scale · q kᵀ per (b, h),  P = softmax(S) row-wise (causal: keys s <= t; a window w > 0:
- *   also s > t − w),  O = P v,  lse_t = log Σ_s exp(S_ts)  ([B, H, T], saved for the backward)
+ *   q, o [B, Tq, H, D] (row (b, t, h) at ((b·Tq + t)·H + h)·D; the next t is H·D on), k, v
+ *   [B, Tk, Hkv, D] (the next s Hkv·D on); query head h reads key/value head h / (H / Hkv)
+ *   S = scale · q kᵀ per (b, h),  P = softmax(S) row-wise (causal: keys s <= t, top-left; a
+ *   window w > 0: also s > t − w),  O = P v,  lse_t = log Σ_s exp(S_ts)  ([B, H, Tq], saved
+ *   for the backward)
+ * Padded sequences: sequence b has q_len[b] rows and k_len[b] keys (device arrays, or NULL:
+ * Tq, Tk), read by each block and clamped to [0, Tq], [0, Tk] (the host cannot read them
+ * before launching: the caller checks them, and a bad one reads and writes nothing out of
+ * bounds); keys past k_len are never loaded or are masked, rows past q_len are stored as
+ * o = 0, lse = −inf, get dq = 0 and add nothing to dk, dv. The plain and gqa functions are
+ * these kernels with no lengths and Tq = Tk.
  *
  * Forward: a block per (batch·head, tile of BQ queries), batch·head in gridDim.x (y stops at
  * 65535, x does not). The block keeps its Q tile in shared memory and streams the K and V tiles
@@ -14,8 +21,10 @@
  *   m' = max(m, max_s S_ts),  l ← l·e^(m−m') + Σ_s e^(S_ts−m'),  O_t ← O_t·e^(m−m') + Σ_s e^(S_ts−m') v_s
  * and one division O_t / l at the end; scores are kept in base 2 (q is scaled by
  * scale·log2 e as it is loaded, exp2f), lse = (m + log2 l)·ln 2. A row that saw no key (l = 0:
- * an empty split of the decode) gives o = 0 and lse = −inf, not NaN. Causal tiles above the
- * diagonal are never loaded; on the diagonal the keys past a row's position are masked.
+ * every key masked, k_len = 0, an empty split of the decode) gives o = 0 and lse = −inf, not
+ * NaN. Causal tiles above the diagonal are never loaded; on the diagonal the keys past a
+ * row's position are masked. A few query rows (Tq <= 16: a decoding step of a
+ * cross-attention) take tiles of 16.
  *
  * Register tiling, as in an SGEMM: the TX = 8 lanes of a row group share a score row; thread
  * (tx, ty) owns score rows ty + TY·i (i < RM) and key columns tx + 8·j (j < 8), so S = Q·Kᵀ is
@@ -30,14 +39,14 @@
  * Memory: shared tiles only; nothing depends on T.
  *
  * Backward (dy the gradient of O), P recomputed from q, k and lse:
- *   delta_t = Σ_d dy_td O_td          (first, into scratch [B, H, T] on the stream)
+ *   delta_t = Σ_d dy_td O_td          (first, into scratch [B, H, Tq] on the stream)
  *   dP_ts = dy_t · v_s,  dS_ts = P_ts (dP_ts − delta_t)
  *   dV_s = Σ_t P_ts dy_t,  dK_s = scale · Σ_t dS_ts q_t,  dQ_t = scale · Σ_s dS_ts k_s
  * dK and dV: a block per (batch·key/value head, tile of BK keys) walks, for each query head of
- * the group in turn, the query tiles (from the diagonal when causal, up to the last row whose
- * window holds the tile's keys), Pᵀ and dSᵀ computed with the keys as rows: the group's sum
- * stays in registers, in one order. dQ: a second kernel, a
- * block per query tile walking the key tiles, recomputes P and dS once more and sums dS·K. No
+ * the group in turn, the query tiles (from the diagonal when causal, up to q_len and the last
+ * row whose window holds the tile's keys), Pᵀ and dSᵀ computed with the keys as rows: the
+ * group's sum stays in registers, in one order. dQ: a second kernel, a block per query tile
+ * walking the key tiles (up to k_len), recomputes P and dS once more and sums dS·K. No
  * atomics anywhere: every sum has one order, the same bits on every run.
  *
  * Decode: n_new queries at positions [start, start + n_new) against the cache [B, Tmax, H, D],
@@ -58,7 +67,9 @@ enum {
     TX = 8,                   // lanes that share a score row
     LDP = BK + 8,             // the row stride of the P and dS tiles in shared memory
     FWD_THREADS = 128,        // forward: TY = 16 row groups (RM = 4: 64 queries, 1: 16)
-    BWD_THREADS = 256,        // backward: TY = 32 row groups, RM = 2: 64 rows
+    BWD_THREADS = 256,        // backward: TY = 32 row groups, RM = 2: 64 rows; one block an
+                              // SM at least (__launch_bounds__(256, 1)): ptxas may use all
+                              // 255 registers (left to its own target it spilled dK/dV at 80)
     BWD_RM = BK / (BWD_THREADS / TX),
 };
 
@@ -251,7 +262,7 @@ static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kerne
     if (nv == 0) j_end = j_begin; // padding rows only: no key at all
     const float *k = a.k + (b * a.Ts * a.Hkv + g) * D, *v = a.v + (b * a.Ts * a.Hkv + g) * D;
     const bool vec = (D & 3) == 0, vk = vec && pytfm__aligned4(a.k), vv = vec && pytfm__aligned4(a.v);
-    load_rows<BQ, DP, FWD_THREADS>(Qs, a.q + ((b * a.Tq + i0) * H + h) * D, HD, nq, D,
+    load_rows<BQ, DP, FWD_THREADS>(Qs, a.q + ((b * a.Tq + i0) * H + h) * D, HD, nv, D,
                                    vec && pytfm__aligned4(a.q), a.scale2);
     float m[RM], l[RM], acc[RM][DP / 8] = {};
     PYTFM_UNROLL
@@ -399,7 +410,7 @@ template <int DP> static constexpr size_t dkdv_shared() {
  * them: Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ, then dV += Pᵀ·dY and dK += dSᵀ·Q through one shared tile (P
  * first, then dS). */
 template <int DP>
-static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(backward_args a) {
+static __global__ void __launch_bounds__(BWD_THREADS, 1) attention_dkdv_kernel(backward_args a) {
     constexpr int TY = BWD_THREADS / TX, RM = BWD_RM, LD = DP + 4;
     PYTFM_DYNAMIC_SHARED(float4, smem);
     float *Ks = (float *)smem, *Vs = Ks + BK * LD, *Qs = Vs + BK * LD, *dYs = Qs + BK * LD;
@@ -409,16 +420,19 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(back
     const int64_t b = blockIdx.x / Hkv, g = blockIdx.x % Hkv;
     const int64_t j0 = (int64_t)blockIdx.y * BK, kbase = (b * a.Tk * Hkv + g) * D; // (b,0,g,0)
     const int nk = (int)PYTFM_MIN((int64_t)BK, a.Tk - j0);
-    // sequence b's rows and keys (clamped, as the forward); keys from kn on get dK = dV = 0
+    // sequence b's rows and keys (clamped, as the forward): the nv keys of the tile before kn
+    // are loaded, the others are zero and unseen, and get dK = dV = 0
     const int64_t qn = seq_len(a.q_len, b, Tq), kn = seq_len(a.k_len, b, a.Tk);
+    const int nv = kn > j0 ? (int)PYTFM_MIN((int64_t)nk, kn - j0) : 0;
     // with a window, the rows past j0 + nk − 1 + window − 1 see none of these keys
-    int64_t i_end = a.window > 0 ? PYTFM_MIN(qn, j0 + nk - 1 + a.window) : qn;
-    if (j0 >= kn) i_end = 0; // no row sees a key of this tile
+    const int64_t i_end = nv == 0       ? 0 // no row sees a key of this tile
+                          : a.window > 0 ? PYTFM_MIN(qn, j0 + nk - 1 + a.window)
+                                         : qn;
     const bool vec = (D & 3) == 0, vq = vec && pytfm__aligned4(a.q),
                vdy = vec && pytfm__aligned4(a.dy);
-    load_rows<BK, DP, BWD_THREADS>(Ks, a.k + kbase + j0 * KD, KD, nk, D,
+    load_rows<BK, DP, BWD_THREADS>(Ks, a.k + kbase + j0 * KD, KD, nv, D,
                                    vec && pytfm__aligned4(a.k), 1.0f);
-    load_rows<BK, DP, BWD_THREADS>(Vs, a.v + kbase + j0 * KD, KD, nk, D,
+    load_rows<BK, DP, BWD_THREADS>(Vs, a.v + kbase + j0 * KD, KD, nv, D,
                                    vec && pytfm__aligned4(a.v), 1.0f);
     float dk[RM][DP / 8] = {}, dv[RM][DP / 8] = {};
     for (int64_t h = g * G; h < (g + 1) * G; h++) {
@@ -445,7 +459,8 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(back
                 PYTFM_UNROLL
                 for (int j = 0; j < 8; j++) {
                     const int r = tx + 8 * j;
-                    const bool seen = r < nq && key < kn && (!a.causal || key <= i0 + r) &&
+                    const bool seen = r < nq && key < j0 + nv &&
+                                      (!a.causal || key <= i0 + r) &&
                                       (a.window == 0 || key > i0 + r - a.window);
                     p[i][j] = seen ? exp2f(p[i][j] * a.scale2 - lse2[r]) : 0.0f;
                     ds[i][j] = p[i][j] * (ds[i][j] - dlt[r]);
@@ -480,7 +495,7 @@ template <int DP> static constexpr size_t dq_shared() {
 /* dQ of a tile of BK query rows (ty + TY·i), walking the key tiles (columns tx + 8·j) up to
  * the diagonal when causal: S = Q·Kᵀ, dP = dY·Vᵀ, dS through shared memory, dQ += dS·K. */
 template <int DP>
-static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backward_args a) {
+static __global__ void __launch_bounds__(BWD_THREADS, 1) attention_dq_kernel(backward_args a) {
     constexpr int TY = BWD_THREADS / TX, RM = BWD_RM, LD = DP + 4;
     PYTFM_DYNAMIC_SHARED(float4, smem);
     float *Qs = (float *)smem, *dYs = Qs + BK * LD, *Ks = dYs + BK * LD, *Vs = Ks + BK * LD;
@@ -609,34 +624,6 @@ static pytfm_status forward_any(const char *func, const forward_args &a, int64_t
     }
 }
 
-/* q, o [B, Tq, H, D], k, v [B, Tk, Hkv, D], lse [B, H, Tq]; q_len, k_len [B] or NULL (device
- * memory: their values are the caller's to check, the kernels clamp them) */
-static pytfm_status check_padded_forward(const char *func, const float *o, const float *lse,
-                                         const float *q, const float *k, const float *v,
-                                         const int64_t *q_len, const int64_t *k_len, int64_t B,
-                                         int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv,
-                                         int64_t D, float scale, int32_t causal,
-                                         int64_t window) {
-    PYTFM_TRY(pytfm__check_attention_signs(func, "Tq", B, Tq, H, D));
-    PYTFM_CHECK(Tk >= 0, "%s: Tk must be >= 0, got %lld", func, (long long)Tk);
-    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, causal));
-    PYTFM_CHECK_FINITE_IN(func, scale);
-    int64_t n = 0, n_kv = 0, n_lse = 0;
-    PYTFM_CHECK_COUNT(func, &n, float, B, Tq, H, D);
-    PYTFM_CHECK_COUNT(func, &n_kv, float, B, Tk, Hkv, D);
-    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, Tq);
-    PYTFM_CHECK_PTR_IN(func, o, n);
-    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
-    PYTFM_CHECK_PTR_IN(func, q, n);
-    PYTFM_CHECK_PTR_IN(func, k, n_kv);
-    PYTFM_CHECK_PTR_IN(func, v, n_kv);
-    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(o, n, float),
-                         PYTFM_SPAN(lse, n_lse, float), PYTFM_SPAN(q, n, float),
-                         PYTFM_SPAN(k, n_kv, float), PYTFM_SPAN(v, n_kv, float),
-                         PYTFM_SPAN(q_len, B, int64_t), PYTFM_SPAN(k_len, B, int64_t));
-    return PYTFM_STATUS_OK;
-}
-
 /* the padded forward once its arguments are checked (func: the public function, for errors);
  * t_name names Tq in the grid's error ("T" where Tq = Tk) */
 static pytfm_status padded_forward(const char *func, const char *t_name, float *o, float *lse,
@@ -660,8 +647,8 @@ extern "C" pytfm_status pytfm_attention_padded_forward_cuda(
     float *o, float *lse, const float *q, const float *k, const float *v, const int64_t *q_len,
     const int64_t *k_len, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
     float scale, int32_t causal, int64_t window, void *stream) {
-    PYTFM_TRY(check_padded_forward(__func__, o, lse, q, k, v, q_len, k_len, B, Tq, Tk, H, Hkv, D,
-                                   scale, causal, window));
+    PYTFM_TRY(pytfm__check_attention_padded_forward(__func__, o, lse, q, k, v, q_len, k_len, B,
+                                                    Tq, Tk, H, Hkv, D, scale, causal, window));
     return padded_forward(__func__, "Tq", o, lse, q, k, v, q_len, k_len, B, Tq, Tk, H, Hkv, D,
                           scale, causal, window, stream);
 }
@@ -686,41 +673,6 @@ extern "C" pytfm_status pytfm_attention_forward_cuda(float *o, float *lse, const
                                              causal, 0));
     return padded_forward(__func__, "T", o, lse, q, k, v, nullptr, nullptr, B, T, T, H, H, D,
                           scale, causal, 0, stream);
-}
-
-/* dq, dy, q, o [B, Tq, H, D], dk, dv, k, v [B, Tk, Hkv, D], lse [B, H, Tq]; q_len, k_len as
- * check_padded_forward's */
-static pytfm_status check_padded_backward(const char *func, const float *dq, const float *dk,
-                                          const float *dv, const float *dy, const float *q,
-                                          const float *k, const float *v, const float *o,
-                                          const float *lse, const int64_t *q_len,
-                                          const int64_t *k_len, int64_t B, int64_t Tq,
-                                          int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
-                                          float scale, int32_t causal, int64_t window) {
-    PYTFM_TRY(pytfm__check_attention_signs(func, "Tq", B, Tq, H, D));
-    PYTFM_CHECK(Tk >= 0, "%s: Tk must be >= 0, got %lld", func, (long long)Tk);
-    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, causal));
-    PYTFM_CHECK_FINITE_IN(func, scale);
-    int64_t n = 0, n_kv = 0, n_lse = 0;
-    PYTFM_CHECK_COUNT(func, &n, float, B, Tq, H, D);
-    PYTFM_CHECK_COUNT(func, &n_kv, float, B, Tk, Hkv, D);
-    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, Tq);
-    PYTFM_CHECK_PTR_IN(func, dq, n);
-    PYTFM_CHECK_PTR_IN(func, dk, n_kv);
-    PYTFM_CHECK_PTR_IN(func, dv, n_kv);
-    PYTFM_CHECK_PTR_IN(func, dy, n);
-    PYTFM_CHECK_PTR_IN(func, q, n);
-    PYTFM_CHECK_PTR_IN(func, k, n_kv);
-    PYTFM_CHECK_PTR_IN(func, v, n_kv);
-    PYTFM_CHECK_PTR_IN(func, o, n);
-    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
-    PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dq, n, float),
-                         PYTFM_SPAN(dk, n_kv, float), PYTFM_SPAN(dv, n_kv, float),
-                         PYTFM_SPAN(dy, n, float), PYTFM_SPAN(q, n, float),
-                         PYTFM_SPAN(k, n_kv, float), PYTFM_SPAN(v, n_kv, float),
-                         PYTFM_SPAN(o, n, float), PYTFM_SPAN(lse, n_lse, float),
-                         PYTFM_SPAN(q_len, B, int64_t), PYTFM_SPAN(k_len, B, int64_t));
-    return PYTFM_STATUS_OK;
 }
 
 template <int DP>
@@ -782,8 +734,9 @@ extern "C" pytfm_status pytfm_attention_padded_backward_cuda(
     const float *v, const float *o, const float *lse, const int64_t *q_len, const int64_t *k_len,
     int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D, float scale,
     int32_t causal, int64_t window, void *stream) {
-    PYTFM_TRY(check_padded_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, q_len, k_len, B,
-                                    Tq, Tk, H, Hkv, D, scale, causal, window));
+    PYTFM_TRY(pytfm__check_attention_padded_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse,
+                                                     q_len, k_len, B, Tq, Tk, H, Hkv, D, scale,
+                                                     causal, window));
     return padded_backward(__func__, "Tq", dq, dk, dv, dy, q, k, v, o, lse, q_len, k_len, B, Tq,
                            Tk, H, Hkv, D, scale, causal, window, stream);
 }

@@ -1,9 +1,10 @@
 """The GPU attention with Tq != Tk and padded sequences (pytfm_attention_padded_*_cuda of
-cuda/attention.cu), run on the CPU by the emulator (cuda/emu), against a float64 reference of
-the contract (pytfm_cuda.h): query row i of sequence b sees key s iff i < q_len[b],
-s < k_len[b], with causal s <= i (top-left aligned), with a window w also s > i - w; a row that
-sees no key gets o = 0, lse = -inf, dq = 0 and adds nothing to dk, dv; keys no row sees get
-dk = dv = 0.
+cuda/attention.cu), run on the CPU by the emulator (cuda/emu), against the float64 reference
+(pytfm.reference) and the C functions (pytfm_attention_padded_forward/backward, through
+pytfm.ops on NumPy arrays), to the contract of pytfm_cuda.h: query row i of sequence b sees
+key s iff i < q_len[b], s < k_len[b], with causal s <= i (top-left aligned), with a window w
+also s > i - w; a row that sees no key gets o = 0, lse = -inf, dq = 0 and adds nothing to dk,
+dv; keys no row sees get dk = dv = 0.
 
 Shapes that break the tiles: Tq < Tk and Tq > Tk, one past a 64-row tile, Tq = 1 (the 16-row
 tiles of a decoding step), lengths of 0, partial and full, every head-dim class, groups of
@@ -18,64 +19,14 @@ import os
 import numpy as np
 import pytest
 
+import cuda_emu
 from cuda_emu import CUDA, Aligned, EmuError
-from helpers import EPS32, amax, assert_close, f32
+from helpers import EPS32, amax, f32
 from ops_registry import softmax_rel
+from pytfm import ops
+from pytfm import reference as ref
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(CUDA), reason="needs the source checkout")
-
-
-# ---- the float64 reference of the contract ---------------------------------------------------
-
-def visible(Tq, Tk, q_len, k_len, causal, window):  # -> [Tq, Tk] bool
-    i, s = np.arange(Tq)[:, None], np.arange(Tk)[None, :]
-    seen = (i < q_len) & (s < k_len)
-    if causal:
-        seen &= s <= i
-    if window:
-        seen &= s > i - window
-    return seen
-
-
-def probabilities(q, k, q_lens, k_lens, causal, scale, window):
-    """[B, Tq, H, D], [B, Tk, Hkv, D] -> P [B, H, Tq, Tk] (rows that see no key: 0), lse
-    [B, H, Tq] (there: -inf), kk [B, Tk, H, D] (each query head's keys)"""
-    B, Tq, H, _ = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
-    kk = np.repeat(k.astype(np.float64), H // Hkv, axis=2)
-    S = scale * np.einsum("bthd,bshd->bhts", q.astype(np.float64), kk)
-    q_lens = [Tq] * B if q_lens is None else q_lens
-    k_lens = [Tk] * B if k_lens is None else k_lens
-    mask = np.stack([visible(Tq, Tk, q_lens[b], k_lens[b], causal, window) for b in range(B)])
-    S = np.where(mask[:, None], S, -np.inf)
-    top = S.max(axis=-1, keepdims=True) if Tk else np.full(S.shape[:-1] + (1,), -np.inf)
-    top = np.where(np.isfinite(top), top, 0.0)
-    E = np.exp(S - top)
-    total = E.sum(axis=-1)
-    with np.errstate(divide="ignore"):
-        lse = np.where(total > 0, top[..., 0] + np.log(np.where(total > 0, total, 1)), -np.inf)
-    return E / np.where(total > 0, total, 1)[..., None], lse, kk
-
-
-def reference_forward(q, k, v, q_lens, k_lens, causal, scale, window):
-    P, lse, _ = probabilities(q, k, q_lens, k_lens, causal, scale, window)
-    vv = np.repeat(v.astype(np.float64), q.shape[2] // v.shape[2], axis=2)
-    return np.einsum("bhts,bshd->bthd", P, vv), lse
-
-
-def reference_backward(dy, q, k, v, q_lens, k_lens, causal, scale, window):
-    """-> dq [B, Tq, H, D], dk, dv [B, Tk, Hkv, D] (dk, dv summed over each group's heads)"""
-    P, _, kk = probabilities(q, k, q_lens, k_lens, causal, scale, window)
-    B, Tk, Hkv, D = k.shape
-    G = q.shape[2] // Hkv
-    vv = np.repeat(v.astype(np.float64), G, axis=2)
-    dy = dy.astype(np.float64)
-    dP = np.einsum("bthd,bshd->bhts", dy, vv)
-    dS = P * (dP - (P * dP).sum(axis=-1, keepdims=True))
-    dq = scale * np.einsum("bhts,bshd->bthd", dS, kk)
-    dk = scale * np.einsum("bhts,bthd->bshd", dS, q.astype(np.float64))
-    dv = np.einsum("bhts,bthd->bshd", P, dy)
-    return dq, dk.reshape(B, Tk, Hkv, G, D).sum(3), dv.reshape(B, Tk, Hkv, G, D).sum(3)
 
 
 # ---- calls ------------------------------------------------------------------------------------
@@ -119,28 +70,37 @@ def tolerances(q, k, v, dy, scale, Tk, G):
     return rel, (noise * amax(k), G * noise * amax(q), G * rel * amax(dy))
 
 
+def close(name, got, want_ref, want_c, atol):
+    cuda_emu.close(f"padded_attention.{name}", got, want_ref, want_c, atol, rtol_c=1e-5)
+
+
 def check_case(emu, seed, B, Tq, Tk, H, Hkv, D, causal, window, q_lens, k_lens, scale=None):
+    """the twins against the float64 reference and the C functions (through pytfm.ops on
+    NumPy arrays) -> o, lse, (dq, dk, dv)"""
     q, k, v, dy = make(seed, B, Tq, Tk, H, Hkv, D)
     scale = 1 / math.sqrt(D) if scale is None else scale
+    lens = dict(q_lens=q_lens, k_lens=k_lens)
     g = Aligned()
     o, lse = forward(emu, g, q, k, v, q_lens, k_lens, causal, scale, window)
-    ro, rlse = reference_forward(q, k, v, q_lens, k_lens, causal, scale, window)
+    ro, rlse = ref.attention_forward(q, k, v, causal, scale, window, **lens)
+    co, clse = ops.attention_forward(q, k, v, causal, scale, window=window, **lens)
     rel, floors = tolerances(q, k, v, dy, scale, Tk, H // Hkv)
-    dead = np.isneginf(rlse)  # [B, H, Tq]: rows that see no key
+    # rows that see no key: lse = -inf and o = 0 exactly, as the C function's
+    dead = np.isneginf(rlse)  # [B, H, Tq]
     np.testing.assert_array_equal(np.isneginf(lse), dead)
+    np.testing.assert_array_equal(np.isneginf(clse), dead)
     assert (o.transpose(0, 2, 1, 3)[dead] == 0).all(), "a row that sees no key has o = 0"
-    assert_close("padded_forward.o", o, ro, rel * amax(v))
-    assert_close("padded_forward.lse", np.where(dead, 0, lse),
-                              np.where(dead, 0, rlse), rel + EPS32 * amax(rlse[~dead]))
+    close("forward.o", o, ro, co, rel * amax(v))
+    live = lambda x: np.where(dead, 0, x)  # noqa: E731
+    close("forward.lse", live(lse), live(rlse), live(clse), rel + EPS32 * amax(live(rlse)))
     grads = backward(emu, g, dy, q, k, v, o, lse, q_lens, k_lens, causal, scale, window)
-    want = reference_backward(dy, q, k, v, q_lens, k_lens, causal, scale, window)
+    want = ref.attention_backward(dy, q, k, v, causal, scale, window, **lens)
+    c = ops.attention_backward(dy, q, k, v, co, clse, causal, scale, window=window, **lens)
     # rows that see no key, keys that no row sees: exactly 0
-    lens = [(Tq if q_lens is None else q_lens[b], Tk if k_lens is None else k_lens[b])
-            for b in range(B)]
-    seen = np.stack([visible(Tq, Tk, n, m, causal, window) for n, m in lens])  # [B, Tq, Tk]
+    seen = ref.attention_seen(B, Tq, Tk, causal, window, q_lens, k_lens)  # [B, Tq, Tk]
     unseen = (~seen.any(axis=2), ~seen.any(axis=1), ~seen.any(axis=1))
-    for name, got, r, floor, zero in zip(("dq", "dk", "dv"), grads, want, floors, unseen):
-        assert_close(f"padded_backward.{name}", got, r, 4 * rel * amax(r) + floor)
+    for name, got, r, cc, floor, zero in zip(("dq", "dk", "dv"), grads, want, c, floors, unseen):
+        close(f"backward.{name}", got, r, cc, 4 * rel * amax(r) + floor)
         np.testing.assert_array_equal(got[zero], 0)
     g.check()
     return o, lse, grads
@@ -169,9 +129,19 @@ def test_padded_forward_and_backward(emu, order, B, Tq, Tk, H, Hkv, D, causal, w
 
 
 def test_without_keys_or_rows(emu):
-    """Tk = 0: every row sees nothing (o = 0, lse = -inf, dq = 0); Tq = 0: dk = dv = 0"""
-    check_case(emu, 1, 2, 3, 0, 2, 1, 8, False, 0, [3, 1], None)
+    """Tq = 0: dk = dv = 0; Tk = 0: every row sees nothing (o = 0, lse = -inf, dq = 0), as
+    the C function gives"""
     check_case(emu, 2, 2, 0, 5, 2, 2, 8, True, 0, None, [5, 2])
+    q, k, v, dy = make(1, 2, 3, 0, 2, 1, 8)
+    g = Aligned()
+    o, lse = forward(emu, g, q, k, v, [3, 1], None, False, 0.3, 0)
+    dq, _, _ = backward(emu, g, dy, q, k, v, o, lse, [3, 1], None, False, 0.3, 0)
+    co, clse = ops.attention_forward(q, k, v, False, 0.3, q_lens=[3, 1])
+    cq, _, _ = ops.attention_backward(dy, q, k, v, co, clse, False, 0.3, q_lens=[3, 1])
+    assert (o == 0).all() and np.isneginf(lse).all() and (dq == 0).all()
+    for a, b in ((o, co), (lse, clse), (dq, cq)):
+        np.testing.assert_array_equal(a, b)
+    g.check()
 
 
 @pytest.mark.parametrize("B,T,H,Hkv,D,causal,window", [(2, 65, 2, 1, 16, True, 0),
@@ -278,8 +248,8 @@ def test_bad_arguments_are_clear_errors(emu):
                                        r"H"):
         emu.call("pytfm_attention_padded_backward_cuda", *x, lse, None, None, 1, 2, 3, 3, 2, 4,
                  0.1, 1, 0)
-    with pytest.raises(EmuError, match=r"pytfm_attention_padded_forward_cuda: Tk must be >= 0, "
-                                       r"got -1"):
+    with pytest.raises(EmuError, match=r"pytfm_attention_padded_forward_cuda: .*Tk.* must be "
+                                       r">= 0, got .*-1"):
         emu.call("pytfm_attention_padded_forward_cuda", x[0], lse, *x[1:4], None, None, 1, 2, -1,
                  2, 1, 4, 0.1, 1, 0)
     with pytest.raises(EmuError, match=r"window = 5 needs causal attention"):
@@ -292,3 +262,53 @@ def test_bad_arguments_are_clear_errors(emu):
     with pytest.raises(EmuError, match=r"o and q_len must not share memory"):
         emu.call("pytfm_attention_padded_forward_cuda", x[0], lse, *x[1:4],
                  x[0][:2].view(np.int64), None, 1, 2, 3, 2, 1, 4, 0.1, 1, 0)
+
+
+# ---- pytfm.ops on CuPy arrays (the stand-in, tests/fake_cupy.py) -----------------------------
+
+def test_pytfm_ops_on_cupy_arrays_calls_the_padded_twins(cp):
+    """ops.attention_forward/backward on CuPy arrays with q_lens, k_lens (a list, a CuPy
+    array) or Tk != Tq call pytfm_attention_padded_*_cuda, once each, with the bits of a direct
+    call; a CuPy length out of range is ops' ValueError, before any launch."""
+    import pytfm
+
+    lib, calls = pytfm._core.lib, []
+
+    def counted(name):
+        twin = getattr(lib, name)
+
+        def call(*args):
+            calls.append(name)
+            return twin(*args)
+        return call
+
+    for name in ("pytfm_attention_padded_forward_cuda", "pytfm_attention_padded_backward_cuda"):
+        setattr(lib, name, counted(name))
+    B, H, Hkv, D = 2, 4, 2, 16
+    # a padded cross-attention; a decoding step (Tq = 1) against an encoder's keys
+    for Tq, Tk, q_lens, k_lens, causal in ((5, 9, [5, 2], [9, 4], False),
+                                           (1, 12, None, [12, 7], False),
+                                           (7, 3, None, None, True)):
+        q, k, v, dy = make(Tq + Tk, B, Tq, Tk, H, Hkv, D)
+        lens = dict(q_lens=q_lens,
+                    k_lens=None if k_lens is None else cp.asarray(np.array(k_lens, np.int64)))
+        calls.clear()
+        gq, gk, gv = (cp.asarray(x) for x in (q, k, v))
+        o, lse = ops.attention_forward(gq, gk, gv, causal, 0.25, **lens)
+        grads = ops.attention_backward(cp.asarray(dy), gq, gk, gv, o, lse, causal, 0.25,
+                                       **lens)
+        assert calls == ["pytfm_attention_padded_forward_cuda",
+                         "pytfm_attention_padded_backward_cuda"]
+        g = Aligned()
+        want_o, want_lse = forward(lib.emu, g, q, k, v, q_lens, k_lens, causal, 0.25, 0)
+        want = backward(lib.emu, g, dy, q, k, v, want_o, want_lse, q_lens, k_lens, causal, 0.25,
+                        0)
+        for got, w in zip((o, lse, *grads), (want_o, want_lse, *want)):
+            assert type(got) is type(o)
+            np.testing.assert_array_equal(got.get().view(np.uint32), w.view(np.uint32))
+    calls.clear()
+    bad = cp.asarray(np.array([3, 13], np.int64))
+    with pytest.raises(ValueError, match=r"k_lens\[1\] = 13 is outside \[0, 12\]"):
+        ops.attention_forward(*(cp.asarray(x) for x in make(1, B, 1, 12, H, Hkv, D)[:3]),
+                              k_lens=bad)
+    assert calls == []
