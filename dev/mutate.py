@@ -66,8 +66,7 @@ MUTATIONS = {
     "ce_no_onehot": ("csrc/kernels/cross_entropy.c", "backward",
                      "drow[j] -= off; drow[targets[i]] -= on;", "drow[j] -= off;", OPS),
     # label smoothing: the uniform share left out of the gradient, the row's sum taken for its mean
-    "ce_smoothed_no_uniform": ("csrc/kernels/cross_entropy.c", "backward",
-                               "drow[j] -= off; drow[targets[i]] -= on;", "drow[targets[i]] -= on;", OPS),
+    "ce_smoothed_no_uniform": ("csrc/kernels/cross_entropy.c", "backward", "drow[j] -= off;", "drow[j] -= 0.0f;", OPS),
     "ce_smoothed_sum_for_mean": ("csrc/kernels/cross_entropy.c", "row_mean", "return sum / (double)vocab;",
                                  "return sum;", OPS),
     "adamw_no_bias_correction": ("csrc/kernels/adamw.c", "pytfm_adamw_step", "(float)(lr / (1.0 - pow(beta1, (double)step)));", "(float)lr;", OPS),
