@@ -130,9 +130,9 @@ static pytfm_status backward(const char *func, float *dlogits, const float *logi
     const int64_t kept = count_kept(targets, rows, ignore_index);
     const float scale = kept ? dloss / (float)kept : 0.0f;
     // what the target and every class take off the softmax: scale·(1 − ε) and scale·ε/vocab
-    // (with ε = 0, scale and 0: the unsmoothed bits)
+    // (with ε = ±0, scale and +0, which subtracted changes no bit: the unsmoothed ones)
     const float on = scale * (1.0f - label_smoothing);
-    const float off = scale * label_smoothing / (float)vocab;
+    const float off = label_smoothing != 0.0f ? scale * label_smoothing / (float)vocab : 0.0f;
     const pytfm__fast_kernels *k = pytfm__fast();
     if (k) {
         PYTFM_PARALLEL_ROWS(rows, vocab)

@@ -74,11 +74,16 @@ def test_twins_match_the_c_kernels(emu, rows, vocab, offsets, eps):
     assert (dlogits[ignored] == 0).all()
 
 
+@pytest.mark.parametrize("zero", [0.0, -0.0], ids=["0", "-0"])
 @pytest.mark.parametrize("rows,vocab", [(9, 5), (3, 1025)])
-def test_zero_smoothing_gives_the_unsmoothed_twins_bits(emu, rows, vocab):
+def test_zero_smoothing_gives_the_unsmoothed_twins_bits(emu, rows, vocab, zero):
+    """ε = ±0: the unsmoothed twins' bits, −0 gradients (probabilities that underflow, dloss
+    < 0) included"""
     logits, targets = make(rows, vocab, 7)
-    plain = run(emu, logits, targets, 0.0, (1, 1), smoothed=False)
-    smoothed = run(emu, logits, targets, 0.0, (1, 1))
+    logits[:, 1], targets[1:] = -300.0, 2  # row 0 ignored, the others kept
+    plain = run(emu, logits, targets, 0.0, (1, 1), smoothed=False, dloss=-2.0)
+    smoothed = run(emu, logits, targets, zero, (1, 1), dloss=-2.0)
+    assert np.signbit(plain[2][:, 1]).any()
     for x, y in zip(plain, smoothed):
         np.testing.assert_array_equal(bits(x), bits(y))
 

@@ -98,12 +98,15 @@ def test_the_reference_backward_is_the_gradient_of_its_forward(eps):
                  g, atol=1e-8, rtol=1e-6)
 
 
+@pytest.mark.parametrize("zero", [0.0, -0.0], ids=["0", "-0"])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("rows,vocab", [(1, 1), (7, 33), (300, 257), (3, 5000)])
-def test_zero_smoothing_gives_the_plain_bits(isa, rows, vocab):
-    """pytfm_cross_entropy_smoothed_forward/backward at ε = 0 write what the unsmoothed
-    functions write, bit for bit (they are one code path)"""
+def test_zero_smoothing_gives_the_plain_bits(zero, isa, rows, vocab):
+    """pytfm_cross_entropy_smoothed_forward/backward at ε = ±0 write what the unsmoothed
+    functions write, bit for bit (they are one code path); -0.0 included, with probabilities
+    that underflow to 0 (a −0 gradient with dloss < 0 must stay −0)"""
     logits, targets = make(rows * vocab, rows, vocab)
+    logits[:, 0] = -300.0
     out = {}
     with max_isa(isa):
         for name in ("plain", "smoothed"):
@@ -116,12 +119,14 @@ def test_zero_smoothing_gives_the_plain_bits(isa, rows, vocab):
             else:
                 st1 = lib.pytfm_cross_entropy_smoothed_forward(fp(loss), fp(lse), fp(logits),
                                                                ip(targets), rows, vocab, -100,
-                                                               0.0)
+                                                               zero)
                 st2 = lib.pytfm_cross_entropy_smoothed_backward(fp(d), fp(logits), ip(targets),
-                                                                fp(lse), rows, vocab, -100, 0.0,
+                                                                fp(lse), rows, vocab, -100, zero,
                                                                 -2.5)
             assert st1 == st2 == lib.PYTFM_STATUS_OK
             out[name] = (loss, lse, d)
+    if vocab > 1:
+        assert np.signbit(out["plain"][2][:, 0]).any(), "no −0 gradient to compare"
     for x, y in zip(out["plain"], out["smoothed"]):
         np.testing.assert_array_equal(bits(x), bits(y))
 
