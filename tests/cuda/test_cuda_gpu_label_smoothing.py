@@ -1,7 +1,9 @@
 """Label smoothing's CUDA twins on a real GPU, through pytfm.ops with CuPy arrays, against the
 C kernels on the same inputs: the paper's vocabulary (37000) and GPT-2's, rows for a block
 each, ignored targets, an offset view (the scalar heads and tails). Skipped where CuPy, a GPU
-or a CUDA build of pytfm is missing; scripts/gpu_check.sh runs them where all three are."""
+or a CUDA build of pytfm is missing. scripts/gpu_check.sh runs a fixed list of GPU test files
+that does not name this one: on a GPU, run it by hand
+(python -m pytest tests/cuda/test_cuda_gpu_label_smoothing.py)."""
 
 import numpy as np
 import pytest
