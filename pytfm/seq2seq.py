@@ -338,7 +338,6 @@ class DecoderLayer:
         self.norm1 = LayerNorm(P, f"{name}.norm1", C)
         self.norm2 = LayerNorm(P, f"{name}.norm2", C)
         self.norm3 = LayerNorm(P, f"{name}.norm3", C)
-        self.dmemory = None  # backward(): the cross-attention's gradient of the memory
 
     def forward(self, x, tgt_lens, kv, src_lens, save=True, cache=None, probe=None):
         """(B, Tt, C) -> (B, Tt, C); kv: self.cross.memory_kv(memory); cache: the
@@ -431,9 +430,10 @@ class Transformer:
         if not isinstance(cfg, Seq2SeqConfig):
             raise TypeError(f"cfg must be a pytfm.seq2seq.Seq2SeqConfig, got "
                             f"{type(cfg).__name__}")
-        if not isinstance(seed, numbers.Integral) or isinstance(seed, (bool, np.bool_)) \
-                or seed < 0:
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, (bool, np.bool_)):
             raise TypeError(f"seed must be a non-negative int, got {seed!r}")
+        if seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed}")
         self.xp = devices.array_module(device)  # a bad name or an unusable GPU fails here
         self.cfg, self.device = cfg, device
         shapes = _Shapes()
@@ -487,9 +487,9 @@ class Transformer:
 
     # ---- inputs -------------------------------------------------------------------------------
 
-    def _check_ids(self, what, named):
+    def _check_ids(self, what, named, values=True):
         """named: (name, ids, vocab, ignore) of int64 (B, T) arrays on the model's device,
-        C-contiguous, of one batch B; ids in [0, vocab) (or == ignore)."""
+        C-contiguous, of one batch B; ids in [0, vocab) (or == ignore) when values."""
         kind = "a cupy.ndarray" if self.device == "cuda" else "a numpy.ndarray"
         for name, a, _, _ in named:
             want = f"{name} must be {kind} of int64 token ids, of shape (B, T)"
@@ -512,7 +512,8 @@ class Transformer:
             if a.shape[0] != named[0][1].shape[0]:
                 raise ValueError(f"Transformer.{what}: {name} has a batch of {a.shape[0]}, "
                                  f"{named[0][0]} of {named[0][1].shape[0]}")
-        check_index_arrays(*named)
+        if values:
+            check_index_arrays(*named)
 
     def _lens(self, what, name, lens, ids):
         """lens: None (every position of ids (B, T) is real), or B ints in [1, T] (a list,
@@ -569,16 +570,13 @@ class Transformer:
         return self.generator.forward(self.decoder_norm.forward(x, save), save)
 
     def _inputs(self, what, src, tgt_in, src_lens, tgt_lens, targets=None):
-        named = [("src", src, self.cfg.src_vocab, None),
-                 ("tgt_in", tgt_in, self.cfg.tgt_vocab, None)]
+        self._check_ids(what, [("src", src, self.cfg.src_vocab, None),
+                               ("tgt_in", tgt_in, self.cfg.tgt_vocab, None)])
         if targets is not None:
-            named.append(("targets", targets, self.cfg.tgt_vocab, IGNORE))
-        self._check_ids(what, named[:2])
-        if targets is not None:
-            if not is_array(targets) or targets.shape != tgt_in.shape:
-                raise ValueError(f"Transformer.{what}: targets must be an array of tgt_in's "
-                                 f"shape {tgt_in.shape}, got "
-                                 f"{getattr(targets, 'shape', type(targets).__name__)}")
+            self._check_ids(what, [("targets", targets, 0, None)], values=False)
+            if targets.shape != tgt_in.shape:
+                raise ValueError(f"Transformer.{what}: targets must have tgt_in's shape "
+                                 f"{tgt_in.shape}, got {targets.shape}")
         src_lens = self._lens(what, "src_lens", src_lens, src)
         tgt_lens = self._lens(what, "tgt_lens", tgt_lens, tgt_in)
         if targets is not None:
@@ -677,6 +675,9 @@ class Transformer:
         if tokens.shape[0] != state.batch:
             raise ValueError(f"Transformer.decode_step: tokens has {tokens.shape[0]} rows, the "
                              f"state {state.batch}")
+        if devices.device_of(tokens) != self.device:
+            raise TypeError(f"Transformer.decode_step: tokens is on "
+                            f"{devices.device_of(tokens)} but the model is on {self.device}")
         tokens = self.xp.ascontiguousarray(tokens).reshape(-1, 1)
         self._check_ids("decode_step", [("tokens", tokens, self.cfg.tgt_vocab, None)])
         pos, room = len(state), state.caches[0].k.shape[1]
