@@ -269,7 +269,7 @@ class FeedForward:
             a, h = self.linear1.forward_gelu(x, save)  # gelu(h), h: (B, T, F) each
         else:
             h = self.linear1.forward(x, save)
-            a = devices.module_of(h).maximum(h, 0)
+            a = h * (h > 0)  # relu(h), a fresh array
         if save:
             self.saved = h
         return self.linear2.forward(a, save)
@@ -678,7 +678,9 @@ class Transformer:
         if devices.device_of(tokens) != self.device:
             raise TypeError(f"Transformer.decode_step: tokens is on "
                             f"{devices.device_of(tokens)} but the model is on {self.device}")
-        tokens = self.xp.ascontiguousarray(tokens).reshape(-1, 1)
+        tokens = tokens.reshape(-1, 1)
+        if not tokens.flags.c_contiguous:  # a column of a batch: tgt[:, t]
+            tokens = tokens.copy()
         self._check_ids("decode_step", [("tokens", tokens, self.cfg.tgt_vocab, None)])
         pos, room = len(state), state.caches[0].k.shape[1]
         if pos >= room:
