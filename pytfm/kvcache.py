@@ -94,3 +94,20 @@ class KVCache:
     def reset(self):
         """Forget every position (the arrays are reused)."""
         self.length = 0
+
+    def reorder(self, index):
+        """Keep the batch rows index (B' >= 1 ints in [0, batch): a list, tuple, NumPy or CuPy
+        int array; a row may repeat or go): row i becomes old row index[i], with every
+        position filled so far (beam search: the hypotheses that survive a step)."""
+        index = devices.to_host(index)
+        B = self.k.shape[0]
+        if index.dtype.kind not in "iu" or index.ndim != 1 or index.size == 0:
+            raise ValueError(f"index must be B' >= 1 batch rows (a 1-D int array), got dtype "
+                             f"{index.dtype}, shape {index.shape}")
+        bad = (index < 0) | (index >= B)
+        if bad.any():
+            i = int(bad.argmax())
+            raise ValueError(f"index[{i}] = {int(index[i])} is not a row of a batch of {B}")
+        rows = devices.to_device(index.astype(np.int64), self.device)
+        self.k = self.k[rows]  # fresh C-contiguous arrays: the old rows stay as they were
+        self.v = self.v[rows]

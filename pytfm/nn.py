@@ -1342,3 +1342,14 @@ class GPT:
             if len(cache) + n_new > room:
                 raise ValueError(f"GPT.decode: caches[{i}] has room for {room} positions; "
                                  f"{len(cache)} are filled, {n_new} new ones do not fit")
+
+
+_SEQ2SEQ = ("Seq2SeqConfig", "Transformer")  # the encoder–decoder's, from pytfm.seq2seq
+
+
+def __getattr__(name):  # pytfm.nn.Transformer: imported on first use (PEP 562), since
+    if name in _SEQ2SEQ:  # pytfm.seq2seq imports this module's layers
+        from . import seq2seq
+
+        return getattr(seq2seq, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
