@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pytfm.beam import beam_search, greedy_decode
+from pytfm.seq2seq import Seq2SeqConfig, Transformer
 
 
 class ToyState:
@@ -253,10 +254,9 @@ def test_logits_of_the_wrong_shape_or_nan_are_refused():
 
 
 def tiny_seq2seq(seed=0):
-    seq2seq = pytest.importorskip("pytfm.seq2seq")  # noqa: F841 (this branch may lack it)
-    cfg = seq2seq.Seq2SeqConfig(src_vocab=7, tgt_vocab=4, d_model=16, n_head=2, n_enc_layers=1,
+    cfg = Seq2SeqConfig(src_vocab=7, tgt_vocab=4, d_model=16, n_head=2, n_enc_layers=1,
                                 n_dec_layers=2, d_ff=32, max_len=16)
-    return seq2seq.Transformer(cfg, seed=seed)
+    return Transformer(cfg, seed=seed)
 
 
 def model_exhaustive(model, src, src_lens, bos, eos, max_len, alpha):
