@@ -571,30 +571,44 @@ def _cross_entropy_dims(a):
     return logits, targets, logits.shape[-1], ignore_index
 
 
-def cross_entropy_forward(logits, targets, ignore_index=-1, *, check_ids=True):
+def cross_entropy_forward(logits, targets, ignore_index=-1, *, label_smoothing=0.0,
+                          check_ids=True):
     """Mean softmax cross-entropy over targets != ignore_index (0.0 if there are none).
 
     logits [..., vocab], targets int64 [...] -> (loss, lse [...]): loss a 0-d float32 array
     where the logits are (NumPy or CuPy: nothing is read back; float(loss) reads it), lse the
-    per-row log-sum-exp that cross_entropy_backward takes. check_ids=False: the caller checked
-    the targets (on CuPy arrays the check reads the device).
+    per-row log-sum-exp that cross_entropy_backward takes. label_smoothing ε in [0, 1]: each
+    target is (1 − ε)·onehot + ε/vocab, as torch.nn.functional.cross_entropy's (0: none, the
+    same bits as without it). check_ids=False: the caller checked the targets (on CuPy arrays
+    the check reads the device).
     """
     a = _Args("pytfm_cross_entropy_forward", locals())
     logits, targets, vocab, ignore_index = _cross_entropy_dims(a)
+    smoothing = a.float("label_smoothing")
     loss, lse = a.empty(()), a.empty(targets.shape)
-    a.call(loss, lse, logits, targets, targets.size, vocab, ignore_index)
+    if smoothing != 0:  # NaN too: the C check names it
+        a.kernel = "pytfm_cross_entropy_smoothed_forward"
+        a.call(loss, lse, logits, targets, targets.size, vocab, ignore_index, smoothing)
+    else:
+        a.call(loss, lse, logits, targets, targets.size, vocab, ignore_index)
     return loss, lse
 
 
-def cross_entropy_backward(logits, targets, lse, ignore_index=-1, dloss=1.0, *, check_ids=True):
+def cross_entropy_backward(logits, targets, lse, ignore_index=-1, dloss=1.0, *,
+                           label_smoothing=0.0, check_ids=True):
     """-> dlogits [..., vocab], the gradient of dloss · loss; lse from cross_entropy_forward;
-    check_ids as cross_entropy_forward."""
+    label_smoothing and check_ids as cross_entropy_forward (label_smoothing the forward's)."""
     a = _Args("pytfm_cross_entropy_backward", locals())
     logits, targets, vocab, ignore_index = _cross_entropy_dims(a)
     lse = a.array("lse", min_ndim=0, shape=targets.shape, because="logits.shape[:-1]")
     dloss = a.float("dloss")
+    smoothing = a.float("label_smoothing")
     dlogits = a.empty_like(logits)
-    a.call(dlogits, logits, targets, lse, targets.size, vocab, ignore_index, dloss)
+    if smoothing != 0:
+        a.kernel = "pytfm_cross_entropy_smoothed_backward"
+        a.call(dlogits, logits, targets, lse, targets.size, vocab, ignore_index, smoothing, dloss)
+    else:
+        a.call(dlogits, logits, targets, lse, targets.size, vocab, ignore_index, dloss)
     return dlogits
 
 

@@ -1,4 +1,4 @@
-"""pytfm.optim — AdamW through the fused kernel, gradient clipping, learning-rate schedule."""
+"""pytfm.optim — AdamW through the fused kernel, gradient clipping, learning-rate schedules."""
 
 import math
 from collections.abc import Mapping
@@ -201,3 +201,22 @@ def cosine_lr(step, max_lr, warmup, total, min_lr=0.0):
         return min_lr
     progress = (step - warmup) / max(1, total - warmup)
     return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def transformer_lr(step, d_model, warmup, factor=1.0):
+    """The learning rate of "Attention Is All You Need" (section 5.3) at `step`:
+
+        lr = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)
+
+    a linear rise over the first `warmup` steps, then a decay as step^-0.5. Its peak is at
+    step = warmup, where both branches meet: factor · (d_model · warmup)^-0.5 (the paper's
+    d_model = 512, warmup = 4000: 6.99e-4). step, d_model, warmup: integers >= 1 (step is the
+    paper's step_num, the first step being 1); factor finite and >= 0. AdamW.step takes lr up
+    to MAX_LR: a small d_model · warmup may ask for more (at the peak), which it refuses.
+    """
+    for name, v in (("step", step), ("d_model", d_model), ("warmup", warmup)):
+        if as_int(name, v) < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    factor = _real("factor", factor, lambda f: 0 <= f < math.inf, "finite and >= 0")
+    step, d_model, warmup = int(step), int(d_model), int(warmup)
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)

@@ -235,26 +235,34 @@ def embedding_backward(dy, ids, vocab):  # [..., dim], int [...] -> [vocab, dim]
     return dtable
 
 
-def cross_entropy_forward(logits, targets, ignore_index=-1):  # [..., vocab], int [...] -> loss, lse
+def cross_entropy_forward(logits, targets, ignore_index=-1, label_smoothing=0.0):  # -> loss, lse
+    # logits [..., vocab], targets int [...], lse [...]; the target (1 − ε)·onehot + ε/vocab
     (logits,) = _f64(logits)
     targets = np.asarray(targets)
     m = logits.max(axis=-1)
     lse = m + np.log(np.exp(logits - m[..., None]).sum(axis=-1))
     keep = targets != ignore_index
     picked = np.take_along_axis(logits, np.where(keep, targets, 0)[..., None], -1)[..., 0]
-    loss = (lse - picked)[keep].sum() / keep.sum() if keep.any() else 0.0
+    per_row = lse - picked
+    if label_smoothing:
+        e = label_smoothing
+        per_row = (1 - e) * per_row + e * (lse - logits.mean(axis=-1))
+    loss = per_row[keep].sum() / keep.sum() if keep.any() else 0.0
     return loss, lse
 
 
-def cross_entropy_backward(logits, targets, ignore_index=-1, dloss=1.0):  # -> [..., vocab]
+def cross_entropy_backward(logits, targets, ignore_index=-1, dloss=1.0, label_smoothing=0.0):
+    # -> [..., vocab]
     (logits,) = _f64(logits)
     targets = np.asarray(targets)
     keep = targets != ignore_index
     if not keep.any():
         return np.zeros_like(logits)
     p = softmax_forward(logits)
-    onehot = np.eye(logits.shape[-1])[np.where(keep, targets, 0)]
-    return (p - onehot) * keep[..., None] * (dloss / keep.sum())
+    vocab = logits.shape[-1]
+    e = label_smoothing
+    target = (1 - e) * np.eye(vocab)[np.where(keep, targets, 0)] + e / vocab
+    return (p - target) * keep[..., None] * (dloss / keep.sum())
 
 
 def adamw_step(param, grad, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):

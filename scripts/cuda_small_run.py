@@ -105,6 +105,19 @@ def core_ops():
     ops.embedding_backward(r(40, 33), ids, 7)
 
 
+def label_smoothing():
+    """cross-entropy with label smoothing, forward and backward: rows for a warp and for a
+    block (vocab past 1024), ignored targets, ε = 1, an unaligned view (the scalar loads)"""
+    for rows, vocab, eps in ((1, 1, 0.1), (9, 33, 1.0), (3, 1025, 0.1), (5, 3000, 0.25)):
+        x = r(rows, vocab)
+        targets = cp.asarray(rng.integers(-1, vocab, size=rows))
+        _, lse = ops.cross_entropy_forward(x, targets, label_smoothing=eps)
+        ops.cross_entropy_backward(x, targets, lse, label_smoothing=eps)
+    x, targets = unaligned(7, 37), cp.asarray(rng.integers(-1, 37, size=7))
+    _, lse = ops.cross_entropy_forward(x, targets, label_smoothing=0.1)
+    ops.cross_entropy_backward(x, targets, lse, dloss=0.5, label_smoothing=0.1)
+
+
 def fused_ops():
     """qkv_split (with and without RoPE), linear_gelu_forward, sum_squares."""
     for B, T, H, D in ((1, 1, 1, 2), (2, 65, 3, 10), (1, 7, 2, 80)):
@@ -326,7 +339,7 @@ def c_model_on_the_gpu():
         check(lib.pytfm_model_close(h[0]))
 
 
-KERNELS = [core_ops, fused_ops, attention, llama_ops, tensor_cores]
+KERNELS = [core_ops, label_smoothing, fused_ops, attention, llama_ops, tensor_cores]
 SECTIONS = KERNELS + [gpt_train_step, gpt_generate, gpt_train_step_graph, c_model_on_the_gpu]
 
 

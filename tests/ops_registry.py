@@ -1731,14 +1731,14 @@ EMBEDDING_BACKWARD = Op(
 # ---- cross-entropy ----------------------------------------------------------------------------
 
 def cross_entropy_make(seed, rows, vocab, scale=1.0, offset=0.0, ignore_index=-1, ignored=0.0,
-                       dloss=1.0):
+                       dloss=1.0, label_smoothing=0.0):
     """logits at `scale` around offset; a share `ignored` of the targets ignore_index"""
     rng = np.random.default_rng(seed)
     logits = f32(rng, (rows, vocab), scale, offset)
     targets = rng.integers(0, vocab, size=rows)
     targets[rng.random(rows) < ignored] = ignore_index
     return dict(seed=seed, ignore_index=ignore_index, dloss=dloss, logits=logits,
-                targets=targets)
+                targets=targets, label_smoothing=label_smoothing)
 
 
 def cross_entropy_saved(**drawn_values):
@@ -1875,6 +1875,139 @@ CROSS_ENTROPY_BACKWARD = Op(
             r"dloss must be finite", "dloss-nan"),
     ),
     tested_in=("tests/cuda/test_cuda_emu.py::test_cross_entropy_offsets",),
+)
+
+
+# ---- cross-entropy with label smoothing -------------------------------------------------------
+# ops.cross_entropy_forward/backward call these when label_smoothing != 0 (the entries above:
+# ε = 0, the same code)
+
+def smoothed_forward_run(a):
+    return list(ops.cross_entropy_forward(a["logits"], a["targets"], a["ignore_index"],
+                                          label_smoothing=a["label_smoothing"]))
+
+
+def smoothed_backward_run(a):
+    return [ops.cross_entropy_backward(a["logits"], a["targets"], a["lse"], a["ignore_index"],
+                                       a["dloss"], label_smoothing=a["label_smoothing"])]
+
+
+def smoothed_chain(a):
+    e = a["label_smoothing"]
+    loss, lse = ops.cross_entropy_forward(a["logits"], a["targets"], label_smoothing=e)
+    return [np.float32(loss), lse,
+            ops.cross_entropy_backward(a["logits"], a["targets"], lse, label_smoothing=e)]
+
+
+def smoothed_backward_tol(a, want, roundings=2):
+    """the unsmoothed bound (the softmax's error from lse's rounding), and the roundings of
+    − scale·ε/vocab and − scale·(1 − ε): each within eps32·scale, below that bound's
+    1e-6·scale"""
+    return cross_entropy_backward_tol(a, want, roundings)
+
+
+def smoothed_fast_make(seed, rows, cols, offset, label_smoothing):
+    a = cross_entropy_fast_make(seed, rows, cols, offset)
+    a["label_smoothing"] = label_smoothing
+    return a
+
+
+def smoothed_fast_tol(a, got, plain):
+    """cross_entropy_fast_tol: the loss's terms move with lse as before (d/dlse = 1; the rows'
+    means are the same double sums on both paths); dlogits has one more rounding, of
+    g − scale·ε/vocab, on each side, within eps32·(|g| + scale·ε/vocab)"""
+    tols = cross_entropy_fast_tol(a, got, plain)
+    if len(got) == 2:
+        return tols
+    kept = a["targets"] != -1
+    scale = 1 / max(int(kept.sum()), 1)
+    g = scale * np.exp(a["logits"].astype(np.float64) - plain[1][:, None])
+    extra = EPS32 * (g + scale * a["label_smoothing"] / a["logits"].shape[1])
+    return tols[:2] + [Tol(tols[2].atol + 2 * np.where(kept[:, None], extra, 0.0), 0.0)]
+
+
+smoothings = st.one_of(st.sampled_from([0.1, 1.0]), st.floats(1e-6, 1.0))
+SMOOTHED_DRAW = drawn(rows=awkward, vocab=awkward, scale=scales,
+                      offset=st.sampled_from([0.0, -30.0, 1e4]),
+                      ignore_index=st.sampled_from([-1, -100, 0]), ignored=st.floats(0.0, 1.0),
+                      dloss=st.sampled_from([1.0, 0.5, -3.0]), label_smoothing=smoothings)
+SMOOTHED_EMU = tuple(
+    dict(rows=r, vocab=v, scale=3.0, offset=-30.0, ignore_index=i, ignored=p, dloss=-3.0,
+         label_smoothing=e, seed=r * v)
+    for (r, v), (i, p), e in [((1, 1), (-1, 0.0), 0.1), ((5, 7), (-100, 0.3), 1.0),
+                              ((9, 33), (0, 0.5), 0.1), ((3, 1025), (-1, 0.0), 0.3),
+                              ((70, 5), (-100, 0.3), 0.1), ((30, 1100), (0, 0.5), 0.05),
+                              ((4, 5000), (-1, 0.0), 0.1), ((5, 7), (-1, 1.0), 0.1)])
+SMOOTHED_FAST_DRAW = drawn(rows=fast_rows, cols=fast_cols, offset=st.sampled_from([0.0, 1e3]),
+                           label_smoothing=smoothings)
+# past CE_ROW_BLOCK (256) rows: the smoothed fast forward's passes
+SMOOTHED_THREADS = (dict(rows=600, vocab=257, seed=3, ignored=0.2, label_smoothing=0.1),)
+
+CROSS_ENTROPY_SMOOTHED_FORWARD = Op(
+    "cross_entropy_smoothed_forward",
+    limits=Limits(("F F F I {0} {1} -1 0.1",), RC),
+    exact=("F:1 F:r F:r*b I:r:b r b -1 0.1",),
+    check=Check(
+        SMOOTHED_DRAW, cross_entropy_make, run=smoothed_forward_run,
+        want=lambda a: list(ref.cross_entropy_forward(a["logits"], a["targets"],
+                                                      a["ignore_index"], a["label_smoothing"])),
+        tol=cross_entropy_tol, emu_tol=lambda a, want: cross_entropy_tol(a, want, 4),
+        outputs=("loss", "lse"), emu=SMOOTHED_EMU, threads=SMOOTHED_THREADS),
+    fast=(Fast("rows", SMOOTHED_FAST_DRAW, smoothed_fast_make,
+               lambda a: smoothed_chain(a)[:2], smoothed_fast_tol),),
+    bad=(
+        Bad(lambda: ops.cross_entropy_forward(*ce, label_smoothing=1.5), ValueError,
+            r"label_smoothing must be finite and in \[0, 1\], got 1.5"),
+        Bad(lambda: ops.cross_entropy_forward(*ce, label_smoothing=-0.25), ValueError,
+            r"label_smoothing must be finite and in \[0, 1\], got -0.25"),
+        Bad(lambda: ops.cross_entropy_forward(*ce, label_smoothing=float("nan")), ValueError,
+            r"label_smoothing must be finite and in \[0, 1\], got nan", "label_smoothing-nan"),
+        Bad(lambda: ops.cross_entropy_forward(*ce, label_smoothing=float("inf")), ValueError,
+            r"label_smoothing must be finite and in \[0, 1\], got inf", "label_smoothing-inf"),
+        Bad(lambda: ops.cross_entropy_forward(*ce, label_smoothing=True), TypeError,
+            r"label_smoothing must be a real number, got bool"),
+        Bad(lambda: ops.cross_entropy_forward(*ce, label_smoothing="0.1"), TypeError,
+            r"label_smoothing must be a real number, got str"),
+        Bad(lambda: ops.cross_entropy_forward(*ce, label_smoothing=1e39), ValueError,
+            r"label_smoothing must fit in float32", "label_smoothing-1e39"),
+        Bad(lambda: ops.cross_entropy_forward(*ce, label_smoothing=1.0), None,
+            "", "label_smoothing-1-accepted"),
+    ),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_label_smoothing.py::test_forward_matches_torch",
+               "tests/kernels/test_label_smoothing.py::test_zero_smoothing_gives_the_plain_bits",
+               "tests/cuda/test_cuda_label_smoothing.py::test_twins_match_the_c_kernels"),
+)
+
+CROSS_ENTROPY_SMOOTHED_BACKWARD = Op(
+    "cross_entropy_smoothed_backward",
+    limits=Limits(("F F I F {0} {1} -1 0.1 1.0",), RC),
+    exact=("F:r*b F:r*b I:r:b F:r r b -1 0.1 1.0",),
+    check=Check(
+        SMOOTHED_DRAW, cross_entropy_saved, run=smoothed_backward_run,
+        want=lambda a: [ref.cross_entropy_backward(a["logits"], a["targets"], a["ignore_index"],
+                                                   a["dloss"], a["label_smoothing"])],
+        tol=smoothed_backward_tol,
+        emu_tol=lambda a, want: smoothed_backward_tol(a, want, 4),
+        outputs=("dlogits",), emu=SMOOTHED_EMU, threads=SMOOTHED_THREADS),
+    fast=(Fast("chain", SMOOTHED_FAST_DRAW, smoothed_fast_make, smoothed_chain,
+               smoothed_fast_tol),),
+    bad=(
+        Bad(lambda: ops.cross_entropy_backward(*ce, z(2), label_smoothing=1.0001), ValueError,
+            r"label_smoothing must be finite and in \[0, 1\], got 1.0001"),
+        Bad(lambda: ops.cross_entropy_backward(*ce, z(2), label_smoothing=float("nan")),
+            ValueError, r"label_smoothing must be finite and in \[0, 1\], got nan",
+            "label_smoothing-nan"),
+        Bad(lambda: ops.cross_entropy_backward(*ce, z(2), label_smoothing=-1e-30), ValueError,
+            r"label_smoothing must be finite and in \[0, 1\]"),
+        Bad(lambda: ops.cross_entropy_backward(*ce, z(2), label_smoothing=np.bool_(True)),
+            TypeError, r"label_smoothing must be a real number, got bool"),
+    ),
+    wrapper=False, reference=False,
+    tested_in=("tests/kernels/test_label_smoothing.py::test_backward_matches_torch",
+               "tests/kernels/test_label_smoothing.py::"
+               "test_gradient_rows_sum_to_zero_and_ignored_rows_are_zero",
+               "tests/cuda/test_cuda_label_smoothing.py::test_twins_match_the_c_kernels"),
 )
 
 
@@ -2730,7 +2863,7 @@ OPS = (LINEAR_FORWARD, LINEAR_GELU_FORWARD, LINEAR_BACKWARD, LINEAR_FORWARD_EX,
        ROPE_FREQ_FORWARD, ROPE_FREQ_BACKWARD, ROPE_INV_FREQ,
        QKV_SPLIT_FORWARD, QKV_SPLIT_BACKWARD, SINUSOIDAL_POSITIONS, GELU_FORWARD, GELU_BACKWARD,
        EMBEDDING_FORWARD, EMBEDDING_FORWARD_BF16W, EMBEDDING_BACKWARD, CROSS_ENTROPY_FORWARD,
-       CROSS_ENTROPY_BACKWARD,
+       CROSS_ENTROPY_BACKWARD, CROSS_ENTROPY_SMOOTHED_FORWARD, CROSS_ENTROPY_SMOOTHED_BACKWARD,
        ADAMW_STEP, SUM_SQUARES, ATTENTION_FORWARD, ATTENTION_BACKWARD, ATTENTION_CACHE_APPEND,
        ATTENTION_DECODE,
        ATTENTION_GQA_FORWARD, ATTENTION_GQA_BACKWARD, ATTENTION_GQA_DECODE,

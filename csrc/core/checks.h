@@ -678,6 +678,14 @@ pytfm__check_cross_entropy_backward(const char *func, const float *dlogits, cons
     return PYTFM_STATUS_OK;
 }
 
+/* label smoothing ε: the share of the target spread over every class, a probability */
+static inline pytfm_status pytfm__check_label_smoothing(const char *func, float label_smoothing) {
+    PYTFM_CHECK(isfinite(label_smoothing) && label_smoothing >= 0.0f && label_smoothing <= 1.0f,
+                "%s: label_smoothing must be finite and in [0, 1], got %g", func,
+                (double)label_smoothing);
+    return PYTFM_STATUS_OK;
+}
+
 /* ---- AdamW -------------------------------------------------------------------------------- */
 
 static inline pytfm_status pytfm__check_adamw(const char *func, const float *param,

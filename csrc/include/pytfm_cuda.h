@@ -208,6 +208,28 @@ PYTFM_API pytfm_status pytfm_cross_entropy_backward_cuda(float *dlogits, const f
                                                          int64_t vocab, int64_t ignore_index,
                                                          float dloss, void *stream);
 
+/* loss is written on the device. With ε != 0 the rows' means are summed by the log-sum-exp
+ * kernel in the same read of the logits, into 8·rows bytes of stream scratch; ε = 0 is
+ * pytfm_cross_entropy_forward_cuda, the same launches and bits. */
+PYTFM_API pytfm_status pytfm_cross_entropy_smoothed_forward_cuda(float *loss, float *lse,
+                                                                 const float *logits,
+                                                                 const int64_t *targets,
+                                                                 int64_t rows, int64_t vocab,
+                                                                 int64_t ignore_index,
+                                                                 float label_smoothing,
+                                                                 void *stream);
+
+/* kept is counted on the device into 8 bytes of stream scratch; ε = 0 is
+ * pytfm_cross_entropy_backward_cuda, the same bits. */
+PYTFM_API pytfm_status pytfm_cross_entropy_smoothed_backward_cuda(float *dlogits,
+                                                                  const float *logits,
+                                                                  const int64_t *targets,
+                                                                  const float *lse, int64_t rows,
+                                                                  int64_t vocab,
+                                                                  int64_t ignore_index,
+                                                                  float label_smoothing,
+                                                                  float dloss, void *stream);
+
 PYTFM_API pytfm_status pytfm_adamw_step_cuda(float *param, float *m, float *v, const float *grad,
                                              int64_t count, int64_t step, double lr,
                                              double beta1, double beta2, double eps,

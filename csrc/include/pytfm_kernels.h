@@ -452,6 +452,32 @@ PYTFM_API pytfm_status pytfm_cross_entropy_backward(float *dlogits, const float 
                                                     int64_t rows, int64_t vocab,
                                                     int64_t ignore_index, float dloss);
 
+/* Label smoothing (the paper's ε, torch.nn.functional.cross_entropy's label_smoothing): the
+ * target of each kept row is (1 − ε)·onehot(targets[i]) + ε/vocab on every class, so
+ *   loss = mean over kept rows i of (1 − ε)·(lse[i] − logits[i, targets[i]])
+ *                                   + ε·(lse[i] − mean_j logits[i, j])
+ * (mean_j summed in double); ε = 0 is pytfm_cross_entropy_forward, which calls this: the
+ * same bits. Arguments as pytfm_cross_entropy_forward, and
+ *   label_smoothing  ε, finite and in [0, 1], else PYTFM_STATUS_INVALID_ARGUMENT
+ */
+PYTFM_API pytfm_status pytfm_cross_entropy_smoothed_forward(float *loss, float *lse,
+                                                            const float *logits,
+                                                            const int64_t *targets, int64_t rows,
+                                                            int64_t vocab, int64_t ignore_index,
+                                                            float label_smoothing);
+
+/* dlogits[i, :] = dloss / kept · (softmax(logits[i, :]) − (1 − ε)·onehot(targets[i]) − ε/vocab),
+ * zero for ignored rows; each kept row sums to 0 up to rounding. ε = 0 is
+ * pytfm_cross_entropy_backward, which calls this: the same bits. Arguments as
+ * pytfm_cross_entropy_backward; label_smoothing as the forward (the forward's ε: lse does not
+ * depend on it).
+ */
+PYTFM_API pytfm_status pytfm_cross_entropy_smoothed_backward(float *dlogits, const float *logits,
+                                                             const int64_t *targets,
+                                                             const float *lse, int64_t rows,
+                                                             int64_t vocab, int64_t ignore_index,
+                                                             float label_smoothing, float dloss);
+
 /* ---- AdamW, one fused in-place step (as torch.optim.AdamW) -------------------------- */
 /* With t = step (the first step is 1), in torch's arrangement of the bias corrections:
  *   param ← param · (1 − lr·weight_decay)
