@@ -87,6 +87,24 @@ def exhaustive(model, key, bos, eos, max_len, alpha):
     return sorted(hyps, key=lambda h: (-h[0], len(h[1]), h[1]))
 
 
+def plain_beam(model, key, bos, eos, k, max_len, alpha):
+    """beam_search's docstring, one sentence, written plainly and without stopping early: every
+    step to max_len (or until nothing is alive). -> (score, ids) best first."""
+    alive, finished = [(0.0, [])], []
+    for t in range(1, max_len + 1):
+        cands = []
+        for row, (s, ids) in enumerate(alive):
+            logp = log_softmax(model.logits(key, [bos] + ids))
+            cands += [(s + logp[y], row, y, ids + [y]) for y in range(model.V)]
+        cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+        finished += [(c[0] / ((5 + t) / 6) ** alpha, c[3]) for c in cands[:k]
+                     if c[2] == eos or t == max_len]
+        alive = [(c[0], c[3]) for c in cands if c[2] != eos][:k]
+        if not alive:
+            break
+    return sorted(finished, key=lambda h: -h[0])[:k]  # stable: the first found first
+
+
 def assert_hypotheses_equal(got, want):
     """got: beam_search's list for one sentence; want: (score, ids) best first."""
     assert [ids for ids, _ in got] == [ids for _, ids in want]
@@ -110,6 +128,20 @@ def test_a_beam_keeping_every_prefix_finds_the_exhaustive_ranking(V, max_len, al
         assert_hypotheses_equal(hyps, want[:k])
     assert all(rows <= len(SRC) * k for rows in model.steps)  # one call per step for the batch
     assert len(model.steps) <= max_len
+
+
+@pytest.mark.parametrize("beam", [1, 2, 3, 6])
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5, -0.5])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_narrow_beam_is_the_plain_search_and_stopping_early_changes_nothing(beam, alpha, seed):
+    """Beams narrower than the tree (prefixes are dropped), against plain_beam, which runs to
+    max_len: same hypotheses in the same order, so the early stop lost nothing."""
+    model = ToyModel(5, seed=100 + seed, eos=2, eos_bias=0.5 * seed)
+    got = beam_search(model, SRC, bos=0, eos=2, beam=beam, max_len=8, length_penalty=alpha)
+    for b, hyps in enumerate(got):
+        assert_hypotheses_equal(hyps, plain_beam(model, SRC[b, 0], 0, 2, beam, 8, alpha))
+    if alpha == 0.0 and seed == 2 and beam <= 3:  # EOS likely: all settle before max_len
+        assert len(model.steps) < 8
 
 
 def test_length_penalty_changes_the_winner_and_the_search_follows():
