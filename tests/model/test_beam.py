@@ -333,3 +333,19 @@ def test_seq2seq_greedy_is_beam_one():
     greedy = greedy_decode(model, src, lens, bos=0, eos=1, max_len=8)
     beam = beam_search(model, src, lens, bos=0, eos=1, beam=1, max_len=8, length_penalty=0)
     assert [h[0][0] for h in beam] == greedy
+
+
+def test_seq2seq_a_padded_batch_gives_what_each_sentence_gives_alone():
+    """Each sentence alone, cut to its length (no padding), against the padded batch: the
+    decoder's cross-attention sees only the real source positions, and the beams' rows stay
+    with their sentences through reorder."""
+    model = tiny_seq2seq(seed=2)
+    src = np.array([[1, 5, 2, 6, 3], [4, 4, 1, 0, 0], [6, 2, 0, 0, 0]], np.int64)
+    lens = [5, 3, 2]
+    kw = dict(bos=0, eos=1, beam=3, max_len=6, length_penalty=0.6)
+    batched = beam_search(model, src, lens, **kw)
+    for b, n in enumerate(lens):
+        alone = beam_search(model, src[b:b + 1, :n], None, **kw)[0]
+        assert [ids for ids, _ in batched[b]] == [ids for ids, _ in alone]
+        np.testing.assert_allclose([s for _, s in batched[b]], [s for _, s in alone],
+                                   rtol=1e-5, atol=1e-6)
