@@ -201,12 +201,20 @@ struct forward_args {
     int64_t start;              // query t sits at position start + t (causal: sees keys <= it)
     int64_t window;             // 0, or query position p sees keys > p − window only
     int64_t key0;               // the splits cover the keys [key0, Tk)
+    const int64_t *q_len, *k_len; // [B] rows and keys of each sequence (device), or NULL: all
     int64_t split_keys;         // keys per split (blockIdx.z), a multiple of BK
     int64_t o_split, lse_split; // floats between two splits' o and lse (the decode's scratch)
     int D;
     float scale2; // scale · log2 e: scores in base 2
     int causal;
 };
+
+/* the rows (or keys) of sequence b: len[b] clamped to [0, T], or T where len is NULL */
+static __device__ __forceinline__ int64_t seq_len(const int64_t *len, int64_t b, int64_t T) {
+    if (!len) return T;
+    const int64_t n = len[b];
+    return n < 0 ? 0 : n > T ? T : n;
+}
 
 /* the first key the query at position pos sees: pos − window + 1 with a window, else 0 */
 static __device__ __forceinline__ int64_t first_key(int64_t window, int64_t pos) {
@@ -229,13 +237,18 @@ static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kerne
     // the last query tiles see the most keys when causal: they go first (no long tail)
     const int64_t i0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * BQ;
     const int nq = (int)PYTFM_MIN((int64_t)BQ, a.Tq - i0);
+    // sequence b's rows and keys, clamped (the caller checks them; a bad one reads nothing
+    // out of bounds); nv of the tile's rows are not padding (the rest: o = 0, lse = -inf)
+    const int64_t qn = seq_len(a.q_len, b, a.Tq), kn = seq_len(a.k_len, b, a.Tk);
+    const int nv = qn > i0 ? (int)PYTFM_MIN((int64_t)nq, qn - i0) : 0;
     // the keys of this block: its split's, up to its last row's position when causal, from
     // its first row's first key with a window
     const int64_t split_begin = a.key0 + (int64_t)blockIdx.z * a.split_keys;
     const int64_t first = first_key(a.window, a.start + i0);
     const int64_t j_begin = split_begin > first ? split_begin : first;
-    int64_t j_end = PYTFM_MIN(a.Tk, split_begin + a.split_keys);
-    if (a.causal) j_end = PYTFM_MIN(j_end, a.start + i0 + nq);
+    int64_t j_end = PYTFM_MIN(kn, split_begin + a.split_keys);
+    if (a.causal) j_end = PYTFM_MIN(j_end, a.start + i0 + nv);
+    if (nv == 0) j_end = j_begin; // padding rows only: no key at all
     const float *k = a.k + (b * a.Ts * a.Hkv + g) * D, *v = a.v + (b * a.Ts * a.Hkv + g) * D;
     const bool vec = (D & 3) == 0, vk = vec && pytfm__aligned4(a.k), vv = vec && pytfm__aligned4(a.v);
     load_rows<BQ, DP, FWD_THREADS>(Qs, a.q + ((b * a.Tq + i0) * H + h) * D, HD, nq, D,
@@ -292,6 +305,11 @@ static __global__ void __launch_bounds__(FWD_THREADS, 3) attention_forward_kerne
     for (int i = 0; i < RM; i++) {
         const int r = ty + TY * i;
         if (r >= nq) continue;
+        if (r >= nv) { // padding: its products with the keys are not its output
+            l[i] = 0.0f;
+            PYTFM_UNROLL
+            for (int d = 0; d < DP / 8; d++) acc[i][d] = 0.0f;
+        }
         if (tx == 0) lse[r] = l[i] > 0.0f ? (m[i] + log2f(l[i])) * LN2 : -INFINITY;
         store_row<DP>(o + r * HD, acc[i], l[i] > 0.0f ? 1.0f / l[i] : 0.0f, D, vo, tx);
     }
@@ -364,8 +382,9 @@ pytfm_status pytfm__attention_delta_cuda(const char *func, float *delta, const f
 
 struct backward_args {
     float *dq, *dk, *dv;                       // dq like q; dk, dv like k
-    const float *dy, *q, *k, *v, *lse, *delta; // delta [B, H, T] from attention_delta_kernel
-    int64_t T, H, Hkv, window;
+    const float *dy, *q, *k, *v, *lse, *delta; // delta [B, H, Tq] from attention_delta_kernel
+    const int64_t *q_len, *k_len;              // [B] (device), or NULL: all Tq rows, Tk keys
+    int64_t Tq, Tk, H, Hkv, window;
     int D;
     float scale, scale2; // scale, and scale · log2 e
     int causal;
@@ -386,12 +405,15 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(back
     float *Ks = (float *)smem, *Vs = Ks + BK * LD, *Qs = Vs + BK * LD, *dYs = Qs + BK * LD;
     float *Ps = dYs + BK * LD, *lse2 = Ps + BK * LDP, *dlt = lse2 + BK;
     const int tx = threadIdx.x % TX, ty = threadIdx.x / TX, D = a.D, D4 = (D + 3) & ~3;
-    const int64_t T = a.T, H = a.H, HD = H * D, Hkv = a.Hkv, KD = Hkv * D, G = H / Hkv;
+    const int64_t Tq = a.Tq, H = a.H, HD = H * D, Hkv = a.Hkv, KD = Hkv * D, G = H / Hkv;
     const int64_t b = blockIdx.x / Hkv, g = blockIdx.x % Hkv;
-    const int64_t j0 = (int64_t)blockIdx.y * BK, kbase = (b * T * Hkv + g) * D; // (b, 0, g, 0)
-    const int nk = (int)PYTFM_MIN((int64_t)BK, T - j0);
+    const int64_t j0 = (int64_t)blockIdx.y * BK, kbase = (b * a.Tk * Hkv + g) * D; // (b,0,g,0)
+    const int nk = (int)PYTFM_MIN((int64_t)BK, a.Tk - j0);
+    // sequence b's rows and keys (clamped, as the forward); keys from kn on get dK = dV = 0
+    const int64_t qn = seq_len(a.q_len, b, Tq), kn = seq_len(a.k_len, b, a.Tk);
     // with a window, the rows past j0 + nk − 1 + window − 1 see none of these keys
-    const int64_t i_end = a.window > 0 ? PYTFM_MIN(T, j0 + nk - 1 + a.window) : T;
+    int64_t i_end = a.window > 0 ? PYTFM_MIN(qn, j0 + nk - 1 + a.window) : qn;
+    if (j0 >= kn) i_end = 0; // no row sees a key of this tile
     const bool vec = (D & 3) == 0, vq = vec && pytfm__aligned4(a.q),
                vdy = vec && pytfm__aligned4(a.dy);
     load_rows<BK, DP, BWD_THREADS>(Ks, a.k + kbase + j0 * KD, KD, nk, D,
@@ -400,11 +422,12 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(back
                                    vec && pytfm__aligned4(a.v), 1.0f);
     float dk[RM][DP / 8] = {}, dv[RM][DP / 8] = {};
     for (int64_t h = g * G; h < (g + 1) * G; h++) {
-        const int64_t base = (b * T * H + h) * D; // (b, 0, h, 0)
-        const float *lse = a.lse + (b * H + h) * T, *delta = a.delta + (b * H + h) * T;
+        const int64_t base = (b * Tq * H + h) * D; // (b, 0, h, 0)
+        const float *lse = a.lse + (b * H + h) * Tq, *delta = a.delta + (b * H + h) * Tq;
         // causal: the query rows before j0 see none of these keys (BK rows per query tile too)
         for (int64_t i0 = a.causal ? j0 : 0; i0 < i_end; i0 += BK) {
-            const int nq = (int)PYTFM_MIN((int64_t)BK, T - i0);
+            // the rows past qn are not loaded: zero q and dy, and unseen below
+            const int nq = (int)PYTFM_MIN((int64_t)BK, qn - i0);
             __syncthreads(); // every thread is done with the last query tile
             load_rows<BK, DP, BWD_THREADS>(Qs, a.q + base + i0 * HD, HD, nq, D, vq, 1.0f);
             load_rows<BK, DP, BWD_THREADS>(dYs, a.dy + base + i0 * HD, HD, nq, D, vdy, 1.0f);
@@ -422,7 +445,7 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dkdv_kernel(back
                 PYTFM_UNROLL
                 for (int j = 0; j < 8; j++) {
                     const int r = tx + 8 * j;
-                    const bool seen = r < nq && (!a.causal || key <= i0 + r) &&
+                    const bool seen = r < nq && key < kn && (!a.causal || key <= i0 + r) &&
                                       (a.window == 0 || key > i0 + r - a.window);
                     p[i][j] = seen ? exp2f(p[i][j] * a.scale2 - lse2[r]) : 0.0f;
                     ds[i][j] = p[i][j] * (ds[i][j] - dlt[r]);
@@ -463,25 +486,30 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backwa
     float *Qs = (float *)smem, *dYs = Qs + BK * LD, *Ks = dYs + BK * LD, *Vs = Ks + BK * LD;
     float *dSs = Vs + BK * LD;
     const int tx = threadIdx.x % TX, ty = threadIdx.x / TX, D = a.D, D4 = (D + 3) & ~3;
-    const int64_t T = a.T, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
-    const int64_t KD = a.Hkv * D, kbase = (b * T * a.Hkv + h / (H / a.Hkv)) * D; // h's kv head
+    const int64_t Tq = a.Tq, H = a.H, HD = H * D, b = blockIdx.x / H, h = blockIdx.x % H;
+    const int64_t KD = a.Hkv * D, kbase = (b * a.Tk * a.Hkv + h / (H / a.Hkv)) * D; // kv head
     // the last query tiles walk the most keys when causal: they go first
-    const int64_t i0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * BK, base = (b * T * H + h) * D;
-    const int nq = (int)PYTFM_MIN((int64_t)BK, T - i0);
+    const int64_t i0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * BK, base = (b * Tq * H + h) * D;
+    const int nq = (int)PYTFM_MIN((int64_t)BK, Tq - i0);
+    // sequence b's rows and keys (clamped, as the forward): nv of the tile's rows are not
+    // padding; the others are not loaded (zero q, dy, delta: dS = 0) and get dQ = 0
+    const int64_t qn = seq_len(a.q_len, b, Tq), kn = seq_len(a.k_len, b, a.Tk);
+    const int nv = qn > i0 ? (int)PYTFM_MIN((int64_t)nq, qn - i0) : 0;
     const bool vec = (D & 3) == 0, vk = vec && pytfm__aligned4(a.k),
                vv = vec && pytfm__aligned4(a.v);
-    load_rows<BK, DP, BWD_THREADS>(Qs, a.q + base + i0 * HD, HD, nq, D,
+    load_rows<BK, DP, BWD_THREADS>(Qs, a.q + base + i0 * HD, HD, nv, D,
                                    vec && pytfm__aligned4(a.q), 1.0f);
-    load_rows<BK, DP, BWD_THREADS>(dYs, a.dy + base + i0 * HD, HD, nq, D,
+    load_rows<BK, DP, BWD_THREADS>(dYs, a.dy + base + i0 * HD, HD, nv, D,
                                    vec && pytfm__aligned4(a.dy), 1.0f);
     float lse2[RM], dlt[RM], dq[RM][DP / 8] = {};
     PYTFM_UNROLL
     for (int i = 0; i < RM; i++) {
         const int r = ty + TY * i;
-        lse2[i] = r < nq ? a.lse[(b * H + h) * T + i0 + r] * LOG2E : 0.0f;
-        dlt[i] = r < nq ? a.delta[(b * H + h) * T + i0 + r] : 0.0f;
+        lse2[i] = r < nv ? a.lse[(b * H + h) * Tq + i0 + r] * LOG2E : 0.0f;
+        dlt[i] = r < nv ? a.delta[(b * H + h) * Tq + i0 + r] : 0.0f;
     }
-    const int64_t j_end = a.causal ? i0 + nq : T;
+    int64_t j_end = a.causal ? PYTFM_MIN(i0 + nv, kn) : kn;
+    if (nv == 0) j_end = 0;
     // from the first key of the tile's first row (a window's later rows start later)
     for (int64_t j0 = first_key(a.window, i0); j0 < j_end; j0 += BK) {
         const int nk = (int)PYTFM_MIN((int64_t)BK, j_end - j0);
@@ -498,7 +526,7 @@ static __global__ void __launch_bounds__(BWD_THREADS) attention_dq_kernel(backwa
             PYTFM_UNROLL
             for (int j = 0; j < 8; j++) {
                 const int c = tx + 8 * j;
-                // no r < nq test: a row past nq has zero q, dy and delta, so its dS is 0
+                // no r < nv test: a row past nv has zero q, dy and delta, so its dS is 0
                 const bool seen = c < nk && (!a.causal || j0 + c <= i0 + r) &&
                                   (a.window == 0 || j0 + c > i0 + r - a.window);
                 const float p = seen ? exp2f(s[i][j] * a.scale2 - lse2[i]) : 0.0f;
@@ -581,6 +609,63 @@ static pytfm_status forward_any(const char *func, const forward_args &a, int64_t
     }
 }
 
+/* q, o [B, Tq, H, D], k, v [B, Tk, Hkv, D], lse [B, H, Tq]; q_len, k_len [B] or NULL (device
+ * memory: their values are the caller's to check, the kernels clamp them) */
+static pytfm_status check_padded_forward(const char *func, const float *o, const float *lse,
+                                         const float *q, const float *k, const float *v,
+                                         const int64_t *q_len, const int64_t *k_len, int64_t B,
+                                         int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv,
+                                         int64_t D, float scale, int32_t causal,
+                                         int64_t window) {
+    PYTFM_TRY(pytfm__check_attention_signs(func, "Tq", B, Tq, H, D));
+    PYTFM_CHECK(Tk >= 0, "%s: Tk must be >= 0, got %lld", func, (long long)Tk);
+    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, causal));
+    PYTFM_CHECK_FINITE_IN(func, scale);
+    int64_t n = 0, n_kv = 0, n_lse = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, B, Tq, H, D);
+    PYTFM_CHECK_COUNT(func, &n_kv, float, B, Tk, Hkv, D);
+    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, Tq);
+    PYTFM_CHECK_PTR_IN(func, o, n);
+    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
+    PYTFM_CHECK_PTR_IN(func, q, n);
+    PYTFM_CHECK_PTR_IN(func, k, n_kv);
+    PYTFM_CHECK_PTR_IN(func, v, n_kv);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(o, n, float),
+                         PYTFM_SPAN(lse, n_lse, float), PYTFM_SPAN(q, n, float),
+                         PYTFM_SPAN(k, n_kv, float), PYTFM_SPAN(v, n_kv, float),
+                         PYTFM_SPAN(q_len, B, int64_t), PYTFM_SPAN(k_len, B, int64_t));
+    return PYTFM_STATUS_OK;
+}
+
+/* the padded forward once its arguments are checked (func: the public function, for errors);
+ * t_name names Tq in the grid's error ("T" where Tq = Tk) */
+static pytfm_status padded_forward(const char *func, const char *t_name, float *o, float *lse,
+                                   const float *q, const float *k, const float *v,
+                                   const int64_t *q_len, const int64_t *k_len, int64_t B,
+                                   int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                                   float scale, int32_t causal, int64_t window, void *stream) {
+    PYTFM_TRY(check_head_dim(func, D));
+    if (B * Tq * H == 0) return PYTFM_STATUS_OK;
+    // a few queries (a decoding step against an encoder's keys): tiles of 16 rows, not 64
+    const int rm = Tq <= FWD_THREADS / TX ? 1 : 4;
+    PYTFM_TRY(check_grid(func, B * H, Tq, rm * (FWD_THREADS / TX), t_name));
+    forward_args a = {};
+    a.o = o, a.lse = lse, a.q = q, a.k = k, a.v = v, a.q_len = q_len, a.k_len = k_len;
+    a.Tq = Tq, a.Tk = Tk, a.Ts = Tk, a.H = H, a.Hkv = Hkv, a.window = window;
+    a.split_keys = Tk, a.D = (int)D, a.scale2 = scale * LOG2E, a.causal = causal != 0;
+    return forward_any(func, a, B * H, 1, rm, stream);
+}
+
+extern "C" pytfm_status pytfm_attention_padded_forward_cuda(
+    float *o, float *lse, const float *q, const float *k, const float *v, const int64_t *q_len,
+    const int64_t *k_len, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+    float scale, int32_t causal, int64_t window, void *stream) {
+    PYTFM_TRY(check_padded_forward(__func__, o, lse, q, k, v, q_len, k_len, B, Tq, Tk, H, Hkv, D,
+                                   scale, causal, window));
+    return padded_forward(__func__, "Tq", o, lse, q, k, v, q_len, k_len, B, Tq, Tk, H, Hkv, D,
+                          scale, causal, window, stream);
+}
+
 extern "C" pytfm_status pytfm_attention_gqa_forward_cuda(float *o, float *lse, const float *q,
                                                          const float *k, const float *v,
                                                          int64_t B, int64_t T, int64_t H,
@@ -589,12 +674,8 @@ extern "C" pytfm_status pytfm_attention_gqa_forward_cuda(float *o, float *lse, c
                                                          void *stream) {
     PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, Hkv, D, scale,
                                              causal, window));
-    PYTFM_TRY(check_head_dim(__func__, D));
-    if (B * T * H == 0) return PYTFM_STATUS_OK;
-    PYTFM_TRY(check_grid(__func__, B * H, T, 4 * (FWD_THREADS / TX), "T"));
-    forward_args a = {o,      lse, q, k, v, T, T, T, H, Hkv, 0, window, 0, T, 0, 0, (int)D,
-                      scale * LOG2E, causal != 0};
-    return forward_any(__func__, a, B * H, 1, 4, stream);
+    return padded_forward(__func__, "T", o, lse, q, k, v, nullptr, nullptr, B, T, T, H, Hkv, D,
+                          scale, causal, window, stream);
 }
 
 extern "C" pytfm_status pytfm_attention_forward_cuda(float *o, float *lse, const float *q,
@@ -603,9 +684,43 @@ extern "C" pytfm_status pytfm_attention_forward_cuda(float *o, float *lse, const
                                                      float scale, int32_t causal, void *stream) {
     PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, H, D, scale,
                                              causal, 0));
-    PYTFM_TRY(check_head_dim(__func__, D));
-    return pytfm_attention_gqa_forward_cuda(o, lse, q, k, v, B, T, H, H, D, scale, causal, 0,
-                                            stream);
+    return padded_forward(__func__, "T", o, lse, q, k, v, nullptr, nullptr, B, T, T, H, H, D,
+                          scale, causal, 0, stream);
+}
+
+/* dq, dy, q, o [B, Tq, H, D], dk, dv, k, v [B, Tk, Hkv, D], lse [B, H, Tq]; q_len, k_len as
+ * check_padded_forward's */
+static pytfm_status check_padded_backward(const char *func, const float *dq, const float *dk,
+                                          const float *dv, const float *dy, const float *q,
+                                          const float *k, const float *v, const float *o,
+                                          const float *lse, const int64_t *q_len,
+                                          const int64_t *k_len, int64_t B, int64_t Tq,
+                                          int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                                          float scale, int32_t causal, int64_t window) {
+    PYTFM_TRY(pytfm__check_attention_signs(func, "Tq", B, Tq, H, D));
+    PYTFM_CHECK(Tk >= 0, "%s: Tk must be >= 0, got %lld", func, (long long)Tk);
+    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, causal));
+    PYTFM_CHECK_FINITE_IN(func, scale);
+    int64_t n = 0, n_kv = 0, n_lse = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, B, Tq, H, D);
+    PYTFM_CHECK_COUNT(func, &n_kv, float, B, Tk, Hkv, D);
+    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, Tq);
+    PYTFM_CHECK_PTR_IN(func, dq, n);
+    PYTFM_CHECK_PTR_IN(func, dk, n_kv);
+    PYTFM_CHECK_PTR_IN(func, dv, n_kv);
+    PYTFM_CHECK_PTR_IN(func, dy, n);
+    PYTFM_CHECK_PTR_IN(func, q, n);
+    PYTFM_CHECK_PTR_IN(func, k, n_kv);
+    PYTFM_CHECK_PTR_IN(func, v, n_kv);
+    PYTFM_CHECK_PTR_IN(func, o, n);
+    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
+    PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dq, n, float),
+                         PYTFM_SPAN(dk, n_kv, float), PYTFM_SPAN(dv, n_kv, float),
+                         PYTFM_SPAN(dy, n, float), PYTFM_SPAN(q, n, float),
+                         PYTFM_SPAN(k, n_kv, float), PYTFM_SPAN(v, n_kv, float),
+                         PYTFM_SPAN(o, n, float), PYTFM_SPAN(lse, n_lse, float),
+                         PYTFM_SPAN(q_len, B, int64_t), PYTFM_SPAN(k_len, B, int64_t));
+    return PYTFM_STATUS_OK;
 }
 
 template <int DP>
@@ -614,14 +729,63 @@ static pytfm_status backward_launch(const char *func, const backward_args &a, in
     constexpr size_t kv_bytes = dkdv_shared<DP>(), q_bytes = dq_shared<DP>();
     static_assert(DP % 32 == 0 && kv_bytes <= 163 * 1024 && q_bytes <= 163 * 1024,
                   "within sm_80's shared memory");
-    const unsigned tiles = (unsigned)((a.T + BK - 1) / BK);
-    // dK, dV: a block per (b, key/value head, key tile); dQ: per (b, head, query tile)
-    PYTFM_TRY(pytfm__allow_shared(func, attention_dkdv_kernel<DP>, kv_bytes));
-    PYTFM_TRY(pytfm__launch(func, attention_dkdv_kernel<DP>, dim3((unsigned)(B * a.Hkv), tiles),
-                            dim3(BWD_THREADS), kv_bytes, stream, a));
+    const unsigned k_tiles = (unsigned)((a.Tk + BK - 1) / BK);
+    const unsigned q_tiles = (unsigned)((a.Tq + BK - 1) / BK);
+    // dK, dV: a block per (b, key/value head, key tile); dQ: per (b, head, query tile); none
+    // where there are no keys (no rows): the other pass writes its zeros
+    if (k_tiles) {
+        PYTFM_TRY(pytfm__allow_shared(func, attention_dkdv_kernel<DP>, kv_bytes));
+        PYTFM_TRY(pytfm__launch(func, attention_dkdv_kernel<DP>,
+                                dim3((unsigned)(B * a.Hkv), k_tiles), dim3(BWD_THREADS),
+                                kv_bytes, stream, a));
+    }
+    if (!q_tiles) return PYTFM_STATUS_OK;
     PYTFM_TRY(pytfm__allow_shared(func, attention_dq_kernel<DP>, q_bytes));
-    return pytfm__launch(func, attention_dq_kernel<DP>, dim3((unsigned)(B * a.H), tiles),
+    return pytfm__launch(func, attention_dq_kernel<DP>, dim3((unsigned)(B * a.H), q_tiles),
                          dim3(BWD_THREADS), q_bytes, stream, a);
+}
+
+/* the padded backward once its arguments are checked (func, t_name: as padded_forward) */
+static pytfm_status padded_backward(const char *func, const char *t_name, float *dq, float *dk,
+                                    float *dv, const float *dy, const float *q, const float *k,
+                                    const float *v, const float *o, const float *lse,
+                                    const int64_t *q_len, const int64_t *k_len, int64_t B,
+                                    int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                                    float scale, int32_t causal, int64_t window, void *stream) {
+    PYTFM_TRY(check_head_dim(func, D));
+    if (B * H == 0 || Tq + Tk == 0) return PYTFM_STATUS_OK;
+    PYTFM_TRY(check_grid(func, B * H, Tq, BK, t_name));
+    if (Tk != Tq) PYTFM_TRY(check_grid(func, B * H, Tk, BK, "Tk"));
+    float *delta = nullptr;
+    PYTFM_TRY(pytfm__stream_scratch(func, &delta, B * H * Tq, stream));
+    const int64_t rows = B * Tq * H;
+    pytfm_status st = rows == 0 ? PYTFM_STATUS_OK
+                                : pytfm__attention_delta_cuda(func, delta, dy, o, rows, Tq, H, D,
+                                                              PYTFM_PRECISION_FP32, stream);
+    if (st == PYTFM_STATUS_OK) {
+        backward_args a = {};
+        a.dq = dq, a.dk = dk, a.dv = dv, a.dy = dy, a.q = q, a.k = k, a.v = v, a.lse = lse;
+        a.delta = delta, a.q_len = q_len, a.k_len = k_len, a.Tq = Tq, a.Tk = Tk, a.H = H;
+        a.Hkv = Hkv, a.window = window, a.D = (int)D, a.scale = scale;
+        a.scale2 = scale * LOG2E, a.causal = causal != 0;
+        switch (head_class(D)) {
+        case 32: st = backward_launch<32>(func, a, B, stream); break;
+        case 64: st = backward_launch<64>(func, a, B, stream); break;
+        default: st = backward_launch<128>(func, a, B, stream); break;
+        }
+    }
+    return pytfm__stream_scratch_free(func, delta, st, stream);
+}
+
+extern "C" pytfm_status pytfm_attention_padded_backward_cuda(
+    float *dq, float *dk, float *dv, const float *dy, const float *q, const float *k,
+    const float *v, const float *o, const float *lse, const int64_t *q_len, const int64_t *k_len,
+    int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D, float scale,
+    int32_t causal, int64_t window, void *stream) {
+    PYTFM_TRY(check_padded_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, q_len, k_len, B,
+                                    Tq, Tk, H, Hkv, D, scale, causal, window));
+    return padded_backward(__func__, "Tq", dq, dk, dv, dy, q, k, v, o, lse, q_len, k_len, B, Tq,
+                           Tk, H, Hkv, D, scale, causal, window, stream);
 }
 
 extern "C" pytfm_status pytfm_attention_gqa_backward_cuda(float *dq, float *dk, float *dv,
@@ -634,25 +798,8 @@ extern "C" pytfm_status pytfm_attention_gqa_backward_cuda(float *dq, float *dk, 
                                                           void *stream) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
                                               Hkv, D, scale, causal, window));
-    PYTFM_TRY(check_head_dim(__func__, D));
-    if (B * T * H == 0) return PYTFM_STATUS_OK;
-    PYTFM_TRY(check_grid(__func__, B * H, T, BK, "T"));
-    float *delta = nullptr;
-    PYTFM_TRY(pytfm__stream_scratch(__func__, &delta, B * H * T, stream));
-    const int64_t rows = B * T * H;
-    pytfm_status st = pytfm__attention_delta_cuda(__func__, delta, dy, o, rows, T, H, D,
-                                                  PYTFM_PRECISION_FP32, stream);
-    if (st == PYTFM_STATUS_OK) {
-        const backward_args a = {dq,  dk,     dv, dy,     q,     k,
-                                 v,   lse,    delta, T,   H,     Hkv,
-                                 window, (int)D, scale, scale * LOG2E, causal != 0};
-        switch (head_class(D)) {
-        case 32: st = backward_launch<32>(__func__, a, B, stream); break;
-        case 64: st = backward_launch<64>(__func__, a, B, stream); break;
-        default: st = backward_launch<128>(__func__, a, B, stream); break;
-        }
-    }
-    return pytfm__stream_scratch_free(__func__, delta, st, stream);
+    return padded_backward(__func__, "T", dq, dk, dv, dy, q, k, v, o, lse, nullptr, nullptr, B, T,
+                           T, H, Hkv, D, scale, causal, window, stream);
 }
 
 extern "C" pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, float *dv,
@@ -664,9 +811,8 @@ extern "C" pytfm_status pytfm_attention_backward_cuda(float *dq, float *dk, floa
                                                       void *stream) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
                                               H, D, scale, causal, 0));
-    PYTFM_TRY(check_head_dim(__func__, D));
-    return pytfm_attention_gqa_backward_cuda(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, H, D,
-                                             scale, causal, 0, stream);
+    return padded_backward(__func__, "T", dq, dk, dv, dy, q, k, v, o, lse, nullptr, nullptr, B, T,
+                           T, H, H, D, scale, causal, 0, stream);
 }
 
 extern "C" pytfm_status pytfm_attention_cache_append_cuda(float *k_cache, float *v_cache,
@@ -701,9 +847,10 @@ extern "C" pytfm_status pytfm_attention_gqa_decode_cuda(float *o, float *lse, co
     // the keys any query sees: from the first query's first key (its window's) on
     const int64_t key0 = window > 0 && start - window + 1 > 0 ? start - window + 1 : 0;
     const int64_t keys = Tk - key0;
-    forward_args a = {o,     lse,  q,      k_cache, v_cache, n_new, Tk, Tmax, H,
-                      Hkv,   start, window, key0,  keys,    0,     0,  (int)D, scale * LOG2E,
-                      1};
+    forward_args a = {};
+    a.o = o, a.lse = lse, a.q = q, a.k = k_cache, a.v = v_cache, a.Tq = n_new, a.Tk = Tk;
+    a.Ts = Tmax, a.H = H, a.Hkv = Hkv, a.start = start, a.window = window, a.key0 = key0;
+    a.split_keys = keys, a.D = (int)D, a.scale2 = scale * LOG2E, a.causal = 1;
     // too few blocks to fill the GPU: split the keys too, about two blocks per SM in all
     const int64_t blocks = B * H * ((n_new + BQ - 1) / BQ);
     int64_t splits = 1;

@@ -38,6 +38,7 @@ from ._arrays import F64 as _F64
 from ._arrays import I64 as _I64
 from ._arrays import Args as _Args
 from ._arrays import as_float as _as_float
+from ._arrays import as_int as _as_int
 from ._arrays import check_index_arrays  # noqa: F401 - public: pytfm.ops.check_index_arrays
 from ._arrays import is_cupy as _is_cupy
 
@@ -762,24 +763,64 @@ def _attention_gpu_only(a, precision):
 
 
 def _kv_heads(a, q, names):
-    """The key/value arrays `names` of queries q [B, T, H, D]: each [B, T, Hkv, D] of the first
-    one's shape, Hkv dividing H (grouped-query heads; Hkv = H: multi-head) -> arrays, Hkv"""
-    B, T, H, D = q.shape
+    """The key/value arrays `names` of queries q [B, Tq, H, D]: each [B, Tk, Hkv, D] of the
+    first one's shape (any Tk), Hkv dividing H (grouped-query heads; Hkv = H: multi-head)
+    -> arrays, Hkv"""
+    B, _, H, D = q.shape
     first = a.array(names[0], ndim=4, last="head dim D")
     Hkv = first.shape[2]
-    if first.shape[:2] + first.shape[3:] != (B, T, D) or Hkv < 1 or H % Hkv:
+    if (first.shape[0], first.shape[3]) != (B, D) or Hkv < 1 or H % Hkv:
         raise ValueError(
-            f"{names[0]} must have shape (B, T, Hkv, D) = ({B}, {T}, Hkv, {D}) with Hkv "
+            f"{names[0]} must have shape (B, Tk, Hkv, D) = ({B}, Tk, Hkv, {D}) with Hkv "
             f"dividing q's H = {H} (grouped-query heads), got {first.shape}")
     like = dict(ndim=4, shape=first.shape, because=f"{names[0]}.shape")
     return [first] + [a.array(name, **like) for name in names[1:]], Hkv
 
 
-def _attention_kernel(direction, precision, H, Hkv, window):
+def _lengths(a, name, value, B, T, what):
+    """q_lens or k_lens: None, or B lengths in [0, T] (`what` names T): a list or tuple of ints,
+    a NumPy integer array, or with CuPy arrays a CuPy one -> None, or a C-contiguous int64
+    array of the call's backend (NumPy; CuPy: a copy on the device when given on the host)"""
+    if value is None:
+        return None
+    if _is_cupy(value):
+        if not a.gpu:
+            raise TypeError(f"{name} is a CuPy array but q is a NumPy array: pass the lengths as "
+                            "a list, tuple or NumPy array")
+        xp = a.xp
+    elif isinstance(value, (list, tuple)):
+        value = _np.array([_as_int(f"{name}[{i}]", x) for i, x in enumerate(value)], _I64)
+        xp = _np
+    elif isinstance(value, _np.ndarray):
+        xp = _np
+    else:
+        raise TypeError(f"{name} must be None or B = {B} lengths (a list, tuple or int64 array), "
+                        f"got {type(value).__name__}")
+    if value.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
+    if value.shape != (B,):
+        raise ValueError(f"{name} must have shape (B,) = ({B},) (one length per sequence), got "
+                         f"{value.shape}")
+    bad = (value < 0) | (value > T)
+    if bool(bad.any()):  # (CuPy: one read of the device)
+        i = int(bad.argmax())
+        raise ValueError(f"{name}[{i}] = {int(value[i])} is outside [0, {T}] ({what})")
+    value = xp.ascontiguousarray(value, dtype=_I64)
+    return a.xp.asarray(value) if a.gpu and xp is _np else value
+
+
+def _attention_kernel(direction, precision, H, Hkv, window, padded):
     """The kernel of an attention call, in its precision (see _precise): the multi-head one
-    (Hkv = H, no window), else the grouped-query/windowed one -> (name, extra arguments)"""
+    (Hkv = H, no window), the grouped-query/windowed one, or with lengths or Tq != Tk (padded)
+    the padded one (FP32 only) -> (name, extra arguments)"""
     if window < 0:
         raise ValueError(f"window must be >= 0 (0: no sliding window), got {window}")
+    if padded:
+        if precision != "fp32":
+            raise ValueError(f"precision {precision!r} of attention takes neither q_lens, k_lens "
+                             "nor Tk != Tq (its tensor-core kernels are not generalised): use "
+                             "precision='fp32'")
+        return f"pytfm_attention_padded_{direction}", ()
     if Hkv == H and window == 0:
         return _precise(f"pytfm_attention_{direction}", precision)
     return _precise(f"pytfm_attention_gqa_{direction}", precision)
@@ -790,60 +831,95 @@ def _window_causal(window, causal):
         raise ValueError(f"window = {window} needs causal=True (a sliding window is causal)")
 
 
-def attention_forward(q, k, v, causal=True, scale=None, precision="fp32", window=0):
-    """Multi-head scaled dot-product attention, flash-style (no [T, T] matrix is stored), with
-    grouped-query heads and a sliding window.
+def _attention_args(kernel, named):
+    """Args of an attention call (the lengths apart: on the host they go with CuPy arrays too)
+    -> Args, q_lens, k_lens as given"""
+    lens = named.pop("q_lens"), named.pop("k_lens")
+    return _Args(kernel, named), *lens
 
-    q [B, T, H, D], k, v [B, T, Hkv, D] -> (o [B, T, H, D], lse [B, H, T]); Hkv divides H and
+
+def _attention_lengths(a, kernel, q_lens, k_lens, B, Tq, Tk):
+    """The checked lengths (see _lengths) of a call of kernel"""
+    if a.gpu and not hasattr(_core.lib, kernel + "_cuda"):
+        raise TypeError(f"this build has no {kernel}_cuda (q_lens, k_lens or Tk != Tq on CuPy "
+                        "arrays): pass NumPy arrays")
+    return (_lengths(a, "q_lens", q_lens, B, Tq, "Tq, q's axis 1"),
+            _lengths(a, "k_lens", k_lens, B, Tk, "Tk, k's axis 1"))
+
+
+def attention_forward(q, k, v, causal=True, scale=None, precision="fp32", window=0, *,
+                      q_lens=None, k_lens=None):
+    """Multi-head scaled dot-product attention, flash-style (no [Tq, Tk] matrix is stored),
+    with grouped-query heads, a sliding window, Tq queries on Tk keys and padded sequences.
+
+    q [B, Tq, H, D], k, v [B, Tk, Hkv, D] -> (o [B, Tq, H, D], lse [B, H, Tq]); Hkv divides H and
     query head h reads key/value head h // (H // Hkv) (transformers' repeat_kv; Hkv = 1:
-    multi-query). window: 0, or w > 0 with causal: query t sees keys t - w < s <= t
-    (transformers' sliding window). D is any head dim >= 1 (CuPy arrays: <= 128). scale
-    defaults to 1/sqrt(D). precision: "fp32", or on CuPy arrays "tf32" or "bf16" (Q·Kᵀ and P·V
-    on the tensor cores, their inputs rounded to the format, the softmax and every sum in
-    float32: see pytfm_attention_forward_ex_cuda; head dims other than 16, 32, 64, 128 stay
-    FP32).
+    multi-query). causal: query i sees keys s <= i (top-left aligned when Tq != Tk, torch's
+    is_causal). window: 0, or w > 0 with causal: query i sees keys i - w < s <= i
+    (transformers' sliding window). q_lens, k_lens: None, or B lengths (a list, tuple or int64
+    array; on CuPy arrays a CuPy array too): sequence b has the queries [0, q_lens[b]) and
+    the keys [0, k_lens[b]) (padding masks); a row that sees no key gets o = 0 and lse = -inf
+    (see pytfm_attention_padded_forward). D is any head dim >= 1 (CuPy arrays: <= 128). scale
+    defaults to 1/sqrt(D). precision: "fp32", or on CuPy arrays without lengths and with
+    Tq = Tk "tf32" or "bf16" (Q·Kᵀ and P·V on the tensor cores, their inputs rounded to the
+    format, the softmax and every sum in float32: see pytfm_attention_forward_ex_cuda; head
+    dims other than 16, 32, 64, 128 stay FP32).
     """
-    a = _Args("pytfm_attention_forward", locals())
+    a, q_lens, k_lens = _attention_args("pytfm_attention_forward", locals())
     _attention_gpu_only(a, precision)
     q = a.array("q", ndim=4, last="head dim D")
     (k, v), Hkv = _kv_heads(a, q, ("k", "v"))
-    B, T, H, D = q.shape
+    B, Tq, H, D = q.shape
+    Tk = k.shape[1]
     window = a.int("window")
-    kernel, extra = _attention_kernel("forward", precision, H, Hkv, window)
+    padded = q_lens is not None or k_lens is not None or Tk != Tq
+    kernel, extra = _attention_kernel("forward", precision, H, Hkv, window, padded)
     a.kernel = kernel
     scale = a.float("scale", default=1.0 / math.sqrt(D))
     causal = a.bool("causal")
     _window_causal(window, causal)
-    o, lse = a.empty_like(q), a.empty((B, H, T))
-    if kernel.startswith("pytfm_attention_gqa"):
-        a.call(o, lse, q, k, v, B, T, H, Hkv, D, scale, causal, window, *extra)
+    if padded:
+        q_lens, k_lens = _attention_lengths(a, kernel, q_lens, k_lens, B, Tq, Tk)
+    o, lse = a.empty_like(q), a.empty((B, H, Tq))
+    if padded:
+        a.call(o, lse, q, k, v, q_lens, k_lens, B, Tq, Tk, H, Hkv, D, scale, causal, window)
+    elif kernel.startswith("pytfm_attention_gqa"):
+        a.call(o, lse, q, k, v, B, Tq, H, Hkv, D, scale, causal, window, *extra)
     else:
-        a.call(o, lse, q, k, v, B, T, H, D, scale, causal, *extra)
+        a.call(o, lse, q, k, v, B, Tq, H, D, scale, causal, *extra)
     return o, lse
 
 
 def attention_backward(dy, q, k, v, o, lse, causal=True, scale=None, precision="fp32",
-                       window=0):
-    """dy [B, T, H, D], the gradient of o -> (dq [B, T, H, D], dk, dv [B, T, Hkv, D]: each the
-    sum over its group's query heads); o and lse from attention_forward with the same causal,
-    scale, precision and window (see attention_forward and pytfm_attention_backward_ex_cuda)."""
-    a = _Args("pytfm_attention_backward", locals())
+                       window=0, *, q_lens=None, k_lens=None):
+    """dy [B, Tq, H, D], the gradient of o -> (dq [B, Tq, H, D], dk, dv [B, Tk, Hkv, D]: each
+    the sum over its group's query heads); o and lse from attention_forward with the same
+    causal, scale, precision, window and lengths (see attention_forward and
+    pytfm_attention_backward_ex_cuda). Padded rows get dq = 0, padded keys dk = dv = 0."""
+    a, q_lens, k_lens = _attention_args("pytfm_attention_backward", locals())
     _attention_gpu_only(a, precision)
     q, dy, o = a.heads("q", "dy", "o")
     (k, v), Hkv = _kv_heads(a, q, ("k", "v"))
-    B, T, H, D = q.shape
+    B, Tq, H, D = q.shape
+    Tk = k.shape[1]
     window = a.int("window")
-    kernel, extra = _attention_kernel("backward", precision, H, Hkv, window)
+    padded = q_lens is not None or k_lens is not None or Tk != Tq
+    kernel, extra = _attention_kernel("backward", precision, H, Hkv, window, padded)
     a.kernel = kernel
-    lse = a.array("lse", shape=(B, H, T), because="(B, H, T) of q")
+    lse = a.array("lse", shape=(B, H, Tq), because="(B, H, Tq) of q")
     scale = a.float("scale", default=1.0 / math.sqrt(D))
     causal = a.bool("causal")
     _window_causal(window, causal)
+    if padded:
+        q_lens, k_lens = _attention_lengths(a, kernel, q_lens, k_lens, B, Tq, Tk)
     dq, dk, dv = a.empty_like(q), a.empty_like(k), a.empty_like(k)
-    if kernel.startswith("pytfm_attention_gqa"):
-        a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, Hkv, D, scale, causal, window, *extra)
+    if padded:
+        a.call(dq, dk, dv, dy, q, k, v, o, lse, q_lens, k_lens, B, Tq, Tk, H, Hkv, D, scale,
+               causal, window)
+    elif kernel.startswith("pytfm_attention_gqa"):
+        a.call(dq, dk, dv, dy, q, k, v, o, lse, B, Tq, H, Hkv, D, scale, causal, window, *extra)
     else:
-        a.call(dq, dk, dv, dy, q, k, v, o, lse, B, T, H, D, scale, causal, *extra)
+        a.call(dq, dk, dv, dy, q, k, v, o, lse, B, Tq, H, D, scale, causal, *extra)
     return dq, dk, dv
 
 

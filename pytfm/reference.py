@@ -357,25 +357,49 @@ def _grouped(q, k):  # [B, T, H, D], [B, S, Hkv, D] -> q [B, T, Hkv, G, D]: head
     return q.reshape(B, T, Hkv, H // Hkv, D)
 
 
-def attention_scores(q, k, causal, scale=None, window=0):  # [B,T,H,D], [B,T,Hkv,D] -> [B,H,T,T]
+def attention_seen(B, Tq, Tk, causal, window=0, q_lens=None, k_lens=None):  # -> bool
+    # [B, Tq, Tk]: query i of sequence b sees key s (attention_mask's rule, top-left aligned),
+    # and i < q_lens[b], s < k_lens[b] (None: every row, every key)
+    seen = np.broadcast_to(attention_mask(Tq, causal, window, Tk=Tk), (B, Tq, Tk))
+    if q_lens is not None:
+        seen = seen & (np.arange(Tq)[None, :, None] < np.asarray(q_lens)[:, None, None])
+    if k_lens is not None:
+        seen = seen & (np.arange(Tk)[None, None, :] < np.asarray(k_lens)[:, None, None])
+    return seen
+
+
+def attention_scores(q, k, causal, scale=None, window=0, q_lens=None, k_lens=None):
+    # [B, Tq, H, D], [B, Tk, Hkv, D] -> [B, H, Tq, Tk]: -inf where attention_seen is False
     q, k = _f64(q, k)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    B, T, H, _ = q.shape
-    S = np.einsum("btkgd,bskd->bkgts", _grouped(q, k), k).reshape(B, H, T, k.shape[1]) * scale
-    if causal or window:
-        S = np.where(attention_mask(T, causal, window), S, -np.inf)
-    return S
+    B, Tq, H, _ = q.shape
+    Tk = k.shape[1]
+    S = np.einsum("btkgd,bskd->bkgts", _grouped(q, k), k).reshape(B, H, Tq, Tk) * scale
+    seen = attention_seen(B, Tq, Tk, causal, window, q_lens, k_lens)
+    return np.where(seen[:, None], S, -np.inf)
 
 
-def attention_forward(q, k, v, causal=True, scale=None, window=0):  # q [B,T,H,D], k, v
-    # [B, T, Hkv, D] (Hkv divides H: head h reads kv head h // (H/Hkv)) -> o, lse [B, H, T]
-    S = attention_scores(q, k, causal, scale, window)
+def _attention_probs(S):  # [..., Tq, Tk] (-inf: not seen) -> P, lse [..., Tq]: a row that
+    # sees no key has P = 0 and lse = -inf
+    seen = S > -np.inf
     m = S.max(axis=-1, keepdims=True)
-    lse = (m + np.log(np.exp(S - m).sum(axis=-1, keepdims=True)))[..., 0]
-    P = np.exp(S - lse[..., None])  # (B, H, T, T), materialised: this is the naive version
-    B, H, T, _ = P.shape
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.where(seen, np.exp(np.where(seen, S, m) - m), 0.0)
+    total = e.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = (m + np.log(total))[..., 0]
+    return e / np.where(total > 0, total, 1.0), lse
+
+
+def attention_forward(q, k, v, causal=True, scale=None, window=0, *, q_lens=None, k_lens=None):
+    # q [B, Tq, H, D], k, v [B, Tk, Hkv, D] (Hkv divides H: head h reads kv head h // (H/Hkv))
+    # -> o [B, Tq, H, D], lse [B, H, Tq]; sequence b: queries < q_lens[b], keys < k_lens[b]
+    # (None: all); a row that sees no key gets o = 0, lse = -inf
+    S = attention_scores(q, k, causal, scale, window, q_lens, k_lens)
+    P, lse = _attention_probs(S)  # (B, H, Tq, Tk), materialised: this is the naive version
+    B, H, Tq, Tk = P.shape
     Hkv = k.shape[2]
-    P = P.reshape(B, Hkv, H // Hkv, T, -1)
+    P = P.reshape(B, Hkv, H // Hkv, Tq, Tk)
     o = np.einsum("bkgts,bskd->btkgd", P, np.asarray(v, np.float64))
     return o.reshape(q.shape), lse
 
@@ -406,16 +430,17 @@ def attention_gqa_decode_bf16kv(q, k_cache, v_cache, start, scale=None, window=0
     return np.einsum("bhts,bshd->bthd", np.exp(S - lse[..., None]), v), lse
 
 
-def attention_backward(dy, q, k, v, causal=True, scale=None, window=0):  # -> dq, dk, dv
-    # dy, q [B, T, H, D], k, v [B, T, Hkv, D]; dk, dv sum over the heads of a group
+def attention_backward(dy, q, k, v, causal=True, scale=None, window=0, *, q_lens=None,
+                       k_lens=None):  # -> dq, dk, dv
+    # dy, q [B, Tq, H, D], k, v [B, Tk, Hkv, D]; dk, dv sum over the heads of a group; the
+    # lengths as the forward's (a row that sees no key has P = 0: no gradient either way)
     dy, q, k, v = _f64(dy, q, k, v)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    B, T, H, _ = q.shape
-    Hkv = k.shape[2]
-    S = attention_scores(q, k, causal, scale, window)
-    P = softmax_forward(S)
+    B, Tq, H, _ = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    P, _ = _attention_probs(attention_scores(q, k, causal, scale, window, q_lens, k_lens))
     dyg, qg = _grouped(dy, k), _grouped(q, k)
-    Pg = P.reshape(B, Hkv, H // Hkv, T, T)
+    Pg = P.reshape(B, Hkv, H // Hkv, Tq, Tk)
     dv = np.einsum("bkgts,btkgd->bskd", Pg, dyg)
     dP = np.einsum("btkgd,bskd->bkgts", dyg, v)
     dS = softmax_backward(dP, Pg) * scale

@@ -180,6 +180,41 @@ def llama_ops():
         ops.attention_decode(r(B, 3, H, D), k_cache, v_cache, T, window=window)
 
 
+def padded_attention():
+    """Tq != Tk and padded sequences (cross-attention): forward and backward with per-sequence
+    lengths (0, partial, full) and without, causal with a window and not, a group of query
+    heads, head dims in each class and an unaligned view; Tq = 1 (a decoding step against an
+    encoder's keys)."""
+    for B, Tq, Tk, H, Hkv, D, causal, window in ((3, 65, 17, 2, 1, 32, 0, 0),
+                                                 (2, 9, 70, 4, 2, 80, 1, 5),
+                                                 (2, 1, 33, 2, 2, 16, 0, 0),
+                                                 (1, 20, 20, 1, 1, 128, 1, 0)):
+        q, dy, k, v = r(B, Tq, H, D), r(B, Tq, H, D), r(B, Tk, Hkv, D), r(B, Tk, Hkv, D)
+        q_lens = cp.asarray(np.arange(B, dtype=np.int64) * Tq // max(B - 1, 1))
+        k_lens = cp.asarray(Tk - np.arange(B, dtype=np.int64) * Tk // max(B - 1, 1))
+        for lens in ((q_lens, k_lens), (None, None)):
+            qp, kp = (ffi.NULL if n is None else p(n) for n in lens)
+            o, lse, dq, dk, dv = r(B, Tq, H, D), r(B, H, Tq), r(B, Tq, H, D), r(B, Tk, Hkv, D), \
+                r(B, Tk, Hkv, D)
+            check(lib.pytfm_attention_padded_forward_cuda(p(o), p(lse), p(q), p(k), p(v), qp,
+                                                          kp, B, Tq, Tk, H, Hkv, D, 0.25, causal,
+                                                          window, stream()))
+            check(lib.pytfm_attention_padded_backward_cuda(p(dq), p(dk), p(dv), p(dy), p(q),
+                                                           p(k), p(v), p(o), p(lse), qp, kp, B,
+                                                           Tq, Tk, H, Hkv, D, 0.25, causal,
+                                                           window, stream()))
+    q, dy, k, v = (unaligned(1, n, 2, 16) for n in (7, 7, 12, 12))  # the scalar loads
+    o, lse, dq, dk, dv = r(1, 7, 2, 16), r(1, 2, 7), r(1, 7, 2, 16), r(1, 12, 2, 16), \
+        r(1, 12, 2, 16)
+    lens = cp.asarray(np.array([5], np.int64)), cp.asarray(np.array([9], np.int64))
+    check(lib.pytfm_attention_padded_forward_cuda(p(o), p(lse), p(q), p(k), p(v), p(lens[0]),
+                                                  p(lens[1]), 1, 7, 12, 2, 2, 16, 0.25, 1, 0,
+                                                  stream()))
+    check(lib.pytfm_attention_padded_backward_cuda(p(dq), p(dk), p(dv), p(dy), p(q), p(k), p(v),
+                                                   p(o), p(lse), p(lens[0]), p(lens[1]), 1, 7,
+                                                   12, 2, 2, 16, 0.25, 1, 0, stream()))
+
+
 # the tensor cores' precisions (pytfm_precision), FP32 through the _ex functions too (their
 # route to the FP32 kernels); a product's operand layouts (trans_a, trans_b)
 PRECISIONS = ("fp32", "bf16", "tf32")
@@ -339,7 +374,8 @@ def c_model_on_the_gpu():
         check(lib.pytfm_model_close(h[0]))
 
 
-KERNELS = [core_ops, label_smoothing, fused_ops, attention, llama_ops, tensor_cores]
+KERNELS = [core_ops, label_smoothing, fused_ops, attention, padded_attention, llama_ops,
+           tensor_cores]
 SECTIONS = KERNELS + [gpt_train_step, gpt_generate, gpt_train_step_graph, c_model_on_the_gpu]
 
 

@@ -2163,16 +2163,23 @@ def attention_saved(**drawn_values):
     return a
 
 
+def finite_amax(a):
+    """max |a| over its finite values (a padded row's lse is -inf), 0 if none"""
+    a = np.asarray(a, np.float64)
+    return amax(np.where(np.isfinite(a), a, 0.0))
+
+
 def attention_tol(a, want):
-    rel = softmax_rel(a["q"], a["k"], _scale(a), a["q"].shape[1])
-    return [Tol(rel * amax(a["v"])), Tol(rel + EPS32 * amax(want[1]))]
+    """o and lse: a row's sums run over its keys, at most Tk (k's axis 1)"""
+    rel = softmax_rel(a["q"], a["k"], _scale(a), a["k"].shape[1])
+    return [Tol(rel * amax(a["v"])), Tol(rel + EPS32 * finite_amax(want[1]))]
 
 
 def attention_backward_tol(a, want):
     """dS = P·(dO·v − rowsum(dO∘O)) cancels: its noise is about rel·|dO||v|·sqrt(D)"""
     q, k, v, dy = a["q"], a["k"], a["v"], a["dy"]
     s, D = _scale(a), q.shape[-1]
-    rel = softmax_rel(q, k, s, q.shape[1])
+    rel = softmax_rel(q, k, s, max(q.shape[1], k.shape[1]))  # sums over keys, or over rows
     noise = rel * s * D**0.5 * amax(dy) * amax(v)
     G = a.get("group", 1)  # dk and dv sum the group's G heads: G times the noise of one
     floors = (noise * amax(k), G * noise * amax(q), G * rel * amax(dy))
@@ -2181,7 +2188,7 @@ def attention_backward_tol(a, want):
 
 def attention_fast_tol(a, got, plain):
     """Dot products of length D, sums over up to T keys (dk, dv: over the group's heads too)"""
-    _, T, _, D = a["q"].shape
+    T, D = max(a["q"].shape[1], a["k"].shape[1]), a["q"].shape[-1]  # sums over keys or rows
     bound = np.sqrt(D) * T * a.get("group", 1) * EPS32
     return [Tol(4 * bound * max(1.0, amax(p)), 1e-5) for p in plain]
 
@@ -2211,6 +2218,64 @@ def attention_backward_run(a):
 def attention_backward_want(a):
     return list(ref.attention_backward(a["dy"], a["q"], a["k"], a["v"], a["causal"],
                                        a["scale"], a["window"]))
+
+
+def padded_lengths(rng, B, T):
+    """B lengths in [0, T]: the whole T a quarter of the time, 0 an eighth, else any"""
+    u = rng.random(B)
+    drawn = rng.integers(0, T + 1, B)
+    return [int(T if x < 0.25 else 0 if x < 0.375 else d) for x, d in zip(u, drawn)]
+
+
+def padded_make(seed, B, Tq, Tk, H, D, causal=True, scale=None, group=1, window=0,
+                lens="both"):
+    """q, dy [B, Tq, H·group, D], k, v [B, Tk, H, D]; lens: which of q_lens, k_lens are given
+    ("none", "q", "k", "both"), each a list of B lengths (padded_lengths); window as
+    attention_make's"""
+    rng = np.random.default_rng(seed)
+    q = f32(rng, (B, Tq, H * group, D))
+    k, v = f32(rng, (B, Tk, H, D)), f32(rng, (B, Tk, H, D))
+    q_lens = padded_lengths(rng, B, Tq) if lens in ("q", "both") else None
+    k_lens = padded_lengths(rng, B, Tk) if lens in ("k", "both") else None
+    return dict(seed=seed, causal=causal, scale=scale, q=q, k=k, v=v, dy=f32(rng, q.shape),
+                group=group, window=window if causal else 0, q_lens=q_lens, k_lens=k_lens)
+
+
+def _lens(a):
+    return dict(window=a["window"], q_lens=a["q_lens"], k_lens=a["k_lens"])
+
+
+def padded_saved(**drawn_values):
+    a = padded_make(**drawn_values)
+    a["o"], a["lse"] = ops.attention_forward(a["q"], a["k"], a["v"], a["causal"], a["scale"],
+                                             **_lens(a))
+    return a
+
+
+def padded_run(a):
+    return list(ops.attention_forward(a["q"], a["k"], a["v"], a["causal"], a["scale"],
+                                      **_lens(a)))
+
+
+def padded_want(a):
+    return list(ref.attention_forward(a["q"], a["k"], a["v"], a["causal"], a["scale"],
+                                      **_lens(a)))
+
+
+def padded_backward_run(a):
+    return list(ops.attention_backward(a["dy"], a["q"], a["k"], a["v"], a["o"], a["lse"],
+                                       a["causal"], a["scale"], **_lens(a)))
+
+
+def padded_backward_want(a):
+    return list(ref.attention_backward(a["dy"], a["q"], a["k"], a["v"], a["causal"],
+                                       a["scale"], **_lens(a)))
+
+
+def padded_chain(a):
+    o, lse = ops.attention_forward(a["q"], a["k"], a["v"], a["causal"], **_lens(a))
+    return [o, lse, *ops.attention_backward(a["dy"], a["q"], a["k"], a["v"], o, lse,
+                                            a["causal"], **_lens(a))]
 
 
 def decode_make(seed, B, n_new, H, D, start, spare=0, scale=None, group=1, window=0):
@@ -2322,9 +2387,11 @@ ATTENTION_FORWARD = Op(
             r"causal must be a bool .*got str"),
         Bad(lambda: ops.attention_forward(q4, q4, q4, causal=np.False_), None, None,
             "causal-np-False-is-accepted"),
+        Bad(lambda: ops.attention_forward(z(2, 5, 3, 4), z(3, 6, 3, 4), z(3, 6, 3, 4)),
+            ValueError, r"k must have shape \(B, Tk, Hkv, D\) = \(2, Tk, Hkv, 4\) with Hkv "
+            r"dividing q's H = 3 \(grouped-query heads\), got \(3, 6, 3, 4\)"),
         Bad(lambda: ops.attention_forward(z(2, 5, 3, 4), z(2, 6, 3, 4), z(2, 5, 3, 4)),
-            ValueError, r"k must have shape \(B, T, Hkv, D\) = \(2, 5, Hkv, 4\) with Hkv "
-            r"dividing q's H = 3 \(grouped-query heads\), got \(2, 6, 3, 4\)"),
+            ValueError, r"v must have shape \(2, 6, 3, 4\) \(k.shape\), got \(2, 5, 3, 4\)"),
         Bad(lambda: ops.attention_forward(z(2, 5, 3, 0), z(2, 5, 3, 0), z(2, 5, 3, 0)),
             ValueError, r"q.shape\[3\] \(head dim D\) must be >= 1"),
         Bad(lambda: ops.attention_forward(z(5, 3, 4), z(5, 3, 4), z(5, 3, 4)), ValueError,
@@ -2502,7 +2569,7 @@ ATTENTION_GQA_FORWARD = Op(
                attention_fast_tol, isas=("avx2", "avx512")),),
     bad=(
         Bad(lambda: ops.attention_forward(z(1, 2, 3, 4), gkv, gkv), ValueError,
-            r"k must have shape \(B, T, Hkv, D\) = \(1, 2, Hkv, 4\) with Hkv dividing q's "
+            r"k must have shape \(B, Tk, Hkv, D\) = \(1, Tk, Hkv, 4\) with Hkv dividing q's "
             r"H = 3 \(grouped-query heads\), got \(1, 2, 2, 4\)"),
         Bad(lambda: ops.attention_forward(gq, gkv, z(1, 2, 1, 4)), ValueError,
             r"v must have shape \(1, 2, 2, 4\)"),
@@ -2555,6 +2622,127 @@ scratch_bytes = 4 * threads * (2 * D * T + 2 * {TQB_TKB} + T)  # backward_fast, 
     wrapper=False, reference=False,
     tested_in=("tests/kernels/test_attention.py::test_gqa_is_multi_head_attention_on_repeated_kv",
                "tests/kernels/test_attention.py::test_attention_matches_torch_sdpa_with_gqa"),
+)
+
+
+# ---- attention with Tq != Tk and padded sequences ---------------------------------------------
+# ops.attention_forward/backward call these when q_lens or k_lens is given or k's Tk is not q's
+# Tq (the encoder-decoder's cross-attention and padding masks); the functions above are these,
+# called with Tq = Tk and no lengths
+
+PADDED_DRAW = drawn(B=st.sampled_from([1, 2, 3]),
+                    Tq=st.one_of(awkward, st.sampled_from([31, 33, 64, 65, 97])),
+                    Tk=st.one_of(awkward, st.sampled_from([31, 33, 64, 65, 97])),
+                    H=st.sampled_from([1, 2, 3]), group=st.sampled_from([1, 2]),
+                    D=st.sampled_from([1, 3, 8, 64, 80]), causal=st.booleans(),
+                    scale=st.sampled_from([None, 0.05, 1.0]),
+                    window=st.sampled_from([0, 0, 1, 7, 33]),
+                    lens=st.sampled_from(["none", "q", "k", "both"]))
+PADDED_EMU = (dict(B=2, Tq=5, Tk=9, H=2, D=8, group=2, causal=False, lens="both", seed=1),
+              dict(B=3, Tq=33, Tk=17, H=1, D=16, lens="k", seed=2),
+              dict(B=2, Tq=7, Tk=7, H=1, D=3, window=3, lens="q", seed=3))
+PADDED_FAST_DRAW = drawn(B=st.sampled_from([1, 3]),
+                         Tq=st.sampled_from([8, 9, 31, 64, 65, 129, 200]),
+                         Tk=st.sampled_from([1, 5, 8, 63, 64, 65, 129, 257, 300]),
+                         H=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]),
+                         D=st.sampled_from([1, 5, 16, 33, 64]), causal=st.booleans(),
+                         window=st.sampled_from([0, 1, 5, 65]),
+                         lens=st.sampled_from(["none", "q", "k", "both"]))
+PADDED_THREADS = (dict(B=3, Tq=77, Tk=50, H=2, D=24, group=2, seed=7),
+                  dict(B=3, Tq=40, Tk=90, H=2, D=24, causal=False, seed=8))
+# GQA_HEADS with Tk = Tq, and sizes where only k, v (Tk) or only q (Tq) overflow
+PADDED_HEADS = tuple((B, T, T, H, Hkv, D) for B, T, H, Hkv, D in GQA_HEADS) + (
+    (1, 1, P62, 1, 1, 1), (1, P62, 1, 1, 1, 1), (P32, 1, P32, 1, 1, 1), (1, 1, I64_MAX, 1, 1, 1),
+    (1, I64_MAX, 1, 1, 1, 1))
+PADDED_SCRATCH = """
+B, Tq, Tk, H, D = 1, 512, 600, 1, 4096
+q, dy, k, v = randn(B, Tq, H, D), randn(B, Tq, H, D), randn(B, Tk, H, D), randn(B, Tk, H, D)
+lens = dict(q_lens=[500], k_lens=[590])
+"""
+PADDED_TESTS = "tests/kernels/test_attention_padded.py::"
+pq, pk = z(2, 3, 2, 4), z(2, 5, 1, 4)  # Tq = 3 queries of 2 heads, Tk = 5 keys of 1 head
+
+ATTENTION_PADDED_FORWARD = Op(
+    "attention_padded_forward",
+    limits=Limits(("F F F F F I I {0} {1} {2} {3} {4} {5} 0.5 0 0",
+                   "F F F F F N N {0} {1} {2} {3} {4} {5} 0.5 1 5"), PADDED_HEADS),
+    exact=("F:2*r*b*a F:2*b*r F:2*r*b*a F:2*(r+1)*a F:2*(r+1)*a I:2:r+1 I:2:r+2 "
+           "2 r r+1 b 1 a 0.5 1 3",
+           "F:2*r*b*a F:2*b*r F:2*r*b*a F:2*(r+2)*b*a F:2*(r+2)*b*a N I:2:r+3 "
+           "2 r r+2 b b a 0.5 0 0"),
+    check=Check(PADDED_DRAW, padded_make, run=padded_run, want=padded_want,
+                tol=attention_tol, outputs=("o", "lse"), emu=PADDED_EMU,
+                threads=PADDED_THREADS),
+    fast=(Fast("tiled", PADDED_FAST_DRAW, padded_make, lambda a: padded_chain(a)[:2],
+               attention_fast_tol, isas=("avx2", "avx512")),),
+    bad=(
+        Bad(lambda: ops.attention_forward(pq, pk, pk, q_lens=[1, 4]), ValueError,
+            r"q_lens\[1\] = 4 is outside \[0, 3\] \(Tq, q's axis 1\)"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, k_lens=np.array([-1, 2])), ValueError,
+            r"k_lens\[0\] = -1 is outside \[0, 5\] \(Tk, k's axis 1\)"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, k_lens=[6, 0]), ValueError,
+            r"k_lens\[0\] = 6 is outside \[0, 5\]"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, q_lens=[1]), ValueError,
+            r"q_lens must have shape \(B,\) = \(2,\) \(one length per sequence\), got "
+            r"\(1,\)"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, q_lens=[True, 1]), TypeError,
+            r"q_lens\[0\] must be an integer, got bool"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, k_lens=np.array([1.0, 2.0])), TypeError,
+            r"k_lens must hold integers, got dtype float64"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, q_lens="ab"), TypeError,
+            r"q_lens must be None or B = 2 lengths"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, q_lens=[2**64, 0]), ValueError,
+            r"q_lens\[0\] must fit in int64"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, k_lens=FakeCupyArray()), TypeError,
+            r"k_lens is a CuPy array but q is a NumPy array"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, causal=False, window=2), ValueError,
+            r"window = 2 needs causal=True"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, q_lens=[3, 3], k_lens=[5, 5]), None,
+            None, "full-lengths-are-accepted"),
+        Bad(lambda: ops.attention_forward(pq, pk, pk, q_lens=[0, 0], k_lens=[0, 0]), None,
+            None, "zero-lengths-are-accepted"),
+    ),
+    scratch=Scratch(fast_path_only=True, setup=PADDED_SCRATCH + f"""
+call = lambda: list(ops.attention_forward(q, k, v, **lens))
+out_bytes = 4 * (B * Tq * H * D + B * H * Tq)  # o, lse
+scratch_bytes = 4 * threads * (D * Tk + {TQ_TK} + 2 * 64)  # forward_ws_floats per thread
+"""),
+    wrapper=False, reference=False,
+    tested_in=(PADDED_TESTS + "test_padded_attention_matches_the_reference",
+               PADDED_TESTS + "test_padding_and_other_sequences_do_not_matter",
+               PADDED_TESTS + "test_padded_attention_matches_torch_sdpa"),
+)
+
+ATTENTION_PADDED_BACKWARD = Op(
+    "attention_padded_backward",
+    limits=Limits(("F F F F F F F F F I I {0} {1} {2} {3} {4} {5} 0.5 1 0",
+                   "F F F F F F F F F N N {0} {1} {2} {3} {4} {5} 0.5 0 0"), PADDED_HEADS),
+    exact=("F:2*r*b*a F:2*(r+1)*a F:2*(r+1)*a F:2*r*b*a F:2*r*b*a F:2*(r+1)*a F:2*(r+1)*a "
+           "F:2*r*b*a F:2*b*r I:2:r+1 I:2:r+2 2 r r+1 b 1 a 0.5 1 3",
+           "F:2*r*b*a F:2*(r+2)*b*a F:2*(r+2)*b*a F:2*r*b*a F:2*r*b*a F:2*(r+2)*b*a "
+           "F:2*(r+2)*b*a F:2*r*b*a F:2*b*r N I:2:r+3 2 r r+2 b b a 0.5 0 0"),
+    check=Check(PADDED_DRAW, padded_saved, run=padded_backward_run, want=padded_backward_want,
+                tol=attention_backward_tol, outputs=("dq", "dk", "dv"), emu=PADDED_EMU,
+                threads=PADDED_THREADS),
+    fast=(Fast("chain", PADDED_FAST_DRAW, padded_make, padded_chain, attention_fast_tol,
+               isas=("avx2", "avx512")),),
+    bad=(
+        Bad(lambda: ops.attention_backward(pq, pq, pk, pk, pq, z(2, 2, 5), q_lens=[1, 1]),
+            ValueError, r"lse must have shape \(2, 2, 3\) \(\(B, H, Tq\) of q\)"),
+        Bad(lambda: ops.attention_backward(pq, pq, pk, pk, pq, z(2, 2, 3), k_lens=[1, 9]),
+            ValueError, r"k_lens\[1\] = 9 is outside \[0, 5\]"),
+        Bad(lambda: ops.attention_backward(pq, pq, pk, z(2, 4, 1, 4), pq, z(2, 2, 3)),
+            ValueError, r"v must have shape \(2, 5, 1, 4\)"),
+    ),
+    scratch=Scratch(fast_path_only=True, setup=PADDED_SCRATCH + f"""
+o, lse = ops.attention_forward(q, k, v, **lens)
+call = lambda: list(ops.attention_backward(dy, q, k, v, o, lse, **lens))
+out_bytes = 4 * (B * Tq * H * D + 2 * B * Tk * H * D)  # dq, dk, dv
+scratch_bytes = 4 * threads * (2 * D * Tk + 2 * {TQB_TKB} + Tq)  # backward_fast, per thread
+"""),
+    wrapper=False, reference=False,
+    tested_in=(PADDED_TESTS + "test_padded_attention_matches_the_reference",
+               PADDED_TESTS + "test_padded_rows_and_keys_get_no_gradient"),
 )
 
 ATTENTION_GQA_DECODE = Op(
@@ -2867,6 +3055,7 @@ OPS = (LINEAR_FORWARD, LINEAR_GELU_FORWARD, LINEAR_BACKWARD, LINEAR_FORWARD_EX,
        ADAMW_STEP, SUM_SQUARES, ATTENTION_FORWARD, ATTENTION_BACKWARD, ATTENTION_CACHE_APPEND,
        ATTENTION_DECODE,
        ATTENTION_GQA_FORWARD, ATTENTION_GQA_BACKWARD, ATTENTION_GQA_DECODE,
+       ATTENTION_PADDED_FORWARD, ATTENTION_PADDED_BACKWARD,
        ATTENTION_CACHE_APPEND_BF16, ATTENTION_GQA_DECODE_BF16KV)
 BY_NAME = {op.name: op for op in OPS}
 

@@ -815,6 +815,87 @@ pytfm__check_attention_backward(const char *func, const float *dq, const float *
     return PYTFM_STATUS_OK;
 }
 
+/* the padded functions: q, o [B, Tq, H, D], k, v [B, Tk, Hkv, D], lse [B, H, Tq], q_len and
+ * k_len [B] int64 or NULL (their values are pytfm__check_attention_lengths's: this one reads
+ * through no pointer, so that the CUDA twins share it) */
+static inline pytfm_status pytfm__check_attention_padded_forward(
+    const char *func, const float *o, const float *lse, const float *q, const float *k,
+    const float *v, const int64_t *q_len, const int64_t *k_len, int64_t B, int64_t Tq,
+    int64_t Tk, int64_t H, int64_t Hkv, int64_t D, float scale, int32_t causal, int64_t window) {
+    PYTFM_CHECK(B >= 0 && Tq >= 0 && Tk >= 0 && H >= 0,
+                "%s: B, Tq, Tk, H must be >= 0, got %lld, %lld, %lld, %lld", func, (long long)B,
+                (long long)Tq, (long long)Tk, (long long)H);
+    PYTFM_CHECK(D >= 1, "%s: D must be >= 1, got %lld", func, (long long)D);
+    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, causal));
+    PYTFM_CHECK_FINITE_IN(func, scale);
+    int64_t n = 0, n_kv = 0, n_lse = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, B, Tq, H, D);
+    PYTFM_CHECK_COUNT(func, &n_kv, float, B, Tk, Hkv, D);
+    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, Tq);
+    PYTFM_CHECK_PTR_IN(func, o, n);
+    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
+    PYTFM_CHECK_PTR_IN(func, q, n);
+    PYTFM_CHECK_PTR_IN(func, k, n_kv);
+    PYTFM_CHECK_PTR_IN(func, v, n_kv);
+    PYTFM_CHECK_DISJOINT(func, 2, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(o, n, float),
+                         PYTFM_SPAN(lse, n_lse, float), PYTFM_SPAN(q, n, float),
+                         PYTFM_SPAN(k, n_kv, float), PYTFM_SPAN(v, n_kv, float),
+                         PYTFM_SPAN(q_len, B, int64_t), PYTFM_SPAN(k_len, B, int64_t));
+    return PYTFM_STATUS_OK;
+}
+
+/* dq, dy, q, o [B, Tq, H, D], dk, dv, k, v [B, Tk, Hkv, D], lse [B, H, Tq], q_len and k_len as
+ * the forward's */
+static inline pytfm_status pytfm__check_attention_padded_backward(
+    const char *func, const float *dq, const float *dk, const float *dv, const float *dy,
+    const float *q, const float *k, const float *v, const float *o, const float *lse,
+    const int64_t *q_len, const int64_t *k_len, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+    int64_t Hkv, int64_t D, float scale, int32_t causal, int64_t window) {
+    PYTFM_CHECK(B >= 0 && Tq >= 0 && Tk >= 0 && H >= 0,
+                "%s: B, Tq, Tk, H must be >= 0, got %lld, %lld, %lld, %lld", func, (long long)B,
+                (long long)Tq, (long long)Tk, (long long)H);
+    PYTFM_CHECK(D >= 1, "%s: D must be >= 1, got %lld", func, (long long)D);
+    PYTFM_TRY(pytfm__check_attention_groups(func, H, Hkv, window, causal));
+    PYTFM_CHECK_FINITE_IN(func, scale);
+    int64_t n = 0, n_kv = 0, n_lse = 0;
+    PYTFM_CHECK_COUNT(func, &n, float, B, Tq, H, D);
+    PYTFM_CHECK_COUNT(func, &n_kv, float, B, Tk, Hkv, D);
+    PYTFM_CHECK_COUNT(func, &n_lse, float, B, H, Tq);
+    PYTFM_CHECK_PTR_IN(func, dq, n);
+    PYTFM_CHECK_PTR_IN(func, dk, n_kv);
+    PYTFM_CHECK_PTR_IN(func, dv, n_kv);
+    PYTFM_CHECK_PTR_IN(func, dy, n);
+    PYTFM_CHECK_PTR_IN(func, q, n);
+    PYTFM_CHECK_PTR_IN(func, k, n_kv);
+    PYTFM_CHECK_PTR_IN(func, v, n_kv);
+    PYTFM_CHECK_PTR_IN(func, o, n);
+    PYTFM_CHECK_PTR_IN(func, lse, n_lse);
+    PYTFM_CHECK_DISJOINT(func, 3, PYTFM_NO_INPLACE, PYTFM_NO_INPLACE, PYTFM_SPAN(dq, n, float),
+                         PYTFM_SPAN(dk, n_kv, float), PYTFM_SPAN(dv, n_kv, float),
+                         PYTFM_SPAN(dy, n, float), PYTFM_SPAN(q, n, float),
+                         PYTFM_SPAN(k, n_kv, float), PYTFM_SPAN(v, n_kv, float),
+                         PYTFM_SPAN(o, n, float), PYTFM_SPAN(lse, n_lse, float),
+                         PYTFM_SPAN(q_len, B, int64_t), PYTFM_SPAN(k_len, B, int64_t));
+    return PYTFM_STATUS_OK;
+}
+
+/* The values of q_len and k_len [B] (NULL: none to check): 0 <= q_len[b] <= Tq and
+ * 0 <= k_len[b] <= Tk. The one attention check that reads through a pointer, run after the
+ * shape checks above: the CPU functions only (on the GPU the lengths are in device memory). */
+static inline pytfm_status pytfm__check_attention_lengths(const char *func, const int64_t *q_len,
+                                                          const int64_t *k_len, int64_t B,
+                                                          int64_t Tq, int64_t Tk) {
+    for (int64_t b = 0; q_len && b < B; b++)
+        PYTFM_CHECK(q_len[b] >= 0 && q_len[b] <= Tq,
+                    "%s: q_len[%lld] must be in [0, Tq] = [0, %lld], got %lld", func,
+                    (long long)b, (long long)Tq, (long long)q_len[b]);
+    for (int64_t b = 0; k_len && b < B; b++)
+        PYTFM_CHECK(k_len[b] >= 0 && k_len[b] <= Tk,
+                    "%s: k_len[%lld] must be in [0, Tk] = [0, %lld], got %lld", func,
+                    (long long)b, (long long)Tk, (long long)k_len[b]);
+    return PYTFM_STATUS_OK;
+}
+
 static inline pytfm_status pytfm__check_attention_cache_append(const char *func,
                                                                const float *k_cache,
                                                                const float *v_cache,

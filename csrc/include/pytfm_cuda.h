@@ -372,6 +372,32 @@ PYTFM_API pytfm_status pytfm_attention_gqa_decode_cuda(float *o, float *lse, con
                                                        float scale, int64_t window,
                                                        void *stream);
 
+/* Queries and keys of different counts (Tq != Tk: cross-attention) and padded sequences on the
+ * GPU in float32: the same arguments, shapes, rules and results (to float32 rounding) as
+ * pytfm_attention_padded_forward/backward, every pointer a device pointer, q_len and k_len
+ * too (or NULL: all Tq rows, all Tk keys), and the limits of the functions above. q, o, dq, dy
+ * [B, Tq, H, D]; k, v, dk, dv [B, Tk, Hkv, D]; lse [B, H, Tq]. Query row i of sequence b sees
+ * key s iff i < q_len[b], s < k_len[b], and with causal s <= i (top-left aligned), and with a
+ * window w > 0 s > i - w. A row that sees no key gets o = 0, lse = -inf, dq = 0 and adds
+ * nothing to dk, dv; keys no row sees get dk = dv = 0. The lengths live on the device, where
+ * these functions cannot read them before launching: the caller checks 0 <= q_len[b] <= Tq and
+ * 0 <= k_len[b] <= Tk (pytfm.ops does); the kernels clamp each to [0, T], so that a bad one
+ * never reads or writes out of bounds. With NULL lengths and Tq = Tk they are the gqa
+ * functions above (which call the same kernels). A decoding step of a cross-attention, a
+ * query row against an encoder's cached keys, is the forward with Tq = 1. Scratch: the
+ * backward's row sums, B·H·Tq floats of stream scratch. The tensor-core functions below
+ * (_ex) take neither lengths nor Tq != Tk. */
+PYTFM_API pytfm_status pytfm_attention_padded_forward_cuda(
+    float *o, float *lse, const float *q, const float *k, const float *v, const int64_t *q_len,
+    const int64_t *k_len, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+    float scale, int32_t causal, int64_t window, void *stream);
+
+PYTFM_API pytfm_status pytfm_attention_padded_backward_cuda(
+    float *dq, float *dk, float *dv, const float *dy, const float *q, const float *k,
+    const float *v, const float *o, const float *lse, const int64_t *q_len, const int64_t *k_len,
+    int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D, float scale,
+    int32_t causal, int64_t window, void *stream);
+
 /* ---- attention on the tensor cores (cuda/attention_tc.cu) ---------------------------------
  * As pytfm_attention_forward_cuda and pytfm_attention_backward_cuda, plus the precision.
  * PYTFM_PRECISION_FP32: those functions, their bits. PYTFM_PRECISION_TF32 and _BF16 at head

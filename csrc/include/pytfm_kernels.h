@@ -648,6 +648,46 @@ PYTFM_API pytfm_status pytfm_attention_gqa_backward(float *dq, float *dk, float 
                                                     int64_t T, int64_t H, int64_t Hkv, int64_t D,
                                                     float scale, int32_t causal, int64_t window);
 
+/* ---- Attention with Tq != Tk and padded sequences (the encoder-decoder's) ---- */
+/* pytfm_attention_gqa_forward/backward generalised to Tq queries on Tk keys (cross-attention)
+ * and to sequences of their own lengths in one batch (padding masks); with Tq = Tk and
+ * q_len = k_len = NULL they are those functions, their bits (those are these, called so):
+ *   q_len, k_len [B] int64: sequence b has the queries [0, q_len[b]) and the keys
+ *           [0, k_len[b]); NULL: all Tq, all Tk. 0 <= q_len[b] <= Tq and 0 <= k_len[b] <= Tk,
+ *           else PYTFM_STATUS_INVALID_ARGUMENT naming q_len or k_len and b.
+ *   Query row i of sequence b sees key s iff i < q_len[b] and s < k_len[b], and with
+ *           causal != 0 also s <= i (top-left aligned: torch's is_causal, tril(ones(Tq, Tk))),
+ *           and with a window w > 0 (causal only) also s > i - w.
+ *   A row that sees no key (a padded query, or every key masked) gets o = 0 and
+ *           lse = -INFINITY; the backward gives it dq = 0 and it adds nothing to dk, dv. Keys
+ *           no row sees get dk = dv = 0. Nothing past a sequence's lengths is read (its
+ *           padding may hold anything, NaN included): a sequence's results are the same bits
+ *           whatever its padding holds and whatever the other sequences are.
+ *   o, q    [B, Tq, H, D];  k, v [B, Tk, Hkv, D];  lse [B, H, Tq]
+ *   backward: dq, dy [B, Tq, H, D] (dq written);  dk, dv [B, Tk, Hkv, D] written, as
+ *           pytfm_attention_gqa_backward's; o and lse from the forward with the same lengths.
+ *   Hkv, window, D, scale, causal: as pytfm_attention_gqa_forward.
+ * Parallel over B·H (forward) and B·Hkv (backward); the same bits at any thread count.
+ * Scratch (the fast version, isa AVX2 or above, Tq >= 8): per thread, forward
+ * D·Tk + 17536 floats, backward 2·D·Tk + Tq + 10240 floats; the plain version none. */
+PYTFM_API pytfm_status pytfm_attention_padded_forward(float *o, float *lse, const float *q,
+                                                      const float *k, const float *v,
+                                                      const int64_t *q_len, const int64_t *k_len,
+                                                      int64_t B, int64_t Tq, int64_t Tk,
+                                                      int64_t H, int64_t Hkv, int64_t D,
+                                                      float scale, int32_t causal,
+                                                      int64_t window);
+
+PYTFM_API pytfm_status pytfm_attention_padded_backward(float *dq, float *dk, float *dv,
+                                                       const float *dy, const float *q,
+                                                       const float *k, const float *v,
+                                                       const float *o, const float *lse,
+                                                       const int64_t *q_len,
+                                                       const int64_t *k_len, int64_t B,
+                                                       int64_t Tq, int64_t Tk, int64_t H,
+                                                       int64_t Hkv, int64_t D, float scale,
+                                                       int32_t causal, int64_t window);
+
 PYTFM_API pytfm_status pytfm_attention_gqa_decode(float *o, float *lse, const float *q,
                                                   const float *k_cache, const float *v_cache,
                                                   int64_t B, int64_t n_new, int64_t H,

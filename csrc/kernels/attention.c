@@ -62,15 +62,41 @@
 enum { BQ = 32, BK = 32 }; /* query rows and keys per tile */
 
 /* One forward problem: queries [B, Tq, H, D] at positions start.., keys/values [0, Tk) of
- * arrays [B, Ts, Hkv, D] (Ts = T for attention_forward, Tmax for a cache); window 0 or the
- * sliding window (causal). */
+ * arrays [B, Ts, Hkv, D] (Ts = Tk for attention_forward, Tmax for a cache); window 0 or the
+ * sliding window (causal). Sequence b has its first q_len[b] queries and k_len[b] keys (NULL:
+ * all Tq, all Tk); its rows past q_len[b], and a row that sees no key, get o = 0, lse = −inf. */
 typedef struct {
     float *o, *lse;
     const float *q, *k, *v;
+    const int64_t *q_len, *k_len;
     int64_t B, Tq, Tk, Ts, H, Hkv, D, start, window;
     float scale;
     int causal;
 } problem;
+
+/* sequence b's query rows and keys */
+static inline int64_t rows_of(const problem *p, int64_t b) { return p->q_len ? p->q_len[b] : p->Tq; }
+static inline int64_t keys_of(const problem *p, int64_t b) { return p->k_len ? p->k_len[b] : p->Tk; }
+
+/* rows [from, to) of a head's o (row stride HD) and lse: no key seen, o = 0, lse = −inf */
+static void clear_rows(float *o, float *lse, int64_t from, int64_t to, int64_t HD, int64_t D) {
+    for (int64_t r = from; r < to; r++) {
+        memset(o + r * HD, 0, (size_t)D * sizeof(float));
+        lse[r] = -INFINITY;
+    }
+}
+
+/* The end of a row: o /= l, lse = m + log l; or, for a row that saw no key (l = 0: a key seen
+ * adds e^(s − max) = 1 at least), o = 0 and lse = −inf */
+static inline void finish_row(float *orow, float *lse, float m, float l, int64_t D) {
+    if (l == 0.0f) {
+        clear_rows(orow, lse, 0, 1, D, D);
+        return;
+    }
+    const float inv = 1.0f / l;
+    for (int64_t d = 0; d < D; d++) orow[d] *= inv;
+    *lse = m + logf(l);
+}
 
 /* Head (b, h) of a problem: its rows of q and o (row t at q + t·H·D), of its key/value head's
  * k and v (row s at k + s·Hkv·D), and its lse [Tq] (b, h, :). */
@@ -99,15 +125,17 @@ static inline int64_t tile_first(int64_t window, int64_t pos, int64_t j0) {
 }
 
 static void forward_head(const problem *p, int64_t b, int64_t h) {
-    const int64_t D = p->D, HD = p->H * D, KD = p->Hkv * D;
+    const int64_t D = p->D, HD = p->H * D, KD = p->Hkv * D, Tq = rows_of(p, b);
+    const int64_t Tk = keys_of(p, b);
     const head hd = head_of(p, b, h);
     const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD, kb + t·KD
     float *ob = hd.o, *lse = hd.lse;
     float s[BK], m[BQ], l[BQ];
 
-    for (int64_t i0 = 0; i0 < p->Tq; i0 += BQ) {
-        const int64_t nq = PYTFM_MIN(BQ, p->Tq - i0);
-        const int64_t kend = p->causal ? PYTFM_MIN(p->Tk, p->start + i0 + nq) : p->Tk;
+    clear_rows(ob, lse, Tq, p->Tq, HD, D);
+    for (int64_t i0 = 0; i0 < Tq; i0 += BQ) {
+        const int64_t nq = PYTFM_MIN(BQ, Tq - i0);
+        const int64_t kend = p->causal ? PYTFM_MIN(Tk, p->start + i0 + nq) : Tk;
         for (int64_t r = 0; r < nq; r++) {
             m[r] = -INFINITY;
             l[r] = 0.0f;
@@ -140,12 +168,7 @@ static void forward_head(const problem *p, int64_t b, int64_t h) {
                 m[r] = mx;
             }
         }
-        for (int64_t r = 0; r < nq; r++) {
-            float *orow = ob + (i0 + r) * HD;
-            const float inv = 1.0f / l[r];
-            for (int64_t d = 0; d < D; d++) orow[d] *= inv;
-            lse[i0 + r] = m[r] + logf(l[r]);
-        }
+        for (int64_t r = 0; r < nq; r++) finish_row(ob + (i0 + r) * HD, lse + i0 + r, m[r], l[r], D);
     }
 }
 
@@ -163,15 +186,17 @@ enum { RK = 64 }; /* keys per tile */
  * the tile's softmax step (attn_softmax_row), then o = alpha·o + P·V (attn_pv_row). */
 static void decode_head_rows(const problem *p, const pytfm__fast_kernels *fk, int64_t b,
                              int64_t h) {
-    const int64_t D = p->D, HD = p->H * D, KD = p->Hkv * D;
+    const int64_t D = p->D, HD = p->H * D, KD = p->Hkv * D, Tq = rows_of(p, b);
+    const int64_t Tk = keys_of(p, b);
     const head hd = head_of(p, b, h);
     const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD, kb + t·KD
     float *ob = hd.o, *lse = hd.lse;
     float s[RK];
-    for (int64_t r = 0; r < p->Tq; r++) {
+    clear_rows(ob, lse, Tq, p->Tq, HD, D);
+    for (int64_t r = 0; r < Tq; r++) {
         const float *qr = qb + r * HD;
         float *orow = ob + r * HD;
-        const int64_t kend = p->causal ? PYTFM_MIN(p->Tk, p->start + r + 1) : p->Tk;
+        const int64_t kend = p->causal ? PYTFM_MIN(Tk, p->start + r + 1) : Tk;
         float m = -INFINITY, l = 0.0f;
         memset(orow, 0, (size_t)D * sizeof(float));
         for (int64_t j0 = first_key(p->window, p->start + r); j0 < kend; j0 += RK) {
@@ -180,9 +205,7 @@ static void decode_head_rows(const problem *p, const pytfm__fast_kernels *fk, in
             const float alpha = fk->attn_softmax_row(s, nk, nk, p->scale, &m, &l);
             fk->attn_pv_row(orow, s, vb + j0 * KD, KD, nk, D, alpha);
         }
-        const float inv = 1.0f / l;
-        for (int64_t d = 0; d < D; d++) orow[d] *= inv;
-        lse[r] = m + logf(l);
+        finish_row(orow, lse + r, m, l, D);
     }
 }
 
@@ -291,7 +314,9 @@ typedef struct {
 /* the scratch floats of one thread (see the top of the file); D·Tk and D·T are at most the
  * floats of k, which the checks let through only when they fit */
 static int64_t forward_ws_floats(const problem *p) { return p->D * p->Tk + TQ * LDS + 2 * TQ; }
-static int64_t backward_ws_floats(int64_t T, int64_t D) { return 2 * D * T + 2 * TQB * LDSB + T; }
+static int64_t backward_ws_floats(int64_t Tq, int64_t Tk, int64_t D) {
+    return 2 * D * Tk + 2 * TQB * LDSB + Tq;
+}
 
 /* the scores row s [nk] of a query whose keys in the tile are [c0, vis) (vis <= c0: none),
  * lim of them read by the product after it: P there, 0 elsewhere in [0, lim), through the
@@ -309,18 +334,20 @@ static float softmax_part(const fast_path *f, float *s, int64_t c0, int64_t vis,
 
 static void forward_head_fast(const problem *p, const fast_path *f, float *ws, int64_t b,
                               int64_t h) {
-    const int64_t D = p->D, HD = p->H * D, KD = p->Hkv * D, Tk = p->Tk;
+    const int64_t D = p->D, HD = p->H * D, KD = p->Hkv * D, Tq = rows_of(p, b);
+    const int64_t Tk = keys_of(p, b);
     const int mr = f->uk->mr;
     const head hd = head_of(p, b, h);
     const float *qb = hd.q, *kb = hd.k, *vb = hd.v; // row t at qb + t·HD, kb + t·KD
     float *ob = hd.o, *lse = hd.lse;
     // kt [D, nkt]: the keys [k0, Tk) transposed, k0 the first query's first key (a window's
-    // later queries start later still)
-    const int64_t k0 = first_key(p->window, p->start), nkt = Tk - k0;
-    float *kt = ws, *s = kt + D * Tk, *m = s + TQ * LDS, *l = m + TQ; // s [TQ, LDS]
+    // later queries start later still; none when that is past the sequence's keys)
+    const int64_t k0 = PYTFM_MIN(first_key(p->window, p->start), Tk), nkt = Tk - k0;
+    float *kt = ws, *s = kt + D * p->Tk, *m = s + TQ * LDS, *l = m + TQ; // s [TQ, LDS]
     transpose_rows(kt, kb + k0 * KD, nkt, D, KD);
-    for (int64_t i0 = 0; i0 < p->Tq; i0 += TQ) {
-        const int64_t nq = PYTFM_MIN(TQ, p->Tq - i0);
+    clear_rows(ob, lse, Tq, p->Tq, HD, D);
+    for (int64_t i0 = 0; i0 < Tq; i0 += TQ) {
+        const int64_t nq = PYTFM_MIN(TQ, Tq - i0);
         const int64_t kend = p->causal ? PYTFM_MIN(Tk, p->start + i0 + nq) : Tk;
         const int64_t jbeg = first_key(p->window, p->start + i0);
         for (int64_t r = 0; r < nq; r++) {
@@ -346,11 +373,7 @@ static void forward_head_fast(const problem *p, const fast_path *f, float *ws, i
             rows_gemm(f->uk, ob + i0 * HD, HD, s, LDS, vb + j0 * KD, KD, nq, D, nk,
                       j0 == jbeg ? 0.0f : 1.0f, diag);
         }
-        for (int64_t r = 0; r < nq; r++) {
-            const float inv = 1.0f / l[r];
-            for (int64_t d = 0; d < D; d++) ob[(i0 + r) * HD + d] *= inv;
-            lse[i0 + r] = m[r] + logf(l[r]);
-        }
+        for (int64_t r = 0; r < nq; r++) finish_row(ob + (i0 + r) * HD, lse + i0 + r, m[r], l[r], D);
     }
 }
 
@@ -386,55 +409,65 @@ static pytfm_status forward_fast(const char *func, const problem *p, const fast_
     return PYTFM_STATUS_OK;
 }
 
-/* One backward problem: dq, dy, q, o [B, T, H, D], dk, dv, k, v [B, T, Hkv, D], lse [B, H, T] */
+/* One backward problem: dq, dy, q, o [B, Tq, H, D], dk, dv, k, v [B, Tk, Hkv, D], lse
+ * [B, H, Tq]; sequence b's first q_len[b] queries and k_len[b] keys (NULL: all), as the
+ * forward's */
 typedef struct {
     float *dq, *dk, *dv;
     const float *dy, *q, *k, *v, *o, *lse;
-    int64_t B, T, H, Hkv, D, window;
+    const int64_t *q_len, *k_len;
+    int64_t B, Tq, Tk, H, Hkv, D, window;
     float scale;
     int causal;
 } grad_problem;
 
+static inline int64_t grad_rows(const grad_problem *p, int64_t b) {
+    return p->q_len ? p->q_len[b] : p->Tq;
+}
+static inline int64_t grad_keys(const grad_problem *p, int64_t b) {
+    return p->k_len ? p->k_len[b] : p->Tk;
+}
+
 /* Head h's rows of dq, dy, q, o (row t at + t·H·D), its group's rows of k, v, dk, dv (row s at
- * + s·Hkv·D) and its lse [T] */
+ * + s·Hkv·D) and its lse [Tq] */
 typedef struct {
     float *dq, *dk, *dv;
     const float *dy, *q, *k, *v, *o, *lse;
 } grad_head;
 
 static grad_head grad_head_of(const grad_problem *p, int64_t b, int64_t h) {
-    const int64_t D = p->D, T = p->T, g = h / (p->H / p->Hkv);
-    const int64_t qo = (b * T * p->H + h) * D, ko = (b * T * p->Hkv + g) * D;
+    const int64_t D = p->D, g = h / (p->H / p->Hkv);
+    const int64_t qo = (b * p->Tq * p->H + h) * D, ko = (b * p->Tk * p->Hkv + g) * D;
     return (grad_head){p->dq + qo, p->dk + ko, p->dv + ko,          p->dy + qo, p->q + qo,
-                       p->k + ko,  p->v + ko,  p->o + qo, p->lse + (b * p->H + h) * T};
+                       p->k + ko,  p->v + ko,  p->o + qo, p->lse + (b * p->H + h) * p->Tq};
 }
 
-/* the last query row + 1 that sees a key of the tile ending at key j_last: with a window, the
- * rows t <= j_last + window − 1 */
-static inline int64_t last_row_end(const grad_problem *p, int64_t j_last) {
-    return p->window > 0 ? PYTFM_MIN(p->T, j_last + p->window) : p->T;
+/* the last query row + 1 (of the Tq rows of a sequence) that sees a key of the tile ending at
+ * key j_last: with a window, the rows t <= j_last + window − 1 */
+static inline int64_t last_row_end(const grad_problem *p, int64_t Tq, int64_t j_last) {
+    return p->window > 0 ? PYTFM_MIN(Tq, j_last + p->window) : Tq;
 }
 
-/* Head h's part of the backward, kt and vt [D, T] its group's keys and values transposed: dq
- * of h written, dk and dv of the group accumulated (+=) */
+/* Head h's part of the backward, kt and vt [D, Tk] its group's keys and values transposed
+ * (Tk: the sequence's keys): dq of h written (0 past the sequence's rows), dk and dv of the
+ * group accumulated (+=) */
 static void backward_head_fast(const grad_problem *p, const fast_path *f, float *ws,
                                const float *kt, const float *vt, int64_t b, int64_t h) {
-    const int64_t T = p->T, D = p->D, HD = p->H * D, KD = p->Hkv * D;
+    const int64_t Tq = grad_rows(p, b), Tk = grad_keys(p, b), D = p->D, HD = p->H * D;
+    const int64_t KD = p->Hkv * D;
     const float scale = p->scale;
     const int causal = p->causal;
     const grad_head g = grad_head_of(p, b, h);
     float *s = ws, *dp = s + TQB * LDSB, *delta = dp + TQB * LDSB;
-    for (int64_t t = 0; t < T; t++) {
-        delta[t] = pytfm__dot(g.dy + t * HD, g.o + t * HD, D);
-        memset(g.dq + t * HD, 0, (size_t)D * sizeof(float));
-    }
-    for (int64_t j0 = 0; j0 < T; j0 += TKB) {
-        const int64_t nk = PYTFM_MIN(TKB, T - j0), iend = last_row_end(p, j0 + nk - 1);
+    for (int64_t t = 0; t < p->Tq; t++) memset(g.dq + t * HD, 0, (size_t)D * sizeof(float));
+    for (int64_t t = 0; t < Tq; t++) delta[t] = pytfm__dot(g.dy + t * HD, g.o + t * HD, D);
+    for (int64_t j0 = 0; j0 < Tk; j0 += TKB) {
+        const int64_t nk = PYTFM_MIN(TKB, Tk - j0), iend = last_row_end(p, Tq, j0 + nk - 1);
         for (int64_t i0 = causal ? j0 / TQB * TQB : 0; i0 < iend; i0 += TQB) {
-            const int64_t nq = PYTFM_MIN(TQB, T - i0), diag = causal ? i0 - j0 : nk;
+            const int64_t nq = PYTFM_MIN(TQB, Tq - i0), diag = causal ? i0 - j0 : nk;
             // forward: S = scale · Q_i K_jᵀ, P = exp(S − lse) (0 where not seen, to the tile's
             // end: dV and dK read P and dS down their columns)
-            scores_gemm(f->uk, s, LDSB, g.q + i0 * HD, HD, kt + j0, T, nq, nk, D, diag);
+            scores_gemm(f->uk, s, LDSB, g.q + i0 * HD, HD, kt + j0, Tk, nq, nk, D, diag);
             for (int64_t r = 0; r < nq; r++) {
                 const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
                 const int64_t c0 = tile_first(p->window, i0 + r, j0);
@@ -448,7 +481,7 @@ static void backward_head_fast(const grad_problem *p, const fast_path *f, float 
             }
             // dV_j += Pᵀ dY_i;  dP = dY_i V_jᵀ;  dS = P (dP − delta) scale (0 where P is)
             cols_gemm(f->uk, g.dv + j0 * KD, KD, s, LDSB, g.dy + i0 * HD, HD, nk, D, nq, diag);
-            scores_gemm(f->uk, dp, LDSB, g.dy + i0 * HD, HD, vt + j0, T, nq, nk, D, diag);
+            scores_gemm(f->uk, dp, LDSB, g.dy + i0 * HD, HD, vt + j0, Tk, nq, nk, D, diag);
             for (int64_t r = 0; r < nq; r++) {
                 const int64_t vis = causal ? PYTFM_MIN(nk, i0 + r - j0 + 1) : nk;
                 f->fk->attn_ds_row(dp + r * LDSB, s + r * LDSB, vis < 0 ? 0 : vis, nk,
@@ -462,17 +495,19 @@ static void backward_head_fast(const grad_problem *p, const fast_path *f, float 
     }
 }
 
-/* Head h's part of the backward, one query row and one key at a time: dq of h written, dk and
- * dv of its group accumulated (+=) */
+/* Head h's part of the backward, one query row and one key at a time: dq of h written (0 past
+ * the sequence's rows), dk and dv of its group accumulated (+=) */
 static void backward_head(const grad_problem *p, int64_t b, int64_t h) {
-    const int64_t T = p->T, D = p->D, HD = p->H * D, KD = p->Hkv * D;
+    const int64_t Tq = grad_rows(p, b), Tk = grad_keys(p, b), D = p->D, HD = p->H * D;
+    const int64_t KD = p->Hkv * D;
     const float scale = p->scale;
     const int causal = p->causal;
     const grad_head g = grad_head_of(p, b, h);
     float delta[BQ];
-    for (int64_t i0 = 0; i0 < T; i0 += BQ) {
-        const int64_t nq = PYTFM_MIN(BQ, T - i0);
-        const int64_t kend = causal ? i0 + nq : T;
+    for (int64_t t = Tq; t < p->Tq; t++) memset(g.dq + t * HD, 0, (size_t)D * sizeof(float));
+    for (int64_t i0 = 0; i0 < Tq; i0 += BQ) {
+        const int64_t nq = PYTFM_MIN(BQ, Tq - i0);
+        const int64_t kend = causal ? PYTFM_MIN(Tk, i0 + nq) : Tk;
         for (int64_t r = 0; r < nq; r++) {
             delta[r] = pytfm__dot(g.dy + (i0 + r) * HD, g.o + (i0 + r) * HD, D);
             memset(g.dq + (i0 + r) * HD, 0, (size_t)D * sizeof(float));
@@ -501,9 +536,9 @@ static void backward_head(const grad_problem *p, int64_t b, int64_t h) {
  * group in order (f NULL: the plain version; else ws is this thread's workspace) */
 static void backward_group(const grad_problem *p, const fast_path *f, float *ws, int64_t b,
                            int64_t kv) {
-    const int64_t T = p->T, D = p->D, KD = p->Hkv * D, G = p->H / p->Hkv;
-    const int64_t ko = (b * T * p->Hkv + kv) * D; // (b, 0, kv, 0)
-    for (int64_t t = 0; t < T; t++) {
+    const int64_t Tk = p->Tk, D = p->D, KD = p->Hkv * D, G = p->H / p->Hkv;
+    const int64_t ko = (b * Tk * p->Hkv + kv) * D; // (b, 0, kv, 0)
+    for (int64_t t = 0; t < Tk; t++) {
         memset(p->dk + ko + t * KD, 0, (size_t)D * sizeof(float));
         memset(p->dv + ko + t * KD, 0, (size_t)D * sizeof(float));
     }
@@ -511,15 +546,17 @@ static void backward_group(const grad_problem *p, const fast_path *f, float *ws,
         for (int64_t h = kv * G; h < (kv + 1) * G; h++) backward_head(p, b, h);
         return;
     }
-    float *kt = ws, *vt = kt + D * T;
-    transpose_rows(kt, p->k + ko, T, D, KD);
-    transpose_rows(vt, p->v + ko, T, D, KD);
+    const int64_t nk = grad_keys(p, b); // the sequence's keys: kt, vt [D, nk]
+    float *kt = ws, *vt = kt + D * Tk;
+    transpose_rows(kt, p->k + ko, nk, D, KD);
+    transpose_rows(vt, p->v + ko, nk, D, KD);
     for (int64_t h = kv * G; h < (kv + 1) * G; h++)
-        backward_head_fast(p, f, vt + D * T, kt, vt, b, h);
+        backward_head_fast(p, f, vt + D * Tk, kt, vt, b, h);
 }
 
 static pytfm_status backward_fast(const char *func, const grad_problem *p, const fast_path *f) {
-    const int64_t per = backward_ws_floats(p->T, p->D), threads = pytfm_get_num_threads();
+    const int64_t per = backward_ws_floats(p->Tq, p->Tk, p->D);
+    const int64_t threads = pytfm_get_num_threads();
     float *ws = workspaces(func, threads, per);
     if (!ws) return PYTFM_STATUS_OUT_OF_MEMORY;
     PYTFM_PARALLEL_FOR_THREADS(threads)
@@ -532,6 +569,12 @@ static pytfm_status backward_fast(const char *func, const grad_problem *p, const
 /* the forward of p (checked), its scratch's failure named after func */
 static pytfm_status run_forward(const char *func, const problem *p) {
     if (p->B * p->Tq * p->H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
+    if (p->Tk == 0) { // no keys at all (k may be NULL): every row sees none
+        for (int64_t bh = 0; bh < p->B * p->H; bh++)
+            clear_rows(p->o + (bh / p->H * p->Tq * p->H + bh % p->H) * p->D,
+                       p->lse + bh * p->Tq, 0, p->Tq, p->H * p->D, p->D);
+        return PYTFM_STATUS_OK;
+    }
     fast_path f;
     if (fast_path_for(&f, p->Tq)) return forward_fast(func, p, &f);
     if (f.fk) return decode_rows(p, f.fk, p->Tq);
@@ -541,13 +584,60 @@ static pytfm_status run_forward(const char *func, const problem *p) {
 
 /* the backward of p (checked), its scratch's failure named after func */
 static pytfm_status run_backward(const char *func, const grad_problem *p) {
-    if (p->B * p->T * p->H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
+    if (p->B * p->H == 0) return PYTFM_STATUS_OK; // nothing to do: no workspace either
+    if (p->Tq == 0 || p->Tk == 0) { // no row sees a key (q or k may be NULL): all zeros
+        const int64_t n_q = p->B * p->Tq * p->H * p->D, n_kv = p->B * p->Tk * p->Hkv * p->D;
+        if (n_q) memset(p->dq, 0, (size_t)n_q * sizeof(float));
+        if (n_kv) memset(p->dk, 0, (size_t)n_kv * sizeof(float));
+        if (n_kv) memset(p->dv, 0, (size_t)n_kv * sizeof(float));
+        return PYTFM_STATUS_OK;
+    }
     fast_path f;
-    if (fast_path_for(&f, p->T)) return backward_fast(func, p, &f);
+    if (fast_path_for(&f, p->Tq)) return backward_fast(func, p, &f);
     PYTFM_PARALLEL_FOR
     for (int64_t bg = 0; bg < p->B * p->Hkv; bg++)
         backward_group(p, NULL, NULL, bg / p->Hkv, bg % p->Hkv);
     return PYTFM_STATUS_OK;
+}
+
+/* The one forward of attention_forward, _gqa_forward and _padded_forward (checked by the
+ * caller, func) */
+static pytfm_status padded_forward(const char *func, float *o, float *lse, const float *q,
+                                   const float *k, const float *v, const int64_t *q_len,
+                                   const int64_t *k_len, int64_t B, int64_t Tq, int64_t Tk,
+                                   int64_t H, int64_t Hkv, int64_t D, float scale,
+                                   int32_t causal, int64_t window) {
+    const problem p = {.o = o, .lse = lse, .q = q, .k = k, .v = v, .q_len = q_len,
+                       .k_len = k_len, .B = B, .Tq = Tq, .Tk = Tk, .Ts = Tk, .H = H, .Hkv = Hkv,
+                       .D = D, .start = 0, .window = window, .scale = scale,
+                       .causal = causal != 0};
+    return run_forward(func, &p);
+}
+
+/* The one backward of attention_backward, _gqa_backward and _padded_backward (checked) */
+static pytfm_status padded_backward(const char *func, float *dq, float *dk, float *dv,
+                                    const float *dy, const float *q, const float *k,
+                                    const float *v, const float *o, const float *lse,
+                                    const int64_t *q_len, const int64_t *k_len, int64_t B,
+                                    int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                                    float scale, int32_t causal, int64_t window) {
+    const grad_problem p = {.dq = dq, .dk = dk, .dv = dv, .dy = dy, .q = q, .k = k, .v = v,
+                            .o = o, .lse = lse, .q_len = q_len, .k_len = k_len, .B = B,
+                            .Tq = Tq, .Tk = Tk, .H = H, .Hkv = Hkv, .D = D, .window = window,
+                            .scale = scale, .causal = causal != 0};
+    return run_backward(func, &p);
+}
+
+pytfm_status pytfm_attention_padded_forward(float *o, float *lse, const float *q,
+                                            const float *k, const float *v, const int64_t *q_len,
+                                            const int64_t *k_len, int64_t B, int64_t Tq,
+                                            int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                                            float scale, int32_t causal, int64_t window) {
+    PYTFM_TRY(pytfm__check_attention_padded_forward(__func__, o, lse, q, k, v, q_len, k_len, B,
+                                                    Tq, Tk, H, Hkv, D, scale, causal, window));
+    PYTFM_TRY(pytfm__check_attention_lengths(__func__, q_len, k_len, B, Tq, Tk));
+    return padded_forward(__func__, o, lse, q, k, v, q_len, k_len, B, Tq, Tk, H, Hkv, D, scale,
+                          causal, window);
 }
 
 pytfm_status pytfm_attention_gqa_forward(float *o, float *lse, const float *q, const float *k,
@@ -556,8 +646,8 @@ pytfm_status pytfm_attention_gqa_forward(float *o, float *lse, const float *q, c
                                          int64_t window) {
     PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, Hkv, D, scale,
                                              causal, window));
-    const problem p = {o, lse, q, k, v, B, T, T, T, H, Hkv, D, 0, window, scale, causal != 0};
-    return run_forward(__func__, &p);
+    return padded_forward(__func__, o, lse, q, k, v, NULL, NULL, B, T, T, H, Hkv, D, scale,
+                          causal, window);
 }
 
 pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const float *k,
@@ -565,8 +655,23 @@ pytfm_status pytfm_attention_forward(float *o, float *lse, const float *q, const
                                      float scale, int32_t causal) {
     PYTFM_TRY(pytfm__check_attention_forward(__func__, o, lse, q, k, v, B, T, H, H, D, scale,
                                              causal, 0));
-    const problem p = {o, lse, q, k, v, B, T, T, T, H, H, D, 0, 0, scale, causal != 0};
-    return run_forward(__func__, &p);
+    return padded_forward(__func__, o, lse, q, k, v, NULL, NULL, B, T, T, H, H, D, scale, causal,
+                          0);
+}
+
+pytfm_status pytfm_attention_padded_backward(float *dq, float *dk, float *dv, const float *dy,
+                                             const float *q, const float *k, const float *v,
+                                             const float *o, const float *lse,
+                                             const int64_t *q_len, const int64_t *k_len,
+                                             int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                                             int64_t Hkv, int64_t D, float scale, int32_t causal,
+                                             int64_t window) {
+    PYTFM_TRY(pytfm__check_attention_padded_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse,
+                                                     q_len, k_len, B, Tq, Tk, H, Hkv, D, scale,
+                                                     causal, window));
+    PYTFM_TRY(pytfm__check_attention_lengths(__func__, q_len, k_len, B, Tq, Tk));
+    return padded_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, q_len, k_len, B, Tq, Tk,
+                           H, Hkv, D, scale, causal, window);
 }
 
 pytfm_status pytfm_attention_gqa_backward(float *dq, float *dk, float *dv, const float *dy,
@@ -576,9 +681,8 @@ pytfm_status pytfm_attention_gqa_backward(float *dq, float *dk, float *dv, const
                                           float scale, int32_t causal, int64_t window) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
                                               Hkv, D, scale, causal, window));
-    const grad_problem p = {dq, dk, dv, dy, q, k, v, o, lse, B, T, H, Hkv, D, window, scale,
-                            causal != 0};
-    return run_backward(__func__, &p);
+    return padded_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, NULL, NULL, B, T, T, H,
+                           Hkv, D, scale, causal, window);
 }
 
 pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const float *dy,
@@ -587,9 +691,8 @@ pytfm_status pytfm_attention_backward(float *dq, float *dk, float *dv, const flo
                                       int64_t H, int64_t D, float scale, int32_t causal) {
     PYTFM_TRY(pytfm__check_attention_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, B, T, H,
                                               H, D, scale, causal, 0));
-    const grad_problem p = {dq, dk, dv, dy, q, k, v, o, lse, B, T, H, H, D, 0, scale,
-                            causal != 0};
-    return run_backward(__func__, &p);
+    return padded_backward(__func__, dq, dk, dv, dy, q, k, v, o, lse, NULL, NULL, B, T, T, H, H,
+                           D, scale, causal, 0);
 }
 
 pytfm_status pytfm_attention_cache_append(float *k_cache, float *v_cache, const float *k,
@@ -613,8 +716,9 @@ pytfm_status pytfm_attention_gqa_decode(float *o, float *lse, const float *q,
                                         int64_t window) {
     PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H,
                                             Hkv, D, Tmax, start, scale, window));
-    const problem p = {o,   lse, q, k_cache, v_cache, B,      n_new, start + n_new, Tmax,
-                       H, Hkv, D, start,   window,  scale, 1};
+    const problem p = {.o = o, .lse = lse, .q = q, .k = k_cache, .v = v_cache, .B = B,
+                       .Tq = n_new, .Tk = start + n_new, .Ts = Tmax, .H = H, .Hkv = Hkv, .D = D,
+                       .start = start, .window = window, .scale = scale, .causal = 1};
     return run_forward(__func__, &p);
 }
 
@@ -623,7 +727,8 @@ pytfm_status pytfm_attention_decode(float *o, float *lse, const float *q, const 
                                     int64_t D, int64_t Tmax, int64_t start, float scale) {
     PYTFM_TRY(pytfm__check_attention_decode(__func__, o, lse, q, k_cache, v_cache, B, n_new, H, H,
                                             D, Tmax, start, scale, 0));
-    const problem p = {o,   lse, q, k_cache, v_cache, B, n_new, start + n_new, Tmax,
-                       H, H, D, start,   0,       scale, 1};
+    const problem p = {.o = o, .lse = lse, .q = q, .k = k_cache, .v = v_cache, .B = B,
+                       .Tq = n_new, .Tk = start + n_new, .Ts = Tmax, .H = H, .Hkv = H, .D = D,
+                       .start = start, .window = 0, .scale = scale, .causal = 1};
     return run_forward(__func__, &p);
 }
