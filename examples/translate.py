@@ -284,8 +284,12 @@ def main(argv=None):
     print(f"held-out exact match ({len(test)} numbers, {time.perf_counter() - t0:.1f} s):")
     print(f"  greedy        {greedy_acc:.1%}")
     print(f"  beam {args.beam:<2d}       {beam_acc:.1%}")
-    for i in range(5):
-        print(f"\n  source     {' '.join(english(test[i]))}\n  reference  "
+    wrong = [i for i, n in enumerate(test)
+             if " ".join(german(n)) not in (greedy_out[i], beam_out[i])]
+    shown = [(i, "a held-out sentence") for i in range(3)]
+    shown += [(i, f"a mistake ({len(wrong)} in all)") for i in [i for i in wrong if i >= 3][:3]]
+    for i, what in shown:
+        print(f"\n  {what}:\n  source     {' '.join(english(test[i]))}\n  reference  "
               f"{' '.join(german(test[i]))}\n  greedy     {greedy_out[i]}\n  "
               f"beam       {beam_out[i]}")
     print()

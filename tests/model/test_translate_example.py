@@ -108,8 +108,10 @@ def check_quick_output(out):
     assert re.search(r"^held-out exact match \(40 numbers", out, re.M), out
     assert re.search(r"^  greedy +\d+\.\d%$", out, re.M), out
     assert re.search(r"^  beam 4 +\d+\.\d%$", out, re.M), out
+    shown = re.findall(r"^  (a held-out sentence|a mistake \(\d+ in all\)):$", out, re.M)
+    assert shown[:3] == ["a held-out sentence"] * 3 and 3 <= len(shown) <= 6, out
     for label in ("source", "reference", "greedy", "beam"):
-        assert len(re.findall(rf"^  {label:<11}(?! )", out, re.M)) == 5
+        assert len(re.findall(rf"^  {label:<11}(?! )", out, re.M)) == len(shown)
     t = load()
     test = t.draw_numbers(np.random.default_rng(12345), 40, digits=(3, 6))
     assert f"  source     {' '.join(t.english(test[0]))}\n" in out  # the held-out set's
