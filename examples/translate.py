@@ -1,6 +1,6 @@
 """Train the encoder–decoder Transformer to translate numbers from English words to German words.
 
-    python examples/translate.py                 # 1.5 minutes on 2 cores: 99% exact match
+    python examples/translate.py                 # about 2 minutes on 2 cores, then the scores
     python examples/translate.py --beam 8 --plot attention.png
     python examples/translate.py --device cuda   # on the GPU (CuPy, CUDA build)
     python examples/translate.py --quick         # a few seconds: the pipeline, not the accuracy
@@ -17,7 +17,9 @@ pair is reordered: to write "zwei" the decoder must look past "forty" to the sou
 word, and then back for "vierzig". The one is "eins" at the end of a number and "ein" before
 "und", "hundert" or "tausend", which the decoder can only tell from what follows in the source.
 A word-by-word copy (or any monotone alignment) cannot do it; cross-attention can, and the
-picture (--plot) shows its alignment cross over at each pair.
+picture (--plot) shows its alignment cross over at each pair. The default run (0.24M
+parameters, 5000 steps of 64 sentences) gets every held-out number right; the last thing it
+learns is the rare "eins" after "hundert" (... hundred one), which shorter runs write "ein".
 
 Numbers are drawn by their count of digits (1 to 6, equally likely), then uniformly. The
 held-out test set is 500 numbers of 3 to 6 digits, drawn with their own seed; training never
@@ -39,16 +41,8 @@ import time
 import numpy as np
 
 from pytfm.beam import beam_search, greedy_decode
-from pytfm.optim import AdamW, clip_grad_norm
+from pytfm.optim import AdamW, clip_grad_norm, transformer_lr
 from pytfm.seq2seq import Seq2SeqConfig, Transformer
-
-try:
-    from pytfm.optim import transformer_lr
-except ImportError:  # TODO(beam): remove once the xloss branch's schedule is on main
-    def transformer_lr(step, d_model, warmup, factor=1.0):
-        """The paper's schedule: factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)."""
-        return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
-
 
 # ---- the task ---------------------------------------------------------------------------------
 
@@ -162,7 +156,7 @@ def positive(name):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=positive("--steps"), default=None,
-                   help="training steps (default 3000; --quick: 20)")
+                   help="training steps (default 5000; --quick: 20)")
     p.add_argument("--batch", type=positive("--batch"), default=64, help="sentences per step")
     p.add_argument("--d-model", type=positive("--d-model"), default=None,
                    help="model width (default 64; --quick: 16); 4 heads, d_ff 4x")
@@ -179,7 +173,7 @@ def parse_args(argv):
     if args.seed < 0:
         p.error(f"--seed must be >= 0, got {args.seed}")
     quick = args.quick
-    args.steps = args.steps or (20 if quick else 3000)
+    args.steps = args.steps or (20 if quick else 5000)
     args.d_model = args.d_model or (16 if quick else 64)
     args.layers = args.layers or (1 if quick else 2)
     if args.d_model % 4:
@@ -268,7 +262,7 @@ def main(argv=None):
         _, loss = model.forward(src, tgt_in, src_lens, tgt_lens, targets=tgt_out,
                                 label_smoothing=0.1)
         model.backward()
-        clip_grad_norm(model.grads, 1.0)
+        clip_grad_norm(model.grads, 1.0)  # not the paper's: a guard at the schedule's peak
         opt.step(lr)
         tokens += int(src_lens.sum() + tgt_lens.sum())
         if step % max(1, args.steps // 20) == 0 or step == args.steps:
@@ -284,8 +278,8 @@ def main(argv=None):
     print(f"held-out exact match ({len(test)} numbers, {time.perf_counter() - t0:.1f} s):")
     print(f"  greedy        {greedy_acc:.1%}")
     print(f"  beam {args.beam:<2d}       {beam_acc:.1%}")
-    wrong = [i for i, n in enumerate(test)
-             if " ".join(german(n)) not in (greedy_out[i], beam_out[i])]
+    wrong = [i for i, n in enumerate(test)  # by greedy, by beam search or by both
+             if {greedy_out[i], beam_out[i]} != {" ".join(german(n))}]
     shown = [(i, "a held-out sentence") for i in range(3)]
     shown += [(i, f"a mistake ({len(wrong)} in all)") for i in [i for i in wrong if i >= 3][:3]]
     for i, what in shown:
