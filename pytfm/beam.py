@@ -29,7 +29,7 @@ from ._arrays import as_float, as_int, is_cupy
 
 def _host(a):
     """A NumPy copy of a NumPy or CuPy array."""
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+    return a.get() if is_cupy(a) else np.asarray(a)
 
 
 def _tokens_like(src, tokens):

@@ -9,6 +9,7 @@ max_len-token sequence without EOS) and scores it as beam_search's docstring say
 
 import hashlib
 import itertools
+import sys
 
 import numpy as np
 import pytest
@@ -280,6 +281,42 @@ def test_logits_of_the_wrong_shape_or_nan_are_refused():
         greedy_decode(Bad("shape"), SRC, bos=0, eos=3, max_len=5)
     with pytest.raises(ValueError, match="NaN"):
         beam_search(Bad("nan"), SRC, bos=0, eos=1, max_len=5)
+
+
+class DeviceArray(np.ndarray):
+    """A NumPy array that says it is CuPy's (its type's module is cupy), with CuPy's .get()."""
+
+    reads = 0
+
+    def get(self):
+        DeviceArray.reads += 1
+        return np.asarray(self).copy()
+
+
+DeviceArray.__module__ = "cupy"
+
+
+class DeviceToy(ToyModel):
+    """The toy on a 'GPU': it takes device tokens only and gives device logits."""
+
+    def decode_step(self, state, tokens):
+        assert type(tokens) is DeviceArray, type(tokens)
+        return super().decode_step(state, np.asarray(tokens)).view(DeviceArray)
+
+
+def test_a_model_on_the_gpu_gets_device_tokens_and_its_logits_are_read_back(monkeypatch):
+    """src on the device: each step's tokens go there (cupy.asarray), the logits come back
+    with .get(); the results are the host's."""
+    fake = type(sys)("cupy")
+    fake.asarray = lambda a: np.array(a).view(DeviceArray)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    kw = dict(bos=0, eos=1, max_len=6)
+    model, device = ToyModel(5, seed=4, eos_bias=0.5), DeviceToy(5, seed=4, eos_bias=0.5)
+    src = SRC.view(DeviceArray)
+    monkeypatch.setattr(DeviceArray, "reads", 0)
+    assert greedy_decode(device, src, **kw) == greedy_decode(model, SRC, **kw)
+    assert DeviceArray.reads == len(device.steps)  # one read of the logits per step
+    assert beam_search(device, src, beam=3, **kw) == beam_search(model, SRC, beam=3, **kw)
 
 
 # ---- the encoder–decoder ----------------------------------------------------------------------
