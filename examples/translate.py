@@ -222,7 +222,7 @@ def plot_attention(model, n, device, path):
     probs = model.cross_attention_probs(*on_device((src, tgt_in), device), src_lens, tgt_lens)
     p = probs[-1][0].mean(axis=0)  # (Tt, Ts)
     fig, ax = plt.subplots(figsize=(6, 5))
-    ax.imshow(p, cmap="viridis", vmin=0, vmax=1)
+    fig.colorbar(ax.imshow(p, cmap="viridis", vmin=0, vmax=1), ax=ax, label="weight")
     ax.set_xticks(range(len(english(n))), english(n), rotation=60, ha="right")
     ax.set_yticks(range(tgt_out.shape[1]), [TGT_WORDS[i] for i in tgt_out[0]])
     ax.set_xlabel("English (source)")
